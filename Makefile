@@ -1,0 +1,35 @@
+# fusion-compare: `make report` writes this machine's comparison report, `make test` runs the checks.
+# Both set up a virtual environment first (CPU build of torch, pinned; GPU users see README.md).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+TORCH_CPU := torch==2.13.0
+REPORT_DIR ?= reports/cpu
+
+.PHONY: setup test lint report golden clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_CPU)
+	$(PY) -m pip install -q -e '.[triton,test]'
+	touch $@
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup lint
+	$(PY) -m pytest -q
+
+report: setup
+	$(PY) -m compare run --preset cpu-mlp --dtype float32 bfloat16 \
+		--backend torch-eager torch-compile torch-triton jax-xla --out $(REPORT_DIR)
+
+golden: setup
+	$(PY) scripts/make_golden.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .ruff_cache

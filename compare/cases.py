@@ -1,0 +1,164 @@
+"""Cases and presets: what is computed (model kind, shapes, dtype, input distribution).
+
+A :class:`Case` fully determines the golden data: ``golden.make_golden(case)`` is a pure function of it.
+
+Shapes:
+- ``linear``: ``x [batch, seq, dim] -> y [batch, seq, hidden]`` with ``y = x @ W.T + b`` (``hidden`` is the
+  output width, the seed's ``out_dim``).
+- ``geglu``: ``x [batch, seq, dim] -> y [batch, seq, dim]`` with
+  ``y = down(gelu_tanh(gate(x)) * up(x))``; gate/up are ``dim -> hidden``, down is ``hidden -> dim``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+MODELS: tuple[str, ...] = ("linear", "geglu")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+DISTRIBUTIONS: tuple[str, ...] = ("normal", "student_t")
+MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
+
+
+class InputError(ValueError):
+    """Bad user input: an unknown name or an impossible shape. The CLI turns it into exit status 2."""
+
+
+def _unknown(kind: str, name: str, known: tuple[str, ...] | list[str]) -> InputError:
+    return InputError(f"unknown {kind} {name!r}; known {kind}s: {', '.join(known)}")
+
+
+def check_name(kind: str, name: str, known: tuple[str, ...] | list[str]) -> str:
+    """Return ``name`` if it is one of ``known``; else raise an :class:`InputError` listing them."""
+    if name not in known:
+        raise _unknown(kind, name, known)
+    return name
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Sizes of one case. ``hidden`` is the GeGLU hidden width, or the output width of ``linear``."""
+
+    batch: int
+    seq: int
+    dim: int
+    hidden: int
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InputError(f"shape dimension {field.name!r} must be a positive integer, got {value!r}")
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    def label(self) -> str:
+        return f"{self.batch}x{self.seq}x{self.dim}->{self.hidden}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One comparison: model kind, shape, dtype, input distribution and the seed of its data."""
+
+    model: str
+    shape: Shape
+    dtype: str
+    dist: str = "normal"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_name("model", self.model, MODELS)
+        check_name("dtype", self.dtype, DTYPES)
+        check_name("distribution", self.dist, DISTRIBUTIONS)
+
+    @property
+    def name(self) -> str:
+        """A stable file-name-safe identifier, e.g. ``geglu-3x37x96-328-float32-normal-s0``."""
+        s = self.shape
+        return f"{self.model}-{s.batch}x{s.seq}x{s.dim}-{s.hidden}-{self.dtype}-{self.dist}-s{self.seed}"
+
+    @property
+    def reduction_length(self) -> int:
+        """The longest accumulation in forward or backward: a GEMM's K, or the token sum of a weight gradient."""
+        return max(self.shape.tokens, self.shape.dim, self.shape.hidden)
+
+    def input_shape(self) -> tuple[int, int, int]:
+        return (self.shape.batch, self.shape.seq, self.shape.dim)
+
+    def output_shape(self) -> tuple[int, int, int]:
+        out = self.shape.hidden if self.model == "linear" else self.shape.dim
+        return (self.shape.batch, self.shape.seq, out)
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Canonical parameter shapes, torch ``(out, in)`` layout (see ``compare.weights``)."""
+        s = self.shape
+        if self.model == "linear":
+            return {"weight": (s.hidden, s.dim), "bias": (s.hidden,)}
+        return {"gate": (s.hidden, s.dim), "up": (s.hidden, s.dim), "down": (s.dim, s.hidden)}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named shape with its default model and input distribution."""
+
+    name: str
+    model: str
+    shape: Shape
+    dist: str
+    about: str
+
+    def case(self, dtype: str, model: str | None = None, seed: int = 0) -> Case:
+        return Case(model=model or self.model, shape=self.shape, dtype=dtype, dist=self.dist, seed=seed)
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("blog-linear", "linear", Shape(1024, 1, 32, 64), "normal", "the seed's nn.Linear (1024 x 32 -> 64)"),
+        Preset("blog-mlp", "geglu", Shape(64, 128, 768, 3072), "normal", "the seed's GeGLU MLP; GPU-sized"),
+        Preset("cpu-mlp", "geglu", Shape(8, 128, 768, 3072), "normal", "a CPU-sized GeGLU MLP (1024 tokens)"),
+        Preset("tiny", "geglu", Shape(3, 37, 96, 328), "normal", "odd sizes, no multiple of any block size"),
+        Preset("odd", "geglu", Shape(2, 33, 160, 200), "student_t", "odd sizes, heavy-tailed inputs (t, 3 dof)"),
+    )
+}
+
+
+def preset(name: str) -> Preset:
+    """Look up a preset by name; an unknown name raises :class:`InputError` listing the known ones."""
+    check_name("preset", name, list(PRESETS))
+    return PRESETS[name]
+
+
+def resolve_shape(
+    base: Shape | None,
+    batch: int | None = None,
+    seq: int | None = None,
+    dim: int | None = None,
+    hidden: int | None = None,
+) -> Shape:
+    """Apply command-line overrides to a preset's shape; with no preset every dimension must be given."""
+    given = {"batch": batch, "seq": seq, "dim": dim, "hidden": hidden}
+    if base is None:
+        missing = [k for k, v in given.items() if v is None]
+        if missing:
+            raise InputError(f"without --preset, give every dimension; missing: {', '.join('--' + m for m in missing)}")
+        return Shape(**given)  # type: ignore[arg-type]
+    return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+
+
+#: Cases whose golden files are committed under ``golden/``: small enough for the repository and the test suite.
+COMMITTED_PRESETS: tuple[str, ...] = ("tiny", "odd", "blog-linear")
+
+
+def committed_cases() -> list[Case]:
+    """Every committed golden case: the committed presets, both models each, every dtype."""
+    out = []
+    for name in COMMITTED_PRESETS:
+        p = PRESETS[name]
+        models = (p.model,) if name == "blog-linear" else MODELS
+        for model in models:
+            for dtype in DTYPES:
+                out.append(p.case(dtype, model=model))
+    return out

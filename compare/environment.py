@@ -1,0 +1,53 @@
+"""What a run ran on: machine, versions, precision settings. Versions come from package metadata, so collecting
+them imports no framework; the GPU name is read only if torch is already loaded by a backend."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PACKAGES: tuple[str, ...] = ("numpy", "torch", "jax", "jaxlib", "flax", "triton", "jax-triton", "safetensors")
+
+
+def cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def gpu() -> str | None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
+    return None
+
+
+def collect(precision: dict[str, Any], threads: dict[str, Any]) -> dict[str, Any]:
+    """The ``environment`` object of ``results.json``."""
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpu": gpu(),
+        "versions": versions(),
+        "threads": threads,
+        "precision": precision,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
+    }

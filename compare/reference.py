@@ -1,0 +1,131 @@
+"""Numpy math for the golden reference (float64) and for the "plain" same-dtype emulation.
+
+One code path serves both. ``Arith`` says how every materialised tensor is rounded: the float64 reference
+rounds nothing; the plain emulation computes in float32 (what a bf16/fp16 GEMM accumulates in) and rounds every
+tensor a plain eager framework would write to memory (``g``, ``u``, ``gelu(g)``, ``h``, ``y`` and every gradient)
+to the case dtype. The parity gate then asks a backend to be no worse than twice the plain emulation's error.
+
+Parameters use the canonical torch ``(out, in)`` layout: ``gate/up [hidden, dim]``, ``down [dim, hidden]``,
+``weight [out, in]``, ``bias [out]``. Activations are 2-D ``[tokens, features]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+GELU_CUBIC = 0.044715
+
+#: Significand bits (with the implicit one) of each dtype: unit roundoff is ``2 ** -BITS``.
+SIGNIFICAND_BITS: dict[str, int] = {"float32": 24, "bfloat16": 8, "float16": 11}
+
+
+def round_to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
+    """Round to the nearest ``dtype`` value (ties to even) and return it as float32.
+
+    bfloat16 is the top half of a float32: add the rounding bias to the bit pattern, then clear the low 16 bits.
+    """
+    a32 = np.ascontiguousarray(a, dtype=np.float32)
+    if dtype == "float32":
+        return a32
+    if dtype == "float16":
+        return a32.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        bits = a32.view(np.uint32).astype(np.uint64)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        out = bits.astype(np.uint32).view(np.float32)
+        return np.where(np.isnan(a32), a32, out)
+    raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(SIGNIFICAND_BITS)}")
+
+
+@dataclass(frozen=True)
+class Arith:
+    """How to compute: accumulate in ``acc`` and round each materialised tensor with ``rnd``."""
+
+    acc: type[np.floating]
+    rnd: Callable[[np.ndarray], np.ndarray]
+
+    @staticmethod
+    def exact() -> Arith:
+        return Arith(np.float64, lambda a: a)
+
+    @staticmethod
+    def plain(dtype: str) -> Arith:
+        return Arith(np.float32, lambda a: round_to_dtype(a, dtype))
+
+    def mm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``a @ b`` accumulated in ``acc``, rounded once on output (as a GEMM writes it)."""
+        return self.rnd(a.astype(self.acc) @ b.astype(self.acc))
+
+    def ew(self, a: np.ndarray) -> np.ndarray:
+        """Round the result of an elementwise kernel that computed in ``acc``."""
+        return self.rnd(a.astype(self.acc))
+
+
+def gelu_tanh(g: np.ndarray) -> np.ndarray:
+    """GELU, tanh form: ``0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))``."""
+    return 0.5 * g * (1.0 + np.tanh(SQRT_2_OVER_PI * (g + GELU_CUBIC * g**3)))
+
+
+def gelu_tanh_grad(g: np.ndarray) -> np.ndarray:
+    """d/dg of :func:`gelu_tanh`."""
+    t = np.tanh(SQRT_2_OVER_PI * (g + GELU_CUBIC * g**3))
+    return 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * g * g)
+
+
+def linear_fwd_bwd(
+    x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith
+) -> dict[str, np.ndarray]:
+    """``y = x @ W.T + b`` and, given ``dy``, its gradients. ``x [T, in]``, ``y, dy [T, out]``."""
+    w, b = params["weight"], params["bias"]
+    y = ar.rnd(x.astype(ar.acc) @ w.T.astype(ar.acc) + b.astype(ar.acc))  # bias folded into the GEMM epilogue
+    out = {"y": y}
+    if dy is not None:
+        out["dx"] = ar.mm(dy, w)
+        out["dweight"] = ar.mm(dy.T, x)
+        out["dbias"] = ar.rnd(dy.astype(ar.acc).sum(axis=0))
+    return out
+
+
+def geglu_fwd_bwd(
+    x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith
+) -> dict[str, np.ndarray]:
+    """GeGLU MLP forward and, given ``dy``, backward. ``x, y, dy [T, dim]``; ``g, u, h [T, hidden]``."""
+    wg, wu, wd = params["gate"], params["up"], params["down"]
+    g = ar.mm(x, wg.T)
+    u = ar.mm(x, wu.T)
+    a = ar.ew(gelu_tanh(g.astype(ar.acc)))
+    h = ar.ew(a.astype(ar.acc) * u)
+    y = ar.mm(h, wd.T)
+    out = {"y": y}
+    if dy is not None:
+        dh = ar.mm(dy, wd)
+        out["ddown"] = ar.mm(dy.T, h)
+        du = ar.ew(dh.astype(ar.acc) * a)
+        da = ar.ew(dh.astype(ar.acc) * u)
+        dg = ar.ew(da.astype(ar.acc) * gelu_tanh_grad(g.astype(ar.acc)))
+        out["dx"] = ar.ew(ar.mm(dg, wg).astype(ar.acc) + ar.mm(du, wu))
+        out["dgate"] = ar.mm(dg.T, x)
+        out["dup"] = ar.mm(du.T, x)
+    return out
+
+
+FORWARD_BACKWARD = {"linear": linear_fwd_bwd, "geglu": geglu_fwd_bwd}
+
+
+def compute(
+    model: str, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith
+) -> dict[str, np.ndarray]:
+    """Run ``model`` on 3-D ``x [batch, seq, dim]``; every returned activation is 3-D, gradients of weights 2-D."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    dy2 = None if dy is None else dy.reshape(-1, dy.shape[-1])
+    out = FORWARD_BACKWARD[model](x2, params, dy2, ar)
+    out["y"] = out["y"].reshape(*lead, -1)
+    if "dx" in out:
+        out["dx"] = out["dx"].reshape(*lead, -1)
+    return out

@@ -1,0 +1,133 @@
+"""The markdown report: a pure function of a results document. It measures nothing."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from compare.registry import DEFAULT_BASELINE
+
+Row = list[str]
+Doc = dict[str, Any]
+
+
+def table(header: Row, rows: Iterable[Row]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def fmt_s(s: float | None) -> str:
+    """Seconds with a unit that keeps 3 significant digits readable."""
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
+
+
+def fmt_e(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def case_label(r: Doc) -> str:
+    s = r["shape"]
+    return f"{r['model']} {s['batch']}x{s['seq']}x{s['dim']}->{s['hidden']}"
+
+
+def environment_section(env: Doc) -> str:
+    v = env.get("versions", {})
+    rows = [
+        ["platform", env.get("platform", "")],
+        ["CPU", f"{env.get('cpu', '')} ({env.get('cpu_count')} logical cores)"],
+        ["GPU", env.get("gpu") or "none"],
+        ["versions", ", ".join(f"{k} {val}" for k, val in v.items() if val)],
+        ["threads", ", ".join(f"{k}={val}" for k, val in env.get("threads", {}).items() if val != "")],
+        ["precision", ", ".join(f"{k}={val}" for k, val in env.get("precision", {}).items())],
+        ["TRITON_INTERPRET", env.get("triton_interpret") or "unset"],
+    ]
+    return "## Environment\n\n" + table(["", ""], rows)
+
+
+def parity_section(results: list[Doc]) -> str:
+    rows = []
+    for r in results:
+        p = r.get("parity")
+        if not p:
+            continue
+        for t in p["tensors"]:
+            rows.append([r["backend"], case_label(r), r["dtype"], r["mode"], t["tensor"], fmt_e(t["max_abs_err"]),
+                         fmt_e(t["max_rel_err"]), fmt_e(t["bound"]), f"{t['ratio']:.2f}",
+                         "pass" if t["passed"] else "**FAIL**"])
+    head = ["backend", "case", "dtype", "mode", "tensor", "max abs err", "max rel err", "bound", "err/bound", "parity"]
+    intro = ("Error against the float64 golden. Bound = 2 x the error of a plain same-dtype computation + one unit "
+             "roundoff of the output scale; max rel err is max abs err / max|ref|.")
+    return "## Parity\n\n" + intro + "\n\n" + table(head, rows)
+
+
+def _baseline(results: list[Doc], r: Doc) -> Doc | None:
+    for b in results:
+        if (b["backend"] == DEFAULT_BASELINE and b["case"] == r["case"] and b["mode"] == r["mode"]
+                and b.get("timing")):
+            return b
+    return None
+
+
+def timing_section(results: list[Doc]) -> str:
+    rows = []
+    for r in results:
+        t = r.get("timing")
+        if not t:
+            continue
+        base = _baseline(results, r)
+        speedup = f"{base['timing']['median_s'] / t['median_s']:.2f}x" if base else "-"
+        flags = [x for x in ("noisy (IQR > 10% of median)" if t.get("noisy") else "", r.get("note", "")) if x]
+        rows.append([r["backend"], case_label(r), r["dtype"], r["mode"], fmt_s(t["median_s"]), fmt_s(t["iqr_s"]),
+                     fmt_s(t["min_s"]), f"{t['n']} x {t['calls_per_sample']}", fmt_s(t["first_call_s"]), speedup,
+                     "; ".join(flags)])
+    head = ["backend", "case", "dtype", "mode", "median", "IQR", "min", "n x calls", "first call", "vs eager", "notes"]
+    intro = (f"Per call, steady state, after warm-up; every sample ends with a full device sync. "
+             f"First call (compile + run) apart. Speedup is {DEFAULT_BASELINE}'s median over this one's.")
+    untimed = [f"- {r['backend']} ({case_label(r)}, {r['dtype']}, {r['mode']}): not timed: {r['note']}"
+               for r in results if r["status"] in ("ok", "parity-fail") and not r.get("timing")]
+    return "## Timing\n\n" + intro + "\n\n" + table(head, rows) + ("\n\n" + "\n".join(untimed) if untimed else "")
+
+
+def problems_section(results: list[Doc]) -> str:
+    bad = [r for r in results if r["status"] != "ok"]
+    if not bad:
+        return "## Skipped and failed\n\nNone: every backend ran and passed parity."
+    rows = [[r["backend"], case_label(r), r["dtype"], r["mode"], r["status"], r["reason"].replace("|", "\\|")]
+            for r in bad]
+    return "## Skipped and failed\n\n" + table(["backend", "case", "dtype", "mode", "status", "reason"], rows)
+
+
+def summary(results: list[Doc]) -> str:
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+
+#: Report sections in order. Later issues add sections here; each is a pure function of the document.
+SECTIONS: list[Callable[[Doc], str]] = [
+    lambda d: environment_section(d["environment"]),
+    lambda d: parity_section(d["results"]),
+    lambda d: timing_section(d["results"]),
+    lambda d: problems_section(d["results"]),
+]
+
+
+def render(doc: Doc) -> str:
+    """The whole ``REPORT.md`` for a results document."""
+    cfg = doc.get("config", {})
+    head = [
+        "# fusion-compare report",
+        "",
+        f"Run {doc.get('created', '')}: {summary(doc['results'])}.",
+        f"Command: `{cfg['command']}`" if cfg.get("command") else "",
+    ]
+    body = [section(doc) for section in SECTIONS]
+    return "\n".join(x for x in head if x is not None) + "\n\n" + "\n\n".join(b for b in body if b) + "\n"

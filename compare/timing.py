@@ -1,0 +1,110 @@
+"""The shared timer: the only code in the project that times a backend.
+
+Protocol for one measurement of a zero-argument callable ``fn`` (which calls a compiled/jitted function with its
+inputs as arguments) and ``sync`` (which blocks until a pytree of outputs is complete on the device):
+
+1. first call: ``fn()`` then ``sync`` of its output, timed alone (compile + run for compiled backends);
+2. warm-up calls, each synced; the fastest one sizes the sample block;
+3. samples: each runs ``calls_per_sample`` calls in a row, keeps every output, then syncs all of them (so the
+   outputs are consumed and asynchronous work is inside the sample), and divides by the block size. A block is
+   sized to last at least ``min_sample_s`` (far above the clock's resolution);
+4. at least ``min_samples`` samples, more until ``budget_s`` of sampling has passed or ``max_samples``.
+
+Reported: median, IQR, min and max per call, ``n`` samples, the block size, and the first call apart.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+#: A result whose IQR is more than this fraction of its median is marked noisy.
+NOISY_IQR_FRACTION = 0.10
+CLOCK = time.perf_counter
+CLOCK_RESOLUTION_S = time.get_clock_info("perf_counter").resolution
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call seconds of one (backend, case, mode). ``samples_s`` are per-call times of each sample."""
+
+    median_s: float
+    iqr_s: float
+    min_s: float
+    max_s: float
+    n: int
+    calls_per_sample: int
+    first_call_s: float
+    warmup_calls: int
+    samples_s: tuple[float, ...]
+
+    @property
+    def noisy(self) -> bool:
+        return self.iqr_s > NOISY_IQR_FRACTION * self.median_s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["samples_s"] = list(self.samples_s)
+        d["noisy"] = self.noisy
+        return d
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    """(q1, median, q3) with linear interpolation (``statistics.quantiles`` 'inclusive')."""
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def _run_block(fn: Callable[[], Any], sync: Callable[[Any], None], calls: int) -> float:
+    t0 = CLOCK()
+    outs = [fn() for _ in range(calls)]
+    sync(outs)
+    return CLOCK() - t0
+
+
+def first_call(fn: Callable[[], Any], sync: Callable[[Any], None]) -> tuple[float, Any]:
+    """Time the first call alone (compile + run for compiled backends); return (seconds, its output)."""
+    t0 = CLOCK()
+    out = fn()
+    sync([out])
+    return CLOCK() - t0, out
+
+
+def measure(
+    fn: Callable[[], Any],
+    sync: Callable[[Any], None],
+    *,
+    first_call_s: float | None = None,
+    warmup: int = 3,
+    min_samples: int = 5,
+    max_samples: int = 100,
+    budget_s: float = 1.0,
+    min_sample_s: float = 2e-3,
+) -> Timing:
+    """Time ``fn`` following the module protocol. ``sync(outputs)`` must block until all are complete.
+
+    Pass ``first_call_s`` when the caller already made (and timed, with :func:`first_call`) the first call.
+    """
+    if min_samples < 5:
+        raise ValueError(f"min_samples must be at least 5, got {min_samples}")
+    if warmup < 1:
+        raise ValueError(f"warmup must be at least 1 (it sizes the sample block), got {warmup}")
+    min_sample_s = max(min_sample_s, 1e4 * CLOCK_RESOLUTION_S)
+    first = first_call(fn, sync)[0] if first_call_s is None else first_call_s
+    fastest = float("inf")
+    for _ in range(warmup):
+        fastest = min(fastest, _run_block(fn, sync, 1))
+    calls = max(1, math.ceil(min_sample_s / max(fastest, CLOCK_RESOLUTION_S)))
+    samples: list[float] = []
+    start = CLOCK()
+    while len(samples) < min_samples or (CLOCK() - start < budget_s and len(samples) < max_samples):
+        samples.append(_run_block(fn, sync, calls) / calls)
+    q1, med, q3 = quartiles(samples)
+    return Timing(median_s=med, iqr_s=q3 - q1, min_s=min(samples), max_s=max(samples), n=len(samples),
+                  calls_per_sample=calls, first_call_s=first, warmup_calls=warmup, samples_s=tuple(samples))

@@ -1,0 +1,1 @@
+"""One small file per JAX backend; each exposes ``BACKEND`` for ``compare.registry``."""

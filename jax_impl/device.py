@@ -1,0 +1,34 @@
+"""Where JAX backends run, how they sync, and the precision settings they pin."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+JAX_DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+PRECISION = jax.lax.Precision.HIGHEST
+
+
+def platform() -> str:
+    return jax.default_backend()
+
+
+def sync(outputs: Any) -> None:
+    """Block until every array in the output pytree is computed (JAX dispatch is asynchronous, CPU included)."""
+    jax.block_until_ready(outputs)
+
+
+def pin_precision() -> dict[str, Any]:
+    """fp32 matmuls at full precision (no TF32/bf16 passes): every layer also passes ``precision=HIGHEST``."""
+    jax.config.update("jax_default_matmul_precision", "highest")
+    return {"jax_default_matmul_precision": str(jax.config.jax_default_matmul_precision),
+            "flax_linear_precision": PRECISION.name}
+
+
+def threads() -> dict[str, Any]:
+    """XLA's CPU client sizes its thread pool from the visible cores unless XLA_FLAGS says otherwise."""
+    return {"jax_platform": platform(), "jax_device_count": jax.device_count(),
+            "xla_cpu_threads": os.cpu_count(), "xla_flags": os.environ.get("XLA_FLAGS", "")}

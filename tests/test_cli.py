@@ -1,0 +1,129 @@
+"""The command line end to end: list, run, report rebuilt from JSON, and every bad input with its message."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compare import report
+from compare.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "compare", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def test_core_imports_neither_torch_nor_jax() -> None:
+    code = ("import sys, compare.cli, compare.harness, compare.report, compare.golden, compare.timing; "
+            "bad = [m for m in ('torch', 'jax', 'flax', 'triton') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_list_shows_presets_and_available_backends() -> None:
+    p = _cli("list")
+    assert p.returncode == 0, p.stderr
+    for name in ("blog-linear", "blog-mlp", "cpu-mlp", "tiny"):
+        assert name in p.stdout
+    for backend in ("torch-eager", "torch-compile", "torch-triton", "jax-xla"):
+        line = next(x for x in p.stdout.splitlines() if x.strip().startswith(backend + " "))
+        assert "available" in line and "unavailable" not in line, line
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    code = main(["run", "--preset", "tiny", "--dtype", "float32", "bfloat16", "--backend", "torch-eager", "jax-xla",
+                 "torch-triton", "--budget", "0.05", "--out", str(out)])
+    assert code == 0
+    return out
+
+
+def test_run_writes_results_and_report(run_dir: Path) -> None:
+    doc = json.loads((run_dir / "results.json").read_text())
+    env = doc["environment"]
+    assert env["cpu"] and env["versions"]["numpy"] and env["precision"]["torch_float32_matmul_precision"] == "highest"
+    rows = {(r["backend"], r["dtype"]): r for r in doc["results"]}
+    assert len(rows) == 6
+    for (backend, _), r in rows.items():
+        assert r["status"] == "ok", r
+        assert set(r["parity"]) >= {"max_abs_err", "max_rel_err", "bound", "ratio", "passed"}
+        if backend == "torch-triton":
+            assert r["timing"] is None and "parity only" in r["note"]  # interpreted: never timed
+        else:
+            assert set(r["timing"]) >= {"median_s", "iqr_s", "min_s", "n", "first_call_s"}
+    md = (run_dir / "REPORT.md").read_text()
+    for section in ("## Environment", "## Parity", "## Timing", "## Skipped and failed"):
+        assert section in md
+
+
+def test_report_rebuilt_from_json_is_identical(run_dir: Path, tmp_path: Path) -> None:
+    rebuilt = tmp_path / "REPORT.md"
+    assert main(["report", str(run_dir / "results.json"), "--out", str(rebuilt)]) == 0
+    assert rebuilt.read_text() == (run_dir / "REPORT.md").read_text()
+    assert report.render(json.loads((run_dir / "results.json").read_text())) == rebuilt.read_text()
+
+
+def test_a_failing_backend_keeps_the_others(tmp_path: Path) -> None:
+    """A backend whose module is missing is recorded as an error-free skip with its reason; one that raises while
+    preparing is an error; the other backends' results are all written."""
+    from compare import harness
+    from compare.cases import PRESETS
+    from compare.registry import BackendSpec
+
+    broken = BackendSpec("broken", "torch", "tests.broken_backend_does_not_exist", "missing module")
+    raising = BackendSpec("raising", "torch", "tests.raising_backend", "raises in prepare")
+    from compare.registry import spec
+
+    doc = harness.run([PRESETS["tiny"].case("float32")], [broken, raising, spec("torch-eager")], ["fwd"],
+                      harness.TimingConfig(budget_s=0.05))
+    by = {r["backend"]: r for r in doc["results"]}
+    assert by["broken"]["status"] == "skipped" and "cannot import" in by["broken"]["reason"]
+    assert by["raising"]["status"] == "error" and "MemoryError: simulated out of memory" in by["raising"]["reason"]
+    assert by["torch-eager"]["status"] == "ok" and by["torch-eager"]["timing"]["n"] >= 5
+    md = report.render(doc)
+    assert "simulated out of memory" in md and "| raising |" in md
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--preset", "huge"], "unknown preset 'huge'; known presets: blog-linear, blog-mlp, cpu-mlp, tiny"),
+        (["run", "--preset", "tiny", "--backend", "torch-nope"], "unknown backend 'torch-nope'; known backends: "),
+        (["run", "--preset", "tiny", "--model", "moe"], "unknown model 'moe'; known models: linear, geglu"),
+        (["run", "--preset", "tiny", "--dtype", "float8"], "unknown dtype 'float8'; known dtypes: float32, bfloat16"),
+        (["run", "--preset", "tiny", "--mode", "train"], "unknown mode 'train'; known modes: fwd, bwd, fwd+bwd"),
+        (["run", "--preset", "tiny", "--hidden", "0"], "shape dimension 'hidden' must be a positive integer, got 0"),
+        (["run", "--preset", "tiny", "--batch", "-3"], "shape dimension 'batch' must be a positive integer, got -3"),
+        (["run", "--model", "geglu", "--batch", "2", "--seq", "3"], "missing: --dim, --hidden"),
+        (["report", "nowhere/results.json"], "results file nowhere/results.json does not exist"),
+    ],
+)
+def test_bad_input_exits_2_naming_what_is_wrong(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_drifted_golden_exits_2_naming_the_file(tmp_path: Path) -> None:
+    golden = tmp_path / "golden"
+    shutil.copytree(ROOT / "golden", golden)
+    target = golden / "geglu-3x37x96-328-float32-normal-s0.safetensors"
+    data = bytearray(target.read_bytes())
+    data[-5] ^= 0x10
+    target.write_bytes(bytes(data))
+    p = _cli("run", "--preset", "tiny", "--backend", "torch-eager", "--out", str(tmp_path / "o"),
+             env={"FUSION_COMPARE_GOLDEN_DIR": str(golden)})
+    assert p.returncode == 2, p.stderr
+    assert "geglu-3x37x96-328-float32-normal-s0.safetensors does not match its manifest" in p.stderr
+    assert "python scripts/make_golden.py" in p.stderr

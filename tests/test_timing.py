@@ -1,0 +1,84 @@
+"""The shared timer measures what it claims: known costs, asynchronous work in full, first call apart."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from compare import timing
+from compare.cases import PRESETS
+from compare.golden import golden_for
+from compare.registry import spec
+
+
+def _spin(seconds: float) -> float:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+    return seconds
+
+
+@pytest.mark.parametrize("cost", [50e-6, 2e-3])
+def test_busy_loop_of_known_cost_is_measured_within_10_percent(cost: float) -> None:
+    t = timing.measure(lambda: _spin(cost), lambda outs: None, budget_s=0.2)
+    assert t.n >= 5
+    assert abs(t.median_s - cost) <= 0.10 * cost, t
+    # a sub-resolution call is measured in blocks long enough to dwarf the clock's resolution
+    assert t.calls_per_sample * t.median_s >= 2e-3 * 0.9
+
+
+def test_sleep_of_known_cost_is_measured_within_10_percent() -> None:
+    t = timing.measure(lambda: time.sleep(0.01), lambda outs: None, budget_s=0.1)
+    assert abs(t.median_s - 0.01) <= 0.001, t
+
+
+def test_statistics_are_consistent() -> None:
+    t = timing.measure(lambda: _spin(1e-4), lambda outs: None, min_samples=7, budget_s=0.0)
+    assert t.n == 7 and len(t.samples_s) == 7
+    assert t.min_s <= t.median_s <= t.max_s and t.iqr_s >= 0
+    d = t.to_dict()
+    assert set(d) >= {"median_s", "iqr_s", "min_s", "n", "first_call_s", "noisy"}
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="min_samples"):
+        timing.measure(lambda: None, lambda o: None, min_samples=3)
+    with pytest.raises(ValueError, match="warmup"):
+        timing.measure(lambda: None, lambda o: None, warmup=0)
+
+
+def test_asynchronous_jax_work_is_measured_in_full() -> None:
+    """JAX returns before the work is done (CPU too); the timer's sync puts the work inside the sample."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    f = jax.jit(lambda a, b: ((a @ b) @ b) @ b)
+    a = jnp.ones((1024, 1024), jnp.float32)
+    b = jnp.ones((1024, 1024), jnp.float32) / 1024
+    jax.block_until_ready(f(a, b))
+    # reference: each call fully awaited on its own
+    full = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(a, b))
+        full.append(time.perf_counter() - t0)
+    full_s = sorted(full)[2]
+    # dispatch alone returns far sooner: the test could fail if the timer forgot to sync
+    t0 = time.perf_counter()
+    out = f(a, b)
+    dispatch_s = time.perf_counter() - t0
+    jax.block_until_ready(out)
+    assert dispatch_s < 0.5 * full_s, (dispatch_s, full_s)
+
+    measured = timing.measure(lambda: f(a, b), jax.block_until_ready, budget_s=0.5)
+    assert measured.median_s >= 0.7 * full_s, (measured.median_s, full_s)
+
+
+def test_first_call_of_a_compiled_backend_is_reported_apart() -> None:
+    case = PRESETS["tiny"].case("float32")
+    prepared = spec("jax-xla").load().prepare(golden_for(case), "fwd")
+    first_s, _out = timing.first_call(prepared.step, prepared.sync)
+    t = timing.measure(prepared.step, prepared.sync, first_call_s=first_s, budget_s=0.2)
+    assert t.first_call_s == first_s
+    assert t.first_call_s > 5 * t.median_s, t  # compile is in the first call ...
+    assert t.max_s < t.first_call_s  # ... and in no steady-state sample

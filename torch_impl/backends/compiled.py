@@ -1,0 +1,35 @@
+"""``torch-compile``: ``torch.compile`` of the eager module (Inductor; ``dynamic=False``: shape-specialised)."""
+
+from __future__ import annotations
+
+import torch
+
+from compare.golden import Golden
+from compare.registry import Availability, Prepared
+from torch_impl import device as dev
+from torch_impl import runner
+from torch_impl.models import build_module
+
+
+class CompileBackend:
+    name = "torch-compile"
+
+    def availability(self) -> Availability:
+        return Availability(True, device=str(dev.device()))
+
+    def prepare(self, golden: Golden, mode: str) -> Prepared:
+        module = build_module(golden, dev.device(), dev.TORCH_DTYPES[golden.case.dtype])
+        # Every nn.Linear shares one forward code object, and Dynamo's recompile limit counts per code object:
+        # start each backend instance from a clean Dynamo state so its first call is its own compile.
+        torch._dynamo.reset()
+        compiled = torch.compile(module, dynamic=False, fullgraph=True)
+        note = "first call includes Inductor compile (its on-disk FX graph cache may be warm)"
+        if mode != "bwd":
+            return runner.prepare(golden, mode, module, compiled, note=note)
+        # Timing the backward alone replays one graph with retain_graph=True, which AOTAutograd's donated
+        # buffers forbid; the forward (and its compile) runs inside prepare, so the patch covers it.
+        with torch._functorch.config.patch(donated_buffer=False):
+            return runner.prepare(golden, mode, module, compiled, note=note + "; donated buffers off (bwd replay)")
+
+
+BACKEND = CompileBackend()

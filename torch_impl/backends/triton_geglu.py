@@ -1,0 +1,33 @@
+"""``torch-triton``: eager GEMMs, with ``gelu_tanh(g) * u`` (and its backward) in hand-written Triton kernels."""
+
+from __future__ import annotations
+
+from compare.golden import Golden
+from compare.registry import Availability, Prepared
+from torch_impl import device as dev
+from torch_impl import runner
+from torch_impl.models import build_module
+
+INTERPRETED_NOTE = "Triton interpreter (TRITON_INTERPRET=1) on CPU: parity only, not timed"
+
+
+class TritonGeGLUBackend:
+    name = "torch-triton"
+
+    def availability(self) -> Availability:
+        ok, reason, interpreted = dev.triton_status()
+        return Availability(ok, reason, timed=not interpreted, device=str(dev.device()))
+
+    def prepare(self, golden: Golden, mode: str) -> Prepared:
+        if golden.case.model != "geglu":
+            raise ValueError(f"torch-triton implements model 'geglu' only, not {golden.case.model!r}")
+        from torch_impl.ops.geglu import geglu
+
+        avail = self.availability()
+        if not avail.ok:
+            raise RuntimeError(avail.reason)
+        module = build_module(golden, dev.device(), dev.TORCH_DTYPES[golden.case.dtype], act_mul=geglu)
+        return runner.prepare(golden, mode, module, timed=avail.timed, note="" if avail.timed else INTERPRETED_NOTE)
+
+
+BACKEND = TritonGeGLUBackend()

@@ -1,0 +1,58 @@
+"""Where torch backends run, how they sync, and the precision settings they pin."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import torch
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def sync(_outputs: Any = None) -> None:
+    """Block until all queued device work is done: ``torch.cuda.synchronize()`` on CUDA.
+
+    CPU torch ops run synchronously on the calling thread, so on CPU there is nothing left to wait for.
+    """
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def pin_precision() -> dict[str, Any]:
+    """Turn TF32 off everywhere (fp32 means fp32) and return the settings, for the results' environment."""
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return {
+        "torch_float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "torch_cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "torch_cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+    }
+
+
+def threads() -> dict[str, Any]:
+    return {"torch_intra_op": torch.get_num_threads(), "torch_inter_op": torch.get_num_interop_threads()}
+
+
+def triton_status() -> tuple[bool, str, bool]:
+    """(usable, reason if not, interpreted) for Triton kernels on this machine."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        return False, f"triton is not installed ({exc}); pip install triton", False
+    if torch.cuda.is_available():
+        return True, "", False
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True, "", True
+    why = "imported before TRITON_INTERPRET=1 was set" if "triton" in sys.modules else "TRITON_INTERPRET is not 1"
+    return False, f"no CUDA device and the Triton interpreter is off ({why})", False

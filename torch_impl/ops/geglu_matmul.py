@@ -1,0 +1,350 @@
+"""Fused gate/up GEMM with a GeGLU epilogue, plus a plain GEMM, as hand-written Triton kernels.
+
+For the GeGLU MLP block ``y = down(gelu_tanh(gate(x)) * up(x))`` (bias-free linears, torch
+weight layout ``(out, in)``) this module provides:
+
+* :func:`geglu_matmul` ``(x [M, K], w_gate [N, K], w_up [N, K]) -> h [M, N]`` -- both
+  projections computed tile by tile from the same loaded ``x`` tile into two fp32
+  accumulators; GeGLU is applied in the epilogue and only ``h`` is written. ``g`` and ``u``
+  never reach memory.
+* :func:`matmul` ``(a [M, K], b [N, K]) -> a @ b.T [M, N]`` -- plain GEMM with the same tiling
+  rules, used for the down projection.
+* :class:`GeGLUMatmulFunction` / :func:`fused_geglu` -- autograd wrapper around the fused
+  kernel; the backward recomputes ``g`` and ``u`` with torch matmuls and uses the Triton
+  elementwise :func:`~torch_impl.ops.geglu.geglu_backward` kernel.
+
+Cost model of the fused forward (``s`` = itemsize, tiles ``BM x BN``, no cache reuse assumed):
+
+* FLOPs: ``2 * (2 * M * N * K)`` for the two products plus ~12 per output element for GeGLU.
+* Bytes: ``x`` is read once per N-tile (``M * K * s * ceil(N / BN)``), each weight once per
+  M-tile (``2 * N * K * s * ceil(M / BM)``), and ``h`` is written once (``M * N * s``).
+  Unfused (two GEMMs, then an elementwise kernel) additionally writes ``g`` and ``u`` and reads
+  them back: ``4 * M * N * s`` more bytes, and ``x`` is read by two GEMMs instead of one.
+
+Precision: fp32 accumulation for every input dtype; fp32 inputs use ``input_precision="ieee"``
+(no TF32). Under the Triton interpreter bf16/fp16 ``tl.dot`` returns garbage (triton issue
+11584), so when interpreting the loaded tiles are upcast to fp32 before the dot (``UPCAST``);
+on GPU the dots stay native bf16/fp16 with fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._triton_env import FP_FUSION, interpreted
+from .geglu import EXACT_BF16_CAST, SUPPORTED_DTYPES, cast_out, geglu_backward, gelu_tanh
+
+__all__ = [
+    "GeGLUMatmulFunction",
+    "fused_geglu",
+    "geglu_matmul",
+    "matmul",
+]
+
+_INTERPRET: bool = interpreted()
+
+# Under the interpreter: one small fixed config and no autotuning (the autotuner would run,
+# i.e. interpret, every config). num_warps is ignored by the interpreter.
+_INTERP_CONFIG: dict[str, int] = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
+_INTERP_NUM_WARPS = 4
+
+
+def _cfg(bm: int, bn: int, bk: int, stages: int, warps: int) -> triton.Config:
+    return triton.Config(
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=stages, num_warps=warps
+    )
+
+
+# Hopper/Ampere candidates. The fused kernel holds two fp32 accumulators, so its tiles stop
+# at 128 x 128 (2 x 64 KiB of accumulator per program); the plain GEMM also tries 128 x 256.
+# Configs that exceed shared memory on a given GPU are skipped by the autotuner.
+_GEGLU_CONFIGS: list[triton.Config] = [
+    _cfg(128, 128, 64, 3, 8),
+    _cfg(128, 128, 32, 4, 8),
+    _cfg(128, 64, 64, 4, 4),
+    _cfg(64, 128, 64, 4, 4),
+    _cfg(128, 64, 32, 4, 4),
+    _cfg(64, 64, 64, 4, 4),
+]
+_MATMUL_CONFIGS: list[triton.Config] = [
+    _cfg(128, 256, 64, 3, 8),
+    _cfg(128, 128, 64, 4, 8),
+    _cfg(128, 128, 32, 4, 4),
+    _cfg(128, 64, 64, 4, 4),
+    _cfg(64, 128, 64, 4, 4),
+    _cfg(64, 64, 32, 4, 4),
+]
+
+
+@triton.jit
+def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Map the 1-D program id to (pid_m, pid_n), GROUP_M row-tiles at a time (L2 reuse of weights)."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _geglu_matmul_kernel(
+    x_ptr, wg_ptr, wu_ptr, h_ptr,
+    M, N, K,
+    stride_xm, stride_xk,
+    stride_wgn, stride_wgk,
+    stride_wun, stride_wuk,
+    stride_hm, stride_hn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    UPCAST: tl.constexpr, EXACT_BF16: tl.constexpr,
+):  # fmt: skip
+    # One program = one [BLOCK_M, BLOCK_N] tile of h. Per K-step it loads one x tile
+    # [BM, BK] and feeds it to BOTH dots (x is read once per N-tile, not twice), plus one
+    # [BK, BN] tile of each weight. FLOPs per program: 2 * 2 * BM * BN * K.
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    # Weights are (N, K); address them as a [BK, BN] tile of W^T so tl.dot computes x @ W^T.
+    wg_ptrs = wg_ptr + offs_k[:, None] * stride_wgk + offs_n[None, :] * stride_wgn
+    wu_ptrs = wu_ptr + offs_k[:, None] * stride_wuk + offs_n[None, :] * stride_wun
+
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K  # masked K tail: zero-padding adds nothing to the dots
+        x = tl.load(x_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        wg = tl.load(wg_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        wu = tl.load(wu_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        if UPCAST:  # interpreter only: bf16/fp16 tl.dot is broken there (triton issue 11584)
+            x = x.to(tl.float32)
+            wg = wg.to(tl.float32)
+            wu = wu.to(tl.float32)
+        # input_precision only affects fp32 x fp32 dots: "ieee" = no TF32.
+        acc_g = tl.dot(x, wg, acc_g, input_precision="ieee")
+        acc_u = tl.dot(x, wu, acc_u, input_precision="ieee")
+        x_ptrs += BLOCK_K * stride_xk
+        wg_ptrs += BLOCK_K * stride_wgk
+        wu_ptrs += BLOCK_K * stride_wuk
+
+    # Epilogue on the fp32 accumulators: h = gelu_tanh(g) * u; only h is stored.
+    h = gelu_tanh(acc_g) * acc_u
+    h_ptrs = h_ptr + offs_m[:, None] * stride_hm + offs_n[None, :] * stride_hn
+    h = cast_out(h, h_ptr.dtype.element_ty, EXACT_BF16)
+    tl.store(h_ptrs, h, mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr, b_ptr, c_ptr,
+    M, N, K,
+    stride_am, stride_ak,
+    stride_bn, stride_bk,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    UPCAST: tl.constexpr, EXACT_BF16: tl.constexpr,
+):  # fmt: skip
+    # c = a @ b^T. FLOPs 2*M*N*K; bytes: a read once per N-tile, b once per M-tile, c written once.
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn  # [BK, BN] of b^T
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    c = cast_out(acc, c_ptr.dtype.element_ty, EXACT_BF16)
+    tl.store(c_ptrs, c, mask=mask_m[:, None] & mask_n[None, :])
+
+
+if _INTERPRET:
+    _geglu_matmul_launch = _geglu_matmul_kernel
+    _matmul_launch = _matmul_kernel
+else:
+    _geglu_matmul_launch = triton.autotune(configs=_GEGLU_CONFIGS, key=["M", "N", "K"])(_geglu_matmul_kernel)
+    _matmul_launch = triton.autotune(configs=_MATMUL_CONFIGS, key=["M", "N", "K"])(_matmul_kernel)
+
+_INT32_MAX = 2**31 - 1
+
+
+def _check_gemm(x_name: str, x: torch.Tensor, w_names: tuple[str, ...], ws: tuple[torch.Tensor, ...]) -> None:
+    """Validate ``x [..., K]`` against weights ``[N, K]``; raise ValueError naming the problem."""
+    for name, t in ((x_name, x), *zip(w_names, ws, strict=True)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() < 1:
+        raise ValueError(f"{x_name} must have shape [..., K] (at least 1 dim); got a 0-dim tensor")
+    if x.dtype not in SUPPORTED_DTYPES:
+        allowed = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        raise ValueError(f"unsupported dtype {x.dtype} for {x_name}; allowed: {allowed}")
+    K = x.shape[-1]
+    for name, w in zip(w_names, ws, strict=True):
+        if w.dim() != 2 or w.shape[1] != K:
+            raise ValueError(
+                f"{name} must have shape [N, K] with K = {x_name}.shape[-1] = {K} (torch (out, in) layout); "
+                f"got {tuple(w.shape)}"
+            )
+        if w.shape != ws[0].shape:
+            raise ValueError(
+                f"{name} and {w_names[0]} must have the same shape; "
+                f"got {tuple(w.shape)} and {tuple(ws[0].shape)}"
+            )
+        if w.dtype != x.dtype:
+            raise ValueError(f"{name} must have the dtype of {x_name} ({x.dtype}); got {w.dtype}")
+        if w.device != x.device:
+            raise ValueError(f"{name} must be on the device of {x_name} ({x.device}); got {w.device}")
+    for name, t in ((x_name, x), *zip(w_names, ws, strict=True)):
+        # Largest element offset the kernel forms (x is addressed after flattening to 2-D).
+        span = sum((size - 1) * abs(st) for size, st in zip(t.shape, t.stride(), strict=True))
+        if t.numel() > 0 and span > _INT32_MAX:
+            raise ValueError(f"{name} spans {span + 1} elements; int32 offsets allow at most {_INT32_MAX}")
+
+
+def _grid(M: int, N: int):
+    return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+
+def _launch_kwargs(dtype: torch.dtype) -> dict:
+    kw: dict = {
+        "UPCAST": _INTERPRET and dtype != torch.float32,
+        "EXACT_BF16": EXACT_BF16_CAST,
+        "enable_fp_fusion": FP_FUSION,
+    }
+    if _INTERPRET:
+        kw.update(_INTERP_CONFIG, num_warps=_INTERP_NUM_WARPS)
+    return kw
+
+
+def geglu_matmul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    """h = gelu_tanh(x @ w_gate.T) * (x @ w_up.T) in one fused Triton GEMM (no autograd).
+
+    Args:
+        x: activations ``[M, K]`` (leading batch dims ``[..., K]`` are flattened into M).
+        w_gate: gate weight ``[N, K]`` (torch ``(out, in)`` layout).
+        w_up: up weight ``[N, K]``.
+        All share dtype (float32/bfloat16/float16) and device; any strides.
+
+    Returns:
+        h: ``[M, N]`` (or ``[..., N]``) in x's dtype; accumulation and GeGLU math in fp32.
+
+    Work: ``4 * M * N * K`` FLOPs; writes only h (``M * N * itemsize`` bytes).
+    """
+    _check_gemm("x", x, ("w_gate", "w_up"), (w_gate, w_up))
+    lead, K = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(math.prod(lead), K)
+    M, N = x2.shape[0], w_gate.shape[0]
+    h = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M > 0 and N > 0:
+        _geglu_matmul_launch[_grid(M, N)](
+            x2, w_gate, w_up, h,
+            M, N, K,
+            x2.stride(0), x2.stride(1),
+            w_gate.stride(0), w_gate.stride(1),
+            w_up.stride(0), w_up.stride(1),
+            h.stride(0), h.stride(1),
+            **_launch_kwargs(x.dtype),
+        )  # fmt: skip
+    return h.reshape(*lead, N)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """c = a @ b.T as a plain Triton GEMM (no autograd); used for the down projection.
+
+    Args:
+        a: ``[M, K]`` (leading batch dims ``[..., K]`` are flattened into M).
+        b: ``[N, K]`` (torch ``(out, in)`` weight layout), same dtype and device as ``a``.
+
+    Returns:
+        c: ``[M, N]`` (or ``[..., N]``) in a's dtype, fp32 accumulation.
+
+    Work: ``2 * M * N * K`` FLOPs.
+    """
+    _check_gemm("a", a, ("b",), (b,))
+    lead, K = a.shape[:-1], a.shape[-1]
+    a2 = a.reshape(math.prod(lead), K)
+    M, N = a2.shape[0], b.shape[0]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    if M > 0 and N > 0:
+        _matmul_launch[_grid(M, N)](
+            a2, b, c,
+            M, N, K,
+            a2.stride(0), a2.stride(1),
+            b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1),
+            **_launch_kwargs(a.dtype),
+        )  # fmt: skip
+    return c.reshape(*lead, N)
+
+
+class GeGLUMatmulFunction(torch.autograd.Function):
+    """Autograd for h = gelu_tanh(x @ w_gate.T) * (x @ w_up.T) with x ``[M, K]``, weights ``[N, K]``.
+
+    Forward: the fused Triton kernel; saves x, w_gate, w_up only (no ``[M, N]`` activations).
+    Backward (recompute): ``g = x @ w_gate.T`` and ``u = x @ w_up.T`` are recomputed with torch
+    matmuls (``4 * M * N * K`` extra FLOPs instead of storing ``2 * M * N`` activations), then
+    the Triton :func:`geglu_backward` kernel gives dg, du, and
+    ``dx = dg @ w_gate + du @ w_up``, ``dW_gate = dg.T @ x``, ``dW_up = du.T @ x``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if x.dim() != 2:
+            raise ValueError(
+                f"GeGLUMatmulFunction expects x of shape [M, K]; got {tuple(x.shape)} (use fused_geglu)"
+            )
+        h = geglu_matmul(x, w_gate, w_up)
+        ctx.save_for_backward(x, w_gate, w_up)
+        return h
+
+    @staticmethod
+    def backward(ctx, dh: torch.Tensor):  # type: ignore[override]
+        x, w_gate, w_up = ctx.saved_tensors
+        need_x, need_wg, need_wu = ctx.needs_input_grad[:3]
+        g = x @ w_gate.T  # recompute [M, N]
+        u = x @ w_up.T  # recompute [M, N]
+        dg, du = geglu_backward(dh.to(x.dtype).contiguous(), g, u)
+        dx = torch.addmm(dg @ w_gate, du, w_up) if need_x else None  # [M, K]
+        dw_gate = dg.T @ x if need_wg else None  # [N, K]
+        dw_up = du.T @ x if need_wu else None  # [N, K]
+        return dx, dw_gate, dw_up
+
+
+def fused_geglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    """Differentiable h = gelu_tanh(x @ w_gate.T) * (x @ w_up.T) via :class:`GeGLUMatmulFunction`.
+
+    Args:
+        x: ``[..., K]``; leading dims are flattened to M for the kernel and restored after.
+        w_gate, w_up: ``[N, K]``.
+
+    Returns:
+        h: ``[..., N]`` in x's dtype.
+    """
+    _check_gemm("x", x, ("w_gate", "w_up"), (w_gate, w_up))
+    lead, K = x.shape[:-1], x.shape[-1]
+    h = GeGLUMatmulFunction.apply(x.reshape(math.prod(lead), K), w_gate, w_up)
+    return h.reshape(*lead, w_gate.shape[0])
