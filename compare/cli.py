@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from compare import harness, report, results
+from compare import diff, harness, report, results, sweep
 from compare.cases import DTYPES, MODELS, MODES, PRESETS, Case, InputError, check_name, preset, resolve_shape
 from compare.golden import GoldenError
 from compare.registry import BACKENDS, spec
@@ -57,8 +57,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def cmd_report(a: argparse.Namespace) -> int:
     path = Path(a.results)
-    doc = results.read_json(path)
-    out = Path(a.out) if a.out else path.parent / "REPORT.md"
+    doc = sweep.load_sweep(path) if path.is_dir() or path.suffix == ".jsonl" else results.read_json(path)
+    out = Path(a.out) if a.out else (path if path.is_dir() else path.parent) / "REPORT.md"
     out.write_text(report.render(doc))
     print(f"wrote {out}")
     return 0
@@ -84,6 +84,8 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("results")
     rep.add_argument("--out", help="where to write (default: REPORT.md beside the results)")
     rep.set_defaults(fn=cmd_report)
+    sweep.add_parser(sub)
+    diff.add_parser(sub)
     return p
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -52,6 +53,9 @@ class Prepared:
     threads: dict[str, Any] = field(default_factory=dict)
     precision: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    #: ``profile(trace_path)`` runs one more step under the framework's profiler and returns the kernel summary
+    #: (schema in ``compare.kernels``); with a path it also writes a Chrome/Perfetto trace there.
+    profile: Callable[[Path | None], dict[str, Any]] | None = None
 
 
 class Backend(Protocol):
@@ -93,7 +97,14 @@ BACKENDS: dict[str, BackendSpec] = {
                     "torch.compile (Inductor: fused C++ on CPU, Triton on GPU)"),
         BackendSpec("torch-triton", "torch", "torch_impl.backends.triton_geglu",
                     "eager GEMMs + hand-written Triton GeGLU elementwise kernel", models=("geglu",)),
+        BackendSpec("torch-triton-fused", "torch", "torch_impl.backends.triton_fused",
+                    "one Triton GEMM for gelu_tanh(x Wg^T) * (x Wu^T) (gate/up never stored) + Triton down GEMM",
+                    models=("geglu",)),
         BackendSpec("jax-xla", "jax", "jax_impl.backends.xla", "flax.nnx modules under jax.jit (XLA fusion)"),
+        BackendSpec("jax-pallas", "jax", "jax_impl.backends.pallas",
+                    "nnx module under jax.jit with the GeGLU step as a Pallas kernel (custom VJP)", models=("geglu",)),
+        BackendSpec("jax-triton", "jax", "jax_impl.backends.triton",
+                    "nnx module with torch-triton's very Triton kernel called through jax_triton", models=("geglu",)),
     )
 }
 DEFAULT_BASELINE = "torch-eager"

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from compare.plots import plots_section
 from compare.registry import DEFAULT_BASELINE
 
 Row = list[str]
@@ -95,6 +96,28 @@ def timing_section(results: list[Doc]) -> str:
     return "## Timing\n\n" + intro + "\n\n" + table(head, rows) + ("\n\n" + "\n".join(untimed) if untimed else "")
 
 
+def modes_section(results: list[Doc]) -> str:
+    """One row per (backend, case, dtype), a column per timed mode: median (and speedup against eager)."""
+    modes = [m for m in ("fwd", "bwd", "fwd+bwd") if any(r["mode"] == m and r.get("timing") for r in results)]
+    if len(modes) < 2:
+        return ""
+    keys: list[tuple[str, str, str]] = []
+    cells: dict[tuple[str, str, str, str], str] = {}
+    for r in results:
+        if not r.get("timing"):
+            continue
+        key = (r["backend"], r["case"], r["dtype"])
+        if key not in keys:
+            keys.append(key)
+        base = _baseline(results, r)
+        speed = f" ({base['timing']['median_s'] / r['timing']['median_s']:.2f}x)" if base else ""
+        cells[(*key, r["mode"])] = fmt_s(r["timing"]["median_s"]) + speed
+    label = {r["case"]: case_label(r) for r in results}
+    rows = [[b, label[c], d, *(cells.get((b, c, d, m), "-") for m in modes)] for b, c, d in keys]
+    return ("## Timing by mode\n\nMedian per call (speedup against torch-eager).\n\n"
+            + table(["backend", "case", "dtype", *modes], rows))
+
+
 def problems_section(results: list[Doc]) -> str:
     bad = [r for r in results if r["status"] != "ok"]
     if not bad:
@@ -116,6 +139,8 @@ SECTIONS: list[Callable[[Doc], str]] = [
     lambda d: environment_section(d["environment"]),
     lambda d: parity_section(d["results"]),
     lambda d: timing_section(d["results"]),
+    lambda d: modes_section(d["results"]),
+    plots_section,
     lambda d: problems_section(d["results"]),
 ]
 

@@ -30,6 +30,8 @@ class Result:
     parity: dict[str, Any] | None = None
     timing: dict[str, Any] | None = None
     threads: dict[str, Any] = field(default_factory=dict)
+    kernels: dict[str, Any] | None = None
+    cost: dict[str, Any] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -40,9 +40,11 @@ from .geglu import EXACT_BF16_CAST, SUPPORTED_DTYPES, cast_out, geglu_backward, 
 
 __all__ = [
     "GeGLUMatmulFunction",
+    "LinearFunction",
     "fused_geglu",
     "geglu_matmul",
     "matmul",
+    "triton_linear",
 ]
 
 _INTERPRET: bool = interpreted()
@@ -348,3 +350,30 @@ def fused_geglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> to
     lead, K = x.shape[:-1], x.shape[-1]
     h = GeGLUMatmulFunction.apply(x.reshape(math.prod(lead), K), w_gate, w_up)
     return h.reshape(*lead, w_gate.shape[0])
+
+
+class LinearFunction(torch.autograd.Function):
+    """Autograd for the bias-free linear ``y = x @ w.T`` with every GEMM in :func:`matmul` (Triton).
+
+    x ``[M, K]``, w ``[N, K]``. Backward: ``dx = dy @ w`` (``matmul(dy, w.T)``) and
+    ``dw = dy.T @ x`` (``matmul(dy.T, x.T)``): both Triton GEMMs over strided views, no copies.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, w)
+        return matmul(x, w)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        dx = matmul(dy, w.T) if ctx.needs_input_grad[0] else None  # [M, K]
+        dw = matmul(dy.T, x.T) if ctx.needs_input_grad[1] else None  # [N, K]
+        return dx, dw
+
+
+def triton_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Differentiable ``x @ w.T`` (x ``[..., K]``, w ``[N, K]``) with Triton GEMMs forward and backward."""
+    lead, K = x.shape[:-1], x.shape[-1]
+    y = LinearFunction.apply(x.reshape(math.prod(lead), K), w)
+    return y.reshape(*lead, w.shape[0])

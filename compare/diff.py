@@ -1,0 +1,335 @@
+"""``python -m compare diff OLD NEW``: what changed between two results documents, and is any of it a regression.
+
+Cells are matched by (backend, case, mode); the case name holds the model, shape, dtype, distribution and seed.
+
+**Performance.** Each side's quartiles (q1, median, q3) come from its per-sample times ``timing["samples_s"]``
+when it has at least two, else from ``median_s`` -/+ ``iqr_s``/2. With ``ratio = new median / old median`` and
+the combined relative spread ``noise = sqrt((old IQR / old median)^2 + (new IQR / new median)^2)``, the band is
+``tol = max(threshold, k * noise)`` (defaults: threshold 5%, k 1). The new run is **slower** (a regression) only if
+all of these hold:
+
+1. ``ratio > 1 + tol``: slower by more than the threshold and more than the runs' own spread;
+2. ``new q1 > old q3``: the middle halves of the two sample sets do not overlap;
+3. when both sides have at least :data:`MIN_SAMPLES_FOR_TEST` samples: a one-sided Mann-Whitney U test says the
+   new samples tend to be larger with ``p < alpha`` (default 0.01); exact distribution for small tie-free samples,
+   else the normal approximation with tie and continuity corrections.
+
+**Faster** is the mirror image (``ratio < 1 / (1 + tol)``, ``new q3 < old q1``, the test the other way); anything
+else is **within noise**. A cell timed on only one side is "not compared".
+
+**Parity.** A cell whose status was ``ok`` in the old run and is ``parity-fail`` or ``error`` in the new one is a
+regression. Other status changes (e.g. ``ok`` -> ``skipped``: the backend is unavailable here) are listed, not
+counted. Cells present on only one side are listed as added or removed.
+
+Exit status: 0 with no regression, 1 with a performance or parity regression, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compare.cases import InputError
+from compare.report import fmt_s, table
+from compare.timing import quartiles
+
+Doc = dict[str, Any]
+Key = tuple[str, str, str]
+
+THRESHOLD = 0.05
+NOISE_K = 1.0
+ALPHA = 0.01
+#: Below this many samples on either side, the rank test is skipped (rules 1 and 2 decide alone).
+MIN_SAMPLES_FOR_TEST = 5
+#: Largest sample sizes (each side) for which the exact U distribution is used when there are no ties.
+EXACT_MAX = 20
+BAD_STATUSES = ("parity-fail", "error")
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Quartiles, extremes and samples of one side's timing, in seconds per call."""
+
+    q1: float
+    median: float
+    q3: float
+    samples: tuple[float, ...]
+
+    @property
+    def rel_iqr(self) -> float:
+        return (self.q3 - self.q1) / self.median if self.median > 0 else math.inf
+
+
+def spread(t: Doc) -> Spread:
+    """The :class:`Spread` of a timing record (samples when present, else median and IQR)."""
+    samples = tuple(float(x) for x in (t.get("samples_s") or []))
+    if len(samples) >= 2:
+        q1, med, q3 = quartiles(sorted(samples))
+        return Spread(q1, med, q3, samples)
+    med, iqr = float(t["median_s"]), float(t.get("iqr_s") or 0.0)
+    return Spread(med - iqr / 2, med, med + iqr / 2, samples)
+
+
+# --- Mann-Whitney U, by hand ---------------------------------------------------------------------------------
+
+
+def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
+    """Mid-ranks (1-based) of ``values`` and the sizes of their tie groups."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    ties = []
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        ties.append(j - i + 1)
+        i = j + 1
+    return ranks, ties
+
+
+@functools.cache
+def _u_counts(m: int, n: int) -> tuple[int, ...]:
+    """Number of orderings of ``m`` x's and ``n`` y's (no ties) with each value of U_x = #{(x, y): x > y}."""
+    if m == 0 or n == 0:
+        return (1,)
+    out = [0] * (m * n + 1)
+    for u, c in enumerate(_u_counts(m - 1, n)):  # the largest value is an x: it beats all n y's
+        out[u + n] += c
+    for u, c in enumerate(_u_counts(m, n - 1)):  # the largest value is a y
+        out[u] += c
+    return tuple(out)
+
+
+def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """One-sided Mann-Whitney U test that ``x`` tends to be larger than ``y``: returns (U_x, p-value).
+
+    Exact when both samples have at most :data:`EXACT_MAX` values and no value repeats; otherwise the normal
+    approximation with tie correction and continuity correction.
+    """
+    m, n = len(x), len(y)
+    if m == 0 or n == 0:
+        raise ValueError("Mann-Whitney U needs two non-empty samples")
+    ranks, ties = _ranks([*x, *y])
+    u = sum(ranks[:m]) - m * (m + 1) / 2
+    if m <= EXACT_MAX and n <= EXACT_MAX and all(t == 1 for t in ties):
+        counts = _u_counts(m, n)
+        return u, sum(counts[math.ceil(u - 1e-9):]) / math.comb(m + n, m)
+    total = m + n
+    tie_term = sum(t**3 - t for t in ties) / (total * (total - 1))
+    var = m * n / 12 * ((total + 1) - tie_term)
+    if var <= 0:  # every value equal
+        return u, 1.0
+    z = (u - m * n / 2 - 0.5) / math.sqrt(var)
+    return u, 0.5 * math.erfc(z / math.sqrt(2))
+
+
+# --- verdicts --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimingVerdict:
+    """How one cell's time changed: ratio, the noise band, the rank test's p-value and the verdict."""
+
+    old: Spread
+    new: Spread
+    ratio: float
+    tol: float
+    p_slower: float | None
+    p_faster: float | None
+    verdict: str  # "slower", "faster" or "within noise"
+
+    @property
+    def regression(self) -> bool:
+        return self.verdict == "slower"
+
+
+def compare_timing(old: Doc, new: Doc, threshold: float = THRESHOLD, k: float = NOISE_K,
+                   alpha: float = ALPHA) -> TimingVerdict:
+    """Apply the module's rule to two timing records of the same cell."""
+    a, b = spread(old), spread(new)
+    if a.median <= 0 or b.median <= 0:
+        raise InputError(f"a timing median must be positive, got {a.median} and {b.median}")
+    ratio = b.median / a.median
+    tol = max(threshold, k * math.hypot(a.rel_iqr, b.rel_iqr))
+    p_slower = p_faster = None
+    if min(len(a.samples), len(b.samples)) >= MIN_SAMPLES_FOR_TEST:
+        p_slower = mann_whitney_greater(b.samples, a.samples)[1]
+        p_faster = mann_whitney_greater(a.samples, b.samples)[1]
+    if ratio > 1 + tol and b.q1 > a.q3 and (p_slower is None or p_slower < alpha):
+        verdict = "slower"
+    elif ratio < 1 / (1 + tol) and b.q3 < a.q1 and (p_faster is None or p_faster < alpha):
+        verdict = "faster"
+    else:
+        verdict = "within noise"
+    return TimingVerdict(a, b, ratio, tol, p_slower, p_faster, verdict)
+
+
+# --- the diff --------------------------------------------------------------------------------------------------
+
+
+def _key(r: Doc) -> Key:
+    return r["backend"], r["case"], r["mode"]
+
+
+def _index(doc: Doc, which: str) -> dict[Key, Doc]:
+    rs = doc.get("results")
+    if not isinstance(rs, list):
+        raise InputError(f"{which} results document has no 'results' list")
+    out: dict[Key, Doc] = {}
+    for i, r in enumerate(rs):
+        missing = [f for f in ("backend", "case", "mode", "status", "dtype") if not isinstance(r, dict) or f not in r]
+        if missing:
+            raise InputError(f"{which} result #{i} lacks {', '.join(missing)}: not a fusion-compare results file")
+        out[_key(r)] = r
+    return out
+
+
+def _label(r: Doc) -> str:
+    s = r.get("shape") or {}
+    if {"batch", "seq", "dim", "hidden"} <= set(s):
+        return f"{r.get('model', '')} {s['batch']}x{s['seq']}x{s['dim']}->{s['hidden']}".strip()
+    return str(r["case"])
+
+
+def _fmt_p(p: float | None) -> str:
+    return "-" if p is None else f"{p:.2g}"
+
+
+def _env_changes(old: Doc, new: Doc) -> list[str]:
+    eo, en = old.get("environment") or {}, new.get("environment") or {}
+    out = [f"{k}: {eo.get(k)} -> {en.get(k)}" for k in ("cpu", "cpu_count", "gpu", "platform")
+           if eo.get(k) != en.get(k)]
+    vo, vn = eo.get("versions") or {}, en.get("versions") or {}
+    out += [f"{k}: {vo.get(k)} -> {vn.get(k)}" for k in sorted(set(vo) | set(vn)) if vo.get(k) != vn.get(k)]
+    return out
+
+
+def diff(old_doc: Doc, new_doc: Doc, threshold: float = THRESHOLD, k: float = NOISE_K,
+         alpha: float = ALPHA) -> tuple[str, bool]:
+    """Markdown comparing two results documents, and whether a performance or parity regression was found."""
+    old, new = _index(old_doc, "old"), _index(new_doc, "new")
+    common = [key for key in new if key in old]
+    perf_rows, status_rows = [], []
+    n_slow = n_fast = n_parity = 0
+    for key in common:
+        o, n = old[key], new[key]
+        if o.get("timing") and n.get("timing"):
+            v = compare_timing(o["timing"], n["timing"], threshold, k, alpha)
+            n_slow += v.regression
+            n_fast += v.verdict == "faster"
+            verdict = "**slower: regression**" if v.regression else v.verdict
+            p = v.p_slower if v.ratio >= 1 else v.p_faster
+            perf_rows.append([n["backend"], _label(n), n["dtype"], n["mode"], fmt_s(v.old.median), fmt_s(v.new.median),
+                              f"{v.ratio:.3f}", f"+/-{v.tol:.1%}", _fmt_p(p), verdict])
+        elif o.get("timing") or n.get("timing"):
+            side = "old" if o.get("timing") else "new"
+            perf_rows.append([n["backend"], _label(n), n["dtype"], n["mode"],
+                              fmt_s(o["timing"]["median_s"]) if o.get("timing") else "-",
+                              fmt_s(n["timing"]["median_s"]) if n.get("timing") else "-", "-", "-", "-",
+                              f"not compared (timed in the {side} run only)"])
+        if o["status"] != n["status"]:
+            parity_regression = o["status"] == "ok" and n["status"] in BAD_STATUSES
+            n_parity += parity_regression
+            reason = str(n.get("reason", "")).replace("|", "\\|")
+            verdict = "**regression**" if parity_regression else ("fixed" if n["status"] == "ok" else "changed")
+            status_rows.append([n["backend"], _label(n), n["dtype"], n["mode"], o["status"], n["status"], verdict,
+                                reason])
+    added = [new[key] for key in new if key not in old]
+    removed = [old[key] for key in old if key not in new]
+    regression = bool(n_slow or n_parity)
+
+    def when(doc: Doc) -> str:
+        cmd = (doc.get("config") or {}).get("command")
+        return f"{doc.get('created', '?')}" + (f" (`{cmd}`)" if cmd else "")
+
+    out = ["# fusion-compare diff", "", f"Old: {when(old_doc)}  ", f"New: {when(new_doc)}", ""]
+    if regression:
+        out.append(f"**Regression**: {n_slow} slower beyond noise, {n_parity} parity/status regressions "
+                   f"({n_fast} faster).")
+    else:
+        out.append(f"No regression ({len(common)} cells matched; {n_fast} faster beyond noise).")
+    env = _env_changes(old_doc, new_doc)
+    if env:
+        out += ["", "Environments differ (times may not be comparable): " + "; ".join(env) + "."]
+    out += ["", "## Timing", "",
+            f"Slower means: new/old median ratio above 1 + band, where band = max({threshold:.0%}, {k:g} x the "
+            f"combined relative IQR of both runs); the new first quartile above the old third; and, with at least "
+            f"{MIN_SAMPLES_FOR_TEST} samples a side, a one-sided Mann-Whitney U test at p < {alpha:g}. Faster is "
+            f"the mirror image. p is the test's p-value in the direction of the change.", ""]
+    head = ["backend", "case", "dtype", "mode", "old median", "new median", "new/old", "band", "p", "verdict"]
+    out.append(table(head, perf_rows) if perf_rows else "No cell was timed in both runs.")
+    out += ["", "## Status and parity", ""]
+    if status_rows:
+        out.append(table(["backend", "case", "dtype", "mode", "old", "new", "verdict", "new reason"], status_rows))
+    else:
+        out.append("No status changed.")
+    if added or removed:
+        out += ["", "## Added and removed cells", ""]
+        out += [f"- added: {r['backend']} {_label(r)} {r['dtype']} {r['mode']} ({r['status']})" for r in added]
+        out += [f"- removed: {r['backend']} {_label(r)} {r['dtype']} {r['mode']} ({r['status']})" for r in removed]
+    return "\n".join(out) + "\n", regression
+
+
+# --- command line ----------------------------------------------------------------------------------------------
+
+
+def cmd_diff(a: argparse.Namespace) -> int:
+    """Print (or write) the diff; 1 if it found a regression, else 0. Missing or bad files raise InputError."""
+    from compare import results
+
+    if a.threshold < 0 or a.k < 0 or not 0 < a.alpha <= 1:
+        raise InputError("--threshold and --k must be non-negative and --alpha in (0, 1]")
+    old_doc, new_doc = results.read_json(Path(a.old)), results.read_json(Path(a.new))
+    md, regression = diff(old_doc, new_doc, a.threshold, a.k, a.alpha)
+    if a.out:
+        Path(a.out).write_text(md)
+        print(f"wrote {a.out}: {'regression' if regression else 'no regression'}")
+    else:
+        print(md, end="")
+    return 1 if regression else 0
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``diff`` subcommand on an ``argparse`` subparsers object."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "diff", help="compare two results.json; exit 1 on a performance or parity regression",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("old", help="the baseline results.json")
+    p.add_argument("new", help="the results.json to judge")
+    p.add_argument("--threshold", type=float, default=THRESHOLD, help="smallest relative change that counts")
+    p.add_argument("--k", type=float, default=NOISE_K, help="noise band in units of the combined relative IQR")
+    p.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the rank test")
+    p.add_argument("--out", help="write the markdown here instead of printing it")
+    p.set_defaults(fn=cmd_diff)
+    return p
+
+
+def _exit_status(fn: Callable[[], int]) -> int:
+    try:
+        return int(fn())
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m compare.diff OLD NEW [options]`` (same as ``python -m compare diff``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = argparse.ArgumentParser(prog="python -m compare.diff")
+    sub = top.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    a = top.parse_args(["diff", *argv])
+    return _exit_status(lambda: a.fn(a))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,225 @@
+"""PNG plots of a results document (a pure function of it, like the report), and the report section for them.
+
+Results are grouped into *families* of one model, ``dim`` and ``hidden``; within a family the x axis is the token
+count (``batch x seq``) and each panel is one (dtype, mode). Per family, with files named deterministically:
+
+- ``time-<model>-d<dim>-h<hidden>.png``: median time per call against tokens, log-log, one line per backend,
+  error bars from the first to the third quartile (of ``samples_s`` when present, else median -/+ IQR/2);
+- ``speedup-<model>-d<dim>-h<hidden>.png``: the baseline's (``torch-eager``) median over each backend's;
+- ``ceiling-<model>-d<dim>-h<hidden>.png``: achieved fraction of the compute (solid) and bandwidth (dashed)
+  ceilings, only if results carry ``cost`` with ``achieved_flops_frac`` / ``achieved_bw_frac``.
+
+A family with fewer than two token counts gets no plot (a sweep's job; one point per line says nothing), and a
+plot with nothing to draw is skipped. matplotlib is imported only inside :func:`render_plots`, with Agg.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from compare.registry import DEFAULT_BASELINE
+from compare.timing import quartiles
+
+Doc = dict[str, Any]
+Family = tuple[str, int, int]
+#: Keys of a result's ``cost`` plotted against the ceilings, with their legend suffix and line style.
+CEILINGS: tuple[tuple[str, str, str], ...] = (("achieved_flops_frac", "compute", "-"),
+                                              ("achieved_bw_frac", "bandwidth", "--"))
+
+
+def tokens(r: Doc) -> int:
+    return int(r["shape"]["batch"] * r["shape"]["seq"])
+
+
+def family(r: Doc) -> Family:
+    return r["model"], int(r["shape"]["dim"]), int(r["shape"]["hidden"])
+
+
+def spread(t: Doc) -> tuple[float, float, float]:
+    """(q1, median, q3) seconds of a timing record: from its samples when present, else median -/+ IQR/2."""
+    samples = t.get("samples_s") or []
+    if len(samples) >= 2:
+        return quartiles(sorted(samples))
+    med, iqr = float(t["median_s"]), float(t.get("iqr_s") or 0.0)
+    return med - iqr / 2, med, med + iqr / 2
+
+
+def _timed(results: Iterable[Doc]) -> list[Doc]:
+    return [r for r in results if r.get("timing") and r["status"] in ("ok", "parity-fail")
+            and r["timing"].get("median_s", 0) > 0]
+
+
+def _ordered(xs: Iterable[str], order: Iterable[str]) -> list[str]:
+    order = list(order)
+    return sorted(set(xs), key=lambda x: (order.index(x) if x in order else len(order), x))
+
+
+def _panels(rs: list[Doc]) -> list[tuple[str, str]]:
+    from compare.cases import DTYPES, MODES
+
+    dtypes = _ordered((r["dtype"] for r in rs), DTYPES)
+    modes = _ordered((r["mode"] for r in rs), MODES)
+    return [(d, m) for d in dtypes for m in modes]
+
+
+def _series(rs: list[Doc]) -> dict[tuple[str, str, str], list[Doc]]:
+    """(dtype, mode, backend) -> results sorted by tokens (the first result per token count)."""
+    out: dict[tuple[str, str, str], dict[int, Doc]] = {}
+    for r in rs:
+        out.setdefault((r["dtype"], r["mode"], r["backend"]), {}).setdefault(tokens(r), r)
+    return {k: [v[t] for t in sorted(v)] for k, v in out.items()}
+
+
+def _figure(n_panels: int, title: str) -> tuple[Any, list[Any]]:
+    from matplotlib.figure import Figure
+
+    cols = min(3, n_panels)
+    rows = -(-n_panels // cols)
+    fig = Figure(figsize=(4.6 * cols, 3.6 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel().tolist()
+    for ax in axes[n_panels:]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    return fig, axes[:n_panels]
+
+
+def _colors(backends: list[str]) -> dict[str, str]:
+    palette = [f"C{i}" for i in range(10)]
+    return {b: palette[i % len(palette)] for i, b in enumerate(backends)}
+
+
+def _axes_style(ax: Any, xs: Iterable[int], title: str, ylabel: str) -> None:
+    """Log-log axes with a tick at each token count present, a title, labels, a grid and a legend."""
+    from matplotlib.ticker import NullLocator
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ticks = sorted(set(xs))
+    if ticks:
+        ax.set_xticks(ticks, labels=[str(t) for t in ticks])
+        ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_title(title)
+    ax.set_xlabel("tokens (batch x seq)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=100, metadata={"Software": None})
+    return path
+
+
+def _time_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
+    series = _series(rs)
+    panels = _panels(rs)
+    backends = sorted({b for (_, _, b) in series})
+    color = _colors(backends)
+    fig, axes = _figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: median time per call")
+    for ax, (dtype, mode) in zip(axes, panels, strict=True):
+        for b in backends:
+            pts = series.get((dtype, mode, b))
+            if not pts:
+                continue
+            xs = [tokens(r) for r in pts]
+            q = [spread(r["timing"]) for r in pts]
+            ys = [m for _, m, _ in q]
+            err = [[max(m - lo, 0.0) for lo, m, _ in q], [max(hi - m, 0.0) for _, m, hi in q]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, color=color[b], label=b)
+        _axes_style(ax, (tokens(r) for r in rs), f"{dtype} {mode}", "seconds per call")
+    return _save(fig, path)
+
+
+def _speedup_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
+    base = {(r["case"], r["mode"]): r["timing"]["median_s"] for r in rs if r["backend"] == DEFAULT_BASELINE}
+    others = [r for r in rs if r["backend"] != DEFAULT_BASELINE and (r["case"], r["mode"]) in base]
+    if not others:
+        return None
+    series = _series(others)
+    panels = _panels(others)
+    backends = sorted({b for (_, _, b) in series})
+    color = _colors(backends)
+    fig, axes = _figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: speedup over {DEFAULT_BASELINE}")
+    for ax, (dtype, mode) in zip(axes, panels, strict=True):
+        for b in backends:
+            pts = series.get((dtype, mode, b))
+            if not pts:
+                continue
+            xs = [tokens(r) for r in pts]
+            ys = [base[(r["case"], r["mode"])] / r["timing"]["median_s"] for r in pts]
+            ax.plot(xs, ys, marker="o", ms=3, color=color[b], label=b)
+        ax.axhline(1.0, color="grey", linestyle=":", linewidth=1, label=DEFAULT_BASELINE)
+        _axes_style(ax, (tokens(r) for r in others), f"{dtype} {mode}", f"{DEFAULT_BASELINE} median / median")
+    return _save(fig, path)
+
+
+def _frac(r: Doc, key: str) -> float | None:
+    v = (r.get("cost") or {}).get(key)
+    return float(v) if isinstance(v, int | float) and v > 0 else None
+
+
+def _ceiling_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
+    rs = [r for r in rs if any(_frac(r, k) is not None for k, _, _ in CEILINGS)]
+    if not rs:
+        return None
+    series = _series(rs)
+    panels = _panels(rs)
+    backends = sorted({b for (_, _, b) in series})
+    color = _colors(backends)
+    fig, axes = _figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: achieved fraction of ceilings")
+    for ax, (dtype, mode) in zip(axes, panels, strict=True):
+        for b in backends:
+            for key, what, style in CEILINGS:
+                pts = [(tokens(r), _frac(r, key)) for r in series.get((dtype, mode, b), [])]
+                pts = [(x, y) for x, y in pts if y is not None]
+                if pts:
+                    ax.plot([x for x, _ in pts], [y for _, y in pts], linestyle=style, marker="o", ms=3,
+                            color=color[b], label=f"{b} {what}")
+        _axes_style(ax, (tokens(r) for r in rs), f"{dtype} {mode}", "fraction of ceiling")
+    return _save(fig, path)
+
+
+def render_plots(doc: Doc, out_dir: Path) -> list[Path]:
+    """Write the PNG plots of ``doc`` into ``out_dir``; return their paths (sorted by family, then kind)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rs = _timed(doc.get("results", []))
+    fams: dict[Family, list[Doc]] = {}
+    for r in rs:
+        fams.setdefault(family(r), []).append(r)
+    written: list[Path] = []
+    for fam in sorted(fams):
+        group = fams[fam]
+        if len({tokens(r) for r in group}) < 2:
+            continue
+        stem = f"{fam[0]}-d{fam[1]}-h{fam[2]}"
+        for kind, fn in (("time", _time_plot), ("speedup", _speedup_plot), ("ceiling", _ceiling_plot)):
+            p = fn(group, fam, out_dir / f"{kind}-{stem}.png")
+            if p is not None:
+                written.append(p)
+    return written
+
+
+_CAPTIONS = {"time": "median time per call against tokens", "speedup": f"speedup over {DEFAULT_BASELINE}",
+             "ceiling": "achieved fraction of the compute and bandwidth ceilings"}
+
+
+def plots_section(doc: Doc, plot_paths: list[str] | None = None) -> str:
+    """Markdown embedding the plots (``plot_paths``, else ``doc["plots"]``, relative to the report); "" if none."""
+    paths = list(doc.get("plots", []) if plot_paths is None else plot_paths)
+    if not paths:
+        return ""
+    lines = ["## Plots", "",
+             "Token count on x (batch x seq); one line per backend, one panel per dtype and mode. Error bars span "
+             "the first to the third quartile of the samples."]
+    for p in paths:
+        stem = Path(p).stem
+        kind, _, fam = stem.partition("-")
+        caption = f"{fam}: {_CAPTIONS[kind]}" if kind in _CAPTIONS else stem
+        lines += ["", f"![{caption}]({p})"]
+    return "\n".join(lines)

@@ -1,0 +1,148 @@
+"""``compare diff``: real slowdowns and parity regressions are caught; changes within the runs' noise are not."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compare.diff import compare_timing, diff, main, mann_whitney_greater
+
+
+def _samples(median: float, rel_iqr: float, n: int = 30, seed: int = 0) -> list[float]:
+    """``n`` per-call times around ``median`` whose IQR is about ``rel_iqr`` of it (normal: IQR = 1.349 sd)."""
+    rng = random.Random(seed)
+    sd = rel_iqr / 1.349
+    return [median * (1 + rng.gauss(0, sd)) for _ in range(n)]
+
+
+def _timing(samples: list[float]) -> dict[str, Any]:
+    s = sorted(samples)
+    n = len(s)
+    return {"median_s": s[n // 2], "iqr_s": s[(3 * n) // 4] - s[n // 4], "min_s": s[0], "max_s": s[-1], "n": n,
+            "calls_per_sample": 10, "first_call_s": 0.1, "samples_s": samples}
+
+
+def _result(backend: str, dtype: str, samples: list[float] | None, status: str = "ok") -> dict[str, Any]:
+    return {"backend": backend, "model": "geglu", "dtype": dtype, "mode": "fwd", "status": status,
+            "shape": {"batch": 8, "seq": 128, "dim": 768, "hidden": 3072},
+            "case": f"geglu-8x128x768-3072-{dtype}-normal-s0", "reason": "" if status == "ok" else "y: err > bound",
+            "timing": _timing(samples) if samples else None}
+
+
+def _doc(results: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"schema": 1, "created": "2026-01-01T00:00:00+00:00", "config": {"command": "python -m compare run"},
+            "environment": {"cpu": "x", "versions": {"torch": "2.13.0"}}, "results": results}
+
+
+def _pair(new_factor: float, rel_iqr: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    old = _doc([_result("torch-eager", "float32", _samples(1e-3, rel_iqr, seed=1)),
+                _result("jax-xla", "float32", _samples(5e-4, rel_iqr, seed=2))])
+    new = _doc([_result("torch-eager", "float32", _samples(1e-3, rel_iqr, seed=3)),
+                _result("jax-xla", "float32", _samples(5e-4 * new_factor, rel_iqr, seed=4))])
+    return old, new
+
+
+def _write(tmp_path: Path, old: dict[str, Any], new: dict[str, Any]) -> tuple[str, str]:
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    return str(tmp_path / "old.json"), str(tmp_path / "new.json")
+
+
+def test_twice_as_slow_is_a_regression_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old, new = _pair(2.0, 0.05)
+    md, regression = diff(old, new)
+    assert regression
+    row = next(x for x in md.splitlines() if x.startswith("| jax-xla"))
+    assert "**slower: regression**" in row and "| 2.0" in row
+    eager = next(x for x in md.splitlines() if x.startswith("| torch-eager"))
+    assert "within noise" in eager
+    assert main(list(_write(tmp_path, old, new))) == 1
+    assert "**Regression**: 1 slower beyond noise" in capsys.readouterr().out
+
+
+def test_three_percent_with_ten_percent_iqr_is_noise_exit_0(tmp_path: Path) -> None:
+    old, new = _pair(1.03, 0.10)
+    md, regression = diff(old, new)
+    assert not regression and "slower" not in md, md
+    assert main(list(_write(tmp_path, old, new))) == 0
+
+
+def test_beyond_threshold_but_inside_the_spread_is_noise() -> None:
+    """12% slower, but each run's IQR is 20%: the band is k x sqrt(0.2^2 + 0.2^2) ~ 28%."""
+    a, b = _timing(_samples(1e-3, 0.20, seed=5)), _timing(_samples(1.12e-3, 0.20, seed=6))
+    v = compare_timing(a, b)
+    assert v.tol > 0.2 and v.verdict == "within noise", v
+
+
+def test_median_and_iqr_only_still_judged() -> None:
+    """Without samples the quartiles come from median -/+ IQR/2 and the rank test is skipped."""
+    old = {"median_s": 1e-3, "iqr_s": 2e-5}
+    assert compare_timing(old, {"median_s": 1.5e-3, "iqr_s": 3e-5}).verdict == "slower"
+    assert compare_timing(old, {"median_s": 0.5e-3, "iqr_s": 1e-5}).verdict == "faster"
+    v = compare_timing(old, {"median_s": 1.04e-3, "iqr_s": 2e-5})
+    assert v.verdict == "within noise" and v.p_slower is None
+
+
+def test_faster_is_reported_and_not_a_regression() -> None:
+    old, new = _pair(0.5, 0.05)
+    md, regression = diff(old, new)
+    assert not regression
+    assert "| faster |" in next(x for x in md.splitlines() if x.startswith("| jax-xla"))
+
+
+def test_parity_regression_exit_1(tmp_path: Path) -> None:
+    old, _ = _pair(1.0, 0.05)
+    new = copy.deepcopy(old)
+    new["results"][1]["status"] = "parity-fail"
+    new["results"][1]["reason"] = "y: max abs err 3e-2 > bound 1e-3"
+    md, regression = diff(old, new)
+    assert regression
+    assert "| ok | parity-fail | **regression** |" in md
+    assert main(list(_write(tmp_path, old, new))) == 1
+    # an error counts too; skipped (unavailable here) is listed but not a regression
+    new["results"][1]["status"] = "error"
+    assert diff(old, new)[1]
+    new["results"][1]["status"] = "skipped"
+    md, regression = diff(old, new)
+    assert not regression and "| ok | skipped | changed |" in md
+    # a fix is welcome
+    md, regression = diff(new, old)
+    assert not regression and "| skipped | ok | fixed |" in md
+
+
+def test_added_and_removed_cells_are_listed() -> None:
+    old, new = _pair(1.0, 0.05)
+    new["results"].append(_result("torch-compile", "float32", _samples(4e-4, 0.05)))
+    del new["results"][0]
+    md, regression = diff(old, new)
+    assert not regression
+    assert "- added: torch-compile geglu 8x128x768->3072 float32 fwd (ok)" in md
+    assert "- removed: torch-eager geglu 8x128x768->3072 float32 fwd (ok)" in md
+
+
+def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "nope.json"), str(tmp_path / "nope2.json")]) == 2
+    assert "nope.json does not exist" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main([str(tmp_path / "bad.json"), str(tmp_path / "bad.json")]) == 2
+    (tmp_path / "odd.json").write_text(json.dumps({"environment": {}, "results": [{"backend": "x"}]}))
+    assert main([str(tmp_path / "odd.json"), str(tmp_path / "odd.json")]) == 2
+    assert "lacks case, mode, status, dtype" in capsys.readouterr().err
+
+
+def test_mann_whitney_exact_and_normal() -> None:
+    u, p = mann_whitney_greater([6, 7, 8, 9, 10], [1, 2, 3, 4, 5])
+    assert u == 25 and p == pytest.approx(1 / 252)
+    assert mann_whitney_greater([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])[1] == 1.0
+    x, y = _samples(1.0, 0.1, n=40, seed=7), _samples(1.05, 0.1, n=40, seed=8)
+    stats = pytest.importorskip("scipy.stats")
+    for a, b, method in ((y, x, "asymptotic"), (y[:12], x[:12], "exact"),
+                         ([round(v, 2) for v in y], [round(v, 2) for v in x], "asymptotic")):
+        want = stats.mannwhitneyu(a, b, alternative="greater", method=method)
+        got = mann_whitney_greater(a, b)
+        assert got[0] == want.statistic and got[1] == pytest.approx(want.pvalue, rel=1e-9)

@@ -1,0 +1,70 @@
+"""Plots from a results document: valid PNGs with deterministic names, and a report section embedding them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from compare.plots import plots_section, render_plots
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _result(backend: str, tokens: int, median: float, cost: dict[str, float] | None = None) -> dict[str, Any]:
+    samples = [median * f for f in (0.95, 0.98, 1.0, 1.02, 1.1)]
+    return {
+        "backend": backend, "model": "geglu", "dtype": "float32", "mode": "fwd", "status": "ok",
+        "shape": {"batch": tokens, "seq": 1, "dim": 96, "hidden": 328},
+        "case": f"geglu-{tokens}x1x96-328-float32-normal-s0",
+        "timing": {"median_s": median, "iqr_s": 0.04 * median, "min_s": samples[0], "max_s": samples[-1], "n": 5,
+                   "samples_s": samples},
+        "cost": cost,
+    }
+
+
+def _doc(with_cost: bool) -> dict[str, Any]:
+    rs = []
+    for t in (1, 16, 256):
+        for backend, speed in (("torch-eager", 1.0), ("jax-xla", 2.0)):
+            cost = {"achieved_flops_frac": 0.01 * t ** 0.5 * speed, "achieved_bw_frac": 0.2 * speed} if with_cost \
+                else None
+            rs.append(_result(backend, t, 1e-5 * (1 + t / 16) / speed, cost))
+    rs.append({**_result("torch-triton", 16, 1.0), "timing": None, "note": "interpreted"})  # untimed: not drawn
+    return {"schema": 1, "created": "2026-01-01T00:00:00+00:00", "config": {}, "environment": {}, "results": rs}
+
+
+def test_plots_are_pngs_with_deterministic_names(tmp_path: Path) -> None:
+    paths = render_plots(_doc(with_cost=True), tmp_path / "plots")
+    assert [p.name for p in paths] == ["time-geglu-d96-h328.png", "speedup-geglu-d96-h328.png",
+                                       "ceiling-geglu-d96-h328.png"]
+    for p in paths:
+        data = p.read_bytes()
+        assert data[:8] == PNG_SIGNATURE and len(data) > 1000, p
+    # same document, same files
+    again = render_plots(_doc(with_cost=True), tmp_path / "again")
+    assert [p.read_bytes() for p in again] == [p.read_bytes() for p in paths]
+
+
+def test_ceiling_plot_skipped_without_cost(tmp_path: Path) -> None:
+    paths = render_plots(_doc(with_cost=False), tmp_path)
+    assert [p.name for p in paths] == ["time-geglu-d96-h328.png", "speedup-geglu-d96-h328.png"]
+
+
+def test_single_token_count_or_no_timing_gives_no_plots(tmp_path: Path) -> None:
+    doc = _doc(with_cost=False)
+    doc["results"] = [r for r in doc["results"] if r["shape"]["batch"] == 16]
+    assert render_plots(doc, tmp_path) == []
+    assert render_plots({"results": []}, tmp_path) == []
+    assert not list(tmp_path.iterdir())
+
+
+def test_section_embeds_the_plots(tmp_path: Path) -> None:
+    doc = _doc(with_cost=True)
+    doc["plots"] = [p.relative_to(tmp_path).as_posix() for p in render_plots(doc, tmp_path / "plots")]
+    md = plots_section(doc)
+    assert md.startswith("## Plots")
+    for rel in doc["plots"]:
+        assert f"]({rel})" in md and (tmp_path / rel).is_file()
+    assert "![geglu-d96-h328: median time per call against tokens](plots/time-geglu-d96-h328.png)" in md
+    assert plots_section(doc, ["x/y.png"]).count("![") == 1
+    assert plots_section({"results": []}) == ""

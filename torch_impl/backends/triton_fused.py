@@ -1,0 +1,43 @@
+"""``torch-triton-fused``: ``h = gelu_tanh(x @ Wg.T) * (x @ Wu.T)`` in ONE Triton GEMM kernel (gate and up never
+reach memory), and the down projection as a Triton GEMM too. Backward: the fused step recomputes ``g, u`` with
+torch GEMMs and runs the Triton GeGLU backward kernel; the down projection's backward is two Triton GEMMs."""
+
+from __future__ import annotations
+
+import torch
+
+from compare.golden import Golden
+from compare.registry import Availability, Prepared
+from torch_impl import device as dev
+from torch_impl import runner
+from torch_impl.backends.triton_geglu import INTERPRETED_NOTE
+from torch_impl.models import build_module
+
+
+class TritonFusedBackend:
+    name = "torch-triton-fused"
+
+    def availability(self) -> Availability:
+        ok, reason, interpreted = dev.triton_status()
+        return Availability(ok, reason, timed=not interpreted, device=str(dev.device()))
+
+    def prepare(self, golden: Golden, mode: str) -> Prepared:
+        if golden.case.model != "geglu":
+            raise ValueError(f"{self.name} implements model 'geglu' only, not {golden.case.model!r}")
+        avail = self.availability()
+        if not avail.ok:
+            raise RuntimeError(avail.reason)
+        from torch_impl.ops.geglu_matmul import fused_geglu, triton_linear
+
+        m = build_module(golden, dev.device(), dev.TORCH_DTYPES[golden.case.dtype])
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            h = fused_geglu(x, m.gate_proj.weight, m.up_proj.weight)  # [..., hidden]; g, u stay in registers
+            return triton_linear(h, m.down_proj.weight)  # [..., dim]
+
+        note = "down projection: Triton GEMM"
+        return runner.prepare(golden, mode, m, forward, timed=avail.timed,
+                              note=note if avail.timed else f"{INTERPRETED_NOTE}; {note}")
+
+
+BACKEND = TritonFusedBackend()
