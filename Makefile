@@ -24,9 +24,11 @@ lint: setup
 test: setup lint
 	$(PY) -m pytest -q
 
+# geglu cpu-mlp in float32 and bfloat16, every backend (interpreted ones parity-only, jax-triton reported
+# unavailable off GPU), kernel counts, ceilings and roofline, and a compile-cost sweep over token counts.
 report: setup
-	$(PY) -m compare run --preset cpu-mlp --dtype float32 bfloat16 \
-		--backend torch-eager torch-compile torch-triton jax-xla --out $(REPORT_DIR)
+	$(PY) -m compare run --preset cpu-mlp --dtype float32 bfloat16 --profile \
+		--shape-sweep 1 64 256 1024 --out $(REPORT_DIR)
 
 golden: setup
 	$(PY) scripts/make_golden.py

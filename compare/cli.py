@@ -8,12 +8,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from compare import diff, harness, report, results, sweep
+from compare import diff, harness, report, results, shapes, sweep
 from compare.cases import DTYPES, MODELS, MODES, PRESETS, Case, InputError, check_name, preset, resolve_shape
 from compare.golden import GoldenError
 from compare.registry import BACKENDS, spec
 
-DEFAULT_BACKENDS = ("torch-eager", "torch-compile", "torch-triton", "jax-xla")
+DEFAULT_BACKENDS = tuple(BACKENDS)
 
 
 def cmd_list(_: argparse.Namespace) -> int:
@@ -47,8 +47,17 @@ def cmd_run(a: argparse.Namespace) -> int:
     cfg = harness.TimingConfig(budget_s=a.budget)
     config = {"command": "python -m compare " + shlex.join(a.argv), "preset": a.preset, "backends": a.backend,
               "dtypes": a.dtype, "modes": modes}
-    doc = harness.run(cases, specs, modes, cfg, config, progress=lambda s: print(s, file=sys.stderr, flush=True))
     out = Path(a.out)
+    doc = harness.run(cases, specs, modes, cfg, config, progress=lambda s: print(s, file=sys.stderr, flush=True),
+                      profile=a.profile or a.trace, trace_dir=out / "traces" if a.trace else None,
+                      ceilings=not a.no_ceilings)
+    if a.shape_sweep:
+        doc["shape_sweep"] = shapes.run_shape_sweep(cases, a.shape_sweep, a.budget,
+                                         lambda s: print(s, file=sys.stderr, flush=True))
+    if not a.no_plots:
+        from compare.plots import render_plots
+
+        doc["plots"] = [p.relative_to(out).as_posix() for p in render_plots(doc, out / "plots")]
     results.write_json(out / "results.json", doc)
     (out / "REPORT.md").write_text(report.render(doc))
     print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'} ({report.summary(doc['results'])})")
@@ -64,11 +73,8 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m compare", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="presets and backends, with whether each can run here").set_defaults(fn=cmd_list)
-    r = sub.add_parser("run", help="run backends on a case; write results.json and REPORT.md")
+def _add_run_args(r: argparse.ArgumentParser) -> None:
+    """The options shared by ``run`` and ``profile``."""
     r.add_argument("--preset", help=f"one of: {', '.join(PRESETS)}")
     r.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
     for dim in ("batch", "seq", "dim", "hidden"):
@@ -79,7 +85,26 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--budget", type=float, default=1.0, help="seconds of timed samples per backend and mode")
     r.add_argument("--out", default="out", help="output folder (default: out)")
+    r.add_argument("--no-ceilings", action="store_true",
+                   help="skip measuring this machine's matmul FLOP/s and copy bandwidth (roofline columns)")
+    r.add_argument("--shape-sweep", nargs="+", type=int, metavar="TOKENS",
+                   help="also sweep these token counts through one compiled function per backend (compile cost)")
+    r.add_argument("--no-plots", action="store_true", help="do not render PNG plots (matplotlib)")
+    r.add_argument("--profile", action="store_true", help="count kernels and fusions per step (profiler / HLO)")
+    r.add_argument("--trace", action="store_true",
+                   help="also write a Chrome/Perfetto trace per backend (implies --profile)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m compare", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="presets and backends, with whether each can run here").set_defaults(fn=cmd_list)
+    r = sub.add_parser("run", help="run backends on a case; write results.json and REPORT.md")
+    _add_run_args(r)
     r.set_defaults(fn=cmd_run)
+    prof = sub.add_parser("profile", help="like run, plus kernel counts and a Chrome/Perfetto trace per backend")
+    _add_run_args(prof)
+    prof.set_defaults(fn=cmd_run, trace=True, profile=True)
     rep = sub.add_parser("report", help="rebuild REPORT.md from a results.json (measures nothing)")
     rep.add_argument("results")
     rep.add_argument("--out", help="where to write (default: REPORT.md beside the results)")

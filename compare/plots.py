@@ -183,6 +183,32 @@ def _ceiling_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def _compile_plot(rows: list[Doc], path: Path) -> Path | None:
+    """From ``doc["shape_sweep"]``: first call (compile + run, dashed) and steady median (solid) against tokens,
+    one line pair per (backend, dynamic), a panel per dtype."""
+    timed = [r for r in rows if r.get("timed") and r.get("median_s") and r.get("first_call_s") and not r.get("error")]
+    dtypes = sorted({r["dtype"] for r in timed})
+    if not dtypes or len({r["tokens"] for r in timed}) < 2:
+        return None
+    r0 = timed[0]
+    fig, axes = _figure(len(dtypes), f"{r0['model']} dim={r0['dim']} hidden={r0['hidden']}: compile cost by shape")
+    keys = sorted({(r["backend"], str(r.get("dynamic"))) for r in timed})
+    color = _colors([f"{b} dynamic={d}" for b, d in keys])
+    for ax, dtype in zip(axes, dtypes, strict=True):
+        for b, d in keys:
+            pts = sorted((r for r in timed if (r["backend"], str(r.get("dynamic"))) == (b, d) and r["dtype"] == dtype),
+                         key=lambda r: r["tokens"])
+            if not pts:
+                continue
+            label = f"{b} dynamic={d}"
+            xs = [r["tokens"] for r in pts]
+            ax.plot(xs, [r["median_s"] for r in pts], marker="o", ms=3, color=color[label], label=f"{label} median")
+            ax.plot(xs, [r["first_call_s"] for r in pts], marker="^", ms=3, ls="--", color=color[label],
+                    label=f"{label} first call")
+        _axes_style(ax, (r["tokens"] for r in timed), dtype, "seconds")
+    return _save(fig, path)
+
+
 def render_plots(doc: Doc, out_dir: Path) -> list[Path]:
     """Write the PNG plots of ``doc`` into ``out_dir``; return their paths (sorted by family, then kind)."""
     import matplotlib
@@ -202,11 +228,18 @@ def render_plots(doc: Doc, out_dir: Path) -> list[Path]:
             p = fn(group, fam, out_dir / f"{kind}-{stem}.png")
             if p is not None:
                 written.append(p)
+    sweep = doc.get("shape_sweep") or []
+    if sweep:
+        r0 = sweep[0]
+        p = _compile_plot(sweep, out_dir / f"compile-{r0['model']}-d{r0['dim']}-h{r0['hidden']}.png")
+        if p is not None:
+            written.append(p)
     return written
 
 
 _CAPTIONS = {"time": "median time per call against tokens", "speedup": f"speedup over {DEFAULT_BASELINE}",
-             "ceiling": "achieved fraction of the compute and bandwidth ceilings"}
+             "ceiling": "achieved fraction of the compute and bandwidth ceilings",
+             "compile": "first call (compile + run, dashed) and steady-state median (solid) against tokens"}
 
 
 def plots_section(doc: Doc, plot_paths: list[str] | None = None) -> str:

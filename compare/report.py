@@ -6,8 +6,11 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from compare.costmodel import cost_section, fusion_section
+from compare.kernels import kernel_section
 from compare.plots import plots_section
 from compare.registry import DEFAULT_BASELINE
+from compare.shapes import shapes_section
 
 Row = list[str]
 Doc = dict[str, Any]
@@ -118,6 +121,17 @@ def modes_section(results: list[Doc]) -> str:
             + table(["backend", "case", "dtype", *modes], rows))
 
 
+def traces_section(results: list[Doc]) -> str:
+    """Links to the profiler traces a run wrote (paths relative to the report's folder)."""
+    rows = [f"- {r['backend']} ({case_label(r)}, {r['dtype']}, {r['mode']}): [{r['kernels']['trace']}]"
+            f"({r['kernels']['trace']})" for r in results if (r.get("kernels") or {}).get("trace")]
+    if not rows:
+        return ""
+    intro = ("Chrome/Perfetto traces: open in https://ui.perfetto.dev or chrome://tracing "
+             "(torch: `torch.profiler`, schedule wait=1 warmup=1 active=3; JAX: `jax.profiler`).")
+    return "## Traces\n\n" + intro + "\n\n" + "\n".join(rows)
+
+
 def problems_section(results: list[Doc]) -> str:
     bad = [r for r in results if r["status"] != "ok"]
     if not bad:
@@ -140,6 +154,11 @@ SECTIONS: list[Callable[[Doc], str]] = [
     lambda d: parity_section(d["results"]),
     lambda d: timing_section(d["results"]),
     lambda d: modes_section(d["results"]),
+    kernel_section,
+    fusion_section,
+    cost_section,
+    shapes_section,
+    lambda d: traces_section(d["results"]),
     plots_section,
     lambda d: problems_section(d["results"]),
 ]

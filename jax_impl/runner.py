@@ -13,6 +13,7 @@ from compare.golden import Golden
 from compare.registry import Prepared
 from compare.weights import linear_weight
 from jax_impl import device as dev
+from jax_impl import profiling
 from jax_impl.models import canonical_grads
 
 
@@ -47,6 +48,7 @@ def prepare(golden: Golden, mode: str, module: nnx.Module, *, timed: bool = True
     to_numpy: Callable[[Any], dict[str, np.ndarray]]
     if mode == "fwd":
         fwd = jax.jit(apply)
+        jitted, args = fwd, (state, x)
 
         def step() -> jax.Array:
             return fwd(state, x)
@@ -59,6 +61,8 @@ def prepare(golden: Golden, mode: str, module: nnx.Module, *, timed: bool = True
             y, vjp = jax.vjp(apply, st, xx)
             return y, vjp(g)
 
+        jitted, args = fwd_bwd, (state, x, dy)
+
         def step() -> Any:
             return fwd_bwd(state, x, dy)
 
@@ -68,6 +72,7 @@ def prepare(golden: Golden, mode: str, module: nnx.Module, *, timed: bool = True
     elif mode == "bwd":
         _, vjp_fn = jax.vjp(jax.jit(apply), state, x)
         bwd = jax.jit(lambda f, g: f(g))
+        jitted, args = bwd, (vjp_fn, dy)
 
         def step() -> Any:
             return bwd(vjp_fn, dy)
@@ -77,4 +82,5 @@ def prepare(golden: Golden, mode: str, module: nnx.Module, *, timed: bool = True
     else:
         raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
     return Prepared(step=step, sync=dev.sync, to_numpy=to_numpy, timed=timed, note=note,
-                    device=f"{dev.platform()}", threads=dev.threads(), precision=precision)
+                    device=f"{dev.platform()}", threads=dev.threads(), precision=precision,
+                    profile=lambda path: profiling.profile_jit(jitted, args, step, path))

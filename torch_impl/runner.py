@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from torch import nn
 from compare.golden import Golden
 from compare.registry import Prepared
 from torch_impl import device as dev
+from torch_impl import profiling
 from torch_impl.models import canonical_params
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
@@ -79,5 +81,10 @@ def prepare(
         to_numpy = grads_np
     else:
         raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
+    def profile(path: Path | None) -> dict[str, Any]:
+        trace = None if path is None else path / "trace.json"
+        steps = (profiling.WAIT, profiling.WARMUP, profiling.ACTIVE) if timed else (0, 0, 1)
+        return profiling.profile_step(step, dev.sync, trace, device=str(device), steps=steps)
+
     return Prepared(step=step, sync=dev.sync, to_numpy=to_numpy, timed=timed, note=note, device=str(device),
-                    threads=dev.threads(), precision=precision)
+                    threads=dev.threads(), precision=precision, profile=profile)

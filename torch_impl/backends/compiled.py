@@ -7,7 +7,7 @@ import torch
 from compare.golden import Golden
 from compare.registry import Availability, Prepared
 from torch_impl import device as dev
-from torch_impl import runner
+from torch_impl import profiling, runner
 from torch_impl.models import build_module
 
 
@@ -22,6 +22,8 @@ class CompileBackend:
         # Every nn.Linear shares one forward code object, and Dynamo's recompile limit counts per code object:
         # start each backend instance from a clean Dynamo state so its first call is its own compile.
         torch._dynamo.reset()
+        # Inductor's C++ kernels appear in torch.profiler only with this set before compiling (cheap check per call)
+        profiling.enable_inductor_kernel_profile()
         compiled = torch.compile(module, dynamic=False, fullgraph=True)
         note = "first call includes Inductor compile (its on-disk FX graph cache may be warm)"
         if mode != "bwd":

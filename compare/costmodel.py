@@ -1,0 +1,490 @@
+"""An analytic model of what each backend moves through memory per step, and the roofline it implies.
+
+Pure Python (no torch, no jax): a function of the :class:`~compare.cases.Case`, the backend name and the mode.
+
+The model
+    A step is a list of kernels. Each kernel reads each of its operands once and writes each of its results once
+    (ideal caching inside a kernel: a GEMM's re-reads of its tiles are not counted). A tensor's traffic is
+    ``bytes * (reads + writes)``; ``bytes`` of a step is the sum over every tensor. ``flops`` is the GEMM FLOPs
+    (``2 * M * N * K`` per GEMM); elementwise FLOPs are counted apart in ``ew_flops`` (tanh counted as one FLOP).
+    ``intermediate_bytes`` is the traffic of the intermediates alone (activations and their gradients: what
+    fusion can keep out of memory), not their size: the ``bytes`` field of each tensor entry is its size.
+
+GeGLU, ``T`` tokens, ``D`` = dim, ``H`` = hidden, ``s`` = itemsize; ``g = gate(x)``, ``u = up(x)``,
+``a = gelu_tanh(g)``, ``h = a * u``, ``y = down(h)``, all ``[T, H]`` except ``x, y [T, D]``.
+
+==================  ==============================================  =================================
+plan (backends)     forward kernels                                 saved for the backward
+==================  ==============================================  =================================
+``eager``           gate GEMM, up GEMM, GELU (g -> a),              g, u, a, h (GELU saves its input,
+(torch-eager)       mul (a, u -> h), down GEMM: 5                   mul both inputs, down its input)
+``fused-ew``        gate GEMM, up GEMM, one fused elementwise       g, u, h; the backward kernel
+(torch-compile,     kernel (g, u -> h; ``a`` never reaches          recomputes gelu(g) from g
+torch-triton,       memory), down GEMM: 4
+jax-xla,
+jax-pallas,
+jax-triton)
+``fused-gemm``      one kernel computes the gate and up tiles       x (an input), h; the backward
+(torch-triton-      from x and writes only h (g, u never            recomputes g and u with two GEMMs
+fused)              written), down GEMM: 2                          (``4 * T * D * H`` more FLOPs)
+==================  ==============================================  =================================
+
+Backward (given ``dy``): ``dh = dy @ W_down`` and ``ddown = dy^T h`` (2 GEMMs); the elementwise backward
+(``eager``: ``da = dh * u``, ``du = dh * a``, ``dg = da * gelu'(g)``, 3 kernels; the fused plans: one kernel
+reading dh, g, u and writing dg, du); ``dx = dg @ W_gate + du @ W_up`` (2 GEMMs, the first writing a
+``[T, D]`` partial that is read back: an in-place add kernel in ``eager``/``fused-ew``, as Inductor's CPU
+backward and eager autograd do it; the ``addmm`` of torch-triton-fused in ``fused-gemm``); ``dgate = dg^T x``,
+``dup = du^T x`` (2 GEMMs). ``fwd+bwd`` is the forward's kernels then the backward's; in ``bwd`` the saved
+tensors are only read (the forward that wrote them is outside the step).
+
+``nn.Linear`` (``y = x W^T + b``): one ``addmm`` forward; backward ``dx`` GEMM, ``dweight`` GEMM and a ``dbias``
+reduction, the same for every backend that implements it.
+
+What is measured, what is assumed
+    torch-eager and torch-compile were read off the frameworks (autograd's saved tensors; Inductor's generated
+    CPU code: ``extern mm`` x 2, one ``cpp_fused_gelu_mul`` kernel, saved ``mm, mm_1, view`` = g, u, h; backward
+    ``cpp_fused_gelu_backward_mul`` then ``cpp_fused_add`` for dx). torch-triton and torch-triton-fused follow their
+    ``autograd.Function``s. **jax-xla is an assumption**: XLA's HLO decides its fusions and its residuals; the
+    model takes them to be torch-compile's, and that assumption is cross-checked against XLA's own
+    ``cost_analysis`` elsewhere. jax-pallas and jax-triton follow their ``custom_vjp`` (saving g, u).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from compare.cases import MODES, Case, InputError, check_name
+
+#: Bytes per element of each case dtype.
+ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+#: Backends planned but not (yet) in ``compare.registry.BACKENDS``; the cost model knows them already.
+PLANNED_BACKENDS: tuple[str, ...] = ("torch-triton-fused", "jax-pallas", "jax-triton")
+
+#: Which plan (see the module docstring) each backend follows.
+PLANS: dict[str, str] = {
+    "torch-eager": "eager",
+    "torch-compile": "fused-ew",
+    "torch-triton": "fused-ew",
+    "torch-triton-fused": "fused-gemm",
+    "jax-xla": "fused-ew",
+    "jax-pallas": "fused-ew",
+    "jax-triton": "fused-ew",
+}
+
+#: Backends that implement GeGLU only (the rest implement ``nn.Linear`` too).
+GEGLU_ONLY: frozenset[str] = frozenset({"torch-triton", "torch-triton-fused", "jax-pallas", "jax-triton"})
+
+#: Where the model is an assumption rather than read off the framework.
+ASSUMPTIONS: dict[str, str] = {
+    "jax-xla": ("assumed: XLA fuses gelu*mul into one loop fusion and keeps g, u, h as torch-compile does; "
+                "the HLO decides (cross-checked against XLA's cost_analysis elsewhere)"),
+    "jax-pallas": "gate/up/down are XLA dots (assumed unfused with the Pallas kernel); residuals g, u per custom_vjp",
+    "jax-triton": "as torch-triton: XLA dots around a Triton elementwise kernel; residuals g, u",
+}
+
+#: Elementwise FLOPs per element (tanh counted as one): gelu_tanh(g) = 0.5 g (1 + tanh(k (g + c g^3))) is 9.
+GELU_FLOPS = 9
+#: gelu_tanh'(g) times the incoming gradient, sharing nothing with a forward evaluation.
+GELU_GRAD_FLOPS = 16
+
+ROLES: tuple[str, ...] = ("input", "weight", "intermediate", "output", "gradient")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of the model: the tensors it reads and writes (each once), its GEMM and elementwise FLOPs."""
+
+    name: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    flops: int = 0
+    ew_flops: int = 0
+
+
+def known_backends() -> list[str]:
+    """Registered backends plus the planned ones, in registry order."""
+    from compare.registry import BACKENDS
+
+    return list(BACKENDS) + [b for b in PLANNED_BACKENDS if b not in BACKENDS]
+
+
+def gemm_flops(m: int, n: int, k: int) -> int:
+    """FLOPs of an ``[m, k] @ [k, n]`` product: ``2 * m * n * k`` (one multiply and one add per term)."""
+    return 2 * m * n * k
+
+
+def _tensor_shapes(case: Case) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Name -> (2-D shape, role) of every tensor the model of ``case`` can touch (tokens flattened)."""
+    s = case.shape
+    t, d, h = s.tokens, s.dim, s.hidden
+    if case.model == "linear":
+        return {
+            "x": ((t, d), "input"), "weight": ((h, d), "weight"), "bias": ((h,), "weight"),
+            "y": ((t, h), "output"), "dy": ((t, h), "input"),
+            "dx": ((t, d), "gradient"), "dweight": ((h, d), "gradient"), "dbias": ((h,), "gradient"),
+        }
+    act = ((t, h), "intermediate")
+    return {
+        "x": ((t, d), "input"), "gate": ((h, d), "weight"), "up": ((h, d), "weight"), "down": ((d, h), "weight"),
+        "g": act, "u": act, "a": act, "h": act, "y": ((t, d), "output"), "dy": ((t, d), "input"),
+        "dh": act, "da": act, "dg": act, "du": act, "dx_partial": ((t, d), "intermediate"),
+        "dx": ((t, d), "gradient"), "dgate": ((h, d), "gradient"), "dup": ((h, d), "gradient"),
+        "ddown": ((d, h), "gradient"),
+    }
+
+
+def _linear_kernels(case: Case, mode: str) -> list[Kernel]:
+    t, d, h = case.shape.tokens, case.shape.dim, case.shape.hidden
+    fwd = [Kernel("addmm (x W^T + b)", ("x", "weight", "bias"), ("y",), gemm_flops(t, h, d), t * h)]
+    bwd = [
+        Kernel("dx GEMM (dy W)", ("dy", "weight"), ("dx",), gemm_flops(t, d, h)),
+        Kernel("dweight GEMM (dy^T x)", ("dy", "x"), ("dweight",), gemm_flops(h, d, t)),
+        Kernel("dbias reduction (sum dy)", ("dy",), ("dbias",), 0, t * h),
+    ]
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
+
+
+def _geglu_kernels(case: Case, plan: str, mode: str) -> list[Kernel]:
+    t, d, h = case.shape.tokens, case.shape.dim, case.shape.hidden
+    up_proj = gemm_flops(t, h, d)  # gate and up: [T, D] @ [D, H]
+    down_proj = gemm_flops(t, d, h)  # down, dh and each dx term: [T, H] @ [H, D] (or its transpose)
+    wgrad = gemm_flops(h, d, t)  # dgate, dup, ddown: a [H, T] @ [T, D] product
+    th = t * h
+    gate = Kernel("gate GEMM", ("x", "gate"), ("g",), up_proj)
+    up = Kernel("up GEMM", ("x", "up"), ("u",), up_proj)
+    down = Kernel("down GEMM", ("h", "down"), ("y",), down_proj)
+    if plan == "eager":
+        fwd = [gate, up, Kernel("gelu (g -> a)", ("g",), ("a",), 0, GELU_FLOPS * th),
+               Kernel("mul (a * u -> h)", ("a", "u"), ("h",), 0, th), down]
+    elif plan == "fused-ew":
+        fwd = [gate, up, Kernel("fused gelu*mul (g, u -> h)", ("g", "u"), ("h",), 0, (GELU_FLOPS + 1) * th), down]
+    else:
+        fwd = [Kernel("fused gate+up GEMM, GeGLU epilogue (x -> h)", ("x", "gate", "up"), ("h",), 2 * up_proj,
+                      (GELU_FLOPS + 1) * th), down]
+    bwd = [Kernel("dh GEMM (dy W_down)", ("dy", "down"), ("dh",), down_proj),
+           Kernel("ddown GEMM (dy^T h)", ("dy", "h"), ("ddown",), wgrad)]
+    fused_bwd = Kernel("fused gelu*mul backward (dh, g, u -> dg, du)", ("dh", "g", "u"), ("dg", "du"), 0,
+                       (GELU_FLOPS + GELU_GRAD_FLOPS + 2) * th)  # recomputes gelu(g); du = dh a, dg = dh u a'
+    if plan == "eager":
+        bwd += [Kernel("mul backward (dh * u -> da)", ("dh", "u"), ("da",), 0, th),
+                Kernel("mul backward (dh * a -> du)", ("dh", "a"), ("du",), 0, th),
+                Kernel("gelu backward (da, g -> dg)", ("da", "g"), ("dg",), 0, GELU_GRAD_FLOPS * th)]
+    elif plan == "fused-ew":
+        bwd += [fused_bwd]
+    else:
+        bwd += [Kernel("recompute g GEMM", ("x", "gate"), ("g",), up_proj),
+                Kernel("recompute u GEMM", ("x", "up"), ("u",), up_proj), fused_bwd]
+    bwd.append(Kernel("dx GEMM (dg W_gate)", ("dg", "gate"), ("dx_partial",), down_proj))
+    if plan == "fused-gemm":
+        bwd.append(Kernel("dx addmm (dx_partial + du W_up)", ("du", "up", "dx_partial"), ("dx",), down_proj,
+                          t * d))
+    else:
+        bwd += [Kernel("dx GEMM (du W_up)", ("du", "up"), ("dx",), down_proj),
+                Kernel("dx add (dx += dx_partial)", ("dx", "dx_partial"), ("dx",), 0, t * d)]
+    bwd += [Kernel("dgate GEMM (dg^T x)", ("dg", "x"), ("dgate",), wgrad),
+            Kernel("dup GEMM (du^T x)", ("du", "x"), ("dup",), wgrad)]
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
+
+
+def _saved(kernels_fwd: list[Kernel], kernels_bwd: list[Kernel]) -> list[str]:
+    """Tensors the backward reads that the forward wrote (the activations kept alive between them), in the
+    forward's order."""
+    needed: set[str] = set()
+    written_bwd: set[str] = set()
+    for k in kernels_bwd:
+        needed.update(n for n in k.reads if n not in written_bwd)
+        written_bwd.update(k.writes)
+    out: list[str] = []
+    for k in kernels_fwd:
+        out += [n for n in k.writes if n in needed and n not in out]
+    return out
+
+
+def check_backend(backend: str, model: str | None = None) -> str:
+    """Return the plan of ``backend``; an unknown one (or one without ``model``) raises :class:`InputError`."""
+    known = known_backends()
+    check_name("backend", backend, known)
+    if backend not in PLANS:
+        raise InputError(f"no cost model for backend {backend!r}; modelled backends: {', '.join(PLANS)}")
+    if model == "linear" and backend in GEGLU_ONLY:
+        raise InputError(f"backend {backend!r} implements model 'geglu' only, not 'linear'")
+    return PLANS[backend]
+
+
+def cost(case: Case, backend: str, mode: str) -> dict[str, Any]:
+    """The modelled cost of one step of ``backend`` on ``case`` in ``mode`` (see the module docstring).
+
+    Returns a JSON-able dict: ``flops`` (GEMM FLOPs), ``ew_flops``, ``bytes`` (all traffic), ``tensors`` (each
+    ``name, shape, bytes`` (its size), ``role, reads, writes``), ``intermediate_bytes`` (traffic of the
+    intermediates), ``materialized`` (intermediates that reach memory), ``saved`` (written by the forward, read
+    by the backward), ``arithmetic_intensity`` (FLOP per byte), ``model_kernels`` (kernel names) and
+    ``model_kernels_per_step``, ``plan`` and ``assumption``.
+    """
+    plan = check_backend(backend, case.model)
+    check_name("mode", mode, MODES)
+    itemsize = ITEMSIZE[case.dtype]
+    if case.model == "linear":
+        kernels = _linear_kernels(case, mode)
+        saved: list[str] = []  # nothing but the input x is kept for the backward
+    else:
+        kernels = _geglu_kernels(case, plan, mode)
+        saved = _saved(_geglu_kernels(case, plan, "fwd"), _geglu_kernels(case, plan, "bwd")) if mode != "fwd" else []
+    shapes = _tensor_shapes(case)
+    counts: dict[str, list[int]] = {}  # name -> [reads, writes], in order of first use
+    for k in kernels:
+        for n in k.reads:
+            counts.setdefault(n, [0, 0])[0] += 1
+        for n in k.writes:
+            counts.setdefault(n, [0, 0])[1] += 1
+    tensors = []
+    for name, (reads, writes) in counts.items():
+        shape, role = shapes[name]
+        tensors.append({"name": name, "shape": list(shape), "bytes": math.prod(shape) * itemsize, "role": role,
+                        "reads": reads, "writes": writes})
+    total = sum(t["bytes"] * (t["reads"] + t["writes"]) for t in tensors)
+    inter = [t for t in tensors if t["role"] == "intermediate"]
+    flops = sum(k.flops for k in kernels)
+    return {
+        "backend": backend,
+        "plan": plan,
+        "mode": mode,
+        "dtype": case.dtype,
+        "flops": flops,
+        "ew_flops": sum(k.ew_flops for k in kernels),
+        "bytes": total,
+        "arithmetic_intensity": flops / total,
+        "tensors": tensors,
+        "intermediate_bytes": sum(t["bytes"] * (t["reads"] + t["writes"]) for t in inter),
+        "materialized": [t["name"] for t in inter],
+        "saved": [n for n in saved if n in counts],
+        "model_kernels": [k.name for k in kernels],
+        "model_kernels_per_step": len(kernels),
+        "assumption": ASSUMPTIONS.get(backend, ""),
+    }
+
+
+def roofline(cost: dict[str, Any], median_s: float, ceilings: dict[str, Any]) -> dict[str, Any]:
+    """Achieved rates of a measured step against this machine's ceilings, and the roofline-predicted time.
+
+    ``ceilings = {"flops_per_s": float, "bytes_per_s": float}``. Returns ``flops_per_s``, ``bytes_per_s`` (achieved,
+    from the model's FLOPs and bytes over ``median_s``), ``flops_fraction``, ``bytes_fraction`` (of the ceilings),
+    ``predicted_s = max(flops / peak_flops, bytes / peak_bw)``, ``bound`` (``compute`` or ``memory``, whichever term
+    is larger), ``roofline_fraction = predicted_s / median_s`` and ``ridge_intensity`` (FLOP/byte where the two
+    ceilings meet).
+    """
+    peak_f, peak_b = float(ceilings["flops_per_s"]), float(ceilings["bytes_per_s"])
+    if not (median_s > 0 and peak_f > 0 and peak_b > 0):
+        raise ValueError(f"roofline needs positive times and ceilings; got median_s={median_s}, "
+                         f"flops_per_s={peak_f}, bytes_per_s={peak_b}")
+    flops, nbytes = cost["flops"], cost["bytes"]
+    t_f, t_b = flops / peak_f, nbytes / peak_b
+    predicted = max(t_f, t_b)
+    return {
+        "flops_per_s": flops / median_s,
+        "bytes_per_s": nbytes / median_s,
+        "flops_fraction": flops / median_s / peak_f,
+        "bytes_fraction": nbytes / median_s / peak_b,
+        "predicted_s": predicted,
+        "bound": "compute" if t_f >= t_b else "memory",
+        "roofline_fraction": predicted / median_s,
+        "ridge_intensity": peak_f / peak_b,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Report sections: pure functions of a results document.
+# ---------------------------------------------------------------------------------------------------------------
+
+Doc = dict[str, Any]
+
+
+def si(x: float | None, unit: str) -> str:
+    """``x`` with a decimal SI prefix and 3 significant digits, e.g. ``38.7 GFLOP``, ``50.3 MB``; None is ``-``."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def _signed_s(s: float | None) -> str:
+    from compare.report import fmt_s
+
+    if s is None:
+        return "-"
+    return ("-" if s < 0 else "") + fmt_s(abs(s))
+
+
+def ceilings_for(doc: Doc, dtype: str) -> dict[str, Any] | None:
+    """The measured ceilings of ``dtype`` in ``doc["ceilings"]``, or None."""
+    c = (doc.get("ceilings") or {}).get(dtype)
+    return c if isinstance(c, dict) and c.get("flops_per_s") and c.get("bytes_per_s") else None
+
+
+def achieved(doc: Doc, r: Doc) -> dict[str, Any] | None:
+    """A result's roofline numbers: stored under ``cost["achieved"]``, else computed from its timing and the
+    document's ceilings (still a function of the document alone); None without timing or ceilings."""
+    c = r.get("cost")
+    if not c:
+        return None
+    if c.get("achieved"):
+        return c["achieved"]  # type: ignore[no-any-return]
+    ceil = ceilings_for(doc, r["dtype"])
+    t = r.get("timing")
+    if not ceil or not t or not t.get("median_s"):
+        return None
+    return roofline(c, t["median_s"], ceil)
+
+
+def _label(r: Doc) -> str:
+    from compare.report import case_label
+
+    return case_label(r)
+
+
+def _find_baseline(results: list[Doc], r: Doc, baseline: str) -> Doc | None:
+    for b in results:
+        if b["backend"] == baseline and b["case"] == r["case"] and b["mode"] == r["mode"] and b.get("cost"):
+            return b
+    return None
+
+
+def fusion_benefit(doc: Doc) -> list[dict[str, Any]]:
+    """Per non-baseline backend with a cost, against torch-eager on the same case (dtype included) and mode.
+
+    Each row: ``backend, case, label, dtype, mode``; ``kernels_eliminated`` (eager's measured
+    ``kernels_per_step`` minus this backend's, None unless both were profiled) and ``model_kernels_eliminated``;
+    ``intermediate_bytes_saved`` (intermediate traffic no longer written and read) and ``bytes_saved`` (all
+    traffic, e.g. x read once instead of twice); ``extra_flops`` (recompute); ``predicted_saved_s`` =
+    ``bytes_saved / bytes_per_s`` and ``predicted_extra_flops_s`` = ``extra_flops / flops_per_s`` (None without
+    ceilings); ``measured_saved_s`` = eager median - this median (None unless both were timed).
+    """
+    from compare.registry import DEFAULT_BASELINE
+
+    results = doc.get("results", [])
+    rows = []
+    for r in results:
+        c = r.get("cost")
+        if r["backend"] == DEFAULT_BASELINE or not c:
+            continue
+        base = _find_baseline(results, r, DEFAULT_BASELINE)
+        if base is None:
+            continue
+        bc = base["cost"]
+        k_r, k_b = (r.get("kernels") or {}).get("kernels_per_step"), (base.get("kernels") or {}).get(
+            "kernels_per_step")
+        ceil = ceilings_for(doc, r["dtype"])
+        t_r, t_b = r.get("timing"), base.get("timing")
+        bytes_saved = bc["bytes"] - c["bytes"]
+        extra_flops = c["flops"] - bc["flops"]
+        rows.append({
+            "backend": r["backend"], "case": r["case"], "label": _label(r), "dtype": r["dtype"], "mode": r["mode"],
+            "kernels_eliminated": k_b - k_r if k_r is not None and k_b is not None else None,
+            "model_kernels_eliminated": bc["model_kernels_per_step"] - c["model_kernels_per_step"],
+            "intermediate_bytes_saved": bc["intermediate_bytes"] - c["intermediate_bytes"],
+            "bytes_saved": bytes_saved,
+            "extra_flops": extra_flops,
+            "not_materialized": [n for n in bc["materialized"] if n not in c["materialized"]],
+            "predicted_saved_s": bytes_saved / ceil["bytes_per_s"] if ceil else None,
+            "predicted_extra_flops_s": extra_flops / ceil["flops_per_s"] if ceil else None,
+            "measured_saved_s": t_b["median_s"] - t_r["median_s"] if t_r and t_b else None,
+            "baseline_median_s": t_b["median_s"] if t_b else None,
+            "median_s": t_r["median_s"] if t_r else None,
+        })
+    return rows
+
+
+def fusion_section(doc: Doc) -> str:
+    """Markdown: what fusion buys each backend over torch-eager, predicted from bytes and measured side by side."""
+    from compare.registry import DEFAULT_BASELINE
+    from compare.report import fmt_s, table
+
+    rows = fusion_benefit(doc)
+    if not rows:
+        return ""
+    out = []
+    for f in rows:
+        kern = "-" if f["kernels_eliminated"] is None else str(f["kernels_eliminated"])
+        out.append([
+            f["backend"], f["label"], f["dtype"], f["mode"], f"{kern} (model {f['model_kernels_eliminated']})",
+            ", ".join(f["not_materialized"]) or "none", si(f["intermediate_bytes_saved"], "B"),
+            si(f["bytes_saved"], "B"), _signed_s(f["predicted_saved_s"]),
+            si(f["extra_flops"], "FLOP") if f["extra_flops"] else "0",
+            _signed_s(f["predicted_extra_flops_s"]) if f["extra_flops"] else "-",
+            _signed_s(f["measured_saved_s"]), fmt_s(f["baseline_median_s"]),
+        ])
+    head = ["backend", "case", "dtype", "mode", "kernels eliminated", "not in memory", "intermediate traffic saved",
+            "bytes saved", "predicted saved (bytes / bandwidth)", "extra GEMM FLOPs", "their time at peak",
+            "measured saved", f"{DEFAULT_BASELINE} median"]
+    intro = (f"Each backend against {DEFAULT_BASELINE} on the same case, dtype and mode. Kernels eliminated: "
+             f"{DEFAULT_BASELINE}'s profiled kernels per step minus this backend's ('-' where either was not "
+             "profiled; the cost model's count in brackets). Bytes saved come from the cost model (below): "
+             "intermediates no longer written and read back, and inputs read fewer times. Predicted saved = bytes "
+             "saved / this machine's measured copy bandwidth; a backend that recomputes (extra GEMM FLOPs) pays "
+             "them back at the measured matmul rate. Measured saved = the two medians' difference. Negative means "
+             "slower or more traffic.")
+    return "## What fusion buys\n\n" + intro + "\n\n" + table(head, out)
+
+
+def _ceilings_rows(doc: Doc) -> list[list[str]]:
+    from compare.report import fmt_s
+
+    ceils = doc.get("ceilings") or {}
+    rows = []
+    for dtype, c in ceils.items():
+        if not isinstance(c, dict) or "flops_per_s" not in c:
+            continue
+        tim = c.get("timing") or {}
+        mm = tim.get("matmul") or {}
+        cp = tim.get("copy") or {}
+        shape = "x".join(str(n) for n in c.get("matmul_shape", [])) or "?"
+        how = (f"{dtype} matmul {shape} (2MNK FLOPs), median {fmt_s(mm.get('median_s'))}; copy of "
+               f"{si(c.get('copy_bytes'), 'B')} (read + write counted), median {fmt_s(cp.get('median_s'))}")
+        rows.append([str(ceils.get("device", "")), dtype, si(c["flops_per_s"], "FLOP/s"),
+                     si(c["bytes_per_s"], "B/s"), si(c["flops_per_s"] / c["bytes_per_s"], "FLOP/B"), how])
+    return rows
+
+
+def cost_section(doc: Doc) -> str:
+    """Markdown: per result, modelled FLOPs and bytes, intensity, achieved rates against the measured ceilings."""
+    from compare.report import fmt_s, table
+
+    rows = []
+    for r in doc.get("results", []):
+        c = r.get("cost")
+        if not c:
+            continue
+        a = achieved(doc, r)
+        t = r.get("timing")
+        rows.append([
+            r["backend"], _label(r), r["dtype"], r["mode"], si(c["flops"], "FLOP"), si(c["bytes"], "B"),
+            f"{c['arithmetic_intensity']:.3g}", ", ".join(c["materialized"]) or "none",
+            str(c["model_kernels_per_step"]), fmt_s(t["median_s"]) if t else "-",
+            f"{si(a['flops_per_s'], 'FLOP/s')} ({a['flops_fraction']:.0%})" if a else "-",
+            f"{si(a['bytes_per_s'], 'B/s')} ({a['bytes_fraction']:.0%})" if a else "-",
+            f"{fmt_s(a['predicted_s'])} ({a['bound']})" if a else "-",
+        ])
+    ceil_rows = _ceilings_rows(doc)
+    if not rows and not ceil_rows:
+        return ""
+    parts = ["## Cost model and roofline"]
+    if rows:
+        head = ["backend", "case", "dtype", "mode", "GEMM FLOPs", "bytes moved", "FLOP/byte",
+                "intermediates in memory", "model kernels", "median", "achieved FLOP/s (of ceiling)",
+                "achieved bytes/s (of ceiling)", "roofline time (bound)"]
+        assumed = sorted({f"- {r['backend']}: {r['cost']['assumption']}" for r in doc.get("results", [])
+                          if r.get("cost") and r["cost"].get("assumption")})
+        intro = ("FLOPs and bytes are modelled, not counted (compare/costmodel.py): FLOPs are the GEMMs' 2MNK; "
+                 "bytes assume each kernel reads each operand and writes each result once, so bytes moved is a "
+                 "lower bound for the unfused backends' real traffic. Achieved rates divide them by the measured "
+                 "median; a fraction above 100% means the step beat the single-shape ceiling below. Roofline time "
+                 "= max(FLOPs / peak FLOP/s, bytes / peak bandwidth).")
+        parts.append(intro + "\n\n" + table(head, rows) + ("\n\n" + "\n".join(assumed) if assumed else ""))
+    if ceil_rows:
+        parts.append("Ceilings, measured on this machine through the shared timer:\n\n"
+                     + table(["device", "dtype", "peak FLOP/s", "peak bytes/s", "ridge", "how measured"], ceil_rows))
+    return "\n\n".join(parts)

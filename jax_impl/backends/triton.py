@@ -1,0 +1,185 @@
+"""``jax-triton``: the nnx GeGLU module under ``jax.jit`` with ``gelu_tanh(g) * u`` computed by the *same* Triton
+kernels as ``torch-triton`` (``torch_impl.ops.geglu_kernels``), launched from JAX through ``jax_triton.triton_call``.
+
+``act_mul`` is a ``jax.custom_vjp``: the forward launches ``geglu_fwd_kernel`` and saves only ``(g, u)``; the
+backward launches ``geglu_bwd_kernel``, which recomputes ``gelu(g)`` and ``gelu'(g)`` from ``g``. Both kernels
+stream the flattened buffers (``g, u, dh: [..., hidden]``, any leading shape) over a 1-D grid of
+``cdiv(numel, BLOCK_SIZE)`` programs with the torch launch's block size, warps and FMA setting.
+
+GPU only: jax-triton lowers ``triton_call`` to a CUDA/ROCm custom call and has no CPU or interpreter path, so on a
+machine without a GPU the backend is listed unavailable with the reason. ``jax_triton`` (and the kernels, hence
+``triton``) are imported lazily, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from compare.golden import Golden
+from compare.registry import Availability, Prepared
+from jax_impl import device as dev
+from jax_impl import runner
+from jax_impl.models import ActMul, build_module
+
+#: ``jax_triton.triton_call``'s calling convention: ``(*arrays, kernel=, out_shape=, grid=, name=, num_warps=,
+#: enable_fp_fusion=, **constexprs)``; array inputs first, then one output buffer per ``out_shape`` entry.
+TritonCall = Callable[..., Any]
+
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+NOT_GPU_REASON = "jax-triton runs Triton kernels on GPU only: JAX's default backend here is {platform!r}"
+INTERPRETED_REASON = ("the Triton kernels were decorated for Triton's interpreter (TRITON_INTERPRET=1 when "
+                      "torch_impl.ops.geglu_kernels was imported), which jax-triton cannot launch")
+
+
+def _kernels() -> ModuleType:
+    """The shared Triton kernel module (imports triton on first use).
+
+    Imported first from here on a GPU, the kernels must be compiled ones: ``TRITON_INTERPRET`` defaults to ``0``
+    then (which also spares ``torch_impl``'s package init the torch import it needs to decide it, once that init
+    imports torch only while ``TRITON_INTERPRET`` is unset).
+    """
+    if "torch_impl.ops.geglu_kernels" not in sys.modules and dev.platform() in GPU_PLATFORMS:
+        os.environ.setdefault("TRITON_INTERPRET", "0")
+    from torch_impl.ops import geglu_kernels
+
+    return geglu_kernels
+
+
+def _import_jax_triton() -> ModuleType:
+    """``import jax_triton``, keeping ``TRITON_CACHE_DIR`` as it was.
+
+    jax_triton's ``triton_lib`` sets ``os.environ["TRITON_CACHE_DIR"] = ""`` when first imported, even where the
+    package import then fails (no GPU jaxlib). Triton (3.9 here, knobs-based since 3.4) reads that as "no cache dir"
+    and every later compile in the process fails with ``RuntimeError: Could not create or locate cache dir``:
+    torch-triton's and Inductor's kernels included. jax-triton's own compile path does not use that cache.
+    """
+    before = os.environ.get("TRITON_CACHE_DIR")
+    try:
+        import jax_triton
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = before
+    return jax_triton
+
+
+def _jax_triton_call() -> TritonCall:
+    return _import_jax_triton().triton_call  # type: ignore[no-any-return]
+
+
+def _check(names: tuple[str, ...], arrays: tuple[jax.Array, ...]) -> None:
+    """Raise ValueError unless every array has the first one's shape and dtype, and that dtype is supported."""
+    ref = arrays[0]
+    for name, a in zip(names, arrays, strict=True):
+        if a.shape != ref.shape or a.dtype != ref.dtype:
+            raise ValueError(f"{name} must match {names[0]} in shape and dtype; got {name}: {a.shape} {a.dtype}, "
+                             f"{names[0]}: {ref.shape} {ref.dtype}")
+    if jnp.dtype(ref.dtype) not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {ref.dtype}; allowed: float32, bfloat16, float16")
+
+
+def make_act_mul(triton_call: TritonCall | None = None) -> ActMul:
+    """``act_mul(g, u) = gelu_tanh(g) * u`` for ``g, u: S`` (any shape, same dtype) -> ``h: S``, differentiable.
+
+    ``triton_call`` launches a kernel with ``jax_triton.triton_call``'s convention; None (the default) resolves to
+    ``jax_triton.triton_call`` at trace time. Tests pass a stand-in to run the same wiring without a GPU.
+
+    Launches: array arguments are the kernel's pointer inputs and the outputs follow them (the kernels put their
+    outputs right after their inputs); ``n_elements``, ``BLOCK`` and ``EXACT_BF16`` go by keyword, as compile-time
+    constants (jax-triton appends the output pointers after every positional argument).
+    """
+
+    def launch(kernel_name: str, name: str, arrays: tuple[jax.Array, ...], n_out: int) -> tuple[jax.Array, ...]:
+        """Launch kernel ``kernel_name`` of the kernel module on ``arrays`` (all of shape ``S``, one dtype); returns
+        ``n_out`` new arrays of that shape and dtype."""
+        shape, dtype = arrays[0].shape, arrays[0].dtype
+        out = jax.ShapeDtypeStruct(shape, dtype)
+        n = arrays[0].size
+        if n == 0:  # an empty grid is no launch
+            return tuple(jnp.zeros(shape, dtype) for _ in range(n_out))
+        k = _kernels()
+        call = triton_call if triton_call is not None else _jax_triton_call()
+        res = call(*arrays, kernel=getattr(k, kernel_name), out_shape=(out,) * n_out,
+                   grid=(-(-n // k.BLOCK_SIZE),), name=name, num_warps=k.NUM_WARPS, enable_fp_fusion=k.FP_FUSION,
+                   n_elements=n, BLOCK=k.BLOCK_SIZE, EXACT_BF16=k.EXACT_BF16_CAST)
+        return tuple(res)
+
+    def forward(g: jax.Array, u: jax.Array) -> jax.Array:
+        """``[S], [S] -> [S]``: reads g, u, writes h (3 * numel * itemsize bytes)."""
+        _check(("g", "u"), (g, u))
+        (h,) = launch("geglu_fwd_kernel", "geglu_fwd", (g, u), 1)
+        return h
+
+    def backward(dh: jax.Array, g: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``dh, g, u: [S] -> (dg, du): [S]``: reads dh, g, u, writes dg, du (5 * numel * itemsize bytes)."""
+        _check(("g", "dh", "u"), (g, dh, u))
+        dg, du = launch("geglu_bwd_kernel", "geglu_bwd", (dh, g, u), 2)
+        return dg, du
+
+    @jax.custom_vjp
+    def triton_geglu(g: jax.Array, u: jax.Array) -> jax.Array:
+        return forward(g, u)
+
+    def vjp_fwd(g: jax.Array, u: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        return forward(g, u), (g, u)  # residuals: g and u only, never gelu(g)
+
+    def vjp_bwd(res: tuple[jax.Array, jax.Array], dh: jax.Array) -> tuple[jax.Array, jax.Array]:
+        g, u = res
+        return backward(dh.astype(g.dtype), g, u)
+
+    triton_geglu.defvjp(vjp_fwd, vjp_bwd)
+    return triton_geglu  # type: ignore[return-value]
+
+
+class JaxTritonBackend:
+    """The ``jax-triton`` backend; ``triton_call`` replaces ``jax_triton.triton_call`` (tests: a CPU stand-in,
+    whose runs are parity only, never timed)."""
+
+    name = "jax-triton"
+
+    def __init__(self, triton_call: TritonCall | None = None) -> None:
+        self.triton_call = triton_call
+
+    def availability(self) -> Availability:
+        platform = dev.platform()
+        if platform not in GPU_PLATFORMS:
+            # checked first: importing jax_triton imports triton even where it then fails, which would fix the
+            # interpreter decision (TRITON_INTERPRET) for torch-triton in the same process
+            return Availability(False, NOT_GPU_REASON.format(platform=platform), device=platform)
+        try:
+            _import_jax_triton()
+        except ImportError as exc:
+            return Availability(False, str(exc), device=platform)
+        try:
+            kernels = _kernels()
+        except ImportError as exc:
+            return Availability(False, f"cannot import the Triton kernels (torch_impl.ops.geglu_kernels): {exc}",
+                                device=platform)
+        if kernels.INTERPRETED:
+            return Availability(False, INTERPRETED_REASON, device=platform)
+        return Availability(True, device=platform)
+
+    def prepare(self, golden: Golden, mode: str) -> Prepared:
+        if golden.case.model != "geglu":
+            raise ValueError(f"{self.name} implements model 'geglu' only, not {golden.case.model!r}")
+        stand_in = self.triton_call is not None
+        if not stand_in:
+            avail = self.availability()
+            if not avail.ok:
+                raise RuntimeError(avail.reason)
+        module = build_module(golden, act_mul=make_act_mul(self.triton_call))
+        note = ("kernels launched through a stand-in for jax_triton.triton_call: parity only, not timed" if stand_in
+                else "first call includes XLA and Triton compiles")
+        return runner.prepare(golden, mode, module, timed=not stand_in, note=note)
+
+
+BACKEND = JaxTritonBackend()

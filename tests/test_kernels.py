@@ -1,0 +1,402 @@
+"""Kernels per step: the summary schema and report section (pure), torch.profiler counts, XLA HLO counts.
+
+On CPU, with the tiny GeGLU case (T = 3 * 37 = 111 tokens, dim 96, hidden 328):
+
+- torch-eager forward: 3 GEMMs (``aten::mm``) + ``aten::gelu`` + ``aten::mul`` = 5 kernels, view-like ops apart;
+- torch-compile forward: Inductor calls ``aten::mm`` 3 times (extern GEMMs) and fuses GELU, mul and a reshape into
+  one C++ kernel ``graph_0_cpp_fused__unsafe_view_gelu_mul_0``;
+- jax-xla forward: 3 GEMM fusions (``dot`` inside) and one loop fusion holding both the GELU (``tanh``) and the mul.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compare import kernels as ks
+from compare.cases import PRESETS
+from compare.golden import golden_for
+
+TINY = PRESETS["tiny"].case("float32")
+T, DIM, HIDDEN = TINY.shape.tokens, TINY.shape.dim, TINY.shape.hidden
+
+
+def _by_name(s: dict[str, Any]) -> dict[str, int]:
+    return {k["name"]: k["count"] for k in s["kernels"]}
+
+
+def _checked(s: dict[str, Any]) -> dict[str, Any]:
+    ks.check_summary(s)
+    json.loads(json.dumps(s))  # JSON-able
+    print(ks.describe(s))
+    return s
+
+
+# ---- pure: names, schema, report section ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["cpp_fused__unsafe_view_gelu_mul_0", "graph_0_cpp_fused__unsafe_view_gelu_mul_0",
+                                  "triton_poi_fused__unsafe_view_gelu_mul_0"])
+def test_absorbed_ops_parsed_from_inductor_names(name: str) -> None:
+    assert ks.parse_fused_name(name) == ["_unsafe_view", "gelu", "mul"]
+    assert ks.classify(name) == "fused"
+    entry = ks.kernel_entry(name, 1)
+    assert entry["kind"] == "fused" and entry["absorbed"] == ["_unsafe_view", "gelu", "mul"]
+
+
+def test_absorbed_ops_multi_word_and_edge_cases() -> None:
+    assert ks.parse_fused_name("graph_0_cpp_fused__unsafe_view_gelu_gelu_backward_mul_view_0") == [
+        "_unsafe_view", "gelu", "gelu_backward", "mul", "view"]
+    assert ks.parse_fused_name("graph_0_cpp_fused_add_view_1") == ["add", "view"]
+    assert ks.parse_fused_name("triton_red_fused_native_layer_norm_0") == ["native_layer_norm"]
+    assert ks.parse_fused_name("cpp_fused_0") == []
+    assert ks.parse_fused_name("cpp_fused__made_up_op_3") == ["_made", "up", "op"]  # unknown: best effort
+    assert ks.parse_fused_name("aten::mm") is None
+    assert ks.parse_fused_name("ynn_fusion") is None
+
+
+def test_classify() -> None:
+    assert [ks.classify(n) for n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")] == ["gemm"] * 4
+    assert [ks.classify(n) for n in ("aten::gelu", "aten::mul", "aten::add", "aten::gelu_backward")] == [
+        "elementwise"] * 4
+    assert ks.classify("aten::sum") == "reduction"
+    assert ks.classify("aten::copy_") == ks.classify("aten::to") == "copy"
+    assert ks.classify("triton_tem_fused_mm_0") == "gemm"  # an Inductor GEMM template
+    assert ks.classify("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn") == "gemm"
+    assert ks.classify("Memcpy HtoD (Pageable -> Device)") == "copy"
+    assert ks.classify("aten::made_up") == "other"
+
+
+def test_shorten_keeps_meaningful_parts() -> None:
+    cutlass = ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8>"
+               "(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8::Params)")
+    short = ks.shorten(cutlass)
+    assert len(short) <= ks.SHORT_WIDTH and "..." in short
+    assert short.startswith("cutlass_80_") and short.endswith("_tn_align8")
+    cublas = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off" \
+             "_kernel__5x_cublas"
+    assert len(ks.shorten(cublas)) <= ks.SHORT_WIDTH and ks.shorten(cublas).startswith("sm90_xmma_gemm")
+    mul = ("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<c10::BFloat16, "
+           "c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, "
+           "3> >(int, at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, "
+           "at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, 3>)")
+    assert ks.shorten(mul) == "vectorized_elementwise_kernel<MulFunctor>"
+    assert ks.shorten("triton_poi_fused__unsafe_view_gelu_mul_0") == "triton_poi_fused__unsafe_view_gelu_mul_0"
+    assert ks.shorten("aten::mm") == "mm"
+
+
+def _result(backend: str, mode: str, kernels: dict[str, Any] | None) -> dict[str, Any]:
+    return {"backend": backend, "model": "geglu", "dtype": "float32", "case": TINY.name, "mode": mode,
+            "shape": {"batch": 3, "seq": 37, "dim": 96, "hidden": 328}, "status": "ok", "kernels": kernels}
+
+
+def _hand_doc() -> dict[str, Any]:
+    meta = [{"name": "aten::t", "count": 3}, {"name": "aten::transpose", "count": 3}]
+    eager = ks.summary("torch.profiler", "cpu", [ks.kernel_entry("aten::mm", 3, time_us=30.0),
+                                                 ks.kernel_entry("aten::gelu", 1), ks.kernel_entry("aten::mul", 1)],
+                       meta)
+    compiled = ks.summary("torch.profiler", "cpu", [
+        ks.kernel_entry("aten::mm", 3), ks.kernel_entry("graph_0_cpp_fused__unsafe_view_gelu_mul_0", 1)], [],
+        notes="a | note")
+    xla = ks.summary("xla-hlo", "cpu", [
+        ks.kernel_entry("ynn_fusion", 3, kind="gemm", absorbed=["dot"]),
+        ks.kernel_entry("multiply_bitcast_fusion", 1, kind="fused", absorbed=["multiply", "tanh", "add"])],
+        [{"name": "bitcast", "count": 2}])
+    return {"results": [_result("torch-eager", "fwd", eager), _result("torch-compile", "fwd", compiled),
+                        _result("torch-triton", "fwd", None), _result("jax-xla", "fwd", xla),
+                        {**_result("torch-eager", "bwd", None), "status": "skipped"}]}
+
+
+def test_kernel_section_from_hand_written_doc() -> None:
+    doc = _hand_doc()
+    before = copy.deepcopy(doc)
+    text = ks.kernel_section(doc)
+    print(text)
+    assert doc == before and ks.kernel_section(doc) == text  # pure, deterministic
+    assert text.startswith("## Kernels per step\n")
+    rows = [line for line in text.splitlines() if line.startswith("| torch-") or line.startswith("| jax-")]
+    assert [r.split(" | ")[0] for r in rows] == ["| torch-eager", "| torch-compile", "| jax-xla"]  # no kernels: no row
+    eager, compiled, xla = rows
+    assert "| geglu 3x37x96->328 | float32 | fwd |" in eager
+    assert "| 5 |" in eager and "gemm: `mm` x3; elementwise: `gelu`, `mul`" in eager
+    assert "t x3, transpose x3" in eager  # metadata ops counted apart
+    assert "| 4 |" in compiled and "`graph_0_cpp_fused__unsafe_view_gelu_mul_0`: _unsafe_view + gelu + mul" in compiled
+    assert "gemm: `ynn_fusion` x3; fused: `multiply_bitcast_fusion`" in xla and "bitcast x2" in xla
+    assert "multiply + tanh + add" in xla and "`ynn_fusion`: dot" not in xla  # a plain GEMM lists no absorbed ops
+    assert "a \\| note" in text  # table-breaking characters escaped
+
+
+def test_kernel_section_empty_without_kernels() -> None:
+    assert ks.kernel_section({"results": []}) == ""
+    assert ks.kernel_section({"results": [_result("torch-eager", "fwd", None)]}) == ""
+
+
+def test_check_summary_rejects_bad_counts() -> None:
+    s = ks.summary("xla-hlo", "cpu", [ks.kernel_entry("dot", 2)], [])
+    ks.check_summary(s)
+    s["kernels_per_step"] = 3
+    with pytest.raises(ValueError, match="sum"):
+        ks.check_summary(s)
+    with pytest.raises(ValueError, match="lacks keys"):
+        ks.check_summary({**s, "kernels_per_step": 2, "kernels": [{"name": "dot", "count": 2}]})
+    with pytest.raises(ValueError, match="source"):
+        ks.summary("nvprof", "cpu", [], [])
+
+
+def test_compare_kernels_imports_no_framework() -> None:
+    code = "import sys, compare.kernels; assert not {'torch', 'jax'} & set(sys.modules), sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+HAND_HLO = """HloModule jit_f, entry_computation_layout={(bf16[8,4]{1,0}, bf16[4,16]{1,0})->bf16[8,16]{1,0}}
+
+%fused_computation (param_0: bf16[8,16], param_1: bf16[8,16]) -> bf16[8,16] {
+  %param_0 = bf16[8,16]{1,0} parameter(0)
+  %tanh.1 = bf16[8,16]{1,0} tanh(%param_0)
+  %param_1 = bf16[8,16]{1,0} parameter(1)
+  ROOT %multiply.2 = bf16[8,16]{1,0} multiply(%tanh.1, %param_1)
+}
+
+ENTRY %main.3 (x.1: bf16[8,4], w.1: bf16[4,16]) -> bf16[8,16] {
+  %x.1 = bf16[8,4]{1,0} parameter(0)
+  %w.1 = bf16[4,16]{1,0} parameter(1)
+  %cublas-gemm.1 = (bf16[8,16]{1,0}, s8[4194304]{0}) custom-call(%x.1, %w.1), custom_call_target="__cublas$gemm"
+  %get-tuple-element = bf16[8,16]{1,0} get-tuple-element(%cublas-gemm.1), index=0
+  %bitcast.1 = bf16[8,16]{1,0} bitcast(%get-tuple-element)
+  ROOT %loop_multiply_fusion = bf16[8,16]{1,0} fusion(%bitcast.1, %bitcast.1), kind=kLoop, calls=%fused_computation
+}
+"""
+
+
+def test_hlo_parser_on_hand_written_gpu_style_module() -> None:
+    from jax_impl.profiling import hlo_kernels, parse_hlo
+
+    module = parse_hlo(HAND_HLO)
+    assert module.entry == "main.3" and set(module.computations) == {"fused_computation", "main.3"}
+    kernels, metadata, fusions = hlo_kernels(module)
+    assert [(k["name"], k["kind"], k["count"], k["absorbed"]) for k in kernels] == [
+        ("__cublas$gemm", "gemm", 1, []), ("loop_multiply_fusion", "fused", 1, ["tanh", "multiply"])]
+    assert metadata == [{"name": "bitcast", "count": 1}] and fusions == {"kLoop": 1}
+
+
+# ---- torch.profiler on CPU -----------------------------------------------------------------------------------
+
+
+@functools.cache
+def _torch_prepared(backend: str, mode: str) -> Any:
+    """A prepared tiny-case step, run once; torch-compile is compiled with Inductor kernel profiling on."""
+    from compare import registry
+    from torch_impl import profiling
+
+    previous = profiling.enable_inductor_kernel_profile(backend == "torch-compile")
+    try:
+        prepared = registry.spec(backend).load().prepare(golden_for(TINY), mode)
+        prepared.sync(prepared.step())  # compiles here, while the flag is set
+    finally:
+        profiling.enable_inductor_kernel_profile(previous)
+    return prepared
+
+
+@functools.cache
+def _torch_summary(backend: str, mode: str) -> dict[str, Any]:
+    from torch_impl import profiling
+
+    p = _torch_prepared(backend, mode)
+    return _checked(profiling.profile_step(p.step, p.sync, device=p.device))
+
+
+def test_torch_eager_geglu_forward_is_five_kernels() -> None:
+    s = _torch_summary("torch-eager", "fwd")
+    assert s["source"] == "torch.profiler" and s["device"] == "cpu"
+    assert _by_name(s) == {"aten::mm": 3, "aten::gelu": 1, "aten::mul": 1}
+    assert s["kernels_per_step"] == 5 and ks.count_by_kind(s) == {"gemm": 3, "elementwise": 2}
+    meta = {m["name"]: m["count"] for m in s["metadata_ops"]}
+    assert meta["aten::t"] == 3 and meta["aten::transpose"] == 3 and meta["aten::_unsafe_view"] == 3
+    assert not {"aten::linear", "aten::matmul"} & set(_by_name(s))  # composites count through their leaves
+    assert all(k["time_us"] is not None and k["time_us"] > 0 for k in s["kernels"])
+
+
+def test_torch_eager_geglu_forward_backward() -> None:
+    s = _torch_summary("torch-eager", "fwd+bwd")
+    # forward: 3 mm, gelu, mul; backward: 6 mm, gelu_backward, 2 mul, and the add of the two branches' dx
+    assert _by_name(s) == {"aten::mm": 9, "aten::gelu": 1, "aten::mul": 3, "aten::gelu_backward": 1, "aten::add": 1}
+
+
+def test_torch_compile_geglu_forward_fuses_gelu_and_mul() -> None:
+    s = _torch_summary("torch-compile", "fwd")
+    gemms = [k for k in s["kernels"] if k["kind"] == "gemm"]
+    fused = [k for k in s["kernels"] if k["kind"] == "fused"]
+    # On CPU Inductor keeps the GEMMs as extern calls of aten::mm and fuses the rest into one C++ kernel.
+    assert [(k["name"], k["count"]) for k in gemms] == [("aten::mm", 3)]
+    assert len(fused) == 1 and fused[0]["count"] == 1
+    assert fused[0]["name"] == "graph_0_cpp_fused__unsafe_view_gelu_mul_0"
+    assert {"gelu", "mul"} <= set(fused[0]["absorbed"])
+    assert s["kernels_per_step"] == 4 and not any(k["kind"] == "elementwise" for k in s["kernels"])
+
+
+def test_torch_compile_geglu_forward_backward() -> None:
+    s = _torch_summary("torch-compile", "fwd+bwd")
+    assert _by_name(s)["aten::mm"] == 9
+    fused = [k for k in s["kernels"] if k["kind"] == "fused"]
+    assert any({"gelu", "mul"} <= set(k["absorbed"]) for k in fused)
+    assert any("gelu_backward" in k["absorbed"] for k in fused)  # backward elementwise work fused too
+    assert not any(k["kind"] == "elementwise" for k in s["kernels"])
+
+
+def test_torch_triton_interpreted_launch_is_one_custom_kernel() -> None:
+    s = _torch_summary("torch-triton", "fwd")
+    assert _by_name(s) == {"aten::mm": 3, "GeGLUFunction": 1}
+    assert ks.count_by_kind(s) == {"gemm": 3, "custom": 1} and "interpreter" in s["notes"]
+
+
+def test_inductor_kernel_profile_flag_is_restored() -> None:
+    """The flag is read when Inductor generates code: compiled with it, kernels stay visible after it is reset."""
+    from torch_impl import profiling
+
+    s = _torch_summary("torch-compile", "fwd")
+    assert profiling.enable_inductor_kernel_profile(False) is False  # the tests leave the global flag off
+    assert "enable_inductor_kernel_profile" not in s["notes"]
+
+
+def test_cuda_events_count_device_kernels_only() -> None:
+    """Synthetic profiler events shaped like a CUDA run (no GPU here): device kernels count, CPU ops do not."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from torch_impl import profiling
+
+    events: list[FunctionEvent] = []
+
+    def ev(name: str, start: float, end: float, parent: FunctionEvent | None = None, *,
+           cuda: str = "") -> FunctionEvent:
+        e = FunctionEvent(len(events), name, thread=1, start_us=start, end_us=end,
+                          device_type=DeviceType.CUDA if cuda else DeviceType.CPU,
+                          is_user_annotation=name == profiling.STEP_NAME, activity_type=cuda or "cpu_op")
+        if parent is not None:
+            parent.append_cpu_child(e)
+            e.set_cpu_parent(parent)
+        events.append(e)
+        return e
+
+    gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off" \
+           "_kernel__5x_cublas"
+    gelu = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&)"
+    for t0 in (0.0, 100.0):  # two steps
+        step = ev(profiling.STEP_NAME, t0, t0 + 50)
+        linear = ev("aten::linear", t0 + 1, t0 + 10, step)
+        ev("aten::t", t0 + 1, t0 + 2, linear)
+        ev("aten::mm", t0 + 3, t0 + 9, linear)
+        ev("aten::gelu", t0 + 11, t0 + 12, step)
+        ev(profiling.STEP_NAME, t0 + 5, t0 + 45, cuda="gpu_user_annotation")
+        ev(gemm, t0 + 5, t0 + 25, cuda="kernel")
+        ev(gelu, t0 + 26, t0 + 30, cuda="kernel")
+        ev("Memset (Device)", t0 + 31, t0 + 32, cuda="gpu_memset")
+    s = _checked(profiling.summarize_events(events, "cuda:0"))
+    assert [(k["name"], k["kind"], k["count"], k["time_us"]) for k in s["kernels"]] == [
+        (gemm, "gemm", 1, 20.0), (gelu, "elementwise", 1, 4.0), ("Memset (Device)", "copy", 1, 1.0)]
+    assert s["metadata_ops"] == [{"name": "aten::t", "count": 1}]
+
+
+def test_torch_trace_written_as_chrome_json(tmp_path: Path) -> None:
+    from torch_impl import profiling
+
+    p = _torch_prepared("torch-eager", "fwd")
+    trace = tmp_path / "sub" / "torch-eager.json"
+    s = profiling.profile_step(p.step, p.sync, trace, device=p.device)
+    assert s["trace"] == str(trace) and s["kernels_per_step"] == 5
+    with trace.open() as f:
+        doc = json.load(f)
+    names = [e.get("name") for e in doc["traceEvents"]]
+    assert names.count(profiling.STEP_NAME) == profiling.ACTIVE and "aten::mm" in names
+
+
+# ---- XLA HLO on CPU ------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _jax_parts(mode: str) -> tuple[Any, tuple[Any, ...], Any]:
+    """(jitted, args, step) built as ``jax_impl.runner.prepare`` builds them."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from jax_impl import device as dev
+    from jax_impl.models import build_module
+
+    dev.pin_precision()
+    g = golden_for(TINY)
+    graphdef, state = nnx.split(build_module(g))
+    dtype = dev.JAX_DTYPES[TINY.dtype]
+    x = jax.device_put(np.asarray(g.x)).astype(dtype)
+    dy = jax.device_put(np.asarray(g.dy)).astype(dtype)
+
+    def apply(st: Any, xx: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, st)(xx)
+
+    if mode == "fwd":
+        fwd = jax.jit(apply)
+        return fwd, (state, x), lambda: fwd(state, x)
+
+    @jax.jit
+    def fwd_bwd(st: Any, xx: jax.Array, gg: jax.Array) -> Any:
+        y, vjp = jax.vjp(apply, st, xx)
+        return y, vjp(gg)
+
+    return fwd_bwd, (state, x, dy), lambda: fwd_bwd(state, x, dy)
+
+
+@functools.cache
+def _jax_summary(mode: str) -> dict[str, Any]:
+    from jax_impl.profiling import profile_jit
+
+    jitted, args, step = _jax_parts(mode)
+    return _checked(profile_jit(jitted, args, step))
+
+
+def _is_gemm(k: dict[str, Any]) -> bool:
+    return k["kind"] == "gemm" and ("dot" in k["absorbed"] or k["name"] == "dot" or "matmul" in k["name"].lower()
+                                    or "gemm" in k["name"].lower())
+
+
+def test_jax_xla_geglu_forward_fuses_gelu_with_mul() -> None:
+    s = _jax_summary("fwd")
+    assert s["source"] == "xla-hlo" and s["device"] == "cpu"
+    assert sum(k["count"] for k in s["kernels"] if _is_gemm(k)) == 3  # the 3 projections
+    fused = [k for k in s["kernels"] if k["kind"] == "fused"]
+    assert any({"tanh", "multiply"} <= set(k["absorbed"]) for k in fused), fused  # GELU (tanh form) and mul fused
+    assert s["kernels_per_step"] == 4  # 3 GEMMs + 1 fusion: GELU and the mul never reach memory separately
+    assert {m["name"] for m in s["metadata_ops"]} <= {"bitcast", "reshape"}
+
+
+def test_jax_xla_cost_matches_analytic_gemm_flops() -> None:
+    cost = _jax_summary("fwd")["xla_cost"]
+    gemm_flops = 2 * T * DIM * HIDDEN * 3
+    print(f"XLA cost {cost}; analytic GEMM flops {gemm_flops}")
+    # XLA counts the GEMMs (2*T*dim*hidden each) plus the elementwise GELU/mul work (a few flops per hidden element)
+    assert gemm_flops <= cost["flops"] <= 1.05 * gemm_flops
+    assert cost["transcendentals"] == T * HIDDEN  # one tanh per hidden element
+    assert cost["bytes_accessed"] > 0
+
+
+def test_jax_xla_geglu_forward_backward() -> None:
+    s = _jax_summary("fwd+bwd")
+    assert sum(k["count"] for k in s["kernels"] if _is_gemm(k)) == 9  # 3 forward + 6 backward GEMMs
+    assert any("tanh" in k["absorbed"] for k in s["kernels"])
+    assert _jax_summary("fwd+bwd")["xla_cost"]["flops"] >= 3 * 2 * T * DIM * HIDDEN * 3
+
+
+def test_jax_trace_written(tmp_path: Path) -> None:
+    from jax_impl.profiling import profile_jit
+
+    jitted, args, step = _jax_parts("fwd")
+    s = profile_jit(jitted, args, step, tmp_path / "jax-trace")
+    assert s["trace"] is not None and Path(s["trace"]).is_file()
+    assert Path(s["trace"]).is_relative_to(tmp_path / "jax-trace")
+    assert s["kernels_per_step"] == _jax_summary("fwd")["kernels_per_step"]

@@ -1,0 +1,161 @@
+"""The Triton GeGLU elementwise kernels, free of torch: ``h = gelu_tanh(g) * u`` and its backward.
+
+This module imports only ``triton``, ``triton.language`` and :mod:`._triton_env`, so a framework other than
+PyTorch can launch the very same ``@triton.jit`` functions: :mod:`torch_impl.ops.geglu` launches them on torch
+tensors (``kernel[grid](...)``), ``jax_impl.backends.triton`` on JAX arrays through ``jax_triton.triton_call``.
+
+Kernels (1-D grid of ``cdiv(n_elements, BLOCK)`` programs over flattened, contiguous, row-major buffers of any
+shape ``S``; ``n_elements = prod(S)``; float32/bfloat16/float16, all math in fp32, one rounding on the store):
+
+* :data:`geglu_fwd_kernel` ``(g_ptr, u_ptr, h_ptr, n_elements, BLOCK, EXACT_BF16)``: reads ``g, u: S``,
+  writes ``h: S``;
+* :data:`geglu_bwd_kernel` ``(dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_elements, BLOCK, EXACT_BF16)``: reads
+  ``dh, g, u: S``, writes ``dg, du: S``, recomputing ``gelu(g)`` and ``gelu'(g)`` from ``g``.
+
+Output pointers come before ``n_elements``. jax-triton appends the output buffers after every positional
+argument, so it passes ``n_elements`` (like ``BLOCK`` and ``EXACT_BF16``) by keyword, as a compile-time
+constant; torch passes it as a runtime scalar. The generated code is the same up to that specialisation.
+
+GELU uses the tanh form ``0.5 * g * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3)))``, with ``tanh(z)`` computed as
+``2 * sigmoid(2z) - 1`` because libdevice ``tanh`` does not run under the Triton CPU interpreter.
+
+Whether the kernels are compiled GPU kernels or interpreted (``TRITON_INTERPRET=1``) is decided when this module
+is imported (see :mod:`._triton_env`); the launch constants below follow that decision.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._triton_env import FP_FUSION, interpreted
+
+__all__ = [
+    "BLOCK_SIZE",
+    "EXACT_BF16_CAST",
+    "FP_FUSION",
+    "INTERPRETED",
+    "NUM_WARPS",
+    "cast_out",
+    "geglu_bwd_kernel",
+    "geglu_fwd_kernel",
+    "gelu_tanh",
+]
+
+#: True when the kernels below were decorated for Triton's CPU interpreter (``TRITON_INTERPRET=1`` at import).
+INTERPRETED: bool = interpreted()
+# Launch choice, fixed at import time like the kernels themselves. Under the interpreter each program instance is
+# one Python-level step over numpy arrays, so a few huge blocks are far cheaper than many small ones. On a GPU a
+# 1024-element block with 4 warps (8 elements per thread) is a standard streaming shape.
+BLOCK_SIZE: int = 1 << 16 if INTERPRETED else 1024
+NUM_WARPS: int = 4
+# The interpreter's fp32 -> bf16 `.to()` truncates toward zero (up to 1 ulp error) where the GPU rounds to nearest
+# even; when interpreting, the kernels round to bf16 by hand (see cast_out).
+EXACT_BF16_CAST: bool = INTERPRETED
+
+
+# Constants below are written as literals inside the kernels: sqrt(2/pi) = 0.7978845608028654,
+# GELU cubic coefficient 0.044715.
+
+
+@triton.jit
+def _clamp_tanh_arg(z):
+    """Clamp z to [-44, 44]: tanh(z) is already +-1 in fp32 there, and exp(-2z) inside
+    tl.sigmoid stays finite (fp32 exp overflows past 88.7). Results are unchanged; it only
+    avoids inf intermediates (and numpy overflow warnings under the interpreter)."""
+    return tl.minimum(tl.maximum(z, -44.0), 44.0)
+
+
+@triton.jit
+def _tanh(z):
+    """tanh(z) = 2 * sigmoid(2z) - 1 (fp32); avoids libdevice tanh, unavailable when interpreting."""
+    z = _clamp_tanh_arg(z)
+    return 2.0 * tl.sigmoid(2.0 * z) - 1.0
+
+
+@triton.jit
+def _gelu_inner(g):
+    """sqrt(2/pi) * (g + 0.044715 * g^3)."""
+    return 0.7978845608028654 * (g + 0.044715 * g * g * g)
+
+
+@triton.jit
+def gelu_tanh(g):
+    """gelu_tanh(g) = 0.5 g (1 + tanh(inner(g))) for an fp32 block; shared with the fused GEMM epilogue."""
+    return 0.5 * g * (1.0 + _tanh(_gelu_inner(g)))
+
+
+@triton.jit
+def _gelu_tanh_and_grad(g):
+    """Return (gelu_tanh(g), d gelu_tanh / dg) for an fp32 block, sharing one tanh evaluation.
+
+    d/dg [0.5 g (1 + tanh(z))] = 0.5 (1 + t) + 0.5 g (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 g^2),
+    with z = inner(g), t = tanh(z) = 2 s - 1, s = sigmoid(2z). 1 - t^2 is evaluated as
+    4 s sigmoid(-2z) rather than 1 - t*t: the latter cancels to an absolute error of ~1e-7
+    for large |z|, which the 0.5 g (1 + 3 a g^2) factor amplifies to ~1e-5 at |g| ~ 8.
+    """
+    z = _clamp_tanh_arg(_gelu_inner(g))
+    s = tl.sigmoid(2.0 * z)
+    t = 2.0 * s - 1.0  # tanh(z)
+    sech2 = 4.0 * s * tl.sigmoid(-2.0 * z)  # 1 - tanh(z)^2
+    gelu = 0.5 * g * (1.0 + t)
+    d_inner = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * g * g)
+    dgelu = 0.5 * (1.0 + t) + 0.5 * g * sech2 * d_inner
+    return gelu, dgelu
+
+
+@triton.jit
+def cast_out(x, dtype: tl.constexpr, EXACT_BF16: tl.constexpr):
+    """Cast an fp32 block to ``dtype`` with round-to-nearest-even.
+
+    ``EXACT_BF16`` is set only under the interpreter, whose fp32 -> bf16 conversion truncates:
+    there the bf16 rounding is done on the bit pattern (add 0x7FFF plus the lowest kept bit,
+    keep the high 16 bits; NaN passes through). On GPU the native conversion already rounds
+    to nearest even and this branch is compiled out.
+    """
+    if EXACT_BF16 and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        out = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        out = tl.where(x != x, x.to(tl.bfloat16), out)
+    else:
+        out = x.to(dtype)
+    return out
+
+
+@triton.jit
+def _geglu_fwd_kernel(g_ptr, u_ptr, h_ptr, n_elements, BLOCK: tl.constexpr, EXACT_BF16: tl.constexpr):
+    # Traffic: reads g and u once, writes h once -> 3 * numel * itemsize bytes; no
+    # intermediate (gelu(g)) ever reaches memory. ~12 FLOPs + 1 exp per element.
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: safe past 2**31 elements
+    mask = offs < n_elements  # masked tail: numel need not be a multiple of BLOCK
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    h = gelu_tanh(g) * u
+    tl.store(h_ptr + offs, cast_out(h, h_ptr.dtype.element_ty, EXACT_BF16), mask=mask)
+
+
+@triton.jit
+def _geglu_bwd_kernel(
+    dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_elements, BLOCK: tl.constexpr, EXACT_BF16: tl.constexpr
+):
+    # Traffic: reads dh, g, u and writes dg, du -> 5 * numel * itemsize bytes. gelu(g) is
+    # recomputed from g instead of being saved by the forward (saves numel * itemsize of
+    # activation memory and one read). ~25 FLOPs + 2 exps per element.
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_elements
+    dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    gelu, dgelu = _gelu_tanh_and_grad(g)  # recomputed from g, tanh-form derivative
+    du = dh * gelu
+    dg = dh * u * dgelu
+    tl.store(dg_ptr + offs, cast_out(dg, dg_ptr.dtype.element_ty, EXACT_BF16), mask=mask)
+    tl.store(du_ptr + offs, cast_out(du, du_ptr.dtype.element_ty, EXACT_BF16), mask=mask)
+
+
+# Public handles. The functions keep their original names, which are the kernel names in profiler traces.
+geglu_fwd_kernel = _geglu_fwd_kernel
+geglu_bwd_kernel = _geglu_bwd_kernel

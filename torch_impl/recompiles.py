@@ -1,0 +1,175 @@
+"""Compile cost and shape generality of the torch backends: one compiled module, many token counts.
+
+:func:`shape_sweep` builds the case's module once, wraps it once (``torch.compile(module, dynamic=...)`` for
+``torch-compile``; nothing for ``torch-eager``; the hand-written Triton GeGLU kernel for ``torch-triton``), then
+calls it on the inputs of each token count in turn. Per shape it records (row schema in ``compare.shapes``):
+
+- ``compiles``: the compilations this shape's first call caused, read from the framework's own counters:
+  ``torch._dynamo.utils.counters["stats"]["unique_graphs"]`` (Dynamo adds one per graph it compiles; in torch 2.13
+  it agrees with ``torch._dynamo.testing.CompileCounterWithBackend``, which the tests check, whereas
+  ``counters["frames"]`` stays empty) plus, for ``torch-triton``, Triton's ``knobs.runtime.jit_post_compile_hook``
+  (fires once per kernel specialisation Triton builds; never under the CPU interpreter, which compiles nothing);
+- ``first_call_s`` (compile + run, ``compare.timing.first_call``) and the steady state (``compare.timing.measure``).
+  If either counter moves during the timed samples the sweep raises: a timed loop that recompiles measures
+  compiles, not steps.
+
+What torch 2.13 does (observed on CPU, geglu 64 -> 128, tokens 1, 8, 33, fwd):
+
+- ``dynamic=False``: one compile per new token count (1, 1, 1). ``dynamic=False`` turns automatic dynamic shapes
+  off, so the second shape does not switch to a dynamic graph; past ``torch._dynamo.config.recompile_limit``
+  (8) shapes, ``fullgraph=True`` makes the next call fail (``FailOnRecompileLimitHit``), recorded as the row's
+  ``error``.
+- ``dynamic=True``: 1, 1, 0. Dynamo specialises sizes 0 and 1 even when asked for dynamic shapes, so a single
+  token gets its own static graph; 8 compiles the one dynamic graph, which 33 (and any larger count) reuses.
+- ``dynamic=None`` (the default; not the project's ``torch-compile``) behaves like ``True`` from the second
+  distinct size on (automatic dynamic shapes): 1, 1, 0.
+
+With ``cold=True`` (the default) Inductor's on-disk FX-graph and AOTAutograd caches are off during the sweep, so a
+compile is a compile; kernel-level caches (compiled C++/Triton binaries) may still be warm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from compare import timing
+from compare.cases import check_name
+from compare.shapes import GoldenFactory, sweep_goldens
+from torch_impl import device as dev
+from torch_impl import runner
+from torch_impl.models import build_module
+
+SWEEP_BACKENDS: tuple[str, ...] = ("torch-eager", "torch-compile", "torch-triton")
+SWEEP_MODES: tuple[str, ...] = ("fwd", "fwd+bwd")
+DYNAMO_COUNTER = "torch._dynamo.utils.counters['stats']['unique_graphs'] (one per graph Dynamo compiles)"
+TRITON_COUNTER = "triton.knobs.runtime.jit_post_compile_hook (one per Triton kernel specialisation built)"
+
+
+
+def dynamo_graphs() -> int:
+    """Graphs Dynamo has compiled in this process (``counters["stats"]["unique_graphs"]``)."""
+    return int(counters["stats"]["unique_graphs"])
+
+
+@contextlib.contextmanager
+def triton_compiles(enabled: bool = True) -> Iterator[list[int]]:
+    """While active, ``box[0]`` counts Triton JIT compiles (chaining any hook already installed).
+
+    Stays 0 when not ``enabled`` (triton is then not even imported) and on a Triton without ``triton.knobs``
+    (before 3.4). Inductor's own Triton kernels are built through ``triton.compile`` and do not fire this hook.
+    """
+    box = [0]
+    if not enabled:
+        yield box
+        return
+    try:
+        from triton import knobs
+    except ImportError:
+        yield box
+        return
+    old = knobs.runtime.jit_post_compile_hook
+
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        box[0] += 1
+        return old(*args, **kwargs) if old else None
+
+    knobs.runtime.jit_post_compile_hook = hook
+    try:
+        yield box
+    finally:
+        knobs.runtime.jit_post_compile_hook = old
+
+
+@contextlib.contextmanager
+def _cold_caches(cold: bool) -> Iterator[None]:
+    if not cold:
+        yield
+        return
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+
+
+def shape_sweep(
+    make: GoldenFactory,
+    tokens: Sequence[int],
+    dynamic: bool | None = False,
+    *,
+    backend: str = "torch-compile",
+    mode: str = "fwd",
+    budget_s: float = 0.2,
+    cold: bool = True,
+    compile_backend: Any = "inductor",
+) -> list[dict[str, Any]]:
+    """Call one ``backend`` step on each token count in turn; one row per shape (schema in ``compare.shapes``).
+
+    ``make(tokens)`` returns the :class:`~compare.cases.Case` (its golden data is loaded or generated) or the
+    :class:`~compare.golden.Golden` of that token count; every case must share model, dtype, dim and hidden. The
+    module's weights come from the first; each shape's ``x`` (``[batch, seq, dim]``) and ``dy`` from its own.
+    ``dynamic`` is passed to ``torch.compile`` (``torch-compile`` only; other backends record None);
+    ``compile_backend`` is ``torch.compile``'s ``backend`` (tests pass a ``CompileCounterWithBackend`` to cross-check
+    the counter). ``budget_s`` is the timer's sampling budget per shape.
+    """
+    check_name("backend", backend, SWEEP_BACKENDS)
+    check_name("mode", mode, SWEEP_MODES)
+    goldens = sweep_goldens(make, tokens)
+    case0 = goldens[0].case
+    device = dev.device()
+    tdtype = dev.TORCH_DTYPES[case0.dtype]
+    timed, note, counter = True, "", DYNAMO_COUNTER
+    if backend == "torch-triton":
+        ok, reason, interpreted = dev.triton_status()
+        if not ok:
+            raise RuntimeError(f"torch-triton cannot run here: {reason}")
+        from torch_impl.backends.triton_geglu import INTERPRETED_NOTE
+        from torch_impl.ops.geglu import geglu
+
+        module = build_module(goldens[0], device, tdtype, act_mul=geglu)
+        timed, note = not interpreted, ("" if not interpreted else INTERPRETED_NOTE)
+        counter = f"{DYNAMO_COUNTER} + {TRITON_COUNTER}"
+    else:
+        module = build_module(goldens[0], device, tdtype)
+    forward: Any = module
+    if backend == "torch-compile":
+        torch._dynamo.reset()  # this sweep's compiles only: no graphs of SimpleGeGLUMLP.forward left from before
+        forward = torch.compile(module, dynamic=dynamic, fullgraph=True, backend=compile_backend)
+
+    rows = []
+    with _cold_caches(cold and backend == "torch-compile"), triton_compiles(backend == "torch-triton") as tbox:
+        for g in goldens:
+            c = g.case
+            row: dict[str, Any] = {
+                "backend": backend, "framework": "torch", "dynamic": dynamic if backend == "torch-compile" else None,
+                "tokens": c.shape.tokens, "model": c.model, "dim": c.shape.dim, "hidden": c.shape.hidden,
+                "dtype": c.dtype, "mode": mode, "device": str(device), "compiles": None, "compile_counter": counter,
+                "first_call_s": None, "median_s": None, "iqr_s": None, "timed": timed,
+                "generic": backend != "torch-compile", "note": note, "error": "",
+            }
+            rows.append(row)
+            prepared = runner.prepare(g, mode, module, forward, timed=timed, note=note)
+            before = dynamo_graphs() + tbox[0]
+            try:
+                first_s, out = timing.first_call(prepared.step, prepared.sync)
+            except Exception as exc:  # e.g. FailOnRecompileLimitHit past the recompile limit: a finding, kept
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
+                if backend == "torch-compile":
+                    row["error"] += f" (torch._dynamo.config.recompile_limit = {torch._dynamo.config.recompile_limit})"
+                continue
+            del out
+            after_first = dynamo_graphs() + tbox[0]
+            row["compiles"] = after_first - before
+            if not timed:
+                continue
+            t = timing.measure(prepared.step, prepared.sync, first_call_s=first_s, budget_s=budget_s)
+            moved = dynamo_graphs() + tbox[0] - after_first
+            if moved:
+                raise RuntimeError(f"{backend} (dynamic={dynamic}) compiled {moved} more time(s) during the timed "
+                                   f"samples at {c.shape.tokens} tokens: the timing would measure compiles")
+            row.update(first_call_s=first_s, median_s=t.median_s, iqr_s=t.iqr_s)
+    return rows
