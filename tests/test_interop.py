@@ -52,8 +52,8 @@ def test_round_trip_keeps_values_and_buffer(tdt: torch.dtype, jdt: jnp.dtype) ->
 def test_values_survive_jax_computation() -> None:
     """The shared buffer is a working JAX array: jitted math on it gives, bit for bit, what the same jitted math
     gives on a copy of the tensor's values. (Not compared with torch.tanh: after the full suite had run, XLA's and
-    torch's float32 tanh differed by up to 5e-5 relative, on the copy as much as on the shared buffer; run alone
-    they agree to 1e-6. The cause was not traced; interop is about the buffer, so the check is bitwise.)"""
+    torch's float32 tanh differed by up to 5e-5 relative; run alone they agree to 1e-6. The cause was not traced;
+    interop is about the buffer, so the check is bitwise against the same JAX math on a copy.)"""
     t = _tensor(torch.float32)
     f = jax.jit(lambda x: jnp.tanh(x) * 2.0 + x)
     shared = torch_to_jax(t)
