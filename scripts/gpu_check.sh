@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check, for one CUDA machine (H100/H200 class), in about 8 minutes. Everything lands under OUT_DIR
+# GPU check, for one CUDA machine (H100/H200 class), with every step capped: 150 + 260 + 50 s, under 8 minutes. Everything lands under OUT_DIR
 # (default reports/gpu): environment.txt, tests.log, the blog-mlp bf16 report (REPORT.md, results.json, traces,
 # plots) for every backend in fwd, bwd and fwd+bwd with kernel counts, and the elementwise-kernel bandwidth.
 #
@@ -31,15 +31,15 @@ PY
 cat "$OUT_DIR/environment.txt"
 
 echo "== tests on CUDA"
-timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests > "$OUT_DIR/tests.log" 2>&1 || status=1
+timeout 150 $PY -m pytest -q -x -p no:cacheprovider tests > "$OUT_DIR/tests.log" 2>&1 || status=1
 tail -n 15 "$OUT_DIR/tests.log"
 
 echo "== blog-mlp bf16: every backend, fwd / bwd / fwd+bwd, kernel counts and traces"
-timeout 330 $PY -m compare run --preset blog-mlp --dtype bfloat16 --mode fwd bwd fwd+bwd --trace \
+timeout 260 $PY -m compare run --preset blog-mlp --dtype bfloat16 --mode fwd bwd fwd+bwd --trace \
   --budget 0.5 --out "$OUT_DIR" > "$OUT_DIR/run.log" 2>&1 || status=1
 tail -n 5 "$OUT_DIR/run.log"
 
 echo "== GeGLU elementwise kernel against copy bandwidth"
-timeout 60 $PY scripts/kernel_bandwidth.py --out "$OUT_DIR" > "$OUT_DIR/kernel_bandwidth.log" 2>&1 || status=1
+timeout 50 $PY scripts/kernel_bandwidth.py --out "$OUT_DIR" > "$OUT_DIR/kernel_bandwidth.log" 2>&1 || status=1
 cat "$OUT_DIR/kernel_bandwidth.log"
 exit $status
