@@ -121,6 +121,28 @@ def modes_section(results: list[Doc]) -> str:
             + table(["backend", "case", "dtype", *modes], rows))
 
 
+def xla_check_section(results: list[Doc]) -> str:
+    """The cost model against XLA's own ``cost_analysis()`` of the compiled executable, for JAX backends."""
+    rows = []
+    for r in results:
+        xla, cost = (r.get("kernels") or {}).get("xla_cost"), r.get("cost")
+        if not xla or not cost or xla.get("flops") is None:
+            continue
+        fr = xla["flops"] / cost["flops"] if cost["flops"] else float("nan")
+        xb = xla.get("bytes_accessed")
+        br = f"{xb / cost['bytes']:.2f}" if xb and cost["bytes"] else "-"
+        rows.append([r["backend"], case_label(r), r["dtype"], r["mode"], f"{cost['flops']:.4g}", f"{xla['flops']:.4g}",
+                     f"{fr:.3f}", f"{cost['bytes']:.4g}", "-" if xb is None else f"{xb:.4g}", br])
+    if not rows:
+        return ""
+    intro = ("Model GEMM FLOPs and bytes against XLA's `cost_analysis()` of the same compiled step. XLA also counts "
+             "elementwise FLOPs (a ratio a little above 1), and its bytes count every operand of every HLO op it "
+             "keeps, which is not the same as DRAM traffic.")
+    head = ["backend", "case", "dtype", "mode", "model FLOPs", "XLA FLOPs", "XLA/model", "model bytes",
+            "XLA bytes accessed", "XLA/model"]
+    return "## Cost model against XLA's cost analysis\n\n" + intro + "\n\n" + table(head, rows)
+
+
 def traces_section(results: list[Doc]) -> str:
     """Links to the profiler traces a run wrote (paths relative to the report's folder)."""
     rows = [f"- {r['backend']} ({case_label(r)}, {r['dtype']}, {r['mode']}): [{r['kernels']['trace']}]"
@@ -157,6 +179,7 @@ SECTIONS: list[Callable[[Doc], str]] = [
     kernel_section,
     fusion_section,
     cost_section,
+    lambda d: xla_check_section(d["results"]),
     shapes_section,
     lambda d: traces_section(d["results"]),
     plots_section,

@@ -206,10 +206,11 @@ def xla_cost(compiled: Any) -> dict[str, float | None]:
 
     ``cost_analysis()`` returns a dict in current JAX and a one-element list of dicts in older releases.
     """
+    error = None
     try:
         raw = compiled.cost_analysis()
-    except Exception:  # some backends do not implement it
-        raw = None
+    except Exception as exc:  # some backends do not implement it: say so in the result, with the reason
+        raw, error = None, f"{type(exc).__name__}: {exc}"
     if isinstance(raw, list | tuple):
         raw = raw[0] if raw else None
     raw = raw or {}
@@ -218,7 +219,10 @@ def xla_cost(compiled: Any) -> dict[str, float | None]:
         v = raw.get(key)
         return None if v is None else float(v)
 
-    return {"flops": get("flops"), "bytes_accessed": get("bytes accessed"), "transcendentals": get("transcendentals")}
+    out = {"flops": get("flops"), "bytes_accessed": get("bytes accessed"), "transcendentals": get("transcendentals")}
+    if error:
+        out["error"] = error
+    return out
 
 
 def _find_trace(trace_dir: Path) -> str | None:
