@@ -73,17 +73,22 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def add_grid_args(p: argparse.ArgumentParser, budget_help: str) -> None:
+    """Dtypes, backends, modes, seed and timing budget: the options shared by ``run``, ``profile`` and ``sweep``."""
+    p.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
+    p.add_argument("--backend", nargs="+", default=list(DEFAULT_BACKENDS), help=f"any of: {', '.join(BACKENDS)}")
+    p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget", type=float, default=1.0, help=budget_help)
+
+
 def _add_run_args(r: argparse.ArgumentParser) -> None:
     """The options shared by ``run`` and ``profile``."""
     r.add_argument("--preset", help=f"one of: {', '.join(PRESETS)}")
     r.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
     for dim in ("batch", "seq", "dim", "hidden"):
         r.add_argument(f"--{dim}", type=int, help=f"override the preset's {dim}")
-    r.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
-    r.add_argument("--backend", nargs="+", default=list(DEFAULT_BACKENDS), help=f"any of: {', '.join(BACKENDS)}")
-    r.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--budget", type=float, default=1.0, help="seconds of timed samples per backend and mode")
+    add_grid_args(r, budget_help="seconds of timed samples per backend and mode")
     r.add_argument("--out", default="out", help="output folder (default: out)")
     r.add_argument("--no-ceilings", action="store_true",
                    help="skip measuring this machine's matmul FLOP/s and copy bandwidth (roofline columns)")

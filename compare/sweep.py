@@ -491,8 +491,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``sweep`` subcommand on an ``argparse`` subparsers object."""
-    from compare.cli import DEFAULT_BACKENDS
-    from compare.registry import BACKENDS
+    from compare.cli import add_grid_args
 
     p: argparse.ArgumentParser = subparsers.add_parser(
         "sweep", help="run a grid of token counts x dtypes x modes x backends; resumable (results.jsonl)",
@@ -504,11 +503,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS),
                    help="token counts (default: %(default)s); each is batch x seq with batch = tokens / seq")
     p.add_argument("--seq", type=int, default=1, help="sequence length of every case (default: 1, batch = tokens)")
-    p.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
-    p.add_argument("--backend", nargs="+", default=list(DEFAULT_BACKENDS), help=f"any of: {', '.join(BACKENDS)}")
-    p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget", type=float, default=1.0, help="seconds of timed samples per cell")
+    add_grid_args(p, budget_help="seconds of timed samples per cell")
     p.add_argument("--out", default="out/sweep", help="output folder; rerun with the same one to resume")
     p.add_argument("--isolate", action="store_true",
                    help="run each cell in a worker process: a segfault or OOM kill is recorded, not fatal")
