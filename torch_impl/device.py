@@ -44,6 +44,24 @@ def threads() -> dict[str, Any]:
     return {"torch_intra_op": torch.get_num_threads(), "torch_inter_op": torch.get_num_interop_threads()}
 
 
+def triton_availability() -> Any:
+    """The ``compare.registry.Availability`` of a Triton backend: interpreted runs are parity only (not timed)."""
+    from compare.registry import Availability
+
+    ok, reason, interpreted = triton_status()
+    return Availability(ok, reason, timed=not interpreted, device=str(device()))
+
+
+def require_triton_geglu(backend: str, model: str) -> Any:
+    """Check a Triton GeGLU backend can run ``model`` here; return its availability, else raise saying why."""
+    if model != "geglu":
+        raise ValueError(f"{backend} implements model 'geglu' only, not {model!r}")
+    avail = triton_availability()
+    if not avail.ok:
+        raise RuntimeError(avail.reason)
+    return avail
+
+
 def triton_status() -> tuple[bool, str, bool]:
     """(usable, reason if not, interpreted) for Triton kernels on this machine."""
     try:

@@ -18,15 +18,10 @@ class TritonFusedBackend:
     name = "torch-triton-fused"
 
     def availability(self) -> Availability:
-        ok, reason, interpreted = dev.triton_status()
-        return Availability(ok, reason, timed=not interpreted, device=str(dev.device()))
+        return dev.triton_availability()  # type: ignore[no-any-return]
 
     def prepare(self, golden: Golden, mode: str) -> Prepared:
-        if golden.case.model != "geglu":
-            raise ValueError(f"{self.name} implements model 'geglu' only, not {golden.case.model!r}")
-        avail = self.availability()
-        if not avail.ok:
-            raise RuntimeError(avail.reason)
+        avail = dev.require_triton_geglu(self.name, golden.case.model)
         from torch_impl.ops.geglu_matmul import fused_geglu, triton_linear
 
         m = build_module(golden, dev.device(), dev.TORCH_DTYPES[golden.case.dtype])

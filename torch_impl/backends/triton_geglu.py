@@ -15,17 +15,12 @@ class TritonGeGLUBackend:
     name = "torch-triton"
 
     def availability(self) -> Availability:
-        ok, reason, interpreted = dev.triton_status()
-        return Availability(ok, reason, timed=not interpreted, device=str(dev.device()))
+        return dev.triton_availability()  # type: ignore[no-any-return]
 
     def prepare(self, golden: Golden, mode: str) -> Prepared:
-        if golden.case.model != "geglu":
-            raise ValueError(f"torch-triton implements model 'geglu' only, not {golden.case.model!r}")
+        avail = dev.require_triton_geglu(self.name, golden.case.model)
         from torch_impl.ops.geglu import geglu
 
-        avail = self.availability()
-        if not avail.ok:
-            raise RuntimeError(avail.reason)
         module = build_module(golden, dev.device(), dev.TORCH_DTYPES[golden.case.dtype], act_mul=geglu)
         return runner.prepare(golden, mode, module, timed=avail.timed, note="" if avail.timed else INTERPRETED_NOTE)
 
