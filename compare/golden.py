@@ -35,17 +35,18 @@ class GoldenError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Golden:
-    """The data of one case. Activations are 3-D ``[batch, seq, features]``; parameters use ``(out, in)``.
+class Problem:
+    """What a backend is given: the case, its inputs and its weights, and never the answer.
 
-    ``inputs``: ``x`` and ``dy`` (float32 arrays holding case-dtype values); ``params``: canonical weights
-    (float32, case-dtype values); ``ref``: float64 ``y`` and gradients ``dx``, ``d<param>``.
+    Activations are 3-D ``[batch, seq, features]``: ``x`` and the upstream gradient ``dy`` (float32 arrays holding
+    case-dtype values); ``params`` are the canonical weights, ``(out, in)``. There is deliberately no reference
+    here: a backend's ``prepare`` receives this type, so reaching for the expected output is an attribute error
+    (and a type error for the checker), not a matter of convention.
     """
 
     case: Case
     inputs: dict[str, np.ndarray]
     params: dict[str, np.ndarray]
-    ref: dict[str, np.ndarray]
 
     @property
     def x(self) -> np.ndarray:
@@ -54,6 +55,21 @@ class Golden:
     @property
     def dy(self) -> np.ndarray:
         return self.inputs["dy"]
+
+
+@dataclass(frozen=True)
+class Golden(Problem):
+    """The data of one case: the :class:`Problem` (inputs and weights) plus ``ref``, the float64 reference output
+    ``y`` and gradients ``dx``, ``d<param>``. Only the harness and the gate hold one; backends get ``.problem``."""
+
+    ref: dict[str, np.ndarray]
+
+    @property
+    def problem(self) -> Problem:
+        """The part a backend may see (inputs and weights, no reference), as fresh copies: a backend that writes
+        into its inputs (``torch.from_numpy`` shares memory) cannot change the golden data other backends get."""
+        return Problem(case=self.case, inputs={k: v.copy() for k, v in self.inputs.items()},
+                       params={k: v.copy() for k, v in self.params.items()})
 
 
 def _rng(case: Case) -> np.random.Generator:
@@ -130,7 +146,14 @@ def read_manifest(directory: Path = GOLDEN_DIR) -> dict[str, object]:
     path = directory / MANIFEST
     if not path.is_file():
         raise GoldenError(f"golden manifest {path} is missing; regenerate with `{REGENERATE}`")
-    return json.loads(path.read_text())
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GoldenError(f"golden manifest {path} is not valid JSON ({exc}); it was truncated or edited: "
+                          f"regenerate with `{REGENERATE}`") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("files"), dict):
+        raise GoldenError(f"golden manifest {path} has no 'files' table; regenerate with `{REGENERATE}`")
+    return doc
 
 
 def verify_file(fname: str, directory: Path = GOLDEN_DIR) -> bytes:

@@ -1,7 +1,12 @@
 """Run backends on cases: parity against the golden data, then timing through the shared timer.
 
 Every failure is contained to its (backend, case, mode): an exception becomes an ``error`` result with its
-message, and the other backends' results are still produced.
+message, and the other backends' results are still produced. A case the gate cannot judge (its plain computation
+overflows the dtype, or its reference does) makes every cell of that case an ``error`` naming the tensor.
+
+A backend is handed a :class:`~compare.golden.Problem` (inputs and weights, no reference). Parity is checked on
+the first call's output and again on the output of the last timed call. A timing that implies more FLOP/s than
+:data:`IMPLAUSIBLE_FACTOR` x the matmul ceiling measured in the same run is flagged ``implausible``.
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from compare import costmodel, environment, timing
+from compare import costmodel, environment, resolution, timing
 from compare.cases import Case, InputError
 from compare.golden import golden_for
-from compare.parity import check_all
+from compare.parity import UnusableCase, check_all, check_plain
 from compare.reference import Arith, compute
-from compare.registry import BackendSpec, Prepared
+from compare.registry import DEFAULT_BASELINE, BackendSpec, Prepared
 from compare.results import SCHEMA_VERSION, Result
 
 #: Which reference tensors each mode checks.
@@ -41,10 +46,18 @@ class TimingConfig:
     min_sample_s: float = 2e-3
 
 
+#: A step that beats the measured matmul ceiling by more than this factor cannot have done its FLOPs.
+IMPLAUSIBLE_FACTOR = 1.2
+
+
 def plain_reference(case: Case) -> dict[str, np.ndarray]:
-    """The plain same-dtype emulation of ``case`` (outputs and gradients), the parity gate's yardstick."""
+    """The plain same-dtype emulation of ``case`` (outputs and gradients), the parity gate's yardstick.
+
+    Raises :class:`~compare.parity.UnusableCase` when it (or the reference) is not finite in the case dtype."""
     g = golden_for(case)
-    return compute(case.model, g.x, g.params, g.dy, Arith.plain(case.dtype))
+    plain = compute(case.model, g.x, g.params, g.dy, Arith.plain(case.dtype))
+    check_plain(case.name, case.dtype, g.ref, plain)
+    return plain
 
 
 def _summarise_error(exc: BaseException) -> tuple[str, str]:
@@ -81,21 +94,34 @@ def run_one(
         if not avail.ok:
             return Result.for_case(spec.name, case, mode, "skipped", reason=avail.reason, device=avail.device)
         golden = golden_for(case)
-        prepared = prepare() if prepare else spec.load().prepare(golden, mode)
+        prepared = prepare() if prepare else spec.load().prepare(golden.problem, mode)
         precision.update(prepared.precision)
         first_s, out = timing.first_call(prepared.step, prepared.sync)
-        got = prepared.to_numpy(out)
-        del out
         want = MODE_TENSORS[mode]
         ref = {k: v for k, v in golden.ref.items() if want(k)}
-        if set(got) != set(ref):
-            raise RuntimeError(f"{spec.name} returned tensors {sorted(got)} in mode {mode}; expected {sorted(ref)}")
-        parity = check_all(got, ref, plain, case.dtype, reduction=case.reduction_length)
-        tim = None
+
+        def judge(output: Any) -> Any:
+            got = prepared.to_numpy(output)
+            if set(got) != set(ref):
+                raise RuntimeError(f"{spec.name} returned tensors {sorted(got)} in mode {mode}; expected {sorted(ref)}")
+            return check_all(got, ref, plain, case.dtype)
+
+        parity = judge(out)
+        del out
+        tim, last = None, []
         if prepared.timed and time_it:
             tim = timing.measure(prepared.step, prepared.sync, first_call_s=first_s, warmup=cfg.warmup,
                                  min_samples=cfg.min_samples, max_samples=cfg.max_samples, budget_s=cfg.budget_s,
-                                 min_sample_s=cfg.min_sample_s).to_dict()
+                                 min_sample_s=cfg.min_sample_s, last_output=last.append).to_dict()
+        parity_doc = parity.to_dict()
+        failures = parity.failures()
+        if last:  # the output of the last timed call must be right too (no replayed or decaying answers)
+            again = judge(last.pop())
+            parity_doc["checked"] = ["first call", "last timed call"]
+            parity_doc["last_timed"] = {"passed": again.passed, "failures": again.failures()}
+            failures += [f"last timed call: {f}" for f in again.failures()]
+        else:
+            parity_doc["checked"] = ["first call"]
         kernels, extras = None, dict(prepared.extras)
         if profile and prepared.profile is not None:
             trace = trace_dir / f"{spec.name}-{case.name}-{mode}" if trace_dir else None
@@ -105,9 +131,9 @@ def run_one(
                     kernels["trace"] = os.path.relpath(kernels["trace"], trace_dir.parent)
             except Exception as exc:  # the profile is extra information: keep the parity and timing results
                 extras["profile_error"] = _summarise_error(exc)[0]
-        status = "ok" if parity.passed else "parity-fail"
-        return Result.for_case(spec.name, case, mode, status, reason="; ".join(parity.failures()),
-                               note=prepared.note, device=prepared.device, parity=parity.to_dict(), timing=tim,
+        status = "ok" if not failures else "parity-fail"
+        return Result.for_case(spec.name, case, mode, status, reason="; ".join(failures),
+                               note=prepared.note, device=prepared.device, parity=parity_doc, timing=tim,
                                threads=prepared.threads, kernels=kernels, extras=extras,
                                cost=model_cost(spec.name, case, mode))
     except Exception as exc:  # a backend's failure is a result, not the end of the run
@@ -146,7 +172,10 @@ def run(
     trace_dir: Path | None = None,
     ceilings: bool = False,
 ) -> dict[str, Any]:
-    """Run every (case, backend, mode); return the results document (see ``compare.results``)."""
+    """Run every (case, backend, mode); return the results document (see ``compare.results``).
+
+    Ctrl-C stops the run between or inside cells: the document then holds every finished cell and
+    ``"interrupted": True`` (the caller writes it and says so)."""
     cases, specs, modes = list(cases), list(specs), list(modes)
     ceil = None
     if ceilings:  # this machine's matmul FLOP/s and copy bandwidth per dtype, before any backend runs
@@ -155,27 +184,73 @@ def run(
         ceil = measure_ceilings(dict.fromkeys(c.dtype for c in cases))
     precision: dict[str, Any] = {}
     threads: dict[str, Any] = {}
-    results = []
-    for case in cases:
-        plain = plain_reference(case)
-        for mode in modes:
-            for spec in specs:
+    results: list[dict[str, Any]] = []
+    res_rows: list[dict[str, Any]] = []
+    flops: dict[int, int] = {}  # result index -> the FLOPs its step must do at the least
+    interrupted = False
+    try:
+        for case in cases:
+            try:
+                plain = plain_reference(case)
+            except UnusableCase as exc:  # nothing can be judged on this case: say so in every cell, go on
+                results += [Result.for_case(spec.name, case, mode, "error", reason=str(exc)).to_dict()
+                            for mode in modes for spec in specs]
                 if progress:
-                    progress(f"{spec.name:18s} {case.name} {mode}")
-                r = run_one(spec, case, mode, plain, cfg, precision, profile=profile, trace_dir=trace_dir)
-                threads.update(r.threads)
-                results.append(r.to_dict())
-                if progress:
-                    progress(f"  -> {r.status}" + (f": {r.reason}" if r.reason else ""))
-    for r in results if ceil else []:
+                    progress(f"{case.name}: {exc}")
+                continue
+            res_rows += case_resolution(case, plain, modes)
+            for mode in modes:
+                for spec in specs:
+                    if progress:
+                        progress(f"{spec.name:18s} {case.name} {mode}")
+                    r = run_one(spec, case, mode, plain, cfg, precision, profile=profile, trace_dir=trace_dir)
+                    threads.update(r.threads)
+                    results.append(r.to_dict())
+                    flops[len(results) - 1] = min_flops(case, mode)
+                    if progress:
+                        progress(f"  -> {r.status}" + (f": {r.reason}" if r.reason else ""))
+    except KeyboardInterrupt:  # keep what is done; the caller writes it and says so
+        interrupted = True
+    for i, r in enumerate(results if ceil else []):
         c, t, k = r.get("cost"), r.get("timing"), ceil.get(r["dtype"])
         if c and t and k:
             c["achieved"] = costmodel.roofline(c, t["median_s"], k)
+        if t and k and flops.get(i):
+            flag = implausible({"flops_fraction": flops[i] / t["median_s"] / k["flops_per_s"]})
+            if flag:
+                r["implausible"] = flag
     return {
         "schema": SCHEMA_VERSION,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "config": {**(config or {}), "timing": asdict(cfg)},
         "environment": environment.collect(precision, threads),
         "results": results,
+        "resolution": res_rows,
         **({"ceilings": ceil} if ceil else {}),
+        **({"interrupted": True} if interrupted else {}),
     }
+
+
+def min_flops(case: Case, mode: str) -> int:
+    """GEMM FLOPs any backend's step must do on ``case`` in ``mode``: the baseline's, which recomputes nothing."""
+    return int(costmodel.cost(case, DEFAULT_BASELINE, mode)["flops"])
+
+
+def implausible(achieved: dict[str, Any]) -> str:
+    """Why a step is implausible (the case's GEMM FLOPs over its median above ``IMPLAUSIBLE_FACTOR`` x the measured
+    matmul ceiling: it cannot have done its FLOPs, e.g. it returns a stored answer), or ``""``."""
+    frac = float(achieved.get("flops_fraction") or 0.0)
+    if frac > IMPLAUSIBLE_FACTOR:
+        return (f"implausible: {frac:.2f}x the matmul ceiling measured in this run (more than {IMPLAUSIBLE_FACTOR:g}x "
+                f"cannot be computing its FLOPs)")
+    return ""
+
+
+def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[str]) -> list[dict[str, Any]]:
+    """The gate's resolution (``compare.resolution``) for the tensors the modes check."""
+    g = golden_for(case)
+    wanted = [k for k in g.ref if any(MODE_TENSORS[m](k) for m in modes)]
+    s = case.shape
+    label = f"{case.model} {s.batch}x{s.seq}x{s.dim}->{s.hidden}"
+    return resolution.resolution_rows(case.name, case.model, label, case.dtype, (g.x, g.params, g.dy), g.ref, plain,
+                                      wanted)

@@ -265,12 +265,13 @@ def kernel_entry(name: str, count: int, *, kind: str | None = None, absorbed: Se
 
 
 def summary(source: str, device: str, kernels: list[dict[str, Any]], metadata_ops: list[dict[str, Any]],
-            trace: str | None = None, notes: str = "") -> dict[str, Any]:
-    """A kernel summary dict (schema in the module docstring); ``kernels_per_step`` is the sum of counts."""
+            trace: str | None = None, notes: str = "", steps: int | None = None) -> dict[str, Any]:
+    """A kernel summary dict (schema in the module docstring); ``kernels_per_step`` is the sum of counts;
+    ``steps`` is how many steps a profiler recorded (None where the count is read off a compiled program)."""
     if source not in SOURCES:
         raise ValueError(f"unknown kernel summary source {source!r}; known: {', '.join(SOURCES)}")
     return {"source": source, "device": device, "kernels_per_step": sum(k["count"] for k in kernels),
-            "kernels": kernels, "metadata_ops": metadata_ops, "trace": trace, "notes": notes}
+            "kernels": kernels, "metadata_ops": metadata_ops, "trace": trace, "notes": notes, "steps": steps}
 
 
 def check_summary(s: dict[str, Any]) -> None:
@@ -360,6 +361,12 @@ def _metadata_cell(s: dict[str, Any]) -> str:
     return ", ".join(ops) or "-"
 
 
+def _counted_by(s: dict[str, Any]) -> str:
+    steps = s.get("steps")
+    over = "" if steps is None else f" over {steps} profiled step{'s' if steps != 1 else ''}"
+    return f"{s.get('source', '')}{over} ({s.get('device', '')})"
+
+
 def kernel_section(doc: dict[str, Any]) -> str:
     """``## Kernels per step``: one row per (backend, case, dtype, mode) whose result has a kernel summary.
 
@@ -375,7 +382,7 @@ def kernel_section(doc: dict[str, Any]) -> str:
         label = f"{r.get('backend', '')} {_case(r)} {r.get('dtype', '')} {r.get('mode', '')}"
         rows.append([
             _cell(str(r.get("backend", ""))), _cell(_case(r)), _cell(str(r.get("dtype", ""))),
-            _cell(str(r.get("mode", ""))), f"{s.get('source', '')} ({s.get('device', '')})",
+            _cell(str(r.get("mode", ""))), _counted_by(s),
             str(s.get("kernels_per_step", sum(k["count"] for k in s.get("kernels", [])))),
             _kernels_cell(s), _absorbed_cell(s), _metadata_cell(s),
         ])
@@ -387,7 +394,8 @@ def kernel_section(doc: dict[str, Any]) -> str:
               "fused kernel: ops absorbed", "metadata ops (no kernel)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    intro = ("Kernels launched by one step. torch: counted by `torch.profiler` over 3 steps (on CUDA the device "
+    intro = ("Kernels launched by one step. torch: counted by `torch.profiler` over the steps each row names, "
+             "divided by their number (on CUDA the device "
              "kernels, memcpys and memsets; on CPU the leaf ops that do work, e.g. `aten::mm` under `aten::linear`, "
              "and Inductor's C++ kernels). JAX: read from XLA's optimized HLO, one kernel per top-level fusion, "
              "custom call or op. A fused kernel lists the ops it absorbed; view-like ops that launch nothing "

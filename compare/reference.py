@@ -71,6 +71,19 @@ def gelu_tanh(g: np.ndarray) -> np.ndarray:
     return 0.5 * g * (1.0 + np.tanh(SQRT_2_OVER_PI * (g + GELU_CUBIC * g**3)))
 
 
+def gelu_erf(g: np.ndarray) -> np.ndarray:
+    """Exact GELU, ``g Phi(g) = 0.5 g (1 + erf(g / sqrt(2)))``: the form the tanh GELU is checked against."""
+    return 0.5 * g * (1.0 + _erf(g / math.sqrt(2.0)))
+
+
+def gelu_erf_grad(g: np.ndarray) -> np.ndarray:
+    """d/dg of :func:`gelu_erf`: ``Phi(g) + g phi(g)``."""
+    return 0.5 * (1.0 + _erf(g / math.sqrt(2.0))) + g * np.exp(-0.5 * g * g) / math.sqrt(2.0 * math.pi)
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
 def gelu_tanh_grad(g: np.ndarray) -> np.ndarray:
     """d/dg of :func:`gelu_tanh`."""
     t = np.tanh(SQRT_2_OVER_PI * (g + GELU_CUBIC * g**3))
@@ -78,9 +91,10 @@ def gelu_tanh_grad(g: np.ndarray) -> np.ndarray:
 
 
 def linear_fwd_bwd(
-    x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith
+    x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith, gelu: str = "tanh"
 ) -> dict[str, np.ndarray]:
-    """``y = x @ W.T + b`` and, given ``dy``, its gradients. ``x [T, in]``, ``y, dy [T, out]``."""
+    """``y = x @ W.T + b`` and, given ``dy``, its gradients. ``x [T, in]``, ``y, dy [T, out]`` (no GELU: ``gelu``
+    is ignored)."""
     w, b = params["weight"], params["bias"]
     y = ar.rnd(x.astype(ar.acc) @ w.T.astype(ar.acc) + b.astype(ar.acc))  # bias folded into the GEMM epilogue
     out = {"y": y}
@@ -91,14 +105,23 @@ def linear_fwd_bwd(
     return out
 
 
+#: GELU forms: ``tanh`` is the model's (the seed's ``approximate="tanh"``); ``erf`` is the exact form, used only to
+#: ask whether the parity gate can tell the two apart (``compare.resolution``).
+GELU_FORMS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]] = {
+    "tanh": (gelu_tanh, gelu_tanh_grad),
+    "erf": (gelu_erf, gelu_erf_grad),
+}
+
+
 def geglu_fwd_bwd(
-    x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith
+    x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith, gelu: str = "tanh"
 ) -> dict[str, np.ndarray]:
     """GeGLU MLP forward and, given ``dy``, backward. ``x, y, dy [T, dim]``; ``g, u, h [T, hidden]``."""
+    act, act_grad = GELU_FORMS[gelu]
     wg, wu, wd = params["gate"], params["up"], params["down"]
     g = ar.mm(x, wg.T)
     u = ar.mm(x, wu.T)
-    a = ar.ew(gelu_tanh(g.astype(ar.acc)))
+    a = ar.ew(act(g.astype(ar.acc)))
     h = ar.ew(a.astype(ar.acc) * u)
     y = ar.mm(h, wd.T)
     out = {"y": y}
@@ -107,7 +130,7 @@ def geglu_fwd_bwd(
         out["ddown"] = ar.mm(dy.T, h)
         du = ar.ew(dh.astype(ar.acc) * a)
         da = ar.ew(dh.astype(ar.acc) * u)
-        dg = ar.ew(da.astype(ar.acc) * gelu_tanh_grad(g.astype(ar.acc)))
+        dg = ar.ew(da.astype(ar.acc) * act_grad(g.astype(ar.acc)))
         out["dx"] = ar.ew(ar.mm(dg, wg).astype(ar.acc) + ar.mm(du, wu))
         out["dgate"] = ar.mm(dg.T, x)
         out["dup"] = ar.mm(du.T, x)
@@ -118,13 +141,15 @@ FORWARD_BACKWARD = {"linear": linear_fwd_bwd, "geglu": geglu_fwd_bwd}
 
 
 def compute(
-    model: str, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith
+    model: str, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith, gelu: str = "tanh"
 ) -> dict[str, np.ndarray]:
-    """Run ``model`` on 3-D ``x [batch, seq, dim]``; every returned activation is 3-D, gradients of weights 2-D."""
+    """Run ``model`` on 3-D ``x [batch, seq, dim]``; every returned activation is 3-D, gradients of weights 2-D.
+
+    ``gelu`` picks the GELU form (``tanh``, the model's; ``erf`` only for the gate's resolution analysis)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     dy2 = None if dy is None else dy.reshape(-1, dy.shape[-1])
-    out = FORWARD_BACKWARD[model](x2, params, dy2, ar)
+    out = FORWARD_BACKWARD[model](x2, params, dy2, ar, gelu)
     out["y"] = out["y"].reshape(*lead, -1)
     if "dx" in out:
         out["dx"] = out["dx"].reshape(*lead, -1)

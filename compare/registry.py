@@ -3,8 +3,9 @@
 A backend module (``torch_impl/backends/*.py``, ``jax_impl/backends/*.py``) exposes ``BACKEND``, an object with
 
 - ``availability() -> Availability``: can it run here, and if not, why (imports its framework only now);
-- ``prepare(golden, mode) -> Prepared``: builds the model from the golden weights, moves inputs to the device
-  once, and returns a zero-argument step plus how to sync and read its outputs.
+- ``prepare(problem, mode) -> Prepared``: builds the model from the weights of a :class:`~compare.golden.Problem`
+  (the case, its inputs and weights, and no reference: a backend never sees the answer), moves inputs to the
+  device once, and returns a zero-argument step plus how to sync and read its outputs.
 
 Only ``compare.timing`` times anything; backends only build callables.
 """
@@ -22,7 +23,7 @@ import numpy as np
 from compare.cases import MODELS, MODES, check_name
 
 if TYPE_CHECKING:
-    from compare.golden import Golden
+    from compare.golden import Problem
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Backend(Protocol):
 
     def availability(self) -> Availability: ...
 
-    def prepare(self, golden: Golden, mode: str) -> Prepared: ...
+    def prepare(self, problem: Problem, mode: str) -> Prepared: ...
 
 
 @dataclass(frozen=True)

@@ -2,38 +2,19 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from compare.costmodel import cost_section, fusion_section
 from compare.kernels import kernel_section
+from compare.markdown import fmt_e, fmt_s, table
 from compare.plots import plots_section
 from compare.registry import DEFAULT_BASELINE
+from compare.resolution import resolution_section
 from compare.shapes import shapes_section
 
 Row = list[str]
 Doc = dict[str, Any]
-
-
-def table(header: Row, rows: Iterable[Row]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def fmt_s(s: float | None) -> str:
-    """Seconds with a unit that keeps 3 significant digits readable."""
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if s >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s / 1e-9:.3g} ns"
-
-
-def fmt_e(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2e}"
 
 
 def case_label(r: Doc) -> str:
@@ -55,19 +36,37 @@ def environment_section(env: Doc) -> str:
     return "## Environment\n\n" + table(["", ""], rows)
 
 
+def _e_bound(value: float | None, bound: float | None) -> str:
+    return f"{fmt_e(value)} ({fmt_e(bound)})"
+
+
 def parity_section(results: list[Doc]) -> str:
+    """Every statistic of the gate (``compare.parity``) per tensor, with the checks that failed."""
     rows = []
     for r in results:
         p = r.get("parity")
         if not p:
             continue
+        last = p.get("last_timed")
         for t in p["tensors"]:
-            rows.append([r["backend"], case_label(r), r["dtype"], r["mode"], t["tensor"], fmt_e(t["max_abs_err"]),
-                         fmt_e(t["max_rel_err"]), fmt_e(t["bound"]), f"{t['ratio']:.2f}",
-                         "pass" if t["passed"] else "**FAIL**"])
-    head = ["backend", "case", "dtype", "mode", "tensor", "max abs err", "max rel err", "bound", "err/bound", "parity"]
-    intro = ("Error against the float64 golden. Bound = 2 x the error of a plain same-dtype computation + one unit "
-             "roundoff of the output scale; max rel err is max abs err / max|ref|.")
+            verdict = "pass" if t["passed"] else "**FAIL**: " + ", ".join(t.get("failed", []))
+            if last and not last["passed"] and any(f.startswith(t["tensor"] + ":") for f in last["failures"]):
+                verdict += " (last timed call: **FAIL**)"
+            rows.append([r["backend"], case_label(r), r["dtype"], r["mode"], t["tensor"],
+                         _e_bound(t["max_abs_err"], t["bound"]), _e_bound(t.get("rms_err"), t.get("rms_bound")),
+                         f"{fmt_e(t.get('mean_err'))} ({fmt_e(t.get('mean_bound'))}; se {fmt_e(t.get('mean_se'))})",
+                         f"{fmt_e(t.get('scale_err'))} ({fmt_e(t.get('scale_bound'))}; se {fmt_e(t.get('scale_se'))})",
+                         str(t.get("not_representable", "-")), verdict])
+    head = ["backend", "case", "dtype", "mode", "tensor", "max abs err (bound)", "rms err (bound)",
+            "mean err (bound; se)", "scale err (bound; se)", "values not in dtype", "parity"]
+    checked = sorted({" and ".join(r["parity"].get("checked", ["first call"])) for r in results if r.get("parity")})
+    intro = ("Error against the float64 golden, every check of the gate (`compare/parity.py`); each bound comes from "
+             "a plain same-dtype computation's own error on the same case. max: max|err| <= 2 x plain max + one unit "
+             "roundoff of max|ref|. rms: rms(err) <= 2 x plain rms + one unit roundoff of rms(ref). mean (a constant "
+             "shift) and scale (the slope of err on ref: output = (1 + scale) x ref) must lie within |plain's| + 5 "
+             "cluster-robust standard errors. Values not in dtype: outputs that are not values of the case dtype "
+             "(a backend computing or answering in a wider type). Parity was checked on the output of the "
+             + ("; ".join(checked) if checked else "first call") + ".")
     return "## Parity\n\n" + intro + "\n\n" + table(head, rows)
 
 
@@ -79,21 +78,37 @@ def _baseline(results: list[Doc], r: Doc) -> Doc | None:
     return None
 
 
+def speedup_cell(results: list[Doc], r: Doc) -> str:
+    """``r``'s speedup against the baseline on the same case and mode, e.g. ``1.52x``, only where the two timings
+    differ beyond noise (:func:`compare.significance.compare_timing`, the rule of ``compare diff``); else
+    ``within noise``. ``baseline`` for the baseline itself, ``-`` where the baseline was not timed."""
+    from compare.significance import speedup
+
+    base = _baseline(results, r)
+    if base is None or not r.get("timing"):
+        return "-"
+    if base is r:
+        return "baseline"
+    ratio, verdict = speedup(base["timing"], r["timing"])
+    return verdict if verdict == "within noise" else f"{ratio:.2f}x"
+
+
 def timing_section(results: list[Doc]) -> str:
     rows = []
     for r in results:
         t = r.get("timing")
         if not t:
             continue
-        base = _baseline(results, r)
-        speedup = f"{base['timing']['median_s'] / t['median_s']:.2f}x" if base else "-"
+        speedup = speedup_cell(results, r)
         flags = [x for x in ("noisy (IQR > 10% of median)" if t.get("noisy") else "", r.get("note", "")) if x]
         rows.append([r["backend"], case_label(r), r["dtype"], r["mode"], fmt_s(t["median_s"]), fmt_s(t["iqr_s"]),
                      fmt_s(t["min_s"]), f"{t['n']} x {t['calls_per_sample']}", fmt_s(t["first_call_s"]), speedup,
                      "; ".join(flags)])
     head = ["backend", "case", "dtype", "mode", "median", "IQR", "min", "n x calls", "first call", "vs eager", "notes"]
     intro = (f"Per call, steady state, after warm-up; every sample ends with a full device sync. "
-             f"First call (compile + run) apart. Speedup is {DEFAULT_BASELINE}'s median over this one's.")
+             f"First call (compile + run) apart. Speedup is {DEFAULT_BASELINE}'s median over this one's, shown "
+             f"only where the two differ beyond both runs' noise (the rule of `compare diff`: median ratio outside "
+             f"the band of both IQRs, quartiles apart, a Mann-Whitney test); else 'within noise'.")
     untimed = [f"- {r['backend']} ({case_label(r)}, {r['dtype']}, {r['mode']}): not timed: {r['note']}"
                for r in results if r["status"] in ("ok", "parity-fail") and not r.get("timing")]
     return "## Timing\n\n" + intro + "\n\n" + table(head, rows) + ("\n\n" + "\n".join(untimed) if untimed else "")
@@ -112,12 +127,12 @@ def modes_section(results: list[Doc]) -> str:
         key = (r["backend"], r["case"], r["dtype"])
         if key not in keys:
             keys.append(key)
-        base = _baseline(results, r)
-        speed = f" ({base['timing']['median_s'] / r['timing']['median_s']:.2f}x)" if base else ""
-        cells[(*key, r["mode"])] = fmt_s(r["timing"]["median_s"]) + speed
+        speed = speedup_cell(results, r)
+        cells[(*key, r["mode"])] = fmt_s(r["timing"]["median_s"]) + (f" ({speed})" if speed not in ("-", "baseline")
+                                                                      else "")
     label = {r["case"]: case_label(r) for r in results}
     rows = [[b, label[c], d, *(cells.get((b, c, d, m), "-") for m in modes)] for b, c, d in keys]
-    return ("## Timing by mode\n\nMedian per call (speedup against torch-eager).\n\n"
+    return (f"## Timing by mode\n\nMedian per call (speedup against {DEFAULT_BASELINE}, where beyond noise).\n\n"
             + table(["backend", "case", "dtype", *modes], rows))
 
 
@@ -143,14 +158,20 @@ def xla_check_section(results: list[Doc]) -> str:
     return "## Cost model against XLA's cost analysis\n\n" + intro + "\n\n" + table(head, rows)
 
 
+def _steps_note(k: Doc) -> str:
+    steps = k.get("steps")
+    return "" if steps is None else f", {steps} recorded step{'s' if steps != 1 else ''}"
+
+
 def traces_section(results: list[Doc]) -> str:
     """Links to the profiler traces a run wrote (paths relative to the report's folder)."""
     rows = [f"- {r['backend']} ({case_label(r)}, {r['dtype']}, {r['mode']}): [{r['kernels']['trace']}]"
-            f"({r['kernels']['trace']})" for r in results if (r.get("kernels") or {}).get("trace")]
+            f"({r['kernels']['trace']})" + _steps_note(r['kernels'])
+            for r in results if (r.get("kernels") or {}).get("trace")]
     if not rows:
         return ""
     intro = ("Chrome/Perfetto traces: open in https://ui.perfetto.dev or chrome://tracing "
-             "(torch: `torch.profiler`, schedule wait=1 warmup=1 active=3; JAX: `jax.profiler`).")
+             "(torch: `torch.profiler`, recorded steps as each line says; JAX: `jax.profiler`).")
     return "## Traces\n\n" + intro + "\n\n" + "\n".join(rows)
 
 
@@ -174,6 +195,7 @@ def summary(results: list[Doc]) -> str:
 SECTIONS: list[Callable[[Doc], str]] = [
     lambda d: environment_section(d["environment"]),
     lambda d: parity_section(d["results"]),
+    resolution_section,
     lambda d: timing_section(d["results"]),
     lambda d: modes_section(d["results"]),
     kernel_section,

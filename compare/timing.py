@@ -61,11 +61,12 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def _run_block(fn: Callable[[], Any], sync: Callable[[Any], None], calls: int) -> float:
+def _run_block(fn: Callable[[], Any], sync: Callable[[Any], None], calls: int) -> tuple[float, Any]:
+    """Seconds for ``calls`` calls in a row and one sync of all their outputs; and the last output."""
     t0 = CLOCK()
     outs = [fn() for _ in range(calls)]
     sync(outs)
-    return CLOCK() - t0
+    return CLOCK() - t0, outs[-1]
 
 
 def first_call(fn: Callable[[], Any], sync: Callable[[Any], None]) -> tuple[float, Any]:
@@ -86,10 +87,13 @@ def measure(
     max_samples: int = 100,
     budget_s: float = 1.0,
     min_sample_s: float = 2e-3,
+    last_output: Callable[[Any], None] | None = None,
 ) -> Timing:
     """Time ``fn`` following the module protocol. ``sync(outputs)`` must block until all are complete.
 
     Pass ``first_call_s`` when the caller already made (and timed, with :func:`first_call`) the first call.
+    ``last_output``, when given, receives the output of the very last timed call, after the timing is done (the
+    harness checks its parity again: a backend must still be right after warm-up and replays).
     """
     if min_samples < 5:
         raise ValueError(f"min_samples must be at least 5, got {min_samples}")
@@ -99,12 +103,17 @@ def measure(
     first = first_call(fn, sync)[0] if first_call_s is None else first_call_s
     fastest = float("inf")
     for _ in range(warmup):
-        fastest = min(fastest, _run_block(fn, sync, 1))
+        fastest = min(fastest, _run_block(fn, sync, 1)[0])
     calls = max(1, math.ceil(min_sample_s / max(fastest, CLOCK_RESOLUTION_S)))
     samples: list[float] = []
     start = CLOCK()
+    last: Any = None
     while len(samples) < min_samples or (CLOCK() - start < budget_s and len(samples) < max_samples):
-        samples.append(_run_block(fn, sync, calls) / calls)
+        seconds, last = _run_block(fn, sync, calls)
+        samples.append(seconds / calls)
+    if last_output is not None:
+        last_output(last)
+    del last
     q1, med, q3 = quartiles(samples)
     return Timing(median_s=med, iqr_s=q3 - q1, min_s=min(samples), max_s=max(samples), n=len(samples),
                   calls_per_sample=calls, first_call_s=first, warmup_calls=warmup, samples_s=tuple(samples))

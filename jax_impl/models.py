@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from compare.golden import Golden
+from compare.golden import Problem
 from compare.weights import linear_weight
 from jax_impl.device import JAX_DTYPES, PRECISION
 
@@ -47,19 +47,19 @@ def _param(module: nnx.Module, path: tuple[str | None, str]) -> nnx.Param:
     return getattr(owner, path[1])  # type: ignore[no-any-return]
 
 
-def build_module(golden: Golden, act_mul: ActMul = xla_geglu) -> nnx.Module:
+def build_module(problem: Problem, act_mul: ActMul = xla_geglu) -> nnx.Module:
     """The case's nnx module in the case dtype, every parameter copied from the golden weights."""
-    s = golden.case.shape
-    dtype = JAX_DTYPES[golden.case.dtype]
+    s = problem.case.shape
+    dtype = JAX_DTYPES[problem.case.dtype]
     rngs = nnx.Rngs(0)
     module: nnx.Module
-    if golden.case.model == "linear":
+    if problem.case.model == "linear":
         module = nnx.Linear(s.dim, s.hidden, use_bias=True, dtype=dtype, param_dtype=dtype, precision=PRECISION,
                             rngs=rngs)
     else:
         module = GeGLUMLP(s.dim, s.hidden, dtype, rngs, act_mul)
-    for name, path in PARAM_PATHS[golden.case.model].items():
-        _param(module, path).set_value(jnp.asarray(linear_weight(golden.params[name], "flax"), dtype=dtype))
+    for name, path in PARAM_PATHS[problem.case.model].items():
+        _param(module, path).set_value(jnp.asarray(linear_weight(problem.params[name], "flax"), dtype=dtype))
     return module
 
 

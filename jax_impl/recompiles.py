@@ -77,7 +77,7 @@ def shape_sweep(
     case0 = goldens[0].case
     dev.pin_precision()
     dtype = dev.JAX_DTYPES[case0.dtype]
-    graphdef, state = nnx.split(build_module(goldens[0]))
+    graphdef, state = nnx.split(build_module(goldens[0].problem))
 
     def apply(st: Any, xx: jax.Array) -> jax.Array:
         return nnx.merge(graphdef, st)(xx)

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from compare.golden import Golden
+from compare.golden import Problem
 from compare.registry import Prepared
 from compare.weights import linear_weight
 from jax_impl import device as dev
@@ -21,7 +21,7 @@ def _np(a: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(a)).astype(np.float64)
 
 
-def prepare(golden: Golden, mode: str, module: nnx.Module, *, timed: bool = True, note: str = "") -> Prepared:
+def prepare(problem: Problem, mode: str, module: nnx.Module, *, timed: bool = True, note: str = "") -> Prepared:
     """Build the jitted step of ``mode``. The module is split into a graph and a state pytree; the state and the
     inputs are arguments of the jitted function (never closed-over constants), placed on the device once here.
 
@@ -30,11 +30,11 @@ def prepare(golden: Golden, mode: str, module: nnx.Module, *, timed: bool = True
     - ``bwd``: the forward's ``vjp`` closure is built once here; each step is a jitted call of it on ``dy``.
     """
     precision = dev.pin_precision()
-    model = golden.case.model
-    dtype = dev.JAX_DTYPES[golden.case.dtype]
+    model = problem.case.model
+    dtype = dev.JAX_DTYPES[problem.case.dtype]
     graphdef, state = nnx.split(module)
-    x = jax.device_put(np.asarray(golden.x)).astype(dtype)
-    dy = jax.device_put(np.asarray(golden.dy)).astype(dtype)
+    x = jax.device_put(np.asarray(problem.x)).astype(dtype)
+    dy = jax.device_put(np.asarray(problem.dy)).astype(dtype)
 
     def apply(st: Any, xx: jax.Array) -> jax.Array:
         return nnx.merge(graphdef, st)(xx)

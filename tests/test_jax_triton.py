@@ -84,7 +84,7 @@ def test_missing_jax_triton_is_the_reason(monkeypatch: pytest.MonkeyPatch) -> No
     a = jt.BACKEND.availability()
     assert (a.ok, a.reason, a.device) == (False, str(err.value), "gpu")
     with pytest.raises(RuntimeError, match="jax_triton"):
-        jt.BACKEND.prepare(golden_for(TINY.case("float32")), "fwd")
+        jt.BACKEND.prepare(golden_for(TINY.case("float32")).problem, "fwd")
 
 
 @pytest.mark.skipif(not geglu_kernels.INTERPRETED, reason="the kernels are compiled GPU kernels here")
@@ -277,14 +277,14 @@ def test_backend_wiring_passes_golden_parity(dtype: str, mode: str) -> None:
     """The backend's Prepared (nnx module, custom_vjp, runner) with the stand-in passes the golden parity gate."""
     case = TINY.case(dtype)
     golden = golden_for(case)
-    prepared = jt.JaxTritonBackend(triton_call=InterpretedTritonCall()).prepare(golden, mode)
+    prepared = jt.JaxTritonBackend(triton_call=InterpretedTritonCall()).prepare(golden.problem, mode)
     assert not prepared.timed
     out = prepared.step()
     prepared.sync(out)
     got = prepared.to_numpy(out)
     ref = {k: v for k, v in golden.ref.items() if MODE_TENSORS[mode](k)}
     assert set(got) == set(ref)
-    parity = check_all(got, ref, plain_reference(case), case.dtype, reduction=case.reduction_length)
+    parity = check_all(got, ref, plain_reference(case), case.dtype)
     assert parity.passed, parity.failures()
 
 
@@ -296,7 +296,7 @@ def test_bad_inputs_are_refused() -> None:
         act_mul(jnp.ones((2, 3), jnp.int32), jnp.ones((2, 3), jnp.int32))
     assert act_mul(jnp.ones((0, 3)), jnp.ones((0, 3))).shape == (0, 3)  # empty: no launch
     with pytest.raises(ValueError, match="implements model 'geglu' only"):
-        jt.BACKEND.prepare(golden_for(PRESETS["blog-linear"].case("float32")), "fwd")
+        jt.BACKEND.prepare(golden_for(PRESETS["blog-linear"].case("float32")).problem, "fwd")
 
 
 # ---- on a GPU: the real thing ------------------------------------------------------------------------------------

@@ -197,7 +197,7 @@ def _torch_prepared(backend: str, mode: str) -> Any:
 
     previous = profiling.enable_inductor_kernel_profile(backend == "torch-compile")
     try:
-        prepared = registry.spec(backend).load().prepare(golden_for(TINY), mode)
+        prepared = registry.spec(backend).load().prepare(golden_for(TINY).problem, mode)
         prepared.sync(prepared.step())  # compiles here, while the flag is set
     finally:
         profiling.enable_inductor_kernel_profile(previous)
@@ -335,7 +335,7 @@ def _jax_parts(mode: str) -> tuple[Any, tuple[Any, ...], Any]:
 
     dev.pin_precision()
     g = golden_for(TINY)
-    graphdef, state = nnx.split(build_module(g))
+    graphdef, state = nnx.split(build_module(g.problem))
     dtype = dev.JAX_DTYPES[TINY.dtype]
     x = jax.device_put(np.asarray(g.x)).astype(dtype)
     dy = jax.device_put(np.asarray(g.dy)).astype(dtype)

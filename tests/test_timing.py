@@ -76,7 +76,7 @@ def test_asynchronous_jax_work_is_measured_in_full() -> None:
 
 def test_first_call_of_a_compiled_backend_is_reported_apart() -> None:
     case = PRESETS["tiny"].case("float32")
-    prepared = spec("jax-xla").load().prepare(golden_for(case), "fwd")
+    prepared = spec("jax-xla").load().prepare(golden_for(case).problem, "fwd")
     first_s, _out = timing.first_call(prepared.step, prepared.sync)
     t = timing.measure(prepared.step, prepared.sync, first_call_s=first_s, budget_s=0.2)
     assert t.first_call_s == first_s

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compare.golden import Golden
+from compare.golden import Problem
 from compare.weights import linear_weight
 
 #: Canonical parameter name -> torch parameter path, per model.
@@ -39,18 +39,18 @@ class SimpleGeGLUMLP(nn.Module):
         return self.down_proj(self.act_mul(self.gate_proj(x), self.up_proj(x)))
 
 
-def build_module(golden: Golden, device: torch.device, dtype: torch.dtype, act_mul: ActMul = eager_geglu) -> nn.Module:
+def build_module(problem: Problem, device: torch.device, dtype: torch.dtype, act_mul: ActMul = eager_geglu) -> nn.Module:
     """The case's module on ``device`` in ``dtype``, every parameter copied from the golden weights."""
-    s = golden.case.shape
+    s = problem.case.shape
     module: nn.Module
-    if golden.case.model == "linear":
+    if problem.case.model == "linear":
         module = nn.Linear(s.dim, s.hidden, bias=True)
     else:
         module = SimpleGeGLUMLP(s.dim, s.hidden, act_mul)
     module = module.to(device=device, dtype=dtype)
     with torch.no_grad():
-        for name, path in PARAM_PATHS[golden.case.model].items():
-            w = torch.from_numpy(linear_weight(golden.params[name], "torch"))
+        for name, path in PARAM_PATHS[problem.case.model].items():
+            w = torch.from_numpy(linear_weight(problem.params[name], "torch"))
             module.get_parameter(path).copy_(w.to(dtype))
     return module
 

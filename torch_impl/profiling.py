@@ -188,7 +188,7 @@ def summarize_events(
         if any(k in opaque for k in found):
             notes.append("Triton interpreter: each launch runs in Python and shows only as its autograd.Function "
                          "range, counted as one custom kernel")
-    return ks.summary("torch.profiler", device, kernels, metadata, trace=trace, notes="; ".join(notes))
+    return ks.summary("torch.profiler", device, kernels, metadata, trace=trace, notes="; ".join(notes), steps=n)
 
 
 def profile_step(

@@ -130,11 +130,11 @@ def shape_sweep(
         from torch_impl.backends.triton_geglu import INTERPRETED_NOTE
         from torch_impl.ops.geglu import geglu
 
-        module = build_module(goldens[0], device, tdtype, act_mul=geglu)
+        module = build_module(goldens[0].problem, device, tdtype, act_mul=geglu)
         timed, note = not interpreted, ("" if not interpreted else INTERPRETED_NOTE)
         counter = f"{DYNAMO_COUNTER} + {TRITON_COUNTER}"
     else:
-        module = build_module(goldens[0], device, tdtype)
+        module = build_module(goldens[0].problem, device, tdtype)
     forward: Any = module
     if backend == "torch-compile":
         torch._dynamo.reset()  # this sweep's compiles only: no graphs of SimpleGeGLUMLP.forward left from before

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from compare.golden import Golden
+from compare.golden import Problem
 from compare.registry import Prepared
 from torch_impl import device as dev
 from torch_impl import profiling
@@ -24,7 +24,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 def prepare(
-    golden: Golden,
+    problem: Problem,
     mode: str,
     module: nn.Module,
     forward: Forward | None = None,
@@ -44,9 +44,9 @@ def prepare(
     forward = forward if forward is not None else module
     device = next(module.parameters()).device
     dtype = next(module.parameters()).dtype
-    x = torch.from_numpy(golden.x).to(device=device, dtype=dtype)
-    dy = torch.from_numpy(golden.dy).to(device=device, dtype=dtype)
-    params = canonical_params(module, golden.case.model)
+    x = torch.from_numpy(problem.x).to(device=device, dtype=dtype)
+    dy = torch.from_numpy(problem.dy).to(device=device, dtype=dtype)
+    params = canonical_params(module, problem.case.model)
     names = ["dx", *(f"d{n}" for n in params)]
     wrt = [x, *params.values()]
 

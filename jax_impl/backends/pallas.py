@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import jax
 
-from compare.golden import Golden
+from compare.golden import Problem
 from compare.registry import Availability, Prepared
 from jax_impl import device as dev
 from jax_impl import runner
@@ -37,12 +37,12 @@ class PallasBackend:
             return Availability(False, f"jax.experimental.pallas cannot be imported: {exc}")
         return Availability(True, timed=_on_gpu(), device=dev.platform())
 
-    def prepare(self, golden: Golden, mode: str) -> Prepared:
-        if golden.case.model != "geglu":
-            raise ValueError(f"{self.name} implements model 'geglu' only, not {golden.case.model!r}")
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        if problem.case.model != "geglu":
+            raise ValueError(f"{self.name} implements model 'geglu' only, not {problem.case.model!r}")
         timed = _on_gpu()
-        module = build_module(golden, act_mul=pallas_geglu)
-        return runner.prepare(golden, mode, module, timed=timed, note="" if timed else INTERPRETED_NOTE)
+        module = build_module(problem, act_mul=pallas_geglu)
+        return runner.prepare(problem, mode, module, timed=timed, note="" if timed else INTERPRETED_NOTE)
 
 
 BACKEND = PallasBackend()

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from compare.golden import Golden
+from compare.golden import Problem
 from compare.registry import Availability, Prepared
 from jax_impl import device as dev
 from jax_impl import runner
@@ -168,18 +168,18 @@ class JaxTritonBackend:
             return Availability(False, INTERPRETED_REASON, device=platform)
         return Availability(True, device=platform)
 
-    def prepare(self, golden: Golden, mode: str) -> Prepared:
-        if golden.case.model != "geglu":
-            raise ValueError(f"{self.name} implements model 'geglu' only, not {golden.case.model!r}")
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        if problem.case.model != "geglu":
+            raise ValueError(f"{self.name} implements model 'geglu' only, not {problem.case.model!r}")
         stand_in = self.triton_call is not None
         if not stand_in:
             avail = self.availability()
             if not avail.ok:
                 raise RuntimeError(avail.reason)
-        module = build_module(golden, act_mul=make_act_mul(self.triton_call))
+        module = build_module(problem, act_mul=make_act_mul(self.triton_call))
         note = ("kernels launched through a stand-in for jax_triton.triton_call: parity only, not timed" if stand_in
                 else "first call includes XLA and Triton compiles")
-        return runner.prepare(golden, mode, module, timed=not stand_in, note=note)
+        return runner.prepare(problem, mode, module, timed=not stand_in, note=note)
 
 
 BACKEND = JaxTritonBackend()

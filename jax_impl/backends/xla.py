@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compare.golden import Golden
+from compare.golden import Problem
 from compare.registry import Availability, Prepared
 from jax_impl import device as dev
 from jax_impl import runner
@@ -15,8 +15,8 @@ class XLABackend:
     def availability(self) -> Availability:
         return Availability(True, device=dev.platform())
 
-    def prepare(self, golden: Golden, mode: str) -> Prepared:
-        return runner.prepare(golden, mode, build_module(golden), note="first call includes XLA compile")
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        return runner.prepare(problem, mode, build_module(problem), note="first call includes XLA compile")
 
 
 BACKEND = XLABackend()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from compare.golden import Golden
+from compare.golden import Problem
 from compare.registry import Availability, Prepared
 from torch_impl import device as dev
 from torch_impl import profiling, runner
@@ -17,8 +17,8 @@ class CompileBackend:
     def availability(self) -> Availability:
         return Availability(True, device=str(dev.device()))
 
-    def prepare(self, golden: Golden, mode: str) -> Prepared:
-        module = build_module(golden, dev.device(), dev.TORCH_DTYPES[golden.case.dtype])
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
         # Every nn.Linear shares one forward code object, and Dynamo's recompile limit counts per code object:
         # start each backend instance from a clean Dynamo state so its first call is its own compile.
         torch._dynamo.reset()
@@ -27,11 +27,11 @@ class CompileBackend:
         compiled = torch.compile(module, dynamic=False, fullgraph=True)
         note = "first call includes Inductor compile (its on-disk FX graph cache may be warm)"
         if mode != "bwd":
-            return runner.prepare(golden, mode, module, compiled, note=note)
+            return runner.prepare(problem, mode, module, compiled, note=note)
         # Timing the backward alone replays one graph with retain_graph=True, which AOTAutograd's donated
         # buffers forbid; the forward (and its compile) runs inside prepare, so the patch covers it.
         with torch._functorch.config.patch(donated_buffer=False):
-            return runner.prepare(golden, mode, module, compiled, note=note + "; donated buffers off (bwd replay)")
+            return runner.prepare(problem, mode, module, compiled, note=note + "; donated buffers off (bwd replay)")
 
 
 BACKEND = CompileBackend()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compare.golden import Golden
+from compare.golden import Problem
 from compare.registry import Availability, Prepared
 from torch_impl import device as dev
 from torch_impl import runner
@@ -15,9 +15,9 @@ class EagerBackend:
     def availability(self) -> Availability:
         return Availability(True, device=str(dev.device()))
 
-    def prepare(self, golden: Golden, mode: str) -> Prepared:
-        module = build_module(golden, dev.device(), dev.TORCH_DTYPES[golden.case.dtype])
-        return runner.prepare(golden, mode, module)
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+        return runner.prepare(problem, mode, module)
 
 
 BACKEND = EagerBackend()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from compare.golden import Golden
+from compare.golden import Problem
 from compare.registry import Availability, Prepared
 from torch_impl import device as dev
 from torch_impl import runner
@@ -20,18 +20,18 @@ class TritonFusedBackend:
     def availability(self) -> Availability:
         return dev.triton_availability()  # type: ignore[no-any-return]
 
-    def prepare(self, golden: Golden, mode: str) -> Prepared:
-        avail = dev.require_triton_geglu(self.name, golden.case.model)
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        avail = dev.require_triton_geglu(self.name, problem.case.model)
         from torch_impl.ops.geglu_matmul import fused_geglu, triton_linear
 
-        m = build_module(golden, dev.device(), dev.TORCH_DTYPES[golden.case.dtype])
+        m = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             h = fused_geglu(x, m.gate_proj.weight, m.up_proj.weight)  # [..., hidden]; g, u stay in registers
             return triton_linear(h, m.down_proj.weight)  # [..., dim]
 
         note = "down projection: Triton GEMM"
-        return runner.prepare(golden, mode, m, forward, timed=avail.timed,
+        return runner.prepare(problem, mode, m, forward, timed=avail.timed,
                               note=note if avail.timed else f"{INTERPRETED_NOTE}; {note}")
 
 

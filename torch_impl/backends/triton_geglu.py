@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compare.golden import Golden
+from compare.golden import Problem
 from compare.registry import Availability, Prepared
 from torch_impl import device as dev
 from torch_impl import runner
@@ -17,12 +17,12 @@ class TritonGeGLUBackend:
     def availability(self) -> Availability:
         return dev.triton_availability()  # type: ignore[no-any-return]
 
-    def prepare(self, golden: Golden, mode: str) -> Prepared:
-        avail = dev.require_triton_geglu(self.name, golden.case.model)
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        avail = dev.require_triton_geglu(self.name, problem.case.model)
         from torch_impl.ops.geglu import geglu
 
-        module = build_module(golden, dev.device(), dev.TORCH_DTYPES[golden.case.dtype], act_mul=geglu)
-        return runner.prepare(golden, mode, module, timed=avail.timed, note="" if avail.timed else INTERPRETED_NOTE)
+        module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype], act_mul=geglu)
+        return runner.prepare(problem, mode, module, timed=avail.timed, note="" if avail.timed else INTERPRETED_NOTE)
 
 
 BACKEND = TritonGeGLUBackend()

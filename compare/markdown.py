@@ -1,0 +1,30 @@
+"""Markdown building blocks shared by every report section: tables and number formats. No project imports."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+Row = list[str]
+
+
+def table(header: Row, rows: Iterable[Row]) -> str:
+    """A GitHub markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def fmt_s(s: float | None) -> str:
+    """Seconds with a unit that keeps 3 significant digits readable."""
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
+
+
+def fmt_e(x: float | None) -> str:
+    """A number in scientific notation, 3 significant digits; None is ``-``."""
+    return "-" if x is None else f"{x:.2e}"

@@ -1,0 +1,135 @@
+"""What a "pass" means: the smallest error the parity gate can see, per case, dtype and tensor. Pure numpy.
+
+The gate (``compare.parity``) judges a backend against the plain same-dtype computation's own error on the same
+case, so what it can resolve depends on the case (its size, its input distribution) and the dtype. Two questions,
+answered on the golden data with the very same gate:
+
+- **Scale resolution**: the smallest relative scale error ``s`` for which ``round(y_plain * (1 - s))`` (the plain
+  computation's output made ``s`` too small, rounded to the dtype as a backend's output would be) fails the gate;
+  found by bisection in ``log s`` between :data:`S_MIN` and :data:`S_MAX` to :data:`REL_PRECISION`. A scale error
+  at least this large is caught; a smaller one may pass.
+- **erf vs tanh GELU**: the plain computation run with the exact (erf) GELU instead of the tanh form, through the
+  gate: does any check fail? If not, the two GELU forms are *not distinguishable* at that dtype and case, and a
+  pass says nothing about which one a backend uses.
+
+Rows are data (``doc["resolution"]``); :func:`resolution_section` renders them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from compare.markdown import table
+from compare.parity import check_tensor
+from compare.reference import Arith, compute, round_to_dtype
+
+S_MIN = 1e-7
+S_MAX = 0.5
+#: Bisection stops when the bracket's upper end is within this factor of its lower end.
+REL_PRECISION = 1.05
+
+Row = dict[str, Any]
+
+
+def _fails(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str) -> bool:
+    return not check_tensor(name, y, ref, plain, dtype).passed
+
+
+def scale_resolution(name: str, ref: np.ndarray, plain: np.ndarray, dtype: str) -> tuple[float | None, str]:
+    """Smallest relative scale error the gate catches on this tensor, and a note.
+
+    Returns ``(s, "")`` with ``s`` the upper end of the final bracket (a scale error of ``s`` fails the gate, one
+    of ``s / 1.05`` did not); ``(S_MIN, "below")`` when even ``S_MIN`` is caught; ``(None, why)`` when not even
+    ``S_MAX`` is caught (the gate is blind to scale on this tensor).
+    """
+
+    def fails(s: float) -> bool:
+        return _fails(name, round_to_dtype(plain * (1.0 - s), dtype), ref, plain, dtype)
+
+    if not fails(S_MAX):
+        return None, f"not even a {S_MAX:.0%} scale error is caught"
+    if fails(S_MIN):
+        return S_MIN, "below"
+    lo, hi = S_MIN, S_MAX  # passes at lo, fails at hi
+    while hi / lo > REL_PRECISION:
+        mid = math.sqrt(lo * hi)
+        if fails(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, ""
+
+
+def _rel_rms(a: np.ndarray, ref: np.ndarray) -> float:
+    d = float(np.sqrt(np.mean((a - ref) ** 2)))
+    r = float(np.sqrt(np.mean(ref**2)))
+    return d / r if r else math.inf
+
+
+def resolution_rows(
+    case_name: str,
+    model: str,
+    label: str,
+    dtype: str,
+    golden_inputs: tuple[np.ndarray, dict[str, np.ndarray], np.ndarray],
+    ref: dict[str, np.ndarray],
+    plain: dict[str, np.ndarray],
+    tensors: Iterable[str],
+) -> list[Row]:
+    """Resolution rows of one case for ``tensors`` (``golden_inputs = (x, params, dy)``)."""
+    x, params, dy = golden_inputs
+    names = [t for t in tensors if t in ref]
+    erf_plain = compute(model, x, params, dy, Arith.plain(dtype), gelu="erf") if model != "linear" else None
+    erf_exact = compute(model, x, params, dy, Arith.exact(), gelu="erf") if model != "linear" else None
+    rows = []
+    for t in names:
+        s, note = scale_resolution(t, ref[t], plain[t], dtype)
+        row: Row = {"case": case_name, "model": model, "label": label, "dtype": dtype, "tensor": t,
+                    "n": int(ref[t].size), "scale_resolution": s, "note": note, "erf_distinguishable": None,
+                    "erf_failed": [], "erf_rel_rms": None, "erf_scale_err": None}
+        if erf_plain is not None and erf_exact is not None:
+            p = check_tensor(t, erf_plain[t], ref[t], plain[t], dtype)
+            row.update(erf_distinguishable=not p.passed, erf_failed=list(p.failed),
+                       erf_rel_rms=_rel_rms(erf_exact[t], ref[t]), erf_scale_err=p.scale_err)
+        rows.append(row)
+    return rows
+
+
+def lookup(rows: Iterable[Row], case_name: str, tensor: str) -> Row | None:
+    """The row of ``case_name`` and ``tensor``, or None."""
+    return next((r for r in rows if r["case"] == case_name and r["tensor"] == tensor), None)
+
+
+def _pct(s: float | None, note: str) -> str:
+    if s is None:
+        return f"none ({note})"
+    text = f"{s:.2g}" if s < 1e-4 else f"{s * 100:.2g}%"
+    return f"< {text}" if note == "below" else f">= {text}"
+
+
+def resolution_section(doc: dict[str, Any]) -> str:
+    """Markdown: what a pass means, per case, dtype and tensor."""
+    rows = doc.get("resolution") or []
+    if not rows:
+        return ""
+    body = []
+    for r in rows:
+        if r["erf_distinguishable"] is None:
+            erf = "- (no GELU)"
+        elif r["erf_distinguishable"]:
+            erf = f"distinguishable ({', '.join(r['erf_failed'])} check fails)"
+        else:
+            erf = "**not distinguishable**"
+        body.append([r["label"], r["dtype"], r["tensor"], f"{r['n']:,}", _pct(r["scale_resolution"], r["note"]),
+                     erf, "-" if r["erf_rel_rms"] is None else f"{r['erf_rel_rms']:.2g}"])
+    head = ["case", "dtype", "tensor", "elements", "catches a scale error of", "erf vs tanh GELU",
+            "erf vs tanh, relative rms difference (float64)"]
+    intro = ("What a pass means. Measured with the gate itself on the golden data (numpy): the smallest relative "
+             "scale error (output too small by that fraction, rounded to the dtype) that fails the gate, found by "
+             "bisection; and whether the plain computation with the exact (erf) GELU, instead of the tanh form, "
+             "fails it. A smaller scale error, or the other GELU form where it is not distinguishable, can pass.")
+    return "## What a pass means: the gate's resolution\n\n" + intro + "\n\n" + table(head, body)

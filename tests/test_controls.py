@@ -1,0 +1,267 @@
+"""Negative controls: backends that are wrong on purpose must fail the parity gate, in every dtype and mode.
+
+Each control wraps the real ``torch-eager`` step (or replaces it) and goes through ``harness.run_one``, the path
+every backend takes. A control may pass only where the gate's measured resolution (``compare.resolution``, the
+same gate bisected on the golden data) says its perturbation is below what the dtype can resolve on that case,
+and then the test asserts exactly that, with the numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from compare.cases import DTYPES, MODES, PRESETS, Case, committed_cases
+from compare.golden import golden_for
+from compare.harness import MODE_TENSORS, TimingConfig, case_resolution, plain_reference, run_one
+from compare.registry import Prepared, spec
+from compare.resolution import lookup
+from compare.results import Result
+from tests.conftest import explain
+from torch_impl import runner
+from torch_impl.models import build_module
+
+GEGLU_CASES = [PRESETS[p].case(d) for p in ("tiny", "odd") for d in DTYPES]
+ALL_CASES = committed_cases()
+TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The lower-precision math of each run: bf16 in fp32 and fp16 runs; fp8 (e4m3) intermediates in a bf16 run.
+LOWER = {"float32": torch.bfloat16, "float16": torch.bfloat16, "bfloat16": torch.float8_e4m3fn}
+
+Make = Callable[[Case, str], Prepared]
+
+
+@functools.cache
+def _plain(case: Case) -> dict[str, np.ndarray]:
+    return plain_reference(case)
+
+
+@functools.cache
+def _resolution(case: Case) -> tuple[dict[str, Any], ...]:
+    return tuple(case_resolution(case, _plain(case), MODES))
+
+
+def _run(case: Case, mode: str, make: Make) -> Result:
+    return run_one(spec("torch-eager"), case, mode, _plain(case), TimingConfig(), {},
+                   prepare=lambda: make(case, mode), time_it=False)
+
+
+def _eager(case: Case, mode: str, act_mul: Callable[..., torch.Tensor] | None = None,
+           forward: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Prepared:
+    problem = golden_for(case).problem
+    kw = {"act_mul": act_mul} if act_mul else {}
+    module = build_module(problem, torch.device("cpu"), TORCH[case.dtype], **kw)
+    return runner.prepare(problem, mode, module, forward)
+
+
+def _map_outputs(p: Prepared, fn: Callable[[torch.Tensor], torch.Tensor]) -> Prepared:
+    """``p`` with ``fn`` applied to every tensor it outputs (``y`` and every gradient), in the run's dtype."""
+
+    def walk(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            return fn(o)
+        if isinstance(o, tuple | list):
+            return type(o)(walk(v) for v in o)
+        return o
+
+    step = p.step
+    return dataclasses.replace(p, step=lambda: walk(step()))
+
+
+def zeros(case: Case, mode: str) -> Prepared:
+    return _map_outputs(_eager(case, mode), torch.zeros_like)
+
+
+def nan(case: Case, mode: str) -> Prepared:
+    def poison(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        t.view(-1)[t.numel() // 2] = float("nan")
+        return t
+
+    return _map_outputs(_eager(case, mode), poison)
+
+
+def scaled(factor: float) -> Make:
+    def make(case: Case, mode: str) -> Prepared:
+        return _map_outputs(_eager(case, mode), lambda t: t * factor)  # multiplied and rounded in the run's dtype
+
+    make.__name__ = f"scaled_{factor}"
+    return make
+
+
+def shifted(case: Case, mode: str) -> Prepared:
+    """Every tensor plus a constant of 1% of its own RMS (rounded to the dtype)."""
+
+    def shift(t: torch.Tensor) -> torch.Tensor:
+        c = 0.01 * t.float().pow(2).mean().sqrt()
+        return (t.float() + c).to(t.dtype)
+
+    return _map_outputs(_eager(case, mode), shift)
+
+
+def exact_gelu(case: Case, mode: str) -> Prepared:
+    return _eager(case, mode, act_mul=lambda g, u: F.gelu(g) * u)
+
+
+def lower_precision(case: Case, mode: str) -> Prepared:
+    """fp32 and fp16 runs compute in bf16; a bf16 run rounds its GeGLU intermediate ``h`` through fp8 (e4m3)."""
+    low = LOWER[case.dtype]
+    problem = golden_for(case).problem
+    high = build_module(problem, torch.device("cpu"), TORCH[case.dtype])
+    if low == torch.float8_e4m3fn:
+        def act_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+            return (F.gelu(g, approximate="tanh") * u).to(low).to(g.dtype)
+
+        return _eager(case, mode, act_mul=act_mul)
+    # the same parameters, cast down inside the step, so gradients flow back to them
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        params = {k: v.to(low) for k, v in high.named_parameters()}
+        return torch.func.functional_call(high, params, (x.to(low),)).to(x.dtype)
+
+    return runner.prepare(problem, mode, high, forward)
+
+
+class _ReturnsTheReference:
+    """A backend that looked the answer up (it has to load the golden itself: ``prepare`` is never given it)."""
+
+    @staticmethod
+    def make(case: Case, mode: str) -> Prepared:
+        ref = {k: v for k, v in golden_for(case).ref.items() if MODE_TENSORS[mode](k)}
+        return Prepared(step=lambda: ref, sync=lambda _: None, to_numpy=lambda out: dict(out))
+
+
+returns_the_reference = _ReturnsTheReference.make
+
+CONTROLS: dict[str, Make] = {
+    "zeros": zeros, "nan": nan, "exact-erf-gelu": exact_gelu, "scaled-0.99": scaled(0.99),
+    "scaled-0.999": scaled(0.999), "shifted-1%-rms": shifted, "lower-precision-math": lower_precision,
+    "returns-the-reference": returns_the_reference,
+}
+#: The perturbation each scale control makes, for the resolution table.
+SCALE = {"scaled-0.99": 0.01, "scaled-0.999": 0.001}
+
+
+def _expect_fail_or_below_resolution(name: str, case: Case, r: Result) -> None:
+    """Every tensor fails, except where the measured resolution says the perturbation cannot be resolved."""
+    assert r.parity is not None, explain(r)
+    for t in r.parity["tensors"]:
+        if not t["passed"]:
+            continue
+        row = lookup(_resolution(case), case.name, t["tensor"])
+        assert row is not None, f"{name}: {t['tensor']} passed and has no resolution row\n{explain(r)}"
+        if name in SCALE:
+            s = SCALE[name]
+            res = row["scale_resolution"]
+            assert res is not None and s < res, (
+                f"{name} passed on {t['tensor']} although the gate resolves scale errors of {res} (< {s}) on "
+                f"{case.name}\n{explain(r)}")
+        elif name == "exact-erf-gelu":
+            assert row["erf_distinguishable"] is False, (
+                f"erf GELU passed on {t['tensor']} although the resolution table says the gate tells erf from tanh "
+                f"on {case.name}\n{explain(r)}")
+        else:
+            pytest.fail(f"control {name} passed the gate on {t['tensor']} of {case.name}:\n{explain(r)}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", GEGLU_CASES, ids=lambda c: f"{c.shape.label()}-{c.dtype}")
+@pytest.mark.parametrize("name", list(CONTROLS))
+def test_control_fails_unless_below_resolution(name: str, case: Case, mode: str) -> None:
+    r = _run(case, mode, CONTROLS[name])
+    assert r.status in ("parity-fail", "ok"), explain(r)
+    want = [k for k in golden_for(case).ref if MODE_TENSORS[mode](k)]
+    assert sorted(t["tensor"] for t in r.parity["tensors"]) == sorted(want)  # type: ignore[index]
+    _expect_fail_or_below_resolution(name, case, r)
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.name)
+def test_one_percent_too_small_fails_every_tensor_of_every_committed_case(case: Case) -> None:
+    """``y * 0.99`` (and every gradient * 0.99) fails on every committed case in every dtype: 1% is above every
+    case's measured scale resolution."""
+    r = _run(case, "fwd+bwd", scaled(0.99))
+    assert r.parity is not None
+    verdict = {t["tensor"]: t["passed"] for t in r.parity["tensors"]}
+    assert not any(verdict.values()), explain(r)
+    for t in r.parity["tensors"]:
+        assert "scale" in t["failed"], explain(r)
+
+
+@pytest.mark.parametrize("case", [c for c in GEGLU_CASES if c.dtype != "bfloat16"],
+                         ids=lambda c: f"{c.shape.label()}-{c.dtype}")
+def test_a_tenth_of_a_percent_fails_in_float32_and_float16(case: Case) -> None:
+    r = _run(case, "fwd+bwd", scaled(0.999))
+    assert r.status == "parity-fail" and all(not t["passed"] for t in r.parity["tensors"]), explain(r)  # type: ignore[index]
+
+
+@pytest.mark.parametrize("case", [c for c in GEGLU_CASES if c.dtype == "bfloat16"],
+                         ids=lambda c: f"{c.shape.label()}-{c.dtype}")
+def test_bfloat16_cannot_resolve_a_tenth_of_a_percent_and_says_so(case: Case) -> None:
+    """A 0.1% scale error is below half a bf16 ulp (0.195% to 0.39%): rounding to bf16 undoes it almost everywhere,
+    so no gate can see it. The resolution table says so with its number, and the control passes exactly there."""
+    for row in _resolution(case):
+        assert row["scale_resolution"] is not None and 0.001 < row["scale_resolution"] < 0.005, row
+    r = _run(case, "fwd+bwd", scaled(0.999))
+    _expect_fail_or_below_resolution("scaled-0.999", case, r)
+
+
+def test_exact_gelu_is_caught_in_float32_and_not_resolvable_in_half_precision() -> None:
+    """erf and tanh GELU differ by about 2e-4 relative (rms, float64): many float32 ulps, under one bf16/fp16 ulp."""
+    for case in GEGLU_CASES:
+        rows = _resolution(case)
+        distinguishable = {r["erf_distinguishable"] for r in rows}
+        assert all(2e-5 < r["erf_rel_rms"] < 1e-3 for r in rows), rows
+        if case.dtype == "float32":
+            assert distinguishable == {True}, rows
+            assert _run(case, "fwd+bwd", exact_gelu).status == "parity-fail"
+        else:
+            assert distinguishable == {False}, rows
+
+
+class _DropsGeluDerivative(torch.autograd.Function):
+    """A wrong backward: the right forward, but dg = dh * u (the GELU derivative dropped)."""
+
+    @staticmethod
+    def forward(ctx: Any, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(g, u)
+        return F.gelu(g, approximate="tanh") * u
+
+    @staticmethod
+    def backward(ctx: Any, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g, u = ctx.saved_tensors
+        return dh * u, dh * F.gelu(g, approximate="tanh")
+
+
+@pytest.mark.parametrize("mode", ["bwd", "fwd+bwd"])
+@pytest.mark.parametrize("case", GEGLU_CASES, ids=lambda c: f"{c.shape.label()}-{c.dtype}")
+def test_a_backward_that_drops_gelu_derivative_fails_exactly_where_it_should(case: Case, mode: str) -> None:
+    r = _run(case, mode, lambda c, m: _eager(c, m, act_mul=_DropsGeluDerivative.apply))
+    assert r.status == "parity-fail", explain(r)
+    verdict = {t["tensor"]: t["passed"] for t in r.parity["tensors"]}  # type: ignore[index]
+    want = {"y": True, "dx": False, "dgate": False, "dup": True, "ddown": True}
+    assert verdict == {k: v for k, v in want.items() if k in verdict}, explain(r)
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.name)
+def test_returning_the_stored_reference_fails_the_dtype_check(case: Case) -> None:
+    r = _run(case, "fwd+bwd", returns_the_reference)
+    assert r.status == "parity-fail", explain(r)
+    assert all("dtype" in t["failed"] for t in r.parity["tensors"]), explain(r)  # type: ignore[index]
+
+
+#: (control, linear case): the bf16 run's lower-precision control rounds GeGLU's intermediate ``h``, which a linear
+#: layer does not have, so it is not paired with bf16 linear cases.
+LINEAR_PAIRS = [(n, c) for c in ALL_CASES if c.model == "linear"
+                for n in ("zeros", "nan", "shifted-1%-rms", "lower-precision-math")
+                if not (n == "lower-precision-math" and c.dtype == "bfloat16")]
+
+
+@pytest.mark.parametrize(("name", "case"), LINEAR_PAIRS, ids=[f"{n}-{c.name}" for n, c in LINEAR_PAIRS])
+def test_model_independent_controls_fail_on_linear_too(name: str, case: Case) -> None:
+    r = _run(case, "fwd+bwd", CONTROLS[name])
+    assert r.status == "parity-fail" and not any(t["passed"] for t in r.parity["tensors"]), explain(r)  # type: ignore[index]
