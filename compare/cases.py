@@ -12,6 +12,8 @@ Shapes:
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MODELS: tuple[str, ...] = ("linear", "geglu")
@@ -33,6 +35,34 @@ def check_name(kind: str, name: str, known: tuple[str, ...] | list[str]) -> str:
     if name not in known:
         raise _unknown(kind, name, known)
     return name
+
+
+def check_unique(kind: str, names: Sequence[str]) -> list[str]:
+    """Return ``names`` as a list if none repeats; else raise an :class:`InputError` (a cell would run twice)."""
+    if len(set(names)) != len(names):
+        raise InputError(f"a {kind} repeats: {', '.join(names)}")
+    return list(names)
+
+
+def check_finite(option: str, value: float, *, zero_ok: bool = False, at_most: float | None = None) -> float:
+    """Return ``value`` if it is a finite number above 0 (or at least 0 with ``zero_ok``) and at most ``at_most``.
+
+    NaN and infinities are always refused: a NaN compares false with everything and would pass any check silently.
+    """
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value >= 0 if zero_ok else value > 0) and (at_most is None or value <= at_most)
+    if not ok:
+        want = ">= 0" if zero_ok else "> 0"
+        want += f" and <= {at_most:g}" if at_most is not None else ""
+        raise InputError(f"{option} must be a finite number {want}, got {value!r}")
+    return value
+
+
+def check_seed(seed: int) -> int:
+    """Return ``seed`` if it is a non-negative integer (numpy's ``SeedSequence`` refuses negative ones)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise InputError(f"seed must be a non-negative integer, got {seed!r}")
+    return seed
 
 
 @dataclass(frozen=True)
@@ -97,6 +127,26 @@ class Case:
         if self.model == "linear":
             return {"weight": (s.hidden, s.dim), "bias": (s.hidden,)}
         return {"gate": (s.hidden, s.dim), "up": (s.hidden, s.dim), "down": (s.dim, s.hidden)}
+
+    def estimated_bytes(self) -> int:
+        """Host memory this case needs before any backend runs: a lower bound, to refuse an impossible size up front.
+
+        Kept for the whole case: the golden inputs ``x``, ``dy`` and the weights (float32), and the float64
+        reference output and gradients. On top of that, at its peak, the larger of the float64 reference
+        computation's working set and the plain same-dtype computation's (float32: its outputs and gradients and
+        its intermediates). Intermediates: GeGLU's ``g, u, gelu(g), h`` and their gradients (8 ``[tokens, hidden]``
+        tensors) plus a cast copy of ``x`` and ``dy``; ``linear`` has only the casts. The backends' own copies
+        (framework tensors, compiled buffers, device memory) come on top and are not counted.
+        """
+        t = self.shape.tokens
+        n_in = t * self.shape.dim
+        n_out = t * self.output_shape()[-1]
+        n_w = sum(math.prod(shape) for shape in self.weight_shapes().values())
+        n_work = (8 * t * self.shape.hidden if self.model == "geglu" else 0) + n_in + n_out
+        stored = 4 * (n_in + n_out + n_w) + 8 * (n_out + n_in + n_w)  # golden f32 inputs/weights, f64 reference
+        reference_work = 8 * n_work
+        plain = 4 * (n_out + n_in + n_w) + 4 * n_work
+        return stored + max(reference_work, plain)
 
 
 @dataclass(frozen=True)

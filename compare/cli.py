@@ -7,10 +7,24 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from compare import diff, harness, report, results, shapes, sweep
-from compare.cases import DTYPES, MODELS, MODES, PRESETS, Case, InputError, check_name, preset, resolve_shape
-from compare.golden import GoldenError
+from compare import diff, exitcodes, harness, preflight, report, results, shapes, sweep
+from compare.atomic import write_text_atomic
+from compare.cases import (
+    DTYPES,
+    MODELS,
+    MODES,
+    PRESETS,
+    Case,
+    InputError,
+    check_finite,
+    check_name,
+    check_seed,
+    check_unique,
+    preset,
+    resolve_shape,
+)
 from compare.registry import BACKENDS, spec
 
 DEFAULT_BACKENDS = tuple(BACKENDS)
@@ -37,40 +51,92 @@ def cases_from_args(a: argparse.Namespace) -> list[Case]:
         raise InputError(f"give --preset or --model; known models: {', '.join(MODELS)}")
     shape = resolve_shape(base.shape if base else None, a.batch, a.seq, a.dim, a.hidden)
     dist = base.dist if base else "normal"
-    return [Case(model, shape, check_name("dtype", d, DTYPES), dist, a.seed) for d in a.dtype]
+    dtypes = check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
+    return [Case(model, shape, d, dist, check_seed(a.seed)) for d in dtypes]
+
+
+def check_grid_args(a: argparse.Namespace) -> None:
+    """The options :func:`add_grid_args` defines, checked before anything runs (bad input raises InputError)."""
+    check_seed(a.seed)
+    check_finite("--budget", a.budget)
+    for b in a.backend:
+        spec(b)
+    check_unique("backend", a.backend)
+    check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
+    check_unique("mode", [check_name("mode", m, MODES) for m in a.mode])
+
+
+def _progress(s: str) -> None:
+    print(s, file=sys.stderr, flush=True)
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    """Check every argument, the memory the cases need, the golden files and the output folder; then measure and
+    write results.json and REPORT.md (atomically). Interrupted (Ctrl-C, SIGTERM), it saves what finished: 130."""
+    check_grid_args(a)
     cases = cases_from_args(a)
     specs = [spec(b) for b in a.backend]
     modes = [check_name("mode", m, MODES) for m in a.mode]
+    sweep_cases: list[Case] = []
+    if a.shape_sweep:
+        for t in a.shape_sweep:
+            if t <= 0:
+                raise InputError(f"--shape-sweep token counts must be positive integers, got {t}")
+        check_unique("--shape-sweep token count", [str(t) for t in a.shape_sweep])
+        sweep_cases = [shapes.case_for_tokens(c, t) for c in cases for t in a.shape_sweep]
+    preflight.check_memory([*cases, *sweep_cases])
+    preflight.check_golden(cases)
+    out = preflight.prepare_out_dir(Path(a.out))
     cfg = harness.TimingConfig(budget_s=a.budget)
     config = {"command": "python -m compare " + shlex.join(a.argv), "preset": a.preset, "backends": a.backend,
               "dtypes": a.dtype, "modes": modes}
-    out = Path(a.out)
-    doc = harness.run(cases, specs, modes, cfg, config, progress=lambda s: print(s, file=sys.stderr, flush=True),
-                      profile=a.profile or a.trace, trace_dir=out / "traces" if a.trace else None,
-                      ceilings=not a.no_ceilings)
-    if a.shape_sweep:
-        doc["shape_sweep"] = shapes.run_shape_sweep(cases, a.shape_sweep, a.budget,
-                                         lambda s: print(s, file=sys.stderr, flush=True))
-    if not a.no_plots:
+    with preflight.lock_folder(out), exitcodes.terminate_as_interrupt():
+        doc = _measure(a, cases, specs, modes, cfg, config, out)
+    interrupted = bool(doc.get("interrupted"))
+    if not a.no_plots and not interrupted:
         from compare.plots import render_plots
 
         doc["plots"] = [p.relative_to(out).as_posix() for p in render_plots(doc, out / "plots")]
     results.write_json(out / "results.json", doc)
-    (out / "REPORT.md").write_text(report.render(doc))
+    write_text_atomic(out / "REPORT.md", report.render(doc))
+    if interrupted:
+        print(f"interrupted: saved {len(doc['results'])} finished cells to {out / 'results.json'} and "
+              f"{out / 'REPORT.md'}", file=sys.stderr)
+        return exitcodes.INTERRUPTED
     print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'} ({report.summary(doc['results'])})")
-    return 0 if all(r["status"] in ("ok", "skipped") for r in doc["results"]) else 1
+    ok = all(r["status"] in ("ok", "skipped") for r in doc["results"])
+    return exitcodes.OK if ok else exitcodes.FINDING
+
+
+def _measure(a: argparse.Namespace, cases: list[Case], specs: list[Any], modes: list[str],
+             cfg: harness.TimingConfig, config: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The measurements of ``run``: the harness, then the shape sweep unless the harness was interrupted.
+
+    ``harness.run`` returns the finished results with ``doc["interrupted"] = True`` when interrupted; an interrupt
+    during the shape sweep keeps the harness's results and drops the sweep's.
+    """
+    doc = harness.run(cases, specs, modes, cfg, config, progress=_progress, profile=a.profile or a.trace,
+                      trace_dir=out / "traces" if a.trace else None, ceilings=not a.no_ceilings)
+    if a.shape_sweep and not doc.get("interrupted"):
+        try:
+            doc["shape_sweep"] = shapes.run_shape_sweep(cases, a.shape_sweep, a.budget, _progress)
+        except KeyboardInterrupt:
+            doc["interrupted"] = True
+    return doc
 
 
 def cmd_report(a: argparse.Namespace) -> int:
+    """Rebuild REPORT.md from a results.json, a sweep's results.jsonl or its folder; measures nothing."""
     path = Path(a.results)
-    doc = sweep.load_sweep(path) if path.is_dir() or path.suffix == ".jsonl" else results.read_json(path)
+    if path.is_dir() or path.suffix == ".jsonl":
+        doc = results.validate(sweep.load_sweep(path), str(path))
+    else:
+        doc = results.read_json(path)
     out = Path(a.out) if a.out else (path if path.is_dir() else path.parent) / "REPORT.md"
-    out.write_text(report.render(doc))
+    preflight.check_file_writable(out)
+    write_text_atomic(out, report.render(doc))
     print(f"wrote {out}")
-    return 0
+    return exitcodes.OK
 
 
 def add_grid_args(p: argparse.ArgumentParser, budget_help: str) -> None:
@@ -78,7 +144,7 @@ def add_grid_args(p: argparse.ArgumentParser, budget_help: str) -> None:
     p.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
     p.add_argument("--backend", nargs="+", default=list(DEFAULT_BACKENDS), help=f"any of: {', '.join(BACKENDS)}")
     p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
     p.add_argument("--budget", type=float, default=1.0, help=budget_help)
 
 
@@ -100,17 +166,24 @@ def _add_run_args(r: argparse.ArgumentParser) -> None:
                    help="also write a Chrome/Perfetto trace per backend (implies --profile)")
 
 
+def _sub(sub: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, epilog=exitcodes.EPILOG,
+                                                formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+    return p
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m compare", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m compare", description=__doc__, epilog=exitcodes.EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="presets and backends, with whether each can run here").set_defaults(fn=cmd_list)
-    r = sub.add_parser("run", help="run backends on a case; write results.json and REPORT.md")
+    _sub(sub, "list", help="presets and backends, with whether each can run here").set_defaults(fn=cmd_list)
+    r = _sub(sub, "run", help="run backends on a case; write results.json and REPORT.md")
     _add_run_args(r)
     r.set_defaults(fn=cmd_run)
-    prof = sub.add_parser("profile", help="like run, plus kernel counts and a Chrome/Perfetto trace per backend")
+    prof = _sub(sub, "profile", help="like run, plus kernel counts and a Chrome/Perfetto trace per backend")
     _add_run_args(prof)
     prof.set_defaults(fn=cmd_run, trace=True, profile=True)
-    rep = sub.add_parser("report", help="rebuild REPORT.md from a results.json (measures nothing)")
+    rep = _sub(sub, "report", help="rebuild REPORT.md from a results.json (measures nothing)")
     rep.add_argument("results")
     rep.add_argument("--out", help="where to write (default: REPORT.md beside the results)")
     rep.set_defaults(fn=cmd_report)
@@ -120,11 +193,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m compare``: the exit status is one of :mod:`compare.exitcodes` (see ``--help``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parser().parse_args(argv)
     a.argv = argv
-    try:
-        return int(a.fn(a))
-    except (InputError, GoldenError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return exitcodes.exit_status(lambda: a.fn(a))

@@ -361,9 +361,12 @@ def fusion_benefit(doc: Doc) -> list[dict[str, Any]]:
     ``intermediate_bytes_saved`` (intermediate traffic no longer written and read) and ``bytes_saved`` (all
     traffic, e.g. x read once instead of twice); ``extra_flops`` (recompute); ``predicted_saved_s`` =
     ``bytes_saved / bytes_per_s`` and ``predicted_extra_flops_s`` = ``extra_flops / flops_per_s`` (None without
-    ceilings); ``measured_saved_s`` = eager median - this median (None unless both were timed).
+    ceilings); ``measured_saved_s`` = eager median - this median and ``measured_verdict``, this backend's timing
+    against eager's by :func:`compare.significance.compare_timing` ("faster", "slower" or "within noise": then the
+    difference is not a measured saving, whatever its sign); both None unless both were timed.
     """
     from compare.registry import DEFAULT_BASELINE
+    from compare.significance import compare_timing
 
     results = doc.get("results", [])
     rows = []
@@ -392,10 +395,22 @@ def fusion_benefit(doc: Doc) -> list[dict[str, Any]]:
             "predicted_saved_s": bytes_saved / ceil["bytes_per_s"] if ceil else None,
             "predicted_extra_flops_s": extra_flops / ceil["flops_per_s"] if ceil else None,
             "measured_saved_s": t_b["median_s"] - t_r["median_s"] if t_r and t_b else None,
+            "measured_verdict": compare_timing(t_b, t_r).verdict if t_r and t_b else None,
             "baseline_median_s": t_b["median_s"] if t_b else None,
             "median_s": t_r["median_s"] if t_r else None,
         })
     return rows
+
+
+def _measured_saved(f: dict[str, Any]) -> str:
+    """The measured saving of a fusion-benefit row: a number only when the difference is beyond noise."""
+    from compare.significance import WITHIN_NOISE
+
+    if f["measured_saved_s"] is None:
+        return "-"
+    if f.get("measured_verdict") == WITHIN_NOISE:
+        return WITHIN_NOISE
+    return _signed_s(f["measured_saved_s"])
 
 
 def fusion_section(doc: Doc) -> str:
@@ -415,7 +430,7 @@ def fusion_section(doc: Doc) -> str:
             si(f["bytes_saved"], "B"), _signed_s(f["predicted_saved_s"]),
             si(f["extra_flops"], "FLOP") if f["extra_flops"] else "0",
             _signed_s(f["predicted_extra_flops_s"]) if f["extra_flops"] else "-",
-            _signed_s(f["measured_saved_s"]), fmt_s(f["baseline_median_s"]),
+            _measured_saved(f), fmt_s(f["baseline_median_s"]),
         ])
     head = ["backend", "case", "dtype", "mode", "kernels eliminated", "not in memory", "intermediate traffic saved",
             "bytes saved", "predicted saved (bytes / bandwidth)", "extra GEMM FLOPs", "their time at peak",
@@ -425,8 +440,10 @@ def fusion_section(doc: Doc) -> str:
              "profiled; the cost model's count in brackets). Bytes saved come from the cost model (below): "
              "intermediates no longer written and read back, and inputs read fewer times. Predicted saved = bytes "
              "saved / this machine's measured copy bandwidth; a backend that recomputes (extra GEMM FLOPs) pays "
-             "them back at the measured matmul rate. Measured saved = the two medians' difference. Negative means "
-             "slower or more traffic.")
+             "them back at the measured matmul rate. Measured saved = the two medians' difference, shown only where "
+             "it is beyond both runs' noise (the rule of `compare diff`: median ratio outside the band of both "
+             "IQRs, quartiles apart, a Mann-Whitney test), else 'within noise'. Negative means slower or more "
+             "traffic.")
     return "## What fusion buys\n\n" + intro + "\n\n" + table(head, out)
 
 

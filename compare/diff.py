@@ -2,11 +2,12 @@
 
 Cells are matched by (backend, case, mode); the case name holds the model, shape, dtype, distribution and seed.
 
-**Performance.** Each side's quartiles (q1, median, q3) come from its per-sample times ``timing["samples_s"]``
-when it has at least two, else from ``median_s`` -/+ ``iqr_s``/2. With ``ratio = new median / old median`` and
-the combined relative spread ``noise = sqrt((old IQR / old median)^2 + (new IQR / new median)^2)``, the band is
-``tol = max(threshold, k * noise)`` (defaults: threshold 5%, k 1). The new run is **slower** (a regression) only if
-all of these hold:
+**Performance** (the rule lives in :mod:`compare.significance`; the report's speedups, measured savings and
+compile paybacks use it too). Each side's quartiles (q1, median, q3) come from its per-sample times
+``timing["samples_s"]`` when it has at least two, else from ``median_s`` -/+ ``iqr_s``/2. With
+``ratio = new median / old median`` and the combined relative spread
+``noise = sqrt((old IQR / old median)^2 + (new IQR / new median)^2)``, the band is ``tol = max(threshold, k * noise)``
+(defaults: threshold 5%, k 1). The new run is **slower** (a regression) only if all of these hold:
 
 1. ``ratio > 1 + tol``: slower by more than the threshold and more than the runs' own spread;
 2. ``new q1 > old q3``: the middle halves of the two sample sets do not overlap;
@@ -21,156 +22,42 @@ else is **within noise**. A cell timed on only one side is "not compared".
 regression. Other status changes (e.g. ``ok`` -> ``skipped``: the backend is unavailable here) are listed, not
 counted. Cells present on only one side are listed as added or removed.
 
-Exit status: 0 with no regression, 1 with a performance or parity regression, 2 on bad input.
+Exit status: 0 with no regression, 1 with a performance or parity regression, 2 on bad input (a missing,
+unreadable or invalid results file, a bad option), 3 on an internal error.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import math
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compare.cases import InputError
+from compare import exitcodes
+from compare.atomic import write_text_atomic
+from compare.cases import InputError, check_finite
 from compare.report import fmt_s, table
-from compare.timing import quartiles
+from compare.significance import (
+    ALPHA,
+    MIN_SAMPLES_FOR_TEST,
+    NOISE_K,
+    THRESHOLD,
+    Spread,
+    TimingVerdict,
+    compare_timing,
+    mann_whitney_greater,
+    spread,
+)
+
+#: The significance machinery moved to :mod:`compare.significance`; these names stay importable from here.
+__all__ = ["ALPHA", "MIN_SAMPLES_FOR_TEST", "NOISE_K", "THRESHOLD", "Spread", "TimingVerdict", "add_parser",
+           "cmd_diff", "compare_timing", "diff", "main", "mann_whitney_greater", "spread"]
 
 Doc = dict[str, Any]
 Key = tuple[str, str, str]
 
-THRESHOLD = 0.05
-NOISE_K = 1.0
-ALPHA = 0.01
-#: Below this many samples on either side, the rank test is skipped (rules 1 and 2 decide alone).
-MIN_SAMPLES_FOR_TEST = 5
-#: Largest sample sizes (each side) for which the exact U distribution is used when there are no ties.
-EXACT_MAX = 20
 BAD_STATUSES = ("parity-fail", "error")
-
-
-@dataclass(frozen=True)
-class Spread:
-    """Quartiles, extremes and samples of one side's timing, in seconds per call."""
-
-    q1: float
-    median: float
-    q3: float
-    samples: tuple[float, ...]
-
-    @property
-    def rel_iqr(self) -> float:
-        return (self.q3 - self.q1) / self.median if self.median > 0 else math.inf
-
-
-def spread(t: Doc) -> Spread:
-    """The :class:`Spread` of a timing record (samples when present, else median and IQR)."""
-    samples = tuple(float(x) for x in (t.get("samples_s") or []))
-    if len(samples) >= 2:
-        q1, med, q3 = quartiles(sorted(samples))
-        return Spread(q1, med, q3, samples)
-    med, iqr = float(t["median_s"]), float(t.get("iqr_s") or 0.0)
-    return Spread(med - iqr / 2, med, med + iqr / 2, samples)
-
-
-# --- Mann-Whitney U, by hand ---------------------------------------------------------------------------------
-
-
-def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
-    """Mid-ranks (1-based) of ``values`` and the sizes of their tie groups."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    ties = []
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        ties.append(j - i + 1)
-        i = j + 1
-    return ranks, ties
-
-
-@functools.cache
-def _u_counts(m: int, n: int) -> tuple[int, ...]:
-    """Number of orderings of ``m`` x's and ``n`` y's (no ties) with each value of U_x = #{(x, y): x > y}."""
-    if m == 0 or n == 0:
-        return (1,)
-    out = [0] * (m * n + 1)
-    for u, c in enumerate(_u_counts(m - 1, n)):  # the largest value is an x: it beats all n y's
-        out[u + n] += c
-    for u, c in enumerate(_u_counts(m, n - 1)):  # the largest value is a y
-        out[u] += c
-    return tuple(out)
-
-
-def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
-    """One-sided Mann-Whitney U test that ``x`` tends to be larger than ``y``: returns (U_x, p-value).
-
-    Exact when both samples have at most :data:`EXACT_MAX` values and no value repeats; otherwise the normal
-    approximation with tie correction and continuity correction.
-    """
-    m, n = len(x), len(y)
-    if m == 0 or n == 0:
-        raise ValueError("Mann-Whitney U needs two non-empty samples")
-    ranks, ties = _ranks([*x, *y])
-    u = sum(ranks[:m]) - m * (m + 1) / 2
-    if m <= EXACT_MAX and n <= EXACT_MAX and all(t == 1 for t in ties):
-        counts = _u_counts(m, n)
-        return u, sum(counts[math.ceil(u - 1e-9):]) / math.comb(m + n, m)
-    total = m + n
-    tie_term = sum(t**3 - t for t in ties) / (total * (total - 1))
-    var = m * n / 12 * ((total + 1) - tie_term)
-    if var <= 0:  # every value equal
-        return u, 1.0
-    z = (u - m * n / 2 - 0.5) / math.sqrt(var)
-    return u, 0.5 * math.erfc(z / math.sqrt(2))
-
-
-# --- verdicts --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TimingVerdict:
-    """How one cell's time changed: ratio, the noise band, the rank test's p-value and the verdict."""
-
-    old: Spread
-    new: Spread
-    ratio: float
-    tol: float
-    p_slower: float | None
-    p_faster: float | None
-    verdict: str  # "slower", "faster" or "within noise"
-
-    @property
-    def regression(self) -> bool:
-        return self.verdict == "slower"
-
-
-def compare_timing(old: Doc, new: Doc, threshold: float = THRESHOLD, k: float = NOISE_K,
-                   alpha: float = ALPHA) -> TimingVerdict:
-    """Apply the module's rule to two timing records of the same cell."""
-    a, b = spread(old), spread(new)
-    if a.median <= 0 or b.median <= 0:
-        raise InputError(f"a timing median must be positive, got {a.median} and {b.median}")
-    ratio = b.median / a.median
-    tol = max(threshold, k * math.hypot(a.rel_iqr, b.rel_iqr))
-    p_slower = p_faster = None
-    if min(len(a.samples), len(b.samples)) >= MIN_SAMPLES_FOR_TEST:
-        p_slower = mann_whitney_greater(b.samples, a.samples)[1]
-        p_faster = mann_whitney_greater(a.samples, b.samples)[1]
-    if ratio > 1 + tol and b.q1 > a.q3 and (p_slower is None or p_slower < alpha):
-        verdict = "slower"
-    elif ratio < 1 / (1 + tol) and b.q3 < a.q1 and (p_faster is None or p_faster < alpha):
-        verdict = "faster"
-    else:
-        verdict = "within noise"
-    return TimingVerdict(a, b, ratio, tol, p_slower, p_faster, verdict)
 
 
 # --- the diff --------------------------------------------------------------------------------------------------
@@ -284,41 +171,38 @@ def diff(old_doc: Doc, new_doc: Doc, threshold: float = THRESHOLD, k: float = NO
 
 def cmd_diff(a: argparse.Namespace) -> int:
     """Print (or write) the diff; 1 if it found a regression, else 0. Missing or bad files raise InputError."""
-    from compare import results
+    from compare import preflight, results
 
-    if a.threshold < 0 or a.k < 0 or not 0 < a.alpha <= 1:
-        raise InputError("--threshold and --k must be non-negative and --alpha in (0, 1]")
+    check_finite("--threshold", a.threshold, zero_ok=True)
+    check_finite("--k", a.k)
+    check_finite("--alpha", a.alpha, at_most=1.0)
+    if a.out:
+        preflight.check_file_writable(Path(a.out))
     old_doc, new_doc = results.read_json(Path(a.old)), results.read_json(Path(a.new))
     md, regression = diff(old_doc, new_doc, a.threshold, a.k, a.alpha)
     if a.out:
-        Path(a.out).write_text(md)
+        write_text_atomic(a.out, md)
         print(f"wrote {a.out}: {'regression' if regression else 'no regression'}")
     else:
         print(md, end="")
-    return 1 if regression else 0
+    return exitcodes.FINDING if regression else exitcodes.OK
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``diff`` subcommand on an ``argparse`` subparsers object."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "diff", help="compare two results.json; exit 1 on a performance or parity regression",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, epilog=exitcodes.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("old", help="the baseline results.json")
     p.add_argument("new", help="the results.json to judge")
-    p.add_argument("--threshold", type=float, default=THRESHOLD, help="smallest relative change that counts")
-    p.add_argument("--k", type=float, default=NOISE_K, help="noise band in units of the combined relative IQR")
-    p.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the rank test")
+    p.add_argument("--threshold", type=float, default=THRESHOLD,
+                   help="smallest relative change that counts (finite, >= 0)")
+    p.add_argument("--k", type=float, default=NOISE_K,
+                   help="noise band in units of the combined relative IQR (finite, > 0)")
+    p.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the rank test, in (0, 1]")
     p.add_argument("--out", help="write the markdown here instead of printing it")
     p.set_defaults(fn=cmd_diff)
     return p
-
-
-def _exit_status(fn: Callable[[], int]) -> int:
-    try:
-        return int(fn())
-    except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -328,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = top.add_subparsers(dest="command", required=True)
     add_parser(sub)
     a = top.parse_args(["diff", *argv])
-    return _exit_status(lambda: a.fn(a))
+    return exitcodes.exit_status(lambda: a.fn(a))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,26 @@ def gpu() -> str | None:
     return None
 
 
+def available_memory_bytes() -> tuple[int, str] | None:
+    """Memory a new allocation can get without swapping, and where the number came from; None if unknown.
+
+    Linux's ``MemAvailable`` (``/proc/meminfo``) first, else ``os.sysconf``'s free physical pages (which leave out
+    reclaimable caches, so they understate it).
+    """
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemAvailable:"):
+                value, *unit = line.split(":", 1)[1].split()
+                return int(value) * (1024 if unit == ["kB"] else 1), "MemAvailable in /proc/meminfo"
+    names = getattr(os, "sysconf_names", {})
+    if "SC_AVPHYS_PAGES" in names and "SC_PAGE_SIZE" in names:
+        pages, size = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        if pages > 0 and size > 0:
+            return pages * size, "free physical pages (os.sysconf)"
+    return None
+
+
 def collect(precision: dict[str, Any], threads: dict[str, Any]) -> dict[str, Any]:
     """The ``environment`` object of ``results.json``."""
     return {

@@ -249,7 +249,8 @@ def implausible(achieved: dict[str, Any]) -> str:
 def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[str]) -> list[dict[str, Any]]:
     """The gate's resolution (``compare.resolution``) for the tensors the modes check."""
     g = golden_for(case)
-    wanted = [k for k in g.ref if any(MODE_TENSORS[m](k) for m in modes)]
+    order = ["y", "dx", *(f"d{p}" for p in case.weight_shapes())]
+    wanted = [k for k in order if k in g.ref and any(MODE_TENSORS[m](k) for m in modes)]
     s = case.shape
     label = f"{case.model} {s.batch}x{s.seq}x{s.dim}->{s.hidden}"
     return resolution.resolution_rows(case.name, case.model, label, case.dtype, (g.x, g.params, g.dy), g.ref, plain,

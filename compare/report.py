@@ -115,7 +115,8 @@ def timing_section(results: list[Doc]) -> str:
 
 
 def modes_section(results: list[Doc]) -> str:
-    """One row per (backend, case, dtype), a column per timed mode: median (and speedup against eager)."""
+    """One row per (backend, case, dtype), a column per timed mode: median (and speedup against eager, or "within
+    noise")."""
     modes = [m for m in ("fwd", "bwd", "fwd+bwd") if any(r["mode"] == m and r.get("timing") for r in results)]
     if len(modes) < 2:
         return ""
@@ -128,8 +129,8 @@ def modes_section(results: list[Doc]) -> str:
         if key not in keys:
             keys.append(key)
         speed = speedup_cell(results, r)
-        cells[(*key, r["mode"])] = fmt_s(r["timing"]["median_s"]) + (f" ({speed})" if speed not in ("-", "baseline")
-                                                                      else "")
+        shown = f" ({speed})" if speed not in ("-", "baseline") else ""
+        cells[(*key, r["mode"])] = fmt_s(r["timing"]["median_s"]) + shown
     label = {r["case"]: case_label(r) for r in results}
     rows = [[b, label[c], d, *(cells.get((b, c, d, m), "-") for m in modes)] for b, c, d in keys]
     return (f"## Timing by mode\n\nMedian per call (speedup against {DEFAULT_BASELINE}, where beyond noise).\n\n"
@@ -176,12 +177,16 @@ def traces_section(results: list[Doc]) -> str:
 
 
 def problems_section(results: list[Doc]) -> str:
-    bad = [r for r in results if r["status"] != "ok"]
+    """Every result that is not a clean pass: skipped, failed, errors, and timings flagged implausible."""
+    bad = [r for r in results if r["status"] != "ok" or r.get("implausible")]
     if not bad:
-        return "## Skipped and failed\n\nNone: every backend ran and passed parity."
-    rows = [[r["backend"], case_label(r), r["dtype"], r["mode"], r["status"], r["reason"].replace("|", "\\|")]
+        return "## Skipped, failed and implausible\n\nNone: every backend ran and passed parity."
+    rows = [[r["backend"], case_label(r), r["dtype"], r["mode"],
+             r["status"] + (" (timing implausible)" if r.get("implausible") else ""),
+             "; ".join(x for x in (r["reason"], r.get("implausible", "")) if x).replace("|", "\\|")]
             for r in bad]
-    return "## Skipped and failed\n\n" + table(["backend", "case", "dtype", "mode", "status", "reason"], rows)
+    return "## Skipped, failed and implausible\n\n" + table(["backend", "case", "dtype", "mode", "status", "reason"],
+                                                             rows)
 
 
 def summary(results: list[Doc]) -> str:

@@ -10,9 +10,10 @@ function on inputs of several token counts in turn and records, per shape, a row
      "first_call_s": float | None, "median_s": float | None, "iqr_s": float | None,   # shared timer
      "timed": bool, "generic": bool (shape-generic: compiles nothing per shape), "note": str, "error": str}
 
-:func:`with_payback` adds ``compile_s`` (the first call's excess over a steady call) and ``payback_calls`` (the
-calls after which that compile is paid back against the fastest shape-generic backend at the same shape), and
-:func:`shapes_section` renders ``doc["shape_sweep"]`` as markdown.
+:func:`with_payback` adds ``compile_s`` (the first call's excess over a steady call), ``payback_verdict`` (is the
+compiled step faster than the fastest shape-generic backend at the same shape, beyond both timings' noise, by
+:func:`compare.significance.compare_timing`) and ``payback_calls`` (the calls after which that compile is paid back,
+only when it is), and :func:`shapes_section` renders ``doc["shape_sweep"]`` as markdown.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from compare.cases import Case, InputError, Shape
 from compare.golden import Golden, golden_for
+from compare.significance import FASTER, SLOWER, WITHIN_NOISE, compare_timing
 
 #: Makes the case (or its golden data) of a shape sweep for a token count.
 GoldenFactory = Callable[[int], Case | Golden]
@@ -56,12 +58,19 @@ def _key(r: Row) -> tuple[Any, ...]:
     return (r.get("model"), r.get("dim"), r.get("hidden"), r.get("dtype"), r.get("mode"), r["tokens"])
 
 
+def _timing(r: Row) -> dict[str, Any]:
+    return {"median_s": r["median_s"], "iqr_s": r.get("iqr_s") or 0.0}
+
+
 def with_payback(rows: list[Row]) -> list[Row]:
-    """Copies of ``rows`` with ``compile_s``, ``baseline`` and ``payback_calls`` added to each compiled row.
+    """Copies of ``rows`` with ``compile_s``, ``baseline``, ``payback_verdict`` and ``payback_calls`` added.
 
     ``compile_s`` = first call - median (0 when the shape caused no compile); the baseline is the fastest timed
-    shape-generic row (``generic``) of the same model, sizes, dtype, mode and token count. Shape-generic rows and
-    rows without the numbers get None.
+    shape-generic row (``generic``) of the same model, sizes, dtype, mode and token count. ``payback_verdict`` is
+    the compiled row's median and IQR against the baseline's (:func:`compare.significance.compare_timing`, its
+    median/IQR fallback): "faster", "slower" or "within noise". ``payback_calls`` is a number only when the verdict
+    is "faster" (or 0.0 when nothing was compiled); a difference within noise never becomes a call count.
+    Shape-generic rows and rows without the numbers get None.
     """
     fastest: dict[tuple[Any, ...], Row] = {}
     for r in rows:
@@ -72,13 +81,15 @@ def with_payback(rows: list[Row]) -> list[Row]:
     out = []
     for r in rows:
         r = dict(r)
-        r["compile_s"], r["baseline"], r["payback_calls"] = None, None, None
+        r["compile_s"], r["baseline"], r["payback_verdict"], r["payback_calls"] = None, None, None, None
         if not r.get("generic") and r.get("median_s") and r.get("first_call_s") is not None:
             r["compile_s"] = max(r["first_call_s"] - r["median_s"], 0.0) if r.get("compiles") else 0.0
             base = fastest.get(_key(r))
             if base is not None:
                 r["baseline"] = base["backend"]
-                r["payback_calls"] = payback_calls(r["compile_s"], r["median_s"], base["median_s"])
+                r["payback_verdict"] = compare_timing(_timing(base), _timing(r)).verdict
+                if r["compile_s"] <= 0 or r["payback_verdict"] == FASTER:
+                    r["payback_calls"] = payback_calls(r["compile_s"], r["median_s"], base["median_s"])
         out.append(r)
     return out
 
@@ -94,10 +105,15 @@ def _payback(r: Row) -> str:
     if r.get("compile_s") is None or r.get("baseline") is None:
         return "-"
     p = r.get("payback_calls")
-    if p is None:
-        return f"never (not faster than {r['baseline']})"
     if p == 0:
         return "nothing to pay back"
+    verdict = r.get("payback_verdict")
+    if p is None or verdict != FASTER:
+        if verdict == SLOWER:
+            return f"never (slower than {r['baseline']})"
+        if verdict == WITHIN_NOISE:
+            return f"never (not faster beyond noise than {r['baseline']})"
+        return f"never (not faster than {r['baseline']})"
     return f"{math.ceil(p):,} calls vs {r['baseline']}"
 
 
@@ -108,7 +124,7 @@ def shapes_section(doc: dict[str, Any]) -> str:
     rows = doc.get("shape_sweep") or []
     if not rows:
         return ""
-    if any("payback_calls" not in r for r in rows):
+    if any("payback_verdict" not in r for r in rows):  # older documents: judge the payback here, by the same rule
         rows = with_payback(rows)
     body = []
     for r in rows:
@@ -136,7 +152,8 @@ def shapes_section(doc: dict[str, Any]) -> str:
              "the (re)compilations that shape caused, read from the framework's own counter (below), never "
              "inferred from time; a timed loop that recompiles is an error. Compile cost = first call - median. "
              "Paid back after: that cost over the per-call saving against the fastest shape-generic backend at "
-             "the same shape (one that compiles nothing per shape).")
+             "the same shape (one that compiles nothing per shape), only where the compiled step is faster beyond "
+             "both medians' IQRs (the rule of `compare diff`); otherwise it never pays back.")
     return ("## Compile cost and shape generality\n\n" + intro + "\n\n" + table(head, body) + "\n\n"
             + "\n".join(totals) + ("\n\nCounters:\n\n" + "\n".join(counters) if counters else ""))
 

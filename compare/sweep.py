@@ -20,7 +20,12 @@ plots under ``<out>/plots/``.
 A backend that raises on a cell is an ``error`` result and the sweep goes on (``harness.run_one``). With
 ``--isolate`` each cell runs in its own worker process (``python -m compare.sweep --worker CELL RESULT``), so a
 hard crash (segfault, the OOM killer, an abort) is recorded as an ``error`` naming the exit status or signal,
-and ``--cell-timeout`` turns a hang into an error too.
+and ``--cell-timeout`` turns a hang into an error too. The workers' scratch files live under ``<out>/.cells/``,
+removed when the sweep ends (however it ends) and, if a killed sweep left one, when the next one starts.
+``--retry-errors`` runs again, on a restart, the cells whose stored result is an ``error`` (the new line wins).
+
+Ctrl-C or SIGTERM stops the sweep: the worker in flight and everything it started are killed, what is done is
+written to ``results.json`` and ``REPORT.md``, and the exit status is 130 (rerun the same command to resume).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import datetime
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,11 +48,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from compare import environment, harness, report, results
-from compare.cases import DTYPES, MODELS, MODES, PRESETS, Case, InputError, Shape, check_name, preset
+from compare import environment, exitcodes, harness, preflight, report, results
+from compare.atomic import write_text_atomic
+from compare.cases import (
+    MODELS,
+    PRESETS,
+    Case,
+    InputError,
+    Shape,
+    check_finite,
+    check_name,
+    check_seed,
+    preset,
+)
 from compare.registry import BackendSpec, spec
 
 JSONL = "results.jsonl"
+#: Scratch folder of the isolated workers, under the sweep's output folder.
+SCRATCH = ".cells"
 DEFAULT_TOKENS: tuple[int, ...] = (1, 16, 128, 1024)
 SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 #: Config keys that define the grid; a restart must match them exactly.
@@ -96,6 +115,8 @@ def grid_config(
 ) -> dict[str, Any]:
     """The ``grid`` part of a sweep's config (validated: a bad size raises :class:`InputError`)."""
     check_name("model", model, MODELS)
+    check_seed(seed)
+    Shape(1, seq, dim, hidden)  # validates seq, dim, hidden (before seq divides anything)
     if not tokens:
         raise InputError("give at least one token count (--tokens)")
     for t in tokens:
@@ -105,7 +126,6 @@ def grid_config(
             raise InputError(f"token count {t} is not a multiple of --seq {seq} (batch = tokens / seq)")
     if len(set(tokens)) != len(tokens):
         raise InputError(f"token counts repeat: {list(tokens)}")
-    Shape(1, seq, dim, hidden)  # validates seq, dim, hidden
     return {"model": model, "dim": dim, "hidden": hidden, "seq": seq, "tokens": list(tokens), "dist": dist,
             "seed": seed}
 
@@ -196,11 +216,13 @@ def load_sweep(path: Path | str) -> dict[str, Any]:
             "results": ordered}
 
 
-def done_keys(path: Path) -> set[str]:
-    """Keys of the cells already in a sweep file (empty if there is none)."""
+def done_keys(path: Path, retry_errors: bool = False) -> set[str]:
+    """Keys of the cells already in a sweep file (empty if there is none); with ``retry_errors``, less those whose
+    last stored result is an ``error`` (they run again)."""
     if not path.is_file() or path.stat().st_size == 0:
         return set()
-    return {result_key(x["result"]) for x in _parse_lines(path) if x["type"] == "cell"}
+    last = {result_key(x["result"]): x["result"] for x in _parse_lines(path) if x["type"] == "cell"}
+    return {k for k, r in last.items() if not (retry_errors and r.get("status") == "error")}
 
 
 class SweepWriter:
@@ -326,8 +348,8 @@ def run_cell_isolated(
     scratch.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=scratch, prefix="cell-") as tmp:
         cell_path, result_path = Path(tmp) / "cell.json", Path(tmp) / "result.json"
-        cell_path.write_text(json.dumps({"spec": _spec_dict(s), "case": _case_dict(cell.case), "mode": cell.mode,
-                                         "timing": asdict(cfg)}))
+        write_text_atomic(cell_path, json.dumps({"spec": _spec_dict(s), "case": _case_dict(cell.case),
+                                                 "mode": cell.mode, "timing": asdict(cfg)}))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
         cmd = [sys.executable, "-m", "compare.sweep", "--worker", str(cell_path), str(result_path)]
         with tempfile.TemporaryFile() as err:
@@ -345,7 +367,7 @@ def run_cell_isolated(
             err.seek(0)
             tail = err.read().decode(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
         if rc == 0 and not timed_out and result_path.is_file():
-            out = json.loads(result_path.read_text())
+            out = json.loads(result_path.read_text(encoding="utf-8"))
             return out["result"], out["meta"]
     extras: dict[str, Any] = {"exit_code": rc, "stderr_tail": "\n".join(tail)}
     if timed_out:
@@ -366,15 +388,13 @@ def run_cell_isolated(
 
 def worker_main(cell_path: Path, result_path: Path) -> int:
     """Worker entry point: run the cell described in ``cell_path``, write the outcome to ``result_path``."""
-    d = json.loads(cell_path.read_text())
+    d = json.loads(cell_path.read_text(encoding="utf-8"))
     sd = d["spec"]
     s = BackendSpec(**{**sd, "models": tuple(sd["models"]), "modes": tuple(sd["modes"])})
     case = _case_from_dict(d["case"])
     cell = Cell(s.name, case, d["mode"])
     result, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**d["timing"]), {})
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"result": result, "meta": meta}, allow_nan=True))
-    tmp.replace(result_path)
+    write_text_atomic(result_path, json.dumps({"result": result, "meta": meta}, allow_nan=True))
     return 0
 
 
@@ -386,10 +406,13 @@ def run_sweep(
     isolate: bool = False,
     cell_timeout_s: float | None = None,
     progress: Callable[[str], None] | None = None,
+    retry_errors: bool = False,
 ) -> dict[str, Any]:
     """Run every cell of ``config`` not yet in ``out/results.jsonl``, appending each as it finishes.
 
-    ``specs`` maps each backend name in the config to its spec. Returns :func:`load_sweep` of the file.
+    ``specs`` maps each backend name in the config to its spec; ``retry_errors`` runs stored ``error`` cells again.
+    Returns :func:`load_sweep` of the file. The workers' scratch folder ``out/.cells`` is removed on the way out,
+    and a stale one (a killed sweep's) on the way in, once this sweep holds the file's lock.
     """
     path = out / JSONL
     cfg = harness.TimingConfig(**config["timing"])
@@ -397,28 +420,40 @@ def run_sweep(
     cells = cells_from_config(config)
     with SweepWriter(path) as w:
         _check_same_grid(path, config, env)
-        done = done_keys(path)
-        w.append({"type": "header", "schema": results.SCHEMA_VERSION,
-                  "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                  "config": config, "environment": env, "isolate": isolate})
-        todo = [c for c in cells if c.key not in done]
-        n_done = len(cells) - len(todo)
-        if progress and n_done:
-            progress(f"resuming {path}: {n_done}/{len(cells)} cells already done")
-        plain_cache: dict[str, Any] = {}
-        for cell in todo:
-            t0 = time.perf_counter()
-            s = specs[cell.backend]
-            if isolate:
-                r, meta = run_cell_isolated(s, cell, cfg, out / ".cells", cell_timeout_s)
-            else:
-                r, meta = run_cell_inprocess(s, cell, cfg, plain_cache)
-            wall = time.perf_counter() - t0
-            w.append({"type": "cell", "key": cell.key, "result": r, **meta, "wall_s": wall})
-            n_done += 1
-            if progress:
-                progress(progress_line(n_done, len(cells), cell.label(), wall, r["status"]))
+        _remove_scratch(out)
+        try:
+            done = done_keys(path, retry_errors)
+            w.append({"type": "header", "schema": results.SCHEMA_VERSION,
+                      "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                      "config": config, "environment": env, "isolate": isolate})
+            todo = [c for c in cells if c.key not in done]
+            n_done = len(cells) - len(todo)
+            if progress and n_done:
+                progress(f"resuming {path}: {n_done}/{len(cells)} cells already done")
+            if progress and retry_errors:
+                progress(f"retrying {len(done_keys(path)) - len(done)} cell(s) whose stored result is an error")
+            plain_cache: dict[str, Any] = {}
+            for cell in todo:
+                t0 = time.perf_counter()
+                s = specs[cell.backend]
+                if isolate:
+                    r, meta = run_cell_isolated(s, cell, cfg, out / SCRATCH, cell_timeout_s)
+                else:
+                    r, meta = run_cell_inprocess(s, cell, cfg, plain_cache)
+                wall = time.perf_counter() - t0
+                w.append({"type": "cell", "key": cell.key, "result": r, **meta, "wall_s": wall})
+                n_done += 1
+                if progress:
+                    progress(progress_line(n_done, len(cells), cell.label(), wall, r["status"]))
+        finally:
+            _remove_scratch(out)
     return load_sweep(path)
+
+
+def _remove_scratch(out: Path) -> None:
+    """Remove the workers' scratch folder ``out/.cells`` if there is one."""
+    with contextlib.suppress(FileNotFoundError):  # none: nothing to clean
+        shutil.rmtree(out / SCRATCH)
 
 
 def finish(out: Path, doc: dict[str, Any], plots: bool = True) -> dict[str, Any]:
@@ -433,7 +468,7 @@ def finish(out: Path, doc: dict[str, Any], plots: bool = True) -> dict[str, Any]
         else:
             doc["plots"] = [p.relative_to(out).as_posix() for p in paths]
     results.write_json(out / "results.json", doc)
-    (out / "REPORT.md").write_text(report.render(doc))
+    write_text_atomic(out / "REPORT.md", report.render(doc))
     return doc
 
 
@@ -441,7 +476,11 @@ def finish(out: Path, doc: dict[str, Any], plots: bool = True) -> dict[str, Any]
 
 
 def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
-    """The sweep config (grid, backends, dtypes, modes, timing) from parsed arguments; bad input raises."""
+    """The sweep config (grid, backends, dtypes, modes, timing) from parsed arguments; bad input raises, and so
+    does a grid whose largest case does not fit in memory."""
+    from compare.cli import check_grid_args
+
+    check_grid_args(a)
     base = preset(a.preset) if a.preset else None
     model = check_name("model", a.model, MODELS) if a.model else (base.model if base else None)
     if model is None:
@@ -452,41 +491,46 @@ def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
     if missing:
         raise InputError(f"without --preset, give every dimension; missing: {', '.join(missing)}")
     grid = grid_config(model, dim, hidden, a.tokens, a.seq, base.dist if base else "normal", a.seed)  # type: ignore[arg-type]
-    for b in a.backend:
-        spec(b)
-    dtypes = [check_name("dtype", d, DTYPES) for d in a.dtype]
-    modes = [check_name("mode", m, MODES) for m in a.mode]
-    for kind, xs in (("backend", a.backend), ("dtype", dtypes), ("mode", modes)):
-        if len(set(xs)) != len(xs):
-            raise InputError(f"a {kind} repeats: {', '.join(xs)}")
     timing = asdict(dataclasses.replace(harness.TimingConfig(), budget_s=a.budget))
-    return {"command": "python -m compare " + shlex.join(getattr(a, "argv", None) or ["sweep"]),
-            "preset": a.preset, "grid": grid, "backends": list(a.backend), "dtypes": dtypes, "modes": modes,
-            "timing": timing}
+    config = {"command": "python -m compare " + shlex.join(getattr(a, "argv", None) or ["sweep"]),
+              "preset": a.preset, "grid": grid, "backends": list(a.backend), "dtypes": list(a.dtype),
+              "modes": list(a.mode), "timing": timing}
+    preflight.check_memory(dict.fromkeys(c.case for c in cells_from_config(config)))
+    return config
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
-    """Run (or resume) a sweep; write results.json, REPORT.md and plots. 0 if every cell is ok or skipped."""
+    """Run (or resume) a sweep; write results.json, REPORT.md and plots. 0 if every cell is ok or skipped.
+
+    Everything is checked before the first cell: the arguments, the memory the largest case needs, the golden
+    files, the output folder. Ctrl-C or SIGTERM: the cell in flight is dropped, the rest written, status 130.
+    """
     config = config_from_args(a)
-    if a.cell_timeout is not None and not a.isolate:
-        raise InputError("--cell-timeout needs --isolate (only a worker process can be stopped)")
-    out = Path(a.out)
+    if a.cell_timeout is not None:
+        check_finite("--cell-timeout", a.cell_timeout)
+        if not a.isolate:
+            raise InputError("--cell-timeout needs --isolate (only a worker process can be stopped)")
+    preflight.check_golden(dict.fromkeys(c.case for c in cells_from_config(config)))
+    out = preflight.prepare_out_dir(Path(a.out))
     specs = {b: spec(b) for b in config["backends"]}
     interrupted = False
     try:
-        doc = run_sweep(config, out, specs, isolate=a.isolate, cell_timeout_s=a.cell_timeout,
-                        progress=lambda s: print(s, file=sys.stderr, flush=True))
-    except KeyboardInterrupt:
+        with exitcodes.terminate_as_interrupt():
+            doc = run_sweep(config, out, specs, isolate=a.isolate, cell_timeout_s=a.cell_timeout,
+                            progress=lambda s: print(s, file=sys.stderr, flush=True), retry_errors=a.retry_errors)
+    except KeyboardInterrupt as exc:
         interrupted = True
-        print("sweep: interrupted; writing what is done (rerun the same command to resume)", file=sys.stderr)
+        why = "terminated" if isinstance(exc, exitcodes.Terminated) else "interrupted"
+        print(f"sweep: {why}; writing what is done (rerun the same command to resume)", file=sys.stderr)
         doc = load_sweep(out / JSONL)
     finish(out, doc, plots=not a.no_plots)
     prog = doc["config"]["progress"]
     print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'}: {prog['done']}/{prog['cells']} cells "
           f"({report.summary(doc['results'])})")
     if interrupted:
-        return 130
-    return 0 if all(r["status"] in ("ok", "skipped") for r in doc["results"]) else 1
+        return exitcodes.INTERRUPTED
+    ok = all(r["status"] in ("ok", "skipped") for r in doc["results"])
+    return exitcodes.OK if ok else exitcodes.FINDING
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -495,7 +539,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     p: argparse.ArgumentParser = subparsers.add_parser(
         "sweep", help="run a grid of token counts x dtypes x modes x backends; resumable (results.jsonl)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, epilog=exitcodes.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", help=f"dim, hidden, model and distribution from: {', '.join(PRESETS)}")
     p.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
     p.add_argument("--dim", type=int, help="override the preset's dim")
@@ -508,19 +552,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--isolate", action="store_true",
                    help="run each cell in a worker process: a segfault or OOM kill is recorded, not fatal")
     p.add_argument("--cell-timeout", type=float, help="with --isolate: seconds before a cell is killed")
+    p.add_argument("--retry-errors", action="store_true",
+                   help="on a restart, run again the cells whose stored result is an error")
     p.add_argument("--no-plots", action="store_true", help="do not write plots")
     p.set_defaults(fn=cmd_sweep)
     return p
-
-
-def _exit_status(fn: Callable[[], int]) -> int:
-    from compare.golden import GoldenError
-
-    try:
-        return int(fn())
-    except (InputError, GoldenError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -536,7 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_parser(sub)
     a = top.parse_args(["sweep", *argv])
     a.argv = ["sweep", *argv]  # as `python -m compare` sets it: the subcommand and its arguments
-    return _exit_status(lambda: a.fn(a))
+    return exitcodes.exit_status(lambda: a.fn(a))
 
 
 if __name__ == "__main__":

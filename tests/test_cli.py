@@ -62,7 +62,8 @@ def test_run_writes_results_and_report(run_dir: Path) -> None:
         else:
             assert set(r["timing"]) >= {"median_s", "iqr_s", "min_s", "n", "first_call_s"}
     md = (run_dir / "REPORT.md").read_text()
-    for section in ("## Environment", "## Parity", "## Timing", "## Skipped and failed"):
+    for section in ("## Environment", "## Parity", "## What a pass means", "## Timing",
+                    "## Skipped, failed and implausible"):
         assert section in md
 
 

@@ -39,7 +39,9 @@ class SimpleGeGLUMLP(nn.Module):
         return self.down_proj(self.act_mul(self.gate_proj(x), self.up_proj(x)))
 
 
-def build_module(problem: Problem, device: torch.device, dtype: torch.dtype, act_mul: ActMul = eager_geglu) -> nn.Module:
+def build_module(
+    problem: Problem, device: torch.device, dtype: torch.dtype, act_mul: ActMul = eager_geglu
+) -> nn.Module:
     """The case's module on ``device`` in ``dtype``, every parameter copied from the golden weights."""
     s = problem.case.shape
     module: nn.Module

@@ -1,0 +1,568 @@
+"""Nothing lost, and a crash never looks like a verdict.
+
+Exit statuses are defined once (``compare.exitcodes``); every bad input is refused with status 2 and one line on
+stderr before anything is measured; outputs are replaced atomically; results files are validated on load; an
+interrupted run or sweep saves what finished (130); a terminated isolated sweep leaves no worker and no scratch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import errno
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compare import atomic, cli, diff, exitcodes, harness, preflight, results, sweep
+from compare.cases import PRESETS, Case, InputError, Shape
+from compare.registry import BackendSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--preset", "tiny", "--backend", "torch-eager", "--budget", "0.05", "--no-ceilings", "--no-plots"]
+
+
+@pytest.fixture
+def no_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any measurement fails the test: the input must be refused before."""
+    def measured(*args: object, **kw: object) -> Any:
+        raise AssertionError("measured before the input was checked")
+
+    monkeypatch.setattr(harness, "run", measured)
+    monkeypatch.setattr(harness, "run_one", measured)
+    monkeypatch.setattr(sweep, "run_sweep", measured)
+
+
+def _one_line_error(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# --- exit statuses ----------------------------------------------------------------------------------------------
+
+
+def test_exit_statuses_are_defined_once_and_documented(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (exitcodes.OK, exitcodes.FINDING, exitcodes.BAD_INPUT, exitcodes.INTERNAL_ERROR,
+            exitcodes.INTERRUPTED) == (0, 1, 2, 3, 130)
+    assert not hasattr(diff, "_exit_status") and not hasattr(sweep, "_exit_status")
+    for args in (["--help"], ["run", "--help"], ["sweep", "--help"], ["diff", "--help"], ["report", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(args)
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        assert "exit status:" in out and "130" in out and "internal error" in out, args
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "Exit status" in readme and "--retry-errors" in readme
+
+
+def test_argparse_errors_stay_2() -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "--budget", "lots"])
+    assert e.value.code == 2
+
+
+def test_an_unexpected_exception_is_an_internal_error_3(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*args: object, **kw: object) -> Any:
+        raise RuntimeError("the harness broke")
+
+    monkeypatch.setattr(harness, "run", broken)
+    monkeypatch.delenv(exitcodes.DEBUG_ENV, raising=False)
+    assert cli.main(["run", *TINY, "--out", str(tmp_path / "o")]) == 3
+    line = _one_line_error(capsys.readouterr().err)
+    assert line.startswith("internal error: RuntimeError: the harness broke") and "FUSION_COMPARE_DEBUG=1" in line
+    monkeypatch.setenv(exitcodes.DEBUG_ENV, "1")
+    assert cli.main(["run", *TINY, "--out", str(tmp_path / "o")]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "internal error: RuntimeError: the harness broke" in err
+
+
+def test_an_unhandled_interrupt_is_130(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(*args: object, **kw: object) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(harness, "run", interrupted)
+    assert cli.main(["run", *TINY, "--out", str(tmp_path / "o")]) == 130
+    assert _one_line_error(capsys.readouterr().err) == "interrupted"
+
+
+# --- every argument checked before anything is measured --------------------------------------------------------
+
+
+def _bad_out_dirs(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    return {
+        "regular file": (str(f), "exists and is not a folder"),
+        "file in the way": (str(f / "sub"), "cannot create output folder"),
+        "name too long": (str(tmp_path / ("n" * 300)), "cannot create output folder"),
+    }
+
+
+@pytest.mark.parametrize("which", ["regular file", "file in the way", "name too long"])
+def test_unusable_out_folder_exits_2_before_measuring(
+    which: str, tmp_path: Path, no_measuring: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, message = _bad_out_dirs(tmp_path)[which]
+    assert cli.main(["run", *TINY, "--out", out]) == 2
+    assert message in _one_line_error(capsys.readouterr().err)
+
+
+def test_sweep_refuses_an_unusable_out_folder(tmp_path: Path, no_measuring: None,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out, message = _bad_out_dirs(tmp_path)["regular file"]
+    assert cli.main(["sweep", "--preset", "tiny", "--backend", "torch-eager", "--out", out]) == 2
+    assert message in _one_line_error(capsys.readouterr().err)
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_out_under_proc_exits_2(no_measuring: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", *TINY, "--out", "/proc/x"]) == 2
+    assert "cannot create output folder /proc/x" in _one_line_error(capsys.readouterr().err)
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_out_folder_exits_2(tmp_path: Path, no_measuring: None,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        assert cli.main(["run", *TINY, "--out", str(ro)]) == 2
+        assert "cannot write in output folder" in _one_line_error(capsys.readouterr().err)
+    finally:
+        ro.chmod(stat.S_IRWXU)
+
+
+def test_prepare_out_dir_proves_it_can_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write test itself (what a read-only folder trips, even where the tests run as root)."""
+    def cannot(*args: object, **kw: object) -> Any:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(preflight.tempfile, "NamedTemporaryFile", cannot)
+    with pytest.raises(InputError, match=r"cannot write in output folder .*Permission denied"):
+        preflight.prepare_out_dir(tmp_path / "o")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", *TINY, "--shape-sweep", "0"], "--shape-sweep token counts must be positive integers, got 0"),
+        (["run", *TINY, "--shape-sweep", "8", "-4"], "--shape-sweep token counts must be positive integers, got -4"),
+        (["run", *TINY, "--seed", "-5"], "seed must be a non-negative integer, got -5"),
+        (["run", *TINY, "--budget", "0"], "--budget must be a finite number > 0, got 0.0"),
+        (["run", *TINY, "--budget", "nan"], "--budget must be a finite number > 0, got nan"),
+        (["run", *TINY, "--budget", "inf"], "--budget must be a finite number > 0, got inf"),
+        (["run", *TINY, "--backend", "torch-eager", "torch-eager"], "a backend repeats: torch-eager, torch-eager"),
+        (["run", *TINY, "--dtype", "float32", "float32"], "a dtype repeats"),
+        (["run", *TINY, "--mode", "fwd", "fwd"], "a mode repeats"),
+        (["run", "--model", "geglu", "--batch", "100000000", "--dim", "100000", "--seq", "1", "--hidden", "8",
+          "--backend", "torch-eager"], "bytes) of memory"),
+        (["sweep", "--preset", "tiny", "--seq", "0"], "shape dimension 'seq' must be a positive integer, got 0"),
+        (["sweep", "--preset", "tiny", "--seed", "-5"], "seed must be a non-negative integer, got -5"),
+        (["sweep", "--preset", "tiny", "--budget", "nan"], "--budget must be a finite number > 0"),
+        (["sweep", "--preset", "tiny", "--backend", "torch-eager", "torch-eager"], "a backend repeats"),
+        (["sweep", "--preset", "tiny", "--isolate", "--cell-timeout", "nan"], "--cell-timeout must be a finite"),
+        (["sweep", "--preset", "tiny", "--isolate", "--cell-timeout", "0"], "--cell-timeout must be a finite"),
+        (["sweep", "--model", "geglu", "--dim", "100000", "--hidden", "8", "--tokens", "100000000"],
+         "bytes) of memory"),
+    ],
+)
+def test_bad_arguments_exit_2_before_measuring(
+    args: list[str], message: str, tmp_path: Path, no_measuring: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([*args, "--out", str(tmp_path / "o")]) == 2
+    assert message in _one_line_error(capsys.readouterr().err)
+    assert not (tmp_path / "o").exists()  # refused before the output folder was even made
+
+
+def test_too_large_names_bytes_needed_and_available(no_measuring: None, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["run", "--model", "geglu", "--batch", "100000000", "--dim", "100000", "--seq", "1", "--hidden", "8",
+            "--out", str(tmp_path / "o")]
+    assert cli.main(args) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    need = Case("geglu", Shape(100000000, 1, 100000, 8), "float32").estimated_bytes()
+    assert f"({need:,} bytes) of memory" in line and "bytes) are available" in line
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [("--threshold", "nan", "--threshold must be a finite number >= 0, got nan"),
+     ("--threshold", "-0.1", "--threshold must be a finite number >= 0"),
+     ("--k", "0", "--k must be a finite number > 0"),
+     ("--k", "inf", "--k must be a finite number > 0"),
+     ("--alpha", "0", "--alpha must be a finite number > 0 and <= 1"),
+     ("--alpha", "1.5", "--alpha must be a finite number > 0 and <= 1"),
+     ("--alpha", "nan", "--alpha must be a finite number > 0 and <= 1")],
+)
+def test_diff_refuses_non_finite_options(option: str, value: str, message: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.json"
+    results.write_json(path, _doc())
+    assert diff.main([str(path), str(path), option, value]) == 2
+    assert message in _one_line_error(capsys.readouterr().err)
+
+
+def test_memory_estimate_bounds_the_golden_data() -> None:
+    """The estimate counts at least what the golden data and the plain computation really hold."""
+    from compare.golden import make_golden
+
+    for case in (PRESETS["tiny"].case("float32"), PRESETS["blog-linear"].case("bfloat16")):
+        g = make_golden(case)
+        held = sum(a.nbytes for d in (g.inputs, g.params, g.ref) for a in d.values())
+        assert held < case.estimated_bytes() < 20 * held
+    small = PRESETS["tiny"].case("float32")
+    with pytest.raises(InputError, match=r"needs at least .* but only 1 kB \(1,000 bytes\) are available \(test\)"):
+        preflight.check_memory([small], (1000, "test"))
+    preflight.check_memory([small], (small.estimated_bytes(), "test"))
+
+
+def test_available_memory_is_read() -> None:
+    from compare.environment import available_memory_bytes
+
+    got = available_memory_bytes()
+    if Path("/proc/meminfo").is_file():
+        assert got is not None and got[0] > 0 and "MemAvailable" in got[1]
+
+
+# --- atomic writes ---------------------------------------------------------------------------------------------
+
+
+class _Os:
+    """``os`` as :mod:`compare.atomic` sees it, with some functions replaced (the real ``os`` stays untouched)."""
+
+    def __init__(self, **replaced: Any) -> None:
+        self.replaced = replaced
+
+    def __getattr__(self, name: str) -> Any:
+        return self.replaced[name] if name in self.replaced else getattr(os, name)
+
+
+class _FullDisk:
+    """A file object that writes half of what it is given, then fails as a full disk does."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+
+    def write(self, data: bytes) -> int:
+        self.f.write(data[: len(data) // 2])
+        self.f.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __enter__(self) -> _FullDisk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.f.close()
+
+
+def test_a_failed_write_keeps_the_previous_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "results.json"
+    old = _doc()
+    results.write_json(path, old)
+    before = path.read_bytes()
+    monkeypatch.setattr(atomic, "os", _Os(fdopen=lambda fd, *a, **kw: _FullDisk(os.fdopen(fd, *a, **kw))))
+    new = copy.deepcopy(old)
+    new["results"][0]["status"] = "error"
+    with pytest.raises(OSError) as e:
+        results.write_json(path, new)
+    assert e.value.errno == errno.ENOSPC
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temporary file left
+
+
+def test_an_interrupt_inside_a_write_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "REPORT.md"
+    atomic.write_text_atomic(path, "old report\n")
+
+    def interrupted(fd: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic, "os", _Os(fsync=interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        atomic.write_text_atomic(path, "new report\n")
+    assert path.read_text(encoding="utf-8") == "old report\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["REPORT.md"]
+
+
+def test_atomic_write_is_utf8_and_keeps_permissions(tmp_path: Path) -> None:
+    path = tmp_path / "REPORT.md"
+    atomic.write_text_atomic(path, "median 4.9 µs\n")
+    assert path.read_bytes() == "median 4.9 µs\n".encode()
+    path.chmod(0o640)
+    atomic.write_text_atomic(path, "median 5.0 µs\n")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640 and path.read_text(encoding="utf-8") == "median 5.0 µs\n"
+
+
+def test_outputs_are_written_atomically_everywhere() -> None:
+    """No command writes an output with a plain ``write_text``: each goes through ``write_text_atomic``."""
+    for name in ("cli", "sweep", "diff", "results"):
+        source = (ROOT / "compare" / f"{name}.py").read_text(encoding="utf-8")
+        assert ".write_text(" not in source and ".write_bytes(" not in source, name
+        assert "write_text_atomic" in source or "write_json" in source, name
+
+
+# --- results files validated on load ----------------------------------------------------------------------------
+
+
+def _doc() -> dict[str, Any]:
+    r = {"backend": "torch-eager", "model": "geglu", "dtype": "float32", "mode": "fwd", "status": "ok",
+         "shape": {"batch": 3, "seq": 37, "dim": 96, "hidden": 328}, "case": "geglu-3x37x96-328-float32-normal-s0",
+         "reason": "", "note": "", "parity": None,
+         "timing": {"median_s": 1e-3, "iqr_s": 1e-5, "min_s": 9e-4, "n": 5, "calls_per_sample": 1,
+                    "first_call_s": 0.1, "samples_s": [1e-3] * 5}}
+    return {"schema": 1, "created": "2026-01-01T00:00:00+00:00", "config": {},
+            "environment": {"versions": {}, "threads": {}, "precision": {}}, "results": [r]}
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r.pop("shape"), "result #0 (torch-eager) lacks shape"),
+        (lambda r: r["shape"].pop("hidden"), "result #0 (torch-eager) has a shape without positive integer hidden"),
+        (lambda r: r["shape"].update(batch="3"), "has a shape without positive integer batch"),
+        (lambda r: r["timing"].pop("median_s"), "result #0 (torch-eager) has a timing without median_s"),
+        (lambda r: r["timing"].update(median_s=0), "median_s that is not a finite positive number (0)"),
+        (lambda r: r["timing"].update(median_s=float("nan")), "median_s that is not a finite positive number"),
+        (lambda r: r["timing"].pop("iqr_s"), "has a timing without iqr_s"),
+        (lambda r: r.update(status="fine"), "has an unknown status 'fine'"),
+        (lambda r: r.pop("backend"), "result #0 lacks backend"),
+    ],
+)
+def test_report_and_diff_refuse_a_bad_row(edit: Any, message: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _doc()
+    edit(doc["results"][0])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc), encoding="utf-8")
+    good = tmp_path / "good.json"
+    results.write_json(good, _doc())
+    assert cli.main(["report", str(bad), "--out", str(tmp_path / "R.md")]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"results file {bad}: " in line and message in line
+    assert not (tmp_path / "R.md").exists()
+    assert diff.main([str(good), str(bad)]) == 2
+    assert message in _one_line_error(capsys.readouterr().err)
+
+
+def test_unreadable_results_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "latin1.json").write_bytes(b'{"results": [], "environment": {}, "x": "\xe9"}')
+    (tmp_path / "list.json").write_text("[]", encoding="utf-8")
+    for name, message in (("latin1.json", "cannot be read"), ("list.json", "lacks 'environment' and 'results'")):
+        assert cli.main(["report", str(tmp_path / name)]) == 2
+        assert message in _one_line_error(capsys.readouterr().err)
+
+
+def test_truncated_golden_manifest_exits_2_naming_it(tmp_path: Path) -> None:
+    golden = tmp_path / "golden"
+    shutil.copytree(ROOT / "golden", golden)
+    manifest = golden / "MANIFEST.json"
+    manifest.write_bytes(manifest.read_bytes()[:100])
+    p = subprocess.run([sys.executable, "-m", "compare", "run", *TINY, "--out", str(tmp_path / "o")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "FUSION_COMPARE_GOLDEN_DIR": str(golden)})
+    assert p.returncode == 2, p.stderr
+    line = _one_line_error(p.stderr)
+    assert "MANIFEST.json" in line and "not valid JSON" in line
+    assert not (tmp_path / "o").exists()  # refused before the output folder was even made
+
+
+# --- interrupted run, locked folder -----------------------------------------------------------------------------
+
+
+def test_interrupted_run_saves_what_finished(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``harness.run`` returns the finished cells with ``interrupted``: run writes them and exits 130."""
+    def partial(*args: object, **kw: object) -> dict[str, Any]:
+        doc = _doc()
+        doc["interrupted"] = True
+        return doc
+
+    monkeypatch.setattr(harness, "run", partial)
+    out = tmp_path / "o"
+    assert cli.main(["run", *TINY, "--shape-sweep", "8", "--out", str(out)]) == 130
+    line = _one_line_error(capsys.readouterr().err)
+    assert line.startswith(f"interrupted: saved 1 finished cells to {out / 'results.json'}")
+    doc = results.read_json(out / "results.json")
+    assert doc["interrupted"] is True and len(doc["results"]) == 1 and "shape_sweep" not in doc
+    assert "# fusion-compare report" in (out / "REPORT.md").read_text(encoding="utf-8")
+
+
+def test_a_second_run_into_the_same_folder_is_refused(tmp_path: Path, no_measuring: None,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "o"
+    out.mkdir()
+    with preflight.lock_folder(out):
+        assert cli.main(["run", *TINY, "--out", str(out)]) == 2
+    assert f"another run is writing {out}" in _one_line_error(capsys.readouterr().err)
+    with preflight.lock_folder(out):  # released when the first one ends
+        pass
+
+
+# --- sweep: --retry-errors, SIGTERM -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def flaky() -> Iterator[None]:
+    """A backend named ``flaky``: raising (tests.raising_backend) until the test swaps in torch-eager's module."""
+    from compare import registry
+
+    registry.register(BackendSpec("flaky", "none", "tests.raising_backend", "raises, then works"))
+    yield
+    registry.BACKENDS.pop("flaky", None)
+
+
+def test_retry_errors_reruns_error_cells_and_the_new_line_wins(tmp_path: Path, flaky: None,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from compare import registry
+
+    out = tmp_path / "sweep"
+    args = ["sweep", "--preset", "tiny", "--tokens", "1", "--backend", "flaky", "--budget", "0.02", "--no-plots",
+            "--out", str(out)]
+    assert cli.main(args) == 1
+    registry.register(BackendSpec("flaky", "torch", "torch_impl.backends.eager", "works now"))
+    assert cli.main(args) == 1  # without the flag the stored error stands
+    assert sweep.load_sweep(out)["results"][0]["status"] == "error"
+    assert cli.main([*args, "--retry-errors"]) == 0
+    assert "retrying 1 cell(s)" in capsys.readouterr().err
+    (r,) = sweep.load_sweep(out)["results"]
+    assert r["status"] == "ok" and r["timing"]["n"] >= 5
+    lines = [json.loads(x) for x in (out / sweep.JSONL).read_text(encoding="utf-8").splitlines()]
+    assert [x["result"]["status"] for x in lines if x["type"] == "cell"] == ["error", "ok"]
+
+
+def test_stale_scratch_is_removed_on_start(tmp_path: Path, flaky: None) -> None:
+    out = tmp_path / "sweep"
+    (out / ".cells" / "cell-stale").mkdir(parents=True)
+    (out / ".cells" / "cell-stale" / "cell.json").write_text("{}", encoding="utf-8")
+    assert cli.main(["sweep", "--preset", "tiny", "--tokens", "1", "--backend", "flaky", "--no-plots",
+                     "--out", str(out)]) == 1
+    assert not (out / ".cells").exists()
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, process group) of a live process, None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    state, ppid, pgrp = raw[raw.rindex(")") + 2:].split()[:3]
+    return state, int(ppid), int(pgrp)
+
+
+def _workers(pid: int) -> list[int]:
+    """Live sweep workers (``python -m compare.sweep --worker ...``) whose parent is ``pid``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            s = _proc_stat(int(d.name))
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                if s and s[1] == pid and b"--worker" in (d / "cmdline").read_bytes():
+                    out.append(int(d.name))
+    return out
+
+
+def _group_alive(pgid: int) -> bool:
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            s = _proc_stat(int(d.name))
+            if s and s[2] == pgid and s[0] != "Z":
+                return True
+    return False
+
+
+LAUNCH = """
+import sys
+from compare import registry
+from compare.registry import BackendSpec
+registry.register(BackendSpec("misbehaving", "none", "tests.test_sweep", "hangs in bwd"))
+from compare.sweep import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file() or os.name != "posix", reason="needs Linux /proc")
+def test_sigterm_stops_an_isolated_sweep_and_its_worker(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-c", LAUNCH, "--preset", "tiny", "--tokens", "1", "--backend", "misbehaving", "--mode",
+           "bwd", "--isolate", "--no-plots", "--out", str(out)]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    worker = None
+    try:
+        deadline = time.monotonic() + 120
+        while worker is None:
+            assert p.poll() is None, p.stderr.read().decode() if p.stderr else ""
+            assert time.monotonic() < deadline, "no worker process started in time"
+            kids = _workers(p.pid)
+            worker = kids[0] if kids else None
+            time.sleep(0.05)
+        assert (out / ".cells").is_dir()
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=60)
+        err = p.stderr.read().decode() if p.stderr else ""
+        assert rc == 130, err
+        assert "Traceback" not in err and "sweep: terminated" in err
+        deadline = time.monotonic() + 30
+        while _group_alive(worker):
+            assert time.monotonic() < deadline, "the worker's process group outlived the sweep"
+            time.sleep(0.05)
+        assert not (out / ".cells").exists()
+        assert sweep.load_sweep(out)["config"]["progress"]["done"] == 0  # the cell in flight is not a result
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+        if p.stderr:
+            p.stderr.close()
+        if worker is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(worker, signal.SIGKILL)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> None:
+    """End to end: SIGINT once a cell has finished; the run writes it, says so and exits 130 without a traceback."""
+    import select
+
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-m", "compare", "run", "--preset", "tiny", "--backend", "torch-eager", "--dtype",
+           "float32", "bfloat16", "float16", "--budget", "2", "--no-ceilings", "--no-plots", "--out", str(out)]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = b""
+    try:
+        assert p.stderr is not None
+        deadline = time.monotonic() + 120
+        while b"-> ok" not in err:
+            assert time.monotonic() < deadline and p.poll() is None, err.decode()
+            if select.select([p.stderr], [], [], 0.1)[0]:
+                err += os.read(p.stderr.fileno(), 4096)
+        p.send_signal(signal.SIGINT)
+        _, rest = p.communicate(timeout=60)
+        err += rest
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+        if p.stderr:
+            p.stderr.close()
+    text = err.decode()
+    assert p.returncode == 130, text
+    assert "Traceback" not in text and f"finished cells to {out / 'results.json'}" in text
+    doc = results.read_json(out / "results.json")
+    assert doc["interrupted"] is True and 1 <= len(doc["results"]) < 3
