@@ -109,11 +109,6 @@ class Case:
         s = self.shape
         return f"{self.model}-{s.batch}x{s.seq}x{s.dim}-{s.hidden}-{self.dtype}-{self.dist}-s{self.seed}"
 
-    @property
-    def reduction_length(self) -> int:
-        """The longest accumulation in forward or backward: a GEMM's K, or the token sum of a weight gradient."""
-        return max(self.shape.tokens, self.shape.dim, self.shape.hidden)
-
     def input_shape(self) -> tuple[int, int, int]:
         return (self.shape.batch, self.shape.seq, self.shape.dim)
 

@@ -59,14 +59,15 @@ def parity_section(results: list[Doc]) -> str:
                          str(t.get("not_representable", "-")), verdict])
     head = ["backend", "case", "dtype", "mode", "tensor", "max abs err (bound)", "rms err (bound)",
             "mean err (bound; se)", "scale err (bound; se)", "values not in dtype", "parity"]
-    checked = sorted({" and ".join(r["parity"].get("checked", ["first call"])) for r in results if r.get("parity")})
+    timed = any(len(r["parity"].get("checked", [])) > 1 for r in results if r.get("parity"))
     intro = ("Error against the float64 golden, every check of the gate (`compare/parity.py`); each bound comes from "
              "a plain same-dtype computation's own error on the same case. max: max|err| <= 2 x plain max + one unit "
              "roundoff of max|ref|. rms: rms(err) <= 2 x plain rms + one unit roundoff of rms(ref). mean (a constant "
              "shift) and scale (the slope of err on ref: output = (1 + scale) x ref) must lie within |plain's| + 5 "
              "cluster-robust standard errors. Values not in dtype: outputs that are not values of the case dtype "
-             "(a backend computing or answering in a wider type). Parity was checked on the output of the "
-             + ("; ".join(checked) if checked else "first call") + ".")
+             "(a backend computing or answering in a wider type). The numbers are the first call's output"
+             + ("; timed rows were checked again on the output of their last timed call, and a failure there is "
+                "marked in the row." if timed else " (no row was timed, so no later output was checked)."))
     return "## Parity\n\n" + intro + "\n\n" + table(head, rows)
 
 

@@ -122,7 +122,7 @@ def resolution_section(doc: dict[str, Any]) -> str:
         if r["erf_distinguishable"] is None:
             erf = "- (no GELU)"
         elif r["erf_distinguishable"]:
-            erf = f"distinguishable ({', '.join(r['erf_failed'])} check fails)"
+            erf = f"distinguishable (fails: {', '.join(r['erf_failed'])})"
         else:
             erf = "**not distinguishable**"
         body.append([r["label"], r["dtype"], r["tensor"], f"{r['n']:,}", _pct(r["scale_resolution"], r["note"]),
