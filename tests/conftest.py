@@ -1,13 +1,39 @@
-"""Shared fixtures: parity results are cached per (backend, case, mode) so each compile happens once a session."""
+"""Shared fixtures: parity results are cached per (backend, case, mode) so each compile happens once a session.
+
+First, before anything imports triton: this test process's one choice of how Triton kernels run (compiled where
+CUDA exists, interpreted elsewhere; ``torch_impl.ops._triton_env.choose``). No test module sets
+``TRITON_INTERPRET``; ``tests/test_triton_env.py`` proves that the choice does not leak.
+"""
 
 from __future__ import annotations
 
 import functools
+import os
+
+import pytest
+
+from torch_impl.ops import _triton_env  # isort: skip  (first: makes the choice)
 
 from compare.cases import Case
 from compare.harness import TimingConfig, plain_reference, run_one
 from compare.registry import spec
 from compare.results import Result
+
+#: What the choice was, and the variable as it stood right after it (the leak test compares against both).
+TRITON_INTERPRETED = _triton_env.choose()
+TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu``-marked tests skip, saying why, where torch sees no CUDA device (they run in the GPU check)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (no CUDA device here); runs in scripts/gpu_check.sh")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @functools.cache

@@ -39,10 +39,26 @@ TRAIN_PAIRS = PAIRS
 #: computation (and jnp.sum) accumulates in float32: the error grows with the token count. Under the statistical
 #: gate it still fails exactly ``dbias`` on every committed linear case in bf16 and fp16 (the max check, and on
 #: most of them the rms check too); ``test_the_jax_dbias_finding_in_numbers`` pins the numbers.
-KNOWN_DEVIATIONS: dict[tuple[str, str, str], set[str]] = {
+#: Observed on XLA:CPU only: on another JAX platform (a GPU) nothing is known yet and every tensor must pass; a
+#: failure there is a new finding to look at, not this one.
+KNOWN_DEVIATIONS_XLA_CPU: dict[tuple[str, str, str], set[str]] = {
     ("jax-xla", "linear", "bfloat16"): {"dbias"},
     ("jax-xla", "linear", "float16"): {"dbias"},
 }
+
+
+@functools.cache
+def _jax_platform() -> str:
+    from jax_impl import device
+
+    return device.platform()
+
+
+def known_deviations(backend: str, model: str, dtype: str) -> set[str]:
+    """The pinned findings of this platform for a (backend, model, dtype)."""
+    if _jax_platform() != "cpu":
+        return set()
+    return KNOWN_DEVIATIONS_XLA_CPU.get((backend, model, dtype), set())
 
 
 @pytest.mark.parametrize("backend", RUN_HERE)
@@ -64,7 +80,7 @@ def test_gradient_parity_fwd_bwd(backend: str, case: Case) -> None:
     """Output and every gradient (dx and each weight, db for linear) against the golden gradients."""
     r = parity_result(backend, case, "fwd+bwd")
     names = [t["tensor"] for t in r.parity["tensors"]]  # type: ignore[index]
-    known = KNOWN_DEVIATIONS.get((backend, case.model, case.dtype))
+    known = known_deviations(backend, case.model, case.dtype)
     if known:
         failing = {t["tensor"] for t in r.parity["tensors"] if not t["passed"]}  # type: ignore[index]
         assert r.status == "parity-fail" and failing == known, explain(r)
@@ -224,7 +240,9 @@ def test_a_reference_beyond_the_dtype_is_refused() -> None:
 
 def test_the_jax_dbias_finding_in_numbers() -> None:
     """The pinned jax-xla finding, under the statistical gate: dbias fails its max check in bf16 and fp16 on every
-    committed linear case, by more than its bound, and nothing else fails."""
+    committed linear case, by more than its bound, and nothing else fails. Observed on XLA:CPU."""
+    if _jax_platform() != "cpu":
+        pytest.skip("an XLA:CPU observation; on this JAX platform the gradient parity test expects a pass")
     for case in [c for c in CASES if c.model == "linear" and c.dtype != "float32"]:
         r = parity_result("jax-xla", case, "fwd+bwd")
         t = {x["tensor"]: x for x in r.parity["tensors"]}["dbias"]  # type: ignore[index]
@@ -250,7 +268,10 @@ def test_the_jax_bf16_gelu_finding_in_numbers() -> None:
     """A real finding only the statistical gate makes: on cpu-mlp (786k outputs) jax-xla's bf16 forward is
     systematically low by about 0.016% (14 standard errors; about a 25th of a bf16 ulp), beyond the plain bf16
     computation's own bias. The cause is XLA's bf16 GELU (bf16 constants, every step rounded): a numpy emulation of
-    its HLO reproduces the slope, and the same chain with the constants in fp32 is biased the other way."""
+    its HLO reproduces the slope, and the same chain with the constants in fp32 is biased the other way. Observed
+    on XLA:CPU (its HLO is what the emulation copies)."""
+    if _jax_platform() != "cpu":
+        pytest.skip("an XLA:CPU observation: XLA:GPU lowers the bf16 GELU its own way")
     case = PRESETS["cpu-mlp"].case("bfloat16")
     r = run_one(spec("jax-xla"), case, "fwd", plain_reference(case), TimingConfig(), {}, time_it=False)
     (t,) = r.parity["tensors"]  # type: ignore[index]

@@ -25,6 +25,7 @@ from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from compare import kernels as ks
+from torch_impl.ops._launch import PREFIX as LAUNCH_PREFIX
 
 #: The ``record_function`` range around each profiled step (as in the seed's profiling script).
 STEP_NAME = "fusion_compare_step"
@@ -59,22 +60,22 @@ def enable_inductor_kernel_profile(enabled: bool = True) -> bool:
 
 
 def interpreted_regions() -> frozenset[str]:
-    """Profiler ranges of this project's Triton ops when they run in Triton's CPU interpreter, else empty.
+    """Profiler ranges counted as one opaque ``custom`` kernel each: the launch ranges of this project's Triton
+    kernels when they run in Triton's CPU interpreter (``torch_impl.ops._launch``: ``triton::<kernel>``), else none.
 
-    An interpreted launch runs in Python through numpy: the profiler sees only the op's ``autograd.Function``
-    range (``GeGLUFunction``, ``GeGLUFunctionBackward``) and the interpreter's host copies inside it, so each range
-    is counted as one ``custom`` kernel and nothing inside it is counted.
+    An interpreted launch runs in Python through numpy: the profiler sees only its range and the interpreter's host
+    copies inside it, so the range is one kernel and nothing inside it counts. The range covers the launch alone:
+    framework ops around it, inside an ``autograd.Function``'s forward or backward (the recompute GEMMs of
+    ``torch-triton-fused``'s backward), are counted one by one like any others.
     """
     if os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available():
         return frozenset()
-    names: set[str] = set()
-    todo = list(torch.autograd.Function.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        todo.extend(cls.__subclasses__())
-        if cls.__module__.startswith("torch_impl.ops"):
-            names.update({cls.__name__, cls.__name__ + "Backward"})
-    return frozenset(names)
+    return frozenset({LAUNCH_PREFIX + "*"})
+
+
+def _opaque(name: str, opaque: Collection[str]) -> bool:
+    """``name`` is one of ``opaque``, or starts with an entry's prefix (an entry ending in ``*``)."""
+    return name in opaque or any(p.endswith("*") and name.startswith(p[:-1]) for p in opaque)
 
 
 def _bare(name: str) -> str | None:
@@ -97,7 +98,7 @@ def _is_inductor_kernel(name: str) -> bool:
 
 def _works(e: FunctionEvent, opaque: Collection[str]) -> bool:
     """Does this CPU event stand for work (an op that is not metadata-only, an Inductor kernel, an opaque range)?"""
-    if e.name in opaque or _is_inductor_kernel(e.name):
+    if _opaque(e.name, opaque) or _is_inductor_kernel(e.name):
         return True
     return _bare(e.name) is not None and not is_metadata(e.name)
 
@@ -110,10 +111,21 @@ def _descendants(e: FunctionEvent) -> Iterable[FunctionEvent]:
         stack.extend(c.cpu_children)
 
 
+#: GEMM ops that are one kernel even when the CPU profiler shows work below them (``aten::addmm`` copies its bias
+#: term into the output with an ``aten::copy_`` before the BLAS call): counted whole, their insides not.
+ATOMIC_OPS: frozenset[str] = frozenset({"mm", "addmm", "bmm", "baddbmm", "addmv", "mv"})
+
+
+def _atomic(name: str) -> bool:
+    m = _NAMESPACED_OP.match(name)
+    return m is not None and m.group(1) == "aten" and m.group(2) in ATOMIC_OPS
+
+
 def _inside(e: FunctionEvent, opaque: Collection[str]) -> bool:
+    """Below an opaque range or an atomic GEMM: its work is already counted as that one kernel."""
     p = e.cpu_parent
     while p is not None:
-        if p.name in opaque:
+        if _opaque(p.name, opaque) or _atomic(p.name):
             return True
         p = p.cpu_parent
     return False
@@ -159,7 +171,7 @@ def summarize_events(
         if is_metadata(e.name):
             add(meta, e.name, e.time_range.start, 0.0)
         elif not cuda and _works(e, opaque) and (
-                e.name in opaque or not any(_works(d, opaque) for d in _descendants(e))):
+                _opaque(e.name, opaque) or _atomic(e.name) or not any(_works(d, opaque) for d in _descendants(e))):
             add(found, e.name, e.time_range.start, e.cpu_time_total)
     if cuda:
         for e in evs:
@@ -176,7 +188,7 @@ def summarize_events(
         notes.append(f"counts not a multiple of the {n} steps (rounded): {', '.join(uneven)}")
     kernels = []
     for name, r in sorted(found.items(), key=lambda kv: kv[1]["first"]):
-        kind = "custom" if name in opaque else None
+        kind = "custom" if _opaque(name, opaque) else None
         kernels.append(ks.kernel_entry(name, round(r["total"] / n), kind=kind, time_us=r["time"] / n))
     metadata = [{"name": k, "count": round(r["total"] / n)}
                 for k, r in sorted(meta.items(), key=lambda kv: kv[1]["first"])]
@@ -185,9 +197,9 @@ def summarize_events(
         if compiled and not any(_is_inductor_kernel(k) for k in found):
             notes.append("Inductor's fused C++ kernels are invisible here: call "
                          "torch_impl.profiling.enable_inductor_kernel_profile() before compiling")
-        if any(k in opaque for k in found):
-            notes.append("Triton interpreter: each launch runs in Python and shows only as its autograd.Function "
-                         "range, counted as one custom kernel")
+        if any(_opaque(k, opaque) for k in found):
+            notes.append("Triton interpreter: each launch runs in Python and shows only as its launch range "
+                         "(triton::<kernel>), counted as one custom kernel")
     return ks.summary("torch.profiler", device, kernels, metadata, trace=trace, notes="; ".join(notes), steps=n)
 
 

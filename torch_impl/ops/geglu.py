@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ._launch import launch
 from ._triton_env import interpreted
 from .geglu_kernels import BLOCK_SIZE, EXACT_BF16_CAST, FP_FUSION, INTERPRETED, NUM_WARPS
 from .geglu_kernels import cast_out as cast_out
@@ -98,7 +99,8 @@ def geglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     n = g_c.numel()
     if n == 0:
         return h
-    _geglu_fwd_kernel[_grid(n)](g_c, u_c, h, n, BLOCK=BLOCK_SIZE, EXACT_BF16=EXACT_BF16_CAST, **_LAUNCH_OPTS)
+    with launch("_geglu_fwd_kernel"):
+        _geglu_fwd_kernel[_grid(n)](g_c, u_c, h, n, BLOCK=BLOCK_SIZE, EXACT_BF16=EXACT_BF16_CAST, **_LAUNCH_OPTS)
     return h
 
 
@@ -124,9 +126,10 @@ def geglu_backward(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor) -> tuple[
     n = g_c.numel()
     if n == 0:
         return dg, du
-    _geglu_bwd_kernel[_grid(n)](
-        dh_c, g_c, u_c, dg, du, n, BLOCK=BLOCK_SIZE, EXACT_BF16=EXACT_BF16_CAST, **_LAUNCH_OPTS
-    )
+    with launch("_geglu_bwd_kernel"):
+        _geglu_bwd_kernel[_grid(n)](
+            dh_c, g_c, u_c, dg, du, n, BLOCK=BLOCK_SIZE, EXACT_BF16=EXACT_BF16_CAST, **_LAUNCH_OPTS
+        )
     return dg, du
 
 
