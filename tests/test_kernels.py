@@ -251,6 +251,7 @@ def test_torch_eager_geglu_forward_backward() -> None:
                                "aten::add": 1}
 
 
+@pytest.mark.compile
 def test_torch_compile_geglu_forward_fuses_gelu_and_mul() -> None:
     s = _torch_summary("torch-compile", "fwd")
     fused = [k for k in s["kernels"] if k["kind"] == "fused"]
@@ -265,6 +266,7 @@ def test_torch_compile_geglu_forward_fuses_gelu_and_mul() -> None:
         assert fused[0]["name"] == "graph_0_cpp_fused__unsafe_view_gelu_mul_0"
 
 
+@pytest.mark.compile
 def test_torch_compile_geglu_forward_backward() -> None:
     s = _torch_summary("torch-compile", "fwd+bwd")
     assert len(_gemm_names(s)) == 9

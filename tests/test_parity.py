@@ -264,6 +264,7 @@ def _jax_bf16_gelu_chain(g: np.ndarray, dtype: str, exact_constants: bool) -> np
     return r(g * r(0.5 * t))
 
 
+@pytest.mark.slow
 def test_the_jax_bf16_gelu_finding_in_numbers() -> None:
     """A real finding only the statistical gate makes: on cpu-mlp (786k outputs) jax-xla's bf16 forward is
     systematically low by about 0.016% (14 standard errors; about a 25th of a bf16 ulp), beyond the plain bf16

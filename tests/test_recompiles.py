@@ -47,6 +47,7 @@ def torch_static() -> tuple[list[dict[str, Any]], int]:
     return rows, cnt.frame_count
 
 
+@pytest.mark.compile
 def test_torch_static_compile_recompiles_once_per_shape() -> None:
     rows, backend_calls = torch_static()
     assert compiles(rows) == [1, 1, 1]
@@ -56,6 +57,7 @@ def test_torch_static_compile_recompiles_once_per_shape() -> None:
     assert "unique_graphs" in rows[0]["compile_counter"]
 
 
+@pytest.mark.compile
 def test_torch_dynamic_compile_does_not_recompile_per_shape() -> None:
     from torch_impl.recompiles import shape_sweep
 
@@ -63,6 +65,7 @@ def test_torch_dynamic_compile_does_not_recompile_per_shape() -> None:
     assert compiles(rows) == [1, 1, 0]  # size 1 is specialised; 8 and 33 share one dynamic graph
 
 
+@pytest.mark.compile
 def test_torch_static_past_the_recompile_limit_is_an_error_row() -> None:
     import torch._dynamo
 
@@ -90,6 +93,7 @@ def test_shape_generic_torch_backends_compile_nothing() -> None:
             assert compiles(tri)[0] >= 1 and all(r["timed"] for r in tri)
 
 
+@pytest.mark.compile
 def test_a_recompile_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch._dynamo.utils import counters
 
@@ -107,6 +111,7 @@ def test_a_recompile_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatc
         recompiles.shape_sweep(make, [8], backend="torch-eager", budget_s=BUDGET)
 
 
+@pytest.mark.compile
 def test_jax_jit_compiles_once_per_new_shape() -> None:
     pytest.importorskip("jax")
     from jax_impl.recompiles import shape_sweep
@@ -117,6 +122,7 @@ def test_jax_jit_compiles_once_per_new_shape() -> None:
     assert all(r["compile_s_reported"] > 0 for r in rows[:3]) and rows[3]["compile_s_reported"] == 0
 
 
+@pytest.mark.compile
 def test_jax_compile_event_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     jax = pytest.importorskip("jax")
     from compare import timing

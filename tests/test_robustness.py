@@ -497,6 +497,7 @@ raise SystemExit(main(sys.argv[1:]))
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file() or os.name != "posix", reason="needs Linux /proc")
+@pytest.mark.slow
 def test_sigterm_stops_an_isolated_sweep_and_its_worker(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-c", LAUNCH, "--preset", "tiny", "--tokens", "1", "--backend", "misbehaving", "--mode",
@@ -536,6 +537,7 @@ def test_sigterm_stops_an_isolated_sweep_and_its_worker(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.name != "posix", reason="signals")
+@pytest.mark.slow
 def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> None:
     """End to end: SIGINT once a cell has finished; the run writes it, says so and exits 130 without a traceback."""
     import select
