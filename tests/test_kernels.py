@@ -451,3 +451,21 @@ def test_torch_triton_fused_forward_backward_counts_what_runs_inside_the_backwar
         assert triton == {"triton::_geglu_matmul_kernel": 1, "triton::_matmul_kernel": 3,
                           "triton::_geglu_bwd_kernel": 1}, s["kernels"]
         assert ks.count_by_kind(s)["gemm"] == 6, s["kernels"]
+
+
+def test_profiler_chatter_is_kept_off_the_terminal_and_nothing_else(capfd: pytest.CaptureFixture[str]) -> None:
+    """Kineto's notices written to fd 2 while profiling are dropped; any other line written there is kept."""
+    import os
+
+    from torch_impl.quiet_stderr import filtered_stderr
+
+    with filtered_stderr():
+        os.write(2, b"USDT:2026-11-30 03:42:23 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a real warning from C++\n")
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "a real warning from C++" in err
+    from torch_impl import profiling
+
+    p = _torch_prepared("torch-eager", "fwd")
+    assert profiling.profile_step(p.step, p.sync, device=p.device)["kernels_per_step"] == 5  # a real profile ...
+    assert "ActivityProfiler" not in capfd.readouterr().err  # ... whose notices do not reach the terminal

@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from compare import kernels as ks
 from torch_impl.ops._launch import PREFIX as LAUNCH_PREFIX
+from torch_impl.quiet_stderr import filtered_stderr
 
 #: The ``record_function`` range around each profiled step (as in the seed's profiling script).
 STEP_NAME = "fusion_compare_step"
@@ -225,7 +226,8 @@ def profile_step(
     activities = [ProfilerActivity.CPU]
     if device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1)) as prof:
+    with filtered_stderr(), profile(activities=activities,
+                                    schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1)) as prof:
         for _ in range(wait + warmup + active):
             with record_function(STEP_NAME):
                 sync(step())
