@@ -25,9 +25,8 @@ from compare.cases import (
     preset,
     resolve_shape,
 )
+from compare.progress import Display, progress_level
 from compare.registry import BACKENDS, spec
-
-DEFAULT_BACKENDS = tuple(BACKENDS)
 
 
 def cmd_list(_: argparse.Namespace) -> int:
@@ -64,10 +63,6 @@ def check_grid_args(a: argparse.Namespace) -> None:
     check_unique("backend", a.backend)
     check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
     check_unique("mode", [check_name("mode", m, MODES) for m in a.mode])
-
-
-def _progress(s: str) -> None:
-    print(s, file=sys.stderr, flush=True)
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -115,13 +110,15 @@ def _measure(a: argparse.Namespace, cases: list[Case], specs: list[Any], modes: 
     ``harness.run`` returns the finished results with ``doc["interrupted"] = True`` when interrupted; an interrupt
     during the shape sweep keeps the harness's results and drops the sweep's.
     """
-    doc = harness.run(cases, specs, modes, cfg, config, progress=_progress, profile=a.profile or a.trace,
-                      trace_dir=out / "traces" if a.trace else None, ceilings=not a.no_ceilings)
-    if a.shape_sweep and not doc.get("interrupted"):
-        try:
-            doc["shape_sweep"] = shapes.run_shape_sweep(cases, a.shape_sweep, a.budget, _progress)
-        except KeyboardInterrupt:
-            doc["interrupted"] = True
+    with Display(len(cases) * len(modes) * len(specs), progress_level(a), title="run") as display:
+        doc = harness.run(cases, specs, modes, cfg, config, progress=display, profile=a.profile or a.trace,
+                          trace_dir=out / "traces" if a.trace else None, ceilings=not a.no_ceilings)
+        if a.shape_sweep and not doc.get("interrupted"):
+            try:
+                doc["shape_sweep"] = shapes.run_shape_sweep(cases, a.shape_sweep, a.budget,
+                                                            lambda s: display.message(s, important=True))
+            except KeyboardInterrupt:
+                doc["interrupted"] = True
     return doc
 
 
@@ -142,10 +139,14 @@ def cmd_report(a: argparse.Namespace) -> int:
 def add_grid_args(p: argparse.ArgumentParser, budget_help: str) -> None:
     """Dtypes, backends, modes, seed and timing budget: the options shared by ``run``, ``profile`` and ``sweep``."""
     p.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
-    p.add_argument("--backend", nargs="+", default=list(DEFAULT_BACKENDS), help=f"any of: {', '.join(BACKENDS)}")
+    # the registry as it is when the parser is built (a backend registered later, by a test, is not a stale default)
+    p.add_argument("--backend", nargs="+", default=list(BACKENDS), help=f"any of: {', '.join(BACKENDS)}")
     p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
     p.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
     p.add_argument("--budget", type=float, default=1.0, help=budget_help)
+    talk = p.add_mutually_exclusive_group()
+    talk.add_argument("--quiet", action="store_true", help="print only problems (failed cells) and the result")
+    talk.add_argument("--verbose", action="store_true", help="print every cell as it starts and every message")
 
 
 def _add_run_args(r: argparse.ArgumentParser) -> None:

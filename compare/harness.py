@@ -25,6 +25,7 @@ from compare import costmodel, environment, resolution, timing
 from compare.cases import Case, InputError
 from compare.golden import golden_for
 from compare.parity import UnusableCase, check_all, check_plain
+from compare.progress import Display
 from compare.reference import Arith, compute
 from compare.registry import DEFAULT_BASELINE, BackendSpec, Prepared
 from compare.results import SCHEMA_VERSION, Result
@@ -167,20 +168,21 @@ def run(
     modes: Iterable[str],
     cfg: TimingConfig = TimingConfig(),
     config: dict[str, Any] | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Display | None = None,
     profile: bool = False,
     trace_dir: Path | None = None,
     ceilings: bool = False,
 ) -> dict[str, Any]:
     """Run every (case, backend, mode); return the results document (see ``compare.results``).
 
+    ``progress`` (a :class:`~compare.progress.Display`, already entered) is told as each cell starts and ends.
     Ctrl-C stops the run between or inside cells: the document then holds every finished cell and
     ``"interrupted": True`` (the caller writes it and says so)."""
     cases, specs, modes = list(cases), list(specs), list(modes)
     ceil = None
     if ceilings:  # this machine's matmul FLOP/s and copy bandwidth per dtype, before any backend runs
         if progress:
-            progress("measuring ceilings (matmul FLOP/s, copy bandwidth)")
+            progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
         ceil = measure_ceilings(dict.fromkeys(c.dtype for c in cases))
     precision: dict[str, Any] = {}
     threads: dict[str, Any] = {}
@@ -193,22 +195,24 @@ def run(
             try:
                 plain = plain_reference(case)
             except UnusableCase as exc:  # nothing can be judged on this case: say so in every cell, go on
-                results += [Result.for_case(spec.name, case, mode, "error", reason=str(exc)).to_dict()
-                            for mode in modes for spec in specs]
-                if progress:
-                    progress(f"{case.name}: {exc}")
+                refused = [Result.for_case(spec.name, case, mode, "error", reason=str(exc)).to_dict()
+                           for mode in modes for spec in specs]
+                results += refused
+                for r in refused if progress else []:
+                    progress.cell(f"{r['backend']} {case.name} {r['mode']}", "error", str(exc))
                 continue
             res_rows += case_resolution(case, plain, modes)
             for mode in modes:
                 for spec in specs:
+                    label = f"{spec.name} {case.name} {mode}"
                     if progress:
-                        progress(f"{spec.name:18s} {case.name} {mode}")
+                        progress.starting(label)
                     r = run_one(spec, case, mode, plain, cfg, precision, profile=profile, trace_dir=trace_dir)
                     threads.update(r.threads)
                     results.append(r.to_dict())
                     flops[len(results) - 1] = min_flops(case, mode)
                     if progress:
-                        progress(f"  -> {r.status}" + (f": {r.reason}" if r.reason else ""))
+                        progress.cell(label, r.status, r.reason)
     except KeyboardInterrupt:  # keep what is done; the caller writes it and says so
         interrupted = True
     for i, r in enumerate(results if ceil else []):

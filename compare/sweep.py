@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ from compare.cases import (
     check_seed,
     preset,
 )
+from compare.progress import Display, progress_level
 from compare.registry import BackendSpec, spec
 
 JSONL = "results.jsonl"
@@ -296,12 +297,6 @@ def _check_same_grid(path: Path, config: dict[str, Any], env: dict[str, Any]) ->
 # --- running cells --------------------------------------------------------------------------------------------
 
 
-def progress_line(done: int, total: int, label: str, seconds: float, status: str, width: int = 20) -> str:
-    """``[#####---------------] 12/40 torch-eager tokens=128 bf16 fwd 3.2s ok``."""
-    filled = round(width * done / total) if total else width
-    return f"[{'#' * filled}{'-' * (width - filled)}] {done}/{total} {label} {seconds:.1f}s {status}"
-
-
 def _spec_dict(s: BackendSpec) -> dict[str, Any]:
     return asdict(s)
 
@@ -405,7 +400,7 @@ def run_sweep(
     *,
     isolate: bool = False,
     cell_timeout_s: float | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Display | None = None,
     retry_errors: bool = False,
 ) -> dict[str, Any]:
     """Run every cell of ``config`` not yet in ``out/results.jsonl``, appending each as it finishes.
@@ -428,14 +423,19 @@ def run_sweep(
                       "config": config, "environment": env, "isolate": isolate})
             todo = [c for c in cells if c.key not in done]
             n_done = len(cells) - len(todo)
+            if progress:
+                progress.resume(n_done, len(cells))
             if progress and n_done:
-                progress(f"resuming {path}: {n_done}/{len(cells)} cells already done")
+                progress.message(f"resuming {path}: {n_done}/{len(cells)} cells already done", important=True)
             if progress and retry_errors:
-                progress(f"retrying {len(done_keys(path)) - len(done)} cell(s) whose stored result is an error")
+                progress.message(f"retrying {len(done_keys(path)) - len(done)} cell(s) whose stored result is an "
+                                 f"error", important=True)
             plain_cache: dict[str, Any] = {}
             for cell in todo:
                 t0 = time.perf_counter()
                 s = specs[cell.backend]
+                if progress:
+                    progress.starting(cell.label())
                 if isolate:
                     r, meta = run_cell_isolated(s, cell, cfg, out / SCRATCH, cell_timeout_s)
                 else:
@@ -444,7 +444,7 @@ def run_sweep(
                 w.append({"type": "cell", "key": cell.key, "result": r, **meta, "wall_s": wall})
                 n_done += 1
                 if progress:
-                    progress(progress_line(n_done, len(cells), cell.label(), wall, r["status"]))
+                    progress.cell(f"{cell.label()} ({wall:.1f}s)", r["status"], r.get("reason", ""))
         finally:
             _remove_scratch(out)
     return load_sweep(path)
@@ -515,9 +515,9 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     specs = {b: spec(b) for b in config["backends"]}
     interrupted = False
     try:
-        with exitcodes.terminate_as_interrupt():
-            doc = run_sweep(config, out, specs, isolate=a.isolate, cell_timeout_s=a.cell_timeout,
-                            progress=lambda s: print(s, file=sys.stderr, flush=True), retry_errors=a.retry_errors)
+        with exitcodes.terminate_as_interrupt(), Display(0, progress_level(a), title="sweep") as display:
+            doc = run_sweep(config, out, specs, isolate=a.isolate, cell_timeout_s=a.cell_timeout, progress=display,
+                            retry_errors=a.retry_errors)
     except KeyboardInterrupt as exc:
         interrupted = True
         why = "terminated" if isinstance(exc, exitcodes.Terminated) else "interrupted"

@@ -1,0 +1,121 @@
+"""What a long command shows on the terminal: which cell, how many done, elapsed and estimated time left.
+
+One :class:`Display` serves ``run`` and ``sweep``. On a terminal it draws a live ``rich`` progress bar (stderr);
+elsewhere (a pipe, CI, a log file) it prints one plain line per finished cell, with the same counts and times.
+Levels: ``quiet`` (nothing but problems: a cell that is not ``ok``/``skipped``), ``normal`` (one line or bar
+update per cell, plus the run's notable messages) and ``verbose`` (every message, and each cell's reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, TextIO
+
+LEVELS: tuple[str, ...] = ("quiet", "normal", "verbose")
+#: Statuses that are worth a line even when quiet.
+PROBLEMS: frozenset[str] = frozenset({"parity-fail", "error"})
+
+
+def progress_level(a: argparse.Namespace) -> str:
+    """``quiet``, ``normal`` or ``verbose`` from the ``--quiet`` / ``--verbose`` options."""
+    return "quiet" if getattr(a, "quiet", False) else "verbose" if getattr(a, "verbose", False) else "normal"
+
+
+def fmt_duration(seconds: float) -> str:
+    """``75.2`` -> ``1m15s``; under a minute ``12.3s``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(round(seconds), 60)
+    return f"{m}m{s:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m"
+
+
+def eta(done: int, total: int, elapsed: float) -> float | None:
+    """Seconds left at the mean pace so far; None before the first cell is done."""
+    if done <= 0 or total <= done:
+        return None if done <= 0 else 0.0
+    return elapsed / done * (total - done)
+
+
+class Display:
+    """Progress of ``total`` cells. Use as a context manager; call :meth:`cell` as each one finishes."""
+
+    def __init__(self, total: int, level: str = "normal", stream: TextIO | None = None, live: bool | None = None,
+                 title: str = "cells") -> None:
+        if level not in LEVELS:
+            raise ValueError(f"unknown progress level {level!r}; known: {', '.join(LEVELS)}")
+        self.total, self.level, self.title = total, level, title
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = (self.stream.isatty() and level != "quiet") if live is None else live
+        self.done = 0
+        self._base = 0  # cells already done before this session (a resumed sweep): not part of the pace
+        self.start = time.monotonic()
+        self._rich: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Display:
+        self.start = time.monotonic()
+        if self.live:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._rich = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                                  console=Console(file=self.stream), transient=False)
+            self._rich.__enter__()
+            self._task = self._rich.add_task(self.title, total=self.total or None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._rich is not None:
+            self._rich.__exit__(*exc)
+            self._rich = None
+
+    def resume(self, done: int, total: int) -> None:
+        """``done`` of ``total`` cells were finished before (a resumed sweep); the pace counts only new ones."""
+        self.total, self.done, self._base = total, done, done
+        if self._rich is not None:
+            self._rich.update(self._task, total=total, completed=done)
+
+    def _print(self, text: str) -> None:
+        if self._rich is not None:
+            self._rich.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def message(self, text: str, important: bool = False) -> None:
+        """A note about the run (a case refused, ceilings being measured): shown when verbose, or if important
+        and not quiet."""
+        if self.level == "verbose" or (important and self.level == "normal"):
+            self._print(text)
+
+    def starting(self, label: str) -> None:
+        """A cell starts: the live bar names it; verbose plain output prints it."""
+        if self._rich is not None:  # the bar keeps its width: a long label is cut in the middle
+            text = label if len(label) <= 44 else label[:20] + "..." + label[-21:]
+            self._rich.update(self._task, description=f"{self.title}: {text}")
+        elif self.level == "verbose":
+            self._print(f"... {label}")
+
+    def cell(self, label: str, status: str, reason: str = "") -> None:
+        """A cell finished with ``status``."""
+        self.done += 1
+        elapsed = time.monotonic() - self.start
+        left = eta(self.done - self._base, self.total - self._base, elapsed)
+        line = (f"[{self.done}/{self.total}] {label} -> {status}  (elapsed {fmt_duration(elapsed)}"
+                + (f", about {fmt_duration(left)} left)" if left else ")"))
+        show_reason = reason and (self.level == "verbose" or status in PROBLEMS)
+        if self._rich is not None:
+            self._rich.update(self._task, total=self.total, completed=self.done)
+            if status in PROBLEMS or self.level == "verbose":
+                self._print(line + (f": {reason}" if show_reason else ""))
+        elif self.level != "quiet" or status in PROBLEMS:
+            self._print(line + (f": {reason}" if show_reason else ""))
