@@ -12,6 +12,7 @@ from compare.plots import plots_section
 from compare.registry import DEFAULT_BASELINE
 from compare.resolution import resolution_section
 from compare.shapes import shapes_section
+from compare.summary import summary_section
 
 Row = list[str]
 Doc = dict[str, Any]
@@ -199,6 +200,7 @@ def summary(results: list[Doc]) -> str:
 
 #: Report sections in order. Later issues add sections here; each is a pure function of the document.
 SECTIONS: list[Callable[[Doc], str]] = [
+    summary_section,
     lambda d: environment_section(d["environment"]),
     lambda d: parity_section(d["results"]),
     resolution_section,

@@ -1,0 +1,117 @@
+"""The answer first: one line per case, dtype and mode, at the top of the report. A pure function of the document.
+
+Each line gives
+- **parity**: every backend passes, or which fail and on what (tensor: checks), with the gate's resolution on that
+  case (``compare.resolution``: the smallest scale error it catches on ``y``, and whether erf and tanh GELU can be
+  told apart), so "pass" has a size;
+- **fastest**: the fastest timed backend and its speedup against the baseline, marked *significant* only beyond
+  both runs' noise (``compare.significance``, the rule of ``compare diff``), else *within noise*;
+- **fusion headroom**: the share of the baseline's profiled step spent outside its GEMMs (its elementwise and other
+  kernels, from the profiler's per-kernel times): the most that fusing them away could ever save. Next to it, what
+  each fused backend actually saved, from the fusion table (a number only where it is beyond noise).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compare.costmodel import fusion_benefit
+from compare.markdown import fmt_s
+from compare.registry import DEFAULT_BASELINE
+from compare.significance import WITHIN_NOISE, speedup
+
+Doc = dict[str, Any]
+
+
+def _key(r: Doc) -> tuple[str, str]:
+    return r["case"], r["mode"]
+
+
+def _label(r: Doc) -> str:
+    s = r["shape"]
+    return f"{r['model']} {s['batch']}x{s['seq']}x{s['dim']}->{s['hidden']} {r['dtype']} {r['mode']}"
+
+
+def _parity(rows: list[Doc], resolution: list[Doc]) -> str:
+    judged = [r for r in rows if r.get("parity")]
+    bad = [r for r in rows if r["status"] in ("parity-fail", "error")]
+    if bad:
+        parts = []
+        for r in bad:
+            if r["status"] == "error":
+                parts.append(f"{r['backend']} (error)")
+            else:
+                failed = (r["parity"] or {}).get("failed") or []
+                parts.append(f"{r['backend']} ({', '.join(failed) or 'last timed call'})")
+        verdict = "**FAIL**: " + "; ".join(parts)
+        verdict += f"; {len(judged) - len([b for b in bad if b.get('parity')])} other(s) pass"
+    elif judged:
+        verdict = f"all {len(judged)} pass"
+    else:
+        return "nothing judged"
+    case = rows[0]["case"]
+    res = next((x for x in resolution if x["case"] == case and x["tensor"] == "y"), None)
+    if res:
+        s = res["scale_resolution"]
+        size = ("no scale error" if s is None else f"< {s:.1g}" if res["note"] == "below"
+                else f"{s:.2%}" if s >= 1e-4 else f"{s:.1g}")
+        erf = ("" if res["erf_distinguishable"] is None else
+               "; erf vs tanh GELU " + ("told apart" if res["erf_distinguishable"] else "not distinguishable"))
+        verdict += f" (the gate catches a scale error of {size} on y{erf})"
+    return verdict
+
+
+def _fastest(rows: list[Doc]) -> str:
+    timed = [r for r in rows if r.get("timing") and r["status"] == "ok"]
+    if not timed:
+        return "nothing timed"
+    best = min(timed, key=lambda r: r["timing"]["median_s"])
+    base = next((r for r in timed if r["backend"] == DEFAULT_BASELINE), None)
+    text = f"{best['backend']} {fmt_s(best['timing']['median_s'])}"
+    if base is None:
+        return text + f" ({DEFAULT_BASELINE} not timed)"
+    if best is base:
+        return text + " (the baseline itself)"
+    ratio, verdict = speedup(base["timing"], best["timing"])
+    return text + (f", {WITHIN_NOISE} of {DEFAULT_BASELINE}" if verdict == WITHIN_NOISE
+                   else f", {ratio:.2f}x {DEFAULT_BASELINE} (significant)")
+
+
+def _headroom(rows: list[Doc], fusion: list[Doc]) -> str:
+    base = next((r for r in rows if r["backend"] == DEFAULT_BASELINE), None)
+    kernels = (base or {}).get("kernels") or {}
+    timed = [k for k in kernels.get("kernels", []) if k.get("time_us")]
+    if not timed:
+        return f"not measured ({DEFAULT_BASELINE} not profiled: run with --profile)"
+    total = sum(k["time_us"] for k in timed)
+    outside = sum(k["time_us"] for k in timed if k["kind"] != "gemm")
+    saved = []
+    for f in fusion:
+        if (f["case"], f["mode"]) != _key(base or {"case": "", "mode": ""}) or f.get("measured_verdict") is None:
+            continue
+        sign = "-" if f["measured_saved_s"] < 0 else ""
+        saved.append(f"{f['backend']} {WITHIN_NOISE}" if f["measured_verdict"] == WITHIN_NOISE
+                     else f"{f['backend']} {sign}{fmt_s(abs(f['measured_saved_s']))}")
+    head = f"{outside / total:.0%} of {DEFAULT_BASELINE}'s kernel time ({fmt_s(outside * 1e-6)} a step)"
+    return head + ("; saved: " + ", ".join(saved) if saved else "")
+
+
+def summary_section(doc: Doc) -> str:
+    """``## Summary``: the answer per case, dtype and mode (see the module docstring); "" without results."""
+    results = doc.get("results") or []
+    groups: dict[tuple[str, str], list[Doc]] = {}
+    for r in results:
+        groups.setdefault(_key(r), []).append(r)
+    if not groups:
+        return ""
+    fusion = fusion_benefit(doc)
+    resolution = doc.get("resolution") or []
+    lines = []
+    for rows in groups.values():
+        lines.append(f"- **{_label(rows[0])}**: parity {_parity(rows, resolution)}. Fastest: {_fastest(rows)}. "
+                     f"Fusion headroom: {_headroom(rows, fusion)}.")
+    intro = ("One line per case, dtype and mode. Parity: every backend against the float64 golden (details and the "
+             "gate's resolution below). Fastest: the quickest timed backend; a speedup is a number only beyond both "
+             f"runs' noise. Fusion headroom: the share of {DEFAULT_BASELINE}'s profiled kernel time spent outside "
+             "its GEMMs, the most fusing the rest away could ever save, next to what each fused backend saved.")
+    return "## Summary\n\n" + intro + "\n\n" + "\n".join(lines)
