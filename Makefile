@@ -7,22 +7,40 @@ PY     := $(VENV)/bin/python
 TORCH_CPU := torch==2.13.0
 REPORT_DIR ?= reports/cpu
 
-.PHONY: setup test lint report golden clean
+.PHONY: setup test lint report golden clean gpu-build test-triton36
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# constraints/cpu.txt pins every package CI tested (refresh it with `pip freeze` after an upgrade).
+$(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_CPU)
-	$(PY) -m pip install -q -e '.[triton,test]'
+	$(PY) -m pip install -q -c constraints/cpu.txt $(TORCH_CPU)
+	$(PY) -m pip install -q -c constraints/cpu.txt -e '.[triton,test]'
 	touch $@
 
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup lint
+test: setup lint test-triton36
 	$(PY) -m pytest -q
+
+# Compile every Triton kernel, autotune config and dtype for sm_90 and sm_80 without a GPU: registers, spills,
+# shared memory, tensor-core instructions, occupancy. Writes the committed table (cached: a rerun is quick).
+gpu-build: setup
+	$(PY) -m compare gpu-build --arch sm_90 sm_80 --out reports/gpu-build
+
+# The GPU machine's Triton (3.6.0) compiles the kernels for sm_90 too: the compile tests in a second, torch-free
+# environment (tests/conftest.py imports torch, hence --noconftest).
+T36 := .venv-t36
+$(T36)/.installed:
+	$(PYTHON) -m venv $(T36)
+	$(T36)/bin/python -m pip install -q --upgrade pip
+	$(T36)/bin/python -m pip install -q triton==3.6.0 numpy==2.4.6 pytest==9.2.0
+	touch $@
+
+test-triton36: $(T36)/.installed
+	$(T36)/bin/python -m pytest -q --noconftest -p no:cacheprovider tests/test_gpu_build.py
 
 # geglu cpu-mlp in float32 and bfloat16, every backend (interpreted ones parity-only, jax-triton reported
 # unavailable off GPU), kernel counts, ceilings and roofline, and a compile-cost sweep over token counts.
@@ -36,4 +54,4 @@ golden: setup
 	$(PY) scripts/make_golden.py
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(T36) out .pytest_cache .ruff_cache

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compare import diff, exitcodes, harness, preflight, report, results, shapes, sweep
+from compare import diff, exitcodes, gpu_build, gpu_build_report, harness, preflight, report, results, shapes, sweep
 from compare.atomic import write_text_atomic
 from compare.cases import (
     DTYPES,
@@ -87,6 +88,9 @@ def cmd_run(a: argparse.Namespace) -> int:
               "dtypes": a.dtype, "modes": modes}
     with preflight.lock_folder(out), exitcodes.terminate_as_interrupt():
         doc = _measure(a, cases, specs, modes, cfg, config, out)
+    build = _gpu_build_table(Path(a.gpu_build)) if a.gpu_build else None
+    if build is not None:
+        doc["gpu_build"] = build
     interrupted = bool(doc.get("interrupted"))
     if not a.no_plots and not interrupted:
         from compare.plots import render_plots
@@ -120,6 +124,20 @@ def _measure(a: argparse.Namespace, cases: list[Case], specs: list[Any], modes: 
             except KeyboardInterrupt:
                 doc["interrupted"] = True
     return doc
+
+
+def _gpu_build_table(folder: Path) -> dict[str, Any] | None:
+    """``folder/gpu_build.json`` (``python -m compare gpu-build``), to be included in the report; None if absent."""
+    path = folder / "gpu_build.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"--gpu-build: {path} is not valid JSON ({exc}); rebuild it with `make gpu-build`") from exc
+    if not isinstance(data, dict) or data.get("schema") != gpu_build_report.SCHEMA_VERSION:
+        raise InputError(f"--gpu-build: {path} is not a gpu-build table of schema {gpu_build_report.SCHEMA_VERSION}")
+    return data
 
 
 def cmd_report(a: argparse.Namespace) -> int:
@@ -162,6 +180,9 @@ def _add_run_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--shape-sweep", nargs="+", type=int, metavar="TOKENS",
                    help="also sweep these token counts through one compiled function per backend (compile cost)")
     r.add_argument("--no-plots", action="store_true", help="do not render PNG plots (matplotlib)")
+    r.add_argument("--gpu-build", default="reports/gpu-build", metavar="DIR",
+                   help="include DIR/gpu_build.json (`python -m compare gpu-build`) in the report when it exists "
+                        "(default: %(default)s; '' to leave it out)")
     r.add_argument("--profile", action="store_true", help="count kernels and fusions per step (profiler / HLO)")
     r.add_argument("--trace", action="store_true",
                    help="also write a Chrome/Perfetto trace per backend (implies --profile)")
@@ -190,6 +211,7 @@ def parser() -> argparse.ArgumentParser:
     rep.set_defaults(fn=cmd_report)
     sweep.add_parser(sub)
     diff.add_parser(sub)
+    gpu_build.add_parser(sub)  # python -m compare gpu-build --arch sm_90 sm_80 [--out DIR]
     return p
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from compare.costmodel import cost_section, fusion_section
+from compare.gpu_build_report import render_markdown
 from compare.kernels import kernel_section
 from compare.markdown import fmt_e, fmt_s, table
 from compare.plots import plots_section
@@ -213,6 +214,7 @@ SECTIONS: list[Callable[[Doc], str]] = [
     shapes_section,
     lambda d: traces_section(d["results"]),
     plots_section,
+    lambda d: render_markdown(d["gpu_build"]).rstrip() if d.get("gpu_build") else "",
     lambda d: problems_section(d["results"]),
 ]
 

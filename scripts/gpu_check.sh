@@ -1,45 +1,113 @@
 #!/usr/bin/env bash
-# GPU check, for one CUDA machine (H100/H200 class), with every step capped: 150 + 260 + 50 s, under 8 minutes. Everything lands under OUT_DIR
-# (default reports/gpu): environment.txt, tests.log, the blog-mlp bf16 report (REPORT.md, results.json, traces,
-# plots) for every backend in fwd, bwd and fwd+bwd with kernel counts, and the elementwise-kernel bandwidth.
+# GPU check, for one CUDA machine (H100/H200 class). Every step is capped and runs whatever happened before it;
+# each one's exit status and seconds land in OUT_DIR/steps.md, and the script exits non-zero if any step failed.
 #
-#   bash scripts/gpu_check.sh      # the python on PATH: torch with CUDA, triton, jax[cuda], flax, safetensors,
-#                                  # matplotlib, pytest (and jax-triton for the jax-triton backend)
+#   bash scripts/gpu_check.sh            # on the GPU machine: writes reports/gpu/
+#   bash scripts/gpu_check.sh --dry-run  # on any machine: every step that can run without CUDA, small, on CPU
+#
+# Steps (caps add up to 470 s, under 8 minutes):
+#   1 environment      versions, GPU, driver (10 s)
+#   2 gpu-build        every Triton kernel and autotune config compiled for sm_90 (+ sm_80) with its register,
+#                      spill and shared-memory bill: catches a broken kernel before device time is spent (90 s)
+#                      dry run: sm_90, bf16 only
+#   3 tests            the whole suite on CUDA, no -x: every failure is listed (200 s)
+#                      dry run: the GPU-marked tests (they skip, saying why) and the Triton mode tests
+#   4 report           blog-mlp bf16, every backend, fwd / bwd / fwd+bwd, kernel counts and traces (130 s)
+#                      dry run: tiny bf16 fwd, torch-eager, a short budget
+#   5 bandwidth        the GeGLU elementwise kernel against the copy bandwidth (40 s); needs CUDA
+#
+# It installs nothing: the python on PATH (or $PYTHON) must already have torch with CUDA, triton, jax[cuda], flax,
+# safetensors, matplotlib and pytest (jax-triton for the jax-triton backend). JAX is told not to preallocate 75% of
+# the GPU, since torch shares it in the same processes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT_DIR=${OUT_DIR:-reports/gpu}
-PY=${PYTHON:-python3}
-mkdir -p "$OUT_DIR"
-export PYTHONUNBUFFERED=1
-status=0
 
-{
+DRY=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY=1 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "error: unknown argument '$arg'; allowed: --dry-run" >&2; exit 2 ;;
+  esac
+done
+
+PY=${PYTHON:-python3}
+if [ "$DRY" = 1 ]; then
+  OUT_DIR=${OUT_DIR:-$(mktemp -d)}
+else
+  OUT_DIR=${OUT_DIR:-reports/gpu}
+fi
+mkdir -p "$OUT_DIR" || { echo "error: cannot create $OUT_DIR" >&2; exit 2; }
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+STEPS="$OUT_DIR/steps.md"
+printf '| step | status | seconds | log |\n|---|---|---|---|\n' > "$STEPS"
+failed=0
+
+# step NAME CAP_SECONDS LOG COMMAND...: run capped, record the exit status (124: hit its cap), never stop here
+step() {
+  local name=$1 cap=$2 log=$3; shift 3
+  echo "== $name (cap ${cap}s)"
+  local t0=$SECONDS rc
+  timeout --kill-after=10 "$cap" "$@" > "$OUT_DIR/$log" 2>&1
+  rc=$?
+  local status=ok
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status="timed out after ${cap}s"; failed=1
+  elif [ "$name" = report ] && [ "$rc" = 1 ]; then status="finding (exit 1: a parity failure, see the report)"; failed=1
+  elif [ "$rc" != 0 ]; then status="failed (exit $rc)"; failed=1; fi
+  printf '| %s | %s | %s | %s |\n' "$name" "$status" "$((SECONDS - t0))" "$log" >> "$STEPS"
+  tail -n 8 "$OUT_DIR/$log"
+  echo "-- $name: $status"
+}
+
+skip() {
+  printf '| %s | skipped: %s | 0 | - |\n' "$1" "$2" >> "$STEPS"
+  echo "== $1: skipped: $2"
+}
+
+env_report() {
   echo "# GPU check environment"; date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-  $PY - <<'PY'
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  else
+    echo "nvidia-smi: not found"
+  fi
+  "$PY" - <<'PY'
 import importlib, sys
 print("python", sys.version.split()[0])
-for m in ("torch", "triton", "jax", "jaxlib", "flax", "jax_triton", "numpy", "safetensors", "matplotlib"):
+for m in ("torch", "triton", "jax", "jaxlib", "flax", "jax_triton", "numpy", "safetensors", "matplotlib", "pytest"):
     try:
         print(m, importlib.import_module(m).__version__)
-    except Exception as exc:  # report what is missing, keep going
+    except Exception as exc:  # report what is missing and keep going
         print(m, "MISSING:", type(exc).__name__, exc)
-import torch, jax
-print("cuda", torch.version.cuda, torch.cuda.get_device_name(0), "| jax devices", jax.devices())
+import torch
+cuda = torch.cuda.is_available()
+print("torch cuda", torch.version.cuda, torch.cuda.get_device_name(0) if cuda else "(no CUDA device)")
+try:
+    import jax
+    print("jax devices", jax.devices())
+except Exception as exc:
+    print("jax devices: error:", exc)
 PY
-} > "$OUT_DIR/environment.txt" 2>&1
-cat "$OUT_DIR/environment.txt"
+}
+export -f env_report
+export PY
 
-echo "== tests on CUDA"
-timeout 150 $PY -m pytest -q -x -p no:cacheprovider tests > "$OUT_DIR/tests.log" 2>&1 || status=1
-tail -n 15 "$OUT_DIR/tests.log"
+step environment 10 environment.txt bash -c env_report
 
-echo "== blog-mlp bf16: every backend, fwd / bwd / fwd+bwd, kernel counts and traces"
-timeout 260 $PY -m compare run --preset blog-mlp --dtype bfloat16 --mode fwd bwd fwd+bwd --trace \
-  --budget 0.5 --out "$OUT_DIR" > "$OUT_DIR/run.log" 2>&1 || status=1
-tail -n 5 "$OUT_DIR/run.log"
+if [ "$DRY" = 1 ]; then
+  step gpu-build 90 gpu_build.log "$PY" -m compare gpu-build --arch sm_90 --dtype bfloat16 --out "$OUT_DIR/gpu-build"
+  step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_seed.py tests/test_triton_env.py
+  step report 130 run.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd --backend torch-eager \
+    --budget 0.05 --no-plots --out "$OUT_DIR/report"
+  skip bandwidth "needs CUDA (dry run)"
+else
+  step gpu-build 90 gpu_build.log "$PY" -m compare gpu-build --arch sm_90 sm_80 --out "$OUT_DIR/gpu-build"
+  step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests
+  step report 130 run.log "$PY" -m compare run --preset blog-mlp --dtype bfloat16 --mode fwd bwd fwd+bwd --trace \
+    --budget 0.5 --out "$OUT_DIR"
+  step bandwidth 40 kernel_bandwidth.log "$PY" scripts/kernel_bandwidth.py --out "$OUT_DIR"
+fi
 
-echo "== GeGLU elementwise kernel against copy bandwidth"
-timeout 50 $PY scripts/kernel_bandwidth.py --out "$OUT_DIR" > "$OUT_DIR/kernel_bandwidth.log" 2>&1 || status=1
-cat "$OUT_DIR/kernel_bandwidth.log"
-exit $status
+echo "== steps"
+cat "$STEPS"
+exit $failed

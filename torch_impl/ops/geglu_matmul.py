@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launch import launch
 from ._triton_env import FP_FUSION, interpreted
 from .geglu import EXACT_BF16_CAST, SUPPORTED_DTYPES, cast_out, geglu_backward, gelu_tanh
 
@@ -68,21 +69,57 @@ def _cfg(bm: int, bn: int, bk: int, stages: int, warps: int) -> triton.Config:
 
 # Hopper/Ampere candidates. The fused kernel holds two fp32 accumulators, so its tiles stop
 # at 128 x 128 (2 x 64 KiB of accumulator per program); the plain GEMM also tries 128 x 256.
-# Configs that exceed shared memory on a given GPU are skipped by the autotuner.
+#
+# Every entry is justified by the GPU build table, reports/gpu-build/GPU_BUILD.md (`make gpu-build`: Triton 3.9.0
+# compiles each config for sm_90 and sm_80 without a GPU, specialised as the launches below are). Per config:
+# registers per thread, spill stores/loads in bytes per thread, shared memory per block (dynamic + the 1,024 B
+# static section ptxas gives sm_90 kernels), theoretical resident warps per SM (regs: 65,536/SM in 256-register
+# units per warp; shared: 233,472 B/SM on sm_90, 167,936 B on sm_80, +1,024 B reserved per block).
+# The rule (tests/test_gpu_build.py checks the committed table): no bf16/fp16 config spills or exceeds shared
+# memory on sm_90 (232,448 B per block). It holds for every entry below, in every launch (for the plain GEMM also
+# the two transposed backward launches). fp32 runs with input_precision="ieee" (no tensor cores): it is the parity
+# reference, not the headline, and fp32 configs that spill stay, with their numbers. A config that needs more
+# shared memory than the GPU offers raises OutOfResources at launch, and the autotuner skips it.
 _GEGLU_CONFIGS: list[triton.Config] = [
+    # sm_90 bf16/fp16: 255 regs, no spills, 148,480 B, 8 warps/SM (registers and shared memory).
+    # fp32 spills 4,244/4,032 B on sm_90. sm_80: bf16/fp16 spill 196/104 B, fp32 needs 196,608 B > 166,912 B.
     _cfg(128, 128, 64, 3, 8),
+    # sm_90 bf16/fp16: 190 regs, no spills, 99,328 B, 8 warps/SM. fp32 on sm_90: 255 regs, no spills.
+    # sm_80: bf16/fp16 spill 148/104 B, fp32 2,772/2,332 B.
     _cfg(128, 128, 32, 4, 8),
+    # sm_90 bf16/fp16: 255 regs, no spills, 132,096 B, 4 warps/SM (one block: shared memory).
+    # fp32 spills 4,432/4,208 B on sm_90. sm_80: bf16/fp16 spill 284/168 B, fp32 needs 196,608 B > 166,912 B.
     _cfg(128, 64, 64, 4, 4),
+    # sm_90 bf16/fp16: 255 regs, no spills, 164,864 B, 4 warps/SM. Kept for bf16/fp16 although fp32 needs
+    # 246,784 B (245,760 dynamic + 1,024 static) > 232,448 B on sm_90, and 245,760 B > 166,912 B on sm_80: in
+    # fp32 it never launches (the autotuner skips it); fp32 also spills 4,524/4,176 B. sm_80 bf16/fp16: no spills.
     _cfg(64, 128, 64, 4, 4),
+    # sm_90 bf16/fp16: 168 regs, no spills, 66,560 B, 12 warps/SM. fp32 spills 88/56 B on sm_90.
+    # sm_80: bf16/fp16 249 regs, no spills; fp32 spills 2,876/2,464 B.
     _cfg(128, 64, 32, 4, 4),
+    # sm_90 bf16/fp16: 127 regs, no spills, 99,328 B, 8 warps/SM. fp32 on sm_90: no spills, 148,480 B.
+    # sm_80: fp32 spills 3,084/2,740 B.
     _cfg(64, 64, 64, 4, 4),
 ]
+# Plain GEMM: numbers for the forward launch x @ W^T, then the backward launches dx = dy @ W and dW = dy^T @ x
+# where they differ in kind. No bf16/fp16 entry spills on sm_90 or sm_80 in any launch.
 _MATMUL_CONFIGS: list[triton.Config] = [
+    # sm_90 bf16/fp16: 184 regs (dx 204, dW 220), no spills, 148,480 B, 8 warps/SM.
+    # fp32 spills 6,220/5,916 B on sm_90 (dx 5,912/5,668, dW 5,828/5,648); sm_80 fp32 needs 196,608 B > 166,912 B.
     _cfg(128, 256, 64, 3, 8),
+    # sm_90 bf16/fp16: 109 regs (dx 115, dW 116), no spills, 132,096 B, 8 warps/SM. fp32 on sm_90: no spills.
+    # sm_80 fp32 needs 196,608 B > 166,912 B.
     _cfg(128, 128, 64, 4, 8),
+    # sm_90 bf16/fp16: 168 regs (dx 193, dW 199), no spills, 66,560 B, 12 warps/SM (dx/dW 8).
+    # fp32 spills 296/180 B on sm_90 (dx 108/108, dW 24/24); sm_80 fp32 1,616/1,092 B.
     _cfg(128, 128, 32, 4, 4),
+    # sm_90 bf16/fp16: 128 regs (dx 137, dW 128), no spills, 99,328 B, 8 warps/SM.
+    # fp32 spills 44/44 B on sm_90 (dx 8/8, dW none); sm_80 fp32 2,736/3,516 B.
     _cfg(128, 64, 64, 4, 4),
+    # sm_90 bf16/fp16: 115 regs (dx 126, dW 128), no spills, 99,328 B, 8 warps/SM. fp32 on sm_90: no spills;
+    # sm_80 fp32 2,660/3,428 B.
     _cfg(64, 128, 64, 4, 4),
+    # sm_90 bf16/fp16: 58 regs (dx/dW 60), no spills, 33,792 B, 24 warps/SM. No spills anywhere, fp32 included.
     _cfg(64, 64, 32, 4, 4),
 ]
 
@@ -196,11 +233,33 @@ else:
     _geglu_matmul_launch = triton.autotune(configs=_GEGLU_CONFIGS, key=["M", "N", "K"])(_geglu_matmul_kernel)
     _matmul_launch = triton.autotune(configs=_MATMUL_CONFIGS, key=["M", "N", "K"])(_matmul_kernel)
 
+# The kernels form element offsets in int32 (offs * stride with int32 offs and strides): every tensor they address,
+# inputs and the output alike, must have its largest element offset <= 2**31 - 1 (a [700k, 3072] output, 2.15e9
+# elements, would wrap around and write out of bounds).
 _INT32_MAX = 2**31 - 1
 
 
-def _check_gemm(x_name: str, x: torch.Tensor, w_names: tuple[str, ...], ws: tuple[torch.Tensor, ...]) -> None:
-    """Validate ``x [..., K]`` against weights ``[N, K]``; raise ValueError naming the problem."""
+def _check_int32_span(name: str, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+    """Raise ValueError when a tensor of ``shape``/``strides`` (elements) has an element offset past int32.
+
+    The largest offset the kernels form is ``sum((size - 1) * |stride|)``; an empty tensor is never addressed.
+    Takes shapes, not tensors, so the output can be checked before it is allocated.
+    """
+    if math.prod(shape) == 0:
+        return
+    span = sum((size - 1) * abs(st) for size, st in zip(shape, strides, strict=True))
+    if span > _INT32_MAX:
+        raise ValueError(
+            f"{name} of shape {tuple(shape)} spans {span + 1} elements; the Triton GEMMs use int32 offsets, "
+            f"which allow at most {_INT32_MAX + 1} (2**31): split the batch"
+        )
+
+
+def _check_gemm(
+    x_name: str, x: torch.Tensor, w_names: tuple[str, ...], ws: tuple[torch.Tensor, ...], out_name: str
+) -> None:
+    """Validate ``x [..., K]`` against weights ``[N, K]`` and the output ``out_name [M, N]`` (contiguous, not yet
+    allocated; ``M = prod(x.shape[:-1])``); raise ValueError naming the problem."""
     for name, t in ((x_name, x), *zip(w_names, ws, strict=True)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -226,10 +285,9 @@ def _check_gemm(x_name: str, x: torch.Tensor, w_names: tuple[str, ...], ws: tupl
         if w.device != x.device:
             raise ValueError(f"{name} must be on the device of {x_name} ({x.device}); got {w.device}")
     for name, t in ((x_name, x), *zip(w_names, ws, strict=True)):
-        # Largest element offset the kernel forms (x is addressed after flattening to 2-D).
-        span = sum((size - 1) * abs(st) for size, st in zip(t.shape, t.stride(), strict=True))
-        if t.numel() > 0 and span > _INT32_MAX:
-            raise ValueError(f"{name} spans {span + 1} elements; int32 offsets allow at most {_INT32_MAX}")
+        _check_int32_span(name, tuple(t.shape), t.stride())  # x is addressed after flattening to 2-D: same span
+    M, N = math.prod(x.shape[:-1]), ws[0].shape[0]
+    _check_int32_span(out_name, (M, N), (N, 1))  # the output is allocated contiguous [M, N]
 
 
 def _grid(M: int, N: int):
@@ -262,21 +320,22 @@ def geglu_matmul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> t
 
     Work: ``4 * M * N * K`` FLOPs; writes only h (``M * N * itemsize`` bytes).
     """
-    _check_gemm("x", x, ("w_gate", "w_up"), (w_gate, w_up))
+    _check_gemm("x", x, ("w_gate", "w_up"), (w_gate, w_up), "h")
     lead, K = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(math.prod(lead), K)
     M, N = x2.shape[0], w_gate.shape[0]
     h = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M > 0 and N > 0:
-        _geglu_matmul_launch[_grid(M, N)](
-            x2, w_gate, w_up, h,
-            M, N, K,
-            x2.stride(0), x2.stride(1),
-            w_gate.stride(0), w_gate.stride(1),
-            w_up.stride(0), w_up.stride(1),
-            h.stride(0), h.stride(1),
-            **_launch_kwargs(x.dtype, M, N, K),
-        )  # fmt: skip
+        with launch("_geglu_matmul_kernel"):
+            _geglu_matmul_launch[_grid(M, N)](
+                x2, w_gate, w_up, h,
+                M, N, K,
+                x2.stride(0), x2.stride(1),
+                w_gate.stride(0), w_gate.stride(1),
+                w_up.stride(0), w_up.stride(1),
+                h.stride(0), h.stride(1),
+                **_launch_kwargs(x.dtype, M, N, K),
+            )  # fmt: skip
     return h.reshape(*lead, N)
 
 
@@ -292,20 +351,21 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     Work: ``2 * M * N * K`` FLOPs.
     """
-    _check_gemm("a", a, ("b",), (b,))
+    _check_gemm("a", a, ("b",), (b,), "c")
     lead, K = a.shape[:-1], a.shape[-1]
     a2 = a.reshape(math.prod(lead), K)
     M, N = a2.shape[0], b.shape[0]
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)
     if M > 0 and N > 0:
-        _matmul_launch[_grid(M, N)](
-            a2, b, c,
-            M, N, K,
-            a2.stride(0), a2.stride(1),
-            b.stride(0), b.stride(1),
-            c.stride(0), c.stride(1),
-            **_launch_kwargs(a.dtype, M, N, K),
-        )  # fmt: skip
+        with launch("_matmul_kernel"):
+            _matmul_launch[_grid(M, N)](
+                a2, b, c,
+                M, N, K,
+                a2.stride(0), a2.stride(1),
+                b.stride(0), b.stride(1),
+                c.stride(0), c.stride(1),
+                **_launch_kwargs(a.dtype, M, N, K),
+            )  # fmt: skip
     return c.reshape(*lead, N)
 
 
@@ -352,7 +412,7 @@ def fused_geglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> to
     Returns:
         h: ``[..., N]`` in x's dtype.
     """
-    _check_gemm("x", x, ("w_gate", "w_up"), (w_gate, w_up))
+    _check_gemm("x", x, ("w_gate", "w_up"), (w_gate, w_up), "h")
     lead, K = x.shape[:-1], x.shape[-1]
     h = GeGLUMatmulFunction.apply(x.reshape(math.prod(lead), K), w_gate, w_up)
     return h.reshape(*lead, w_gate.shape[0])
