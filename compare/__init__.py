@@ -1,5 +1,82 @@
-"""fusion-compare's framework-agnostic core: cases, golden data, parity, the shared timer, the backend registry,
-results and the report. Importing it imports neither torch nor jax; backends load lazily through the registry.
+"""fusion-compare's framework-agnostic core: what a script needs to run cases on backends, load results and render a
+report. Importing it imports neither torch nor jax; backends load lazily through the registry.
 
-Public surface: ``cases``, ``golden``, ``parity``, ``timing``, ``registry``, ``harness``, ``results``, ``report``.
+Typical use::
+
+    from compare import BACKENDS, Case, Shape, run_cases, render_report, load_results
+    case = Case("geglu", Shape(batch=3, seq=37, dim=96, hidden=328), "bfloat16")   # x [3, 37, 96] -> y [3, 37, 96]
+    doc = run_cases([case], list(BACKENDS), modes=["fwd", "fwd+bwd"])     # every registered backend
+    print(render_report(doc))
+
+Everything else lives in the submodules (``compare.parity``, ``compare.timing``, ``compare.registry``, ...).
 """
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from compare.cases import DTYPES, MODELS, MODES, PRESETS, Case, InputError, Shape, preset
+from compare.golden import Golden, Problem, golden_for
+from compare.parity import Parity, TensorParity, check_all
+from compare.registry import BACKENDS, BackendSpec, register, spec
+from compare.timing import Timing, measure
+
+__all__ = [
+    "BACKENDS",
+    "DTYPES",
+    "MODELS",
+    "MODES",
+    "PRESETS",
+    "BackendSpec",
+    "Case",
+    "Golden",
+    "InputError",
+    "Parity",
+    "Problem",
+    "Shape",
+    "TensorParity",
+    "Timing",
+    "check_all",
+    "golden_for",
+    "load_results",
+    "measure",
+    "preset",
+    "register",
+    "render_report",
+    "run_cases",
+    "spec",
+]
+
+
+def run_cases(cases: Iterable[Case], backends: Iterable[str], modes: Iterable[str] = ("fwd",),
+              budget_s: float = 1.0, ceilings: bool = False, profile: bool = False) -> dict[str, Any]:
+    """Run each backend (by registry name) on each case in each mode: parity against the float64 golden, then
+    timing through the shared timer. Returns the results document (``results.json``'s content): one result per
+    (backend, case, mode) with ``parity`` (every tensor: ``y [batch, seq, out]`` and, in ``bwd`` modes, ``dx`` and
+    each weight gradient ``d<param> [out, in]``), ``timing`` (seconds per call) and ``cost``. A failing backend is
+    an ``error`` result; the others still run."""
+    from compare import harness
+
+    specs = [spec(b) for b in backends]
+    cfg = harness.TimingConfig(budget_s=budget_s)
+    return harness.run(list(cases), specs, list(modes), cfg, ceilings=ceilings, profile=profile)
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """A ``results.json`` (validated: a foreign or broken file raises :class:`InputError` naming the row and field),
+    or a sweep's ``results.jsonl`` / its folder, as a results document."""
+    from compare import results, sweep
+
+    p = Path(path)
+    if p.is_dir() or p.suffix == ".jsonl":
+        return results.validate(sweep.load_sweep(p), str(p))
+    return results.read_json(p)
+
+
+def render_report(doc: dict[str, Any]) -> str:
+    """The markdown report of a results document (a pure function of it: it measures nothing)."""
+    from compare import report
+
+    return report.render(doc)

@@ -6,7 +6,11 @@ Shapes:
 - ``linear``: ``x [batch, seq, dim] -> y [batch, seq, hidden]`` with ``y = x @ W.T + b`` (``hidden`` is the
   output width, the seed's ``out_dim``).
 - ``geglu``: ``x [batch, seq, dim] -> y [batch, seq, dim]`` with
-  ``y = down(gelu_tanh(gate(x)) * up(x))``; gate/up are ``dim -> hidden``, down is ``hidden -> dim``.
+  ``y = down(gelu_tanh(gate(x)) * up(x))``; gate/up are ``dim -> hidden``, down is ``hidden -> dim``; bias-free.
+- ``swiglu``: the same block with SiLU (``silu(s) = s * sigmoid(s)``): ``y = down(silu(gate(x)) * up(x))``
+  (Llama, Mistral, Qwen); same weights, bias-free.
+- ``gelu-mlp``: ``x [batch, seq, dim] -> y [batch, seq, dim]`` with ``y = fc2(gelu_tanh(fc1(x) + b1)) + b2``
+  (GPT-2/BERT style, biases included); fc1 is ``dim -> hidden``, fc2 is ``hidden -> dim``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-MODELS: tuple[str, ...] = ("linear", "geglu")
+MODELS: tuple[str, ...] = ("linear", "geglu", "swiglu", "gelu-mlp")
+#: The gated (GLU) feed-forward families: ``down(act(gate(x)) * up(x))``; the hand-written kernels serve these.
+GLU_MODELS: tuple[str, ...] = ("geglu", "swiglu")
+#: The activation of each GLU family, by the name the hand-written kernels take (their ``ACT`` parameter).
+GLU_ACTIVATIONS: dict[str, str] = {"geglu": "gelu_tanh", "swiglu": "silu"}
+#: What each model computes, one line each (``python -m compare list``).
+MODEL_ABOUT: dict[str, str] = {
+    "linear": "y = x W^T + b (nn.Linear)",
+    "geglu": "y = down(gelu_tanh(gate(x)) * up(x)), bias-free (Gemma)",
+    "swiglu": "y = down(silu(gate(x)) * up(x)), bias-free (Llama, Mistral, Qwen)",
+    "gelu-mlp": "y = fc2(gelu_tanh(fc1(x) + b1)) + b2 (GPT-2, BERT)",
+}
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 DISTRIBUTIONS: tuple[str, ...] = ("normal", "student_t")
 MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
@@ -67,7 +82,8 @@ def check_seed(seed: int) -> int:
 
 @dataclass(frozen=True)
 class Shape:
-    """Sizes of one case. ``hidden`` is the GeGLU hidden width, or the output width of ``linear``."""
+    """Sizes of one case. ``hidden`` is the MLP's hidden width (GLU families, ``gelu-mlp``), or the output width of
+    ``linear``."""
 
     batch: int
     seq: int
@@ -121,6 +137,8 @@ class Case:
         s = self.shape
         if self.model == "linear":
             return {"weight": (s.hidden, s.dim), "bias": (s.hidden,)}
+        if self.model == "gelu-mlp":
+            return {"fc1": (s.hidden, s.dim), "b1": (s.hidden,), "fc2": (s.dim, s.hidden), "b2": (s.dim,)}
         return {"gate": (s.hidden, s.dim), "up": (s.hidden, s.dim), "down": (s.dim, s.hidden)}
 
     def estimated_bytes(self) -> int:
@@ -129,15 +147,17 @@ class Case:
         Kept for the whole case: the golden inputs ``x``, ``dy`` and the weights (float32), and the float64
         reference output and gradients. On top of that, at its peak, the larger of the float64 reference
         computation's working set and the plain same-dtype computation's (float32: its outputs and gradients and
-        its intermediates). Intermediates: GeGLU's ``g, u, gelu(g), h`` and their gradients (8 ``[tokens, hidden]``
-        tensors) plus a cast copy of ``x`` and ``dy``; ``linear`` has only the casts. The backends' own copies
-        (framework tensors, compiled buffers, device memory) come on top and are not counted.
+        its intermediates). Intermediates: a GLU family's ``g, u, act(g), h`` and their gradients (8
+        ``[tokens, hidden]`` tensors), ``gelu-mlp``'s ``fc1(x) + b1``, its GELU and their gradients (4), plus a cast
+        copy of ``x`` and ``dy``; ``linear`` has only the casts. The backends' own copies (framework tensors,
+        compiled buffers, device memory) come on top and are not counted.
         """
         t = self.shape.tokens
         n_in = t * self.shape.dim
         n_out = t * self.output_shape()[-1]
         n_w = sum(math.prod(shape) for shape in self.weight_shapes().values())
-        n_work = (8 * t * self.shape.hidden if self.model == "geglu" else 0) + n_in + n_out
+        n_hidden = {"linear": 0, "gelu-mlp": 4}.get(self.model, 8)  # [tokens, hidden] intermediates
+        n_work = n_hidden * t * self.shape.hidden + n_in + n_out
         stored = 4 * (n_in + n_out + n_w) + 8 * (n_out + n_in + n_w)  # golden f32 inputs/weights, f64 reference
         reference_work = 8 * n_work
         plain = 4 * (n_out + n_in + n_w) + 4 * n_work
@@ -166,6 +186,23 @@ PRESETS: dict[str, Preset] = {
         Preset("cpu-mlp", "geglu", Shape(8, 128, 768, 3072), "normal", "a CPU-sized GeGLU MLP (1024 tokens)"),
         Preset("tiny", "geglu", Shape(3, 37, 96, 328), "normal", "odd sizes, no multiple of any block size"),
         Preset("odd", "geglu", Shape(2, 33, 160, 200), "student_t", "odd sizes, heavy-tailed inputs (t, 3 dof)"),
+        # Published models' MLP widths: hidden_size -> intermediate_size and hidden_act, each from the model's
+        # config.json on its Hugging Face model card (named beside it). 16 tokens (batch 1, seq 16) by default, so
+        # every backend, the interpreted ones included, finishes on a CPU in about a minute; --batch/--seq for more.
+        # meta-llama/Meta-Llama-3-8B config.json: hidden_size 4096, intermediate_size 14336, hidden_act "silu"
+        Preset("llama3-8b", "swiglu", Shape(1, 16, 4096, 14336), "normal", "Llama 3 8B MLP (4096 -> 14336, SwiGLU)"),
+        # mistralai/Mistral-7B-v0.1 config.json: hidden_size 4096, intermediate_size 14336, hidden_act "silu"
+        Preset("mistral-7b", "swiglu", Shape(1, 16, 4096, 14336), "normal", "Mistral 7B MLP (4096 -> 14336, SwiGLU)"),
+        # Qwen/Qwen2.5-7B config.json: hidden_size 3584, intermediate_size 18944, hidden_act "silu"
+        Preset("qwen2.5-7b", "swiglu", Shape(1, 16, 3584, 18944), "normal", "Qwen2.5 7B MLP (3584 -> 18944, SwiGLU)"),
+        # google/gemma-2b config.json: hidden_size 2048, intermediate_size 16384, hidden_act "gelu"; Gemma's GeGLU
+        # runs the tanh form (transformers' GemmaMLP uses "gelu_pytorch_tanh", huggingface/transformers#29402)
+        Preset("gemma-2b", "geglu", Shape(1, 16, 2048, 16384), "normal", "Gemma 2B MLP (2048 -> 16384, GeGLU)"),
+        # google/gemma-7b config.json: hidden_size 3072, intermediate_size 24576, hidden_act "gelu" (as gemma-2b)
+        Preset("gemma-7b", "geglu", Shape(1, 16, 3072, 24576), "normal", "Gemma 7B MLP (3072 -> 24576, GeGLU)"),
+        # openai-community/gpt2 config.json: n_embd 768, n_inner null (= 4 * n_embd = 3072), activation_function
+        # "gelu_new" (the tanh form)
+        Preset("gpt2", "gelu-mlp", Shape(1, 16, 768, 3072), "normal", "GPT-2 small MLP (768 -> 3072, GELU tanh)"),
     )
 }
 
@@ -187,9 +224,9 @@ def resolve_shape(
     given = {"batch": batch, "seq": seq, "dim": dim, "hidden": hidden}
     if base is None:
         missing = [k for k, v in given.items() if v is None]
-        if missing:
+        if batch is None or seq is None or dim is None or hidden is None:
             raise InputError(f"without --preset, give every dimension; missing: {', '.join('--' + m for m in missing)}")
-        return Shape(**given)  # type: ignore[arg-type]
+        return Shape(batch, seq, dim, hidden)
     return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
 
 
@@ -198,7 +235,8 @@ COMMITTED_PRESETS: tuple[str, ...] = ("tiny", "odd", "blog-linear")
 
 
 def committed_cases() -> list[Case]:
-    """Every committed golden case: the committed presets, both models each, every dtype."""
+    """Every committed golden case: ``tiny`` and ``odd`` with every model, ``blog-linear`` with its own; every
+    dtype."""
     out = []
     for name in COMMITTED_PRESETS:
         p = PRESETS[name]

@@ -14,26 +14,30 @@ from compare import diff, exitcodes, gpu_build, gpu_build_report, harness, prefl
 from compare.atomic import write_text_atomic
 from compare.cases import (
     DTYPES,
+    MODEL_ABOUT,
     MODELS,
     MODES,
     PRESETS,
     Case,
     InputError,
-    check_finite,
     check_name,
     check_seed,
     check_unique,
     preset,
     resolve_shape,
 )
+from compare.options import add_grid_args, check_grid_args
 from compare.progress import Display, progress_level
 from compare.registry import BACKENDS, spec
 
 
 def cmd_list(_: argparse.Namespace) -> int:
+    print("models:")
+    for m in MODELS:
+        print(f"  {m:12s} {MODEL_ABOUT[m]}")
     print("presets:")
     for p in PRESETS.values():
-        print(f"  {p.name:12s} {p.model:7s} {p.shape.label():22s} {p.dist:10s} {p.about}")
+        print(f"  {p.name:12s} {p.model:8s} {p.shape.label():22s} {p.dist:10s} {p.about}")
     print("backends:")
     for s in BACKENDS.values():
         a = s.availability()
@@ -53,17 +57,6 @@ def cases_from_args(a: argparse.Namespace) -> list[Case]:
     dist = base.dist if base else "normal"
     dtypes = check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
     return [Case(model, shape, d, dist, check_seed(a.seed)) for d in dtypes]
-
-
-def check_grid_args(a: argparse.Namespace) -> None:
-    """The options :func:`add_grid_args` defines, checked before anything runs (bad input raises InputError)."""
-    check_seed(a.seed)
-    check_finite("--budget", a.budget)
-    for b in a.backend:
-        spec(b)
-    check_unique("backend", a.backend)
-    check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
-    check_unique("mode", [check_name("mode", m, MODES) for m in a.mode])
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -152,19 +145,6 @@ def cmd_report(a: argparse.Namespace) -> int:
     write_text_atomic(out, report.render(doc))
     print(f"wrote {out}")
     return exitcodes.OK
-
-
-def add_grid_args(p: argparse.ArgumentParser, budget_help: str) -> None:
-    """Dtypes, backends, modes, seed and timing budget: the options shared by ``run``, ``profile`` and ``sweep``."""
-    p.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
-    # the registry as it is when the parser is built (a backend registered later, by a test, is not a stale default)
-    p.add_argument("--backend", nargs="+", default=list(BACKENDS), help=f"any of: {', '.join(BACKENDS)}")
-    p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
-    p.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
-    p.add_argument("--budget", type=float, default=1.0, help=budget_help)
-    talk = p.add_mutually_exclusive_group()
-    talk.add_argument("--quiet", action="store_true", help="print only problems (failed cells) and the result")
-    talk.add_argument("--verbose", action="store_true", help="print every cell as it starts and every message")
 
 
 def _add_run_args(r: argparse.ArgumentParser) -> None:

@@ -13,27 +13,28 @@ The model
 GeGLU, ``T`` tokens, ``D`` = dim, ``H`` = hidden, ``s`` = itemsize; ``g = gate(x)``, ``u = up(x)``,
 ``a = gelu_tanh(g)``, ``h = a * u``, ``y = down(h)``, all ``[T, H]`` except ``x, y [T, D]``.
 
-==================  ==============================================  =================================
-plan (backends)     forward kernels                                 saved for the backward
-==================  ==============================================  =================================
-``eager``           gate GEMM, up GEMM, GELU (g -> a),              g, u, a, h (GELU saves its input,
-(torch-eager)       mul (a, u -> h), down GEMM: 5                   mul both inputs, down its input)
-``fused-ew``        gate GEMM, up GEMM, one fused elementwise       g, u, h; the backward kernel
-(torch-compile,     kernel (g, u -> h; ``a`` never reaches          recomputes gelu(g) from g
-torch-triton,       memory), down GEMM: 4
-jax-xla,
-jax-pallas,
-jax-triton)
-``fused-gemm``      one kernel computes the gate and up tiles       x (an input), h; the backward
-(torch-triton-      from x and writes only h (g, u never            recomputes g and u with two GEMMs
-fused)              written), down GEMM: 2                          (``4 * T * D * H`` more FLOPs)
-==================  ==============================================  =================================
+==============  ==============================================  =================================
+plan            forward kernels                                 saved for the backward
+==============  ==============================================  =================================
+``eager``       gate GEMM, up GEMM, GELU (g -> a),              g, u, a, h (GELU saves its input,
+                mul (a, u -> h), down GEMM: 5                   mul both inputs, down its input)
+``fused-ew``    gate GEMM, up GEMM, one fused elementwise       g, u, h; the backward kernel
+                kernel (g, u -> h; ``a`` never reaches          recomputes gelu(g) from g
+                memory), down GEMM: 4
+``fused-gemm``  one kernel computes the gate and up tiles       x (an input), h; the backward
+                from x and writes only h (g, u never            recomputes g and u with two GEMMs
+                written), down GEMM: 2                          (``4 * T * D * H`` more FLOPs)
+==============  ==============================================  =================================
+
+Which backend follows which plan is the backend's registry line (``compare.registry``: ``plan=``), with its
+``assumption`` where the plan is assumed rather than read off the framework; a backend with no plan has no cost
+rows, explicitly.
 
 Backward (given ``dy``): ``dh = dy @ W_down`` and ``ddown = dy^T h`` (2 GEMMs); the elementwise backward
 (``eager``: ``da = dh * u``, ``du = dh * a``, ``dg = da * gelu'(g)``, 3 kernels; the fused plans: one kernel
 reading dh, g, u and writing dg, du); ``dx = dg @ W_gate + du @ W_up`` (2 GEMMs, the first writing a
 ``[T, D]`` partial that is read back: an in-place add kernel in ``eager``/``fused-ew``, as Inductor's CPU
-backward and eager autograd do it; the ``addmm`` of torch-triton-fused in ``fused-gemm``); ``dgate = dg^T x``,
+backward and eager autograd do it; an ``addmm`` in ``fused-gemm``); ``dgate = dg^T x``,
 ``dup = du^T x`` (2 GEMMs). ``fwd+bwd`` is the forward's kernels then the backward's; in ``bwd`` the saved
 tensors are only read (the forward that wrote them is outside the step).
 
@@ -41,12 +42,11 @@ tensors are only read (the forward that wrote them is outside the step).
 reduction, the same for every backend that implements it.
 
 What is measured, what is assumed
-    torch-eager and torch-compile were read off the frameworks (autograd's saved tensors; Inductor's generated
-    CPU code: ``extern mm`` x 2, one ``cpp_fused_gelu_mul`` kernel, saved ``mm, mm_1, view`` = g, u, h; backward
-    ``cpp_fused_gelu_backward_mul`` then ``cpp_fused_add`` for dx). torch-triton and torch-triton-fused follow their
-    ``autograd.Function``s. **jax-xla is an assumption**: XLA's HLO decides its fusions and its residuals; the
-    model takes them to be torch-compile's, and that assumption is cross-checked against XLA's own
-    ``cost_analysis`` elsewhere. jax-pallas and jax-triton follow their ``custom_vjp`` (saving g, u).
+    ``eager`` and ``fused-ew`` were read off the frameworks (autograd's saved tensors; Inductor's generated CPU
+    code: ``extern mm`` x 2, one ``cpp_fused_gelu_mul`` kernel, saved ``mm, mm_1, view`` = g, u, h; backward
+    ``cpp_fused_gelu_backward_mul`` then ``cpp_fused_add`` for dx); ``fused-gemm`` follows the fused Triton step's
+    ``autograd.Function``. Where a backend's plan is an assumption (XLA decides its own fusions and residuals), its
+    registry line says so, and the report cross-checks it against XLA's own ``cost_analysis``.
 """
 
 from __future__ import annotations
@@ -60,35 +60,18 @@ from compare.cases import MODES, Case, InputError, check_name
 #: Bytes per element of each case dtype.
 ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-#: Backends planned but not (yet) in ``compare.registry.BACKENDS``; the cost model knows them already.
-PLANNED_BACKENDS: tuple[str, ...] = ("torch-triton-fused", "jax-pallas", "jax-triton")
-
-#: Which plan (see the module docstring) each backend follows.
-PLANS: dict[str, str] = {
-    "torch-eager": "eager",
-    "torch-compile": "fused-ew",
-    "torch-triton": "fused-ew",
-    "torch-triton-fused": "fused-gemm",
-    "jax-xla": "fused-ew",
-    "jax-pallas": "fused-ew",
-    "jax-triton": "fused-ew",
-}
-
-#: Backends that implement GeGLU only (the rest implement ``nn.Linear`` too).
-GEGLU_ONLY: frozenset[str] = frozenset({"torch-triton", "torch-triton-fused", "jax-pallas", "jax-triton"})
-
-#: Where the model is an assumption rather than read off the framework.
-ASSUMPTIONS: dict[str, str] = {
-    "jax-xla": ("assumed: XLA fuses gelu*mul into one loop fusion and keeps g, u, h as torch-compile does; "
-                "the HLO decides (cross-checked against XLA's cost_analysis elsewhere)"),
-    "jax-pallas": "gate/up/down are XLA dots (assumed unfused with the Pallas kernel); residuals g, u per custom_vjp",
-    "jax-triton": "as torch-triton: XLA dots around a Triton elementwise kernel; residuals g, u",
-}
+#: The plans (see the module docstring) a backend's registry line may name.
+PLANS: tuple[str, ...] = ("eager", "fused-ew", "fused-gemm")
 
 #: Elementwise FLOPs per element (tanh counted as one): gelu_tanh(g) = 0.5 g (1 + tanh(k (g + c g^3))) is 9.
 GELU_FLOPS = 9
 #: gelu_tanh'(g) times the incoming gradient, sharing nothing with a forward evaluation.
 GELU_GRAD_FLOPS = 16
+#: silu(s) = s * sigmoid(s) = s / (1 + exp(-s)): negate, exp, add, divide, multiply (exp counted as one) is 5.
+SILU_FLOPS = 5
+#: silu'(s) = sigmoid(s) (1 + s (1 - sigmoid(s))) times the incoming gradient: sigmoid 4, then 1 - ., s * ., 1 + .,
+#: sigmoid * . and * the gradient: 9, sharing nothing with a forward evaluation.
+SILU_GRAD_FLOPS = 9
 
 ROLES: tuple[str, ...] = ("input", "weight", "intermediate", "output", "gradient")
 
@@ -102,13 +85,6 @@ class Kernel:
     writes: tuple[str, ...]
     flops: int = 0
     ew_flops: int = 0
-
-
-def known_backends() -> list[str]:
-    """Registered backends plus the planned ones, in registry order."""
-    from compare.registry import BACKENDS
-
-    return list(BACKENDS) + [b for b in PLANNED_BACKENDS if b not in BACKENDS]
 
 
 def gemm_flops(m: int, n: int, k: int) -> int:
@@ -127,7 +103,14 @@ def _tensor_shapes(case: Case) -> dict[str, tuple[tuple[int, ...], str]]:
             "dx": ((t, d), "gradient"), "dweight": ((h, d), "gradient"), "dbias": ((h,), "gradient"),
         }
     act = ((t, h), "intermediate")
-    return {
+    if case.model == "gelu-mlp":  # f = fc1(x) + b1, a = gelu(f), y = fc2(a) + b2
+        return {
+            "x": ((t, d), "input"), "fc1": ((h, d), "weight"), "b1": ((h,), "weight"), "fc2": ((d, h), "weight"),
+            "b2": ((d,), "weight"), "f": act, "a": act, "y": ((t, d), "output"), "dy": ((t, d), "input"),
+            "da": act, "df": act, "dx": ((t, d), "gradient"), "dfc1": ((h, d), "gradient"),
+            "db1": ((h,), "gradient"), "dfc2": ((d, h), "gradient"), "db2": ((d,), "gradient"),
+        }
+    return {  # the GLU families (geglu, swiglu): g = gate(x), u = up(x), a = act(g), h = a * u
         "x": ((t, d), "input"), "gate": ((h, d), "weight"), "up": ((h, d), "weight"), "down": ((d, h), "weight"),
         "g": act, "u": act, "a": act, "h": act, "y": ((t, d), "output"), "dy": ((t, d), "input"),
         "dh": act, "da": act, "dg": act, "du": act, "dx_partial": ((t, d), "intermediate"),
@@ -147,7 +130,17 @@ def _linear_kernels(case: Case, mode: str) -> list[Kernel]:
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
 
 
-def _geglu_kernels(case: Case, plan: str, mode: str) -> list[Kernel]:
+#: Per GLU family: (the activation's name in kernel names, its FLOPs, its gradient's FLOPs, the family's name).
+_GLU_ACT: dict[str, tuple[str, int, int, str]] = {
+    "geglu": ("gelu", GELU_FLOPS, GELU_GRAD_FLOPS, "GeGLU"),
+    "swiglu": ("silu", SILU_FLOPS, SILU_GRAD_FLOPS, "SwiGLU"),
+}
+
+
+def _glu_kernels(case: Case, plan: str, mode: str) -> list[Kernel]:
+    """The kernels of a GLU family (``geglu``, ``swiglu``) under ``plan`` (the module docstring's GeGLU table; SwiGLU
+    has the same kernels with SiLU's FLOP counts, :data:`SILU_FLOPS` and :data:`SILU_GRAD_FLOPS`)."""
+    act, act_flops, act_grad_flops, family = _GLU_ACT[case.model]
     t, d, h = case.shape.tokens, case.shape.dim, case.shape.hidden
     up_proj = gemm_flops(t, h, d)  # gate and up: [T, D] @ [D, H]
     down_proj = gemm_flops(t, d, h)  # down, dh and each dx term: [T, H] @ [H, D] (or its transpose)
@@ -157,21 +150,21 @@ def _geglu_kernels(case: Case, plan: str, mode: str) -> list[Kernel]:
     up = Kernel("up GEMM", ("x", "up"), ("u",), up_proj)
     down = Kernel("down GEMM", ("h", "down"), ("y",), down_proj)
     if plan == "eager":
-        fwd = [gate, up, Kernel("gelu (g -> a)", ("g",), ("a",), 0, GELU_FLOPS * th),
+        fwd = [gate, up, Kernel(f"{act} (g -> a)", ("g",), ("a",), 0, act_flops * th),
                Kernel("mul (a * u -> h)", ("a", "u"), ("h",), 0, th), down]
     elif plan == "fused-ew":
-        fwd = [gate, up, Kernel("fused gelu*mul (g, u -> h)", ("g", "u"), ("h",), 0, (GELU_FLOPS + 1) * th), down]
+        fwd = [gate, up, Kernel(f"fused {act}*mul (g, u -> h)", ("g", "u"), ("h",), 0, (act_flops + 1) * th), down]
     else:
-        fwd = [Kernel("fused gate+up GEMM, GeGLU epilogue (x -> h)", ("x", "gate", "up"), ("h",), 2 * up_proj,
-                      (GELU_FLOPS + 1) * th), down]
+        fwd = [Kernel(f"fused gate+up GEMM, {family} epilogue (x -> h)", ("x", "gate", "up"), ("h",), 2 * up_proj,
+                      (act_flops + 1) * th), down]
     bwd = [Kernel("dh GEMM (dy W_down)", ("dy", "down"), ("dh",), down_proj),
            Kernel("ddown GEMM (dy^T h)", ("dy", "h"), ("ddown",), wgrad)]
-    fused_bwd = Kernel("fused gelu*mul backward (dh, g, u -> dg, du)", ("dh", "g", "u"), ("dg", "du"), 0,
-                       (GELU_FLOPS + GELU_GRAD_FLOPS + 2) * th)  # recomputes gelu(g); du = dh a, dg = dh u a'
+    fused_bwd = Kernel(f"fused {act}*mul backward (dh, g, u -> dg, du)", ("dh", "g", "u"), ("dg", "du"), 0,
+                       (act_flops + act_grad_flops + 2) * th)  # recomputes act(g); du = dh a, dg = dh u a'
     if plan == "eager":
         bwd += [Kernel("mul backward (dh * u -> da)", ("dh", "u"), ("da",), 0, th),
                 Kernel("mul backward (dh * a -> du)", ("dh", "a"), ("du",), 0, th),
-                Kernel("gelu backward (da, g -> dg)", ("da", "g"), ("dg",), 0, GELU_GRAD_FLOPS * th)]
+                Kernel(f"{act} backward (da, g -> dg)", ("da", "g"), ("dg",), 0, act_grad_flops * th)]
     elif plan == "fused-ew":
         bwd += [fused_bwd]
     else:
@@ -189,6 +182,46 @@ def _geglu_kernels(case: Case, plan: str, mode: str) -> list[Kernel]:
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
 
 
+def _gelu_mlp_kernels(case: Case, plan: str, mode: str) -> list[Kernel]:
+    """The kernels of ``gelu-mlp`` (``y = fc2(gelu(fc1(x) + b1)) + b2``; ``f = fc1(x) + b1``, ``a = gelu(f)``).
+
+    Forward, both plans: ``fc1`` addmm (bias in the GEMM's epilogue, one bias add per output), GELU (``f -> a``),
+    ``fc2`` addmm: 3 kernels, saving ``f`` (GELU's input) and ``a`` (``fc2``'s input). Backward: ``da = dy W_fc2``,
+    ``dfc2 = dy^T a``, ``db2 = sum dy``, ``df = da * gelu'(f)``, ``dx = df W_fc1``, ``dfc1 = df^T x``,
+    ``db1 = sum df``. ``eager`` runs each as its own kernel (7, as autograd's addmm and GELU backward do);
+    ``fused-ew`` fuses the ``db2`` reduction into the GELU backward kernel (6: read off Inductor's CPU code,
+    ``cpp_fused_gelu_gelu_backward_sum``, then a ``db1`` sum kernel). ``fused-gemm`` has no gelu-mlp kernels.
+    """
+    if plan not in ("eager", "fused-ew"):
+        raise InputError(f"no gelu-mlp cost model for plan {plan!r}; modelled plans: eager, fused-ew")
+    t, d, h = case.shape.tokens, case.shape.dim, case.shape.hidden
+    th = t * h
+    fwd = [Kernel("fc1 addmm (x fc1^T + b1 -> f)", ("x", "fc1", "b1"), ("f",), gemm_flops(t, h, d), th),
+           Kernel("gelu (f -> a)", ("f",), ("a",), 0, GELU_FLOPS * th),
+           Kernel("fc2 addmm (a fc2^T + b2 -> y)", ("a", "fc2", "b2"), ("y",), gemm_flops(t, d, h), t * d)]
+    bwd = [Kernel("da GEMM (dy W_fc2)", ("dy", "fc2"), ("da",), gemm_flops(t, h, d)),
+           Kernel("dfc2 GEMM (dy^T a)", ("dy", "a"), ("dfc2",), gemm_flops(d, h, t))]
+    if plan == "eager":
+        bwd += [Kernel("db2 reduction (sum dy)", ("dy",), ("db2",), 0, t * d),
+                Kernel("gelu backward (da, f -> df)", ("da", "f"), ("df",), 0, GELU_GRAD_FLOPS * th)]
+    else:
+        bwd.append(Kernel("fused gelu backward + db2 reduction (da, f, dy -> df, db2)", ("da", "f", "dy"),
+                          ("df", "db2"), 0, GELU_GRAD_FLOPS * th + t * d))
+    bwd += [Kernel("dx GEMM (df W_fc1)", ("df", "fc1"), ("dx",), gemm_flops(t, d, h)),
+            Kernel("dfc1 GEMM (df^T x)", ("df", "x"), ("dfc1",), gemm_flops(h, d, t)),
+            Kernel("db1 reduction (sum df)", ("df",), ("db1",), 0, th)]
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
+
+
+def _model_kernels(case: Case, plan: str, mode: str) -> list[Kernel]:
+    """The kernels of one step of ``case.model`` under ``plan`` in ``mode``."""
+    if case.model == "linear":
+        return _linear_kernels(case, mode)
+    if case.model == "gelu-mlp":
+        return _gelu_mlp_kernels(case, plan, mode)
+    return _glu_kernels(case, plan, mode)
+
+
 def _saved(kernels_fwd: list[Kernel], kernels_bwd: list[Kernel]) -> list[str]:
     """Tensors the backward reads that the forward wrote (the activations kept alive between them), in the
     forward's order."""
@@ -204,14 +237,18 @@ def _saved(kernels_fwd: list[Kernel], kernels_bwd: list[Kernel]) -> list[str]:
 
 
 def check_backend(backend: str, model: str | None = None) -> str:
-    """Return the plan of ``backend``; an unknown one (or one without ``model``) raises :class:`InputError`."""
-    known = known_backends()
-    check_name("backend", backend, known)
-    if backend not in PLANS:
-        raise InputError(f"no cost model for backend {backend!r}; modelled backends: {', '.join(PLANS)}")
-    if model == "linear" and backend in GEGLU_ONLY:
-        raise InputError(f"backend {backend!r} implements model 'geglu' only, not 'linear'")
-    return PLANS[backend]
+    """Return the plan of ``backend`` from its registry line; an unknown backend, one without a plan (not modelled)
+    or one that does not implement ``model`` raises :class:`InputError` naming what is allowed."""
+    from compare.registry import BACKENDS, spec
+
+    s = spec(backend)
+    if s.plan is None:
+        modelled = [b.name for b in BACKENDS.values() if b.plan is not None]
+        raise InputError(f"no cost model for backend {backend!r}; modelled backends: {', '.join(modelled)}")
+    check_name("plan", s.plan, PLANS)
+    if model is not None and model not in s.models:
+        raise InputError(f"backend {backend!r} implements model(s) {', '.join(s.models)} only, not {model!r}")
+    return s.plan
 
 
 def cost(case: Case, backend: str, mode: str) -> dict[str, Any]:
@@ -226,12 +263,9 @@ def cost(case: Case, backend: str, mode: str) -> dict[str, Any]:
     plan = check_backend(backend, case.model)
     check_name("mode", mode, MODES)
     itemsize = ITEMSIZE[case.dtype]
-    if case.model == "linear":
-        kernels = _linear_kernels(case, mode)
-        saved: list[str] = []  # nothing but the input x is kept for the backward
-    else:
-        kernels = _geglu_kernels(case, plan, mode)
-        saved = _saved(_geglu_kernels(case, plan, "fwd"), _geglu_kernels(case, plan, "bwd")) if mode != "fwd" else []
+    kernels = _model_kernels(case, plan, mode)
+    # linear: nothing but the input x is kept for the backward (its forward writes only y)
+    saved = _saved(_model_kernels(case, plan, "fwd"), _model_kernels(case, plan, "bwd")) if mode != "fwd" else []
     shapes = _tensor_shapes(case)
     counts: dict[str, list[int]] = {}  # name -> [reads, writes], in order of first use
     for k in kernels:
@@ -239,7 +273,7 @@ def cost(case: Case, backend: str, mode: str) -> dict[str, Any]:
             counts.setdefault(n, [0, 0])[0] += 1
         for n in k.writes:
             counts.setdefault(n, [0, 0])[1] += 1
-    tensors = []
+    tensors: list[dict[str, Any]] = []
     for name, (reads, writes) in counts.items():
         shape, role = shapes[name]
         tensors.append({"name": name, "shape": list(shape), "bytes": math.prod(shape) * itemsize, "role": role,
@@ -262,8 +296,14 @@ def cost(case: Case, backend: str, mode: str) -> dict[str, Any]:
         "saved": [n for n in saved if n in counts],
         "model_kernels": [k.name for k in kernels],
         "model_kernels_per_step": len(kernels),
-        "assumption": ASSUMPTIONS.get(backend, ""),
+        "assumption": _assumption(backend),
     }
+
+
+def _assumption(backend: str) -> str:
+    from compare.registry import spec
+
+    return spec(backend).assumption
 
 
 def roofline(cost: dict[str, Any], median_s: float, ceilings: dict[str, Any]) -> dict[str, Any]:
@@ -312,7 +352,7 @@ def si(x: float | None, unit: str) -> str:
 
 
 def _signed_s(s: float | None) -> str:
-    from compare.report import fmt_s
+    from compare.markdown import fmt_s
 
     if s is None:
         return "-"
@@ -332,7 +372,7 @@ def achieved(doc: Doc, r: Doc) -> dict[str, Any] | None:
     if not c:
         return None
     if c.get("achieved"):
-        return c["achieved"]  # type: ignore[no-any-return]
+        return c["achieved"]
     ceil = ceilings_for(doc, r["dtype"])
     t = r.get("timing")
     if not ceil or not t or not t.get("median_s"):
@@ -341,7 +381,7 @@ def achieved(doc: Doc, r: Doc) -> dict[str, Any] | None:
 
 
 def _label(r: Doc) -> str:
-    from compare.report import case_label
+    from compare.markdown import case_label
 
     return case_label(r)
 
@@ -354,7 +394,8 @@ def _find_baseline(results: list[Doc], r: Doc, baseline: str) -> Doc | None:
 
 
 def fusion_benefit(doc: Doc) -> list[dict[str, Any]]:
-    """Per non-baseline backend with a cost, against torch-eager on the same case (dtype included) and mode.
+    """Per non-baseline backend with a cost, against the baseline (``DEFAULT_BASELINE``) on the same case (dtype
+    included) and mode.
 
     Each row: ``backend, case, label, dtype, mode``; ``kernels_eliminated`` (eager's measured
     ``kernels_per_step`` minus this backend's, None unless both were profiled) and ``model_kernels_eliminated``;
@@ -414,9 +455,9 @@ def _measured_saved(f: dict[str, Any]) -> str:
 
 
 def fusion_section(doc: Doc) -> str:
-    """Markdown: what fusion buys each backend over torch-eager, predicted from bytes and measured side by side."""
+    """Markdown: what fusion buys each backend over the baseline, predicted from bytes and measured side by side."""
+    from compare.markdown import fmt_s, table
     from compare.registry import DEFAULT_BASELINE
-    from compare.report import fmt_s, table
 
     rows = fusion_benefit(doc)
     if not rows:
@@ -448,7 +489,7 @@ def fusion_section(doc: Doc) -> str:
 
 
 def _ceilings_rows(doc: Doc) -> list[list[str]]:
-    from compare.report import fmt_s
+    from compare.markdown import fmt_s
 
     ceils = doc.get("ceilings") or {}
     rows = []
@@ -468,7 +509,7 @@ def _ceilings_rows(doc: Doc) -> list[list[str]]:
 
 def cost_section(doc: Doc) -> str:
     """Markdown: per result, modelled FLOPs and bytes, intensity, achieved rates against the measured ceilings."""
-    from compare.report import fmt_s, table
+    from compare.markdown import fmt_s, table
 
     rows = []
     for r in doc.get("results", []):

@@ -37,7 +37,7 @@ from typing import Any
 from compare import exitcodes
 from compare.atomic import write_text_atomic
 from compare.cases import InputError, check_finite
-from compare.report import fmt_s, table
+from compare.markdown import fmt_s, table
 from compare.significance import (
     ALPHA,
     MIN_SAMPLES_FOR_TEST,

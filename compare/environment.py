@@ -10,7 +10,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PACKAGES: tuple[str, ...] = ("numpy", "torch", "jax", "jaxlib", "flax", "triton", "jax-triton", "safetensors")
+#: Distribution names (normalised: importlib.metadata treats - and _ alike).
+PACKAGES: tuple[str, ...] = ("numpy", "torch", "jax", "jaxlib", "flax", "triton", "jax_triton", "safetensors")
 
 
 def cpu_model() -> str:

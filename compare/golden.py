@@ -84,13 +84,18 @@ def _draw_input(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> 
     return rng.standard_t(3.0, shape)  # heavy-tailed: finite variance (3), frequent large values
 
 
+#: Parameters of the layers that read ``x [.., dim]`` (fan-in ``dim``); the others (``down``, ``fc2``, ``b2``) belong to
+#: layers that read the hidden activation (fan-in ``hidden``). A bias is drawn at its layer's fan-in too.
+_READS_X: tuple[str, ...] = ("gate", "up", "weight", "bias", "fc1", "b1")
+
+
 def make_golden(case: Case) -> Golden:
     """Generate the golden data of ``case`` (deterministic; see the module docstring)."""
     rng = _rng(case)
     x = round_to_dtype(_draw_input(rng, case.input_shape(), case.dist), case.dtype)
     params = {}
     for name, shape in case.weight_shapes().items():
-        fan_in = case.shape.dim if name in ("gate", "up", "weight", "bias") else case.shape.hidden
+        fan_in = case.shape.dim if name in _READS_X else case.shape.hidden
         params[name] = round_to_dtype(rng.standard_normal(shape) / np.sqrt(fan_in), case.dtype)
     dy = round_to_dtype(rng.standard_normal(case.output_shape()), case.dtype)
     ref = compute(case.model, x, params, dy, Arith.exact())
@@ -134,7 +139,7 @@ def write_all(directory: Path = GOLDEN_DIR) -> dict[str, object]:
             "case": _case_meta(case),
             "shapes": {k: list(v.shape) for k, v in _to_tensors(g).items()},
         }
-    manifest = {
+    manifest: dict[str, object] = {
         "generator": {"version": GENERATOR_VERSION, "bit_generator": "PCG64", "numpy": np.__version__},
         "files": files,
     }

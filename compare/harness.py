@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from compare import costmodel, environment, resolution, timing
-from compare.cases import Case, InputError
+from compare.cases import Case
 from compare.golden import golden_for
 from compare.parity import UnusableCase, check_all, check_plain
 from compare.progress import Display
 from compare.reference import Arith, compute
-from compare.registry import DEFAULT_BASELINE, BackendSpec, Prepared
+from compare.registry import DEFAULT_BASELINE, BackendSpec, Prepared, probe
 from compare.results import SCHEMA_VERSION, Result
 
 #: Which reference tensors each mode checks.
@@ -109,7 +109,7 @@ def run_one(
 
         parity = judge(out)
         del out
-        tim, last = None, []
+        tim, last = None, list[Any]()
         if prepared.timed and time_it:
             tim = timing.measure(prepared.step, prepared.sync, first_call_s=first_s, warmup=cfg.warmup,
                                  min_samples=cfg.min_samples, max_samples=cfg.max_samples, budget_s=cfg.budget_s,
@@ -136,30 +136,28 @@ def run_one(
         return Result.for_case(spec.name, case, mode, status, reason="; ".join(failures),
                                note=prepared.note, device=prepared.device, parity=parity_doc, timing=tim,
                                threads=prepared.threads, kernels=kernels, extras=extras,
-                               cost=model_cost(spec.name, case, mode))
+                               cost=model_cost(spec, case, mode))
     except Exception as exc:  # a backend's failure is a result, not the end of the run
         reason, tb = _summarise_error(exc)
         return Result.for_case(spec.name, case, mode, "error", reason=reason, extras={"traceback": tb})
 
 
-def model_cost(backend: str, case: Case, mode: str) -> dict[str, Any] | None:
-    """The cost model's entry (``compare.costmodel.cost``) for a result; None for a backend it does not model."""
-    try:
-        return costmodel.cost(case, backend, mode)
-    except InputError:
+def model_cost(spec: BackendSpec, case: Case, mode: str) -> dict[str, Any] | None:
+    """The cost model's entry (``compare.costmodel.cost``) for a result; None exactly when the backend's registry
+    line names no plan (it is not modelled). Any other problem is an error, not a silently missing row."""
+    if spec.plan is None:
         return None
+    return costmodel.cost(case, spec.name, mode)
 
 
 def measure_ceilings(dtypes: Iterable[str], budget_s: float = 0.5) -> dict[str, Any] | None:
-    """This machine's matmul FLOP/s and copy bandwidth per dtype, measured with torch on the device the torch
-    backends use (``torch_impl.ceilings``); None where torch cannot be imported."""
+    """This machine's matmul FLOP/s and copy bandwidth per dtype, from the registry's ``ceilings`` probe (torch, on
+    the device the torch backends use); None where its framework cannot be imported."""
     try:
-        from torch_impl import device as tdev
-        from torch_impl.ceilings import measure_ceilings as measure
+        ceilings = probe("ceilings")
     except ImportError:
         return None
-    device = str(tdev.device())
-    return {"device": device, **{d: measure(d, device, budget_s) for d in dtypes}}
+    return ceilings.measure_all(list(dtypes), budget_s)
 
 
 def run(
@@ -198,8 +196,9 @@ def run(
                 refused = [Result.for_case(spec.name, case, mode, "error", reason=str(exc)).to_dict()
                            for mode in modes for spec in specs]
                 results += refused
-                for r in refused if progress else []:
-                    progress.cell(f"{r['backend']} {case.name} {r['mode']}", "error", str(exc))
+                for row in refused:
+                    if progress:
+                        progress.cell(f"{row['backend']} {case.name} {row['mode']}", "error", str(exc))
                 continue
             res_rows += case_resolution(case, plain, modes)
             for mode in modes:
@@ -207,15 +206,16 @@ def run(
                     label = f"{spec.name} {case.name} {mode}"
                     if progress:
                         progress.starting(label)
-                    r = run_one(spec, case, mode, plain, cfg, precision, profile=profile, trace_dir=trace_dir)
-                    threads.update(r.threads)
-                    results.append(r.to_dict())
+                    res = run_one(spec, case, mode, plain, cfg, precision, profile=profile, trace_dir=trace_dir)
+                    threads.update(res.threads)
+                    results.append(res.to_dict())
                     flops[len(results) - 1] = min_flops(case, mode)
                     if progress:
-                        progress.cell(label, r.status, r.reason)
+                        progress.cell(label, res.status, res.reason)
     except KeyboardInterrupt:  # keep what is done; the caller writes it and says so
         interrupted = True
     for i, r in enumerate(results if ceil else []):
+        assert ceil is not None
         c, t, k = r.get("cost"), r.get("timing"), ceil.get(r["dtype"])
         if c and t and k:
             c["achieved"] = costmodel.roofline(c, t["median_s"], k)

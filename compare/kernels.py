@@ -169,7 +169,9 @@ def _split_template(s: str) -> tuple[str, list[str]] | None:
     lt = s.find("<")
     if lt <= 0 or not s.endswith(">"):
         return None
-    args, depth, cur = [], 0, []
+    args: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in s[lt + 1:-1]:
         if ch in "<(":
             depth += 1

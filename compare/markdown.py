@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 Row = list[str]
 
@@ -28,3 +29,9 @@ def fmt_s(s: float | None) -> str:
 def fmt_e(x: float | None) -> str:
     """A number in scientific notation, 3 significant digits; None is ``-``."""
     return "-" if x is None else f"{x:.2e}"
+
+
+def case_label(r: dict[str, Any]) -> str:
+    """``geglu 3x37x96->328`` for a result row (its model and shape)."""
+    s = r["shape"]
+    return f"{r['model']} {s['batch']}x{s['seq']}x{s['dim']}->{s['hidden']}"

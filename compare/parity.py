@@ -50,7 +50,9 @@ per case, dtype and tensor is measured by ``compare.resolution`` and printed in 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -182,10 +184,11 @@ def _fail(name: str, n: int, why: str, **kw: object) -> TensorParity:
         "worst_ratio": math.inf, "worst_index": [], "nonfinite": 0, "failed": ["finite"],
     }
     base.update(kw)
+    # ``base`` holds one value per remaining field, of the field's type: a dict of mixed types to mypy
     return TensorParity(tensor=name, n=n, passed=False, why=why, **base)  # type: ignore[arg-type]
 
 
-def _fmt_index(idx: tuple[int, ...] | list[int]) -> list[int]:
+def _fmt_index(idx: Iterable[Any]) -> list[int]:
     return [int(i) for i in idx]
 
 

@@ -6,8 +6,11 @@ count (``batch x seq``) and each panel is one (dtype, mode). Per family, with fi
 - ``time-<model>-d<dim>-h<hidden>.png``: median time per call against tokens, log-log, one line per backend,
   error bars from the first to the third quartile (of ``samples_s`` when present, else median -/+ IQR/2);
 - ``speedup-<model>-d<dim>-h<hidden>.png``: the baseline's (``torch-eager``) median over each backend's;
+- ``roofline-<model>-d<dim>-h<hidden>.png``: achieved FLOP/s against the cost model's arithmetic intensity, under
+  the compute and bandwidth roofs measured in the same run (``doc["ceilings"]``); one shape is enough;
 - ``ceiling-<model>-d<dim>-h<hidden>.png``: achieved fraction of the compute (solid) and bandwidth (dashed)
-  ceilings, only if results carry ``cost`` with ``achieved_flops_frac`` / ``achieved_bw_frac``.
+  ceilings, only if results carry the cost model's roofline numbers (``cost["achieved"]``: ``flops_fraction`` and
+  ``bytes_fraction``, written by ``compare.costmodel.roofline`` when the run measured its ceilings).
 
 A family with fewer than two token counts gets no plot (a sweep's job; one point per line says nothing), and a
 plot with nothing to draw is skipped. matplotlib is imported only inside :func:`render_plots`, with Agg.
@@ -25,8 +28,8 @@ from compare.timing import quartiles
 Doc = dict[str, Any]
 Family = tuple[str, int, int]
 #: Keys of a result's ``cost`` plotted against the ceilings, with their legend suffix and line style.
-CEILINGS: tuple[tuple[str, str, str], ...] = (("achieved_flops_frac", "compute", "-"),
-                                              ("achieved_bw_frac", "bandwidth", "--"))
+CEILINGS: tuple[tuple[str, str, str], ...] = (("flops_fraction", "compute", "-"),
+                                              ("bytes_fraction", "bandwidth", "--"))
 
 
 def tokens(r: Doc) -> int:
@@ -158,7 +161,7 @@ def _speedup_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
 
 
 def _frac(r: Doc, key: str) -> float | None:
-    v = (r.get("cost") or {}).get(key)
+    v = ((r.get("cost") or {}).get("achieved") or {}).get(key)
     return float(v) if isinstance(v, int | float) and v > 0 else None
 
 
@@ -180,6 +183,40 @@ def _ceiling_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
                     ax.plot([x for x, _ in pts], [y for _, y in pts], linestyle=style, marker="o", ms=3,
                             color=color[b], label=f"{b} {what}")
         _axes_style(ax, (tokens(r) for r in rs), f"{dtype} {mode}", "fraction of ceiling")
+    return _save(fig, path)
+
+
+def _roofline_plot(doc: Doc, rs: list[Doc], fam: Family, path: Path) -> Path | None:
+    """Achieved FLOP/s against arithmetic intensity (FLOP per byte, from the cost model) for every timed result of
+    the family, under the roofs measured in the same run: ``min(peak FLOP/s, intensity x peak bandwidth)``. One
+    panel per dtype; renders for a single shape too."""
+    ceilings = doc.get("ceilings") or {}
+    pts = [r for r in rs if ((r.get("cost") or {}).get("achieved") or {}).get("flops_per_s")
+           and isinstance(ceilings.get(r["dtype"]), dict)]
+    if not pts:
+        return None
+    dtypes = _ordered((r["dtype"] for r in pts), [d for d in ("float32", "bfloat16", "float16")])
+    backends = sorted({r["backend"] for r in pts})
+    color = _colors(backends)
+    fig, axes = _figure(len(dtypes), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: roofline (ceilings of this run)")
+    for ax, dtype in zip(axes, dtypes, strict=True):
+        ceil = ceilings[dtype]
+        peak_f, peak_b = float(ceil["flops_per_s"]), float(ceil["bytes_per_s"])
+        mine = [r for r in pts if r["dtype"] == dtype]
+        xs = [float(r["cost"]["arithmetic_intensity"]) for r in mine]
+        lo, hi = min([*xs, peak_f / peak_b]) / 4, max([*xs, peak_f / peak_b]) * 4
+        grid = [lo * (hi / lo) ** (i / 63) for i in range(64)]
+        ax.plot(grid, [min(peak_f, x * peak_b) for x in grid], color="grey", linewidth=1.5, label="roof")
+        for r, x in zip(mine, xs, strict=True):
+            ax.plot([x], [r["cost"]["achieved"]["flops_per_s"]], marker="o", linestyle="", color=color[r["backend"]],
+                    label=f"{r['backend']} {r['mode']} ({tokens(r)} tokens)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (FLOP/byte, cost model)")
+        ax.set_ylabel("achieved FLOP/s")
+        ax.set_title(dtype)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
     return _save(fig, path)
 
 
@@ -221,9 +258,12 @@ def render_plots(doc: Doc, out_dir: Path) -> list[Path]:
     written: list[Path] = []
     for fam in sorted(fams):
         group = fams[fam]
+        stem = f"{fam[0]}-d{fam[1]}-h{fam[2]}"
+        roof = _roofline_plot(doc, group, fam, out_dir / f"roofline-{stem}.png")
+        if roof is not None:
+            written.append(roof)
         if len({tokens(r) for r in group}) < 2:
             continue
-        stem = f"{fam[0]}-d{fam[1]}-h{fam[2]}"
         for kind, fn in (("time", _time_plot), ("speedup", _speedup_plot), ("ceiling", _ceiling_plot)):
             p = fn(group, fam, out_dir / f"{kind}-{stem}.png")
             if p is not None:
@@ -239,6 +279,7 @@ def render_plots(doc: Doc, out_dir: Path) -> list[Path]:
 
 _CAPTIONS = {"time": "median time per call against tokens", "speedup": f"speedup over {DEFAULT_BASELINE}",
              "ceiling": "achieved fraction of the compute and bandwidth ceilings",
+             "roofline": "achieved FLOP/s against arithmetic intensity, under this run's measured roofs",
              "compile": "first call (compile + run, dashed) and steady-state median (solid) against tokens"}
 
 

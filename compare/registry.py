@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from compare.cases import MODELS, MODES, check_name
+from compare.cases import GLU_MODELS, MODELS, MODES, check_name
 
 if TYPE_CHECKING:
     from compare.golden import Problem
@@ -69,7 +69,16 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class BackendSpec:
-    """Registry entry: where the backend lives and what it supports."""
+    """Registry entry: everything the core knows about a backend, in one line.
+
+    ``target`` is the module that holds the backend object (``BACKEND``), imported only when needed. ``models`` and
+    ``modes`` say what it implements. ``plan`` is its cost-model plan (``compare.costmodel.PLANS``: which
+    intermediates it keeps out of memory, which GEMMs it fuses), None if it is not modelled (no cost rows then);
+    ``assumption`` says where that plan is assumed rather than read off the framework. ``sweep`` lists the keyword
+    variants with which it joins the compile-cost sweep (``compare.shapes``): the backend object then implements
+    ``shape_sweep(make, tokens, *, budget_s, **variant) -> rows``, building its own compiled forward per shape and
+    reading its own recompile counter; empty means it does not join.
+    """
 
     name: str
     framework: str
@@ -77,10 +86,13 @@ class BackendSpec:
     about: str
     models: tuple[str, ...] = MODELS
     modes: tuple[str, ...] = MODES
+    plan: str | None = None
+    assumption: str = ""
+    sweep: tuple[dict[str, Any], ...] = ()
 
     def load(self) -> Backend:
         module = importlib.import_module(self.target)
-        return module.BACKEND  # type: ignore[no-any-return]
+        return module.BACKEND
 
     def availability(self) -> Availability:
         """Availability, with an import failure of the backend module reported as the reason."""
@@ -93,19 +105,31 @@ class BackendSpec:
 BACKENDS: dict[str, BackendSpec] = {
     s.name: s
     for s in (
-        BackendSpec("torch-eager", "torch", "torch_impl.backends.eager", "PyTorch eager nn.Modules (the baseline)"),
+        BackendSpec("torch-eager", "torch", "torch_impl.backends.eager", "PyTorch eager nn.Modules (the baseline)",
+                    plan="eager", sweep=({},)),
         BackendSpec("torch-compile", "torch", "torch_impl.backends.compiled",
-                    "torch.compile (Inductor: fused C++ on CPU, Triton on GPU)"),
+                    "torch.compile (Inductor: fused C++ on CPU, Triton on GPU)", plan="fused-ew",
+                    sweep=({"dynamic": False}, {"dynamic": True})),
         BackendSpec("torch-triton", "torch", "torch_impl.backends.triton_geglu",
-                    "eager GEMMs + hand-written Triton GeGLU elementwise kernel", models=("geglu",)),
+                    "eager GEMMs + hand-written Triton GeGLU elementwise kernel", models=GLU_MODELS, plan="fused-ew",
+                    sweep=({},)),
         BackendSpec("torch-triton-fused", "torch", "torch_impl.backends.triton_fused",
                     "one Triton GEMM for gelu_tanh(x Wg^T) * (x Wu^T) (gate/up never stored) + Triton down GEMM",
-                    models=("geglu",)),
-        BackendSpec("jax-xla", "jax", "jax_impl.backends.xla", "flax.nnx modules under jax.jit (XLA fusion)"),
+                    models=GLU_MODELS, plan="fused-gemm"),
+        BackendSpec("jax-xla", "jax", "jax_impl.backends.xla", "flax.nnx modules under jax.jit (XLA fusion)",
+                    plan="fused-ew", sweep=({},),
+                    assumption=("assumed: XLA fuses the activation and the mul into one loop fusion and keeps g, u, h "
+                                "as torch-compile does; the HLO decides (cross-checked against XLA's cost_analysis "
+                                "in the report)")),
         BackendSpec("jax-pallas", "jax", "jax_impl.backends.pallas",
-                    "nnx module under jax.jit with the GeGLU step as a Pallas kernel (custom VJP)", models=("geglu",)),
+                    "nnx module under jax.jit with the GeGLU step as a Pallas kernel (custom VJP)", models=GLU_MODELS,
+                    plan="fused-ew",
+                    assumption=("gate/up/down are XLA dots (assumed unfused with the Pallas kernel); residuals g, u "
+                                "per custom_vjp")),
         BackendSpec("jax-triton", "jax", "jax_impl.backends.triton",
-                    "nnx module with torch-triton's very Triton kernel called through jax_triton", models=("geglu",)),
+                    "nnx module with torch-triton's very Triton kernel called through jax_triton", models=GLU_MODELS,
+                    plan="fused-ew",
+                    assumption="as torch-triton: XLA dots around a Triton elementwise kernel; residuals g, u"),
     )
 }
 DEFAULT_BASELINE = "torch-eager"
@@ -118,5 +142,22 @@ def spec(name: str) -> BackendSpec:
 
 
 def register(s: BackendSpec) -> None:
-    """Add a backend (later issues and tests extend the registry through this, never by editing callers)."""
+    """Add a backend (tests and extensions add backends through this, never by editing callers)."""
     BACKENDS[s.name] = s
+
+
+def unregister(name: str) -> None:
+    """Remove a backend added by :func:`register` (tests clean up with this)."""
+    BACKENDS.pop(name, None)
+
+
+#: Probes the core calls without importing a framework: module targets loaded like backends. ``ceilings`` exposes
+#: ``measure_all(dtypes, budget_s) -> {"device": str, dtype: {...}}`` (this machine's matmul FLOP/s and copy
+#: bandwidth per dtype, on the device the torch backends use).
+PROBES: dict[str, str] = {"ceilings": "torch_impl.ceilings"}
+
+
+def probe(name: str) -> Any:
+    """The module of a probe (:data:`PROBES`), imported now; ImportError when its framework is missing."""
+    check_name("probe", name, list(PROBES))
+    return importlib.import_module(PROBES[name])

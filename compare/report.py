@@ -8,7 +8,7 @@ from typing import Any
 from compare.costmodel import cost_section, fusion_section
 from compare.gpu_build_report import render_markdown
 from compare.kernels import kernel_section
-from compare.markdown import fmt_e, fmt_s, table
+from compare.markdown import case_label, fmt_e, fmt_s, table
 from compare.plots import plots_section
 from compare.registry import DEFAULT_BASELINE
 from compare.resolution import resolution_section
@@ -17,11 +17,6 @@ from compare.summary import summary_section
 
 Row = list[str]
 Doc = dict[str, Any]
-
-
-def case_label(r: Doc) -> str:
-    s = r["shape"]
-    return f"{r['model']} {s['batch']}x{s['seq']}x{s['dim']}->{s['hidden']}"
 
 
 def environment_section(env: Doc) -> str:

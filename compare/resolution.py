@@ -25,7 +25,7 @@ import numpy as np
 
 from compare.markdown import table
 from compare.parity import check_tensor
-from compare.reference import Arith, compute, round_to_dtype
+from compare.reference import GELU_MODELS, Arith, compute, round_to_dtype
 
 S_MIN = 1e-7
 S_MAX = 0.5
@@ -84,8 +84,9 @@ def resolution_rows(
     x, params, dy = golden_inputs
     names = [t for t in tensors if t in ref]
     upstream = None if names == ["y"] else dy  # forward only: no backward to run
-    erf_plain = compute(model, x, params, upstream, Arith.plain(dtype), gelu="erf") if model != "linear" else None
-    erf_exact = compute(model, x, params, upstream, Arith.exact(), gelu="erf") if model != "linear" else None
+    has_gelu = model in GELU_MODELS  # erf vs tanh means nothing for a model without a GELU
+    erf_plain = compute(model, x, params, upstream, Arith.plain(dtype), gelu="erf") if has_gelu else None
+    erf_exact = compute(model, x, params, upstream, Arith.exact(), gelu="erf") if has_gelu else None
     rows = []
     for t in names:
         s, note = scale_resolution(t, ref[t], plain[t], dtype)

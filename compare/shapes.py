@@ -18,25 +18,16 @@ only when it is), and :func:`shapes_section` renders ``doc["shape_sweep"]`` as m
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from compare.cases import Case, InputError, Shape
-from compare.golden import Golden, golden_for
+from compare.cases import Case
+from compare.registry import BackendSpec
+from compare.shape_cases import case_for_tokens
 from compare.significance import FASTER, SLOWER, WITHIN_NOISE, compare_timing
 
-#: Makes the case (or its golden data) of a shape sweep for a token count.
-GoldenFactory = Callable[[int], Case | Golden]
-
 Row = dict[str, Any]
-
-
-def case_for_tokens(base: Case, tokens: int) -> Case:
-    """``base`` with ``tokens`` tokens as one sequence (``batch = 1, seq = tokens``); dim, hidden, dtype kept."""
-    s = base.shape
-    return dataclasses.replace(base, shape=Shape(1, tokens, s.dim, s.hidden))
 
 
 def payback_calls(compile_s: float, compiled_step_s: float, generic_step_s: float) -> float | None:
@@ -119,7 +110,7 @@ def _payback(r: Row) -> str:
 
 def shapes_section(doc: dict[str, Any]) -> str:
     """Markdown for ``doc["shape_sweep"]``: per backend and shape, compiles, first call, steady state, payback."""
-    from compare.report import fmt_s, table
+    from compare.markdown import fmt_s, table
 
     rows = doc.get("shape_sweep") or []
     if not rows:
@@ -157,44 +148,31 @@ def shapes_section(doc: dict[str, Any]) -> str:
     return ("## Compile cost and shape generality\n\n" + intro + "\n\n" + table(head, body) + "\n\n"
             + "\n".join(totals) + ("\n\nCounters:\n\n" + "\n".join(counters) if counters else ""))
 
-def run_shape_sweep(cases: list[Case], tokens: list[int], budget_s: float,
-                progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Compile cost per token count (``compare.shapes``) at each case's dim, hidden and dtype, mode fwd:
-    torch.compile (dynamic False, then True), torch-eager, torch-triton (where it runs), jax.jit."""
-    from jax_impl import recompiles as jax_rc
-    from torch_impl import device as tdev
-    from torch_impl import recompiles as torch_rc
+def run_shape_sweep(cases: list[Case], tokens: list[int], budget_s: float, progress: Callable[[str], None],
+                    specs: Iterable[BackendSpec] | None = None) -> list[dict[str, Any]]:
+    """Compile cost per token count at each case's dim, hidden and dtype, mode fwd, for every backend whose registry
+    line joins the sweep (``BackendSpec.sweep``: one run per variant, e.g. ``dynamic=False`` then ``True``) and that
+    implements the case's model and can run here. Each backend builds its own compiled forward and reads its own
+    recompile counter (its ``shape_sweep`` method); rows are schema'd in the module docstring."""
+    from compare.registry import BACKENDS
 
     rows: list[dict[str, Any]] = []
+    chosen = list(BACKENDS.values()) if specs is None else list(specs)
     for base in cases:
         def make(t: int, base: Case = base) -> Case:
             return case_for_tokens(base, t)
 
         progress(f"shape sweep {base.model} {base.shape.dim}->{base.shape.hidden} {base.dtype}: tokens {tokens}")
-        for dynamic in (False, True):
-            rows += torch_rc.shape_sweep(make, tokens, dynamic, budget_s=budget_s)
-        rows += torch_rc.shape_sweep(make, tokens, backend="torch-eager", budget_s=budget_s)
-        if tdev.triton_status()[0]:
-            rows += torch_rc.shape_sweep(make, tokens, backend="torch-triton", budget_s=budget_s)
-        rows += jax_rc.shape_sweep(make, tokens, budget_s=budget_s)
+        for s in chosen:
+            if not s.sweep or base.model not in s.models:
+                continue
+            avail = s.availability()
+            if not avail.ok:
+                progress(f"shape sweep: {s.name} left out: {avail.reason}")
+                continue
+            backend = s.load()
+            for variant in s.sweep:
+                # an optional method of the Backend protocol: a backend whose registry line has ``sweep`` defines it
+                sweep_fn = getattr(backend, "shape_sweep")  # noqa: B009
+                rows += sweep_fn(make, tokens, budget_s=budget_s, **variant)
     return with_payback(rows)
-
-
-def sweep_goldens(make: GoldenFactory, tokens: Sequence[int]) -> list[Golden]:
-    """The golden data of each token count of a shape sweep; every other dimension must stay the same."""
-    if not tokens:
-        raise InputError("shape sweep needs at least one token count")
-    out = []
-    for t in tokens:
-        got = make(t)
-        g = golden_for(got) if isinstance(got, Case) else got
-        if g.case.shape.tokens != t:
-            raise InputError(f"the factory's case for {t} tokens has {g.case.shape.tokens} tokens")
-        out.append(g)
-    first = out[0].case
-    for g in out[1:]:
-        c = g.case
-        if (c.model, c.dtype, c.shape.dim, c.shape.hidden) != (first.model, first.dtype, first.shape.dim,
-                                                                first.shape.hidden):
-            raise InputError(f"a shape sweep varies tokens only; {c.name} differs from {first.name} in more")
-    return out

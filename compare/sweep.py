@@ -61,6 +61,7 @@ from compare.cases import (
     check_seed,
     preset,
 )
+from compare.options import add_grid_args, check_grid_args
 from compare.progress import Display, progress_level
 from compare.registry import BackendSpec, spec
 
@@ -134,7 +135,7 @@ def grid_config(
 def cells_from_config(config: dict[str, Any]) -> list[Cell]:
     """Every cell of a sweep config, in run order: tokens, then dtype, then mode, then backend."""
     g = config["grid"]
-    cells = []
+    cells: list[Cell] = []
     for t in g["tokens"]:
         shape = Shape(t // g["seq"], g["seq"], g["dim"], g["hidden"])
         for dtype in config["dtypes"]:
@@ -385,7 +386,8 @@ def worker_main(cell_path: Path, result_path: Path) -> int:
     """Worker entry point: run the cell described in ``cell_path``, write the outcome to ``result_path``."""
     d = json.loads(cell_path.read_text(encoding="utf-8"))
     sd = d["spec"]
-    s = BackendSpec(**{**sd, "models": tuple(sd["models"]), "modes": tuple(sd["modes"])})
+    s = BackendSpec(**{**sd, "models": tuple(sd["models"]), "modes": tuple(sd["modes"]),
+                       "sweep": tuple(sd.get("sweep") or ())})
     case = _case_from_dict(d["case"])
     cell = Cell(s.name, case, d["mode"])
     result, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**d["timing"]), {})
@@ -478,7 +480,6 @@ def finish(out: Path, doc: dict[str, Any], plots: bool = True) -> dict[str, Any]
 def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
     """The sweep config (grid, backends, dtypes, modes, timing) from parsed arguments; bad input raises, and so
     does a grid whose largest case does not fit in memory."""
-    from compare.cli import check_grid_args
 
     check_grid_args(a)
     base = preset(a.preset) if a.preset else None
@@ -488,9 +489,9 @@ def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
     dim = a.dim if a.dim is not None else (base.shape.dim if base else None)
     hidden = a.hidden if a.hidden is not None else (base.shape.hidden if base else None)
     missing = [n for n, v in (("--dim", dim), ("--hidden", hidden)) if v is None]
-    if missing:
+    if dim is None or hidden is None:
         raise InputError(f"without --preset, give every dimension; missing: {', '.join(missing)}")
-    grid = grid_config(model, dim, hidden, a.tokens, a.seq, base.dist if base else "normal", a.seed)  # type: ignore[arg-type]
+    grid = grid_config(model, dim, hidden, a.tokens, a.seq, base.dist if base else "normal", a.seed)
     timing = asdict(dataclasses.replace(harness.TimingConfig(), budget_s=a.budget))
     config = {"command": "python -m compare " + shlex.join(getattr(a, "argv", None) or ["sweep"]),
               "preset": a.preset, "grid": grid, "backends": list(a.backend), "dtypes": list(a.dtype),
@@ -535,7 +536,6 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``sweep`` subcommand on an ``argparse`` subparsers object."""
-    from compare.cli import add_grid_args
 
     p: argparse.ArgumentParser = subparsers.add_parser(
         "sweep", help="run a grid of token counts x dtypes x modes x backends; resumable (results.jsonl)",

@@ -24,7 +24,8 @@ def sync(outputs: Any) -> None:
 def pin_precision() -> dict[str, Any]:
     """fp32 matmuls at full precision (no TF32/bf16 passes): every layer also passes ``precision=HIGHEST``."""
     jax.config.update("jax_default_matmul_precision", "highest")
-    return {"jax_default_matmul_precision": str(jax.config.jax_default_matmul_precision),
+    precision = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]  # a flag, set just above
+    return {"jax_default_matmul_precision": str(precision),
             "flax_linear_precision": PRECISION.name}
 
 

@@ -219,7 +219,8 @@ def xla_cost(compiled: Any) -> dict[str, float | None]:
         v = raw.get(key)
         return None if v is None else float(v)
 
-    out = {"flops": get("flops"), "bytes_accessed": get("bytes accessed"), "transcendentals": get("transcendentals")}
+    out: dict[str, Any] = {"flops": get("flops"), "bytes_accessed": get("bytes accessed"),
+                           "transcendentals": get("transcendentals")}
     if error:
         out["error"] = error
     return out
@@ -244,7 +245,7 @@ def profile_jit(
     ``step`` runs once to warm up, then 3 times under ``jax.profiler.trace(trace_dir)``; the summary's ``"trace"``
     is the trace file found there. ``"xla_cost"`` holds XLA's flops / bytes accessed estimate for one call.
     """
-    compiled = jitted.lower(*args).compile()
+    compiled = jitted.lower(*args).compile()  # type: ignore[attr-defined]  # a jax.jit-wrapped callable
     module = parse_hlo(compiled.as_text())
     kernels, metadata, fusions = hlo_kernels(module)
     trace = None

@@ -27,9 +27,9 @@ from flax import nnx
 
 from compare import timing
 from compare.cases import check_name
-from compare.shapes import GoldenFactory, sweep_goldens
+from compare.golden import Problem
+from compare.shape_cases import GoldenFactory, sweep_goldens
 from jax_impl import device as dev
-from jax_impl.models import build_module
 
 SWEEP_MODES: tuple[str, ...] = ("fwd", "fwd+bwd")
 CACHE_COUNTER = "jitted._cache_size() (the jitted function's compiled-executable cache)"
@@ -44,9 +44,9 @@ _ACTIVE: list[list[tuple[str, float]]] = []
 _LISTENING = False
 
 
-def _listener(event: str, duration_s: float, **_kw: Any) -> None:
+def _listener(event: str, duration_secs: float, **_kw: str | int) -> None:
     for box in _ACTIVE:
-        box.append((event, duration_s))
+        box.append((event, duration_secs))
 
 
 def _listen() -> list[tuple[str, float]]:
@@ -59,14 +59,22 @@ def _listen() -> list[tuple[str, float]]:
     return box
 
 
+def _cache_size(jitted: Any) -> int:
+    """How many executables the jitted function has compiled (a private counter of ``jax.jit``'s wrapper)."""
+    return int(jitted._cache_size())
+
+
 def shape_sweep(
     make: GoldenFactory,
     tokens: Sequence[int],
     *,
+    name: str,
+    build: Callable[[Problem], nnx.Module],
     mode: str = "fwd",
     budget_s: float = 0.2,
 ) -> list[dict[str, Any]]:
-    """Call one ``jax.jit`` of the case's nnx module on each token count in turn; one row per shape.
+    """Call one ``jax.jit`` of a backend's nnx module (``build(problem)``, the backend's own) on each token count in
+    turn; one row per shape, under the backend's ``name``.
 
     ``make(tokens)`` returns the :class:`~compare.cases.Case` or :class:`~compare.golden.Golden` of that token
     count (same model, dtype, dim and hidden for all); weights come from the first, ``x [batch, seq, dim]`` and
@@ -77,7 +85,7 @@ def shape_sweep(
     case0 = goldens[0].case
     dev.pin_precision()
     dtype = dev.JAX_DTYPES[case0.dtype]
-    graphdef, state = nnx.split(build_module(goldens[0].problem))
+    graphdef, state = nnx.split(build(goldens[0].problem))
 
     def apply(st: Any, xx: jax.Array) -> jax.Array:
         return nnx.merge(graphdef, st)(xx)
@@ -103,19 +111,19 @@ def shape_sweep(
                 def step(x: jax.Array = x, dy: jax.Array = dy) -> Any:
                     return jitted(state, x, dy)
             events.clear()
-            before = jitted._cache_size()
+            before = _cache_size(jitted)
             first_s, out = timing.first_call(step, dev.sync)
             del out
-            after = jitted._cache_size()
+            after = _cache_size(jitted)
             first_events = list(events)
             events.clear()
             t = timing.measure(step, dev.sync, first_call_s=first_s, budget_s=budget_s)
-            grew, fired = jitted._cache_size() - after, sum(e == BACKEND_COMPILE_EVENT for e, _ in events)
+            grew, fired = _cache_size(jitted) - after, sum(e == BACKEND_COMPILE_EVENT for e, _ in events)
             if grew or fired:
                 raise RuntimeError(f"jax.jit compiled during the timed samples at {c.shape.tokens} tokens (cache "
                                    f"+{grew}, {fired} backend compile events): the timing would measure compiles")
             rows.append({
-                "backend": "jax-xla", "framework": "jax", "dynamic": False, "tokens": c.shape.tokens,
+                "backend": name, "framework": "jax", "dynamic": False, "tokens": c.shape.tokens,
                 "model": c.model, "dim": c.shape.dim, "hidden": c.shape.hidden, "dtype": c.dtype, "mode": mode,
                 "device": dev.platform(), "compiles": after - before, "compile_counter": CACHE_COUNTER,
                 "backend_compiles": sum(e == BACKEND_COMPILE_EVENT for e, _ in first_events),

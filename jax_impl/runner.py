@@ -42,10 +42,13 @@ def prepare(problem: Problem, mode: str, module: nnx.Module, *, timed: bool = Tr
     def grads_np(dstate: Any, dx: jax.Array) -> dict[str, np.ndarray]:
         dparams = canonical_grads(nnx.merge(graphdef, dstate), model)
         # flax kernels are (in, out): the layout map is its own inverse, so it takes gradients back to (out, in)
-        return {"dx": _np(dx), **{f"d{k}": _np(linear_weight(_np(v), "flax")) for k, v in dparams.items()}}
+        return {"dx": _np(dx), **{f"d{k}": np.asarray(linear_weight(_np(v), "flax"), dtype=np.float64)
+                                  for k, v in dparams.items()}}
 
     step: Callable[[], Any]
     to_numpy: Callable[[Any], dict[str, np.ndarray]]
+    jitted: Any  # the jitted function the profiler lowers, and its arguments
+    args: tuple[Any, ...]
     if mode == "fwd":
         fwd = jax.jit(apply)
         jitted, args = fwd, (state, x)

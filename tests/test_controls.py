@@ -1,7 +1,8 @@
 """Negative controls: backends that are wrong on purpose must fail the parity gate, in every dtype and mode.
 
 Each control wraps the real ``torch-eager`` step (or replaces it) and goes through ``harness.run_one``, the path
-every backend takes. A control may pass only where the gate's measured resolution (``compare.resolution``, the
+every backend takes, on the committed ``tiny`` and ``odd`` cases of every MLP family (GeGLU, SwiGLU, GPT-2's
+GELU MLP). A control may pass only where the gate's measured resolution (``compare.resolution``, the
 same gate bisected on the golden data) says its perturbation is below what the dtype can resolve on that case,
 and then the test asserts exactly that, with the numbers.
 """
@@ -28,7 +29,11 @@ from tests.conftest import explain
 from torch_impl import runner
 from torch_impl.models import build_module
 
-GEGLU_CASES = [PRESETS[p].case(d) for p in ("tiny", "odd") for d in DTYPES]
+#: The MLP families' committed cases (``tiny`` and ``odd``, every dtype), per family.
+FAMILY_CASES = {m: [PRESETS[p].case(d, model=m) for p in ("tiny", "odd") for d in DTYPES]
+                for m in ("geglu", "swiglu", "gelu-mlp")}
+GEGLU_CASES = FAMILY_CASES["geglu"]
+MLP_CASES = [c for cases in FAMILY_CASES.values() for c in cases]
 ALL_CASES = committed_cases()
 TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: The lower-precision math of each run: bf16 in fp32 and fp16 runs; fp8 (e4m3) intermediates in a bf16 run.
@@ -105,20 +110,37 @@ def shifted(case: Case, mode: str) -> Prepared:
     return _map_outputs(_eager(case, mode), shift)
 
 
+def _gelu_mlp_forward(module: torch.nn.Module, gelu: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., Any]:
+    """GPT-2's MLP forward on ``module``'s own parameters with ``gelu`` in place of its tanh GELU."""
+    return lambda x: module.fc2(gelu(module.fc1(x)))
+
+
 def exact_gelu(case: Case, mode: str) -> Prepared:
+    """The exact (erf) GELU where the model has a tanh GELU (GeGLU, GPT-2's MLP)."""
+    if case.model == "gelu-mlp":
+        problem = golden_for(case).problem
+        module = build_module(problem, torch.device("cpu"), TORCH[case.dtype])
+        return runner.prepare(problem, mode, module, _gelu_mlp_forward(module, F.gelu))
+    assert case.model == "geglu", f"{case.model} has no GELU"
     return _eager(case, mode, act_mul=lambda g, u: F.gelu(g) * u)
 
 
+#: The plain ``act(g) * u`` of each GLU family.
+ACT_MUL = {"geglu": lambda g, u: F.gelu(g, approximate="tanh") * u, "swiglu": lambda g, u: F.silu(g) * u}
+
+
 def lower_precision(case: Case, mode: str) -> Prepared:
-    """fp32 and fp16 runs compute in bf16; a bf16 run rounds its GeGLU intermediate ``h`` through fp8 (e4m3)."""
+    """fp32 and fp16 runs compute in bf16; a bf16 run rounds its hidden activation through fp8 (e4m3): a GLU's
+    ``h = act(g) * u``, GPT-2's MLP's ``gelu(fc1(x) + b1)``."""
     low = LOWER[case.dtype]
     problem = golden_for(case).problem
     high = build_module(problem, torch.device("cpu"), TORCH[case.dtype])
+    if low == torch.float8_e4m3fn and case.model == "gelu-mlp":
+        return runner.prepare(problem, mode, high, _gelu_mlp_forward(
+            high, lambda f: F.gelu(f, approximate="tanh").to(low).to(f.dtype)))
     if low == torch.float8_e4m3fn:
-        def act_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-            return (F.gelu(g, approximate="tanh") * u).to(low).to(g.dtype)
-
-        return _eager(case, mode, act_mul=act_mul)
+        act_mul = ACT_MUL[case.model]
+        return _eager(case, mode, act_mul=lambda g, u: act_mul(g, u).to(low).to(g.dtype))
     # the same parameters, cast down inside the step, so gradients flow back to them
     def forward(x: torch.Tensor) -> torch.Tensor:
         params = {k: v.to(low) for k, v in high.named_parameters()}
@@ -147,11 +169,18 @@ CONTROLS: dict[str, Make] = {
 SCALE = {"scaled-0.99": 0.01, "scaled-0.999": 0.001}
 
 
+#: (control, model, dtype) -> tensors the control does not touch at all, which therefore pass: the bf16 run of the
+#: lower-precision control rounds only the hidden activation, and GPT-2's MLP's ``db2 = sum(dy)`` does not depend on
+#: it (nor on anything else the model computes).
+UNTOUCHED: dict[tuple[str, str, str], set[str]] = {("lower-precision-math", "gelu-mlp", "bfloat16"): {"db2"}}
+
+
 def _expect_fail_or_below_resolution(name: str, case: Case, r: Result) -> None:
-    """Every tensor fails, except where the measured resolution says the perturbation cannot be resolved."""
+    """Every tensor fails, except where the measured resolution says the perturbation cannot be resolved (or the
+    control does not touch the tensor at all: :data:`UNTOUCHED`)."""
     assert r.parity is not None, explain(r)
     for t in r.parity["tensors"]:
-        if not t["passed"]:
+        if not t["passed"] or t["tensor"] in UNTOUCHED.get((name, case.model, case.dtype), set()):
             continue
         row = lookup(_resolution(case), case.name, t["tensor"])
         assert row is not None, f"{name}: {t['tensor']} passed and has no resolution row\n{explain(r)}"
@@ -169,14 +198,18 @@ def _expect_fail_or_below_resolution(name: str, case: Case, r: Result) -> None:
             pytest.fail(f"control {name} passed the gate on {t['tensor']} of {case.name}:\n{explain(r)}")
 
 
+#: (control, case): every control on every MLP family's committed cases; the exact-erf GELU only where there is a
+#: GELU to replace (not SwiGLU).
+CONTROL_PAIRS = [(n, c) for n in CONTROLS for c in MLP_CASES if not (n == "exact-erf-gelu" and c.model == "swiglu")]
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case", GEGLU_CASES, ids=lambda c: f"{c.shape.label()}-{c.dtype}")
-@pytest.mark.parametrize("name", list(CONTROLS))
+@pytest.mark.parametrize(("name", "case"), CONTROL_PAIRS, ids=[f"{n}-{c.name}" for n, c in CONTROL_PAIRS])
 def test_control_fails_unless_below_resolution(name: str, case: Case, mode: str) -> None:
     r = _run(case, mode, CONTROLS[name])
     assert r.status in ("parity-fail", "ok"), explain(r)
     want = [k for k in golden_for(case).ref if MODE_TENSORS[mode](k)]
-    assert sorted(t["tensor"] for t in r.parity["tensors"]) == sorted(want)  # type: ignore[index]
+    assert sorted(t["tensor"] for t in r.parity["tensors"]) == sorted(want)
     _expect_fail_or_below_resolution(name, case, r)
 
 
@@ -192,15 +225,13 @@ def test_one_percent_too_small_fails_every_tensor_of_every_committed_case(case: 
         assert "scale" in t["failed"], explain(r)
 
 
-@pytest.mark.parametrize("case", [c for c in GEGLU_CASES if c.dtype != "bfloat16"],
-                         ids=lambda c: f"{c.shape.label()}-{c.dtype}")
+@pytest.mark.parametrize("case", [c for c in MLP_CASES if c.dtype != "bfloat16"], ids=lambda c: c.name)
 def test_a_tenth_of_a_percent_fails_in_float32_and_float16(case: Case) -> None:
     r = _run(case, "fwd+bwd", scaled(0.999))
-    assert r.status == "parity-fail" and all(not t["passed"] for t in r.parity["tensors"]), explain(r)  # type: ignore[index]
+    assert r.status == "parity-fail" and all(not t["passed"] for t in r.parity["tensors"]), explain(r)
 
 
-@pytest.mark.parametrize("case", [c for c in GEGLU_CASES if c.dtype == "bfloat16"],
-                         ids=lambda c: f"{c.shape.label()}-{c.dtype}")
+@pytest.mark.parametrize("case", [c for c in MLP_CASES if c.dtype == "bfloat16"], ids=lambda c: c.name)
 def test_bfloat16_cannot_resolve_a_tenth_of_a_percent_and_says_so(case: Case) -> None:
     """A 0.1% scale error is below half a bf16 ulp (0.195% to 0.39%): rounding to bf16 undoes it almost everywhere,
     so no gate can see it. The resolution table says so with its number, and the control passes exactly there."""
@@ -223,27 +254,86 @@ def test_exact_gelu_is_caught_in_float32_and_not_resolvable_in_half_precision() 
             assert distinguishable == {False}, rows
 
 
-class _DropsGeluDerivative(torch.autograd.Function):
-    """A wrong backward: the right forward, but dg = dh * u (the GELU derivative dropped)."""
+def test_exact_gelu_is_caught_in_float32_on_gpt2_mlp() -> None:
+    """GPT-2's MLP: in float32 the erf GELU is distinguishable (and fails) on every tensor that depends on the GELU,
+    that is every one but ``db2`` (the sum of ``dy``, which no activation touches: erf and tanh give it exactly)."""
+    for case in [c for c in FAMILY_CASES["gelu-mlp"] if c.dtype == "float32"]:
+        rows = {r["tensor"]: r for r in _resolution(case)}
+        assert rows["db2"]["erf_rel_rms"] == 0 and rows["db2"]["erf_distinguishable"] is False, rows["db2"]
+        others = [r for t, r in rows.items() if t != "db2"]
+        assert all(r["erf_distinguishable"] and 2e-5 < r["erf_rel_rms"] < 1e-3 for r in others), others
+        r = _run(case, "fwd+bwd", exact_gelu)
+        failing = {t["tensor"] for t in r.parity["tensors"] if not t["passed"]}
+        assert failing == {t for t in rows if t != "db2"}, explain(r)
+
+
+class _DropsActDerivative(torch.autograd.Function):
+    """A wrong backward: the right forward ``act(g) * u``, but dg = dh * u (the activation's derivative dropped)."""
 
     @staticmethod
-    def forward(ctx: Any, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, g: torch.Tensor, u: torch.Tensor, act: Callable[..., torch.Tensor]) -> torch.Tensor:
         ctx.save_for_backward(g, u)
-        return F.gelu(g, approximate="tanh") * u
+        ctx.act = act
+        return act(g) * u
 
     @staticmethod
-    def backward(ctx: Any, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def backward(ctx: Any, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         g, u = ctx.saved_tensors
-        return dh * u, dh * F.gelu(g, approximate="tanh")
+        return dh * u, dh * ctx.act(g), None
+
+
+#: Each GLU family's activation alone.
+ACT = {"geglu": lambda g: F.gelu(g, approximate="tanh"), "swiglu": F.silu}
+GLU_CASES = FAMILY_CASES["geglu"] + FAMILY_CASES["swiglu"]
 
 
 @pytest.mark.parametrize("mode", ["bwd", "fwd+bwd"])
-@pytest.mark.parametrize("case", GEGLU_CASES, ids=lambda c: f"{c.shape.label()}-{c.dtype}")
-def test_a_backward_that_drops_gelu_derivative_fails_exactly_where_it_should(case: Case, mode: str) -> None:
-    r = _run(case, mode, lambda c, m: _eager(c, m, act_mul=_DropsGeluDerivative.apply))
+@pytest.mark.parametrize("case", GLU_CASES, ids=lambda c: c.name)
+def test_a_backward_that_drops_the_activation_derivative_fails_exactly_where_it_should(case: Case, mode: str) -> None:
+    """GeGLU's GELU' or SwiGLU's SiLU' dropped: exactly the gradients that flow through it (dx, dgate) fail."""
+    act = ACT[case.model]
+    r = _run(case, mode, lambda c, m: _eager(c, m, act_mul=lambda g, u: _DropsActDerivative.apply(g, u, act)))
     assert r.status == "parity-fail", explain(r)
-    verdict = {t["tensor"]: t["passed"] for t in r.parity["tensors"]}  # type: ignore[index]
+    verdict = {t["tensor"]: t["passed"] for t in r.parity["tensors"]}
     want = {"y": True, "dx": False, "dgate": False, "dup": True, "ddown": True}
+    assert verdict == {k: v for k, v in want.items() if k in verdict}, explain(r)
+
+
+@pytest.mark.parametrize("case", GLU_CASES, ids=lambda c: c.name)
+def test_the_other_glu_activation_fails_every_tensor(case: Case) -> None:
+    """SiLU on a GeGLU case, GeGLU's GELU on a SwiGLU case (a backend that ignores the model's activation): every
+    tensor fails, in every dtype."""
+    other = {"geglu": "swiglu", "swiglu": "geglu"}[case.model]
+    r = _run(case, "fwd+bwd", lambda c, m: _eager(c, m, act_mul=ACT_MUL[other]))
+    assert r.status == "parity-fail" and not any(t["passed"] for t in r.parity["tensors"]), explain(r)
+
+
+class _GeluWithoutDerivative(torch.autograd.Function):
+    """GELU (tanh form) whose backward passes the gradient through unchanged (its derivative dropped)."""
+
+    @staticmethod
+    def forward(ctx: Any, f: torch.Tensor) -> torch.Tensor:
+        return F.gelu(f, approximate="tanh")
+
+    @staticmethod
+    def backward(ctx: Any, da: torch.Tensor) -> torch.Tensor:
+        return da
+
+
+@pytest.mark.parametrize("mode", ["bwd", "fwd+bwd"])
+@pytest.mark.parametrize("case", FAMILY_CASES["gelu-mlp"], ids=lambda c: c.name)
+def test_a_gpt2_mlp_backward_that_drops_gelu_derivative_fails_exactly_where_it_should(case: Case, mode: str) -> None:
+    """The gradients behind the GELU (dx, dfc1, db1) fail; those before it (dfc2, db2) and y pass."""
+
+    def make(c: Case, m: str) -> Prepared:
+        problem = golden_for(c).problem
+        module = build_module(problem, torch.device("cpu"), TORCH[c.dtype])
+        return runner.prepare(problem, m, module, _gelu_mlp_forward(module, _GeluWithoutDerivative.apply))
+
+    r = _run(case, mode, make)
+    assert r.status == "parity-fail", explain(r)
+    verdict = {t["tensor"]: t["passed"] for t in r.parity["tensors"]}
+    want = {"y": True, "dx": False, "dfc1": False, "db1": False, "dfc2": True, "db2": True}
     assert verdict == {k: v for k, v in want.items() if k in verdict}, explain(r)
 
 
@@ -251,7 +341,7 @@ def test_a_backward_that_drops_gelu_derivative_fails_exactly_where_it_should(cas
 def test_returning_the_stored_reference_fails_the_dtype_check(case: Case) -> None:
     r = _run(case, "fwd+bwd", returns_the_reference)
     assert r.status == "parity-fail", explain(r)
-    assert all("dtype" in t["failed"] for t in r.parity["tensors"]), explain(r)  # type: ignore[index]
+    assert all("dtype" in t["failed"] for t in r.parity["tensors"]), explain(r)
 
 
 #: (control, linear case): the bf16 run's lower-precision control rounds GeGLU's intermediate ``h``, which a linear
@@ -264,4 +354,4 @@ LINEAR_PAIRS = [(n, c) for c in ALL_CASES if c.model == "linear"
 @pytest.mark.parametrize(("name", "case"), LINEAR_PAIRS, ids=[f"{n}-{c.name}" for n, c in LINEAR_PAIRS])
 def test_model_independent_controls_fail_on_linear_too(name: str, case: Case) -> None:
     r = _run(case, "fwd+bwd", CONTROLS[name])
-    assert r.status == "parity-fail" and not any(t["passed"] for t in r.parity["tensors"]), explain(r)  # type: ignore[index]
+    assert r.status == "parity-fail" and not any(t["passed"] for t in r.parity["tensors"]), explain(r)

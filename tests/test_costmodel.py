@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from compare import costmodel
+from compare import costmodel, registry
 from compare.cases import PRESETS, Case, InputError, Shape
 from compare.costmodel import cost, fusion_benefit, fusion_section, gemm_flops, roofline
 from compare.results import Result
@@ -82,14 +82,20 @@ def test_linear_model_and_json() -> None:
     assert json.loads(json.dumps(cost(case, "jax-xla", "fwd+bwd")))["flops"] == 3 * 2 * 1024 * 32 * 64
 
 
-def test_unknown_backend_lists_known_and_planned() -> None:
+def test_unknown_or_unmodelled_backend_is_refused_naming_what_is_allowed() -> None:
     with pytest.raises(InputError, match="unknown backend 'torch-nope'") as exc:
         cost(BLOG, "torch-nope", "fwd")
     for name in ("torch-eager", "torch-compile", "torch-triton", "jax-xla", "torch-triton-fused", "jax-pallas",
                  "jax-triton"):
         assert name in str(exc.value)
-    with pytest.raises(InputError, match="geglu' only"):
+    with pytest.raises(InputError, match="only, not 'linear'"):
         cost(PRESETS["blog-linear"].case("float32"), "torch-triton", "fwd")
+    registry.register(registry.BackendSpec("unmodelled", "torch", "-", "no plan"))
+    try:
+        with pytest.raises(InputError, match="no cost model for backend 'unmodelled'; modelled backends: torch-eager"):
+            cost(BLOG, "unmodelled", "fwd")
+    finally:
+        registry.unregister("unmodelled")
     with pytest.raises(InputError, match="unknown mode"):
         cost(BLOG, "torch-eager", "sideways")
 
@@ -173,3 +179,69 @@ def test_small_case_shapes() -> None:
     case = Case("geglu", Shape(1, 33, 64, 128), "float16")
     c = cost(case, "torch-eager", "fwd")
     assert tensor(c, "g")["bytes"] == 33 * 128 * 2
+
+
+# ---- SwiGLU and GPT-2's MLP --------------------------------------------------------------------------------------
+
+SWIGLU = Case("swiglu", BLOG.shape, "bfloat16")  # the blog-mlp shape, SwiGLU
+GPT2_MLP = Case("gelu-mlp", BLOG.shape, "bfloat16")  # the blog-mlp shape (768 -> 3072: GPT-2 small's), GELU MLP
+TH = 8192 * 3072  # elements of one [tokens, hidden] intermediate
+
+
+def test_swiglu_moves_what_geglu_moves_with_silu_flops() -> None:
+    """Same kernels, tensors, bytes and GEMM FLOPs as GeGLU in every plan and mode; only the activation's FLOPs
+    (silu 5, its gradient 9; gelu 9 and 16) and the kernel names differ."""
+    for backend in ("torch-eager", "torch-compile", "torch-triton", "torch-triton-fused", "jax-xla", "jax-pallas"):
+        for mode in ("fwd", "bwd", "fwd+bwd"):
+            s, g = cost(SWIGLU, backend, mode), cost(BLOG, backend, mode)
+            for key in ("flops", "bytes", "tensors", "materialized", "saved", "model_kernels_per_step"):
+                assert s[key] == g[key], (backend, mode, key)
+            assert [n.replace("silu", "gelu").replace("SwiGLU", "GeGLU") for n in s["model_kernels"]] == \
+                g["model_kernels"], (backend, mode)
+    assert costmodel.SILU_FLOPS == 5 and costmodel.SILU_GRAD_FLOPS == 9
+    eager = cost(SWIGLU, "torch-eager", "fwd+bwd")
+    # forward: silu 5 + mul 1; backward: two muls, silu' 9, the dx add (per [T, D] element)
+    assert eager["ew_flops"] == (5 + 1) * TH + (1 + 1 + 9) * TH + 8192 * 768
+    fused = cost(SWIGLU, "torch-triton", "bwd")  # one kernel: recomputes silu (5), silu' (9), du and dg (2)
+    assert fused["ew_flops"] == (5 + 9 + 2) * TH + 8192 * 768
+    assert "fused gate+up GEMM, SwiGLU epilogue (x -> h)" in cost(SWIGLU, "torch-triton-fused", "fwd")["model_kernels"]
+
+
+def test_gpt2_mlp_by_hand() -> None:
+    """fc1 addmm, GELU, fc2 addmm forward; backward da, dfc2, db2, GELU backward, dx, dfc1, db1 (eager: 7 kernels;
+    torch-compile/jax-xla: the db2 sum fused into the GELU backward, 6), counted by hand for bf16 blog-mlp."""
+    b1, b2 = 3072 * 2, 768 * 2  # bias bytes
+    f = cost(GPT2_MLP, "torch-eager", "fwd")
+    assert f["flops"] == 2 * GEMM and f["model_kernels_per_step"] == 3
+    assert f["materialized"] == ["f", "a"] and f["intermediate_bytes"] == 2 * 2 * ACT
+    assert tensor(f, "f")["shape"] == [8192, 3072] and (tensor(f, "f")["reads"], tensor(f, "f")["writes"]) == (1, 1)
+    # x read once, fc1 and fc2, both biases, f and a written and read, y written
+    assert f["bytes"] == X + 2 * W + b1 + b2 + 4 * ACT + X
+    assert f["ew_flops"] == TH + 9 * TH + 8192 * 768  # bias adds and GELU
+    assert cost(GPT2_MLP, "torch-compile", "fwd")["bytes"] == f["bytes"]  # Inductor's CPU forward: the same kernels
+
+    b = cost(GPT2_MLP, "torch-eager", "bwd")
+    assert b["flops"] == 4 * GEMM and b["model_kernels_per_step"] == 7  # da, dfc2, dx, dfc1 GEMMs; 2 sums; gelu'
+    assert b["model_kernels"] == ["da GEMM (dy W_fc2)", "dfc2 GEMM (dy^T a)", "db2 reduction (sum dy)",
+                                  "gelu backward (da, f -> df)", "dx GEMM (df W_fc1)", "dfc1 GEMM (df^T x)",
+                                  "db1 reduction (sum df)"]
+    assert tensor(b, "dy")["reads"] == 3 and tensor(b, "df")["reads"] == 3  # dy: da, dfc2, db2; df: dx, dfc1, db1
+    assert b["materialized"] == ["da", "a", "f", "df"]  # in order of first use
+    # dy read 3x, fc2/fc1 once, a and f read (saved), da and df written and read (df 3x), x read, 4 gradients written
+    assert b["bytes"] == 3 * X + 2 * W + ACT + 2 * ACT + ACT + 4 * ACT + X + X + 2 * W + b1 + b2
+    assert b["ew_flops"] == 8192 * 768 + 16 * TH + TH  # db2 sum, gelu' times da, db1 sum
+
+    c = cost(GPT2_MLP, "torch-compile", "bwd")
+    assert c["model_kernels_per_step"] == 6 and c["flops"] == b["flops"]
+    assert "fused gelu backward + db2 reduction (da, f, dy -> df, db2)" in c["model_kernels"]
+    assert b["bytes"] - c["bytes"] == 0  # the fusion saves a launch, not traffic: dy is still read by it
+    assert cost(GPT2_MLP, "jax-xla", "fwd+bwd")["saved"] == cost(GPT2_MLP, "torch-eager", "fwd+bwd")["saved"] == [
+        "f", "a"]
+
+
+def test_gpt2_mlp_only_where_implemented() -> None:
+    for backend in ("torch-triton", "torch-triton-fused", "jax-pallas", "jax-triton"):
+        with pytest.raises(InputError, match="only, not 'gelu-mlp'"):
+            cost(GPT2_MLP, backend, "fwd")
+    for backend in ("torch-eager", "torch-compile", "jax-xla"):
+        assert cost(GPT2_MLP, backend, "fwd+bwd")["flops"] == 6 * GEMM

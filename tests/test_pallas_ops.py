@@ -1,10 +1,12 @@
-"""Checks for the Pallas GeGLU kernel in ``jax_impl.ops.geglu_pallas``.
+"""Checks for the Pallas gated-MLP kernel in ``jax_impl.ops.geglu_pallas`` with both activations (``act``:
+GeGLU's ``gelu_tanh`` and SwiGLU's ``silu``, a static argument).
 
 Every value is judged against a float64 numpy reference computed from the exact low-precision
 inputs (so input rounding is not counted as kernel error), with a dtype-keyed tolerance
 table. On top of the absolute bar, the kernel's error must be no worse than 2x the error of
 the plain ``jax.numpy`` reference (``geglu_reference``) run at the same dtype. A negative
-control checks that the float32 bar is tight enough to reject an exact-erf GELU.
+control checks that the float32 bar is tight enough to reject an exact-erf GELU, and each activation's kernel fails
+the other's reference.
 
 On a machine without a GPU the kernels run under the Pallas interpreter (``interpret=None``
 resolves to True there); all kernel calls go through ``jax.jit``.
@@ -20,7 +22,7 @@ import numpy as np
 import pytest
 from jax import export
 
-from jax_impl.ops.geglu_pallas import SUPPORTED_DTYPES, geglu, geglu_reference
+from jax_impl.ops.geglu_pallas import ACTIVATIONS, SUPPORTED_DTYPES, geglu, geglu_reference, glu, glu_reference
 
 # Odd shape (3 * 37 rows, 328 = 256 + 72 columns: ragged in both grid axes) and an aligned one.
 SHAPES = [(3 * 37, 328), (64, 256)]
@@ -52,15 +54,23 @@ def _gelu_tanh_and_grad_f64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return gelu, dgelu
 
 
-def _ref_fwd_f64(g, u) -> np.ndarray:
+def _silu_and_grad_f64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    sig = 0.5 * (1.0 + np.tanh(0.5 * x))  # sigmoid without overflow
+    return x * sig, sig * (1.0 + x * (1.0 - sig))
+
+
+_ACT_F64 = {"gelu_tanh": _gelu_tanh_and_grad_f64, "silu": _silu_and_grad_f64}
+
+
+def _ref_fwd_f64(g, u, act: str = "gelu_tanh") -> np.ndarray:
     g64, u64 = np.asarray(g, np.float64), np.asarray(u, np.float64)
-    return _gelu_tanh_and_grad_f64(g64)[0] * u64
+    return _ACT_F64[act](g64)[0] * u64
 
 
-def _ref_bwd_f64(g, u, dh) -> tuple[np.ndarray, np.ndarray]:
+def _ref_bwd_f64(g, u, dh, act: str = "gelu_tanh") -> tuple[np.ndarray, np.ndarray]:
     g64, u64, dh64 = (np.asarray(a, np.float64) for a in (g, u, dh))
-    gelu, dgelu = _gelu_tanh_and_grad_f64(g64)
-    return dh64 * u64 * dgelu, dh64 * gelu  # (dg, du)
+    a, da = _ACT_F64[act](g64)
+    return dh64 * u64 * da, dh64 * a  # (dg, du)
 
 
 # ----------------------------------------------------------------------------- jitted callables
@@ -81,6 +91,12 @@ def _vjp_of(fn):
 
 _kernel_bwd = _vjp_of(geglu)
 _plain_bwd = _vjp_of(geglu_reference)
+#: Per activation: (kernel forward, plain forward, kernel vjp, plain vjp), all jitted.
+_BY_ACT = {
+    act: (jax.jit(lambda g, u, a=act: glu(g, u, act=a)), jax.jit(lambda g, u, a=act: glu_reference(g, u, a)),
+          _vjp_of(lambda g, u, a=act: glu(g, u, act=a)), _vjp_of(lambda g, u, a=act: glu_reference(g, u, a)))
+    for act in ACTIVATIONS
+}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -123,23 +139,58 @@ def _assert_matches(name, kernel_out, plain_out, ref64, dtype):
 # ----------------------------------------------------------------------------- tests
 
 
+@pytest.mark.parametrize("act", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_forward_matches_float64(shape, dtype):
+def test_forward_matches_float64(shape, dtype, act):
     g, u, _ = _inputs(shape, dtype)
-    ref = _ref_fwd_f64(g, u)
-    _assert_matches("h", _kernel_fwd(g, u), _plain_fwd(g, u), ref, dtype)
+    ref = _ref_fwd_f64(g, u, act)
+    kernel_fwd, plain_fwd, _, _ = _BY_ACT[act]
+    _assert_matches(f"h ({act})", kernel_fwd(g, u), plain_fwd(g, u), ref, dtype)
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_vjp_matches_float64(shape, dtype, act):
+    g, u, dh = _inputs(shape, dtype)
+    ref_dg, ref_du = _ref_bwd_f64(g, u, dh, act)
+    _, _, kernel_bwd, plain_bwd = _BY_ACT[act]
+    k_dg, k_du = kernel_bwd(g, u, dh)
+    p_dg, p_du = plain_bwd(g, u, dh)
+    _assert_matches(f"dg ({act})", k_dg, p_dg, ref_dg, dtype)
+    _assert_matches(f"du ({act})", k_du, p_du, ref_du, dtype)
+
+
+def test_geglu_is_glu_with_gelu_tanh():
+    assert geglu is glu and geglu_reference is glu_reference
+    g, u, _ = _inputs((3 * 37, 328), jnp.float32)
+    np.testing.assert_array_equal(_kernel_fwd(g, u), _BY_ACT["gelu_tanh"][0](g, u))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_vjp_matches_float64(shape, dtype):
-    g, u, dh = _inputs(shape, dtype)
-    ref_dg, ref_du = _ref_bwd_f64(g, u, dh)
-    k_dg, k_du = _kernel_bwd(g, u, dh)
-    p_dg, p_du = _plain_bwd(g, u, dh)
-    _assert_matches("dg", k_dg, p_dg, ref_dg, dtype)
-    _assert_matches("du", k_du, p_du, ref_du, dtype)
+def test_each_activation_fails_the_others_reference(dtype):
+    """The static ``act`` does switch the kernel: SiLU's output and gradient are far off GELU's reference and
+    vice versa (odd shape, every dtype)."""
+    g, u, dh = _inputs((3 * 37, 328), dtype)
+    for act, other in (("silu", "gelu_tanh"), ("gelu_tanh", "silu")):
+        _, _, kernel_bwd, _ = _BY_ACT[act]
+        assert _tol_ratio(_BY_ACT[act][0](g, u), _ref_fwd_f64(g, u, other), dtype) > 10.0, act
+        assert _tol_ratio(kernel_bwd(g, u, dh)[0], _ref_bwd_f64(g, u, dh, other)[0], dtype) > 10.0, act
+
+
+def test_silu_extremes_are_finite_and_exact():
+    """SiLU and its derivative at |g| up to 1e4 (exp(-g) overflows float32 past 88): finite and within the float32
+    tolerance of float64; silu' tends to 1 on the right (no 1 - sigmoid cancellation) and 0 on the left."""
+    g = jnp.asarray([[-1e4, -200.0, -90.0, -20.0, -1.0, 0.0, 1.0, 20.0, 90.0, 200.0, 1e4]], jnp.float32)
+    u = jnp.ones_like(g)
+    kernel_fwd, _, kernel_bwd, _ = _BY_ACT["silu"]
+    h = kernel_fwd(g, u)
+    dg, du = kernel_bwd(g, u, jnp.ones_like(g))
+    assert np.all(np.isfinite(np.asarray(h))) and np.all(np.isfinite(np.asarray(dg)))
+    assert _tol_ratio(h, _ref_fwd_f64(g, u, "silu"), jnp.float32) <= 1.0
+    assert _tol_ratio(dg, _ref_bwd_f64(g, u, u, "silu")[0], jnp.float32) <= 1.0
+    np.testing.assert_array_equal(du, h)
 
 
 def test_grad_of_loss_under_jit():
@@ -168,11 +219,18 @@ def test_small_blocks_many_ragged_tiles():
     assert _tol_ratio(du, ref_du, jnp.float32) <= 1.0
 
 
-def test_backward_is_a_pallas_kernel_and_saves_only_g_u():
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_backward_is_a_pallas_kernel_and_saves_only_g_u(act):
     g, u, dh = _inputs((64, 256), jnp.float32)
-    jaxpr = str(jax.make_jaxpr(lambda g, u, dh: jax.vjp(geglu, g, u)[1](dh))(g, u, dh))
+
+    def kernel(a, b):
+        return glu(a, b, act=act)
+
+    jaxpr = str(jax.make_jaxpr(lambda g, u, dh: jax.vjp(kernel, g, u)[1](dh))(g, u, dh))
     assert jaxpr.count("pallas_call") == 2, jaxpr  # forward kernel + backward kernel
-    _, pullback = jax.vjp(geglu, g, u)
+    family = {"gelu_tanh": "geglu", "silu": "swiglu"}[act]
+    assert f"name={family}_fwd" in jaxpr and f"name={family}_bwd" in jaxpr, jaxpr
+    _, pullback = jax.vjp(kernel, g, u)
     residuals = [x for x in jax.tree_util.tree_leaves(pullback) if hasattr(x, "shape")]
     assert len(residuals) == 2
     assert all(r.shape == g.shape and r.dtype == g.dtype for r in residuals)
@@ -180,8 +238,9 @@ def test_backward_is_a_pallas_kernel_and_saves_only_g_u():
     np.testing.assert_array_equal(residuals[1], u)
 
 
+@pytest.mark.parametrize("act", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-def test_kernels_lower_to_triton_for_cuda(dtype):
+def test_kernels_lower_to_triton_for_cuda(dtype, act):
     """Lower (not run) both kernels through the Pallas Triton lowering; needs no GPU.
 
     The interpreter pads ragged edge tiles itself, so only this lowering exercises the GPU
@@ -191,7 +250,7 @@ def test_kernels_lower_to_triton_for_cuda(dtype):
     checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
 
     def fwd(g, u):
-        return geglu(g, u, interpret=False)
+        return glu(g, u, act=act, interpret=False)
 
     def bwd(g, u, dh):
         return _pullback(fwd, g, u, dh)
@@ -245,8 +304,9 @@ def test_empty_input():
         (jnp.zeros((4, 4)), jnp.zeros((4, 4)), {"interpret": 1}, "interpret must be"),
         (jnp.zeros((4, 4)), jnp.zeros((4, 4)), {"block_shape": (8, 100)}, "powers of two"),
         ([[1.0]], [[1.0]], {}, "must be an array"),
+        (jnp.zeros((4, 4)), jnp.zeros((4, 4)), {"act": "relu"}, "act must be one of gelu_tanh, silu, got 'relu'"),
     ],
-    ids=["rank", "shape", "dtype-mismatch", "dtype", "interpret", "block", "not-array"],
+    ids=["rank", "shape", "dtype-mismatch", "dtype", "interpret", "block", "not-array", "act"],
 )
 def test_validation_errors(g, u, kwargs, match):
     with pytest.raises(ValueError, match=match):

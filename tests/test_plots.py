@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from compare import costmodel
+from compare.cases import Case, Shape
 from compare.plots import plots_section, render_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _result(backend: str, tokens: int, median: float, cost: dict[str, float] | None = None) -> dict[str, Any]:
+def _result(backend: str, tokens: int, median: float, cost: dict[str, Any] | None = None) -> dict[str, Any]:
     samples = [median * f for f in (0.95, 0.98, 1.0, 1.02, 1.1)]
     return {
         "backend": backend, "model": "geglu", "dtype": "float32", "mode": "fwd", "status": "ok",
@@ -22,21 +24,33 @@ def _result(backend: str, tokens: int, median: float, cost: dict[str, float] | N
     }
 
 
+#: A machine's ceilings, as the run's ``ceilings`` probe would report them.
+CEIL = {"flops_per_s": 3e11, "bytes_per_s": 2e10}
+
+
+def _cost(backend: str, tokens: int, median: float) -> dict[str, Any]:
+    """The real cost model's entry for the result, with the roofline numbers a run with ceilings stores."""
+    case = Case("geglu", Shape(tokens, 1, 96, 328), "float32")
+    c = costmodel.cost(case, backend, "fwd")
+    c["achieved"] = costmodel.roofline(c, median, CEIL)
+    return c
+
+
 def _doc(with_cost: bool) -> dict[str, Any]:
     rs = []
     for t in (1, 16, 256):
         for backend, speed in (("torch-eager", 1.0), ("jax-xla", 2.0)):
-            cost = {"achieved_flops_frac": 0.01 * t ** 0.5 * speed, "achieved_bw_frac": 0.2 * speed} if with_cost \
-                else None
-            rs.append(_result(backend, t, 1e-5 * (1 + t / 16) / speed, cost))
+            median = 1e-5 * (1 + t / 16) / speed
+            rs.append(_result(backend, t, median, _cost(backend, t, median) if with_cost else None))
     rs.append({**_result("torch-triton", 16, 1.0), "timing": None, "note": "interpreted"})  # untimed: not drawn
-    return {"schema": 1, "created": "2026-01-01T00:00:00+00:00", "config": {}, "environment": {}, "results": rs}
+    return {"schema": 1, "created": "2026-01-01T00:00:00+00:00", "config": {}, "environment": {}, "results": rs,
+            **({"ceilings": {"device": "cpu", "float32": CEIL}} if with_cost else {})}
 
 
 def test_plots_are_pngs_with_deterministic_names(tmp_path: Path) -> None:
     paths = render_plots(_doc(with_cost=True), tmp_path / "plots")
-    assert [p.name for p in paths] == ["time-geglu-d96-h328.png", "speedup-geglu-d96-h328.png",
-                                       "ceiling-geglu-d96-h328.png"]
+    assert [p.name for p in paths] == ["roofline-geglu-d96-h328.png", "time-geglu-d96-h328.png",
+                                       "speedup-geglu-d96-h328.png", "ceiling-geglu-d96-h328.png"]
     for p in paths:
         data = p.read_bytes()
         assert data[:8] == PNG_SIGNATURE and len(data) > 1000, p
@@ -48,6 +62,16 @@ def test_plots_are_pngs_with_deterministic_names(tmp_path: Path) -> None:
 def test_ceiling_plot_skipped_without_cost(tmp_path: Path) -> None:
     paths = render_plots(_doc(with_cost=False), tmp_path)
     assert [p.name for p in paths] == ["time-geglu-d96-h328.png", "speedup-geglu-d96-h328.png"]
+
+
+def test_one_shape_with_ceilings_gets_its_roofline_plot(tmp_path: Path) -> None:
+    """A single-shape run (``make report``) measured its ceilings: the roofline plot renders from the real cost
+    model's numbers; the plots that need several token counts do not."""
+    doc = _doc(with_cost=True)
+    doc["results"] = [r for r in doc["results"] if r["shape"]["batch"] == 16]
+    paths = render_plots(doc, tmp_path)
+    assert [p.name for p in paths] == ["roofline-geglu-d96-h328.png"]
+    assert paths[0].read_bytes()[:8] == PNG_SIGNATURE
 
 
 def test_single_token_count_or_no_timing_gives_no_plots(tmp_path: Path) -> None:

@@ -30,6 +30,13 @@ def make(tokens: int) -> Case:
     return case_for_tokens(BASE, tokens)
 
 
+def _backend(name: str) -> Any:
+    """A registered backend's object: the sweep is the backend's own (``BackendSpec.sweep``, ``shape_sweep``)."""
+    from compare.registry import spec
+
+    return spec(name).load()
+
+
 def compiles(rows: list[dict[str, Any]]) -> list[int]:
     assert not [r["error"] for r in rows if r["error"]]
     return [r["compiles"] for r in rows]
@@ -40,10 +47,8 @@ def torch_static() -> tuple[list[dict[str, Any]], int]:
     """The dynamic=False sweep, compiled through CompileCounterWithBackend to cross-check Dynamo's counter."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from torch_impl.recompiles import shape_sweep
-
     cnt = CompileCounterWithBackend("inductor")
-    rows = shape_sweep(make, TOKENS, False, budget_s=BUDGET, compile_backend=cnt)
+    rows = _backend("torch-compile").shape_sweep(make, TOKENS, dynamic=False, budget_s=BUDGET, compile_backend=cnt)
     return rows, cnt.frame_count
 
 
@@ -59,9 +64,7 @@ def test_torch_static_compile_recompiles_once_per_shape() -> None:
 
 @pytest.mark.compile
 def test_torch_dynamic_compile_does_not_recompile_per_shape() -> None:
-    from torch_impl.recompiles import shape_sweep
-
-    rows = shape_sweep(make, TOKENS, True, budget_s=BUDGET)
+    rows = _backend("torch-compile").shape_sweep(make, TOKENS, dynamic=True, budget_s=BUDGET)
     assert compiles(rows) == [1, 1, 0]  # size 1 is specialised; 8 and 33 share one dynamic graph
 
 
@@ -69,10 +72,8 @@ def test_torch_dynamic_compile_does_not_recompile_per_shape() -> None:
 def test_torch_static_past_the_recompile_limit_is_an_error_row() -> None:
     import torch._dynamo
 
-    from torch_impl.recompiles import shape_sweep
-
     with torch._dynamo.config.patch(recompile_limit=2):
-        rows = shape_sweep(make, TOKENS, False, budget_s=BUDGET)
+        rows = _backend("torch-compile").shape_sweep(make, TOKENS, dynamic=False, budget_s=BUDGET)
     assert [r["compiles"] for r in rows[:2]] == [1, 1]
     assert "RecompileLimit" in rows[2]["error"] and "recompile_limit = 2" in rows[2]["error"]
     assert rows[2]["median_s"] is None
@@ -80,13 +81,12 @@ def test_torch_static_past_the_recompile_limit_is_an_error_row() -> None:
 
 def test_shape_generic_torch_backends_compile_nothing() -> None:
     from torch_impl import device as dev
-    from torch_impl.recompiles import shape_sweep
 
-    rows = shape_sweep(make, TOKENS, backend="torch-eager", budget_s=BUDGET)
+    rows = _backend("torch-eager").shape_sweep(make, TOKENS, budget_s=BUDGET)
     assert compiles(rows) == [0, 0, 0] and all(r["generic"] and r["dynamic"] is None for r in rows)
     ok, _, interpreted = dev.triton_status()
     if ok:
-        tri = shape_sweep(make, TOKENS, backend="torch-triton", budget_s=BUDGET)
+        tri = _backend("torch-triton").shape_sweep(make, TOKENS, budget_s=BUDGET)
         if interpreted:  # the CPU interpreter compiles nothing, and is not timed
             assert compiles(tri) == [0, 0, 0] and all(not r["timed"] and r["median_s"] is None for r in tri)
         else:  # on a GPU the first shape builds the kernel; Triton's hook counts it
@@ -108,15 +108,13 @@ def test_a_recompile_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(recompiles.timing, "measure", measure_that_recompiles)
     with pytest.raises(RuntimeError, match="during the timed samples"):
-        recompiles.shape_sweep(make, [8], backend="torch-eager", budget_s=BUDGET)
+        _backend("torch-eager").shape_sweep(make, [8], budget_s=BUDGET)
 
 
 @pytest.mark.compile
 def test_jax_jit_compiles_once_per_new_shape() -> None:
     pytest.importorskip("jax")
-    from jax_impl.recompiles import shape_sweep
-
-    rows = shape_sweep(make, [*TOKENS, 8], budget_s=BUDGET)
+    rows = _backend("jax-xla").shape_sweep(make, [*TOKENS, 8], budget_s=BUDGET)
     assert compiles(rows) == [1, 1, 1, 0]  # 8 again: served from the jitted function's cache
     assert [r["backend_compiles"] for r in rows] == [1, 1, 1, 0]  # jax.monitoring agrees with _cache_size()
     assert all(r["compile_s_reported"] > 0 for r in rows[:3]) and rows[3]["compile_s_reported"] == 0
@@ -136,7 +134,7 @@ def test_jax_compile_event_inside_the_timed_loop_raises(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(recompiles.timing, "measure", measure_that_compiles)
     with pytest.raises(RuntimeError, match="during the timed samples"):
-        recompiles.shape_sweep(make, [8], budget_s=BUDGET)
+        _backend("jax-xla").shape_sweep(make, [8], budget_s=BUDGET)
 
 
 def test_payback_arithmetic() -> None:

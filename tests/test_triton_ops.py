@@ -1,4 +1,5 @@
-"""Tests for the hand-written Triton GeGLU kernels: compiled on a CUDA machine, interpreted on CPU.
+"""Tests for the hand-written Triton gated-MLP kernels (GeGLU and SwiGLU: the activation a compile-time ``ACT``):
+compiled on a CUDA machine, interpreted on CPU.
 
 One test class, :class:`TestTritonOpsCompiled`, runs where this process compiles its kernels (CUDA), and its
 subclass :class:`TestTritonOpsInterpreted` (``INTERPRET = True``, as JAX's Pallas tests rerun a class) runs where
@@ -13,7 +14,8 @@ Every result is compared with a float64 torch reference, twice:
    same computation done by plain torch at that dtype: the kernels may not be much less accurate
    than eager torch.
 
-A negative control (erf GELU instead of the tanh form) must fail the fp32 check.
+Every kernel test runs with both activations (``act="gelu_tanh"`` and ``act="silu"``). Negative controls: an erf
+GELU instead of the tanh form, and each activation's kernel against the other's reference, must fail the checks.
 """
 
 from __future__ import annotations
@@ -31,15 +33,23 @@ import torch_impl.ops._triton_env as _triton_env  # noqa: E402
 import torch_impl.ops.geglu as geglu_mod  # noqa: E402
 import torch_impl.ops.geglu_matmul as gm_mod  # noqa: E402
 from torch_impl.ops.geglu import (  # noqa: E402
+    ACTIVATIONS,
     GeGLUFunction,
+    GLUFunction,
     geglu,
     geglu_backward,
     geglu_forward,
+    glu,
+    glu_backward,
+    glu_forward,
 )
 from torch_impl.ops.geglu_matmul import (  # noqa: E402
     GeGLUMatmulFunction,
+    GLUMatmulFunction,
     fused_geglu,
+    fused_glu,
     geglu_matmul,
+    glu_matmul,
     matmul,
 )
 
@@ -100,6 +110,12 @@ def _geglu_ref(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return F.gelu(g, approximate="tanh") * u
 
 
+#: Plain torch ``act(g) * u`` per activation (the references: float64 or the kernels' dtype).
+REFS = {"gelu_tanh": _geglu_ref, "silu": lambda g, u: F.silu(g) * u}
+ACTS = list(REFS)
+assert tuple(ACTS) == ACTIVATIONS
+
+
 # (leading dims of x, K, N): the brief's 3x37 tokens 96 -> 328, and a shape with K and M not
 # multiples of any block size.
 GEMM_SHAPES = [((3, 37), 96, 328), ((29,), 45, 70)]
@@ -113,8 +129,8 @@ def _gemm_inputs(lead: tuple[int, ...], K: int, N: int, dtype: torch.dtype, seed
     return x, w_gate, w_up
 
 
-def _geglu_mm_ref(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
-    return _geglu_ref(x @ w_gate.T, x @ w_up.T)
+def _geglu_mm_ref(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, act: str = "gelu_tanh") -> torch.Tensor:
+    return REFS[act](x @ w_gate.T, x @ w_up.T)
 
 
 # (a rows, K, N): up-projection shape, and the down projection 328 -> 96 (K=328 has a K tail).
@@ -147,48 +163,102 @@ class TestTritonOpsCompiled:
     # ---------------------------------------------------------------- elementwise kernels
 
 
+    @pytest.mark.parametrize("act", ACTS)
     @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-    def test_geglu_forward(self, dtype: torch.dtype) -> None:
+    def test_glu_forward(self, dtype: torch.dtype, act: str) -> None:
         g = _randn(1823, 781, seed=1, dtype=dtype, scale=2.0)
         u = _randn(1823, 781, seed=2, dtype=dtype)
-        h = geglu_forward(g, u)
+        h = glu_forward(g, u, act)
         assert h.shape == g.shape and h.dtype == dtype
-        ref = _geglu_ref(g.double(), u.double())
-        assert_close(h, ref, _geglu_ref(g, u), dtype, "geglu_forward")
+        ref = REFS[act](g.double(), u.double())
+        assert_close(h, ref, REFS[act](g, u), dtype, f"glu_forward {act}")
 
+    @pytest.mark.parametrize("act", ACTS)
     @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-    def test_geglu_backward(self, dtype: torch.dtype) -> None:
+    def test_glu_backward(self, dtype: torch.dtype, act: str) -> None:
         g = _randn(1823, 781, seed=3, dtype=dtype, scale=2.0)
         u = _randn(1823, 781, seed=4, dtype=dtype)
         dh = _randn(1823, 781, seed=5, dtype=dtype)
-        dg, du = geglu_backward(dh, g, u)
+        dg, du = glu_backward(dh, g, u, act)
 
         g64, u64 = g.double().requires_grad_(), u.double().requires_grad_()
-        _geglu_ref(g64, u64).backward(dh.double())
+        REFS[act](g64, u64).backward(dh.double())
         gt, ut = g.clone().requires_grad_(), u.clone().requires_grad_()
-        _geglu_ref(gt, ut).backward(dh)
+        REFS[act](gt, ut).backward(dh)
 
-        assert_close(dg, g64.grad, gt.grad, dtype, "geglu_backward dg")
-        assert_close(du, u64.grad, ut.grad, dtype, "geglu_backward du")
+        assert_close(dg, g64.grad, gt.grad, dtype, f"glu_backward {act} dg")
+        assert_close(du, u64.grad, ut.grad, dtype, f"glu_backward {act} du")
 
+    @pytest.mark.parametrize("act", ACTS)
     @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-    def test_geglu_function_autograd(self, dtype: torch.dtype) -> None:
+    def test_glu_function_autograd(self, dtype: torch.dtype, act: str) -> None:
         g = _randn(3, 37, 41, seed=6, dtype=dtype, scale=2.0)
         u = _randn(3, 37, 41, seed=7, dtype=dtype)
         dh = _randn(3, 37, 41, seed=8, dtype=dtype)
         gk, uk = g.clone().requires_grad_(), u.clone().requires_grad_()
-        h = geglu(gk, uk)
+        h = glu(gk, uk, act)
         h.backward(dh)
         g64, u64 = g.double().requires_grad_(), u.double().requires_grad_()
-        ref = _geglu_ref(g64, u64)
+        ref = REFS[act](g64, u64)
         ref.backward(dh.double())
         gt, ut = g.clone().requires_grad_(), u.clone().requires_grad_()
-        out_t = _geglu_ref(gt, ut)
+        out_t = REFS[act](gt, ut)
         out_t.backward(dh)
-        assert_close(h.detach(), ref.detach(), out_t.detach(), dtype, "geglu")
-        assert_close(gk.grad, g64.grad, gt.grad, dtype, "geglu dg")
-        assert_close(uk.grad, u64.grad, ut.grad, dtype, "geglu du")
-        assert isinstance(h.grad_fn, GeGLUFunction._backward_cls)  # the graph node is ours
+        assert_close(h.detach(), ref.detach(), out_t.detach(), dtype, f"glu {act}")
+        assert_close(gk.grad, g64.grad, gt.grad, dtype, f"glu {act} dg")
+        assert_close(uk.grad, u64.grad, ut.grad, dtype, f"glu {act} du")
+        assert isinstance(h.grad_fn, GLUFunction._backward_cls)  # the graph node is ours
+
+    def test_geglu_names_are_the_glu_functions_with_gelu_tanh(self) -> None:
+        assert (geglu_forward, geglu_backward, GeGLUFunction, geglu) == (glu_forward, glu_backward, GLUFunction, glu)
+        assert (geglu_matmul, GeGLUMatmulFunction, fused_geglu) == (glu_matmul, GLUMatmulFunction, fused_glu)
+        g = _randn(37, 41, seed=11, dtype=torch.float32, scale=2.0)
+        u = _randn(37, 41, seed=12, dtype=torch.float32)
+        assert torch.equal(geglu_forward(g, u), glu_forward(g, u, "gelu_tanh"))
+
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+    def test_each_activation_fails_the_others_reference(self, dtype: torch.dtype) -> None:
+        """The kernels do switch activation: SiLU's output fails GELU's reference and vice versa, forward and
+        backward, while each passes its own (odd shape, every dtype)."""
+        g = _randn(257, 333, seed=13, dtype=dtype, scale=2.0)
+        u = _randn(257, 333, seed=14, dtype=dtype)
+        dh = _randn(257, 333, seed=15, dtype=dtype)
+        for act, other in (("silu", "gelu_tanh"), ("gelu_tanh", "silu")):
+            h = glu_forward(g, u, act)
+            ok, msg = _compare(h, REFS[other](g.double(), u.double()), REFS[other](g, u), dtype)
+            assert not ok, f"{act} kernel passed the {other} reference: {msg}"
+            dg, _ = glu_backward(dh, g, u, act)
+            g64 = g.double().requires_grad_()
+            REFS[other](g64, u.double()).backward(dh.double())
+            gt = g.clone().requires_grad_()
+            REFS[other](gt, u).backward(dh)
+            ok, msg = _compare(dg, g64.grad, gt.grad, dtype)
+            assert not ok, f"{act} backward passed the {other} reference: {msg}"
+
+    def test_silu_has_no_overflow_or_cancellation_at_extremes(self) -> None:
+        """SiLU and its derivative at |g| up to 1e4 (exp(-g) overflows fp32 past 88): finite, and silu' -> 1 on the
+        right (no 1 - sigmoid cancellation), -> 0 on the left; fp32 kernel against float64 torch."""
+        g = torch.tensor([-1e4, -200.0, -90.0, -20.0, -1.0, 0.0, 1.0, 20.0, 90.0, 200.0, 1e4], device=DEVICE)
+        u, dh = torch.ones_like(g), torch.ones_like(g)
+        h = glu_forward(g, u, "silu")
+        dg, du = glu_backward(dh, g, u, "silu")
+        g64 = g.double().requires_grad_()
+        F.silu(g64).backward(torch.ones_like(g64))
+        assert torch.isfinite(h).all() and torch.isfinite(dg).all()
+        torch.testing.assert_close(h.double(), F.silu(g.double()), rtol=1e-6, atol=1e-30)
+        torch.testing.assert_close(dg.double(), g64.grad, rtol=1e-6, atol=1e-30)
+        torch.testing.assert_close(du, h)
+
+    def test_an_unknown_activation_is_refused(self) -> None:
+        f32 = torch.zeros(4, 8, device=DEVICE)
+        with pytest.raises(ValueError, match="unknown activation 'relu'; known: gelu_tanh, silu"):
+            glu_forward(f32, f32, "relu")
+        with pytest.raises(ValueError, match="unknown activation 'relu'"):
+            glu_backward(f32, f32, f32, "relu")
+        with pytest.raises(ValueError, match="unknown activation 'relu'"):
+            glu_matmul(f32, torch.zeros(5, 8, device=DEVICE), torch.zeros(5, 8, device=DEVICE), "relu")
+        with pytest.raises(ValueError, match="unknown activation 'relu'"):
+            fused_glu(f32, torch.zeros(5, 8, device=DEVICE), torch.zeros(5, 8, device=DEVICE), "relu")
 
     def test_geglu_empty_and_noncontiguous(self) -> None:
         e = torch.empty(0, 5, device=DEVICE)
@@ -198,15 +268,16 @@ class TestTritonOpsCompiled:
         ref = _geglu_ref(g.double(), u.double())
         assert_close(geglu_forward(g, u), ref, _geglu_ref(g, u), torch.float32, "geglu_forward (transposed)")
 
+    @pytest.mark.parametrize("act", ACTS)
     @pytest.mark.parametrize("shape", GEMM_SHAPES, ids=GEMM_IDS)
     @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-    def test_geglu_matmul(self, dtype: torch.dtype, shape) -> None:
+    def test_glu_matmul(self, dtype: torch.dtype, shape, act: str) -> None:
         lead, K, N = shape
         x, w_gate, w_up = _gemm_inputs(lead, K, N, dtype, seed=20)
-        h = geglu_matmul(x, w_gate, w_up)
+        h = glu_matmul(x, w_gate, w_up, act)
         assert h.shape == (*lead, N) and h.dtype == dtype
-        ref = _geglu_mm_ref(x.double(), w_gate.double(), w_up.double())
-        assert_close(h, ref, _geglu_mm_ref(x, w_gate, w_up), dtype, "geglu_matmul")
+        ref = _geglu_mm_ref(x.double(), w_gate.double(), w_up.double(), act)
+        assert_close(h, ref, _geglu_mm_ref(x, w_gate, w_up, act), dtype, f"glu_matmul {act}")
 
     @pytest.mark.parametrize("shape", MATMUL_SHAPES, ids=["111x96->328", "111x328->96"])
     @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -226,28 +297,29 @@ class TestTritonOpsCompiled:
         assert_close(geglu_matmul(x, wg_t, w_up), ref, _geglu_mm_ref(x, w_gate, w_up), torch.float32, "strided")
         assert_close(matmul(x, wg_t), x.double() @ w_gate.double().T, x @ w_gate.T, torch.float32, "strided mm")
 
+    @pytest.mark.parametrize("act", ACTS)
     @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-    def test_fused_geglu_gradients(self, dtype: torch.dtype) -> None:
+    def test_fused_glu_gradients(self, dtype: torch.dtype, act: str) -> None:
         lead, K, N = (3, 37), 96, 328
         x, w_gate, w_up = _gemm_inputs(lead, K, N, dtype, seed=50)
         dh = _randn(*lead, N, seed=53, dtype=dtype)
 
         leaves_k = [t.clone().requires_grad_() for t in (x, w_gate, w_up)]
-        h = fused_geglu(*leaves_k)
+        h = fused_glu(*leaves_k, act)
         assert h.shape == (*lead, N) and h.dtype == dtype
-        assert isinstance(h.grad_fn.next_functions[0][0], GeGLUMatmulFunction._backward_cls)
+        assert isinstance(h.grad_fn.next_functions[0][0], GLUMatmulFunction._backward_cls)
         h.backward(dh)
 
         leaves_64 = [t.double().requires_grad_() for t in (x, w_gate, w_up)]
-        ref = _geglu_mm_ref(*leaves_64)
+        ref = _geglu_mm_ref(*leaves_64, act)
         ref.backward(dh.double())
         leaves_t = [t.clone().requires_grad_() for t in (x, w_gate, w_up)]
-        out_t = _geglu_mm_ref(*leaves_t)
+        out_t = _geglu_mm_ref(*leaves_t, act)
         out_t.backward(dh)
 
-        assert_close(h.detach(), ref.detach(), out_t.detach(), dtype, "fused_geglu")
+        assert_close(h.detach(), ref.detach(), out_t.detach(), dtype, f"fused_glu {act}")
         for name, lk, l64, lt in zip(("dx", "dw_gate", "dw_up"), leaves_k, leaves_64, leaves_t, strict=True):
-            assert_close(lk.grad, l64.grad, lt.grad, dtype, f"fused_geglu {name}")
+            assert_close(lk.grad, l64.grad, lt.grad, dtype, f"fused_glu {act} {name}")
 
     def test_bf16_outputs_round_to_nearest(self) -> None:
         # The interpreter's own fp32 -> bf16 cast truncates (about half the outputs would be 1 ulp

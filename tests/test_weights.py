@@ -30,6 +30,6 @@ def test_mapping_on_a_non_square_weight() -> None:
 
 def test_bad_layout_and_rank_are_refused() -> None:
     with pytest.raises(ValueError, match="known: torch, flax"):
-        linear_weight(np.zeros((2, 2)), "keras")  # type: ignore[arg-type]
+        linear_weight(np.zeros((2, 2)), "keras")  # type: ignore[arg-type]  # deliberately not a layout
     with pytest.raises(ValueError, match="2-D"):
         linear_weight(np.zeros((2, 2, 2)), "torch")

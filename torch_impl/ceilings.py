@@ -69,7 +69,10 @@ def measure_ceilings(
         a = torch.randn(n, n, generator=gen, device=dev_, dtype=torch.float32).to(tdtype)
         b = torch.randn(n, n, generator=gen, device=dev_, dtype=torch.float32).to(tdtype)
         c = torch.empty(n, n, device=dev_, dtype=tdtype)
-        t = timing.measure(lambda a=a, b=b, c=c: torch.mm(a, b, out=c), sync, warmup=1, budget_s=share)
+        def matmul(a: torch.Tensor = a, b: torch.Tensor = b, c: torch.Tensor = c) -> torch.Tensor:
+            return torch.mm(a, b, out=c)
+
+        t = timing.measure(matmul, sync, warmup=1, budget_s=share)
         rate = 2 * n**3 / t.median_s  # 2 n^3 FLOPs per [n, n] @ [n, n]
         per_size[str(n)] = {"median_s": t.median_s, "flops_per_s": rate}
         if best is None or rate > best[0]:
@@ -91,3 +94,12 @@ def measure_ceilings(
         "precision": precision,
         "timing": {"matmul": best[2], "matmul_all": per_size, "copy": tc.to_dict()},
     }
+
+
+def measure_all(dtypes: Sequence[str], budget_s: float = 0.5) -> dict[str, Any]:
+    """The ``ceilings`` probe of ``compare.registry``: ``{"device": ..., dtype: measure_ceilings(...)}`` on the
+    device the torch backends use."""
+    from torch_impl import device as dev
+
+    device = str(dev.device())
+    return {"device": device, **{d: measure_ceilings(d, device, budget_s) for d in dtypes}}

@@ -53,9 +53,12 @@ def triton_availability() -> Any:
 
 
 def require_triton_geglu(backend: str, model: str) -> Any:
-    """Check a Triton GeGLU backend can run ``model`` here; return its availability, else raise saying why."""
-    if model != "geglu":
-        raise ValueError(f"{backend} implements model 'geglu' only, not {model!r}")
+    """Check a Triton gated-MLP backend can run ``model`` (a GLU family: GeGLU, SwiGLU) here; return its
+    availability, else raise saying why."""
+    from compare.cases import GLU_MODELS
+
+    if model not in GLU_MODELS:
+        raise ValueError(f"{backend} implements models {', '.join(GLU_MODELS)} only, not {model!r}")
     avail = triton_availability()
     if not avail.ok:
         raise RuntimeError(avail.reason)

@@ -367,8 +367,9 @@ def _load(cache_dir: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
             "launches": list(spec.launches),
             "loaded_from": how,
             "configs": configs,
-            # constexprs every launch of the product passes besides the config (GPU values)
-            "fixed": {"EXACT_BF16": bool(kernels_mod.EXACT_BF16_CAST), "UPCAST": False},
+            # constexprs every launch of the product passes besides the config (GPU values); the activation is
+            # built as GeGLU's (ACT="gelu_tanh"), SwiGLU's "silu" specialisation is not in the table
+            "fixed": {"EXACT_BF16": bool(kernels_mod.EXACT_BF16_CAST), "UPCAST": False, "ACT": "gelu_tanh"},
             "enable_fp_fusion": bool(kernels_mod.FP_FUSION),
         }
     return fns, info

@@ -1,4 +1,4 @@
-"""The PyTorch modules: ``nn.Linear`` and the seed's ``SimpleGeGLUMLP``, built from golden weights."""
+"""The PyTorch modules: ``nn.Linear``, the seed's gated MLP (GeGLU, SwiGLU) and GPT-2's MLP, from golden weights."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from compare.golden import Problem
 from compare.weights import linear_weight
 
 #: Canonical parameter name -> torch parameter path, per model.
+_GLU_PATHS = {"gate": "gate_proj.weight", "up": "up_proj.weight", "down": "down_proj.weight"}
 PARAM_PATHS: dict[str, dict[str, str]] = {
     "linear": {"weight": "weight", "bias": "bias"},
-    "geglu": {"gate": "gate_proj.weight", "up": "up_proj.weight", "down": "down_proj.weight"},
+    "geglu": _GLU_PATHS,
+    "swiglu": _GLU_PATHS,
+    "gelu-mlp": {"fc1": "fc1.weight", "b1": "fc1.bias", "fc2": "fc2.weight", "b2": "fc2.bias"},
 }
 
 ActMul = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -25,8 +28,20 @@ def eager_geglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return F.gelu(g, approximate="tanh") * u
 
 
-class SimpleGeGLUMLP(nn.Module):
-    """``y = down(act_mul(gate(x), up(x)))``; ``x, y [..., dim]``, hidden ``[..., hidden]``; bias-free."""
+def eager_swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``silu(g) * u`` as two eager kernels (SiLU, then mul)."""
+    return F.silu(g) * u
+
+
+#: The eager ``act(g) * u`` of each gated (GLU) model.
+EAGER_ACT_MUL: dict[str, ActMul] = {"geglu": eager_geglu, "swiglu": eager_swiglu}
+
+
+class GatedMLP(nn.Module):
+    """``y = down(act_mul(gate(x), up(x)))``; ``x, y [..., dim]``, hidden ``[..., hidden]``; bias-free.
+
+    ``act_mul(g, u) = act(g) * u``: GeGLU with :func:`eager_geglu` (the default, the seed's module), SwiGLU with
+    :func:`eager_swiglu`, or a hand-written kernel of either."""
 
     def __init__(self, dim: int, hidden: int, act_mul: ActMul = eager_geglu) -> None:
         super().__init__()
@@ -39,19 +54,44 @@ class SimpleGeGLUMLP(nn.Module):
         return self.down_proj(self.act_mul(self.gate_proj(x), self.up_proj(x)))
 
 
+#: The seed's name for the gated MLP (GeGLU by default).
+SimpleGeGLUMLP = GatedMLP
+
+
+class GeluMLP(nn.Module):
+    """GPT-2's MLP: ``y = fc2(gelu_tanh(fc1(x)))`` with biased linears; ``x, y [..., dim]``, hidden
+    ``[..., hidden]`` (each linear one addmm; GELU's tanh form, GPT-2's ``gelu_new``)."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden, bias=True)
+        self.fc2 = nn.Linear(hidden, dim, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
 def build_module(
-    problem: Problem, device: torch.device, dtype: torch.dtype, act_mul: ActMul = eager_geglu
+    problem: Problem, device: torch.device, dtype: torch.dtype, act_mul: ActMul | None = None
 ) -> nn.Module:
-    """The case's module on ``device`` in ``dtype``, every parameter copied from the golden weights."""
+    """The case's module on ``device`` in ``dtype``, every parameter copied from the golden weights.
+
+    ``act_mul`` replaces a gated model's eager ``act(g) * u`` (default: :data:`EAGER_ACT_MUL` of the model); it must
+    compute that model's activation. Models without a gate take none."""
     s = problem.case.shape
+    model = problem.case.model
     module: nn.Module
-    if problem.case.model == "linear":
+    if model == "linear":
         module = nn.Linear(s.dim, s.hidden, bias=True)
+    elif model == "gelu-mlp":
+        if act_mul is not None:
+            raise ValueError(f"model {model!r} has no gated activation to replace (act_mul is for GLU models)")
+        module = GeluMLP(s.dim, s.hidden)
     else:
-        module = SimpleGeGLUMLP(s.dim, s.hidden, act_mul)
+        module = GatedMLP(s.dim, s.hidden, act_mul if act_mul is not None else EAGER_ACT_MUL[model])
     module = module.to(device=device, dtype=dtype)
     with torch.no_grad():
-        for name, path in PARAM_PATHS[problem.case.model].items():
+        for name, path in PARAM_PATHS[model].items():
             w = torch.from_numpy(linear_weight(problem.params[name], "torch"))
             module.get_parameter(path).copy_(w.to(dtype))
     return module

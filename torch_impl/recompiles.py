@@ -1,8 +1,8 @@
 """Compile cost and shape generality of the torch backends: one compiled module, many token counts.
 
-:func:`shape_sweep` builds the case's module once, wraps it once (``torch.compile(module, dynamic=...)`` for
-``torch-compile``; nothing for ``torch-eager``; the hand-written Triton GeGLU kernel for ``torch-triton``), then
-calls it on the inputs of each token count in turn. Per shape it records (row schema in ``compare.shapes``):
+:func:`shape_sweep` runs one backend's step, built once by the backend itself (its ``shape_sweep`` method passes
+its own ``build``: a ``torch.compile``-d module, the plain module, the module with the Triton kernel), on the inputs
+of each token count in turn. Per shape it records (row schema in ``compare.shapes``):
 
 - ``compiles``: the compilations this shape's first call caused, read from the framework's own counters:
   ``torch._dynamo.utils.counters["stats"]["unique_graphs"]`` (Dynamo adds one per graph it compiles; in torch 2.13
@@ -31,21 +31,20 @@ compile is a compile; kernel-level caches (compiled C++/Triton binaries) may sti
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch._dynamo
+from torch import nn
 from torch._dynamo.utils import counters
 
 from compare import timing
 from compare.cases import check_name
-from compare.shapes import GoldenFactory, sweep_goldens
-from torch_impl import device as dev
+from compare.golden import Problem
+from compare.shape_cases import GoldenFactory, sweep_goldens
 from torch_impl import runner
-from torch_impl.models import build_module
 
-SWEEP_BACKENDS: tuple[str, ...] = ("torch-eager", "torch-compile", "torch-triton")
 SWEEP_MODES: tuple[str, ...] = ("fwd", "fwd+bwd")
 DYNAMO_COUNTER = "torch._dynamo.utils.counters['stats']['unique_graphs'] (one per graph Dynamo compiles)"
 TRITON_COUNTER = "triton.knobs.runtime.jit_post_compile_hook (one per Triton kernel specialisation built)"
@@ -96,69 +95,63 @@ def _cold_caches(cold: bool) -> Iterator[None]:
         yield
 
 
+#: Builds a backend's step for a sweep from the first shape's problem: the module (whose parameters the step's
+#: gradients are taken against) and the forward callable to call on each shape's ``x``.
+Build = Callable[[Problem], tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]]
+
+
 def shape_sweep(
     make: GoldenFactory,
     tokens: Sequence[int],
-    dynamic: bool | None = False,
     *,
-    backend: str = "torch-compile",
+    name: str,
+    build: Build,
+    compiled: bool = False,
+    dynamic: bool | None = None,
+    count_triton: bool = False,
+    timed: bool = True,
+    note: str = "",
     mode: str = "fwd",
     budget_s: float = 0.2,
     cold: bool = True,
-    compile_backend: Any = "inductor",
 ) -> list[dict[str, Any]]:
-    """Call one ``backend`` step on each token count in turn; one row per shape (schema in ``compare.shapes``).
+    """Call one backend's step on each token count in turn; one row per shape (schema in ``compare.shapes``).
 
-    ``make(tokens)`` returns the :class:`~compare.cases.Case` (its golden data is loaded or generated) or the
-    :class:`~compare.golden.Golden` of that token count; every case must share model, dtype, dim and hidden. The
-    module's weights come from the first; each shape's ``x`` (``[batch, seq, dim]``) and ``dy`` from its own.
-    ``dynamic`` is passed to ``torch.compile`` (``torch-compile`` only; other backends record None);
-    ``compile_backend`` is ``torch.compile``'s ``backend`` (tests pass a ``CompileCounterWithBackend`` to cross-check
-    the counter). ``budget_s`` is the timer's sampling budget per shape.
+    The backend supplies ``build`` (its own module and forward, e.g. a ``torch.compile``-d module) and says what
+    it is: ``compiled`` (a compiler specialises it per shape: ``dynamic`` is recorded and Inductor's on-disk
+    caches are off when ``cold``) or shape-generic; ``count_triton`` adds Triton's JIT hook to the counter;
+    ``timed=False`` (an interpreted backend) records compiles only. ``make(tokens)`` returns the
+    :class:`~compare.cases.Case` (its golden data is loaded or generated) or the :class:`~compare.golden.Golden` of
+    that token count; every case must share model, dtype, dim and hidden. The module's weights come from the
+    first; each shape's ``x`` (``[batch, seq, dim]``) and ``dy`` from its own. ``budget_s`` is the timer's
+    sampling budget per shape.
     """
-    check_name("backend", backend, SWEEP_BACKENDS)
     check_name("mode", mode, SWEEP_MODES)
     goldens = sweep_goldens(make, tokens)
-    case0 = goldens[0].case
-    device = dev.device()
-    tdtype = dev.TORCH_DTYPES[case0.dtype]
-    timed, note, counter = True, "", DYNAMO_COUNTER
-    if backend == "torch-triton":
-        ok, reason, interpreted = dev.triton_status()
-        if not ok:
-            raise RuntimeError(f"torch-triton cannot run here: {reason}")
-        from torch_impl.backends.triton_geglu import INTERPRETED_NOTE
-        from torch_impl.ops.geglu import geglu
-
-        module = build_module(goldens[0].problem, device, tdtype, act_mul=geglu)
-        timed, note = not interpreted, ("" if not interpreted else INTERPRETED_NOTE)
-        counter = f"{DYNAMO_COUNTER} + {TRITON_COUNTER}"
-    else:
-        module = build_module(goldens[0].problem, device, tdtype)
-    forward: Any = module
-    if backend == "torch-compile":
-        torch._dynamo.reset()  # this sweep's compiles only: no graphs of SimpleGeGLUMLP.forward left from before
-        forward = torch.compile(module, dynamic=dynamic, fullgraph=True, backend=compile_backend)
+    module, forward = build(goldens[0].problem)
+    device = next(module.parameters()).device
+    counter = f"{DYNAMO_COUNTER} + {TRITON_COUNTER}" if count_triton else DYNAMO_COUNTER
+    backend = name
 
     rows = []
-    with _cold_caches(cold and backend == "torch-compile"), triton_compiles(backend == "torch-triton") as tbox:
+    with _cold_caches(cold and compiled), triton_compiles(count_triton) as tbox:
         for g in goldens:
             c = g.case
             row: dict[str, Any] = {
-                "backend": backend, "framework": "torch", "dynamic": dynamic if backend == "torch-compile" else None,
+                "backend": backend, "framework": "torch", "dynamic": dynamic if compiled else None,
                 "tokens": c.shape.tokens, "model": c.model, "dim": c.shape.dim, "hidden": c.shape.hidden,
                 "dtype": c.dtype, "mode": mode, "device": str(device), "compiles": None, "compile_counter": counter,
                 "first_call_s": None, "median_s": None, "iqr_s": None, "timed": timed,
-                "generic": backend != "torch-compile", "note": note, "error": "",
+                "generic": not compiled, "note": note, "error": "",
             }
             rows.append(row)
-            prepared = runner.prepare(g, mode, module, forward, timed=timed, note=note)
+            prepared = runner.prepare(g.problem, mode, module, forward, timed=timed, note=note)
             before = dynamo_graphs() + tbox[0]
             try:
                 first_s, out = timing.first_call(prepared.step, prepared.sync)
             except Exception as exc:  # e.g. FailOnRecompileLimitHit past the recompile limit: a finding, kept
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
-                if backend == "torch-compile":
+                if compiled:
                     row["error"] += f" (torch._dynamo.config.recompile_limit = {torch._dynamo.config.recompile_limit})"
                 continue
             del out

@@ -1,8 +1,9 @@
-"""``jax-triton``: the nnx GeGLU module under ``jax.jit`` with ``gelu_tanh(g) * u`` computed by the *same* Triton
-kernels as ``torch-triton`` (``torch_impl.ops.geglu_kernels``), launched from JAX through ``jax_triton.triton_call``.
+"""``jax-triton``: the nnx gated MLP (GeGLU, SwiGLU) under ``jax.jit`` with ``act(g) * u`` computed by the *same*
+Triton kernels as ``torch-triton`` (``torch_impl.ops.geglu_kernels``), launched from JAX through
+``jax_triton.triton_call``, the activation the kernels' compile-time ``ACT`` (picked from the case's model).
 
 ``act_mul`` is a ``jax.custom_vjp``: the forward launches ``geglu_fwd_kernel`` and saves only ``(g, u)``; the
-backward launches ``geglu_bwd_kernel``, which recomputes ``gelu(g)`` and ``gelu'(g)`` from ``g``. Both kernels
+backward launches ``geglu_bwd_kernel``, which recomputes ``act(g)`` and ``act'(g)`` from ``g``. Both kernels
 stream the flattened buffers (``g, u, dh: [..., hidden]``, any leading shape) over a 1-D grid of
 ``cdiv(numel, BLOCK_SIZE)`` programs with the torch launch's block size, warps and FMA setting.
 
@@ -22,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from compare.cases import GLU_ACTIVATIONS, GLU_MODELS
 from compare.golden import Problem
 from compare.registry import Availability, Prepared
 from jax_impl import device as dev
@@ -73,7 +75,7 @@ def _import_jax_triton() -> ModuleType:
 
 
 def _jax_triton_call() -> TritonCall:
-    return _import_jax_triton().triton_call  # type: ignore[no-any-return]
+    return _import_jax_triton().triton_call
 
 
 def _check(names: tuple[str, ...], arrays: tuple[jax.Array, ...]) -> None:
@@ -87,16 +89,19 @@ def _check(names: tuple[str, ...], arrays: tuple[jax.Array, ...]) -> None:
         raise ValueError(f"unsupported dtype {ref.dtype}; allowed: float32, bfloat16, float16")
 
 
-def make_act_mul(triton_call: TritonCall | None = None) -> ActMul:
-    """``act_mul(g, u) = gelu_tanh(g) * u`` for ``g, u: S`` (any shape, same dtype) -> ``h: S``, differentiable.
+def make_act_mul(triton_call: TritonCall | None = None, act: str = "gelu_tanh") -> ActMul:
+    """``act_mul(g, u) = act(g) * u`` for ``g, u: S`` (any shape, same dtype) -> ``h: S``, differentiable; ``act``
+    is ``"gelu_tanh"`` (GeGLU) or ``"silu"`` (SwiGLU).
 
     ``triton_call`` launches a kernel with ``jax_triton.triton_call``'s convention; None (the default) resolves to
     ``jax_triton.triton_call`` at trace time. Tests pass a stand-in to run the same wiring without a GPU.
 
     Launches: array arguments are the kernel's pointer inputs and the outputs follow them (the kernels put their
-    outputs right after their inputs); ``n_elements``, ``BLOCK`` and ``EXACT_BF16`` go by keyword, as compile-time
-    constants (jax-triton appends the output pointers after every positional argument).
+    outputs right after their inputs); ``n_elements``, ``BLOCK``, ``EXACT_BF16`` and ``ACT`` go by keyword, as
+    compile-time constants (jax-triton appends the output pointers after every positional argument).
     """
+    if act not in GLU_ACTIVATIONS.values():
+        raise ValueError(f"unknown activation {act!r}; known: {', '.join(GLU_ACTIVATIONS.values())}")
 
     def launch(kernel_name: str, name: str, arrays: tuple[jax.Array, ...], n_out: int) -> tuple[jax.Array, ...]:
         """Launch kernel ``kernel_name`` of the kernel module on ``arrays`` (all of shape ``S``, one dtype); returns
@@ -110,7 +115,7 @@ def make_act_mul(triton_call: TritonCall | None = None) -> ActMul:
         call = triton_call if triton_call is not None else _jax_triton_call()
         res = call(*arrays, kernel=getattr(k, kernel_name), out_shape=(out,) * n_out,
                    grid=(-(-n // k.BLOCK_SIZE),), name=name, num_warps=k.NUM_WARPS, enable_fp_fusion=k.FP_FUSION,
-                   n_elements=n, BLOCK=k.BLOCK_SIZE, EXACT_BF16=k.EXACT_BF16_CAST)
+                   n_elements=n, BLOCK=k.BLOCK_SIZE, EXACT_BF16=k.EXACT_BF16_CAST, ACT=act)
         return tuple(res)
 
     def forward(g: jax.Array, u: jax.Array) -> jax.Array:
@@ -126,18 +131,18 @@ def make_act_mul(triton_call: TritonCall | None = None) -> ActMul:
         return dg, du
 
     @jax.custom_vjp
-    def triton_geglu(g: jax.Array, u: jax.Array) -> jax.Array:
+    def triton_glu(g: jax.Array, u: jax.Array) -> jax.Array:
         return forward(g, u)
 
     def vjp_fwd(g: jax.Array, u: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        return forward(g, u), (g, u)  # residuals: g and u only, never gelu(g)
+        return forward(g, u), (g, u)  # residuals: g and u only, never act(g)
 
     def vjp_bwd(res: tuple[jax.Array, jax.Array], dh: jax.Array) -> tuple[jax.Array, jax.Array]:
         g, u = res
         return backward(dh.astype(g.dtype), g, u)
 
-    triton_geglu.defvjp(vjp_fwd, vjp_bwd)
-    return triton_geglu  # type: ignore[return-value]
+    triton_glu.defvjp(vjp_fwd, vjp_bwd)
+    return triton_glu
 
 
 class JaxTritonBackend:
@@ -169,14 +174,15 @@ class JaxTritonBackend:
         return Availability(True, device=platform)
 
     def prepare(self, problem: Problem, mode: str) -> Prepared:
-        if problem.case.model != "geglu":
-            raise ValueError(f"{self.name} implements model 'geglu' only, not {problem.case.model!r}")
+        model = problem.case.model
+        if model not in GLU_MODELS:
+            raise ValueError(f"{self.name} implements models {', '.join(GLU_MODELS)} only, not {model!r}")
         stand_in = self.triton_call is not None
         if not stand_in:
             avail = self.availability()
             if not avail.ok:
                 raise RuntimeError(avail.reason)
-        module = build_module(problem, act_mul=make_act_mul(self.triton_call))
+        module = build_module(problem, act_mul=make_act_mul(self.triton_call, GLU_ACTIVATIONS[model]))
         note = ("kernels launched through a stand-in for jax_triton.triton_call: parity only, not timed" if stand_in
                 else "first call includes XLA and Triton compiles")
         return runner.prepare(problem, mode, module, timed=not stand_in, note=note)

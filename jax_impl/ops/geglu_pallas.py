@@ -1,7 +1,11 @@
-"""Fused GeGLU gating, ``h = gelu_tanh(g) * u``, as a Pallas kernel with a Pallas backward.
+"""Fused gated-MLP gating, ``h = act(g) * u`` (GeGLU: ``act = gelu_tanh``; SwiGLU: ``act = silu``), as a Pallas
+kernel with a Pallas backward.
 
-This is the elementwise middle of the GeGLU MLP block ``y = down(gelu_tanh(gate(x)) * up(x))``:
+This is the elementwise middle of the gated MLP block ``y = down(act(gate(x)) * up(x))``:
 ``g = gate(x)`` and ``u = up(x)`` come in as two ``[M, N]`` arrays and ``h`` goes out to ``down``.
+The activation is a static argument (``act``, one of :data:`ACTIVATIONS`): each value traces its own kernel, the
+other activation's code is not in it. :func:`glu` is the entry point; ``geglu`` (and ``geglu_reference``) are the
+same functions under their GeGLU names (default ``act="gelu_tanh"``).
 
 Layout
     One ``pl.pallas_call`` over a 2-D grid of ``(block_m, block_n)`` tiles,
@@ -38,14 +42,18 @@ GELU
     ``gelu'`` is ~-1.3e-5 and the literal form returns 0. ``geglu_reference`` (and
     ``jax.nn.gelu``) keep the literal form and that error.
 
+SiLU
+    ``silu(x) = x * sigmoid(x)`` and ``silu'(x) = sigmoid(x) * (1 + x * sigmoid(-x))``, both sigmoids from the same
+    ``e = exp(-|x|)`` (no overflow, and ``sigmoid(-x) = 1 - sigmoid(x)`` without the subtraction's cancellation).
+
 Autodiff
-    ``geglu`` is a ``jax.custom_vjp``. The forward saves only ``g`` and ``u`` (not ``h`` and not
-    ``gelu(g)``); the backward recomputes ``gelu(g)`` and ``gelu'(g)`` from ``g``::
+    ``glu`` is a ``jax.custom_vjp``. The forward saves only ``g`` and ``u`` (not ``h`` and not
+    ``act(g)``); the backward recomputes ``act(g)`` and ``act'(g)`` from ``g``::
 
-        du = dh * gelu(g)
-        dg = dh * u * gelu'(g)
+        du = dh * act(g)
+        dg = dh * u * act'(g)
 
-``geglu_reference`` is the plain ``jax.numpy`` formula, kept beside the kernel the way JAX's
+``glu_reference`` is the plain ``jax.numpy`` formula, kept beside the kernel the way JAX's
 ``pallas/ops/gpu/layer_norm.py`` keeps ``layer_norm_reference``.
 """
 
@@ -59,7 +67,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["DEFAULT_BLOCK_SHAPE", "SUPPORTED_DTYPES", "geglu", "geglu_reference"]
+__all__ = ["ACTIVATIONS", "DEFAULT_BLOCK_SHAPE", "SUPPORTED_DTYPES", "geglu", "geglu_reference", "glu",
+           "glu_reference"]
+
+#: The activations the kernels take (their static ``act``): GeGLU's tanh-form GELU and SwiGLU's SiLU.
+ACTIVATIONS: tuple[str, ...] = ("gelu_tanh", "silu")
+#: The pallas_call names per activation (``<family>_fwd``, ``<family>_bwd``), as profiles show them.
+_FAMILY: dict[str, str] = {"gelu_tanh": "geglu", "silu": "swiglu"}
 
 #: Input dtypes the kernel accepts; the math inside is always float32.
 SUPPORTED_DTYPES: tuple[jnp.dtype, ...] = (
@@ -87,18 +101,32 @@ _GELU_A = 0.044715
 # --------------------------------------------------------------------------------------------
 
 
-def geglu_reference(g: jax.Array, u: jax.Array) -> jax.Array:
-    """Plain ``jax.numpy`` GeGLU gating: ``jax.nn.gelu(g, approximate=True) * u``.
+def glu_reference(g: jax.Array, u: jax.Array, act: str = "gelu_tanh") -> jax.Array:
+    """Plain ``jax.numpy`` gating: ``jax.nn.gelu(g, approximate=True) * u`` or ``jax.nn.silu(g) * u``.
 
     Args:
         g: gate pre-activation, ``[M, N]``.
         u: up projection, ``[M, N]``, same dtype as ``g``.
+        act: ``"gelu_tanh"`` or ``"silu"``.
 
     Returns:
         ``h``: ``[M, N]`` in the input dtype, computed at the input dtype (no upcast), the way
         an unfused framework graph computes it. Differentiable with ordinary JAX autodiff.
     """
+    _check_act(act)
+    if act == "silu":
+        return jax.nn.silu(g) * u
     return jax.nn.gelu(g, approximate=True) * u
+
+
+#: The GeGLU name of :func:`glu_reference` (its default activation is GeGLU's).
+geglu_reference = glu_reference
+
+
+def _check_act(act: object) -> None:
+    """Raise ValueError unless ``act`` is one of :data:`ACTIVATIONS`."""
+    if act not in ACTIVATIONS:
+        raise ValueError(f"geglu: act must be one of {', '.join(ACTIVATIONS)}, got {act!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,6 +171,31 @@ def _gelu_tanh_and_grad_f32(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return x * s, s + tail
 
 
+def _sigmoid_pair_f32(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(sigmoid(x), sigmoid(-x))`` for a float32 tile through ``e = exp(-|x|)`` in ``(0, 1]``."""
+    e = jnp.exp(-jnp.abs(x))
+    r = 1.0 / (1.0 + e)
+    er = e * r
+    return jnp.where(x >= 0, r, er), jnp.where(x >= 0, er, r)
+
+
+def _act_f32(x: jax.Array, act: str) -> jax.Array:
+    """``act(x)`` for a float32 tile; ``act`` is static (the other form is not traced)."""
+    if act == "silu":
+        return x * _sigmoid_pair_f32(x)[0]
+    return _gelu_tanh_f32(x)
+
+
+def _act_and_grad_f32(x: jax.Array, act: str) -> tuple[jax.Array, jax.Array]:
+    """``(act(x), act'(x))`` for a float32 tile, sharing one ``exp``; ``act`` is static.
+
+    SiLU: ``silu'(x) = sigmoid(x) * (1 + x * sigmoid(-x))``."""
+    if act == "silu":
+        sig, sig_neg = _sigmoid_pair_f32(x)
+        return x * sig, sig * (1.0 + x * sig_neg)
+    return _gelu_tanh_and_grad_f32(x)
+
+
 # --------------------------------------------------------------------------------------------
 # Kernels
 # --------------------------------------------------------------------------------------------
@@ -155,25 +208,25 @@ def _tile_mask(m: int, n: int, block_m: int, block_n: int) -> jax.Array:
     return (rows[:, None] < m) & (cols[None, :] < n)
 
 
-def _geglu_fwd_kernel(g_ref, u_ref, h_ref, *, m: int, n: int, block_m: int, block_n: int):
+def _glu_fwd_kernel(g_ref, u_ref, h_ref, *, m: int, n: int, block_m: int, block_n: int, act: str):
     # Per tile: reads 2 * block_m * block_n * itemsize (g, u), writes block_m * block_n * itemsize (h).
     mask = _tile_mask(m, n, block_m, block_n)
     g = plgpu.load(g_ref, mask=mask, other=0).astype(jnp.float32)
     u = plgpu.load(u_ref, mask=mask, other=0).astype(jnp.float32)
-    h = _gelu_tanh_f32(g) * u
+    h = _act_f32(g, act) * u
     plgpu.store(h_ref, h.astype(h_ref.dtype), mask=mask)
 
 
-def _geglu_bwd_kernel(dh_ref, g_ref, u_ref, dg_ref, du_ref, *, m: int, n: int, block_m: int, block_n: int):
+def _glu_bwd_kernel(dh_ref, g_ref, u_ref, dg_ref, du_ref, *, m: int, n: int, block_m: int, block_n: int, act: str):
     # Per tile: reads 3 * block_m * block_n * itemsize (dh, g, u),
     # writes 2 * block_m * block_n * itemsize (dg, du).
     mask = _tile_mask(m, n, block_m, block_n)
     dh = plgpu.load(dh_ref, mask=mask, other=0).astype(jnp.float32)
     g = plgpu.load(g_ref, mask=mask, other=0).astype(jnp.float32)
     u = plgpu.load(u_ref, mask=mask, other=0).astype(jnp.float32)
-    gelu, dgelu = _gelu_tanh_and_grad_f32(g)
-    plgpu.store(du_ref, (dh * gelu).astype(du_ref.dtype), mask=mask)
-    plgpu.store(dg_ref, (dh * u * dgelu).astype(dg_ref.dtype), mask=mask)
+    a, da = _act_and_grad_f32(g, act)
+    plgpu.store(du_ref, (dh * a).astype(du_ref.dtype), mask=mask)
+    plgpu.store(dg_ref, (dh * u * da).astype(dg_ref.dtype), mask=mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,7 +244,9 @@ def _grid_and_spec(
     return grid, spec
 
 
-def _geglu_fwd_call(g: jax.Array, u: jax.Array, interpret: bool, block_shape: tuple[int, int]) -> jax.Array:
+def _glu_fwd_call(
+    g: jax.Array, u: jax.Array, act: str, interpret: bool, block_shape: tuple[int, int]
+) -> jax.Array:
     """Forward kernel launch: ``[M, N], [M, N] -> [M, N]``.
 
     HBM traffic: reads ``2 * M * N * itemsize`` (g, u) and writes ``M * N * itemsize`` (h),
@@ -201,7 +256,7 @@ def _geglu_fwd_call(g: jax.Array, u: jax.Array, interpret: bool, block_shape: tu
     if m == 0 or n == 0:
         return jnp.zeros((m, n), g.dtype)
     grid, spec = _grid_and_spec((m, n), block_shape)
-    kernel = functools.partial(_geglu_fwd_kernel, m=m, n=n, block_m=block_shape[0], block_n=block_shape[1])
+    kernel = functools.partial(_glu_fwd_kernel, m=m, n=n, block_m=block_shape[0], block_n=block_shape[1], act=act)
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), g.dtype),
@@ -210,12 +265,12 @@ def _geglu_fwd_call(g: jax.Array, u: jax.Array, interpret: bool, block_shape: tu
         out_specs=spec,
         compiler_params=plgpu.CompilerParams(num_warps=_NUM_WARPS, num_stages=_NUM_STAGES),
         interpret=interpret,
-        name="geglu_fwd",
+        name=f"{_FAMILY[act]}_fwd",
     )(g, u)
 
 
-def _geglu_bwd_call(
-    dh: jax.Array, g: jax.Array, u: jax.Array, interpret: bool, block_shape: tuple[int, int]
+def _glu_bwd_call(
+    dh: jax.Array, g: jax.Array, u: jax.Array, act: str, interpret: bool, block_shape: tuple[int, int]
 ) -> tuple[jax.Array, jax.Array]:
     """Backward kernel launch: ``dh, g, u: [M, N] -> (dg, du): [M, N] each``.
 
@@ -226,7 +281,7 @@ def _geglu_bwd_call(
     if m == 0 or n == 0:
         return jnp.zeros((m, n), g.dtype), jnp.zeros((m, n), u.dtype)
     grid, spec = _grid_and_spec((m, n), block_shape)
-    kernel = functools.partial(_geglu_bwd_kernel, m=m, n=n, block_m=block_shape[0], block_n=block_shape[1])
+    kernel = functools.partial(_glu_bwd_kernel, m=m, n=n, block_m=block_shape[0], block_n=block_shape[1], act=act)
     out_shape = jax.ShapeDtypeStruct((m, n), g.dtype)
     dg, du = pl.pallas_call(
         kernel,
@@ -236,7 +291,7 @@ def _geglu_bwd_call(
         out_specs=(spec, spec),
         compiler_params=plgpu.CompilerParams(num_warps=_NUM_WARPS, num_stages=_NUM_STAGES),
         interpret=interpret,
-        name="geglu_bwd",
+        name=f"{_FAMILY[act]}_bwd",
     )(dh, g, u)
     return dg, du
 
@@ -246,23 +301,23 @@ def _geglu_bwd_call(
 # --------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _geglu(g: jax.Array, u: jax.Array, interpret: bool, block_shape: tuple[int, int]) -> jax.Array:
-    return _geglu_fwd_call(g, u, interpret, block_shape)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _glu(g: jax.Array, u: jax.Array, act: str, interpret: bool, block_shape: tuple[int, int]) -> jax.Array:
+    return _glu_fwd_call(g, u, act, interpret, block_shape)
 
 
-def _geglu_vjp_fwd(g, u, interpret, block_shape):
+def _glu_vjp_fwd(g, u, act, interpret, block_shape):
     # Residuals are exactly (g, u): 2 * M * N * itemsize kept alive for the backward pass.
-    return _geglu_fwd_call(g, u, interpret, block_shape), (g, u)
+    return _glu_fwd_call(g, u, act, interpret, block_shape), (g, u)
 
 
-def _geglu_vjp_bwd(interpret, block_shape, residuals, dh):
+def _glu_vjp_bwd(act, interpret, block_shape, residuals, dh):
     g, u = residuals
     # The cotangent arrives in h's dtype, which is the input dtype; cast defensively anyway.
-    return _geglu_bwd_call(dh.astype(g.dtype), g, u, interpret, block_shape)
+    return _glu_bwd_call(dh.astype(g.dtype), g, u, act, interpret, block_shape)
 
 
-_geglu.defvjp(_geglu_vjp_fwd, _geglu_vjp_bwd)
+_glu.defvjp(_glu_vjp_fwd, _glu_vjp_bwd)
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,7 +338,8 @@ def _is_power_of_2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
 
-def _validate(g, u, interpret, block_shape) -> None:
+def _validate(g, u, act, interpret, block_shape) -> None:
+    _check_act(act)
     for name, x in (("g", g), ("u", u)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise ValueError(
@@ -322,18 +378,20 @@ def _validate(g, u, interpret, block_shape) -> None:
             )
 
 
-def geglu(
+def glu(
     g: jax.Array,
     u: jax.Array,
     *,
+    act: str = "gelu_tanh",
     interpret: bool | None = None,
     block_shape: tuple[int, int] | None = None,
 ) -> jax.Array:
-    """Fused ``h = gelu_tanh(g) * u`` (Pallas forward, Pallas backward via ``jax.custom_vjp``).
+    """Fused ``h = act(g) * u`` (Pallas forward, Pallas backward via ``jax.custom_vjp``).
 
     Args:
         g: gate pre-activation, ``[M, N]``; float32, bfloat16 or float16.
         u: up projection, ``[M, N]``; same shape and dtype as ``g``.
+        act: ``"gelu_tanh"`` (GeGLU, the default) or ``"silu"`` (SwiGLU); static (each traces its own kernels).
         interpret: run the kernels in the Pallas interpreter. ``None`` (default): interpret
             when ``jax.default_backend()`` is not a GPU, so the same call works on CPU.
         block_shape: ``(block_m, block_n)`` tile, positive powers of two. ``None`` uses
@@ -345,13 +403,13 @@ def geglu(
 
     Raises:
         ValueError: ``g``/``u`` not 2-D, shapes or dtypes differ, dtype unsupported, bad
-            ``interpret`` or ``block_shape``.
+            ``act``, ``interpret`` or ``block_shape``.
 
     HBM traffic: forward ``3 * M * N * itemsize`` (reads g, u; writes h); backward
     ``5 * M * N * itemsize`` (reads dh, g, u; writes dg, du). Works under ``jax.jit``,
     ``jax.grad`` and ``jax.vjp``.
     """
-    _validate(g, u, interpret, block_shape)
+    _validate(g, u, act, interpret, block_shape)
     g = jnp.asarray(g)
     u = jnp.asarray(u)
     if interpret is None:
@@ -362,4 +420,8 @@ def geglu(
             min(DEFAULT_BLOCK_SHAPE[0], _next_power_of_2(m)),
             min(DEFAULT_BLOCK_SHAPE[1], _next_power_of_2(n)),
         )
-    return _geglu(g, u, interpret, tuple(block_shape))
+    return _glu(g, u, act, interpret, tuple(block_shape))
+
+
+#: The GeGLU name of :func:`glu` (its default activation is GeGLU's).
+geglu = glu

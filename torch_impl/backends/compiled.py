@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
 from compare.golden import Problem
 from compare.registry import Availability, Prepared
+from compare.shape_cases import GoldenFactory
 from torch_impl import device as dev
 from torch_impl import profiling, runner
 from torch_impl.models import build_module
@@ -32,6 +36,22 @@ class CompileBackend:
         # buffers forbid; the forward (and its compile) runs inside prepare, so the patch covers it.
         with torch._functorch.config.patch(donated_buffer=False):
             return runner.prepare(problem, mode, module, compiled, note=note + "; donated buffers off (bwd replay)")
+
+
+    def shape_sweep(self, make: GoldenFactory, tokens: Sequence[int], *, budget_s: float, dynamic: bool | None = False,
+                    mode: str = "fwd", compile_backend: Any = "inductor") -> list[dict[str, Any]]:
+        """The compile-cost sweep: one ``torch.compile(module, dynamic=...)`` over every token count, its compiles
+        read from Dynamo's counter. ``compile_backend`` is ``torch.compile``'s ``backend`` (tests pass a
+        ``CompileCounterWithBackend`` to cross-check the counter)."""
+        from torch_impl import recompiles
+
+        def build(problem: Problem) -> tuple[torch.nn.Module, Any]:
+            module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+            torch._dynamo.reset()  # this sweep's compiles only: no graphs of the module's forward left from before
+            return module, torch.compile(module, dynamic=dynamic, fullgraph=True, backend=compile_backend)
+
+        return recompiles.shape_sweep(make, tokens, name=self.name, build=build, compiled=True, dynamic=dynamic,
+                                      mode=mode, budget_s=budget_s)
 
 
 BACKEND = CompileBackend()

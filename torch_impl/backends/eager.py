@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
 from compare.golden import Problem
 from compare.registry import Availability, Prepared
+from compare.shape_cases import GoldenFactory
 from torch_impl import device as dev
 from torch_impl import runner
 from torch_impl.models import build_module
@@ -18,6 +24,17 @@ class EagerBackend:
     def prepare(self, problem: Problem, mode: str) -> Prepared:
         module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
         return runner.prepare(problem, mode, module)
+
+    def shape_sweep(self, make: GoldenFactory, tokens: Sequence[int], *, budget_s: float,
+                    mode: str = "fwd") -> list[dict[str, Any]]:
+        """The compile-cost sweep: the plain module over every token count (shape-generic: compiles nothing)."""
+        from torch_impl import recompiles
+
+        def build(problem: Problem) -> tuple[nn.Module, nn.Module]:
+            module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+            return module, module
+
+        return recompiles.shape_sweep(make, tokens, name=self.name, build=build, mode=mode, budget_s=budget_s)
 
 
 BACKEND = EagerBackend()

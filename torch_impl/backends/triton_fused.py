@@ -1,11 +1,13 @@
-"""``torch-triton-fused``: ``h = gelu_tanh(x @ Wg.T) * (x @ Wu.T)`` in ONE Triton GEMM kernel (gate and up never
-reach memory), and the down projection as a Triton GEMM too. Backward: the fused step recomputes ``g, u`` with
-torch GEMMs and runs the Triton GeGLU backward kernel; the down projection's backward is two Triton GEMMs."""
+"""``torch-triton-fused``: ``h = act(x @ Wg.T) * (x @ Wu.T)`` in ONE Triton GEMM kernel (gate and up never reach
+memory; ``act`` = ``gelu_tanh`` for GeGLU, ``silu`` for SwiGLU, the kernel's compile-time activation), and the down
+projection as a Triton GEMM too. Backward: the fused step recomputes ``g, u`` with torch GEMMs and runs the Triton
+elementwise backward kernel (same activation); the down projection's backward is two Triton GEMMs."""
 
 from __future__ import annotations
 
 import torch
 
+from compare.cases import GLU_ACTIVATIONS
 from compare.golden import Problem
 from compare.registry import Availability, Prepared
 from torch_impl import device as dev
@@ -18,17 +20,19 @@ class TritonFusedBackend:
     name = "torch-triton-fused"
 
     def availability(self) -> Availability:
-        return dev.triton_availability()  # type: ignore[no-any-return]
+        return dev.triton_availability()
 
     def prepare(self, problem: Problem, mode: str) -> Prepared:
         avail = dev.require_triton_geglu(self.name, problem.case.model)
-        from torch_impl.ops.geglu_matmul import fused_geglu, triton_linear
+        from torch_impl.ops.geglu_matmul import fused_glu, triton_linear
 
+        act = GLU_ACTIVATIONS[problem.case.model]
         m = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+        w = dict(m.named_parameters())  # gate_proj/up_proj [hidden, dim], down_proj [dim, hidden]
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            h = fused_geglu(x, m.gate_proj.weight, m.up_proj.weight)  # [..., hidden]; g, u stay in registers
-            return triton_linear(h, m.down_proj.weight)  # [..., dim]
+            h = fused_glu(x, w["gate_proj.weight"], w["up_proj.weight"], act)  # [..., hidden]; g, u stay in registers
+            return triton_linear(h, w["down_proj.weight"])  # [..., dim]
 
         note = "down projection: Triton GEMM"
         return runner.prepare(problem, mode, m, forward, timed=avail.timed,

@@ -1,13 +1,17 @@
-"""Elementwise GeGLU step as hand-written Triton kernels.
+"""Elementwise gated-MLP step (GeGLU, SwiGLU) as hand-written Triton kernels.
 
-The GeGLU MLP block is ``y = down(gelu_tanh(gate(x)) * up(x))``. This module implements
-only the elementwise middle step ``h = gelu_tanh(g) * u`` (forward) and its backward, on
-flattened contiguous tensors of any shape:
+The gated MLP block is ``y = down(act(gate(x)) * up(x))`` with ``act`` the tanh-form GELU (GeGLU) or SiLU
+(SwiGLU). This module implements only the elementwise middle step ``h = act(g) * u`` (forward) and its backward,
+on flattened contiguous tensors of any shape; ``act`` is ``"gelu_tanh"`` (the default) or ``"silu"``, passed to the
+kernels as their compile-time ``ACT``:
 
-* :func:`geglu_forward` ``(g, u) -> h``
-* :func:`geglu_backward` ``(dh, g, u) -> (dg, du)``
-* :class:`GeGLUFunction` / :func:`geglu` -- autograd wrapper that saves ``g`` and ``u`` only
-  and recomputes ``gelu(g)`` and ``gelu'(g)`` in the backward kernel.
+* :func:`glu_forward` ``(g, u, act) -> h``
+* :func:`glu_backward` ``(dh, g, u, act) -> (dg, du)``
+* :class:`GLUFunction` / :func:`glu` -- autograd wrapper that saves ``g`` and ``u`` only
+  and recomputes ``act(g)`` and ``act'(g)`` in the backward kernel.
+
+The GeGLU names (``geglu_forward``, ``geglu_backward``, ``GeGLUFunction``, ``geglu``) are the same functions
+(default ``act="gelu_tanh"``), kept for their callers.
 
 The ``@triton.jit`` kernels themselves live in :mod:`torch_impl.ops.geglu_kernels` (no torch import there, so
 JAX launches the same kernels through jax-triton); this module launches them on torch tensors.
@@ -15,7 +19,7 @@ JAX launches the same kernels through jax-triton); this module launches them on 
 All math runs in float32 inside the kernels; results are cast back to the input dtype.
 GELU uses the tanh form ``0.5 * g * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3)))``, with
 ``tanh(z)`` computed as ``2 * sigmoid(2z) - 1`` because libdevice ``tanh`` does not run under
-the Triton CPU interpreter.
+the Triton CPU interpreter; SiLU is ``s * sigmoid(s)``.
 """
 
 from __future__ import annotations
@@ -25,18 +29,25 @@ import triton
 
 from ._launch import launch
 from ._triton_env import interpreted
-from .geglu_kernels import BLOCK_SIZE, EXACT_BF16_CAST, FP_FUSION, INTERPRETED, NUM_WARPS
+from .geglu_kernels import ACTIVATIONS, BLOCK_SIZE, EXACT_BF16_CAST, FP_FUSION, INTERPRETED, NUM_WARPS
+from .geglu_kernels import activation as activation
 from .geglu_kernels import cast_out as cast_out
 from .geglu_kernels import geglu_bwd_kernel as _geglu_bwd_kernel
 from .geglu_kernels import geglu_fwd_kernel as _geglu_fwd_kernel
 from .geglu_kernels import gelu_tanh as gelu_tanh
 
 __all__ = [
+    "ACTIVATIONS",
     "SUPPORTED_DTYPES",
+    "GLUFunction",
     "GeGLUFunction",
+    "check_act",
     "geglu",
     "geglu_backward",
     "geglu_forward",
+    "glu",
+    "glu_backward",
+    "glu_forward",
     "interpreted",
 ]
 
@@ -46,8 +57,15 @@ SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torc
 # or GPU) live in the torch-free torch_impl.ops.geglu_kernels, which JAX launches too; this module adds the torch
 # launch on tensors and autograd.
 _INTERPRET: bool = INTERPRETED
-# cast_out and gelu_tanh are imported above `as` themselves: re-exported for torch_impl.ops.geglu_matmul.
+# activation, cast_out and gelu_tanh are imported above `as` themselves: re-exported for torch_impl.ops.geglu_matmul.
 _LAUNCH_OPTS: dict = {"num_warps": NUM_WARPS, "enable_fp_fusion": FP_FUSION}
+
+
+def check_act(act: str) -> str:
+    """Return ``act`` if it is one of :data:`ACTIVATIONS`; else raise ValueError listing them."""
+    if act not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {act!r}; known: {', '.join(ACTIVATIONS)}")
+    return act
 
 
 def _check_same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
@@ -81,18 +99,20 @@ def _grid(n: int) -> tuple[int]:
     return (triton.cdiv(n, BLOCK_SIZE),)
 
 
-def geglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """h = gelu_tanh(g) * u, elementwise, in one Triton pass.
+def glu_forward(g: torch.Tensor, u: torch.Tensor, act: str = "gelu_tanh") -> torch.Tensor:
+    """h = act(g) * u, elementwise, in one Triton pass.
 
     Args:
         g: gate pre-activation, any shape ``S``, float32/bfloat16/float16.
         u: up projection, shape ``S``, same dtype and device as ``g``.
+        act: ``"gelu_tanh"`` (GeGLU) or ``"silu"`` (SwiGLU): the kernel's compile-time ``ACT``.
 
     Returns:
         h: shape ``S``, contiguous, dtype of the inputs (math in fp32).
 
     Bytes moved: ``3 * numel * itemsize`` (read g, read u, write h).
     """
+    check_act(act)
     _check_same(("g", "u"), (g, u))
     g_c, u_c = g.contiguous(), u.contiguous()
     h = torch.empty_like(g_c)
@@ -100,25 +120,31 @@ def geglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     if n == 0:
         return h
     with launch("_geglu_fwd_kernel"):
-        _geglu_fwd_kernel[_grid(n)](g_c, u_c, h, n, BLOCK=BLOCK_SIZE, EXACT_BF16=EXACT_BF16_CAST, **_LAUNCH_OPTS)
+        _geglu_fwd_kernel[_grid(n)](
+            g_c, u_c, h, n, BLOCK=BLOCK_SIZE, EXACT_BF16=EXACT_BF16_CAST, ACT=act, **_LAUNCH_OPTS
+        )
     return h
 
 
-def geglu_backward(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Backward of h = gelu_tanh(g) * u in one Triton pass, recomputing gelu(g) from g.
+def glu_backward(
+    dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, act: str = "gelu_tanh"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of h = act(g) * u in one Triton pass, recomputing act(g) from g.
 
     Args:
         dh: upstream gradient, shape ``S``.
         g: gate pre-activation saved by the forward, shape ``S``.
         u: up projection saved by the forward, shape ``S``.
         All three share dtype (float32/bfloat16/float16) and device.
+        act: ``"gelu_tanh"`` or ``"silu"``, as in the forward.
 
     Returns:
-        ``(dg, du)``, each shape ``S`` in the input dtype, with ``du = dh * gelu_tanh(g)`` and
-        ``dg = dh * u * gelu_tanh'(g)`` (tanh-form derivative, fp32 math).
+        ``(dg, du)``, each shape ``S`` in the input dtype, with ``du = dh * act(g)`` and
+        ``dg = dh * u * act'(g)`` (for GELU the tanh-form derivative; fp32 math).
 
     Bytes moved: ``5 * numel * itemsize`` (read dh, g, u; write dg, du).
     """
+    check_act(act)
     _check_same(("dh", "g", "u"), (dh, g, u))
     dh_c, g_c, u_c = dh.contiguous(), g.contiguous(), u.contiguous()
     dg = torch.empty_like(g_c)
@@ -128,29 +154,38 @@ def geglu_backward(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor) -> tuple[
         return dg, du
     with launch("_geglu_bwd_kernel"):
         _geglu_bwd_kernel[_grid(n)](
-            dh_c, g_c, u_c, dg, du, n, BLOCK=BLOCK_SIZE, EXACT_BF16=EXACT_BF16_CAST, **_LAUNCH_OPTS
+            dh_c, g_c, u_c, dg, du, n, BLOCK=BLOCK_SIZE, EXACT_BF16=EXACT_BF16_CAST, ACT=act, **_LAUNCH_OPTS
         )
     return dg, du
 
 
-class GeGLUFunction(torch.autograd.Function):
-    """Autograd wrapper: forward runs :func:`geglu_forward`, backward :func:`geglu_backward`.
+class GLUFunction(torch.autograd.Function):
+    """Autograd wrapper: forward runs :func:`glu_forward`, backward :func:`glu_backward`, with one activation.
 
-    Saves only ``g`` and ``u`` (never ``gelu(g)``); the backward kernel recomputes it.
+    Saves only ``g`` and ``u`` (never ``act(g)``); the backward kernel recomputes it.
     """
 
     @staticmethod
-    def forward(ctx, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        h = geglu_forward(g, u)
+    def forward(ctx, g: torch.Tensor, u: torch.Tensor, act: str = "gelu_tanh") -> torch.Tensor:
+        h = glu_forward(g, u, act)
         ctx.save_for_backward(g, u)
+        ctx.act = act
         return h
 
     @staticmethod
-    def backward(ctx, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def backward(ctx, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         g, u = ctx.saved_tensors
-        return geglu_backward(dh.to(g.dtype), g, u)
+        dg, du = glu_backward(dh.to(g.dtype), g, u, ctx.act)
+        return dg, du, None
 
 
-def geglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Differentiable h = gelu_tanh(g) * u (shape of ``g``) via :class:`GeGLUFunction`."""
-    return GeGLUFunction.apply(g, u)
+def glu(g: torch.Tensor, u: torch.Tensor, act: str = "gelu_tanh") -> torch.Tensor:
+    """Differentiable h = act(g) * u (shape of ``g``) via :class:`GLUFunction`."""
+    return GLUFunction.apply(g, u, act)
+
+
+# The GeGLU names: the same functions with their default activation, gelu_tanh.
+geglu_forward = glu_forward
+geglu_backward = glu_backward
+GeGLUFunction = GLUFunction
+geglu = glu

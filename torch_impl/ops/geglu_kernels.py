@@ -1,4 +1,5 @@
-"""The Triton GeGLU elementwise kernels, free of torch: ``h = gelu_tanh(g) * u`` and its backward.
+"""The Triton gated-MLP elementwise kernels, free of torch: ``h = act(g) * u`` and its backward, with the activation
+a compile-time parameter: ``ACT = "gelu_tanh"`` (GeGLU) or ``"silu"`` (SwiGLU).
 
 This module imports only ``triton``, ``triton.language`` and :mod:`._triton_env`, so a framework other than
 PyTorch can launch the very same ``@triton.jit`` functions: :mod:`torch_impl.ops.geglu` launches them on torch
@@ -7,17 +8,24 @@ tensors (``kernel[grid](...)``), ``jax_impl.backends.triton`` on JAX arrays thro
 Kernels (1-D grid of ``cdiv(n_elements, BLOCK)`` programs over flattened, contiguous, row-major buffers of any
 shape ``S``; ``n_elements = prod(S)``; float32/bfloat16/float16, all math in fp32, one rounding on the store):
 
-* :data:`geglu_fwd_kernel` ``(g_ptr, u_ptr, h_ptr, n_elements, BLOCK, EXACT_BF16)``: reads ``g, u: S``,
+* :data:`geglu_fwd_kernel` ``(g_ptr, u_ptr, h_ptr, n_elements, BLOCK, EXACT_BF16, ACT)``: reads ``g, u: S``,
   writes ``h: S``;
-* :data:`geglu_bwd_kernel` ``(dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_elements, BLOCK, EXACT_BF16)``: reads
-  ``dh, g, u: S``, writes ``dg, du: S``, recomputing ``gelu(g)`` and ``gelu'(g)`` from ``g``.
+* :data:`geglu_bwd_kernel` ``(dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_elements, BLOCK, EXACT_BF16, ACT)``: reads
+  ``dh, g, u: S``, writes ``dg, du: S``, recomputing ``act(g)`` and ``act'(g)`` from ``g``.
+
+The kernels keep their GeGLU names (``_geglu_fwd_kernel``, ``_geglu_bwd_kernel``): they are the names profiler
+traces and the GPU build table (``reports/gpu-build``) know them by. One kernel per direction serves both
+activations: ``ACT`` is a ``tl.constexpr``, so each value compiles to its own specialisation with the other branch
+compiled out. :func:`activation` and :func:`activation_and_grad` are the shared fp32 math (the fused GEMM's
+epilogue in ``geglu_matmul.py`` uses :func:`activation` too); :data:`ACTIVATIONS` lists the values.
 
 Output pointers come before ``n_elements``. jax-triton appends the output buffers after every positional
-argument, so it passes ``n_elements`` (like ``BLOCK`` and ``EXACT_BF16``) by keyword, as a compile-time
+argument, so it passes ``n_elements`` (like ``BLOCK``, ``EXACT_BF16`` and ``ACT``) by keyword, as a compile-time
 constant; torch passes it as a runtime scalar. The generated code is the same up to that specialisation.
 
 GELU uses the tanh form ``0.5 * g * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3)))``, with ``tanh(z)`` computed as
-``2 * sigmoid(2z) - 1`` because libdevice ``tanh`` does not run under the Triton CPU interpreter.
+``2 * sigmoid(2z) - 1`` because libdevice ``tanh`` does not run under the Triton CPU interpreter. SiLU is
+``s * sigmoid(s)`` with ``sigmoid`` evaluated through ``exp(-|s|)`` (never overflows, also under the interpreter).
 
 Whether the kernels are compiled GPU kernels or interpreted (``TRITON_INTERPRET=1``) is decided when this module
 is imported (see :mod:`._triton_env`); the launch constants below follow that decision.
@@ -31,11 +39,14 @@ import triton.language as tl
 from ._triton_env import FP_FUSION, interpreted
 
 __all__ = [
+    "ACTIVATIONS",
     "BLOCK_SIZE",
     "EXACT_BF16_CAST",
     "FP_FUSION",
     "INTERPRETED",
     "NUM_WARPS",
+    "activation",
+    "activation_and_grad",
     "cast_out",
     "geglu_bwd_kernel",
     "geglu_fwd_kernel",
@@ -54,6 +65,8 @@ NUM_WARPS: int = 4
 # The interpreter's fp32 -> bf16 `.to()` truncates toward zero (up to 1 ulp error) where the GPU rounds to nearest
 # even; when interpreting, the kernels round to bf16 by hand (see cast_out).
 EXACT_BF16_CAST: bool = INTERPRETED
+#: The values of the kernels' ``ACT`` constexpr: GeGLU's tanh-form GELU and SwiGLU's SiLU.
+ACTIVATIONS: tuple[str, ...] = ("gelu_tanh", "silu")
 
 
 # Constants below are written as literals inside the kernels: sqrt(2/pi) = 0.7978845608028654,
@@ -107,6 +120,48 @@ def _gelu_tanh_and_grad(g):
 
 
 @triton.jit
+def _sigmoid_pair(s):
+    """(sigmoid(s), sigmoid(-s)) for an fp32 block through e = exp(-|s|) in (0, 1]: never overflows (tl.sigmoid's
+    exp(-s) does past |s| ~ 88, an inf and a numpy warning under the interpreter), and sigmoid(-s) = 1 - sigmoid(s)
+    comes without the subtraction's cancellation. 1 exp + ~5 FLOPs."""
+    e = tl.exp(-tl.abs(s))
+    r = 1.0 / (1.0 + e)
+    er = e * r
+    return tl.where(s >= 0, r, er), tl.where(s >= 0, er, r)
+
+
+@triton.jit
+def _silu_and_grad(s):
+    """Return (silu(s), d silu / ds) for an fp32 block: silu = s * sigmoid(s) (1 FLOP on the pair),
+    silu' = sigmoid(s) * (1 + s * sigmoid(-s)) (3 FLOPs)."""
+    sig, sig_neg = _sigmoid_pair(s)
+    return s * sig, sig * (1.0 + s * sig_neg)
+
+
+@triton.jit
+def activation(g, ACT: tl.constexpr):
+    """act(g) for an fp32 block: ``gelu_tanh`` or ``silu`` (compile-time choice; an unknown name fails to compile)."""
+    if ACT == "silu":
+        sig, _ = _sigmoid_pair(g)
+        out = g * sig
+    else:
+        tl.static_assert(ACT == "gelu_tanh", "ACT must be 'gelu_tanh' or 'silu'")
+        out = gelu_tanh(g)
+    return out
+
+
+@triton.jit
+def activation_and_grad(g, ACT: tl.constexpr):
+    """(act(g), act'(g)) for an fp32 block, sharing the transcendental evaluation (compile-time choice of ACT)."""
+    if ACT == "silu":
+        out, grad = _silu_and_grad(g)
+    else:
+        tl.static_assert(ACT == "gelu_tanh", "ACT must be 'gelu_tanh' or 'silu'")
+        out, grad = _gelu_tanh_and_grad(g)
+    return out, grad
+
+
+@triton.jit
 def cast_out(x, dtype: tl.constexpr, EXACT_BF16: tl.constexpr):
     """Cast an fp32 block to ``dtype`` with round-to-nearest-even.
 
@@ -126,34 +181,39 @@ def cast_out(x, dtype: tl.constexpr, EXACT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _geglu_fwd_kernel(g_ptr, u_ptr, h_ptr, n_elements, BLOCK: tl.constexpr, EXACT_BF16: tl.constexpr):
+def _geglu_fwd_kernel(
+    g_ptr, u_ptr, h_ptr, n_elements, BLOCK: tl.constexpr, EXACT_BF16: tl.constexpr, ACT: tl.constexpr
+):
     # Traffic: reads g and u once, writes h once -> 3 * numel * itemsize bytes; no
-    # intermediate (gelu(g)) ever reaches memory. ~12 FLOPs + 1 exp per element.
+    # intermediate (act(g)) ever reaches memory. Per element: gelu_tanh ~12 FLOPs + 1 exp,
+    # silu ~7 FLOPs + 1 exp (with the mul).
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: safe past 2**31 elements
     mask = offs < n_elements  # masked tail: numel need not be a multiple of BLOCK
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    h = gelu_tanh(g) * u
+    h = activation(g, ACT) * u
     tl.store(h_ptr + offs, cast_out(h, h_ptr.dtype.element_ty, EXACT_BF16), mask=mask)
 
 
 @triton.jit
 def _geglu_bwd_kernel(
-    dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_elements, BLOCK: tl.constexpr, EXACT_BF16: tl.constexpr
-):
-    # Traffic: reads dh, g, u and writes dg, du -> 5 * numel * itemsize bytes. gelu(g) is
+    dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_elements,
+    BLOCK: tl.constexpr, EXACT_BF16: tl.constexpr, ACT: tl.constexpr,
+):  # fmt: skip
+    # Traffic: reads dh, g, u and writes dg, du -> 5 * numel * itemsize bytes. act(g) is
     # recomputed from g instead of being saved by the forward (saves numel * itemsize of
-    # activation memory and one read). ~25 FLOPs + 2 exps per element.
+    # activation memory and one read). Per element: gelu_tanh ~25 FLOPs + 2 exps, silu
+    # ~12 FLOPs + 1 exp.
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_elements
     dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    gelu, dgelu = _gelu_tanh_and_grad(g)  # recomputed from g, tanh-form derivative
-    du = dh * gelu
-    dg = dh * u * dgelu
+    act, dact = activation_and_grad(g, ACT)  # recomputed from g
+    du = dh * act
+    dg = dh * u * dact
     tl.store(dg_ptr + offs, cast_out(dg, dg_ptr.dtype.element_ty, EXACT_BF16), mask=mask)
     tl.store(du_ptr + offs, cast_out(du, du_ptr.dtype.element_ty, EXACT_BF16), mask=mask)
 

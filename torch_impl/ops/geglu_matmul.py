@@ -1,21 +1,28 @@
-"""Fused gate/up GEMM with a GeGLU epilogue, plus a plain GEMM, as hand-written Triton kernels.
+"""Fused gate/up GEMM with a gated-activation epilogue (GeGLU, SwiGLU), plus a plain GEMM, as hand-written Triton
+kernels.
 
-For the GeGLU MLP block ``y = down(gelu_tanh(gate(x)) * up(x))`` (bias-free linears, torch
-weight layout ``(out, in)``) this module provides:
+For the gated MLP block ``y = down(act(gate(x)) * up(x))`` (bias-free linears, torch weight layout ``(out, in)``;
+``act`` = ``"gelu_tanh"`` for GeGLU or ``"silu"`` for SwiGLU, the kernel's compile-time ``ACT``, the same
+constexpr as the elementwise kernels') this module provides:
 
-* :func:`geglu_matmul` ``(x [M, K], w_gate [N, K], w_up [N, K]) -> h [M, N]`` -- both
+* :func:`glu_matmul` ``(x [M, K], w_gate [N, K], w_up [N, K], act) -> h [M, N]`` -- both
   projections computed tile by tile from the same loaded ``x`` tile into two fp32
-  accumulators; GeGLU is applied in the epilogue and only ``h`` is written. ``g`` and ``u``
+  accumulators; ``act(g) * u`` is applied in the epilogue and only ``h`` is written. ``g`` and ``u``
   never reach memory.
 * :func:`matmul` ``(a [M, K], b [N, K]) -> a @ b.T [M, N]`` -- plain GEMM with the same tiling
   rules, used for the down projection.
-* :class:`GeGLUMatmulFunction` / :func:`fused_geglu` -- autograd wrapper around the fused
+* :class:`GLUMatmulFunction` / :func:`fused_glu` -- autograd wrapper around the fused
   kernel; the backward recomputes ``g`` and ``u`` with torch matmuls and uses the Triton
-  elementwise :func:`~torch_impl.ops.geglu.geglu_backward` kernel.
+  elementwise :func:`~torch_impl.ops.geglu.glu_backward` kernel with the same activation.
+
+The GeGLU names (``geglu_matmul``, ``GeGLUMatmulFunction``, ``fused_geglu``) are the same functions (default
+``act="gelu_tanh"``), kept for their callers; the kernel keeps its name ``_geglu_matmul_kernel`` (profiler traces,
+the GPU build table).
 
 Cost model of the fused forward (``s`` = itemsize, tiles ``BM x BN``, no cache reuse assumed):
 
-* FLOPs: ``2 * (2 * M * N * K)`` for the two products plus ~12 per output element for GeGLU.
+* FLOPs: ``2 * (2 * M * N * K)`` for the two products plus, per output element, ~12 for GeGLU's epilogue or ~7
+  for SwiGLU's (with 1 exp each).
 * Bytes: ``x`` is read once per N-tile (``M * K * s * ceil(N / BN)``), each weight once per
   M-tile (``2 * N * K * s * ceil(M / BM)``), and ``h`` is written once (``M * N * s``).
   Unfused (two GEMMs, then an elementwise kernel) additionally writes ``g`` and ``u`` and reads
@@ -37,13 +44,16 @@ import triton.language as tl
 
 from ._launch import launch
 from ._triton_env import FP_FUSION, interpreted
-from .geglu import EXACT_BF16_CAST, SUPPORTED_DTYPES, cast_out, geglu_backward, gelu_tanh
+from .geglu import EXACT_BF16_CAST, SUPPORTED_DTYPES, activation, cast_out, check_act, glu_backward
 
 __all__ = [
+    "GLUMatmulFunction",
     "GeGLUMatmulFunction",
     "LinearFunction",
     "fused_geglu",
+    "fused_glu",
     "geglu_matmul",
+    "glu_matmul",
     "matmul",
     "triton_linear",
 ]
@@ -148,7 +158,7 @@ def _geglu_matmul_kernel(
     stride_wun, stride_wuk,
     stride_hm, stride_hn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr, EXACT_BF16: tl.constexpr,
+    UPCAST: tl.constexpr, EXACT_BF16: tl.constexpr, ACT: tl.constexpr,
 ):  # fmt: skip
     # One program = one [BLOCK_M, BLOCK_N] tile of h. Per K-step it loads one x tile
     # [BM, BK] and feeds it to BOTH dots (x is read once per N-tile, not twice), plus one
@@ -182,8 +192,8 @@ def _geglu_matmul_kernel(
         wg_ptrs += BLOCK_K * stride_wgk
         wu_ptrs += BLOCK_K * stride_wuk
 
-    # Epilogue on the fp32 accumulators: h = gelu_tanh(g) * u; only h is stored.
-    h = gelu_tanh(acc_g) * acc_u
+    # Epilogue on the fp32 accumulators: h = act(g) * u (ACT: gelu_tanh or silu); only h is stored.
+    h = activation(acc_g, ACT) * acc_u
     h_ptrs = h_ptr + offs_m[:, None] * stride_hm + offs_n[None, :] * stride_hn
     h = cast_out(h, h_ptr.dtype.element_ty, EXACT_BF16)
     tl.store(h_ptrs, h, mask=mask_m[:, None] & mask_n[None, :])
@@ -306,20 +316,22 @@ def _launch_kwargs(dtype: torch.dtype, M: int, N: int, K: int) -> dict:
     return kw
 
 
-def geglu_matmul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
-    """h = gelu_tanh(x @ w_gate.T) * (x @ w_up.T) in one fused Triton GEMM (no autograd).
+def glu_matmul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, act: str = "gelu_tanh") -> torch.Tensor:
+    """h = act(x @ w_gate.T) * (x @ w_up.T) in one fused Triton GEMM (no autograd).
 
     Args:
         x: activations ``[M, K]`` (leading batch dims ``[..., K]`` are flattened into M).
         w_gate: gate weight ``[N, K]`` (torch ``(out, in)`` layout).
         w_up: up weight ``[N, K]``.
         All share dtype (float32/bfloat16/float16) and device; any strides.
+        act: ``"gelu_tanh"`` (GeGLU) or ``"silu"`` (SwiGLU), the kernel's compile-time ``ACT``.
 
     Returns:
-        h: ``[M, N]`` (or ``[..., N]``) in x's dtype; accumulation and GeGLU math in fp32.
+        h: ``[M, N]`` (or ``[..., N]``) in x's dtype; accumulation and activation math in fp32.
 
     Work: ``4 * M * N * K`` FLOPs; writes only h (``M * N * itemsize`` bytes).
     """
+    check_act(act)
     _check_gemm("x", x, ("w_gate", "w_up"), (w_gate, w_up), "h")
     lead, K = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(math.prod(lead), K)
@@ -334,6 +346,7 @@ def geglu_matmul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> t
                 w_gate.stride(0), w_gate.stride(1),
                 w_up.stride(0), w_up.stride(1),
                 h.stride(0), h.stride(1),
+                ACT=act,
                 **_launch_kwargs(x.dtype, M, N, K),
             )  # fmt: skip
     return h.reshape(*lead, N)
@@ -369,53 +382,64 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return c.reshape(*lead, N)
 
 
-class GeGLUMatmulFunction(torch.autograd.Function):
-    """Autograd for h = gelu_tanh(x @ w_gate.T) * (x @ w_up.T) with x ``[M, K]``, weights ``[N, K]``.
+class GLUMatmulFunction(torch.autograd.Function):
+    """Autograd for h = act(x @ w_gate.T) * (x @ w_up.T) with x ``[M, K]``, weights ``[N, K]``.
 
     Forward: the fused Triton kernel; saves x, w_gate, w_up only (no ``[M, N]`` activations).
     Backward (recompute): ``g = x @ w_gate.T`` and ``u = x @ w_up.T`` are recomputed with torch
     matmuls (``4 * M * N * K`` extra FLOPs instead of storing ``2 * M * N`` activations), then
-    the Triton :func:`geglu_backward` kernel gives dg, du, and
+    the Triton :func:`~torch_impl.ops.geglu.glu_backward` kernel (same ``act``) gives dg, du, and
     ``dx = dg @ w_gate + du @ w_up``, ``dW_gate = dg.T @ x``, ``dW_up = du.T @ x``.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(
+        ctx, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, act: str = "gelu_tanh"
+    ) -> torch.Tensor:
         if x.dim() != 2:
             raise ValueError(
-                f"GeGLUMatmulFunction expects x of shape [M, K]; got {tuple(x.shape)} (use fused_geglu)"
+                f"GLUMatmulFunction expects x of shape [M, K]; got {tuple(x.shape)} (use fused_glu)"
             )
-        h = geglu_matmul(x, w_gate, w_up)
+        h = glu_matmul(x, w_gate, w_up, act)
         ctx.save_for_backward(x, w_gate, w_up)
+        ctx.act = act
         return h
 
     @staticmethod
-    def backward(ctx, dh: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, dh: torch.Tensor):
         x, w_gate, w_up = ctx.saved_tensors
         need_x, need_wg, need_wu = ctx.needs_input_grad[:3]
         g = x @ w_gate.T  # recompute [M, N]
         u = x @ w_up.T  # recompute [M, N]
-        dg, du = geglu_backward(dh.to(x.dtype).contiguous(), g, u)
+        dg, du = glu_backward(dh.to(x.dtype).contiguous(), g, u, ctx.act)
         dx = torch.addmm(dg @ w_gate, du, w_up) if need_x else None  # [M, K]
         dw_gate = dg.T @ x if need_wg else None  # [N, K]
         dw_up = du.T @ x if need_wu else None  # [N, K]
-        return dx, dw_gate, dw_up
+        return dx, dw_gate, dw_up, None
 
 
-def fused_geglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
-    """Differentiable h = gelu_tanh(x @ w_gate.T) * (x @ w_up.T) via :class:`GeGLUMatmulFunction`.
+def fused_glu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, act: str = "gelu_tanh") -> torch.Tensor:
+    """Differentiable h = act(x @ w_gate.T) * (x @ w_up.T) via :class:`GLUMatmulFunction`.
 
     Args:
         x: ``[..., K]``; leading dims are flattened to M for the kernel and restored after.
         w_gate, w_up: ``[N, K]``.
+        act: ``"gelu_tanh"`` (GeGLU) or ``"silu"`` (SwiGLU).
 
     Returns:
         h: ``[..., N]`` in x's dtype.
     """
+    check_act(act)
     _check_gemm("x", x, ("w_gate", "w_up"), (w_gate, w_up), "h")
     lead, K = x.shape[:-1], x.shape[-1]
-    h = GeGLUMatmulFunction.apply(x.reshape(math.prod(lead), K), w_gate, w_up)
+    h = GLUMatmulFunction.apply(x.reshape(math.prod(lead), K), w_gate, w_up, act)
     return h.reshape(*lead, w_gate.shape[0])
+
+
+# The GeGLU names: the same functions with their default activation, gelu_tanh.
+geglu_matmul = glu_matmul
+GeGLUMatmulFunction = GLUMatmulFunction
+fused_geglu = fused_glu
 
 
 class LinearFunction(torch.autograd.Function):
@@ -426,12 +450,12 @@ class LinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, w)
         return matmul(x, w)
 
     @staticmethod
-    def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, dy: torch.Tensor):
         x, w = ctx.saved_tensors
         dx = matmul(dy, w.T) if ctx.needs_input_grad[0] else None  # [M, K]
         dw = matmul(dy.T, x.T) if ctx.needs_input_grad[1] else None  # [N, K]
