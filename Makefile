@@ -21,6 +21,7 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
 test: setup lint test-triton36

@@ -50,8 +50,14 @@ __all__ = [
 ]
 
 
-def run_cases(cases: Iterable[Case], backends: Iterable[str], modes: Iterable[str] = ("fwd",),
-              budget_s: float = 1.0, ceilings: bool = False, profile: bool = False) -> dict[str, Any]:
+def run_cases(
+    cases: Iterable[Case],
+    backends: Iterable[str],
+    modes: Iterable[str] = ("fwd",),
+    budget_s: float = 1.0,
+    ceilings: bool = False,
+    profile: bool = False,
+) -> dict[str, Any]:
     """Run each backend (by registry name) on each case in each mode: parity against the float64 golden, then
     timing through the shared timer. Returns the results document (``results.json``'s content): one result per
     (backend, case, mode) with ``parity`` (every tensor: ``y [batch, seq, out]`` and, in ``bwd`` modes, ``dx`` and

@@ -77,8 +77,13 @@ def cmd_run(a: argparse.Namespace) -> int:
     preflight.check_golden(cases)
     out = preflight.prepare_out_dir(Path(a.out))
     cfg = harness.TimingConfig(budget_s=a.budget)
-    config = {"command": "python -m compare " + shlex.join(a.argv), "preset": a.preset, "backends": a.backend,
-              "dtypes": a.dtype, "modes": modes}
+    config = {
+        "command": "python -m compare " + shlex.join(a.argv),
+        "preset": a.preset,
+        "backends": a.backend,
+        "dtypes": a.dtype,
+        "modes": modes,
+    }
     with preflight.lock_folder(out), exitcodes.terminate_as_interrupt():
         doc = _measure(a, cases, specs, modes, cfg, config, out)
     build = _gpu_build_table(Path(a.gpu_build)) if a.gpu_build else None
@@ -92,28 +97,48 @@ def cmd_run(a: argparse.Namespace) -> int:
     results.write_json(out / "results.json", doc)
     write_text_atomic(out / "REPORT.md", report.render(doc))
     if interrupted:
-        print(f"interrupted: saved {len(doc['results'])} finished cells to {out / 'results.json'} and "
-              f"{out / 'REPORT.md'}", file=sys.stderr)
+        print(
+            f"interrupted: saved {len(doc['results'])} finished cells to {out / 'results.json'} and "
+            f"{out / 'REPORT.md'}",
+            file=sys.stderr,
+        )
         return exitcodes.INTERRUPTED
     print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'} ({report.summary(doc['results'])})")
     ok = all(r["status"] in ("ok", "skipped") for r in doc["results"])
     return exitcodes.OK if ok else exitcodes.FINDING
 
 
-def _measure(a: argparse.Namespace, cases: list[Case], specs: list[Any], modes: list[str],
-             cfg: harness.TimingConfig, config: dict[str, Any], out: Path) -> dict[str, Any]:
+def _measure(
+    a: argparse.Namespace,
+    cases: list[Case],
+    specs: list[Any],
+    modes: list[str],
+    cfg: harness.TimingConfig,
+    config: dict[str, Any],
+    out: Path,
+) -> dict[str, Any]:
     """The measurements of ``run``: the harness, then the shape sweep unless the harness was interrupted.
 
     ``harness.run`` returns the finished results with ``doc["interrupted"] = True`` when interrupted; an interrupt
     during the shape sweep keeps the harness's results and drops the sweep's.
     """
     with Display(len(cases) * len(modes) * len(specs), progress_level(a), title="run") as display:
-        doc = harness.run(cases, specs, modes, cfg, config, progress=display, profile=a.profile or a.trace,
-                          trace_dir=out / "traces" if a.trace else None, ceilings=not a.no_ceilings)
+        doc = harness.run(
+            cases,
+            specs,
+            modes,
+            cfg,
+            config,
+            progress=display,
+            profile=a.profile or a.trace,
+            trace_dir=out / "traces" if a.trace else None,
+            ceilings=not a.no_ceilings,
+        )
         if a.shape_sweep and not doc.get("interrupted"):
             try:
-                doc["shape_sweep"] = shapes.run_shape_sweep(cases, a.shape_sweep, a.budget,
-                                                            lambda s: display.message(s, important=True))
+                doc["shape_sweep"] = shapes.run_shape_sweep(
+                    cases, a.shape_sweep, a.budget, lambda s: display.message(s, important=True)
+                )
             except KeyboardInterrupt:
                 doc["interrupted"] = True
     return doc
@@ -155,28 +180,46 @@ def _add_run_args(r: argparse.ArgumentParser) -> None:
         r.add_argument(f"--{dim}", type=int, help=f"override the preset's {dim}")
     add_grid_args(r, budget_help="seconds of timed samples per backend and mode")
     r.add_argument("--out", default="out", help="output folder (default: out)")
-    r.add_argument("--no-ceilings", action="store_true",
-                   help="skip measuring this machine's matmul FLOP/s and copy bandwidth (roofline columns)")
-    r.add_argument("--shape-sweep", nargs="+", type=int, metavar="TOKENS",
-                   help="also sweep these token counts through one compiled function per backend (compile cost)")
+    r.add_argument(
+        "--no-ceilings",
+        action="store_true",
+        help="skip measuring this machine's matmul FLOP/s and copy bandwidth (roofline columns)",
+    )
+    r.add_argument(
+        "--shape-sweep",
+        nargs="+",
+        type=int,
+        metavar="TOKENS",
+        help="also sweep these token counts through one compiled function per backend (compile cost)",
+    )
     r.add_argument("--no-plots", action="store_true", help="do not render PNG plots (matplotlib)")
-    r.add_argument("--gpu-build", default="reports/gpu-build", metavar="DIR",
-                   help="include DIR/gpu_build.json (`python -m compare gpu-build`) in the report when it exists "
-                        "(default: %(default)s; '' to leave it out)")
+    r.add_argument(
+        "--gpu-build",
+        default="reports/gpu-build",
+        metavar="DIR",
+        help="include DIR/gpu_build.json (`python -m compare gpu-build`) in the report when it exists "
+        "(default: %(default)s; '' to leave it out)",
+    )
     r.add_argument("--profile", action="store_true", help="count kernels and fusions per step (profiler / HLO)")
-    r.add_argument("--trace", action="store_true",
-                   help="also write a Chrome/Perfetto trace per backend (implies --profile)")
+    r.add_argument(
+        "--trace", action="store_true", help="also write a Chrome/Perfetto trace per backend (implies --profile)"
+    )
 
 
 def _sub(sub: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(name, epilog=exitcodes.EPILOG,
-                                                formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, epilog=exitcodes.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, **kw
+    )
     return p
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m compare", description=__doc__, epilog=exitcodes.EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m compare",
+        description=__doc__,
+        epilog=exitcodes.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
     _sub(sub, "list", help="presets and backends, with whether each can run here").set_defaults(fn=cmd_list)
     r = _sub(sub, "run", help="run backends on a case; write results.json and REPORT.md")

@@ -98,23 +98,54 @@ def _tensor_shapes(case: Case) -> dict[str, tuple[tuple[int, ...], str]]:
     t, d, h = s.tokens, s.dim, s.hidden
     if case.model == "linear":
         return {
-            "x": ((t, d), "input"), "weight": ((h, d), "weight"), "bias": ((h,), "weight"),
-            "y": ((t, h), "output"), "dy": ((t, h), "input"),
-            "dx": ((t, d), "gradient"), "dweight": ((h, d), "gradient"), "dbias": ((h,), "gradient"),
+            "x": ((t, d), "input"),
+            "weight": ((h, d), "weight"),
+            "bias": ((h,), "weight"),
+            "y": ((t, h), "output"),
+            "dy": ((t, h), "input"),
+            "dx": ((t, d), "gradient"),
+            "dweight": ((h, d), "gradient"),
+            "dbias": ((h,), "gradient"),
         }
     act = ((t, h), "intermediate")
     if case.model == "gelu-mlp":  # f = fc1(x) + b1, a = gelu(f), y = fc2(a) + b2
         return {
-            "x": ((t, d), "input"), "fc1": ((h, d), "weight"), "b1": ((h,), "weight"), "fc2": ((d, h), "weight"),
-            "b2": ((d,), "weight"), "f": act, "a": act, "y": ((t, d), "output"), "dy": ((t, d), "input"),
-            "da": act, "df": act, "dx": ((t, d), "gradient"), "dfc1": ((h, d), "gradient"),
-            "db1": ((h,), "gradient"), "dfc2": ((d, h), "gradient"), "db2": ((d,), "gradient"),
+            "x": ((t, d), "input"),
+            "fc1": ((h, d), "weight"),
+            "b1": ((h,), "weight"),
+            "fc2": ((d, h), "weight"),
+            "b2": ((d,), "weight"),
+            "f": act,
+            "a": act,
+            "y": ((t, d), "output"),
+            "dy": ((t, d), "input"),
+            "da": act,
+            "df": act,
+            "dx": ((t, d), "gradient"),
+            "dfc1": ((h, d), "gradient"),
+            "db1": ((h,), "gradient"),
+            "dfc2": ((d, h), "gradient"),
+            "db2": ((d,), "gradient"),
         }
     return {  # the GLU families (geglu, swiglu): g = gate(x), u = up(x), a = act(g), h = a * u
-        "x": ((t, d), "input"), "gate": ((h, d), "weight"), "up": ((h, d), "weight"), "down": ((d, h), "weight"),
-        "g": act, "u": act, "a": act, "h": act, "y": ((t, d), "output"), "dy": ((t, d), "input"),
-        "dh": act, "da": act, "dg": act, "du": act, "dx_partial": ((t, d), "intermediate"),
-        "dx": ((t, d), "gradient"), "dgate": ((h, d), "gradient"), "dup": ((h, d), "gradient"),
+        "x": ((t, d), "input"),
+        "gate": ((h, d), "weight"),
+        "up": ((h, d), "weight"),
+        "down": ((d, h), "weight"),
+        "g": act,
+        "u": act,
+        "a": act,
+        "h": act,
+        "y": ((t, d), "output"),
+        "dy": ((t, d), "input"),
+        "dh": act,
+        "da": act,
+        "dg": act,
+        "du": act,
+        "dx_partial": ((t, d), "intermediate"),
+        "dx": ((t, d), "gradient"),
+        "dgate": ((h, d), "gradient"),
+        "dup": ((h, d), "gradient"),
         "ddown": ((d, h), "gradient"),
     }
 
@@ -150,35 +181,63 @@ def _glu_kernels(case: Case, plan: str, mode: str) -> list[Kernel]:
     up = Kernel("up GEMM", ("x", "up"), ("u",), up_proj)
     down = Kernel("down GEMM", ("h", "down"), ("y",), down_proj)
     if plan == "eager":
-        fwd = [gate, up, Kernel(f"{act} (g -> a)", ("g",), ("a",), 0, act_flops * th),
-               Kernel("mul (a * u -> h)", ("a", "u"), ("h",), 0, th), down]
+        fwd = [
+            gate,
+            up,
+            Kernel(f"{act} (g -> a)", ("g",), ("a",), 0, act_flops * th),
+            Kernel("mul (a * u -> h)", ("a", "u"), ("h",), 0, th),
+            down,
+        ]
     elif plan == "fused-ew":
         fwd = [gate, up, Kernel(f"fused {act}*mul (g, u -> h)", ("g", "u"), ("h",), 0, (act_flops + 1) * th), down]
     else:
-        fwd = [Kernel(f"fused gate+up GEMM, {family} epilogue (x -> h)", ("x", "gate", "up"), ("h",), 2 * up_proj,
-                      (act_flops + 1) * th), down]
-    bwd = [Kernel("dh GEMM (dy W_down)", ("dy", "down"), ("dh",), down_proj),
-           Kernel("ddown GEMM (dy^T h)", ("dy", "h"), ("ddown",), wgrad)]
-    fused_bwd = Kernel(f"fused {act}*mul backward (dh, g, u -> dg, du)", ("dh", "g", "u"), ("dg", "du"), 0,
-                       (act_flops + act_grad_flops + 2) * th)  # recomputes act(g); du = dh a, dg = dh u a'
+        fwd = [
+            Kernel(
+                f"fused gate+up GEMM, {family} epilogue (x -> h)",
+                ("x", "gate", "up"),
+                ("h",),
+                2 * up_proj,
+                (act_flops + 1) * th,
+            ),
+            down,
+        ]
+    bwd = [
+        Kernel("dh GEMM (dy W_down)", ("dy", "down"), ("dh",), down_proj),
+        Kernel("ddown GEMM (dy^T h)", ("dy", "h"), ("ddown",), wgrad),
+    ]
+    fused_bwd = Kernel(
+        f"fused {act}*mul backward (dh, g, u -> dg, du)",
+        ("dh", "g", "u"),
+        ("dg", "du"),
+        0,
+        (act_flops + act_grad_flops + 2) * th,
+    )  # recomputes act(g); du = dh a, dg = dh u a'
     if plan == "eager":
-        bwd += [Kernel("mul backward (dh * u -> da)", ("dh", "u"), ("da",), 0, th),
-                Kernel("mul backward (dh * a -> du)", ("dh", "a"), ("du",), 0, th),
-                Kernel(f"{act} backward (da, g -> dg)", ("da", "g"), ("dg",), 0, act_grad_flops * th)]
+        bwd += [
+            Kernel("mul backward (dh * u -> da)", ("dh", "u"), ("da",), 0, th),
+            Kernel("mul backward (dh * a -> du)", ("dh", "a"), ("du",), 0, th),
+            Kernel(f"{act} backward (da, g -> dg)", ("da", "g"), ("dg",), 0, act_grad_flops * th),
+        ]
     elif plan == "fused-ew":
         bwd += [fused_bwd]
     else:
-        bwd += [Kernel("recompute g GEMM", ("x", "gate"), ("g",), up_proj),
-                Kernel("recompute u GEMM", ("x", "up"), ("u",), up_proj), fused_bwd]
+        bwd += [
+            Kernel("recompute g GEMM", ("x", "gate"), ("g",), up_proj),
+            Kernel("recompute u GEMM", ("x", "up"), ("u",), up_proj),
+            fused_bwd,
+        ]
     bwd.append(Kernel("dx GEMM (dg W_gate)", ("dg", "gate"), ("dx_partial",), down_proj))
     if plan == "fused-gemm":
-        bwd.append(Kernel("dx addmm (dx_partial + du W_up)", ("du", "up", "dx_partial"), ("dx",), down_proj,
-                          t * d))
+        bwd.append(Kernel("dx addmm (dx_partial + du W_up)", ("du", "up", "dx_partial"), ("dx",), down_proj, t * d))
     else:
-        bwd += [Kernel("dx GEMM (du W_up)", ("du", "up"), ("dx",), down_proj),
-                Kernel("dx add (dx += dx_partial)", ("dx", "dx_partial"), ("dx",), 0, t * d)]
-    bwd += [Kernel("dgate GEMM (dg^T x)", ("dg", "x"), ("dgate",), wgrad),
-            Kernel("dup GEMM (du^T x)", ("du", "x"), ("dup",), wgrad)]
+        bwd += [
+            Kernel("dx GEMM (du W_up)", ("du", "up"), ("dx",), down_proj),
+            Kernel("dx add (dx += dx_partial)", ("dx", "dx_partial"), ("dx",), 0, t * d),
+        ]
+    bwd += [
+        Kernel("dgate GEMM (dg^T x)", ("dg", "x"), ("dgate",), wgrad),
+        Kernel("dup GEMM (du^T x)", ("du", "x"), ("dup",), wgrad),
+    ]
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
 
 
@@ -196,20 +255,35 @@ def _gelu_mlp_kernels(case: Case, plan: str, mode: str) -> list[Kernel]:
         raise InputError(f"no gelu-mlp cost model for plan {plan!r}; modelled plans: eager, fused-ew")
     t, d, h = case.shape.tokens, case.shape.dim, case.shape.hidden
     th = t * h
-    fwd = [Kernel("fc1 addmm (x fc1^T + b1 -> f)", ("x", "fc1", "b1"), ("f",), gemm_flops(t, h, d), th),
-           Kernel("gelu (f -> a)", ("f",), ("a",), 0, GELU_FLOPS * th),
-           Kernel("fc2 addmm (a fc2^T + b2 -> y)", ("a", "fc2", "b2"), ("y",), gemm_flops(t, d, h), t * d)]
-    bwd = [Kernel("da GEMM (dy W_fc2)", ("dy", "fc2"), ("da",), gemm_flops(t, h, d)),
-           Kernel("dfc2 GEMM (dy^T a)", ("dy", "a"), ("dfc2",), gemm_flops(d, h, t))]
+    fwd = [
+        Kernel("fc1 addmm (x fc1^T + b1 -> f)", ("x", "fc1", "b1"), ("f",), gemm_flops(t, h, d), th),
+        Kernel("gelu (f -> a)", ("f",), ("a",), 0, GELU_FLOPS * th),
+        Kernel("fc2 addmm (a fc2^T + b2 -> y)", ("a", "fc2", "b2"), ("y",), gemm_flops(t, d, h), t * d),
+    ]
+    bwd = [
+        Kernel("da GEMM (dy W_fc2)", ("dy", "fc2"), ("da",), gemm_flops(t, h, d)),
+        Kernel("dfc2 GEMM (dy^T a)", ("dy", "a"), ("dfc2",), gemm_flops(d, h, t)),
+    ]
     if plan == "eager":
-        bwd += [Kernel("db2 reduction (sum dy)", ("dy",), ("db2",), 0, t * d),
-                Kernel("gelu backward (da, f -> df)", ("da", "f"), ("df",), 0, GELU_GRAD_FLOPS * th)]
+        bwd += [
+            Kernel("db2 reduction (sum dy)", ("dy",), ("db2",), 0, t * d),
+            Kernel("gelu backward (da, f -> df)", ("da", "f"), ("df",), 0, GELU_GRAD_FLOPS * th),
+        ]
     else:
-        bwd.append(Kernel("fused gelu backward + db2 reduction (da, f, dy -> df, db2)", ("da", "f", "dy"),
-                          ("df", "db2"), 0, GELU_GRAD_FLOPS * th + t * d))
-    bwd += [Kernel("dx GEMM (df W_fc1)", ("df", "fc1"), ("dx",), gemm_flops(t, d, h)),
-            Kernel("dfc1 GEMM (df^T x)", ("df", "x"), ("dfc1",), gemm_flops(h, d, t)),
-            Kernel("db1 reduction (sum df)", ("df",), ("db1",), 0, th)]
+        bwd.append(
+            Kernel(
+                "fused gelu backward + db2 reduction (da, f, dy -> df, db2)",
+                ("da", "f", "dy"),
+                ("df", "db2"),
+                0,
+                GELU_GRAD_FLOPS * th + t * d,
+            )
+        )
+    bwd += [
+        Kernel("dx GEMM (df W_fc1)", ("df", "fc1"), ("dx",), gemm_flops(t, d, h)),
+        Kernel("dfc1 GEMM (df^T x)", ("df", "x"), ("dfc1",), gemm_flops(h, d, t)),
+        Kernel("db1 reduction (sum df)", ("df",), ("db1",), 0, th),
+    ]
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
 
 
@@ -276,8 +350,16 @@ def cost(case: Case, backend: str, mode: str) -> dict[str, Any]:
     tensors: list[dict[str, Any]] = []
     for name, (reads, writes) in counts.items():
         shape, role = shapes[name]
-        tensors.append({"name": name, "shape": list(shape), "bytes": math.prod(shape) * itemsize, "role": role,
-                        "reads": reads, "writes": writes})
+        tensors.append(
+            {
+                "name": name,
+                "shape": list(shape),
+                "bytes": math.prod(shape) * itemsize,
+                "role": role,
+                "reads": reads,
+                "writes": writes,
+            }
+        )
     total = sum(t["bytes"] * (t["reads"] + t["writes"]) for t in tensors)
     inter = [t for t in tensors if t["role"] == "intermediate"]
     flops = sum(k.flops for k in kernels)
@@ -317,8 +399,10 @@ def roofline(cost: dict[str, Any], median_s: float, ceilings: dict[str, Any]) ->
     """
     peak_f, peak_b = float(ceilings["flops_per_s"]), float(ceilings["bytes_per_s"])
     if not (median_s > 0 and peak_f > 0 and peak_b > 0):
-        raise ValueError(f"roofline needs positive times and ceilings; got median_s={median_s}, "
-                         f"flops_per_s={peak_f}, bytes_per_s={peak_b}")
+        raise ValueError(
+            f"roofline needs positive times and ceilings; got median_s={median_s}, "
+            f"flops_per_s={peak_f}, bytes_per_s={peak_b}"
+        )
     flops, nbytes = cost["flops"], cost["bytes"]
     t_f, t_b = flops / peak_f, nbytes / peak_b
     predicted = max(t_f, t_b)
@@ -419,27 +503,32 @@ def fusion_benefit(doc: Doc) -> list[dict[str, Any]]:
         if base is None:
             continue
         bc = base["cost"]
-        k_r, k_b = (r.get("kernels") or {}).get("kernels_per_step"), (base.get("kernels") or {}).get(
-            "kernels_per_step")
+        k_r, k_b = (r.get("kernels") or {}).get("kernels_per_step"), (base.get("kernels") or {}).get("kernels_per_step")
         ceil = ceilings_for(doc, r["dtype"])
         t_r, t_b = r.get("timing"), base.get("timing")
         bytes_saved = bc["bytes"] - c["bytes"]
         extra_flops = c["flops"] - bc["flops"]
-        rows.append({
-            "backend": r["backend"], "case": r["case"], "label": _label(r), "dtype": r["dtype"], "mode": r["mode"],
-            "kernels_eliminated": k_b - k_r if k_r is not None and k_b is not None else None,
-            "model_kernels_eliminated": bc["model_kernels_per_step"] - c["model_kernels_per_step"],
-            "intermediate_bytes_saved": bc["intermediate_bytes"] - c["intermediate_bytes"],
-            "bytes_saved": bytes_saved,
-            "extra_flops": extra_flops,
-            "not_materialized": [n for n in bc["materialized"] if n not in c["materialized"]],
-            "predicted_saved_s": bytes_saved / ceil["bytes_per_s"] if ceil else None,
-            "predicted_extra_flops_s": extra_flops / ceil["flops_per_s"] if ceil else None,
-            "measured_saved_s": t_b["median_s"] - t_r["median_s"] if t_r and t_b else None,
-            "measured_verdict": compare_timing(t_b, t_r).verdict if t_r and t_b else None,
-            "baseline_median_s": t_b["median_s"] if t_b else None,
-            "median_s": t_r["median_s"] if t_r else None,
-        })
+        rows.append(
+            {
+                "backend": r["backend"],
+                "case": r["case"],
+                "label": _label(r),
+                "dtype": r["dtype"],
+                "mode": r["mode"],
+                "kernels_eliminated": k_b - k_r if k_r is not None and k_b is not None else None,
+                "model_kernels_eliminated": bc["model_kernels_per_step"] - c["model_kernels_per_step"],
+                "intermediate_bytes_saved": bc["intermediate_bytes"] - c["intermediate_bytes"],
+                "bytes_saved": bytes_saved,
+                "extra_flops": extra_flops,
+                "not_materialized": [n for n in bc["materialized"] if n not in c["materialized"]],
+                "predicted_saved_s": bytes_saved / ceil["bytes_per_s"] if ceil else None,
+                "predicted_extra_flops_s": extra_flops / ceil["flops_per_s"] if ceil else None,
+                "measured_saved_s": t_b["median_s"] - t_r["median_s"] if t_r and t_b else None,
+                "measured_verdict": compare_timing(t_b, t_r).verdict if t_r and t_b else None,
+                "baseline_median_s": t_b["median_s"] if t_b else None,
+                "median_s": t_r["median_s"] if t_r else None,
+            }
+        )
     return rows
 
 
@@ -465,26 +554,49 @@ def fusion_section(doc: Doc) -> str:
     out = []
     for f in rows:
         kern = "-" if f["kernels_eliminated"] is None else str(f["kernels_eliminated"])
-        out.append([
-            f["backend"], f["label"], f["dtype"], f["mode"], f"{kern} (model {f['model_kernels_eliminated']})",
-            ", ".join(f["not_materialized"]) or "none", si(f["intermediate_bytes_saved"], "B"),
-            si(f["bytes_saved"], "B"), _signed_s(f["predicted_saved_s"]),
-            si(f["extra_flops"], "FLOP") if f["extra_flops"] else "0",
-            _signed_s(f["predicted_extra_flops_s"]) if f["extra_flops"] else "-",
-            _measured_saved(f), fmt_s(f["baseline_median_s"]),
-        ])
-    head = ["backend", "case", "dtype", "mode", "kernels eliminated", "not in memory", "intermediate traffic saved",
-            "bytes saved", "predicted saved (bytes / bandwidth)", "extra GEMM FLOPs", "their time at peak",
-            "measured saved", f"{DEFAULT_BASELINE} median"]
-    intro = (f"Each backend against {DEFAULT_BASELINE} on the same case, dtype and mode. Kernels eliminated: "
-             f"{DEFAULT_BASELINE}'s profiled kernels per step minus this backend's ('-' where either was not "
-             "profiled; the cost model's count in brackets). Bytes saved come from the cost model (below): "
-             "intermediates no longer written and read back, and inputs read fewer times. Predicted saved = bytes "
-             "saved / this machine's measured copy bandwidth; a backend that recomputes (extra GEMM FLOPs) pays "
-             "them back at the measured matmul rate. Measured saved = the two medians' difference, shown only where "
-             "it is beyond both runs' noise (the rule of `compare diff`: median ratio outside the band of both "
-             "IQRs, quartiles apart, a Mann-Whitney test), else 'within noise'. Negative means slower or more "
-             "traffic.")
+        out.append(
+            [
+                f["backend"],
+                f["label"],
+                f["dtype"],
+                f["mode"],
+                f"{kern} (model {f['model_kernels_eliminated']})",
+                ", ".join(f["not_materialized"]) or "none",
+                si(f["intermediate_bytes_saved"], "B"),
+                si(f["bytes_saved"], "B"),
+                _signed_s(f["predicted_saved_s"]),
+                si(f["extra_flops"], "FLOP") if f["extra_flops"] else "0",
+                _signed_s(f["predicted_extra_flops_s"]) if f["extra_flops"] else "-",
+                _measured_saved(f),
+                fmt_s(f["baseline_median_s"]),
+            ]
+        )
+    head = [
+        "backend",
+        "case",
+        "dtype",
+        "mode",
+        "kernels eliminated",
+        "not in memory",
+        "intermediate traffic saved",
+        "bytes saved",
+        "predicted saved (bytes / bandwidth)",
+        "extra GEMM FLOPs",
+        "their time at peak",
+        "measured saved",
+        f"{DEFAULT_BASELINE} median",
+    ]
+    intro = (
+        f"Each backend against {DEFAULT_BASELINE} on the same case, dtype and mode. Kernels eliminated: "
+        f"{DEFAULT_BASELINE}'s profiled kernels per step minus this backend's ('-' where either was not "
+        "profiled; the cost model's count in brackets). Bytes saved come from the cost model (below): "
+        "intermediates no longer written and read back, and inputs read fewer times. Predicted saved = bytes "
+        "saved / this machine's measured copy bandwidth; a backend that recomputes (extra GEMM FLOPs) pays "
+        "them back at the measured matmul rate. Measured saved = the two medians' difference, shown only where "
+        "it is beyond both runs' noise (the rule of `compare diff`: median ratio outside the band of both "
+        "IQRs, quartiles apart, a Mann-Whitney test), else 'within noise'. Negative means slower or more "
+        "traffic."
+    )
     return "## What fusion buys\n\n" + intro + "\n\n" + table(head, out)
 
 
@@ -500,10 +612,20 @@ def _ceilings_rows(doc: Doc) -> list[list[str]]:
         mm = tim.get("matmul") or {}
         cp = tim.get("copy") or {}
         shape = "x".join(str(n) for n in c.get("matmul_shape", [])) or "?"
-        how = (f"{dtype} matmul {shape} (2MNK FLOPs), median {fmt_s(mm.get('median_s'))}; copy of "
-               f"{si(c.get('copy_bytes'), 'B')} (read + write counted), median {fmt_s(cp.get('median_s'))}")
-        rows.append([str(ceils.get("device", "")), dtype, si(c["flops_per_s"], "FLOP/s"),
-                     si(c["bytes_per_s"], "B/s"), si(c["flops_per_s"] / c["bytes_per_s"], "FLOP/B"), how])
+        how = (
+            f"{dtype} matmul {shape} (2MNK FLOPs), median {fmt_s(mm.get('median_s'))}; copy of "
+            f"{si(c.get('copy_bytes'), 'B')} (read + write counted), median {fmt_s(cp.get('median_s'))}"
+        )
+        rows.append(
+            [
+                str(ceils.get("device", "")),
+                dtype,
+                si(c["flops_per_s"], "FLOP/s"),
+                si(c["bytes_per_s"], "B/s"),
+                si(c["flops_per_s"] / c["bytes_per_s"], "FLOP/B"),
+                how,
+            ]
+        )
     return rows
 
 
@@ -518,31 +640,61 @@ def cost_section(doc: Doc) -> str:
             continue
         a = achieved(doc, r)
         t = r.get("timing")
-        rows.append([
-            r["backend"], _label(r), r["dtype"], r["mode"], si(c["flops"], "FLOP"), si(c["bytes"], "B"),
-            f"{c['arithmetic_intensity']:.3g}", ", ".join(c["materialized"]) or "none",
-            str(c["model_kernels_per_step"]), fmt_s(t["median_s"]) if t else "-",
-            f"{si(a['flops_per_s'], 'FLOP/s')} ({a['flops_fraction']:.0%})" if a else "-",
-            f"{si(a['bytes_per_s'], 'B/s')} ({a['bytes_fraction']:.0%})" if a else "-",
-            f"{fmt_s(a['predicted_s'])} ({a['bound']})" if a else "-",
-        ])
+        rows.append(
+            [
+                r["backend"],
+                _label(r),
+                r["dtype"],
+                r["mode"],
+                si(c["flops"], "FLOP"),
+                si(c["bytes"], "B"),
+                f"{c['arithmetic_intensity']:.3g}",
+                ", ".join(c["materialized"]) or "none",
+                str(c["model_kernels_per_step"]),
+                fmt_s(t["median_s"]) if t else "-",
+                f"{si(a['flops_per_s'], 'FLOP/s')} ({a['flops_fraction']:.0%})" if a else "-",
+                f"{si(a['bytes_per_s'], 'B/s')} ({a['bytes_fraction']:.0%})" if a else "-",
+                f"{fmt_s(a['predicted_s'])} ({a['bound']})" if a else "-",
+            ]
+        )
     ceil_rows = _ceilings_rows(doc)
     if not rows and not ceil_rows:
         return ""
     parts = ["## Cost model and roofline"]
     if rows:
-        head = ["backend", "case", "dtype", "mode", "GEMM FLOPs", "bytes moved", "FLOP/byte",
-                "intermediates in memory", "model kernels", "median", "achieved FLOP/s (of ceiling)",
-                "achieved bytes/s (of ceiling)", "roofline time (bound)"]
-        assumed = sorted({f"- {r['backend']}: {r['cost']['assumption']}" for r in doc.get("results", [])
-                          if r.get("cost") and r["cost"].get("assumption")})
-        intro = ("FLOPs and bytes are modelled, not counted (compare/costmodel.py): FLOPs are the GEMMs' 2MNK; "
-                 "bytes assume each kernel reads each operand and writes each result once, so bytes moved is a "
-                 "lower bound for the unfused backends' real traffic. Achieved rates divide them by the measured "
-                 "median; a fraction above 100% means the step beat the single-shape ceiling below. Roofline time "
-                 "= max(FLOPs / peak FLOP/s, bytes / peak bandwidth).")
+        head = [
+            "backend",
+            "case",
+            "dtype",
+            "mode",
+            "GEMM FLOPs",
+            "bytes moved",
+            "FLOP/byte",
+            "intermediates in memory",
+            "model kernels",
+            "median",
+            "achieved FLOP/s (of ceiling)",
+            "achieved bytes/s (of ceiling)",
+            "roofline time (bound)",
+        ]
+        assumed = sorted(
+            {
+                f"- {r['backend']}: {r['cost']['assumption']}"
+                for r in doc.get("results", [])
+                if r.get("cost") and r["cost"].get("assumption")
+            }
+        )
+        intro = (
+            "FLOPs and bytes are modelled, not counted (compare/costmodel.py): FLOPs are the GEMMs' 2MNK; "
+            "bytes assume each kernel reads each operand and writes each result once, so bytes moved is a "
+            "lower bound for the unfused backends' real traffic. Achieved rates divide them by the measured "
+            "median; a fraction above 100% means the step beat the single-shape ceiling below. Roofline time "
+            "= max(FLOPs / peak FLOP/s, bytes / peak bandwidth)."
+        )
         parts.append(intro + "\n\n" + table(head, rows) + ("\n\n" + "\n".join(assumed) if assumed else ""))
     if ceil_rows:
-        parts.append("Ceilings, measured on this machine through the shared timer:\n\n"
-                     + table(["device", "dtype", "peak FLOP/s", "peak bytes/s", "ridge", "how measured"], ceil_rows))
+        parts.append(
+            "Ceilings, measured on this machine through the shared timer:\n\n"
+            + table(["device", "dtype", "peak FLOP/s", "peak bytes/s", "ridge", "how measured"], ceil_rows)
+        )
     return "\n\n".join(parts)

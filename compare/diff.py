@@ -51,8 +51,21 @@ from compare.significance import (
 )
 
 #: The significance machinery moved to :mod:`compare.significance`; these names stay importable from here.
-__all__ = ["ALPHA", "MIN_SAMPLES_FOR_TEST", "NOISE_K", "THRESHOLD", "Spread", "TimingVerdict", "add_parser",
-           "cmd_diff", "compare_timing", "diff", "main", "mann_whitney_greater", "spread"]
+__all__ = [
+    "ALPHA",
+    "MIN_SAMPLES_FOR_TEST",
+    "NOISE_K",
+    "THRESHOLD",
+    "Spread",
+    "TimingVerdict",
+    "add_parser",
+    "cmd_diff",
+    "compare_timing",
+    "diff",
+    "main",
+    "mann_whitney_greater",
+    "spread",
+]
 
 Doc = dict[str, Any]
 Key = tuple[str, str, str]
@@ -93,15 +106,17 @@ def _fmt_p(p: float | None) -> str:
 
 def _env_changes(old: Doc, new: Doc) -> list[str]:
     eo, en = old.get("environment") or {}, new.get("environment") or {}
-    out = [f"{k}: {eo.get(k)} -> {en.get(k)}" for k in ("cpu", "cpu_count", "gpu", "platform")
-           if eo.get(k) != en.get(k)]
+    out = [
+        f"{k}: {eo.get(k)} -> {en.get(k)}" for k in ("cpu", "cpu_count", "gpu", "platform") if eo.get(k) != en.get(k)
+    ]
     vo, vn = eo.get("versions") or {}, en.get("versions") or {}
     out += [f"{k}: {vo.get(k)} -> {vn.get(k)}" for k in sorted(set(vo) | set(vn)) if vo.get(k) != vn.get(k)]
     return out
 
 
-def diff(old_doc: Doc, new_doc: Doc, threshold: float = THRESHOLD, k: float = NOISE_K,
-         alpha: float = ALPHA) -> tuple[str, bool]:
+def diff(
+    old_doc: Doc, new_doc: Doc, threshold: float = THRESHOLD, k: float = NOISE_K, alpha: float = ALPHA
+) -> tuple[str, bool]:
     """Markdown comparing two results documents, and whether a performance or parity regression was found."""
     old, new = _index(old_doc, "old"), _index(new_doc, "new")
     common = [key for key in new if key in old]
@@ -115,21 +130,44 @@ def diff(old_doc: Doc, new_doc: Doc, threshold: float = THRESHOLD, k: float = NO
             n_fast += v.verdict == "faster"
             verdict = "**slower: regression**" if v.regression else v.verdict
             p = v.p_slower if v.ratio >= 1 else v.p_faster
-            perf_rows.append([n["backend"], _label(n), n["dtype"], n["mode"], fmt_s(v.old.median), fmt_s(v.new.median),
-                              f"{v.ratio:.3f}", f"+/-{v.tol:.1%}", _fmt_p(p), verdict])
+            perf_rows.append(
+                [
+                    n["backend"],
+                    _label(n),
+                    n["dtype"],
+                    n["mode"],
+                    fmt_s(v.old.median),
+                    fmt_s(v.new.median),
+                    f"{v.ratio:.3f}",
+                    f"+/-{v.tol:.1%}",
+                    _fmt_p(p),
+                    verdict,
+                ]
+            )
         elif o.get("timing") or n.get("timing"):
             side = "old" if o.get("timing") else "new"
-            perf_rows.append([n["backend"], _label(n), n["dtype"], n["mode"],
-                              fmt_s(o["timing"]["median_s"]) if o.get("timing") else "-",
-                              fmt_s(n["timing"]["median_s"]) if n.get("timing") else "-", "-", "-", "-",
-                              f"not compared (timed in the {side} run only)"])
+            perf_rows.append(
+                [
+                    n["backend"],
+                    _label(n),
+                    n["dtype"],
+                    n["mode"],
+                    fmt_s(o["timing"]["median_s"]) if o.get("timing") else "-",
+                    fmt_s(n["timing"]["median_s"]) if n.get("timing") else "-",
+                    "-",
+                    "-",
+                    "-",
+                    f"not compared (timed in the {side} run only)",
+                ]
+            )
         if o["status"] != n["status"]:
             parity_regression = o["status"] == "ok" and n["status"] in BAD_STATUSES
             n_parity += parity_regression
             reason = str(n.get("reason", "")).replace("|", "\\|")
             verdict = "**regression**" if parity_regression else ("fixed" if n["status"] == "ok" else "changed")
-            status_rows.append([n["backend"], _label(n), n["dtype"], n["mode"], o["status"], n["status"], verdict,
-                                reason])
+            status_rows.append(
+                [n["backend"], _label(n), n["dtype"], n["mode"], o["status"], n["status"], verdict, reason]
+            )
     added = [new[key] for key in new if key not in old]
     removed = [old[key] for key in old if key not in new]
     regression = bool(n_slow or n_parity)
@@ -140,18 +178,24 @@ def diff(old_doc: Doc, new_doc: Doc, threshold: float = THRESHOLD, k: float = NO
 
     out = ["# fusion-compare diff", "", f"Old: {when(old_doc)}  ", f"New: {when(new_doc)}", ""]
     if regression:
-        out.append(f"**Regression**: {n_slow} slower beyond noise, {n_parity} parity/status regressions "
-                   f"({n_fast} faster).")
+        out.append(
+            f"**Regression**: {n_slow} slower beyond noise, {n_parity} parity/status regressions ({n_fast} faster)."
+        )
     else:
         out.append(f"No regression ({len(common)} cells matched; {n_fast} faster beyond noise).")
     env = _env_changes(old_doc, new_doc)
     if env:
         out += ["", "Environments differ (times may not be comparable): " + "; ".join(env) + "."]
-    out += ["", "## Timing", "",
-            f"Slower means: new/old median ratio above 1 + band, where band = max({threshold:.0%}, {k:g} x the "
-            f"combined relative IQR of both runs); the new first quartile above the old third; and, with at least "
-            f"{MIN_SAMPLES_FOR_TEST} samples a side, a one-sided Mann-Whitney U test at p < {alpha:g}. Faster is "
-            f"the mirror image. p is the test's p-value in the direction of the change.", ""]
+    out += [
+        "",
+        "## Timing",
+        "",
+        f"Slower means: new/old median ratio above 1 + band, where band = max({threshold:.0%}, {k:g} x the "
+        f"combined relative IQR of both runs); the new first quartile above the old third; and, with at least "
+        f"{MIN_SAMPLES_FOR_TEST} samples a side, a one-sided Mann-Whitney U test at p < {alpha:g}. Faster is "
+        f"the mirror image. p is the test's p-value in the direction of the change.",
+        "",
+    ]
     head = ["backend", "case", "dtype", "mode", "old median", "new median", "new/old", "band", "p", "verdict"]
     out.append(table(head, perf_rows) if perf_rows else "No cell was timed in both runs.")
     out += ["", "## Status and parity", ""]
@@ -191,14 +235,20 @@ def cmd_diff(a: argparse.Namespace) -> int:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``diff`` subcommand on an ``argparse`` subparsers object."""
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "diff", help="compare two results.json; exit 1 on a performance or parity regression",
-        description=__doc__, epilog=exitcodes.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "diff",
+        help="compare two results.json; exit 1 on a performance or parity regression",
+        description=__doc__,
+        epilog=exitcodes.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("old", help="the baseline results.json")
     p.add_argument("new", help="the results.json to judge")
-    p.add_argument("--threshold", type=float, default=THRESHOLD,
-                   help="smallest relative change that counts (finite, >= 0)")
-    p.add_argument("--k", type=float, default=NOISE_K,
-                   help="noise band in units of the combined relative IQR (finite, > 0)")
+    p.add_argument(
+        "--threshold", type=float, default=THRESHOLD, help="smallest relative change that counts (finite, >= 0)"
+    )
+    p.add_argument(
+        "--k", type=float, default=NOISE_K, help="noise band in units of the combined relative IQR (finite, > 0)"
+    )
     p.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the rank test, in (0, 1]")
     p.add_argument("--out", help="write the markdown here instead of printing it")
     p.set_defaults(fn=cmd_diff)

@@ -77,6 +77,7 @@ def exit_status(fn: Callable[[], int]) -> int:
             traceback.print_exc()
             print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         else:
-            print(f"internal error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 to see the traceback)",
-                  file=sys.stderr)
+            print(
+                f"internal error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 to see the traceback)", file=sys.stderr
+            )
         return INTERNAL_ERROR

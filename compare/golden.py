@@ -68,8 +68,11 @@ class Golden(Problem):
     def problem(self) -> Problem:
         """The part a backend may see (inputs and weights, no reference), as fresh copies: a backend that writes
         into its inputs (``torch.from_numpy`` shares memory) cannot change the golden data other backends get."""
-        return Problem(case=self.case, inputs={k: v.copy() for k, v in self.inputs.items()},
-                       params={k: v.copy() for k, v in self.params.items()})
+        return Problem(
+            case=self.case,
+            inputs={k: v.copy() for k, v in self.inputs.items()},
+            params={k: v.copy() for k, v in self.params.items()},
+        )
 
 
 def _rng(case: Case) -> np.random.Generator:
@@ -111,8 +114,16 @@ def _to_tensors(golden: Golden) -> dict[str, np.ndarray]:
 
 def _case_meta(case: Case) -> dict[str, object]:
     s = case.shape
-    return {"model": case.model, "dtype": case.dtype, "dist": case.dist, "seed": case.seed,
-            "batch": s.batch, "seq": s.seq, "dim": s.dim, "hidden": s.hidden}
+    return {
+        "model": case.model,
+        "dtype": case.dtype,
+        "dist": case.dist,
+        "seed": case.seed,
+        "batch": s.batch,
+        "seq": s.seq,
+        "dim": s.dim,
+        "hidden": s.hidden,
+    }
 
 
 def serialize(golden: Golden) -> bytes:
@@ -120,8 +131,11 @@ def serialize(golden: Golden) -> bytes:
     from safetensors.numpy import save
 
     # one metadata key: safetensors keeps metadata in a hash map, whose order differs between processes
-    meta = {"fusion_compare": json.dumps({"case": _case_meta(golden.case), "generator_version": GENERATOR_VERSION},
-                                         sort_keys=True)}
+    meta = {
+        "fusion_compare": json.dumps(
+            {"case": _case_meta(golden.case), "generator_version": GENERATOR_VERSION}, sort_keys=True
+        )
+    }
     return save(_to_tensors(golden), metadata=meta)
 
 
@@ -154,8 +168,10 @@ def read_manifest(directory: Path = GOLDEN_DIR) -> dict[str, object]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise GoldenError(f"golden manifest {path} is not valid JSON ({exc}); it was truncated or edited: "
-                          f"regenerate with `{REGENERATE}`") from exc
+        raise GoldenError(
+            f"golden manifest {path} is not valid JSON ({exc}); it was truncated or edited: "
+            f"regenerate with `{REGENERATE}`"
+        ) from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("files"), dict):
         raise GoldenError(f"golden manifest {path} has no 'files' table; regenerate with `{REGENERATE}`")
     return doc
@@ -188,8 +204,9 @@ def load_file(case: Case, directory: Path = GOLDEN_DIR) -> Golden:
     from safetensors.numpy import load
 
     t = load(verify_file(f"{case.name}.safetensors", directory))
-    group = {p: {k.split(".", 1)[1]: v for k, v in t.items() if k.startswith(p + ".")}
-             for p in ("input", "param", "ref")}
+    group = {
+        p: {k.split(".", 1)[1]: v for k, v in t.items() if k.startswith(p + ".")} for p in ("input", "param", "ref")
+    }
     return Golden(case=case, inputs=group["input"], params=group["param"], ref=group["ref"])
 
 

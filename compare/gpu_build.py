@@ -68,8 +68,7 @@ def run(
     """
     cmd = [python or sys.executable, "-m", "torch_impl.gpu_build", *args]
     pipe = subprocess.PIPE if capture else None
-    with subprocess.Popen(cmd, env=compiled_mode_env(), cwd=_PROJECT_ROOT, stdout=pipe, stderr=pipe,
-                          text=True) as proc:
+    with subprocess.Popen(cmd, env=compiled_mode_env(), cwd=_PROJECT_ROOT, stdout=pipe, stderr=pipe, text=True) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -86,8 +85,12 @@ def run(
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``gpu-build`` subcommand on an ``argparse`` subparsers object."""
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "gpu-build", help="compile the Triton kernels for sm_90/sm_80 without a GPU; registers, spills, occupancy",
-        description=__doc__, epilog=exitcodes.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "gpu-build",
+        help="compile the Triton kernels for sm_90/sm_80 without a GPU; registers, spills, occupancy",
+        description=__doc__,
+        epilog=exitcodes.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--arch", nargs="+", default=["sm_90", "sm_80"], help=f"targets ({', '.join(ARCHS)})")
     p.add_argument("--out", default="out/gpu-build", help="folder for gpu_build.json and GPU_BUILD.md")
     p.add_argument("--dtype", nargs="+", help="float32 bfloat16 float16 (default: all)")
@@ -130,6 +133,7 @@ def cmd_gpu_build(a: argparse.Namespace) -> int:
         raise RuntimeError(f"gpu-build subprocess exited with {proc.returncode} (see its output above)")
     data = json.loads((Path(a.out) / "gpu_build.json").read_text(encoding="utf-8"))
     n_err = sum(not r["ok"] for r in data["rows"])
-    print(f"{Path(a.out) / 'GPU_BUILD.md'}: {len(data['rows'])} builds, {n_err} failed, triton "
-          f"{data['triton_version']}")
+    print(
+        f"{Path(a.out) / 'GPU_BUILD.md'}: {len(data['rows'])} builds, {n_err} failed, triton {data['triton_version']}"
+    )
     return exitcodes.FINDING if proc.returncode == 1 else exitcodes.OK

@@ -116,8 +116,9 @@ def occupancy(arch: ArchLimits, registers: int, num_warps: int, shared_bytes: in
     warps fit; with 8-warp blocks that is 1 block (8 warps, 12.5 %), limited by registers.
     """
     if registers < 0 or num_warps < 1 or shared_bytes < 0:
-        raise ValueError(f"occupancy needs registers >= 0, num_warps >= 1, shared >= 0; got "
-                         f"{registers}, {num_warps}, {shared_bytes}")
+        raise ValueError(
+            f"occupancy needs registers >= 0, num_warps >= 1, shared >= 0; got {registers}, {num_warps}, {shared_bytes}"
+        )
     regs_per_warp = math.ceil(32 * registers / arch.reg_alloc_unit) * arch.reg_alloc_unit
     warps_by_regs = arch.regs_per_sm // regs_per_warp if regs_per_warp else arch.max_warps_per_sm
     if shared_bytes > arch.smem_per_block:
@@ -321,7 +322,8 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     else:
         lines.append("Violated (remove these configs or justify them in the autotune list's comments):")
         lines.append("")
-        lines += [f"* {r['kernel']} [{r.get('launch', '-')}] {r['config_label']} {r['dtype']}: {'; '.join(p)}"
-                  for r, p in bad]
+        lines += [
+            f"* {r['kernel']} [{r.get('launch', '-')}] {r['config_label']} {r['dtype']}: {'; '.join(p)}" for r, p in bad
+        ]
     lines.append("")
     return "\n".join(lines)

@@ -85,11 +85,13 @@ def run_one(
     under ``trace_dir`` when given; a profiler failure is recorded in ``extras`` and does not fail the result.
     """
     if case.model not in spec.models:
-        return Result.for_case(spec.name, case, mode, "skipped",
-                               reason=f"implements {', '.join(spec.models)} only, not {case.model}")
+        return Result.for_case(
+            spec.name, case, mode, "skipped", reason=f"implements {', '.join(spec.models)} only, not {case.model}"
+        )
     if mode not in spec.modes:
-        return Result.for_case(spec.name, case, mode, "skipped",
-                               reason=f"supports modes {', '.join(spec.modes)} only, not {mode}")
+        return Result.for_case(
+            spec.name, case, mode, "skipped", reason=f"supports modes {', '.join(spec.modes)} only, not {mode}"
+        )
     try:
         avail = spec.availability()
         if not avail.ok:
@@ -111,9 +113,17 @@ def run_one(
         del out
         tim, last = None, list[Any]()
         if prepared.timed and time_it:
-            tim = timing.measure(prepared.step, prepared.sync, first_call_s=first_s, warmup=cfg.warmup,
-                                 min_samples=cfg.min_samples, max_samples=cfg.max_samples, budget_s=cfg.budget_s,
-                                 min_sample_s=cfg.min_sample_s, last_output=last.append).to_dict()
+            tim = timing.measure(
+                prepared.step,
+                prepared.sync,
+                first_call_s=first_s,
+                warmup=cfg.warmup,
+                min_samples=cfg.min_samples,
+                max_samples=cfg.max_samples,
+                budget_s=cfg.budget_s,
+                min_sample_s=cfg.min_sample_s,
+                last_output=last.append,
+            ).to_dict()
         parity_doc = parity.to_dict()
         failures = parity.failures()
         if last:  # the output of the last timed call must be right too (no replayed or decaying answers)
@@ -133,10 +143,21 @@ def run_one(
             except Exception as exc:  # the profile is extra information: keep the parity and timing results
                 extras["profile_error"] = _summarise_error(exc)[0]
         status = "ok" if not failures else "parity-fail"
-        return Result.for_case(spec.name, case, mode, status, reason="; ".join(failures),
-                               note=prepared.note, device=prepared.device, parity=parity_doc, timing=tim,
-                               threads=prepared.threads, kernels=kernels, extras=extras,
-                               cost=model_cost(spec, case, mode))
+        return Result.for_case(
+            spec.name,
+            case,
+            mode,
+            status,
+            reason="; ".join(failures),
+            note=prepared.note,
+            device=prepared.device,
+            parity=parity_doc,
+            timing=tim,
+            threads=prepared.threads,
+            kernels=kernels,
+            extras=extras,
+            cost=model_cost(spec, case, mode),
+        )
     except Exception as exc:  # a backend's failure is a result, not the end of the run
         reason, tb = _summarise_error(exc)
         return Result.for_case(spec.name, case, mode, "error", reason=reason, extras={"traceback": tb})
@@ -193,8 +214,11 @@ def run(
             try:
                 plain = plain_reference(case)
             except UnusableCase as exc:  # nothing can be judged on this case: say so in every cell, go on
-                refused = [Result.for_case(spec.name, case, mode, "error", reason=str(exc)).to_dict()
-                           for mode in modes for spec in specs]
+                refused = [
+                    Result.for_case(spec.name, case, mode, "error", reason=str(exc)).to_dict()
+                    for mode in modes
+                    for spec in specs
+                ]
                 results += refused
                 for row in refused:
                     if progress:
@@ -245,8 +269,10 @@ def implausible(achieved: dict[str, Any]) -> str:
     matmul ceiling: it cannot have done its FLOPs, e.g. it returns a stored answer), or ``""``."""
     frac = float(achieved.get("flops_fraction") or 0.0)
     if frac > IMPLAUSIBLE_FACTOR:
-        return (f"implausible: {frac:.2f}x the matmul ceiling measured in this run (more than {IMPLAUSIBLE_FACTOR:g}x "
-                f"cannot be computing its FLOPs)")
+        return (
+            f"implausible: {frac:.2f}x the matmul ceiling measured in this run (more than {IMPLAUSIBLE_FACTOR:g}x "
+            f"cannot be computing its FLOPs)"
+        )
     return ""
 
 
@@ -257,5 +283,6 @@ def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[st
     wanted = [k for k in order if k in g.ref and any(MODE_TENSORS[m](k) for m in modes)]
     s = case.shape
     label = f"{case.model} {s.batch}x{s.seq}x{s.dim}->{s.hidden}"
-    return resolution.resolution_rows(case.name, case.model, label, case.dtype, (g.x, g.params, g.dy), g.ref, plain,
-                                      wanted)
+    return resolution.resolution_rows(
+        case.name, case.model, label, case.dtype, (g.x, g.params, g.dy), g.ref, plain, wanted
+    )

@@ -38,33 +38,133 @@ SHORT_WIDTH = 48
 
 #: Multi-word op names (aten / prims / HLO) that Inductor may join into a fused kernel name with ``_``; single-word
 #: ops need no entry. Parsing a fused name matches these longest-first, so ``gelu_backward`` stays one op.
-MULTI_WORD_OPS: frozenset[str] = frozenset({
-    "_unsafe_view", "_to_copy", "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
-    "_unsafe_index", "_unsafe_index_put", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
-    "_native_batch_norm_legit_no_training", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
-    "_fused_rms_norm", "_fused_rms_norm_backward", "_reshape_alias", "_local_scalar_dense", "_prelu_kernel",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention", "_scaled_mm",
-    "_addmm_activation", "_foreach_add", "_foreach_mul", "_weight_norm_interface",
-    "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "threshold_backward",
-    "hardtanh_backward", "hardswish_backward", "hardsigmoid_backward", "leaky_relu_backward", "elu_backward",
-    "softplus_backward", "mish_backward", "log_sigmoid_forward", "log_sigmoid_backward",
-    "native_layer_norm", "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_backward",
-    "native_group_norm", "native_group_norm_backward", "native_dropout", "native_dropout_backward",
-    "embedding_dense_backward", "convolution_backward", "max_pool2d_with_indices",
-    "max_pool2d_with_indices_backward", "avg_pool2d_backward", "upsample_nearest2d", "upsample_bilinear2d",
-    "upsample_nearest2d_backward", "upsample_bilinear2d_backward", "constant_pad_nd", "reflection_pad2d",
-    "index_put", "index_add", "index_select", "index_copy", "index_fill", "scatter_add", "scatter_reduce",
-    "masked_fill", "masked_scatter", "masked_select", "clamp_min", "clamp_max", "var_mean", "logical_and",
-    "logical_or", "logical_not", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
-    "bitwise_left_shift", "bitwise_right_shift", "split_with_sizes", "select_scatter", "slice_scatter",
-    "diagonal_scatter", "as_strided_scatter", "as_strided", "new_zeros", "new_ones", "new_empty", "new_full",
-    "empty_strided", "full_like", "zeros_like", "ones_like", "empty_like", "rand_like", "randn_like",
-    "lift_fresh_copy", "scalar_tensor", "expand_copy", "permute_copy", "view_copy", "view_as_real",
-    "view_as_complex", "convert_element_type", "device_put", "philox_rand", "inductor_random", "inductor_seeds",
-    "inductor_lookup_seed", "randint_like", "floor_divide", "true_divide", "nan_to_num", "grid_sampler_2d",
-    "repeat_interleave", "unfold_copy", "squeeze_copy", "unsqueeze_copy", "linalg_vector_norm",
-    "_linalg_vector_norm", "round_decimals",
-})
+MULTI_WORD_OPS: frozenset[str] = frozenset(
+    {
+        "_unsafe_view",
+        "_to_copy",
+        "_softmax",
+        "_log_softmax",
+        "_softmax_backward_data",
+        "_log_softmax_backward_data",
+        "_unsafe_index",
+        "_unsafe_index_put",
+        "_native_batch_norm_legit",
+        "_native_batch_norm_legit_functional",
+        "_native_batch_norm_legit_no_training",
+        "_adaptive_avg_pool2d",
+        "_adaptive_avg_pool2d_backward",
+        "_fused_rms_norm",
+        "_fused_rms_norm_backward",
+        "_reshape_alias",
+        "_local_scalar_dense",
+        "_prelu_kernel",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_mm",
+        "_addmm_activation",
+        "_foreach_add",
+        "_foreach_mul",
+        "_weight_norm_interface",
+        "gelu_backward",
+        "silu_backward",
+        "sigmoid_backward",
+        "tanh_backward",
+        "threshold_backward",
+        "hardtanh_backward",
+        "hardswish_backward",
+        "hardsigmoid_backward",
+        "leaky_relu_backward",
+        "elu_backward",
+        "softplus_backward",
+        "mish_backward",
+        "log_sigmoid_forward",
+        "log_sigmoid_backward",
+        "native_layer_norm",
+        "native_layer_norm_backward",
+        "native_batch_norm",
+        "native_batch_norm_backward",
+        "native_group_norm",
+        "native_group_norm_backward",
+        "native_dropout",
+        "native_dropout_backward",
+        "embedding_dense_backward",
+        "convolution_backward",
+        "max_pool2d_with_indices",
+        "max_pool2d_with_indices_backward",
+        "avg_pool2d_backward",
+        "upsample_nearest2d",
+        "upsample_bilinear2d",
+        "upsample_nearest2d_backward",
+        "upsample_bilinear2d_backward",
+        "constant_pad_nd",
+        "reflection_pad2d",
+        "index_put",
+        "index_add",
+        "index_select",
+        "index_copy",
+        "index_fill",
+        "scatter_add",
+        "scatter_reduce",
+        "masked_fill",
+        "masked_scatter",
+        "masked_select",
+        "clamp_min",
+        "clamp_max",
+        "var_mean",
+        "logical_and",
+        "logical_or",
+        "logical_not",
+        "logical_xor",
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+        "bitwise_not",
+        "bitwise_left_shift",
+        "bitwise_right_shift",
+        "split_with_sizes",
+        "select_scatter",
+        "slice_scatter",
+        "diagonal_scatter",
+        "as_strided_scatter",
+        "as_strided",
+        "new_zeros",
+        "new_ones",
+        "new_empty",
+        "new_full",
+        "empty_strided",
+        "full_like",
+        "zeros_like",
+        "ones_like",
+        "empty_like",
+        "rand_like",
+        "randn_like",
+        "lift_fresh_copy",
+        "scalar_tensor",
+        "expand_copy",
+        "permute_copy",
+        "view_copy",
+        "view_as_real",
+        "view_as_complex",
+        "convert_element_type",
+        "device_put",
+        "philox_rand",
+        "inductor_random",
+        "inductor_seeds",
+        "inductor_lookup_seed",
+        "randint_like",
+        "floor_divide",
+        "true_divide",
+        "nan_to_num",
+        "grid_sampler_2d",
+        "repeat_interleave",
+        "unfold_copy",
+        "squeeze_copy",
+        "unsqueeze_copy",
+        "linalg_vector_norm",
+        "_linalg_vector_norm",
+        "round_decimals",
+    }
+)
 
 #: Inductor fused kernel names: ``cpp_fused_<ops>_<n>``, ``triton_<poi|red|per|tem|...>_fused_<ops>_<n>``,
 #: with ``graph_<k>_`` in front when ``torch._inductor.config.cpp.enable_kernel_profile`` names CPU kernels.
@@ -81,27 +181,147 @@ _GEMM_RE = re.compile(
     r"_matmul_kernel$",
     re.IGNORECASE,
 )
-_REDUCTION_OPS = frozenset({
-    "sum", "mean", "amax", "amin", "var", "std", "var_mean", "norm", "prod", "argmax", "argmin", "logsumexp",
-    "cumsum", "cumprod", "_softmax", "_log_softmax", "softmax", "log_softmax", "reduce", "reduce-window",
-    "linalg_vector_norm", "_linalg_vector_norm", "all", "any", "max", "min",
-})
-_COPY_OPS = frozenset({
-    "copy", "copy_", "to", "_to_copy", "clone", "contiguous", "cat", "stack", "index_select", "gather",
-    "transpose", "concatenate", "pad", "slice", "dynamic-slice", "dynamic-update-slice", "copy-start", "copy-done",
-    "convert_element_type", "convert",
-})
-_ELEMENTWISE_OPS = frozenset({
-    "add", "add_", "sub", "rsub", "mul", "mul_", "div", "div_", "neg", "abs", "exp", "exp2", "log", "log1p", "expm1",
-    "pow", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "tanh_backward", "sigmoid", "sigmoid_backward",
-    "gelu", "gelu_backward", "silu", "silu_backward", "relu", "relu_", "threshold_backward", "erf", "erfinv",
-    "fill_", "zero_", "where", "clamp", "clamp_min", "clamp_max", "maximum", "minimum", "eq", "ne", "lt", "le",
-    "gt", "ge", "masked_fill", "addcmul", "addcdiv", "lerp", "sign", "floor", "ceil", "round", "trunc", "fmod",
-    "remainder", "logical_not", "bitwise_and", "bitwise_or", "native_dropout", "bernoulli_", "uniform_", "normal_",
-    "multiply", "subtract", "divide", "negate", "exponential", "exponential-minus-one", "logistic", "select",
-    "compare", "and", "or", "not", "power", "broadcast", "iota", "rng",
-    "rng-bit-generator",
-})
+_REDUCTION_OPS = frozenset(
+    {
+        "sum",
+        "mean",
+        "amax",
+        "amin",
+        "var",
+        "std",
+        "var_mean",
+        "norm",
+        "prod",
+        "argmax",
+        "argmin",
+        "logsumexp",
+        "cumsum",
+        "cumprod",
+        "_softmax",
+        "_log_softmax",
+        "softmax",
+        "log_softmax",
+        "reduce",
+        "reduce-window",
+        "linalg_vector_norm",
+        "_linalg_vector_norm",
+        "all",
+        "any",
+        "max",
+        "min",
+    }
+)
+_COPY_OPS = frozenset(
+    {
+        "copy",
+        "copy_",
+        "to",
+        "_to_copy",
+        "clone",
+        "contiguous",
+        "cat",
+        "stack",
+        "index_select",
+        "gather",
+        "transpose",
+        "concatenate",
+        "pad",
+        "slice",
+        "dynamic-slice",
+        "dynamic-update-slice",
+        "copy-start",
+        "copy-done",
+        "convert_element_type",
+        "convert",
+    }
+)
+_ELEMENTWISE_OPS = frozenset(
+    {
+        "add",
+        "add_",
+        "sub",
+        "rsub",
+        "mul",
+        "mul_",
+        "div",
+        "div_",
+        "neg",
+        "abs",
+        "exp",
+        "exp2",
+        "log",
+        "log1p",
+        "expm1",
+        "pow",
+        "sqrt",
+        "rsqrt",
+        "reciprocal",
+        "sin",
+        "cos",
+        "tanh",
+        "tanh_backward",
+        "sigmoid",
+        "sigmoid_backward",
+        "gelu",
+        "gelu_backward",
+        "silu",
+        "silu_backward",
+        "relu",
+        "relu_",
+        "threshold_backward",
+        "erf",
+        "erfinv",
+        "fill_",
+        "zero_",
+        "where",
+        "clamp",
+        "clamp_min",
+        "clamp_max",
+        "maximum",
+        "minimum",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "masked_fill",
+        "addcmul",
+        "addcdiv",
+        "lerp",
+        "sign",
+        "floor",
+        "ceil",
+        "round",
+        "trunc",
+        "fmod",
+        "remainder",
+        "logical_not",
+        "bitwise_and",
+        "bitwise_or",
+        "native_dropout",
+        "bernoulli_",
+        "uniform_",
+        "normal_",
+        "multiply",
+        "subtract",
+        "divide",
+        "negate",
+        "exponential",
+        "exponential-minus-one",
+        "logistic",
+        "select",
+        "compare",
+        "and",
+        "or",
+        "not",
+        "power",
+        "broadcast",
+        "iota",
+        "rng",
+        "rng-bit-generator",
+    }
+)
 _FUSED_RE = re.compile(r"fused|fusion", re.IGNORECASE)
 _CUDA_ELEMENTWISE = re.compile(r"elementwise|Functor|CUDAKernelImpl|pointwise|fill_kernel", re.IGNORECASE)
 _CUDA_REDUCTION = re.compile(r"reduce_kernel|reduction|Reduce|softmax", re.IGNORECASE)
@@ -139,7 +359,7 @@ def parse_fused_name(name: str, known: Iterable[str] = MULTI_WORD_OPS) -> list[s
                 best = j - i
                 break
         if best:
-            out.append("_".join(tokens[i:i + best]))
+            out.append("_".join(tokens[i : i + best]))
             i += best
         elif tokens[i] == "" and i + 1 < len(tokens):
             out.append("_" + tokens[i + 1])  # a leading-underscore op that is not in ``known``
@@ -172,7 +392,7 @@ def _split_template(s: str) -> tuple[str, list[str]] | None:
     args: list[str] = []
     cur: list[str] = []
     depth = 0
-    for ch in s[lt + 1:-1]:
+    for ch in s[lt + 1 : -1]:
         if ch in "<(":
             depth += 1
         elif ch in ">)":
@@ -186,8 +406,18 @@ def _split_template(s: str) -> tuple[str, list[str]] | None:
     return s[:lt], args
 
 
-_GENERIC_FUNCTORS = frozenset({"BinaryFunctor", "AUnaryFunctor", "BUnaryFunctor", "UnaryFunctor", "ReduceOp",
-                               "OffsetCalculator", "LoadWithoutCast", "StoreWithoutCast"})
+_GENERIC_FUNCTORS = frozenset(
+    {
+        "BinaryFunctor",
+        "AUnaryFunctor",
+        "BUnaryFunctor",
+        "UnaryFunctor",
+        "ReduceOp",
+        "OffsetCalculator",
+        "LoadWithoutCast",
+        "StoreWithoutCast",
+    }
+)
 _FUNCTOR = re.compile(r"([A-Za-z_]\w*(?:Functor|functor|KernelImpl|Kernel|Op))\b")
 #: cuBLAS kernel-name suffixes that say nothing about the GEMM itself.
 _CUBLAS_NOISE = re.compile(r"(?:_execute)?(?:_segment_k_(?:on|off))?_kernel__\d+x_cublas$")
@@ -206,7 +436,7 @@ def shorten(name: str, width: int = SHORT_WIDTH) -> str:
     s = _drop_call_args(s)
     for ns in _NAMESPACES:
         if s.startswith(ns):
-            s = s[len(ns):]
+            s = s[len(ns) :]
     parts = _split_template(s)
     if parts is not None:
         base, args = parts
@@ -256,26 +486,53 @@ def classify(name: str, absorbed: Sequence[str] = ()) -> str:
     return "other"
 
 
-def kernel_entry(name: str, count: int, *, kind: str | None = None, absorbed: Sequence[str] | None = None,
-                 time_us: float | None = None) -> dict[str, Any]:
+def kernel_entry(
+    name: str,
+    count: int,
+    *,
+    kind: str | None = None,
+    absorbed: Sequence[str] | None = None,
+    time_us: float | None = None,
+) -> dict[str, Any]:
     """One ``kernels`` item of a summary; ``kind`` and ``absorbed`` default to what the name says."""
     if absorbed is None:
         absorbed = parse_fused_name(name) or []
     kind = kind or classify(name)
     if kind not in KINDS:
         raise ValueError(f"unknown kernel kind {kind!r}; known: {', '.join(KINDS)}")
-    return {"name": name, "short": shorten(name), "kind": kind, "count": int(count), "absorbed": list(absorbed),
-            "time_us": None if time_us is None else float(time_us)}
+    return {
+        "name": name,
+        "short": shorten(name),
+        "kind": kind,
+        "count": int(count),
+        "absorbed": list(absorbed),
+        "time_us": None if time_us is None else float(time_us),
+    }
 
 
-def summary(source: str, device: str, kernels: list[dict[str, Any]], metadata_ops: list[dict[str, Any]],
-            trace: str | None = None, notes: str = "", steps: int | None = None) -> dict[str, Any]:
+def summary(
+    source: str,
+    device: str,
+    kernels: list[dict[str, Any]],
+    metadata_ops: list[dict[str, Any]],
+    trace: str | None = None,
+    notes: str = "",
+    steps: int | None = None,
+) -> dict[str, Any]:
     """A kernel summary dict (schema in the module docstring); ``kernels_per_step`` is the sum of counts;
     ``steps`` is how many steps a profiler recorded (None where the count is read off a compiled program)."""
     if source not in SOURCES:
         raise ValueError(f"unknown kernel summary source {source!r}; known: {', '.join(SOURCES)}")
-    return {"source": source, "device": device, "kernels_per_step": sum(k["count"] for k in kernels),
-            "kernels": kernels, "metadata_ops": metadata_ops, "trace": trace, "notes": notes, "steps": steps}
+    return {
+        "source": source,
+        "device": device,
+        "kernels_per_step": sum(k["count"] for k in kernels),
+        "kernels": kernels,
+        "metadata_ops": metadata_ops,
+        "trace": trace,
+        "notes": notes,
+        "steps": steps,
+    }
 
 
 def check_summary(s: dict[str, Any]) -> None:
@@ -384,24 +641,42 @@ def kernel_section(doc: dict[str, Any]) -> str:
         if not s:
             continue
         label = f"{r.get('backend', '')} {_case(r)} {r.get('dtype', '')} {r.get('mode', '')}"
-        rows.append([
-            _cell(str(r.get("backend", ""))), _cell(_case(r)), _cell(str(r.get("dtype", ""))),
-            _cell(str(r.get("mode", ""))), _counted_by(s),
-            str(s.get("kernels_per_step", sum(k["count"] for k in s.get("kernels", [])))),
-            _kernels_cell(s), _absorbed_cell(s), _metadata_cell(s),
-        ])
+        rows.append(
+            [
+                _cell(str(r.get("backend", ""))),
+                _cell(_case(r)),
+                _cell(str(r.get("dtype", ""))),
+                _cell(str(r.get("mode", ""))),
+                _counted_by(s),
+                str(s.get("kernels_per_step", sum(k["count"] for k in s.get("kernels", [])))),
+                _kernels_cell(s),
+                _absorbed_cell(s),
+                _metadata_cell(s),
+            ]
+        )
         if s.get("notes"):
             notes.append(f"- {_cell(label)}: {_cell(s['notes'])}")
     if not rows:
         return ""
-    header = ["backend", "case", "dtype", "mode", "counted by", "kernels/step", "kernels (per step)",
-              "fused kernel: ops absorbed", "metadata ops (no kernel)"]
+    header = [
+        "backend",
+        "case",
+        "dtype",
+        "mode",
+        "counted by",
+        "kernels/step",
+        "kernels (per step)",
+        "fused kernel: ops absorbed",
+        "metadata ops (no kernel)",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    intro = ("Kernels launched by one step. torch: counted by `torch.profiler` over the steps each row names, "
-             "divided by their number (on CUDA the device "
-             "kernels, memcpys and memsets; on CPU the leaf ops that do work, e.g. `aten::mm` under `aten::linear`, "
-             "and Inductor's C++ kernels). JAX: read from XLA's optimized HLO, one kernel per top-level fusion, "
-             "custom call or op. A fused kernel lists the ops it absorbed; view-like ops that launch nothing "
-             "(transposes, reshapes, bitcasts) are counted apart.")
+    intro = (
+        "Kernels launched by one step. torch: counted by `torch.profiler` over the steps each row names, "
+        "divided by their number (on CUDA the device "
+        "kernels, memcpys and memsets; on CPU the leaf ops that do work, e.g. `aten::mm` under `aten::linear`, "
+        "and Inductor's C++ kernels). JAX: read from XLA's optimized HLO, one kernel per top-level fusion, "
+        "custom call or op. A fused kernel lists the ops it absorbed; view-like ops that launch nothing "
+        "(transposes, reshapes, bitcasts) are counted apart."
+    )
     return "## Kernels per step\n\n" + intro + "\n\n" + "\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "")

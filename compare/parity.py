@@ -66,8 +66,11 @@ PLAIN_FACTOR = 2.0
 Z_SCORE = 5.0
 DEGENERATE_FACTOR = 100.0
 #: Largest finite value of each dtype: a reference beyond it cannot be represented, so it is refused.
-DTYPE_MAX: dict[str, float] = {"float32": float(np.finfo(np.float32).max), "bfloat16": 3.3895313892515355e38,
-                               "float16": 65504.0}
+DTYPE_MAX: dict[str, float] = {
+    "float32": float(np.finfo(np.float32).max),
+    "bfloat16": 3.3895313892515355e38,
+    "float16": 65504.0,
+}
 CHECKS: tuple[str, ...] = ("max", "rms", "shift", "scale", "dtype")
 
 
@@ -178,10 +181,27 @@ def not_representable(y64: np.ndarray, dtype: str) -> np.ndarray:
 def _fail(name: str, n: int, why: str, **kw: object) -> TensorParity:
     nan = float("nan")
     base: dict[str, object] = {
-        "max_abs_err": nan, "max_rel_err": nan, "bound": 0.0, "ratio": nan, "plain_err": 0.0, "rms_err": nan,
-        "rms_plain": 0.0, "rms_bound": 0.0, "mean_err": nan, "mean_plain": 0.0, "mean_se": 0.0, "mean_bound": 0.0,
-        "scale_err": nan, "scale_plain": 0.0, "scale_se": 0.0, "scale_bound": 0.0, "not_representable": 0,
-        "worst_ratio": math.inf, "worst_index": [], "nonfinite": 0, "failed": ["finite"],
+        "max_abs_err": nan,
+        "max_rel_err": nan,
+        "bound": 0.0,
+        "ratio": nan,
+        "plain_err": 0.0,
+        "rms_err": nan,
+        "rms_plain": 0.0,
+        "rms_bound": 0.0,
+        "mean_err": nan,
+        "mean_plain": 0.0,
+        "mean_se": 0.0,
+        "mean_bound": 0.0,
+        "scale_err": nan,
+        "scale_plain": 0.0,
+        "scale_se": 0.0,
+        "scale_bound": 0.0,
+        "not_representable": 0,
+        "worst_ratio": math.inf,
+        "worst_index": [],
+        "nonfinite": 0,
+        "failed": ["finite"],
     }
     base.update(kw)
     # ``base`` holds one value per remaining field, of the field's type: a dict of mixed types to mypy
@@ -195,8 +215,12 @@ def _fmt_index(idx: Iterable[Any]) -> list[int]:
 def check_tensor(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str) -> TensorParity:
     """Compare ``y`` with the float64 ``ref``; ``plain`` is the same-dtype computation. All the same shape."""
     if y.shape != ref.shape:
-        return _fail(name, int(np.size(y)), f"shape {list(y.shape)} differs from the reference's {list(ref.shape)}",
-                     failed=["shape"])
+        return _fail(
+            name,
+            int(np.size(y)),
+            f"shape {list(y.shape)} differs from the reference's {list(ref.shape)}",
+            failed=["shape"],
+        )
     y64 = np.asarray(y, dtype=np.float64)
     ref64 = np.asarray(ref, dtype=np.float64)
     p64 = np.asarray(plain, dtype=np.float64)
@@ -214,8 +238,15 @@ def check_tensor(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, d
     nonfinite = int(n - np.count_nonzero(finite))
     if nonfinite:
         worst = _fmt_index(np.unravel_index(int(np.argmax(~finite)), y64.shape))
-        return _fail(name, n, f"{nonfinite} NaN/Inf values, first at {worst}", bound=bound, plain_err=plain_err,
-                     worst_index=worst, nonfinite=nonfinite)
+        return _fail(
+            name,
+            n,
+            f"{nonfinite} NaN/Inf values, first at {worst}",
+            bound=bound,
+            plain_err=plain_err,
+            worst_index=worst,
+            nonfinite=nonfinite,
+        )
     e = y64 - ref64
     diff = np.abs(e)
     flat = int(np.argmax(diff))
@@ -241,29 +272,58 @@ def check_tensor(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, d
         if c.passed:
             continue
         if c.name == "max":
-            whys.append(f"max abs error {err:.3g} at {worst} (got {y64.flat[flat]:.6g}, want {ref64.flat[flat]:.6g}) "
-                        f"exceeds bound {bound:.3g} = {PLAIN_FACTOR:g} x plain {dtype} error {plain_err:.3g} + eps")
+            whys.append(
+                f"max abs error {err:.3g} at {worst} (got {y64.flat[flat]:.6g}, want {ref64.flat[flat]:.6g}) "
+                f"exceeds bound {bound:.3g} = {PLAIN_FACTOR:g} x plain {dtype} error {plain_err:.3g} + eps"
+            )
         elif c.name == "rms":
-            whys.append(f"rms error {rms_err:.3g} exceeds bound {rms_bound:.3g} = {PLAIN_FACTOR:g} x plain {dtype} "
-                        f"rms error {rms_plain:.3g} + eps")
+            whys.append(
+                f"rms error {rms_err:.3g} exceeds bound {rms_bound:.3g} = {PLAIN_FACTOR:g} x plain {dtype} "
+                f"rms error {rms_plain:.3g} + eps"
+            )
         elif c.name == "shift":
-            whys.append(f"mean error {m:.3g} is {abs(m) / max(m_se, 1e-300):.3g} standard errors ({m_se:.2g}) from "
-                        f"zero; bound {mean_bound:.3g} = |plain mean {m_p:.2g}| + {Z_SCORE:g} se")
+            whys.append(
+                f"mean error {m:.3g} is {abs(m) / max(m_se, 1e-300):.3g} standard errors ({m_se:.2g}) from "
+                f"zero; bound {mean_bound:.3g} = |plain mean {m_p:.2g}| + {Z_SCORE:g} se"
+            )
         elif c.name == "scale":
-            whys.append(f"scale error {b:+.3g} (output = {1 + b:.5g} x reference) exceeds bound {scale_bound:.3g} = "
-                        f"|plain {b_p:.2g}| + {Z_SCORE:g} se ({b_se:.2g})")
+            whys.append(
+                f"scale error {b:+.3g} (output = {1 + b:.5g} x reference) exceeds bound {scale_bound:.3g} = "
+                f"|plain {b_p:.2g}| + {Z_SCORE:g} se ({b_se:.2g})"
+            )
         else:
             first = _fmt_index(np.unravel_index(int(np.argmax(bad_dtype)), y64.shape))
-            whys.append(f"{n_bad} of {n} values are not {dtype} values (first at {first}: {y64[tuple(first)]!r}): "
-                        f"the output was not computed in {dtype}")
+            whys.append(
+                f"{n_bad} of {n} values are not {dtype} values (first at {first}: {y64[tuple(first)]!r}): "
+                f"the output was not computed in {dtype}"
+            )
     finite_ratios = [c.ratio for c in checks if c.name != "dtype"]
     worst_ratio = max([*finite_ratios, math.inf if n_bad else 0.0])
     return TensorParity(
-        tensor=name, n=n, max_abs_err=err, max_rel_err=err / scale, bound=bound,
-        ratio=err / bound if bound else math.inf, plain_err=plain_err, rms_err=rms_err, rms_plain=rms_plain,
-        rms_bound=rms_bound, mean_err=m, mean_plain=m_p, mean_se=m_se, mean_bound=mean_bound, scale_err=b,
-        scale_plain=b_p, scale_se=b_se, scale_bound=scale_bound, not_representable=n_bad, worst_ratio=worst_ratio,
-        worst_index=worst, nonfinite=0, passed=not whys, failed=[c.name for c in checks if not c.passed],
+        tensor=name,
+        n=n,
+        max_abs_err=err,
+        max_rel_err=err / scale,
+        bound=bound,
+        ratio=err / bound if bound else math.inf,
+        plain_err=plain_err,
+        rms_err=rms_err,
+        rms_plain=rms_plain,
+        rms_bound=rms_bound,
+        mean_err=m,
+        mean_plain=m_p,
+        mean_se=m_se,
+        mean_bound=mean_bound,
+        scale_err=b,
+        scale_plain=b_p,
+        scale_se=b_se,
+        scale_bound=scale_bound,
+        not_representable=n_bad,
+        worst_ratio=worst_ratio,
+        worst_index=worst,
+        nonfinite=0,
+        passed=not whys,
+        failed=[c.name for c in checks if not c.passed],
         why="; ".join(whys),
     )
 
@@ -287,10 +347,17 @@ class Parity:
 
     def to_dict(self) -> dict[str, object]:
         w = self.worst
-        return {"passed": self.passed, "max_abs_err": w.max_abs_err, "max_rel_err": w.max_rel_err,
-                "bound": w.bound, "ratio": w.ratio, "worst_ratio": w.worst_ratio, "worst_tensor": w.tensor,
-                "failed": [f"{t.tensor}:{c}" for t in self.tensors for c in t.failed],
-                "tensors": [t.to_dict() for t in self.tensors]}
+        return {
+            "passed": self.passed,
+            "max_abs_err": w.max_abs_err,
+            "max_rel_err": w.max_rel_err,
+            "bound": w.bound,
+            "ratio": w.ratio,
+            "worst_ratio": w.worst_ratio,
+            "worst_tensor": w.tensor,
+            "failed": [f"{t.tensor}:{c}" for t in self.tensors for c in t.failed],
+            "tensors": [t.to_dict() for t in self.tensors],
+        }
 
 
 def check_all(
@@ -312,11 +379,15 @@ def check_plain(case_name: str, dtype: str, ref: dict[str, np.ndarray], plain: d
     for k, r in ref.items():
         top = float(np.max(np.abs(r))) if r.size else 0.0
         if not np.isfinite(top) or top > DTYPE_MAX[dtype]:
-            raise UnusableCase(f"case {case_name}: the reference {k!r} reaches {top:.4g}, beyond {dtype}'s largest "
-                               f"finite value {DTYPE_MAX[dtype]:.6g}; no {dtype} computation can represent it")
+            raise UnusableCase(
+                f"case {case_name}: the reference {k!r} reaches {top:.4g}, beyond {dtype}'s largest "
+                f"finite value {DTYPE_MAX[dtype]:.6g}; no {dtype} computation can represent it"
+            )
     for k, p in plain.items():
         bad = int(np.size(p) - np.count_nonzero(np.isfinite(p)))
         if bad:
-            raise UnusableCase(f"case {case_name}: the plain {dtype} computation of {k!r} has {bad} NaN/Inf values "
-                               f"(it overflows {dtype}), so no bound can be derived from it; use smaller inputs or "
-                               f"a wider dtype")
+            raise UnusableCase(
+                f"case {case_name}: the plain {dtype} computation of {k!r} has {bad} NaN/Inf values "
+                f"(it overflows {dtype}), so no bound can be derived from it; use smaller inputs or "
+                f"a wider dtype"
+            )

@@ -28,8 +28,7 @@ from compare.timing import quartiles
 Doc = dict[str, Any]
 Family = tuple[str, int, int]
 #: Keys of a result's ``cost`` plotted against the ceilings, with their legend suffix and line style.
-CEILINGS: tuple[tuple[str, str, str], ...] = (("flops_fraction", "compute", "-"),
-                                              ("bytes_fraction", "bandwidth", "--"))
+CEILINGS: tuple[tuple[str, str, str], ...] = (("flops_fraction", "compute", "-"), ("bytes_fraction", "bandwidth", "--"))
 
 
 def tokens(r: Doc) -> int:
@@ -50,8 +49,11 @@ def spread(t: Doc) -> tuple[float, float, float]:
 
 
 def _timed(results: Iterable[Doc]) -> list[Doc]:
-    return [r for r in results if r.get("timing") and r["status"] in ("ok", "parity-fail")
-            and r["timing"].get("median_s", 0) > 0]
+    return [
+        r
+        for r in results
+        if r.get("timing") and r["status"] in ("ok", "parity-fail") and r["timing"].get("median_s", 0) > 0
+    ]
 
 
 def _ordered(xs: Iterable[str], order: Iterable[str]) -> list[str]:
@@ -180,8 +182,15 @@ def _ceiling_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
                 pts = [(tokens(r), _frac(r, key)) for r in series.get((dtype, mode, b), [])]
                 pts = [(x, y) for x, y in pts if y is not None]
                 if pts:
-                    ax.plot([x for x, _ in pts], [y for _, y in pts], linestyle=style, marker="o", ms=3,
-                            color=color[b], label=f"{b} {what}")
+                    ax.plot(
+                        [x for x, _ in pts],
+                        [y for _, y in pts],
+                        linestyle=style,
+                        marker="o",
+                        ms=3,
+                        color=color[b],
+                        label=f"{b} {what}",
+                    )
         _axes_style(ax, (tokens(r) for r in rs), f"{dtype} {mode}", "fraction of ceiling")
     return _save(fig, path)
 
@@ -191,8 +200,12 @@ def _roofline_plot(doc: Doc, rs: list[Doc], fam: Family, path: Path) -> Path | N
     the family, under the roofs measured in the same run: ``min(peak FLOP/s, intensity x peak bandwidth)``. One
     panel per dtype; renders for a single shape too."""
     ceilings = doc.get("ceilings") or {}
-    pts = [r for r in rs if ((r.get("cost") or {}).get("achieved") or {}).get("flops_per_s")
-           and isinstance(ceilings.get(r["dtype"]), dict)]
+    pts = [
+        r
+        for r in rs
+        if ((r.get("cost") or {}).get("achieved") or {}).get("flops_per_s")
+        and isinstance(ceilings.get(r["dtype"]), dict)
+    ]
     if not pts:
         return None
     dtypes = _ordered((r["dtype"] for r in pts), [d for d in ("float32", "bfloat16", "float16")])
@@ -208,8 +221,14 @@ def _roofline_plot(doc: Doc, rs: list[Doc], fam: Family, path: Path) -> Path | N
         grid = [lo * (hi / lo) ** (i / 63) for i in range(64)]
         ax.plot(grid, [min(peak_f, x * peak_b) for x in grid], color="grey", linewidth=1.5, label="roof")
         for r, x in zip(mine, xs, strict=True):
-            ax.plot([x], [r["cost"]["achieved"]["flops_per_s"]], marker="o", linestyle="", color=color[r["backend"]],
-                    label=f"{r['backend']} {r['mode']} ({tokens(r)} tokens)")
+            ax.plot(
+                [x],
+                [r["cost"]["achieved"]["flops_per_s"]],
+                marker="o",
+                linestyle="",
+                color=color[r["backend"]],
+                label=f"{r['backend']} {r['mode']} ({tokens(r)} tokens)",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("arithmetic intensity (FLOP/byte, cost model)")
@@ -233,15 +252,24 @@ def _compile_plot(rows: list[Doc], path: Path) -> Path | None:
     color = _colors([f"{b} dynamic={d}" for b, d in keys])
     for ax, dtype in zip(axes, dtypes, strict=True):
         for b, d in keys:
-            pts = sorted((r for r in timed if (r["backend"], str(r.get("dynamic"))) == (b, d) and r["dtype"] == dtype),
-                         key=lambda r: r["tokens"])
+            pts = sorted(
+                (r for r in timed if (r["backend"], str(r.get("dynamic"))) == (b, d) and r["dtype"] == dtype),
+                key=lambda r: r["tokens"],
+            )
             if not pts:
                 continue
             label = f"{b} dynamic={d}"
             xs = [r["tokens"] for r in pts]
             ax.plot(xs, [r["median_s"] for r in pts], marker="o", ms=3, color=color[label], label=f"{label} median")
-            ax.plot(xs, [r["first_call_s"] for r in pts], marker="^", ms=3, ls="--", color=color[label],
-                    label=f"{label} first call")
+            ax.plot(
+                xs,
+                [r["first_call_s"] for r in pts],
+                marker="^",
+                ms=3,
+                ls="--",
+                color=color[label],
+                label=f"{label} first call",
+            )
         _axes_style(ax, (r["tokens"] for r in timed), dtype, "seconds")
     return _save(fig, path)
 
@@ -277,10 +305,13 @@ def render_plots(doc: Doc, out_dir: Path) -> list[Path]:
     return written
 
 
-_CAPTIONS = {"time": "median time per call against tokens", "speedup": f"speedup over {DEFAULT_BASELINE}",
-             "ceiling": "achieved fraction of the compute and bandwidth ceilings",
-             "roofline": "achieved FLOP/s against arithmetic intensity, under this run's measured roofs",
-             "compile": "first call (compile + run, dashed) and steady-state median (solid) against tokens"}
+_CAPTIONS = {
+    "time": "median time per call against tokens",
+    "speedup": f"speedup over {DEFAULT_BASELINE}",
+    "ceiling": "achieved fraction of the compute and bandwidth ceilings",
+    "roofline": "achieved FLOP/s against arithmetic intensity, under this run's measured roofs",
+    "compile": "first call (compile + run, dashed) and steady-state median (solid) against tokens",
+}
 
 
 def plots_section(doc: Doc, plot_paths: list[str] | None = None) -> str:
@@ -288,9 +319,12 @@ def plots_section(doc: Doc, plot_paths: list[str] | None = None) -> str:
     paths = list(doc.get("plots", []) if plot_paths is None else plot_paths)
     if not paths:
         return ""
-    lines = ["## Plots", "",
-             "Token count on x (batch x seq); one line per backend, one panel per dtype and mode. Error bars span "
-             "the first to the third quartile of the samples."]
+    lines = [
+        "## Plots",
+        "",
+        "Token count on x (batch x seq); one line per backend, one panel per dtype and mode. Error bars span "
+        "the first to the third quartile of the samples.",
+    ]
     for p in paths:
         stem = Path(p).stem
         kind, _, fam = stem.partition("-")

@@ -70,8 +70,9 @@ def lock_folder(path: Path, what: str = "run") -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
-            raise InputError(f"another {what} is writing {path} (it holds {lock}); wait for it or use another "
-                             f"--out") from exc
+            raise InputError(
+                f"another {what} is writing {path} (it holds {lock}); wait for it or use another --out"
+            ) from exc
         yield
     finally:
         os.close(fd)
@@ -90,9 +91,11 @@ def check_memory(cases: Iterable[Case], available: tuple[int, str] | None = None
     for case in cases:
         need = case.estimated_bytes()
         if need > free:
-            raise InputError(f"case {case.name} needs at least {si(need, 'B')} ({need:,} bytes) of memory for its "
-                             f"golden data, float64 reference and plain computation, but only {si(free, 'B')} "
-                             f"({free:,} bytes) are available ({source}); choose smaller sizes")
+            raise InputError(
+                f"case {case.name} needs at least {si(need, 'B')} ({need:,} bytes) of memory for its "
+                f"golden data, float64 reference and plain computation, but only {si(free, 'B')} "
+                f"({free:,} bytes) are available ({source}); choose smaller sizes"
+            )
 
 
 def check_golden(cases: Iterable[Case]) -> None:

@@ -41,8 +41,14 @@ def eta(done: int, total: int, elapsed: float) -> float | None:
 class Display:
     """Progress of ``total`` cells. Use as a context manager; call :meth:`cell` as each one finishes."""
 
-    def __init__(self, total: int, level: str = "normal", stream: TextIO | None = None, live: bool | None = None,
-                 title: str = "cells") -> None:
+    def __init__(
+        self,
+        total: int,
+        level: str = "normal",
+        stream: TextIO | None = None,
+        live: bool | None = None,
+        title: str = "cells",
+    ) -> None:
         if level not in LEVELS:
             raise ValueError(f"unknown progress level {level!r}; known: {', '.join(LEVELS)}")
         self.total, self.level, self.title = total, level, title
@@ -67,9 +73,16 @@ class Display:
                 TimeRemainingColumn,
             )
 
-            self._rich = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-                                  console=Console(file=self.stream), transient=False)
+            self._rich = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("left"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                transient=False,
+            )
             self._rich.__enter__()
             self._task = self._rich.add_task(self.title, total=self.total or None)
         return self
@@ -110,8 +123,9 @@ class Display:
         self.done += 1
         elapsed = time.monotonic() - self.start
         left = eta(self.done - self._base, self.total - self._base, elapsed)
-        line = (f"[{self.done}/{self.total}] {label} -> {status}  (elapsed {fmt_duration(elapsed)}"
-                + (f", about {fmt_duration(left)} left)" if left else ")"))
+        line = f"[{self.done}/{self.total}] {label} -> {status}  (elapsed {fmt_duration(elapsed)}" + (
+            f", about {fmt_duration(left)} left)" if left else ")"
+        )
         show_reason = reason and (self.level == "verbose" or status in PROBLEMS)
         if self._rich is not None:
             self._rich.update(self._task, total=self.total, completed=self.done)

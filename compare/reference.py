@@ -152,7 +152,11 @@ Activation = Callable[[np.ndarray], np.ndarray]
 
 
 def _glu_fwd_bwd(
-    x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith, act: Activation,
+    x: np.ndarray,
+    params: dict[str, np.ndarray],
+    dy: np.ndarray | None,
+    ar: Arith,
+    act: Activation,
     act_grad: Activation,
 ) -> dict[str, np.ndarray]:
     """A gated MLP ``y = down(act(gate(x)) * up(x))`` forward and, given ``dy``, backward. ``x, y, dy [T, dim]``;
@@ -215,8 +219,12 @@ def gelu_mlp_fwd_bwd(
     return out
 
 
-FORWARD_BACKWARD = {"linear": linear_fwd_bwd, "geglu": geglu_fwd_bwd, "swiglu": swiglu_fwd_bwd,
-                    "gelu-mlp": gelu_mlp_fwd_bwd}
+FORWARD_BACKWARD = {
+    "linear": linear_fwd_bwd,
+    "geglu": geglu_fwd_bwd,
+    "swiglu": swiglu_fwd_bwd,
+    "gelu-mlp": gelu_mlp_fwd_bwd,
+}
 
 
 def compute(

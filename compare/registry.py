@@ -105,31 +105,72 @@ class BackendSpec:
 BACKENDS: dict[str, BackendSpec] = {
     s.name: s
     for s in (
-        BackendSpec("torch-eager", "torch", "torch_impl.backends.eager", "PyTorch eager nn.Modules (the baseline)",
-                    plan="eager", sweep=({},)),
-        BackendSpec("torch-compile", "torch", "torch_impl.backends.compiled",
-                    "torch.compile (Inductor: fused C++ on CPU, Triton on GPU)", plan="fused-ew",
-                    sweep=({"dynamic": False}, {"dynamic": True})),
-        BackendSpec("torch-triton", "torch", "torch_impl.backends.triton_geglu",
-                    "eager GEMMs + hand-written Triton GeGLU elementwise kernel", models=GLU_MODELS, plan="fused-ew",
-                    sweep=({},)),
-        BackendSpec("torch-triton-fused", "torch", "torch_impl.backends.triton_fused",
-                    "one Triton GEMM for gelu_tanh(x Wg^T) * (x Wu^T) (gate/up never stored) + Triton down GEMM",
-                    models=GLU_MODELS, plan="fused-gemm"),
-        BackendSpec("jax-xla", "jax", "jax_impl.backends.xla", "flax.nnx modules under jax.jit (XLA fusion)",
-                    plan="fused-ew", sweep=({},),
-                    assumption=("assumed: XLA fuses the activation and the mul into one loop fusion and keeps g, u, h "
-                                "as torch-compile does; the HLO decides (cross-checked against XLA's cost_analysis "
-                                "in the report)")),
-        BackendSpec("jax-pallas", "jax", "jax_impl.backends.pallas",
-                    "nnx module under jax.jit with the GeGLU step as a Pallas kernel (custom VJP)", models=GLU_MODELS,
-                    plan="fused-ew",
-                    assumption=("gate/up/down are XLA dots (assumed unfused with the Pallas kernel); residuals g, u "
-                                "per custom_vjp")),
-        BackendSpec("jax-triton", "jax", "jax_impl.backends.triton",
-                    "nnx module with torch-triton's very Triton kernel called through jax_triton", models=GLU_MODELS,
-                    plan="fused-ew",
-                    assumption="as torch-triton: XLA dots around a Triton elementwise kernel; residuals g, u"),
+        BackendSpec(
+            "torch-eager",
+            "torch",
+            "torch_impl.backends.eager",
+            "PyTorch eager nn.Modules (the baseline)",
+            plan="eager",
+            sweep=({},),
+        ),
+        BackendSpec(
+            "torch-compile",
+            "torch",
+            "torch_impl.backends.compiled",
+            "torch.compile (Inductor: fused C++ on CPU, Triton on GPU)",
+            plan="fused-ew",
+            sweep=({"dynamic": False}, {"dynamic": True}),
+        ),
+        BackendSpec(
+            "torch-triton",
+            "torch",
+            "torch_impl.backends.triton_geglu",
+            "eager GEMMs + hand-written Triton GeGLU elementwise kernel",
+            models=GLU_MODELS,
+            plan="fused-ew",
+            sweep=({},),
+        ),
+        BackendSpec(
+            "torch-triton-fused",
+            "torch",
+            "torch_impl.backends.triton_fused",
+            "one Triton GEMM for gelu_tanh(x Wg^T) * (x Wu^T) (gate/up never stored) + Triton down GEMM",
+            models=GLU_MODELS,
+            plan="fused-gemm",
+        ),
+        BackendSpec(
+            "jax-xla",
+            "jax",
+            "jax_impl.backends.xla",
+            "flax.nnx modules under jax.jit (XLA fusion)",
+            plan="fused-ew",
+            sweep=({},),
+            assumption=(
+                "assumed: XLA fuses the activation and the mul into one loop fusion and keeps g, u, h "
+                "as torch-compile does; the HLO decides (cross-checked against XLA's cost_analysis "
+                "in the report)"
+            ),
+        ),
+        BackendSpec(
+            "jax-pallas",
+            "jax",
+            "jax_impl.backends.pallas",
+            "nnx module under jax.jit with the GeGLU step as a Pallas kernel (custom VJP)",
+            models=GLU_MODELS,
+            plan="fused-ew",
+            assumption=(
+                "gate/up/down are XLA dots (assumed unfused with the Pallas kernel); residuals g, u per custom_vjp"
+            ),
+        ),
+        BackendSpec(
+            "jax-triton",
+            "jax",
+            "jax_impl.backends.triton",
+            "nnx module with torch-triton's very Triton kernel called through jax_triton",
+            models=GLU_MODELS,
+            plan="fused-ew",
+            assumption="as torch-triton: XLA dots around a Triton elementwise kernel; residuals g, u",
+        ),
     )
 }
 DEFAULT_BASELINE = "torch-eager"

@@ -49,29 +49,55 @@ def parity_section(results: list[Doc]) -> str:
             verdict = "pass" if t["passed"] else "**FAIL**: " + ", ".join(t.get("failed", []))
             if last and not last["passed"] and any(f.startswith(t["tensor"] + ":") for f in last["failures"]):
                 verdict += " (last timed call: **FAIL**)"
-            rows.append([r["backend"], case_label(r), r["dtype"], r["mode"], t["tensor"],
-                         _e_bound(t["max_abs_err"], t["bound"]), _e_bound(t.get("rms_err"), t.get("rms_bound")),
-                         f"{fmt_e(t.get('mean_err'))} ({fmt_e(t.get('mean_bound'))}; se {fmt_e(t.get('mean_se'))})",
-                         f"{fmt_e(t.get('scale_err'))} ({fmt_e(t.get('scale_bound'))}; se {fmt_e(t.get('scale_se'))})",
-                         str(t.get("not_representable", "-")), verdict])
-    head = ["backend", "case", "dtype", "mode", "tensor", "max abs err (bound)", "rms err (bound)",
-            "mean err (bound; se)", "scale err (bound; se)", "values not in dtype", "parity"]
+            rows.append(
+                [
+                    r["backend"],
+                    case_label(r),
+                    r["dtype"],
+                    r["mode"],
+                    t["tensor"],
+                    _e_bound(t["max_abs_err"], t["bound"]),
+                    _e_bound(t.get("rms_err"), t.get("rms_bound")),
+                    f"{fmt_e(t.get('mean_err'))} ({fmt_e(t.get('mean_bound'))}; se {fmt_e(t.get('mean_se'))})",
+                    f"{fmt_e(t.get('scale_err'))} ({fmt_e(t.get('scale_bound'))}; se {fmt_e(t.get('scale_se'))})",
+                    str(t.get("not_representable", "-")),
+                    verdict,
+                ]
+            )
+    head = [
+        "backend",
+        "case",
+        "dtype",
+        "mode",
+        "tensor",
+        "max abs err (bound)",
+        "rms err (bound)",
+        "mean err (bound; se)",
+        "scale err (bound; se)",
+        "values not in dtype",
+        "parity",
+    ]
     timed = any(len(r["parity"].get("checked", [])) > 1 for r in results if r.get("parity"))
-    intro = ("Error against the float64 golden, every check of the gate (`compare/parity.py`); each bound comes from "
-             "a plain same-dtype computation's own error on the same case. max: max|err| <= 2 x plain max + one unit "
-             "roundoff of max|ref|. rms: rms(err) <= 2 x plain rms + one unit roundoff of rms(ref). mean (a constant "
-             "shift) and scale (the slope of err on ref: output = (1 + scale) x ref) must lie within |plain's| + 5 "
-             "cluster-robust standard errors. Values not in dtype: outputs that are not values of the case dtype "
-             "(a backend computing or answering in a wider type). The numbers are the first call's output"
-             + ("; timed rows were checked again on the output of their last timed call, and a failure there is "
-                "marked in the row." if timed else " (no row was timed, so no later output was checked)."))
+    intro = (
+        "Error against the float64 golden, every check of the gate (`compare/parity.py`); each bound comes from "
+        "a plain same-dtype computation's own error on the same case. max: max|err| <= 2 x plain max + one unit "
+        "roundoff of max|ref|. rms: rms(err) <= 2 x plain rms + one unit roundoff of rms(ref). mean (a constant "
+        "shift) and scale (the slope of err on ref: output = (1 + scale) x ref) must lie within |plain's| + 5 "
+        "cluster-robust standard errors. Values not in dtype: outputs that are not values of the case dtype "
+        "(a backend computing or answering in a wider type). The numbers are the first call's output"
+        + (
+            "; timed rows were checked again on the output of their last timed call, and a failure there is "
+            "marked in the row."
+            if timed
+            else " (no row was timed, so no later output was checked)."
+        )
+    )
     return "## Parity\n\n" + intro + "\n\n" + table(head, rows)
 
 
 def _baseline(results: list[Doc], r: Doc) -> Doc | None:
     for b in results:
-        if (b["backend"] == DEFAULT_BASELINE and b["case"] == r["case"] and b["mode"] == r["mode"]
-                and b.get("timing")):
+        if b["backend"] == DEFAULT_BASELINE and b["case"] == r["case"] and b["mode"] == r["mode"] and b.get("timing"):
             return b
     return None
 
@@ -99,16 +125,33 @@ def timing_section(results: list[Doc]) -> str:
             continue
         speedup = speedup_cell(results, r)
         flags = [x for x in ("noisy (IQR > 10% of median)" if t.get("noisy") else "", r.get("note", "")) if x]
-        rows.append([r["backend"], case_label(r), r["dtype"], r["mode"], fmt_s(t["median_s"]), fmt_s(t["iqr_s"]),
-                     fmt_s(t["min_s"]), f"{t['n']} x {t['calls_per_sample']}", fmt_s(t["first_call_s"]), speedup,
-                     "; ".join(flags)])
+        rows.append(
+            [
+                r["backend"],
+                case_label(r),
+                r["dtype"],
+                r["mode"],
+                fmt_s(t["median_s"]),
+                fmt_s(t["iqr_s"]),
+                fmt_s(t["min_s"]),
+                f"{t['n']} x {t['calls_per_sample']}",
+                fmt_s(t["first_call_s"]),
+                speedup,
+                "; ".join(flags),
+            ]
+        )
     head = ["backend", "case", "dtype", "mode", "median", "IQR", "min", "n x calls", "first call", "vs eager", "notes"]
-    intro = (f"Per call, steady state, after warm-up; every sample ends with a full device sync. "
-             f"First call (compile + run) apart. Speedup is {DEFAULT_BASELINE}'s median over this one's, shown "
-             f"only where the two differ beyond both runs' noise (the rule of `compare diff`: median ratio outside "
-             f"the band of both IQRs, quartiles apart, a Mann-Whitney test); else 'within noise'.")
-    untimed = [f"- {r['backend']} ({case_label(r)}, {r['dtype']}, {r['mode']}): not timed: {r['note']}"
-               for r in results if r["status"] in ("ok", "parity-fail") and not r.get("timing")]
+    intro = (
+        f"Per call, steady state, after warm-up; every sample ends with a full device sync. "
+        f"First call (compile + run) apart. Speedup is {DEFAULT_BASELINE}'s median over this one's, shown "
+        f"only where the two differ beyond both runs' noise (the rule of `compare diff`: median ratio outside "
+        f"the band of both IQRs, quartiles apart, a Mann-Whitney test); else 'within noise'."
+    )
+    untimed = [
+        f"- {r['backend']} ({case_label(r)}, {r['dtype']}, {r['mode']}): not timed: {r['note']}"
+        for r in results
+        if r["status"] in ("ok", "parity-fail") and not r.get("timing")
+    ]
     return "## Timing\n\n" + intro + "\n\n" + table(head, rows) + ("\n\n" + "\n".join(untimed) if untimed else "")
 
 
@@ -131,8 +174,10 @@ def modes_section(results: list[Doc]) -> str:
         cells[(*key, r["mode"])] = fmt_s(r["timing"]["median_s"]) + shown
     label = {r["case"]: case_label(r) for r in results}
     rows = [[b, label[c], d, *(cells.get((b, c, d, m), "-") for m in modes)] for b, c, d in keys]
-    return (f"## Timing by mode\n\nMedian per call (speedup against {DEFAULT_BASELINE}, where beyond noise).\n\n"
-            + table(["backend", "case", "dtype", *modes], rows))
+    return (
+        f"## Timing by mode\n\nMedian per call (speedup against {DEFAULT_BASELINE}, where beyond noise).\n\n"
+        + table(["backend", "case", "dtype", *modes], rows)
+    )
 
 
 def xla_check_section(results: list[Doc]) -> str:
@@ -145,15 +190,39 @@ def xla_check_section(results: list[Doc]) -> str:
         fr = xla["flops"] / cost["flops"] if cost["flops"] else float("nan")
         xb = xla.get("bytes_accessed")
         br = f"{xb / cost['bytes']:.2f}" if xb and cost["bytes"] else "-"
-        rows.append([r["backend"], case_label(r), r["dtype"], r["mode"], f"{cost['flops']:.4g}", f"{xla['flops']:.4g}",
-                     f"{fr:.3f}", f"{cost['bytes']:.4g}", "-" if xb is None else f"{xb:.4g}", br])
+        rows.append(
+            [
+                r["backend"],
+                case_label(r),
+                r["dtype"],
+                r["mode"],
+                f"{cost['flops']:.4g}",
+                f"{xla['flops']:.4g}",
+                f"{fr:.3f}",
+                f"{cost['bytes']:.4g}",
+                "-" if xb is None else f"{xb:.4g}",
+                br,
+            ]
+        )
     if not rows:
         return ""
-    intro = ("Model GEMM FLOPs and bytes against XLA's `cost_analysis()` of the same compiled step. XLA also counts "
-             "elementwise FLOPs (a ratio a little above 1), and its bytes count every operand of every HLO op it "
-             "keeps, which is not the same as DRAM traffic.")
-    head = ["backend", "case", "dtype", "mode", "model FLOPs", "XLA FLOPs", "XLA/model", "model bytes",
-            "XLA bytes accessed", "XLA/model"]
+    intro = (
+        "Model GEMM FLOPs and bytes against XLA's `cost_analysis()` of the same compiled step. XLA also counts "
+        "elementwise FLOPs (a ratio a little above 1), and its bytes count every operand of every HLO op it "
+        "keeps, which is not the same as DRAM traffic."
+    )
+    head = [
+        "backend",
+        "case",
+        "dtype",
+        "mode",
+        "model FLOPs",
+        "XLA FLOPs",
+        "XLA/model",
+        "model bytes",
+        "XLA bytes accessed",
+        "XLA/model",
+    ]
     return "## Cost model against XLA's cost analysis\n\n" + intro + "\n\n" + table(head, rows)
 
 
@@ -164,13 +233,18 @@ def _steps_note(k: Doc) -> str:
 
 def traces_section(results: list[Doc]) -> str:
     """Links to the profiler traces a run wrote (paths relative to the report's folder)."""
-    rows = [f"- {r['backend']} ({case_label(r)}, {r['dtype']}, {r['mode']}): [{r['kernels']['trace']}]"
-            f"({r['kernels']['trace']})" + _steps_note(r['kernels'])
-            for r in results if (r.get("kernels") or {}).get("trace")]
+    rows = [
+        f"- {r['backend']} ({case_label(r)}, {r['dtype']}, {r['mode']}): [{r['kernels']['trace']}]"
+        f"({r['kernels']['trace']})" + _steps_note(r["kernels"])
+        for r in results
+        if (r.get("kernels") or {}).get("trace")
+    ]
     if not rows:
         return ""
-    intro = ("Chrome/Perfetto traces: open in https://ui.perfetto.dev or chrome://tracing "
-             "(torch: `torch.profiler`, recorded steps as each line says; JAX: `jax.profiler`).")
+    intro = (
+        "Chrome/Perfetto traces: open in https://ui.perfetto.dev or chrome://tracing "
+        "(torch: `torch.profiler`, recorded steps as each line says; JAX: `jax.profiler`)."
+    )
     return "## Traces\n\n" + intro + "\n\n" + "\n".join(rows)
 
 
@@ -179,12 +253,20 @@ def problems_section(results: list[Doc]) -> str:
     bad = [r for r in results if r["status"] != "ok" or r.get("implausible")]
     if not bad:
         return "## Skipped, failed and implausible\n\nNone: every backend ran and passed parity."
-    rows = [[r["backend"], case_label(r), r["dtype"], r["mode"],
-             r["status"] + (" (timing implausible)" if r.get("implausible") else ""),
-             "; ".join(x for x in (r["reason"], r.get("implausible", "")) if x).replace("|", "\\|")]
-            for r in bad]
-    return "## Skipped, failed and implausible\n\n" + table(["backend", "case", "dtype", "mode", "status", "reason"],
-                                                             rows)
+    rows = [
+        [
+            r["backend"],
+            case_label(r),
+            r["dtype"],
+            r["mode"],
+            r["status"] + (" (timing implausible)" if r.get("implausible") else ""),
+            "; ".join(x for x in (r["reason"], r.get("implausible", "")) if x).replace("|", "\\|"),
+        ]
+        for r in bad
+    ]
+    return "## Skipped, failed and implausible\n\n" + table(
+        ["backend", "case", "dtype", "mode", "status", "reason"], rows
+    )
 
 
 def summary(results: list[Doc]) -> str:

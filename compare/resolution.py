@@ -90,13 +90,28 @@ def resolution_rows(
     rows = []
     for t in names:
         s, note = scale_resolution(t, ref[t], plain[t], dtype)
-        row: Row = {"case": case_name, "model": model, "label": label, "dtype": dtype, "tensor": t,
-                    "n": int(ref[t].size), "scale_resolution": s, "note": note, "erf_distinguishable": None,
-                    "erf_failed": [], "erf_rel_rms": None, "erf_scale_err": None}
+        row: Row = {
+            "case": case_name,
+            "model": model,
+            "label": label,
+            "dtype": dtype,
+            "tensor": t,
+            "n": int(ref[t].size),
+            "scale_resolution": s,
+            "note": note,
+            "erf_distinguishable": None,
+            "erf_failed": [],
+            "erf_rel_rms": None,
+            "erf_scale_err": None,
+        }
         if erf_plain is not None and erf_exact is not None:
             p = check_tensor(t, erf_plain[t], ref[t], plain[t], dtype)
-            row.update(erf_distinguishable=not p.passed, erf_failed=list(p.failed),
-                       erf_rel_rms=_rel_rms(erf_exact[t], ref[t]), erf_scale_err=p.scale_err)
+            row.update(
+                erf_distinguishable=not p.passed,
+                erf_failed=list(p.failed),
+                erf_rel_rms=_rel_rms(erf_exact[t], ref[t]),
+                erf_scale_err=p.scale_err,
+            )
         rows.append(row)
     return rows
 
@@ -126,12 +141,30 @@ def resolution_section(doc: dict[str, Any]) -> str:
             erf = f"distinguishable (fails: {', '.join(r['erf_failed'])})"
         else:
             erf = "**not distinguishable**"
-        body.append([r["label"], r["dtype"], r["tensor"], f"{r['n']:,}", _pct(r["scale_resolution"], r["note"]),
-                     erf, "-" if r["erf_rel_rms"] is None else f"{r['erf_rel_rms']:.2g}"])
-    head = ["case", "dtype", "tensor", "elements", "catches a scale error of", "erf vs tanh GELU",
-            "erf vs tanh, relative rms difference (float64)"]
-    intro = ("What a pass means. Measured with the gate itself on the golden data (numpy): the smallest relative "
-             "scale error (output too small by that fraction, rounded to the dtype) that fails the gate, found by "
-             "bisection; and whether the plain computation with the exact (erf) GELU, instead of the tanh form, "
-             "fails it. A smaller scale error, or the other GELU form where it is not distinguishable, can pass.")
+        body.append(
+            [
+                r["label"],
+                r["dtype"],
+                r["tensor"],
+                f"{r['n']:,}",
+                _pct(r["scale_resolution"], r["note"]),
+                erf,
+                "-" if r["erf_rel_rms"] is None else f"{r['erf_rel_rms']:.2g}",
+            ]
+        )
+    head = [
+        "case",
+        "dtype",
+        "tensor",
+        "elements",
+        "catches a scale error of",
+        "erf vs tanh GELU",
+        "erf vs tanh, relative rms difference (float64)",
+    ]
+    intro = (
+        "What a pass means. Measured with the gate itself on the golden data (numpy): the smallest relative "
+        "scale error (output too small by that fraction, rounded to the dtype) that fails the gate, found by "
+        "bisection; and whether the plain computation with the exact (erf) GELU, instead of the tanh form, "
+        "fails it. A smaller scale error, or the other GELU form where it is not distinguishable, can pass."
+    )
     return "## What a pass means: the gate's resolution\n\n" + intro + "\n\n" + table(head, body)

@@ -57,8 +57,15 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 
 
 #: Fields every result row must have, with their type.
-ROW_FIELDS: tuple[tuple[str, type], ...] = (("backend", str), ("case", str), ("mode", str), ("status", str),
-                                            ("dtype", str), ("model", str), ("shape", dict))
+ROW_FIELDS: tuple[tuple[str, type], ...] = (
+    ("backend", str),
+    ("case", str),
+    ("mode", str),
+    ("status", str),
+    ("dtype", str),
+    ("model", str),
+    ("shape", dict),
+)
 SHAPE_FIELDS: tuple[str, ...] = ("batch", "seq", "dim", "hidden")
 
 
@@ -78,8 +85,11 @@ def _row_problem(r: Any) -> str | None:
         return f"has a bad {', '.join(wrong)}"
     if r["status"] not in STATUSES:
         return f"has an unknown status {r['status']!r} (known: {', '.join(STATUSES)})"
-    bad = [k for k in SHAPE_FIELDS if not isinstance(r["shape"].get(k), int) or isinstance(r["shape"].get(k), bool)
-           or r["shape"][k] <= 0]
+    bad = [
+        k
+        for k in SHAPE_FIELDS
+        if not isinstance(r["shape"].get(k), int) or isinstance(r["shape"].get(k), bool) or r["shape"][k] <= 0
+    ]
     if bad:
         return f"has a shape without positive integer {', '.join(bad)}"
     t = r.get("timing")
@@ -95,8 +105,7 @@ def _row_problem(r: Any) -> str | None:
         if not _number(t["iqr_s"]) or t["iqr_s"] < 0:
             return f"has a timing iqr_s that is not a finite non-negative number ({t['iqr_s']!r})"
         samples = t.get("samples_s")
-        if samples is not None and (not isinstance(samples, list)
-                                    or not all(_number(x) and x > 0 for x in samples)):
+        if samples is not None and (not isinstance(samples, list) or not all(_number(x) and x > 0 for x in samples)):
             return "has timing samples_s that are not a list of finite positive numbers"
     p = r.get("parity")
     if p is not None and not (isinstance(p, dict) and isinstance(p.get("tensors"), list)):

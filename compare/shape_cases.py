@@ -36,7 +36,11 @@ def sweep_goldens(make: GoldenFactory, tokens: Sequence[int]) -> list[Golden]:
     first = out[0].case
     for g in out[1:]:
         c = g.case
-        if (c.model, c.dtype, c.shape.dim, c.shape.hidden) != (first.model, first.dtype, first.shape.dim,
-                                                                first.shape.hidden):
+        if (c.model, c.dtype, c.shape.dim, c.shape.hidden) != (
+            first.model,
+            first.dtype,
+            first.shape.dim,
+            first.shape.hidden,
+        ):
             raise InputError(f"a shape sweep varies tokens only; {c.name} differs from {first.name} in more")
     return out

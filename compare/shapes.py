@@ -120,13 +120,36 @@ def shapes_section(doc: dict[str, Any]) -> str:
     body = []
     for r in rows:
         size = f"{r.get('dim')}->{r.get('hidden')}" if r.get("dim") else ""
-        body.append([r["backend"], _dynamic(r), str(r["tokens"]), size, str(r.get("dtype", "")), str(r.get("mode", "")),
-                     "-" if r.get("error") else str(r.get("compiles", "-")), fmt_s(r.get("first_call_s")),
-                     fmt_s(r.get("median_s")), "none" if r.get("compile_s") == 0 else fmt_s(r.get("compile_s")),
-                     _payback(r),
-                     (r.get("error") or r.get("note") or "").replace("|", "\\|")])
-    head = ["backend", "dynamic", "tokens", "dim->hidden", "dtype", "mode", "compiles", "first call", "median",
-            "compile cost", "paid back after", "notes"]
+        body.append(
+            [
+                r["backend"],
+                _dynamic(r),
+                str(r["tokens"]),
+                size,
+                str(r.get("dtype", "")),
+                str(r.get("mode", "")),
+                "-" if r.get("error") else str(r.get("compiles", "-")),
+                fmt_s(r.get("first_call_s")),
+                fmt_s(r.get("median_s")),
+                "none" if r.get("compile_s") == 0 else fmt_s(r.get("compile_s")),
+                _payback(r),
+                (r.get("error") or r.get("note") or "").replace("|", "\\|"),
+            ]
+        )
+    head = [
+        "backend",
+        "dynamic",
+        "tokens",
+        "dim->hidden",
+        "dtype",
+        "mode",
+        "compiles",
+        "first call",
+        "median",
+        "compile cost",
+        "paid back after",
+        "notes",
+    ]
     totals = []
     groups: dict[tuple[str, str], list[Row]] = {}
     for r in rows:
@@ -135,21 +158,40 @@ def shapes_section(doc: dict[str, Any]) -> str:
         n = sum(r.get("compiles") or 0 for r in rs)
         timed = [r["first_call_s"] for r in rs if r.get("first_call_s") is not None]
         first = f"first calls {fmt_s(sum(timed))} in all" if timed else "first calls not timed"
-        totals.append(f"- {backend}" + (f" (dynamic={dyn})" if dyn != "-" else "")
-                      + f": {n} compile(s) over {len(rs)} shape(s), {first}")
-    counters = list(dict.fromkeys(f"- {r['backend']}: {r['compile_counter']}" for r in rows
-                                  if r.get("compile_counter")))
-    intro = ("One compiled function called on inputs of each token count in turn, in the order shown. Compiles: "
-             "the (re)compilations that shape caused, read from the framework's own counter (below), never "
-             "inferred from time; a timed loop that recompiles is an error. Compile cost = first call - median. "
-             "Paid back after: that cost over the per-call saving against the fastest shape-generic backend at "
-             "the same shape (one that compiles nothing per shape), only where the compiled step is faster beyond "
-             "both medians' IQRs (the rule of `compare diff`); otherwise it never pays back.")
-    return ("## Compile cost and shape generality\n\n" + intro + "\n\n" + table(head, body) + "\n\n"
-            + "\n".join(totals) + ("\n\nCounters:\n\n" + "\n".join(counters) if counters else ""))
+        totals.append(
+            f"- {backend}"
+            + (f" (dynamic={dyn})" if dyn != "-" else "")
+            + f": {n} compile(s) over {len(rs)} shape(s), {first}"
+        )
+    counters = list(
+        dict.fromkeys(f"- {r['backend']}: {r['compile_counter']}" for r in rows if r.get("compile_counter"))
+    )
+    intro = (
+        "One compiled function called on inputs of each token count in turn, in the order shown. Compiles: "
+        "the (re)compilations that shape caused, read from the framework's own counter (below), never "
+        "inferred from time; a timed loop that recompiles is an error. Compile cost = first call - median. "
+        "Paid back after: that cost over the per-call saving against the fastest shape-generic backend at "
+        "the same shape (one that compiles nothing per shape), only where the compiled step is faster beyond "
+        "both medians' IQRs (the rule of `compare diff`); otherwise it never pays back."
+    )
+    return (
+        "## Compile cost and shape generality\n\n"
+        + intro
+        + "\n\n"
+        + table(head, body)
+        + "\n\n"
+        + "\n".join(totals)
+        + ("\n\nCounters:\n\n" + "\n".join(counters) if counters else "")
+    )
 
-def run_shape_sweep(cases: list[Case], tokens: list[int], budget_s: float, progress: Callable[[str], None],
-                    specs: Iterable[BackendSpec] | None = None) -> list[dict[str, Any]]:
+
+def run_shape_sweep(
+    cases: list[Case],
+    tokens: list[int],
+    budget_s: float,
+    progress: Callable[[str], None],
+    specs: Iterable[BackendSpec] | None = None,
+) -> list[dict[str, Any]]:
     """Compile cost per token count at each case's dim, hidden and dtype, mode fwd, for every backend whose registry
     line joins the sweep (``BackendSpec.sweep``: one run per variant, e.g. ``dynamic=False`` then ``True``) and that
     implements the case's model and can run here. Each backend builds its own compiled forward and reads its own
@@ -159,6 +201,7 @@ def run_shape_sweep(cases: list[Case], tokens: list[int], budget_s: float, progr
     rows: list[dict[str, Any]] = []
     chosen = list(BACKENDS.values()) if specs is None else list(specs)
     for base in cases:
+
         def make(t: int, base: Case = base) -> Case:
             return case_for_tokens(base, t)
 

@@ -113,7 +113,7 @@ def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> tuple[float,
     u = sum(ranks[:m]) - m * (m + 1) / 2
     if m <= EXACT_MAX and n <= EXACT_MAX and all(t == 1 for t in ties):
         counts = _u_counts(m, n)
-        return u, sum(counts[math.ceil(u - 1e-9):]) / math.comb(m + n, m)
+        return u, sum(counts[math.ceil(u - 1e-9) :]) / math.comb(m + n, m)
     total = m + n
     tie_term = sum(t**3 - t for t in ties) / (total * (total - 1))
     var = m * n / 12 * ((total + 1) - tie_term)
@@ -147,8 +147,9 @@ class TimingVerdict:
         return self.verdict != WITHIN_NOISE
 
 
-def compare_timing(old: Doc, new: Doc, threshold: float = THRESHOLD, k: float = NOISE_K,
-                   alpha: float = ALPHA) -> TimingVerdict:
+def compare_timing(
+    old: Doc, new: Doc, threshold: float = THRESHOLD, k: float = NOISE_K, alpha: float = ALPHA
+) -> TimingVerdict:
     """Apply the module's rule to two timing records (``median_s`` and ``iqr_s``, ``samples_s`` when present)."""
     a, b = spread(old), spread(new)
     if a.median <= 0 or b.median <= 0:

@@ -53,10 +53,20 @@ def _parity(rows: list[Doc], resolution: list[Doc]) -> str:
     res = next((x for x in resolution if x["case"] == case and x["tensor"] == "y"), None)
     if res:
         s = res["scale_resolution"]
-        size = ("no scale error" if s is None else f"< {s:.1g}" if res["note"] == "below"
-                else f"{s:.2%}" if s >= 1e-4 else f"{s:.1g}")
-        erf = ("" if res["erf_distinguishable"] is None else
-               "; erf vs tanh GELU " + ("told apart" if res["erf_distinguishable"] else "not distinguishable"))
+        size = (
+            "no scale error"
+            if s is None
+            else f"< {s:.1g}"
+            if res["note"] == "below"
+            else f"{s:.2%}"
+            if s >= 1e-4
+            else f"{s:.1g}"
+        )
+        erf = (
+            ""
+            if res["erf_distinguishable"] is None
+            else "; erf vs tanh GELU " + ("told apart" if res["erf_distinguishable"] else "not distinguishable")
+        )
         verdict += f" (the gate catches a scale error of {size} on y{erf})"
     return verdict
 
@@ -73,8 +83,11 @@ def _fastest(rows: list[Doc]) -> str:
     if best is base:
         return text + " (the baseline itself)"
     ratio, verdict = speedup(base["timing"], best["timing"])
-    return text + (f", {WITHIN_NOISE} of {DEFAULT_BASELINE}" if verdict == WITHIN_NOISE
-                   else f", {ratio:.2f}x {DEFAULT_BASELINE} (significant)")
+    return text + (
+        f", {WITHIN_NOISE} of {DEFAULT_BASELINE}"
+        if verdict == WITHIN_NOISE
+        else f", {ratio:.2f}x {DEFAULT_BASELINE} (significant)"
+    )
 
 
 def _headroom(rows: list[Doc], fusion: list[Doc]) -> str:
@@ -90,8 +103,11 @@ def _headroom(rows: list[Doc], fusion: list[Doc]) -> str:
         if (f["case"], f["mode"]) != _key(base or {"case": "", "mode": ""}) or f.get("measured_verdict") is None:
             continue
         sign = "-" if f["measured_saved_s"] < 0 else ""
-        saved.append(f"{f['backend']} {WITHIN_NOISE}" if f["measured_verdict"] == WITHIN_NOISE
-                     else f"{f['backend']} {sign}{fmt_s(abs(f['measured_saved_s']))}")
+        saved.append(
+            f"{f['backend']} {WITHIN_NOISE}"
+            if f["measured_verdict"] == WITHIN_NOISE
+            else f"{f['backend']} {sign}{fmt_s(abs(f['measured_saved_s']))}"
+        )
     head = f"{outside / total:.0%} of {DEFAULT_BASELINE}'s kernel time ({fmt_s(outside * 1e-6)} a step)"
     return head + ("; saved: " + ", ".join(saved) if saved else "")
 
@@ -108,10 +124,14 @@ def summary_section(doc: Doc) -> str:
     resolution = doc.get("resolution") or []
     lines = []
     for rows in groups.values():
-        lines.append(f"- **{_label(rows[0])}**: parity {_parity(rows, resolution)}. Fastest: {_fastest(rows)}. "
-                     f"Fusion headroom: {_headroom(rows, fusion)}.")
-    intro = ("One line per case, dtype and mode. Parity: every backend against the float64 golden (details and the "
-             "gate's resolution below). Fastest: the quickest timed backend; a speedup is a number only beyond both "
-             f"runs' noise. Fusion headroom: the share of {DEFAULT_BASELINE}'s profiled kernel time spent outside "
-             "its GEMMs, the most fusing the rest away could ever save, next to what each fused backend saved.")
+        lines.append(
+            f"- **{_label(rows[0])}**: parity {_parity(rows, resolution)}. Fastest: {_fastest(rows)}. "
+            f"Fusion headroom: {_headroom(rows, fusion)}."
+        )
+    intro = (
+        "One line per case, dtype and mode. Parity: every backend against the float64 golden (details and the "
+        "gate's resolution below). Fastest: the quickest timed backend; a speedup is a number only beyond both "
+        f"runs' noise. Fusion headroom: the share of {DEFAULT_BASELINE}'s profiled kernel time spent outside "
+        "its GEMMs, the most fusing the rest away could ever save, next to what each fused backend saved."
+    )
     return "## Summary\n\n" + intro + "\n\n" + "\n".join(lines)

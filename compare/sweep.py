@@ -128,8 +128,15 @@ def grid_config(
             raise InputError(f"token count {t} is not a multiple of --seq {seq} (batch = tokens / seq)")
     if len(set(tokens)) != len(tokens):
         raise InputError(f"token counts repeat: {list(tokens)}")
-    return {"model": model, "dim": dim, "hidden": hidden, "seq": seq, "tokens": list(tokens), "dist": dist,
-            "seed": seed}
+    return {
+        "model": model,
+        "dim": dim,
+        "hidden": hidden,
+        "seq": seq,
+        "tokens": list(tokens),
+        "dist": dist,
+        "seed": seed,
+    }
 
 
 def cells_from_config(config: dict[str, Any]) -> list[Cell]:
@@ -214,8 +221,13 @@ def load_sweep(path: Path | str) -> dict[str, Any]:
     env["threads"] = {**env.get("threads", {}), **threads}
     if not env.get("gpu") and gpus:
         env["gpu"] = gpus[0]
-    return {"schema": first["schema"], "created": first["created"], "config": config, "environment": env,
-            "results": ordered}
+    return {
+        "schema": first["schema"],
+        "created": first["created"],
+        "config": config,
+        "environment": env,
+        "results": ordered,
+    }
 
 
 def done_keys(path: Path, retry_errors: bool = False) -> set[str]:
@@ -286,13 +298,18 @@ def _check_same_grid(path: Path, config: dict[str, Any], env: dict[str, Any]) ->
     old = first["config"]
     differ = [k for k in GRID_KEYS if old.get(k) != config.get(k)]
     if differ:
-        raise InputError(f"{path} holds a different sweep (it differs in: {', '.join(differ)}); "
-                         f"use another --out, or delete the folder to start over")
+        raise InputError(
+            f"{path} holds a different sweep (it differs in: {', '.join(differ)}); "
+            f"use another --out, or delete the folder to start over"
+        )
     old_env = first["environment"]
     changed = [k for k in ("cpu", "gpu", "versions") if old_env.get(k) != env.get(k)]
     if changed:
-        print(f"sweep: warning: resuming on a different environment (differs in: {', '.join(changed)}); the "
-              f"report keeps the first session's", file=sys.stderr)
+        print(
+            f"sweep: warning: resuming on a different environment (differs in: {', '.join(changed)}); the "
+            f"report keeps the first session's",
+            file=sys.stderr,
+        )
 
 
 # --- running cells --------------------------------------------------------------------------------------------
@@ -304,8 +321,16 @@ def _spec_dict(s: BackendSpec) -> dict[str, Any]:
 
 def _case_dict(case: Case) -> dict[str, Any]:
     s = case.shape
-    return {"model": case.model, "batch": s.batch, "seq": s.seq, "dim": s.dim, "hidden": s.hidden,
-            "dtype": case.dtype, "dist": case.dist, "seed": case.seed}
+    return {
+        "model": case.model,
+        "batch": s.batch,
+        "seq": s.seq,
+        "dim": s.dim,
+        "hidden": s.hidden,
+        "dtype": case.dtype,
+        "dist": case.dist,
+        "seed": case.seed,
+    }
 
 
 def _case_from_dict(d: dict[str, Any]) -> Case:
@@ -344,8 +369,12 @@ def run_cell_isolated(
     scratch.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=scratch, prefix="cell-") as tmp:
         cell_path, result_path = Path(tmp) / "cell.json", Path(tmp) / "result.json"
-        write_text_atomic(cell_path, json.dumps({"spec": _spec_dict(s), "case": _case_dict(cell.case),
-                                                 "mode": cell.mode, "timing": asdict(cfg)}))
+        write_text_atomic(
+            cell_path,
+            json.dumps(
+                {"spec": _spec_dict(s), "case": _case_dict(cell.case), "mode": cell.mode, "timing": asdict(cfg)}
+            ),
+        )
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
         cmd = [sys.executable, "-m", "compare.sweep", "--worker", str(cell_path), str(result_path)]
         with tempfile.TemporaryFile() as err:
@@ -386,8 +415,9 @@ def worker_main(cell_path: Path, result_path: Path) -> int:
     """Worker entry point: run the cell described in ``cell_path``, write the outcome to ``result_path``."""
     d = json.loads(cell_path.read_text(encoding="utf-8"))
     sd = d["spec"]
-    s = BackendSpec(**{**sd, "models": tuple(sd["models"]), "modes": tuple(sd["modes"]),
-                       "sweep": tuple(sd.get("sweep") or ())})
+    s = BackendSpec(
+        **{**sd, "models": tuple(sd["models"]), "modes": tuple(sd["modes"]), "sweep": tuple(sd.get("sweep") or ())}
+    )
     case = _case_from_dict(d["case"])
     cell = Cell(s.name, case, d["mode"])
     result, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**d["timing"]), {})
@@ -420,9 +450,16 @@ def run_sweep(
         _remove_scratch(out)
         try:
             done = done_keys(path, retry_errors)
-            w.append({"type": "header", "schema": results.SCHEMA_VERSION,
-                      "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                      "config": config, "environment": env, "isolate": isolate})
+            w.append(
+                {
+                    "type": "header",
+                    "schema": results.SCHEMA_VERSION,
+                    "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                    "config": config,
+                    "environment": env,
+                    "isolate": isolate,
+                }
+            )
             todo = [c for c in cells if c.key not in done]
             n_done = len(cells) - len(todo)
             if progress:
@@ -430,8 +467,10 @@ def run_sweep(
             if progress and n_done:
                 progress.message(f"resuming {path}: {n_done}/{len(cells)} cells already done", important=True)
             if progress and retry_errors:
-                progress.message(f"retrying {len(done_keys(path)) - len(done)} cell(s) whose stored result is an "
-                                 f"error", important=True)
+                progress.message(
+                    f"retrying {len(done_keys(path)) - len(done)} cell(s) whose stored result is an error",
+                    important=True,
+                )
             plain_cache: dict[str, Any] = {}
             for cell in todo:
                 t0 = time.perf_counter()
@@ -493,9 +532,15 @@ def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"without --preset, give every dimension; missing: {', '.join(missing)}")
     grid = grid_config(model, dim, hidden, a.tokens, a.seq, base.dist if base else "normal", a.seed)
     timing = asdict(dataclasses.replace(harness.TimingConfig(), budget_s=a.budget))
-    config = {"command": "python -m compare " + shlex.join(getattr(a, "argv", None) or ["sweep"]),
-              "preset": a.preset, "grid": grid, "backends": list(a.backend), "dtypes": list(a.dtype),
-              "modes": list(a.mode), "timing": timing}
+    config = {
+        "command": "python -m compare " + shlex.join(getattr(a, "argv", None) or ["sweep"]),
+        "preset": a.preset,
+        "grid": grid,
+        "backends": list(a.backend),
+        "dtypes": list(a.dtype),
+        "modes": list(a.mode),
+        "timing": timing,
+    }
     preflight.check_memory(dict.fromkeys(c.case for c in cells_from_config(config)))
     return config
 
@@ -517,8 +562,15 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     interrupted = False
     try:
         with exitcodes.terminate_as_interrupt(), Display(0, progress_level(a), title="sweep") as display:
-            doc = run_sweep(config, out, specs, isolate=a.isolate, cell_timeout_s=a.cell_timeout, progress=display,
-                            retry_errors=a.retry_errors)
+            doc = run_sweep(
+                config,
+                out,
+                specs,
+                isolate=a.isolate,
+                cell_timeout_s=a.cell_timeout,
+                progress=display,
+                retry_errors=a.retry_errors,
+            )
     except KeyboardInterrupt as exc:
         interrupted = True
         why = "terminated" if isinstance(exc, exitcodes.Terminated) else "interrupted"
@@ -526,8 +578,10 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         doc = load_sweep(out / JSONL)
     finish(out, doc, plots=not a.no_plots)
     prog = doc["config"]["progress"]
-    print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'}: {prog['done']}/{prog['cells']} cells "
-          f"({report.summary(doc['results'])})")
+    print(
+        f"wrote {out / 'results.json'} and {out / 'REPORT.md'}: {prog['done']}/{prog['cells']} cells "
+        f"({report.summary(doc['results'])})"
+    )
     if interrupted:
         return exitcodes.INTERRUPTED
     ok = all(r["status"] in ("ok", "skipped") for r in doc["results"])
@@ -538,22 +592,35 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``sweep`` subcommand on an ``argparse`` subparsers object."""
 
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "sweep", help="run a grid of token counts x dtypes x modes x backends; resumable (results.jsonl)",
-        description=__doc__, epilog=exitcodes.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "sweep",
+        help="run a grid of token counts x dtypes x modes x backends; resumable (results.jsonl)",
+        description=__doc__,
+        epilog=exitcodes.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--preset", help=f"dim, hidden, model and distribution from: {', '.join(PRESETS)}")
     p.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
     p.add_argument("--dim", type=int, help="override the preset's dim")
     p.add_argument("--hidden", type=int, help="override the preset's hidden")
-    p.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS),
-                   help="token counts (default: %(default)s); each is batch x seq with batch = tokens / seq")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_TOKENS),
+        help="token counts (default: %(default)s); each is batch x seq with batch = tokens / seq",
+    )
     p.add_argument("--seq", type=int, default=1, help="sequence length of every case (default: 1, batch = tokens)")
     add_grid_args(p, budget_help="seconds of timed samples per cell")
     p.add_argument("--out", default="out/sweep", help="output folder; rerun with the same one to resume")
-    p.add_argument("--isolate", action="store_true",
-                   help="run each cell in a worker process: a segfault or OOM kill is recorded, not fatal")
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run each cell in a worker process: a segfault or OOM kill is recorded, not fatal",
+    )
     p.add_argument("--cell-timeout", type=float, help="with --isolate: seconds before a cell is killed")
-    p.add_argument("--retry-errors", action="store_true",
-                   help="on a restart, run again the cells whose stored result is an error")
+    p.add_argument(
+        "--retry-errors", action="store_true", help="on a restart, run again the cells whose stored result is an error"
+    )
     p.add_argument("--no-plots", action="store_true", help="do not write plots")
     p.set_defaults(fn=cmd_sweep)
     return p
@@ -577,4 +644,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

@@ -115,5 +115,14 @@ def measure(
         last_output(last)
     del last
     q1, med, q3 = quartiles(samples)
-    return Timing(median_s=med, iqr_s=q3 - q1, min_s=min(samples), max_s=max(samples), n=len(samples),
-                  calls_per_sample=calls, first_call_s=first, warmup_calls=warmup, samples_s=tuple(samples))
+    return Timing(
+        median_s=med,
+        iqr_s=q3 - q1,
+        min_s=min(samples),
+        max_s=max(samples),
+        n=len(samples),
+        calls_per_sample=calls,
+        first_call_s=first,
+        warmup_calls=warmup,
+        samples_s=tuple(samples),
+    )

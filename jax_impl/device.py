@@ -25,11 +25,14 @@ def pin_precision() -> dict[str, Any]:
     """fp32 matmuls at full precision (no TF32/bf16 passes): every layer also passes ``precision=HIGHEST``."""
     jax.config.update("jax_default_matmul_precision", "highest")
     precision = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]  # a flag, set just above
-    return {"jax_default_matmul_precision": str(precision),
-            "flax_linear_precision": PRECISION.name}
+    return {"jax_default_matmul_precision": str(precision), "flax_linear_precision": PRECISION.name}
 
 
 def threads() -> dict[str, Any]:
     """XLA's CPU client sizes its thread pool from the visible cores unless XLA_FLAGS says otherwise."""
-    return {"jax_platform": platform(), "jax_device_count": jax.device_count(),
-            "xla_cpu_threads": os.cpu_count(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    return {
+        "jax_platform": platform(),
+        "jax_device_count": jax.device_count(),
+        "xla_cpu_threads": os.cpu_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }

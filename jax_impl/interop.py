@@ -91,4 +91,3 @@ def shares_memory(t: torch.Tensor, a: jax.Array) -> bool:
     if t.numel() == 0 or a.size == 0 or len(a.devices()) != 1:
         return False
     return t.device.type == _device_type(a) and t.data_ptr() == a.unsafe_buffer_pointer()
-

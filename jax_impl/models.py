@@ -14,8 +14,11 @@ from jax_impl.device import JAX_DTYPES, PRECISION
 
 ActMul = Callable[[jax.Array, jax.Array], jax.Array]
 
-_GLU_PATHS: dict[str, tuple[str | None, str]] = {"gate": ("gate", "kernel"), "up": ("up", "kernel"),
-                                                  "down": ("down", "kernel")}
+_GLU_PATHS: dict[str, tuple[str | None, str]] = {
+    "gate": ("gate", "kernel"),
+    "up": ("up", "kernel"),
+    "down": ("down", "kernel"),
+}
 #: Canonical parameter name -> (submodule attribute or None, parameter attribute), per model.
 PARAM_PATHS: dict[str, dict[str, tuple[str | None, str]]] = {
     "linear": {"weight": (None, "kernel"), "bias": (None, "bias")},

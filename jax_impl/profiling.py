@@ -26,15 +26,39 @@ import jax
 from compare import kernels as ks
 
 #: Top-level opcodes that are neither work nor metadata.
-SKIPPED = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "after-all", "partition-id",
-                     "replica-id", "opt-barrier", "add-dependency"})
+SKIPPED = frozenset(
+    {
+        "parameter",
+        "constant",
+        "tuple",
+        "get-tuple-element",
+        "after-all",
+        "partition-id",
+        "replica-id",
+        "opt-barrier",
+        "add-dependency",
+    }
+)
 #: Opcodes that only relabel a buffer: no kernel.
 METADATA = frozenset({"bitcast", "reshape"})
 #: Opcodes left out of a fusion's ``absorbed`` list (its inputs and literals, not work).
 NOT_ABSORBED = frozenset({"parameter", "constant", "tuple", "get-tuple-element"})
 #: Ops that only move or relabel data inside a fusion.
-_DATA_MOVEMENT = frozenset({"bitcast", "reshape", "broadcast", "copy", "transpose", "slice", "concatenate", "pad",
-                            "convert", "dynamic-slice", "dynamic-update-slice"})
+_DATA_MOVEMENT = frozenset(
+    {
+        "bitcast",
+        "reshape",
+        "broadcast",
+        "copy",
+        "transpose",
+        "slice",
+        "concatenate",
+        "pad",
+        "convert",
+        "dynamic-slice",
+        "dynamic-update-slice",
+    }
+)
 _GEMM_OPS = frozenset({"dot", "convolution"})
 _GEMM_TARGET = re.compile(r"gemm|matmul|conv|dot", re.IGNORECASE)
 
@@ -92,7 +116,7 @@ def _split_shape(s: str) -> tuple[str, str]:
     for i, ch in enumerate(s):
         depth += {"(": 1, ")": -1}.get(ch, 0)
         if depth == 0:
-            return s[:i + 1], s[i + 1:]
+            return s[: i + 1], s[i + 1 :]
     return s, ""
 
 
@@ -116,13 +140,14 @@ def parse_hlo(text: str) -> HloModule:
         m = _INSTR.match(line)
         if m is None:
             continue
-        shape, after = _split_shape(line[m.end():])
+        shape, after = _split_shape(line[m.end() :])
         op = _OPCODE.match(after)
         if op is None:
             continue
-        rest = after[op.end():]
-        current.append(Instruction(m.group("name"), op.group("op"), shape, rest,
-                                   [c.group("c") for c in _CALLS.finditer(rest)]))
+        rest = after[op.end() :]
+        current.append(
+            Instruction(m.group("name"), op.group("op"), shape, rest, [c.group("c") for c in _CALLS.finditer(rest)])
+        )
     if not entry:
         raise ValueError("no ENTRY computation in the HLO text")
     return HloModule(comps, entry)
@@ -219,8 +244,11 @@ def xla_cost(compiled: Any) -> dict[str, float | None]:
         v = raw.get(key)
         return None if v is None else float(v)
 
-    out: dict[str, Any] = {"flops": get("flops"), "bytes_accessed": get("bytes accessed"),
-                           "transcendentals": get("transcendentals")}
+    out: dict[str, Any] = {
+        "flops": get("flops"),
+        "bytes_accessed": get("bytes accessed"),
+        "transcendentals": get("transcendentals"),
+    }
     if error:
         out["error"] = error
     return out

@@ -35,8 +35,11 @@ SWEEP_MODES: tuple[str, ...] = ("fwd", "fwd+bwd")
 CACHE_COUNTER = "jitted._cache_size() (the jitted function's compiled-executable cache)"
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 #: JAX's own compile-phase duration events, summed into ``compile_s_reported``.
-COMPILE_EVENTS: tuple[str, ...] = ("/jax/core/compile/jaxpr_trace_duration",
-                                   "/jax/core/compile/jaxpr_to_mlir_module_duration", BACKEND_COMPILE_EVENT)
+COMPILE_EVENTS: tuple[str, ...] = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    BACKEND_COMPILE_EVENT,
+)
 
 
 #: Event boxes currently listening; one process-wide listener feeds them (listeners cannot always be removed).
@@ -105,11 +108,14 @@ def shape_sweep(
             jax.block_until_ready((x, dy))  # the conversions compile too: before the count starts
             step: Callable[[], Any]
             if mode == "fwd":
+
                 def step(x: jax.Array = x) -> Any:
                     return jitted(state, x)
             else:
+
                 def step(x: jax.Array = x, dy: jax.Array = dy) -> Any:
                     return jitted(state, x, dy)
+
             events.clear()
             before = _cache_size(jitted)
             first_s, out = timing.first_call(step, dev.sync)
@@ -120,17 +126,35 @@ def shape_sweep(
             t = timing.measure(step, dev.sync, first_call_s=first_s, budget_s=budget_s)
             grew, fired = _cache_size(jitted) - after, sum(e == BACKEND_COMPILE_EVENT for e, _ in events)
             if grew or fired:
-                raise RuntimeError(f"jax.jit compiled during the timed samples at {c.shape.tokens} tokens (cache "
-                                   f"+{grew}, {fired} backend compile events): the timing would measure compiles")
-            rows.append({
-                "backend": name, "framework": "jax", "dynamic": False, "tokens": c.shape.tokens,
-                "model": c.model, "dim": c.shape.dim, "hidden": c.shape.hidden, "dtype": c.dtype, "mode": mode,
-                "device": dev.platform(), "compiles": after - before, "compile_counter": CACHE_COUNTER,
-                "backend_compiles": sum(e == BACKEND_COMPILE_EVENT for e, _ in first_events),
-                "compile_s_reported": sum(d for e, d in first_events if e in COMPILE_EVENTS),
-                "first_call_s": first_s, "median_s": t.median_s, "iqr_s": t.iqr_s, "timed": True, "generic": False,
-                "note": "jax.jit specialises on every input shape", "error": "",
-            })
+                raise RuntimeError(
+                    f"jax.jit compiled during the timed samples at {c.shape.tokens} tokens (cache "
+                    f"+{grew}, {fired} backend compile events): the timing would measure compiles"
+                )
+            rows.append(
+                {
+                    "backend": name,
+                    "framework": "jax",
+                    "dynamic": False,
+                    "tokens": c.shape.tokens,
+                    "model": c.model,
+                    "dim": c.shape.dim,
+                    "hidden": c.shape.hidden,
+                    "dtype": c.dtype,
+                    "mode": mode,
+                    "device": dev.platform(),
+                    "compiles": after - before,
+                    "compile_counter": CACHE_COUNTER,
+                    "backend_compiles": sum(e == BACKEND_COMPILE_EVENT for e, _ in first_events),
+                    "compile_s_reported": sum(d for e, d in first_events if e in COMPILE_EVENTS),
+                    "first_call_s": first_s,
+                    "median_s": t.median_s,
+                    "iqr_s": t.iqr_s,
+                    "timed": True,
+                    "generic": False,
+                    "note": "jax.jit specialises on every input shape",
+                    "error": "",
+                }
+            )
     finally:
         _ACTIVE.remove(events)
     return rows

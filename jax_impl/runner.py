@@ -42,8 +42,10 @@ def prepare(problem: Problem, mode: str, module: nnx.Module, *, timed: bool = Tr
     def grads_np(dstate: Any, dx: jax.Array) -> dict[str, np.ndarray]:
         dparams = canonical_grads(nnx.merge(graphdef, dstate), model)
         # flax kernels are (in, out): the layout map is its own inverse, so it takes gradients back to (out, in)
-        return {"dx": _np(dx), **{f"d{k}": np.asarray(linear_weight(_np(v), "flax"), dtype=np.float64)
-                                  for k, v in dparams.items()}}
+        return {
+            "dx": _np(dx),
+            **{f"d{k}": np.asarray(linear_weight(_np(v), "flax"), dtype=np.float64) for k, v in dparams.items()},
+        }
 
     step: Callable[[], Any]
     to_numpy: Callable[[Any], dict[str, np.ndarray]]
@@ -59,6 +61,7 @@ def prepare(problem: Problem, mode: str, module: nnx.Module, *, timed: bool = Tr
         def to_numpy(out: jax.Array) -> dict[str, np.ndarray]:
             return {"y": _np(out)}
     elif mode == "fwd+bwd":
+
         @jax.jit
         def fwd_bwd(st: Any, xx: jax.Array, g: jax.Array) -> tuple[jax.Array, tuple[Any, jax.Array]]:
             y, vjp = jax.vjp(apply, st, xx)
@@ -84,6 +87,14 @@ def prepare(problem: Problem, mode: str, module: nnx.Module, *, timed: bool = Tr
             return grads_np(*out)
     else:
         raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
-    return Prepared(step=step, sync=dev.sync, to_numpy=to_numpy, timed=timed, note=note,
-                    device=f"{dev.platform()}", threads=dev.threads(), precision=precision,
-                    profile=lambda path: profiling.profile_jit(jitted, args, step, path))
+    return Prepared(
+        step=step,
+        sync=dev.sync,
+        to_numpy=to_numpy,
+        timed=timed,
+        note=note,
+        device=f"{dev.platform()}",
+        threads=dev.threads(),
+        precision=precision,
+        profile=lambda path: profiling.profile_jit(jitted, args, step, path),
+    )

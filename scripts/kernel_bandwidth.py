@@ -56,18 +56,32 @@ def main() -> int:
         "torch.compile fused gelu*mul": (lambda: compiled(g, u), 3 * nbytes),
         "eager gelu then mul": (lambda: F.gelu(g, approximate="tanh") * u, 5 * nbytes),
     }
-    rows, doc = [], {"tokens": a.tokens, "hidden": a.hidden, "dtype": a.dtype,
-                     "gpu": torch.cuda.get_device_name(0), "kernels": {}}
+    rows, doc = (
+        [],
+        {"tokens": a.tokens, "hidden": a.hidden, "dtype": a.dtype, "gpu": torch.cuda.get_device_name(0), "kernels": {}},
+    )
     copy_bw = None
     for name, (fn, moved) in candidates.items():
         t = timing.measure(fn, sync, budget_s=a.budget)
         bw = moved / t.median_s
         copy_bw = copy_bw or bw
         doc["kernels"][name] = {"bytes": moved, "timing": t.to_dict(), "bytes_per_s": bw, "of_copy": bw / copy_bw}
-        rows.append([name, f"{moved / 1e6:.1f} MB", fmt_s(t.median_s), fmt_s(t.iqr_s), str(t.n),
-                     f"{bw / 1e9:.0f} GB/s", f"{bw / copy_bw:.0%}"])
-    md = (f"GeGLU elementwise step on [{a.tokens}, {a.hidden}] {a.dtype}, {doc['gpu']}\n\n"
-          + table(["kernel", "bytes moved", "median", "IQR", "n", "achieved", "of copy bandwidth"], rows) + "\n")
+        rows.append(
+            [
+                name,
+                f"{moved / 1e6:.1f} MB",
+                fmt_s(t.median_s),
+                fmt_s(t.iqr_s),
+                str(t.n),
+                f"{bw / 1e9:.0f} GB/s",
+                f"{bw / copy_bw:.0%}",
+            ]
+        )
+    md = (
+        f"GeGLU elementwise step on [{a.tokens}, {a.hidden}] {a.dtype}, {doc['gpu']}\n\n"
+        + table(["kernel", "bytes moved", "median", "IQR", "n", "achieved", "of copy bandwidth"], rows)
+        + "\n"
+    )
     print(md)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)

@@ -50,8 +50,11 @@ def excerpt(doc: dict[str, Any]) -> str:
             vs = "baseline" if r is base else "-"
         median = fmt_s(t["median_s"]) if t else ("parity only here" if r["status"] == "ok" else r["status"])
         cost = r.get("cost") or {}
-        kept = ", ".join(f"`{n}`" for n in base["cost"]["materialized"] if n not in cost.get("materialized", [])) \
-            if cost and base and base.get("cost") else ""
+        kept = (
+            ", ".join(f"`{n}`" for n in base["cost"]["materialized"] if n not in cost.get("materialized", []))
+            if cost and base and base.get("cost")
+            else ""
+        )
         rows.append([r["backend"], median, vs, _kernels(r), kept or "-", r["status"]])
     head = ["backend (bf16, fwd)", "median", f"vs {DEFAULT_BASELINE}", "kernels/step", "kept out of memory", "parity"]
     return table(head, rows)

@@ -46,8 +46,10 @@ def explain(r: Result) -> str:
     """A failure message with the numbers: status, reason and each tensor's error against its bound."""
     lines = [f"{r.backend} {r.case} {r.mode}: {r.status} {r.reason}"]
     for t in (r.parity or {}).get("tensors", []):
-        lines.append(f"  {t['tensor']}: max abs err {t['max_abs_err']:.3g} bound {t['bound']:.3g} "
-                     f"ratio {t['ratio']:.2f} at {t['worst_index']}")
+        lines.append(
+            f"  {t['tensor']}: max abs err {t['max_abs_err']:.3g} bound {t['bound']:.3g} "
+            f"ratio {t['ratio']:.2f} at {t['worst_index']}"
+        )
     if r.extras.get("traceback"):
         lines.append(r.extras["traceback"])
     return "\n".join(lines)

@@ -12,8 +12,9 @@ from compare.shape_cases import GoldenFactory
 
 NAME = "fake-eager"
 #: The one registry line a new backend needs.
-SPEC = BackendSpec(NAME, "torch", "tests.fake_backend", "a test's stand-in for a new backend", plan="eager",
-                   sweep=({},))
+SPEC = BackendSpec(
+    NAME, "torch", "tests.fake_backend", "a test's stand-in for a new backend", plan="eager", sweep=({},)
+)
 
 
 class FakeBackend:

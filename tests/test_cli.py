@@ -19,14 +19,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "compare", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "compare", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
 
 
 def test_core_imports_neither_torch_nor_jax() -> None:
-    code = ("import sys, compare.cli, compare.harness, compare.report, compare.golden, compare.timing; "
-            "bad = [m for m in ('torch', 'jax', 'flax', 'triton') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, compare.cli, compare.harness, compare.report, compare.golden, compare.timing; "
+        "bad = [m for m in ('torch', 'jax', 'flax', 'triton') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
@@ -43,8 +51,24 @@ def test_list_shows_presets_and_available_backends() -> None:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("run")
-    code = main(["run", "--preset", "tiny", "--dtype", "float32", "bfloat16", "--backend", "torch-eager", "jax-xla",
-                 "torch-triton", "--budget", "0.05", "--out", str(out)])
+    code = main(
+        [
+            "run",
+            "--preset",
+            "tiny",
+            "--dtype",
+            "float32",
+            "bfloat16",
+            "--backend",
+            "torch-eager",
+            "jax-xla",
+            "torch-triton",
+            "--budget",
+            "0.05",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     return out
 
@@ -63,8 +87,13 @@ def test_run_writes_results_and_report(run_dir: Path) -> None:
         else:  # every other backend, and torch-triton compiled on CUDA: timed
             assert set(r["timing"]) >= {"median_s", "iqr_s", "min_s", "n", "first_call_s"}
     md = (run_dir / "REPORT.md").read_text()
-    for section in ("## Environment", "## Parity", "## What a pass means", "## Timing",
-                    "## Skipped, failed and implausible"):
+    for section in (
+        "## Environment",
+        "## Parity",
+        "## What a pass means",
+        "## Timing",
+        "## Skipped, failed and implausible",
+    ):
         assert section in md
 
 
@@ -86,8 +115,12 @@ def test_a_failing_backend_keeps_the_others(tmp_path: Path) -> None:
     raising = BackendSpec("raising", "torch", "tests.raising_backend", "raises in prepare")
     from compare.registry import spec
 
-    doc = harness.run([PRESETS["tiny"].case("float32")], [broken, raising, spec("torch-eager")], ["fwd"],
-                      harness.TimingConfig(budget_s=0.05))
+    doc = harness.run(
+        [PRESETS["tiny"].case("float32")],
+        [broken, raising, spec("torch-eager")],
+        ["fwd"],
+        harness.TimingConfig(budget_s=0.05),
+    )
     by = {r["backend"]: r for r in doc["results"]}
     assert by["broken"]["status"] == "skipped" and "cannot import" in by["broken"]["reason"]
     assert by["raising"]["status"] == "error" and "MemoryError: simulated out of memory" in by["raising"]["reason"]
@@ -124,8 +157,16 @@ def test_drifted_golden_exits_2_naming_the_file(tmp_path: Path) -> None:
     data = bytearray(target.read_bytes())
     data[-5] ^= 0x10
     target.write_bytes(bytes(data))
-    p = _cli("run", "--preset", "tiny", "--backend", "torch-eager", "--out", str(tmp_path / "o"),
-             env={"FUSION_COMPARE_GOLDEN_DIR": str(golden)})
+    p = _cli(
+        "run",
+        "--preset",
+        "tiny",
+        "--backend",
+        "torch-eager",
+        "--out",
+        str(tmp_path / "o"),
+        env={"FUSION_COMPARE_GOLDEN_DIR": str(golden)},
+    )
     assert p.returncode == 2, p.stderr
     assert "geglu-3x37x96-328-float32-normal-s0.safetensors does not match its manifest" in p.stderr
     assert "python scripts/make_golden.py" in p.stderr

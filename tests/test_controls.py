@@ -30,8 +30,9 @@ from torch_impl import runner
 from torch_impl.models import build_module
 
 #: The MLP families' committed cases (``tiny`` and ``odd``, every dtype), per family.
-FAMILY_CASES = {m: [PRESETS[p].case(d, model=m) for p in ("tiny", "odd") for d in DTYPES]
-                for m in ("geglu", "swiglu", "gelu-mlp")}
+FAMILY_CASES = {
+    m: [PRESETS[p].case(d, model=m) for p in ("tiny", "odd") for d in DTYPES] for m in ("geglu", "swiglu", "gelu-mlp")
+}
 GEGLU_CASES = FAMILY_CASES["geglu"]
 MLP_CASES = [c for cases in FAMILY_CASES.values() for c in cases]
 ALL_CASES = committed_cases()
@@ -53,12 +54,24 @@ def _resolution(case: Case) -> tuple[dict[str, Any], ...]:
 
 
 def _run(case: Case, mode: str, make: Make) -> Result:
-    return run_one(spec("torch-eager"), case, mode, _plain(case), TimingConfig(), {},
-                   prepare=lambda: make(case, mode), time_it=False)
+    return run_one(
+        spec("torch-eager"),
+        case,
+        mode,
+        _plain(case),
+        TimingConfig(),
+        {},
+        prepare=lambda: make(case, mode),
+        time_it=False,
+    )
 
 
-def _eager(case: Case, mode: str, act_mul: Callable[..., torch.Tensor] | None = None,
-           forward: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Prepared:
+def _eager(
+    case: Case,
+    mode: str,
+    act_mul: Callable[..., torch.Tensor] | None = None,
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> Prepared:
     problem = golden_for(case).problem
     kw = {"act_mul": act_mul} if act_mul else {}
     module = build_module(problem, torch.device("cpu"), TORCH[case.dtype], **kw)
@@ -136,11 +149,13 @@ def lower_precision(case: Case, mode: str) -> Prepared:
     problem = golden_for(case).problem
     high = build_module(problem, torch.device("cpu"), TORCH[case.dtype])
     if low == torch.float8_e4m3fn and case.model == "gelu-mlp":
-        return runner.prepare(problem, mode, high, _gelu_mlp_forward(
-            high, lambda f: F.gelu(f, approximate="tanh").to(low).to(f.dtype)))
+        return runner.prepare(
+            problem, mode, high, _gelu_mlp_forward(high, lambda f: F.gelu(f, approximate="tanh").to(low).to(f.dtype))
+        )
     if low == torch.float8_e4m3fn:
         act_mul = ACT_MUL[case.model]
         return _eager(case, mode, act_mul=lambda g, u: act_mul(g, u).to(low).to(g.dtype))
+
     # the same parameters, cast down inside the step, so gradients flow back to them
     def forward(x: torch.Tensor) -> torch.Tensor:
         params = {k: v.to(low) for k, v in high.named_parameters()}
@@ -161,8 +176,13 @@ class _ReturnsTheReference:
 returns_the_reference = _ReturnsTheReference.make
 
 CONTROLS: dict[str, Make] = {
-    "zeros": zeros, "nan": nan, "exact-erf-gelu": exact_gelu, "scaled-0.99": scaled(0.99),
-    "scaled-0.999": scaled(0.999), "shifted-1%-rms": shifted, "lower-precision-math": lower_precision,
+    "zeros": zeros,
+    "nan": nan,
+    "exact-erf-gelu": exact_gelu,
+    "scaled-0.99": scaled(0.99),
+    "scaled-0.999": scaled(0.999),
+    "shifted-1%-rms": shifted,
+    "lower-precision-math": lower_precision,
     "returns-the-reference": returns_the_reference,
 }
 #: The perturbation each scale control makes, for the resolution table.
@@ -189,11 +209,13 @@ def _expect_fail_or_below_resolution(name: str, case: Case, r: Result) -> None:
             res = row["scale_resolution"]
             assert res is not None and s < res, (
                 f"{name} passed on {t['tensor']} although the gate resolves scale errors of {res} (< {s}) on "
-                f"{case.name}\n{explain(r)}")
+                f"{case.name}\n{explain(r)}"
+            )
         elif name == "exact-erf-gelu":
             assert row["erf_distinguishable"] is False, (
                 f"erf GELU passed on {t['tensor']} although the resolution table says the gate tells erf from tanh "
-                f"on {case.name}\n{explain(r)}")
+                f"on {case.name}\n{explain(r)}"
+            )
         else:
             pytest.fail(f"control {name} passed the gate on {t['tensor']} of {case.name}:\n{explain(r)}")
 
@@ -346,9 +368,13 @@ def test_returning_the_stored_reference_fails_the_dtype_check(case: Case) -> Non
 
 #: (control, linear case): the bf16 run's lower-precision control rounds GeGLU's intermediate ``h``, which a linear
 #: layer does not have, so it is not paired with bf16 linear cases.
-LINEAR_PAIRS = [(n, c) for c in ALL_CASES if c.model == "linear"
-                for n in ("zeros", "nan", "shifted-1%-rms", "lower-precision-math")
-                if not (n == "lower-precision-math" and c.dtype == "bfloat16")]
+LINEAR_PAIRS = [
+    (n, c)
+    for c in ALL_CASES
+    if c.model == "linear"
+    for n in ("zeros", "nan", "shifted-1%-rms", "lower-precision-math")
+    if not (n == "lower-precision-math" and c.dtype == "bfloat16")
+]
 
 
 @pytest.mark.parametrize(("name", "case"), LINEAR_PAIRS, ids=[f"{n}-{c.name}" for n, c in LINEAR_PAIRS])

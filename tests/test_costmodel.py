@@ -27,8 +27,15 @@ def tensor(c: dict[str, Any], name: str) -> dict[str, Any]:
 
 def test_gemm_flops_of_blog_mlp_by_hand() -> None:
     assert gemm_flops(8192, 3072, 768) == 2 * 8192 * 768 * 3072 == GEMM
-    for backend in ("torch-eager", "torch-compile", "torch-triton", "torch-triton-fused", "jax-xla", "jax-pallas",
-                    "jax-triton"):
+    for backend in (
+        "torch-eager",
+        "torch-compile",
+        "torch-triton",
+        "torch-triton-fused",
+        "jax-xla",
+        "jax-pallas",
+        "jax-triton",
+    ):
         assert cost(BLOG, backend, "fwd")["flops"] == 3 * GEMM, backend  # gate, up, down
 
 
@@ -56,8 +63,9 @@ def test_eager_forward_materialises_g_u_a_h_each_written_and_read_once() -> None
 
 
 def test_bytes_saved_by_fusion() -> None:
-    eager, comp, tri, fused = (cost(BLOG, b, "fwd") for b in ("torch-eager", "torch-compile", "torch-triton",
-                                                               "torch-triton-fused"))
+    eager, comp, tri, fused = (
+        cost(BLOG, b, "fwd") for b in ("torch-eager", "torch-compile", "torch-triton", "torch-triton-fused")
+    )
     assert comp["materialized"] == tri["materialized"] == ["g", "u", "h"]  # a = gelu(g) never reaches memory
     assert eager["bytes"] - comp["bytes"] == 2 * ACT  # a is neither written nor read back
     assert fused["materialized"] == ["h"]
@@ -85,8 +93,15 @@ def test_linear_model_and_json() -> None:
 def test_unknown_or_unmodelled_backend_is_refused_naming_what_is_allowed() -> None:
     with pytest.raises(InputError, match="unknown backend 'torch-nope'") as exc:
         cost(BLOG, "torch-nope", "fwd")
-    for name in ("torch-eager", "torch-compile", "torch-triton", "jax-xla", "torch-triton-fused", "jax-pallas",
-                 "jax-triton"):
+    for name in (
+        "torch-eager",
+        "torch-compile",
+        "torch-triton",
+        "jax-xla",
+        "torch-triton-fused",
+        "jax-pallas",
+        "jax-triton",
+    ):
         assert name in str(exc.value)
     with pytest.raises(InputError, match="only, not 'linear'"):
         cost(PRESETS["blog-linear"].case("float32"), "torch-triton", "fwd")
@@ -112,8 +127,13 @@ def test_roofline_arithmetic() -> None:
         roofline(c, 0.0, {"flops_per_s": 1e12, "bytes_per_s": 1e10})
 
 
-CEIL = {"flops_per_s": 1e14, "bytes_per_s": 1e11, "matmul_shape": [1024] * 3, "copy_bytes": 2**28,
-        "timing": {"matmul": {"median_s": 2e-3}, "copy": {"median_s": 5e-3}}}
+CEIL = {
+    "flops_per_s": 1e14,
+    "bytes_per_s": 1e11,
+    "matmul_shape": [1024] * 3,
+    "copy_bytes": 2**28,
+    "timing": {"matmul": {"median_s": 2e-3}, "copy": {"median_s": 5e-3}},
+}
 
 
 def _result(backend: str, median_s: float | None, kernels: int | None) -> dict[str, Any]:
@@ -125,9 +145,14 @@ def _result(backend: str, median_s: float | None, kernels: int | None) -> dict[s
 
 
 def _doc() -> dict[str, Any]:
-    return {"results": [_result("torch-eager", 0.010, 5), _result("torch-compile", 0.008, 4),
-                        _result("torch-triton-fused", None, None)],
-            "ceilings": {"device": "cpu", "bfloat16": CEIL}}
+    return {
+        "results": [
+            _result("torch-eager", 0.010, 5),
+            _result("torch-compile", 0.008, 4),
+            _result("torch-triton-fused", None, None),
+        ],
+        "ceilings": {"device": "cpu", "bfloat16": CEIL},
+    }
 
 
 def test_fusion_benefit_side_by_side() -> None:
@@ -155,8 +180,10 @@ def test_sections_are_deterministic_and_empty_without_data() -> None:
 
 
 def test_compare_does_not_import_frameworks() -> None:
-    code = ("import sys, compare.costmodel, compare.shapes; "
-            "bad = [m for m in ('torch', 'jax') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys, compare.costmodel, compare.shapes; "
+        "bad = [m for m in ('torch', 'jax') if m in sys.modules]; assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -196,8 +223,9 @@ def test_swiglu_moves_what_geglu_moves_with_silu_flops() -> None:
             s, g = cost(SWIGLU, backend, mode), cost(BLOG, backend, mode)
             for key in ("flops", "bytes", "tensors", "materialized", "saved", "model_kernels_per_step"):
                 assert s[key] == g[key], (backend, mode, key)
-            assert [n.replace("silu", "gelu").replace("SwiGLU", "GeGLU") for n in s["model_kernels"]] == \
-                g["model_kernels"], (backend, mode)
+            assert [n.replace("silu", "gelu").replace("SwiGLU", "GeGLU") for n in s["model_kernels"]] == g[
+                "model_kernels"
+            ], (backend, mode)
     assert costmodel.SILU_FLOPS == 5 and costmodel.SILU_GRAD_FLOPS == 9
     eager = cost(SWIGLU, "torch-eager", "fwd+bwd")
     # forward: silu 5 + mul 1; backward: two muls, silu' 9, the dx add (per [T, D] element)
@@ -222,9 +250,15 @@ def test_gpt2_mlp_by_hand() -> None:
 
     b = cost(GPT2_MLP, "torch-eager", "bwd")
     assert b["flops"] == 4 * GEMM and b["model_kernels_per_step"] == 7  # da, dfc2, dx, dfc1 GEMMs; 2 sums; gelu'
-    assert b["model_kernels"] == ["da GEMM (dy W_fc2)", "dfc2 GEMM (dy^T a)", "db2 reduction (sum dy)",
-                                  "gelu backward (da, f -> df)", "dx GEMM (df W_fc1)", "dfc1 GEMM (df^T x)",
-                                  "db1 reduction (sum df)"]
+    assert b["model_kernels"] == [
+        "da GEMM (dy W_fc2)",
+        "dfc2 GEMM (dy^T a)",
+        "db2 reduction (sum dy)",
+        "gelu backward (da, f -> df)",
+        "dx GEMM (df W_fc1)",
+        "dfc1 GEMM (df^T x)",
+        "db1 reduction (sum df)",
+    ]
     assert tensor(b, "dy")["reads"] == 3 and tensor(b, "df")["reads"] == 3  # dy: da, dfc2, db2; df: dx, dfc1, db1
     assert b["materialized"] == ["da", "a", "f", "df"]  # in order of first use
     # dy read 3x, fc2/fc1 once, a and f read (saved), da and df written and read (df 3x), x read, 4 gradients written
@@ -235,8 +269,9 @@ def test_gpt2_mlp_by_hand() -> None:
     assert c["model_kernels_per_step"] == 6 and c["flops"] == b["flops"]
     assert "fused gelu backward + db2 reduction (da, f, dy -> df, db2)" in c["model_kernels"]
     assert b["bytes"] - c["bytes"] == 0  # the fusion saves a launch, not traffic: dy is still read by it
-    assert cost(GPT2_MLP, "jax-xla", "fwd+bwd")["saved"] == cost(GPT2_MLP, "torch-eager", "fwd+bwd")["saved"] == [
-        "f", "a"]
+    assert (
+        cost(GPT2_MLP, "jax-xla", "fwd+bwd")["saved"] == cost(GPT2_MLP, "torch-eager", "fwd+bwd")["saved"] == ["f", "a"]
+    )
 
 
 def test_gpt2_mlp_only_where_implemented() -> None:

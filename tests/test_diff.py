@@ -23,27 +23,55 @@ def _samples(median: float, rel_iqr: float, n: int = 30, seed: int = 0) -> list[
 def _timing(samples: list[float]) -> dict[str, Any]:
     s = sorted(samples)
     n = len(s)
-    return {"median_s": s[n // 2], "iqr_s": s[(3 * n) // 4] - s[n // 4], "min_s": s[0], "max_s": s[-1], "n": n,
-            "calls_per_sample": 10, "first_call_s": 0.1, "samples_s": samples}
+    return {
+        "median_s": s[n // 2],
+        "iqr_s": s[(3 * n) // 4] - s[n // 4],
+        "min_s": s[0],
+        "max_s": s[-1],
+        "n": n,
+        "calls_per_sample": 10,
+        "first_call_s": 0.1,
+        "samples_s": samples,
+    }
 
 
 def _result(backend: str, dtype: str, samples: list[float] | None, status: str = "ok") -> dict[str, Any]:
-    return {"backend": backend, "model": "geglu", "dtype": dtype, "mode": "fwd", "status": status,
-            "shape": {"batch": 8, "seq": 128, "dim": 768, "hidden": 3072},
-            "case": f"geglu-8x128x768-3072-{dtype}-normal-s0", "reason": "" if status == "ok" else "y: err > bound",
-            "timing": _timing(samples) if samples else None}
+    return {
+        "backend": backend,
+        "model": "geglu",
+        "dtype": dtype,
+        "mode": "fwd",
+        "status": status,
+        "shape": {"batch": 8, "seq": 128, "dim": 768, "hidden": 3072},
+        "case": f"geglu-8x128x768-3072-{dtype}-normal-s0",
+        "reason": "" if status == "ok" else "y: err > bound",
+        "timing": _timing(samples) if samples else None,
+    }
 
 
 def _doc(results: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"schema": 1, "created": "2026-01-01T00:00:00+00:00", "config": {"command": "python -m compare run"},
-            "environment": {"cpu": "x", "versions": {"torch": "2.13.0"}}, "results": results}
+    return {
+        "schema": 1,
+        "created": "2026-01-01T00:00:00+00:00",
+        "config": {"command": "python -m compare run"},
+        "environment": {"cpu": "x", "versions": {"torch": "2.13.0"}},
+        "results": results,
+    }
 
 
 def _pair(new_factor: float, rel_iqr: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    old = _doc([_result("torch-eager", "float32", _samples(1e-3, rel_iqr, seed=1)),
-                _result("jax-xla", "float32", _samples(5e-4, rel_iqr, seed=2))])
-    new = _doc([_result("torch-eager", "float32", _samples(1e-3, rel_iqr, seed=3)),
-                _result("jax-xla", "float32", _samples(5e-4 * new_factor, rel_iqr, seed=4))])
+    old = _doc(
+        [
+            _result("torch-eager", "float32", _samples(1e-3, rel_iqr, seed=1)),
+            _result("jax-xla", "float32", _samples(5e-4, rel_iqr, seed=2)),
+        ]
+    )
+    new = _doc(
+        [
+            _result("torch-eager", "float32", _samples(1e-3, rel_iqr, seed=3)),
+            _result("jax-xla", "float32", _samples(5e-4 * new_factor, rel_iqr, seed=4)),
+        ]
+    )
     return old, new
 
 
@@ -141,8 +169,11 @@ def test_mann_whitney_exact_and_normal() -> None:
     assert mann_whitney_greater([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])[1] == 1.0
     x, y = _samples(1.0, 0.1, n=40, seed=7), _samples(1.05, 0.1, n=40, seed=8)
     stats = pytest.importorskip("scipy.stats")
-    for a, b, method in ((y, x, "asymptotic"), (y[:12], x[:12], "exact"),
-                         ([round(v, 2) for v in y], [round(v, 2) for v in x], "asymptotic")):
+    for a, b, method in (
+        (y, x, "asymptotic"),
+        (y[:12], x[:12], "exact"),
+        ([round(v, 2) for v in y], [round(v, 2) for v in x], "asymptotic"),
+    ):
         want = stats.mannwhitneyu(a, b, alternative="greater", method=method)
         got = mann_whitney_greater(a, b)
         assert got[0] == want.statistic and got[1] == pytest.approx(want.pvalue, rel=1e-9)

@@ -67,8 +67,11 @@ def test_missing_file_says_how_to_regenerate(golden_copy: Path) -> None:
 
 
 def test_generation_is_a_pure_function_of_the_case() -> None:
-    case = PRESETS["cpu-mlp"].case("bfloat16").__class__(
-        model="geglu", shape=PRESETS["tiny"].shape, dtype="bfloat16", dist="student_t", seed=7)
+    case = (
+        PRESETS["cpu-mlp"]
+        .case("bfloat16")
+        .__class__(model="geglu", shape=PRESETS["tiny"].shape, dtype="bfloat16", dist="student_t", seed=7)
+    )
     a, b = G.make_golden(case), G.make_golden(case)
     assert G.serialize(a) == G.serialize(b)
     assert not np.array_equal(a.x, G.make_golden(PRESETS["tiny"].case("bfloat16")).x)

@@ -294,8 +294,10 @@ def test_render_markdown_is_a_readable_pure_function_of_the_json():
     assert md.startswith("## GPU build (compiled without a GPU)")
     assert "### sm_90: H100/H200 (Hopper)" in md and "### sm_80: A100 (Ampere)" in md
     assert "232,448 B/block" in md and "166,912 B/block" in md
-    assert "| _geglu_matmul_kernel | x @ W^T | 128x128x64 w8 s3 | bfloat16 | 255 | 0 / 0 | 0 | 148,480 (64 %) | " \
-           "wgmma (8) | 8 (1 x 8), registers+shared | ok |" in md
+    assert (
+        "| _geglu_matmul_kernel | x @ W^T | 128x128x64 w8 s3 | bfloat16 | 255 | 0 / 0 | 0 | 148,480 (64 %) | "
+        "wgmma (8) | 8 (1 x 8), registers+shared | ok |" in md
+    )
     assert "**992 / 988**" in md
     assert "**error**: arange's range must be a power of 2" in md
     assert "mma (128)" in md

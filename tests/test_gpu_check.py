@@ -18,8 +18,7 @@ pytestmark = pytest.mark.slow
 
 def _run(*args: str, out: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHON": sys.executable, "OUT_DIR": str(out)}
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=540)
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
 
 
 def test_the_dry_run_passes_every_step_it_can_run(tmp_path: Path) -> None:
@@ -27,8 +26,13 @@ def test_the_dry_run_passes_every_step_it_can_run(tmp_path: Path) -> None:
     steps = (tmp_path / "steps.md").read_text(encoding="utf-8")
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in steps.splitlines()[2:]}
-    assert rows == {"environment": "ok", "gpu-build": "ok", "tests": "ok", "report": "ok",
-                    "bandwidth": "skipped: needs CUDA (dry run)"}, steps
+    assert rows == {
+        "environment": "ok",
+        "gpu-build": "ok",
+        "tests": "ok",
+        "report": "ok",
+        "bandwidth": "skipped: needs CUDA (dry run)",
+    }, steps
     assert (tmp_path / "gpu-build" / "gpu_build.json").is_file()
     assert (tmp_path / "report" / "REPORT.md").is_file()
     assert "XLA_PYTHON_CLIENT_PREALLOCATE" in SCRIPT.read_text(encoding="utf-8")
@@ -40,8 +44,9 @@ def test_a_failing_step_is_recorded_and_the_rest_still_run(tmp_path: Path) -> No
     fake.write_text("#!/bin/sh\necho broken >&2\nexit 3\n", encoding="utf-8")
     fake.chmod(0o755)
     env = {**os.environ, "PYTHON": str(fake), "OUT_DIR": str(tmp_path / "out")}
-    p = subprocess.run(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 1, p.stdout
     steps = (tmp_path / "out" / "steps.md").read_text(encoding="utf-8")
     for name in ("gpu-build", "tests", "report"):

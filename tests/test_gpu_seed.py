@@ -35,8 +35,10 @@ def _problem() -> Problem:
     s = CASE.shape
     shapes = CASE.weight_shapes()
     params = {k: (rng.standard_normal(v) / np.sqrt(v[-1])).astype(np.float32) for k, v in shapes.items()}
-    inputs = {"x": rng.standard_normal(CASE.input_shape()).astype(np.float32),
-              "dy": rng.standard_normal(CASE.output_shape()).astype(np.float32)}
+    inputs = {
+        "x": rng.standard_normal(CASE.input_shape()).astype(np.float32),
+        "dy": rng.standard_normal(CASE.output_shape()).astype(np.float32),
+    }
     assert s.tokens == 8192
     return Problem(case=CASE, inputs=inputs, params=params)
 

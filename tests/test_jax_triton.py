@@ -52,8 +52,15 @@ def registered() -> Iterator[BackendSpec]:
 def _python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> str:
     """Run ``code`` in a fresh interpreter at the repository root; return its stdout (fails on a non-zero exit)."""
     run_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | (env or {})
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=run_env, capture_output=True,
-                       text=True, timeout=timeout, check=False)
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr
     return p.stdout
 
@@ -115,9 +122,11 @@ def test_importing_jax_triton_keeps_triton_cache_dir(monkeypatch: pytest.MonkeyP
     assert "TRITON_CACHE_DIR" not in os.environ
     if not ON_GPU:
         assert not a.ok
-        assert a.reason.startswith("jax-triton requires JAX to be installed with GPU support. The installation page "
-                                   "on the JAX documentation website includes instructions for installing a "
-                                   "supported version:\nhttps://jax.readthedocs.io/en/latest/installation.html")
+        assert a.reason.startswith(
+            "jax-triton requires JAX to be installed with GPU support. The installation page "
+            "on the JAX documentation website includes instructions for installing a "
+            "supported version:\nhttps://jax.readthedocs.io/en/latest/installation.html"
+        )
 
 
 # ---- the kernel module ------------------------------------------------------------------------------------------
@@ -149,7 +158,8 @@ def test_kernels_compile_for_cuda_with_jax_triton_convention(tmp_path: Path) -> 
     pointer per array argument, inputs then outputs (16-byte aligned), ``n_elements``/``BLOCK``/``EXACT_BF16``/``ACT``
     as constexprs. Kernel names and launch constants are the GPU ones (TRITON_INTERPRET=0)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    out = _python("""
+    out = _python(
+        """
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
@@ -165,10 +175,13 @@ def test_kernels_compile_for_cuda_with_jax_triton_convention(tmp_path: Path) -> 
                 ck = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                                     options={"num_warps": k.NUM_WARPS, "enable_fp_fusion": k.FP_FUSION})
                 print(ck.name, dt, k.BLOCK_SIZE, ".entry " + ck.name in ck.asm["ptx"], len(ck.asm["cubin"]) > 0)
-    """, env={"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)})
+    """,
+        env={"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)},
+    )
     rows = [line.split() for line in out.splitlines()]
-    assert [r[:2] for r in rows] == [[n, dt] for n in ("_geglu_fwd_kernel", "_geglu_bwd_kernel")
-                                     for dt in ("fp32", "bf16", "fp16")]
+    assert [r[:2] for r in rows] == [
+        [n, dt] for n in ("_geglu_fwd_kernel", "_geglu_bwd_kernel") for dt in ("fp32", "bf16", "fp16")
+    ]
     assert all(r[2:] == ["1024", "True", "True"] for r in rows), rows
 
 
@@ -176,8 +189,11 @@ def test_kernels_compile_for_cuda_with_jax_triton_convention(tmp_path: Path) -> 
 
 
 _INT_VIEW = {2: (np.int16, torch.int16), 4: (np.int32, torch.int32)}
-_TORCH_DTYPES = {jnp.dtype(jnp.float32): torch.float32, jnp.dtype(jnp.bfloat16): torch.bfloat16,
-                 jnp.dtype(jnp.float16): torch.float16}
+_TORCH_DTYPES = {
+    jnp.dtype(jnp.float32): torch.float32,
+    jnp.dtype(jnp.bfloat16): torch.bfloat16,
+    jnp.dtype(jnp.float16): torch.float16,
+}
 
 
 def _np_to_torch(a: np.ndarray) -> torch.Tensor:
@@ -206,11 +222,29 @@ class InterpretedTritonCall:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
-    def __call__(self, *args: jax.Array, kernel: Any, out_shape: Any, grid: tuple[int, ...], name: str = "",
-                 num_warps: int | None = None, enable_fp_fusion: bool = True, **constexprs: Any) -> Any:
-        self.calls.append({"kernel": kernel, "name": name, "grid": grid, "num_warps": num_warps,
-                           "enable_fp_fusion": enable_fp_fusion, "constexprs": constexprs,
-                           "out_shape": out_shape, "args": [(a.shape, a.dtype) for a in args]})
+    def __call__(
+        self,
+        *args: jax.Array,
+        kernel: Any,
+        out_shape: Any,
+        grid: tuple[int, ...],
+        name: str = "",
+        num_warps: int | None = None,
+        enable_fp_fusion: bool = True,
+        **constexprs: Any,
+    ) -> Any:
+        self.calls.append(
+            {
+                "kernel": kernel,
+                "name": name,
+                "grid": grid,
+                "num_warps": num_warps,
+                "enable_fp_fusion": enable_fp_fusion,
+                "constexprs": constexprs,
+                "out_shape": out_shape,
+                "args": [(a.shape, a.dtype) for a in args],
+            }
+        )
         outs = tuple(out_shape) if isinstance(out_shape, list | tuple) else (out_shape,)
 
         def host(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -223,8 +257,9 @@ class InterpretedTritonCall:
         return got if isinstance(out_shape, list | tuple) else got[0]
 
 
-needs_interpreter = pytest.mark.skipif(not geglu_kernels.INTERPRETED,
-                                       reason="the stand-in runs the kernels in Triton's interpreter")
+needs_interpreter = pytest.mark.skipif(
+    not geglu_kernels.INTERPRETED, reason="the stand-in runs the kernels in Triton's interpreter"
+)
 
 
 def _real_jax_triton() -> bool:
@@ -265,15 +300,26 @@ def test_same_kernels_as_torch_triton_bit_for_bit(dtype: str, act: str) -> None:
     assert len(fwd["args"]) == 2 and len(bwd["args"]) == 3 and len(bwd["out_shape"]) == 2
     for c in (fwd, bwd):
         assert c["grid"] == (-(-n // geglu_kernels.BLOCK_SIZE),)
-        assert c["constexprs"] == {"n_elements": n, "BLOCK": geglu_kernels.BLOCK_SIZE,
-                                   "EXACT_BF16": geglu_kernels.EXACT_BF16_CAST, "ACT": act}
+        assert c["constexprs"] == {
+            "n_elements": n,
+            "BLOCK": geglu_kernels.BLOCK_SIZE,
+            "EXACT_BF16": geglu_kernels.EXACT_BF16_CAST,
+            "ACT": act,
+        }
         assert (c["num_warps"], c["enable_fp_fusion"]) == (geglu_kernels.NUM_WARPS, geglu_kernels.FP_FUSION)
 
 
 @needs_interpreter
-@pytest.mark.parametrize(("model", "dtype", "mode"), [("geglu", "float32", "fwd+bwd"), ("geglu", "bfloat16", "fwd+bwd"),
-                                                     ("geglu", "bfloat16", "bwd"), ("swiglu", "float32", "fwd+bwd"),
-                                                     ("swiglu", "float16", "fwd+bwd")])
+@pytest.mark.parametrize(
+    ("model", "dtype", "mode"),
+    [
+        ("geglu", "float32", "fwd+bwd"),
+        ("geglu", "bfloat16", "fwd+bwd"),
+        ("geglu", "bfloat16", "bwd"),
+        ("swiglu", "float32", "fwd+bwd"),
+        ("swiglu", "float16", "fwd+bwd"),
+    ],
+)
 def test_backend_wiring_passes_golden_parity(model: str, dtype: str, mode: str) -> None:
     """The backend's Prepared (nnx module, custom_vjp, runner) with the stand-in passes the golden parity gate, the
     activation picked from the case's model."""

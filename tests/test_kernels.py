@@ -47,8 +47,14 @@ def _checked(s: dict[str, Any]) -> dict[str, Any]:
 # ---- pure: names, schema, report section ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["cpp_fused__unsafe_view_gelu_mul_0", "graph_0_cpp_fused__unsafe_view_gelu_mul_0",
-                                  "triton_poi_fused__unsafe_view_gelu_mul_0"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cpp_fused__unsafe_view_gelu_mul_0",
+        "graph_0_cpp_fused__unsafe_view_gelu_mul_0",
+        "triton_poi_fused__unsafe_view_gelu_mul_0",
+    ],
+)
 def test_absorbed_ops_parsed_from_inductor_names(name: str) -> None:
     assert ks.parse_fused_name(name) == ["_unsafe_view", "gelu", "mul"]
     assert ks.classify(name) == "fused"
@@ -58,7 +64,12 @@ def test_absorbed_ops_parsed_from_inductor_names(name: str) -> None:
 
 def test_absorbed_ops_multi_word_and_edge_cases() -> None:
     assert ks.parse_fused_name("graph_0_cpp_fused__unsafe_view_gelu_gelu_backward_mul_view_0") == [
-        "_unsafe_view", "gelu", "gelu_backward", "mul", "view"]
+        "_unsafe_view",
+        "gelu",
+        "gelu_backward",
+        "mul",
+        "view",
+    ]
     assert ks.parse_fused_name("graph_0_cpp_fused_add_view_1") == ["add", "view"]
     assert ks.parse_fused_name("triton_red_fused_native_layer_norm_0") == ["native_layer_norm"]
     assert ks.parse_fused_name("cpp_fused_0") == []
@@ -70,7 +81,8 @@ def test_absorbed_ops_multi_word_and_edge_cases() -> None:
 def test_classify() -> None:
     assert [ks.classify(n) for n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")] == ["gemm"] * 4
     assert [ks.classify(n) for n in ("aten::gelu", "aten::mul", "aten::add", "aten::gelu_backward")] == [
-        "elementwise"] * 4
+        "elementwise"
+    ] * 4
     assert ks.classify("aten::sum") == "reduction"
     assert ks.classify("aten::copy_") == ks.classify("aten::to") == "copy"
     assert ks.classify("triton_tem_fused_mm_0") == "gemm"  # an Inductor GEMM template
@@ -80,43 +92,79 @@ def test_classify() -> None:
 
 
 def test_shorten_keeps_meaningful_parts() -> None:
-    cutlass = ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8>"
-               "(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8::Params)")
+    cutlass = (
+        "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8>"
+        "(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8::Params)"
+    )
     short = ks.shorten(cutlass)
     assert len(short) <= ks.SHORT_WIDTH and "..." in short
     assert short.startswith("cutlass_80_") and short.endswith("_tn_align8")
-    cublas = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off" \
-             "_kernel__5x_cublas"
+    cublas = (
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off"
+        "_kernel__5x_cublas"
+    )
     assert len(ks.shorten(cublas)) <= ks.SHORT_WIDTH and ks.shorten(cublas).startswith("sm90_xmma_gemm")
-    mul = ("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<c10::BFloat16, "
-           "c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, "
-           "3> >(int, at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, "
-           "at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, 3>)")
+    mul = (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<c10::BFloat16, "
+        "c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, "
+        "3> >(int, at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, "
+        "at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, 3>)"
+    )
     assert ks.shorten(mul) == "vectorized_elementwise_kernel<MulFunctor>"
     assert ks.shorten("triton_poi_fused__unsafe_view_gelu_mul_0") == "triton_poi_fused__unsafe_view_gelu_mul_0"
     assert ks.shorten("aten::mm") == "mm"
 
 
 def _result(backend: str, mode: str, kernels: dict[str, Any] | None) -> dict[str, Any]:
-    return {"backend": backend, "model": "geglu", "dtype": "float32", "case": TINY.name, "mode": mode,
-            "shape": {"batch": 3, "seq": 37, "dim": 96, "hidden": 328}, "status": "ok", "kernels": kernels}
+    return {
+        "backend": backend,
+        "model": "geglu",
+        "dtype": "float32",
+        "case": TINY.name,
+        "mode": mode,
+        "shape": {"batch": 3, "seq": 37, "dim": 96, "hidden": 328},
+        "status": "ok",
+        "kernels": kernels,
+    }
 
 
 def _hand_doc() -> dict[str, Any]:
     meta = [{"name": "aten::t", "count": 3}, {"name": "aten::transpose", "count": 3}]
-    eager = ks.summary("torch.profiler", "cpu", [ks.kernel_entry("aten::mm", 3, time_us=30.0),
-                                                 ks.kernel_entry("aten::gelu", 1), ks.kernel_entry("aten::mul", 1)],
-                       meta)
-    compiled = ks.summary("torch.profiler", "cpu", [
-        ks.kernel_entry("aten::mm", 3), ks.kernel_entry("graph_0_cpp_fused__unsafe_view_gelu_mul_0", 1)], [],
-        notes="a | note")
-    xla = ks.summary("xla-hlo", "cpu", [
-        ks.kernel_entry("ynn_fusion", 3, kind="gemm", absorbed=["dot"]),
-        ks.kernel_entry("multiply_bitcast_fusion", 1, kind="fused", absorbed=["multiply", "tanh", "add"])],
-        [{"name": "bitcast", "count": 2}])
-    return {"results": [_result("torch-eager", "fwd", eager), _result("torch-compile", "fwd", compiled),
-                        _result("torch-triton", "fwd", None), _result("jax-xla", "fwd", xla),
-                        {**_result("torch-eager", "bwd", None), "status": "skipped"}]}
+    eager = ks.summary(
+        "torch.profiler",
+        "cpu",
+        [
+            ks.kernel_entry("aten::mm", 3, time_us=30.0),
+            ks.kernel_entry("aten::gelu", 1),
+            ks.kernel_entry("aten::mul", 1),
+        ],
+        meta,
+    )
+    compiled = ks.summary(
+        "torch.profiler",
+        "cpu",
+        [ks.kernel_entry("aten::mm", 3), ks.kernel_entry("graph_0_cpp_fused__unsafe_view_gelu_mul_0", 1)],
+        [],
+        notes="a | note",
+    )
+    xla = ks.summary(
+        "xla-hlo",
+        "cpu",
+        [
+            ks.kernel_entry("ynn_fusion", 3, kind="gemm", absorbed=["dot"]),
+            ks.kernel_entry("multiply_bitcast_fusion", 1, kind="fused", absorbed=["multiply", "tanh", "add"]),
+        ],
+        [{"name": "bitcast", "count": 2}],
+    )
+    return {
+        "results": [
+            _result("torch-eager", "fwd", eager),
+            _result("torch-compile", "fwd", compiled),
+            _result("torch-triton", "fwd", None),
+            _result("jax-xla", "fwd", xla),
+            {**_result("torch-eager", "bwd", None), "status": "skipped"},
+        ]
+    }
 
 
 def test_kernel_section_from_hand_written_doc() -> None:
@@ -187,7 +235,9 @@ def test_hlo_parser_on_hand_written_gpu_style_module() -> None:
     assert module.entry == "main.3" and set(module.computations) == {"fused_computation", "main.3"}
     kernels, metadata, fusions = hlo_kernels(module)
     assert [(k["name"], k["kind"], k["count"], k["absorbed"]) for k in kernels] == [
-        ("__cublas$gemm", "gemm", 1, []), ("loop_multiply_fusion", "fused", 1, ["tanh", "multiply"])]
+        ("__cublas$gemm", "gemm", 1, []),
+        ("loop_multiply_fusion", "fused", 1, ["tanh", "multiply"]),
+    ]
     assert metadata == [{"name": "bitcast", "count": 1}] and fusions == {"kLoop": 1}
 
 
@@ -247,8 +297,7 @@ def test_torch_eager_geglu_forward_backward() -> None:
     if _on_cuda(s):
         assert ks.count_by_kind(s)["gemm"] == 9 and ks.count_by_kind(s)["elementwise"] == 6, s["kernels"]
     else:
-        assert _by_name(s) == {"aten::mm": 9, "aten::gelu": 1, "aten::mul": 3, "aten::gelu_backward": 1,
-                               "aten::add": 1}
+        assert _by_name(s) == {"aten::mm": 9, "aten::gelu": 1, "aten::mul": 3, "aten::gelu_backward": 1, "aten::add": 1}
 
 
 @pytest.mark.compile
@@ -309,19 +358,29 @@ def test_cuda_events_count_device_kernels_only() -> None:
 
     events: list[FunctionEvent] = []
 
-    def ev(name: str, start: float, end: float, parent: FunctionEvent | None = None, *,
-           cuda: str = "") -> FunctionEvent:
-        e = FunctionEvent(len(events), name, thread=1, start_us=start, end_us=end,
-                          device_type=DeviceType.CUDA if cuda else DeviceType.CPU,
-                          is_user_annotation=name == profiling.STEP_NAME, activity_type=cuda or "cpu_op")
+    def ev(
+        name: str, start: float, end: float, parent: FunctionEvent | None = None, *, cuda: str = ""
+    ) -> FunctionEvent:
+        e = FunctionEvent(
+            len(events),
+            name,
+            thread=1,
+            start_us=start,
+            end_us=end,
+            device_type=DeviceType.CUDA if cuda else DeviceType.CPU,
+            is_user_annotation=name == profiling.STEP_NAME,
+            activity_type=cuda or "cpu_op",
+        )
         if parent is not None:
             parent.append_cpu_child(e)
             e.set_cpu_parent(parent)
         events.append(e)
         return e
 
-    gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off" \
-           "_kernel__5x_cublas"
+    gemm = (
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off"
+        "_kernel__5x_cublas"
+    )
     gelu = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&)"
     for t0 in (0.0, 100.0):  # two steps
         step = ev(profiling.STEP_NAME, t0, t0 + 50)
@@ -335,7 +394,10 @@ def test_cuda_events_count_device_kernels_only() -> None:
         ev("Memset (Device)", t0 + 31, t0 + 32, cuda="gpu_memset")
     s = _checked(profiling.summarize_events(events, "cuda:0"))
     assert [(k["name"], k["kind"], k["count"], k["time_us"]) for k in s["kernels"]] == [
-        (gemm, "gemm", 1, 20.0), (gelu, "elementwise", 1, 4.0), ("Memset (Device)", "copy", 1, 1.0)]
+        (gemm, "gemm", 1, 20.0),
+        (gelu, "elementwise", 1, 4.0),
+        ("Memset (Device)", "copy", 1, 1.0),
+    ]
     assert s["metadata_ops"] == [{"name": "aten::t", "count": 1}]
 
 
@@ -396,8 +458,9 @@ def _jax_summary(mode: str) -> dict[str, Any]:
 
 
 def _is_gemm(k: dict[str, Any]) -> bool:
-    return k["kind"] == "gemm" and ("dot" in k["absorbed"] or k["name"] == "dot" or "matmul" in k["name"].lower()
-                                    or "gemm" in k["name"].lower())
+    return k["kind"] == "gemm" and (
+        "dot" in k["absorbed"] or k["name"] == "dot" or "matmul" in k["name"].lower() or "gemm" in k["name"].lower()
+    )
 
 
 def test_jax_xla_geglu_forward_fuses_gelu_with_mul() -> None:
@@ -448,8 +511,11 @@ def test_torch_triton_fused_forward_backward_counts_what_runs_inside_the_backwar
         assert ks.count_by_kind(s)["gemm"] >= 6, s["kernels"]  # the torch GEMMs; Triton's own are named by kernel
     else:
         triton = {k["name"]: k["count"] for k in s["kernels"] if k["kind"] == "custom"}
-        assert triton == {"triton::_geglu_matmul_kernel": 1, "triton::_matmul_kernel": 3,
-                          "triton::_geglu_bwd_kernel": 1}, s["kernels"]
+        assert triton == {
+            "triton::_geglu_matmul_kernel": 1,
+            "triton::_matmul_kernel": 3,
+            "triton::_geglu_bwd_kernel": 1,
+        }, s["kernels"]
         assert ks.count_by_kind(s)["gemm"] == 6, s["kernels"]
 
 

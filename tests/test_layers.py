@@ -116,7 +116,10 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_the_graph_sees_lazy_imports() -> None:
     """An import inside a function body is an edge: ``compare.costmodel`` imports the registry only inside its
     functions."""
-    top = {n.module for n in ast.parse((ROOT / "compare" / "costmodel.py").read_text(encoding="utf-8")).body
-           if isinstance(n, ast.ImportFrom)}
+    top = {
+        n.module
+        for n in ast.parse((ROOT / "compare" / "costmodel.py").read_text(encoding="utf-8")).body
+        if isinstance(n, ast.ImportFrom)
+    }
     assert "compare.registry" not in top
     assert "compare.registry" in import_graph()["compare.costmodel"]

@@ -93,8 +93,12 @@ _kernel_bwd = _vjp_of(geglu)
 _plain_bwd = _vjp_of(geglu_reference)
 #: Per activation: (kernel forward, plain forward, kernel vjp, plain vjp), all jitted.
 _BY_ACT = {
-    act: (jax.jit(lambda g, u, a=act: glu(g, u, act=a)), jax.jit(lambda g, u, a=act: glu_reference(g, u, a)),
-          _vjp_of(lambda g, u, a=act: glu(g, u, act=a)), _vjp_of(lambda g, u, a=act: glu_reference(g, u, a)))
+    act: (
+        jax.jit(lambda g, u, a=act: glu(g, u, act=a)),
+        jax.jit(lambda g, u, a=act: glu_reference(g, u, a)),
+        _vjp_of(lambda g, u, a=act: glu(g, u, act=a)),
+        _vjp_of(lambda g, u, a=act: glu_reference(g, u, a)),
+    )
     for act in ACTIVATIONS
 }
 
@@ -210,9 +214,7 @@ def test_small_blocks_many_ragged_tiles():
     def small_block_geglu(a, b):
         return geglu(a, b, block_shape=(8, 128))
 
-    h, (dg, du) = jax.jit(lambda g, u, dh: (small_block_geglu(g, u), _pullback(small_block_geglu, g, u, dh)))(
-        g, u, dh
-    )
+    h, (dg, du) = jax.jit(lambda g, u, dh: (small_block_geglu(g, u), _pullback(small_block_geglu, g, u, dh)))(g, u, dh)
     ref_dg, ref_du = _ref_bwd_f64(g, u, dh)
     assert _tol_ratio(h, _ref_fwd_f64(g, u), jnp.float32) <= 1.0
     assert _tol_ratio(dg, ref_dg, jnp.float32) <= 1.0

@@ -63,8 +63,12 @@ KNOWN_DEVIATIONS_XLA_CPU_CASES: dict[tuple[str, str], set[str]] = {
     ("jax-xla", PRESETS["odd"].case("float16", model="gelu-mlp").name): {"dx", "db2"},
 }
 #: The gradients each model returns after ``y``, in the order a backend reports them.
-GRADIENTS = {"linear": ["dx", "dweight", "dbias"], "geglu": ["dx", "dgate", "dup", "ddown"],
-             "swiglu": ["dx", "dgate", "dup", "ddown"], "gelu-mlp": ["dx", "dfc1", "db1", "dfc2", "db2"]}
+GRADIENTS = {
+    "linear": ["dx", "dweight", "dbias"],
+    "geglu": ["dx", "dgate", "dup", "ddown"],
+    "swiglu": ["dx", "dgate", "dup", "ddown"],
+    "gelu-mlp": ["dx", "dfc1", "db1", "dfc2", "db2"],
+}
 
 
 @functools.cache
@@ -78,8 +82,9 @@ def known_deviations(backend: str, case: Case) -> set[str]:
     """The pinned findings of this platform for a backend on a committed case (fwd+bwd)."""
     if _jax_platform() != "cpu":
         return set()
-    return (KNOWN_DEVIATIONS_XLA_CPU.get((backend, case.model, case.dtype), set())
-            | KNOWN_DEVIATIONS_XLA_CPU_CASES.get((backend, case.name), set()))
+    return KNOWN_DEVIATIONS_XLA_CPU.get((backend, case.model, case.dtype), set()) | KNOWN_DEVIATIONS_XLA_CPU_CASES.get(
+        (backend, case.name), set()
+    )
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
@@ -132,8 +137,9 @@ def test_the_new_families_are_committed_and_paired_with_every_backend_that_imple
     jax-xla; the others skip it with a reason (``run_one`` on a model outside the registry's ``models``)."""
     for model, want in (("swiglu", set(RUN_HERE)), ("gelu-mlp", {"torch-eager", "torch-compile", "jax-xla"})):
         cases = [c for c in CASES if c.model == model]
-        assert {(c.shape, c.dtype) for c in cases} == {(PRESETS[p].shape, d) for p in ("tiny", "odd")
-                                                       for d in ("float32", "bfloat16", "float16")}
+        assert {(c.shape, c.dtype) for c in cases} == {
+            (PRESETS[p].shape, d) for p in ("tiny", "odd") for d in ("float32", "bfloat16", "float16")
+        }
         paired = {b for b, c in PAIRS if c.model == model}
         assert paired == want, paired
     case = PRESETS["tiny"].case("float32", model="gelu-mlp")
@@ -151,7 +157,11 @@ def test_the_eager_module_is_the_seeds_shape() -> None:
     assert all(mod.bias is None for mod in (m.gate_proj, m.up_proj, m.down_proj))
     g = GeluMLP(96, 328)
     assert [(n, tuple(p.shape)) for n, p in g.named_parameters()] == [
-        ("fc1.weight", (328, 96)), ("fc1.bias", (328,)), ("fc2.weight", (96, 328)), ("fc2.bias", (96,))]
+        ("fc1.weight", (328, 96)),
+        ("fc1.bias", (328,)),
+        ("fc2.weight", (96, 328)),
+        ("fc2.bias", (96,)),
+    ]
 
 
 def test_a_raising_backend_is_an_error_result_not_a_crash() -> None:
@@ -225,8 +235,15 @@ def test_the_last_timed_output_is_checked_too() -> None:
         return y if calls[0] == 1 else y * 0.5
 
     cfg = TimingConfig(warmup=1, min_samples=5, max_samples=5, budget_s=0.0, min_sample_s=0.0)
-    r = run_one(spec("torch-eager"), TINY, "fwd", plain_reference(TINY), cfg, {},
-                prepare=lambda: runner.prepare(golden.problem, "fwd", module, forward))
+    r = run_one(
+        spec("torch-eager"),
+        TINY,
+        "fwd",
+        plain_reference(TINY),
+        cfg,
+        {},
+        prepare=lambda: runner.prepare(golden.problem, "fwd", module, forward),
+    )
     assert r.status == "parity-fail", explain(r)
     assert r.parity is not None and r.parity["passed"]  # the first call was right
     assert r.parity["checked"] == ["first call", "last timed call"]
@@ -260,7 +277,8 @@ def test_a_step_faster_than_the_machine_is_flagged_implausible() -> None:
 
 
 def test_a_case_the_gate_cannot_judge_is_an_error_naming_the_tensor_and_the_others_run(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     real = plain_reference
     bad = PRESETS["tiny"].case("float16")
 

@@ -15,11 +15,21 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def _result(backend: str, tokens: int, median: float, cost: dict[str, Any] | None = None) -> dict[str, Any]:
     samples = [median * f for f in (0.95, 0.98, 1.0, 1.02, 1.1)]
     return {
-        "backend": backend, "model": "geglu", "dtype": "float32", "mode": "fwd", "status": "ok",
+        "backend": backend,
+        "model": "geglu",
+        "dtype": "float32",
+        "mode": "fwd",
+        "status": "ok",
         "shape": {"batch": tokens, "seq": 1, "dim": 96, "hidden": 328},
         "case": f"geglu-{tokens}x1x96-328-float32-normal-s0",
-        "timing": {"median_s": median, "iqr_s": 0.04 * median, "min_s": samples[0], "max_s": samples[-1], "n": 5,
-                   "samples_s": samples},
+        "timing": {
+            "median_s": median,
+            "iqr_s": 0.04 * median,
+            "min_s": samples[0],
+            "max_s": samples[-1],
+            "n": 5,
+            "samples_s": samples,
+        },
         "cost": cost,
     }
 
@@ -43,14 +53,24 @@ def _doc(with_cost: bool) -> dict[str, Any]:
             median = 1e-5 * (1 + t / 16) / speed
             rs.append(_result(backend, t, median, _cost(backend, t, median) if with_cost else None))
     rs.append({**_result("torch-triton", 16, 1.0), "timing": None, "note": "interpreted"})  # untimed: not drawn
-    return {"schema": 1, "created": "2026-01-01T00:00:00+00:00", "config": {}, "environment": {}, "results": rs,
-            **({"ceilings": {"device": "cpu", "float32": CEIL}} if with_cost else {})}
+    return {
+        "schema": 1,
+        "created": "2026-01-01T00:00:00+00:00",
+        "config": {},
+        "environment": {},
+        "results": rs,
+        **({"ceilings": {"device": "cpu", "float32": CEIL}} if with_cost else {}),
+    }
 
 
 def test_plots_are_pngs_with_deterministic_names(tmp_path: Path) -> None:
     paths = render_plots(_doc(with_cost=True), tmp_path / "plots")
-    assert [p.name for p in paths] == ["roofline-geglu-d96-h328.png", "time-geglu-d96-h328.png",
-                                       "speedup-geglu-d96-h328.png", "ceiling-geglu-d96-h328.png"]
+    assert [p.name for p in paths] == [
+        "roofline-geglu-d96-h328.png",
+        "time-geglu-d96-h328.png",
+        "speedup-geglu-d96-h328.png",
+        "ceiling-geglu-d96-h328.png",
+    ]
     for p in paths:
         data = p.read_bytes()
         assert data[:8] == PNG_SIGNATURE and len(data) > 1000, p

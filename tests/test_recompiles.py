@@ -142,10 +142,28 @@ def test_payback_arithmetic() -> None:
     assert payback_calls(1.0, 2e-3, 1e-3) is None  # slower: never pays back
     assert payback_calls(0.0, 2e-3, 1e-3) == 0.0  # nothing to pay back
     rows = [
-        {"backend": "torch-eager", "tokens": 8, "compiles": 0, "first_call_s": 0.01, "median_s": 2e-3,
-         "generic": True, "dynamic": None, "framework": "torch", "compile_counter": "c"},
-        {"backend": "torch-compile", "tokens": 8, "compiles": 1, "first_call_s": 1.001, "median_s": 1e-3,
-         "generic": False, "dynamic": False, "framework": "torch", "compile_counter": "c"},
+        {
+            "backend": "torch-eager",
+            "tokens": 8,
+            "compiles": 0,
+            "first_call_s": 0.01,
+            "median_s": 2e-3,
+            "generic": True,
+            "dynamic": None,
+            "framework": "torch",
+            "compile_counter": "c",
+        },
+        {
+            "backend": "torch-compile",
+            "tokens": 8,
+            "compiles": 1,
+            "first_call_s": 1.001,
+            "median_s": 1e-3,
+            "generic": False,
+            "dynamic": False,
+            "framework": "torch",
+            "compile_counter": "c",
+        },
     ]
     out = with_payback(rows)
     assert out[0]["payback_calls"] is None and out[1]["compile_s"] == pytest.approx(1.0)

@@ -28,29 +28,71 @@ def fake() -> Iterator[str]:
 
 
 @pytest.mark.compile
-def test_a_registered_backend_appears_everywhere(fake: str, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_registered_backend_appears_everywhere(fake: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list"]) == 0
-    assert any(line.strip().startswith(fake + " ") and "available" in line
-               for line in capsys.readouterr().out.splitlines())
+    assert any(
+        line.strip().startswith(fake + " ") and "available" in line for line in capsys.readouterr().out.splitlines()
+    )
 
     out = tmp_path / "run"
-    code = main(["run", "--preset", "tiny", "--backend", "torch-eager", fake, "--budget", "0.05", "--no-ceilings",
-                 "--no-plots", "--shape-sweep", "1", "4", "--gpu-build", "", "--out", str(out)])
+    code = main(
+        [
+            "run",
+            "--preset",
+            "tiny",
+            "--backend",
+            "torch-eager",
+            fake,
+            "--budget",
+            "0.05",
+            "--no-ceilings",
+            "--no-plots",
+            "--shape-sweep",
+            "1",
+            "4",
+            "--gpu-build",
+            "",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
     row = next(r for r in doc["results"] if r["backend"] == fake)
     assert row["status"] == "ok" and row["timing"] and row["cost"]["plan"] == "eager"  # run, timer, cost model
     assert {r["backend"] for r in doc["shape_sweep"]} >= {fake}  # the compile-cost sweep
     md = (out / "REPORT.md").read_text(encoding="utf-8")
-    for section in ("## Parity", "## Timing", "## What fusion buys", "## Cost model and roofline",
-                    "## Compile cost and shape generality"):
+    for section in (
+        "## Parity",
+        "## Timing",
+        "## What fusion buys",
+        "## Cost model and roofline",
+        "## Compile cost and shape generality",
+    ):
         part = md.split(section, 1)[1].split("\n## ", 1)[0]
         assert f"| {fake} |" in part, section
 
     sweep_out = tmp_path / "sweep"
-    assert main(["sweep", "--preset", "tiny", "--tokens", "1", "2", "--backend", fake, "--budget", "0.05",
-                 "--no-plots", "--out", str(sweep_out)]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--preset",
+                "tiny",
+                "--tokens",
+                "1",
+                "2",
+                "--backend",
+                fake,
+                "--budget",
+                "0.05",
+                "--no-plots",
+                "--out",
+                str(sweep_out),
+            ]
+        )
+        == 0
+    )
     swept = json.loads((sweep_out / "results.json").read_text(encoding="utf-8"))
     assert [r["backend"] for r in swept["results"]] == [fake, fake]
 
@@ -75,10 +117,18 @@ def test_the_core_imports_no_framework_package_except_through_the_registry() -> 
     offenders = []
     for path in sorted((ROOT / "compare").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                    else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            offenders += [f"{path.name}:{node.lineno} {m}" for m in mods
-                          if m.split(".")[0] in ("torch_impl", "jax_impl", "torch", "jax", "flax", "triton")]
+            mods = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            offenders += [
+                f"{path.name}:{node.lineno} {m}"
+                for m in mods
+                if m.split(".")[0] in ("torch_impl", "jax_impl", "torch", "jax", "flax", "triton")
+            ]
     assert not offenders, offenders
 
 
@@ -102,7 +152,7 @@ g = golden_for(case)
 p = plain_reference(case)
 assert check_all({{'y': p['y']}}, g.ref, p, 'bfloat16').passed
 from compare.cli import main
-assert main(['report', {str(results)!r}, '--out', {str(tmp_path / 'R.md')!r}]) == 0
+assert main(['report', {str(results)!r}, '--out', {str(tmp_path / "R.md")!r}]) == 0
 assert main(['diff', {str(results)!r}, {str(results)!r}]) == 0
 assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'jax', 'flax', 'triton')]
 print('ok')

@@ -35,6 +35,7 @@ TINY = ["--preset", "tiny", "--backend", "torch-eager", "--budget", "0.05", "--n
 @pytest.fixture
 def no_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any measurement fails the test: the input must be refused before."""
+
     def measured(*args: object, **kw: object) -> Any:
         raise AssertionError("measured before the input was checked")
 
@@ -54,8 +55,13 @@ def _one_line_error(err: str) -> str:
 
 
 def test_exit_statuses_are_defined_once_and_documented(capsys: pytest.CaptureFixture[str]) -> None:
-    assert (exitcodes.OK, exitcodes.FINDING, exitcodes.BAD_INPUT, exitcodes.INTERNAL_ERROR,
-            exitcodes.INTERRUPTED) == (0, 1, 2, 3, 130)
+    assert (exitcodes.OK, exitcodes.FINDING, exitcodes.BAD_INPUT, exitcodes.INTERNAL_ERROR, exitcodes.INTERRUPTED) == (
+        0,
+        1,
+        2,
+        3,
+        130,
+    )
     assert not hasattr(diff, "_exit_status") and not hasattr(sweep, "_exit_status")
     for args in (["--help"], ["run", "--help"], ["sweep", "--help"], ["diff", "--help"], ["report", "--help"]):
         with pytest.raises(SystemExit) as e:
@@ -90,8 +96,9 @@ def test_an_unexpected_exception_is_an_internal_error_3(
     assert "Traceback" in err and "internal error: RuntimeError: the harness broke" in err
 
 
-def test_an_unhandled_interrupt_is_130(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unhandled_interrupt_is_130(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     def interrupted(*args: object, **kw: object) -> Any:
         raise KeyboardInterrupt
 
@@ -122,8 +129,9 @@ def test_unusable_out_folder_exits_2_before_measuring(
     assert message in _one_line_error(capsys.readouterr().err)
 
 
-def test_sweep_refuses_an_unusable_out_folder(tmp_path: Path, no_measuring: None,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_refuses_an_unusable_out_folder(
+    tmp_path: Path, no_measuring: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     out, message = _bad_out_dirs(tmp_path)["regular file"]
     assert cli.main(["sweep", "--preset", "tiny", "--backend", "torch-eager", "--out", out]) == 2
     assert message in _one_line_error(capsys.readouterr().err)
@@ -136,8 +144,7 @@ def test_out_under_proc_exits_2(no_measuring: None, capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
-def test_read_only_out_folder_exits_2(tmp_path: Path, no_measuring: None,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_read_only_out_folder_exits_2(tmp_path: Path, no_measuring: None, capsys: pytest.CaptureFixture[str]) -> None:
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
@@ -150,6 +157,7 @@ def test_read_only_out_folder_exits_2(tmp_path: Path, no_measuring: None,
 
 def test_prepare_out_dir_proves_it_can_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The write test itself (what a read-only folder trips, even where the tests run as root)."""
+
     def cannot(*args: object, **kw: object) -> Any:
         raise PermissionError(errno.EACCES, "Permission denied")
 
@@ -170,16 +178,34 @@ def test_prepare_out_dir_proves_it_can_write(tmp_path: Path, monkeypatch: pytest
         (["run", *TINY, "--backend", "torch-eager", "torch-eager"], "a backend repeats: torch-eager, torch-eager"),
         (["run", *TINY, "--dtype", "float32", "float32"], "a dtype repeats"),
         (["run", *TINY, "--mode", "fwd", "fwd"], "a mode repeats"),
-        (["run", "--model", "geglu", "--batch", "100000000", "--dim", "100000", "--seq", "1", "--hidden", "8",
-          "--backend", "torch-eager"], "bytes) of memory"),
+        (
+            [
+                "run",
+                "--model",
+                "geglu",
+                "--batch",
+                "100000000",
+                "--dim",
+                "100000",
+                "--seq",
+                "1",
+                "--hidden",
+                "8",
+                "--backend",
+                "torch-eager",
+            ],
+            "bytes) of memory",
+        ),
         (["sweep", "--preset", "tiny", "--seq", "0"], "shape dimension 'seq' must be a positive integer, got 0"),
         (["sweep", "--preset", "tiny", "--seed", "-5"], "seed must be a non-negative integer, got -5"),
         (["sweep", "--preset", "tiny", "--budget", "nan"], "--budget must be a finite number > 0"),
         (["sweep", "--preset", "tiny", "--backend", "torch-eager", "torch-eager"], "a backend repeats"),
         (["sweep", "--preset", "tiny", "--isolate", "--cell-timeout", "nan"], "--cell-timeout must be a finite"),
         (["sweep", "--preset", "tiny", "--isolate", "--cell-timeout", "0"], "--cell-timeout must be a finite"),
-        (["sweep", "--model", "geglu", "--dim", "100000", "--hidden", "8", "--tokens", "100000000"],
-         "bytes) of memory"),
+        (
+            ["sweep", "--model", "geglu", "--dim", "100000", "--hidden", "8", "--tokens", "100000000"],
+            "bytes) of memory",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_before_measuring(
@@ -190,10 +216,24 @@ def test_bad_arguments_exit_2_before_measuring(
     assert not (tmp_path / "o").exists()  # refused before the output folder was even made
 
 
-def test_too_large_names_bytes_needed_and_available(no_measuring: None, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["run", "--model", "geglu", "--batch", "100000000", "--dim", "100000", "--seq", "1", "--hidden", "8",
-            "--out", str(tmp_path / "o")]
+def test_too_large_names_bytes_needed_and_available(
+    no_measuring: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "run",
+        "--model",
+        "geglu",
+        "--batch",
+        "100000000",
+        "--dim",
+        "100000",
+        "--seq",
+        "1",
+        "--hidden",
+        "8",
+        "--out",
+        str(tmp_path / "o"),
+    ]
     assert cli.main(args) == 2
     line = _one_line_error(capsys.readouterr().err)
     need = Case("geglu", Shape(100000000, 1, 100000, 8), "float32").estimated_bytes()
@@ -202,16 +242,19 @@ def test_too_large_names_bytes_needed_and_available(no_measuring: None, tmp_path
 
 @pytest.mark.parametrize(
     ("option", "value", "message"),
-    [("--threshold", "nan", "--threshold must be a finite number >= 0, got nan"),
-     ("--threshold", "-0.1", "--threshold must be a finite number >= 0"),
-     ("--k", "0", "--k must be a finite number > 0"),
-     ("--k", "inf", "--k must be a finite number > 0"),
-     ("--alpha", "0", "--alpha must be a finite number > 0 and <= 1"),
-     ("--alpha", "1.5", "--alpha must be a finite number > 0 and <= 1"),
-     ("--alpha", "nan", "--alpha must be a finite number > 0 and <= 1")],
+    [
+        ("--threshold", "nan", "--threshold must be a finite number >= 0, got nan"),
+        ("--threshold", "-0.1", "--threshold must be a finite number >= 0"),
+        ("--k", "0", "--k must be a finite number > 0"),
+        ("--k", "inf", "--k must be a finite number > 0"),
+        ("--alpha", "0", "--alpha must be a finite number > 0 and <= 1"),
+        ("--alpha", "1.5", "--alpha must be a finite number > 0 and <= 1"),
+        ("--alpha", "nan", "--alpha must be a finite number > 0 and <= 1"),
+    ],
 )
-def test_diff_refuses_non_finite_options(option: str, value: str, message: str, tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_diff_refuses_non_finite_options(
+    option: str, value: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "r.json"
     results.write_json(path, _doc())
     assert diff.main([str(path), str(path), option, value]) == 2
@@ -321,13 +364,34 @@ def test_outputs_are_written_atomically_everywhere() -> None:
 
 
 def _doc() -> dict[str, Any]:
-    r = {"backend": "torch-eager", "model": "geglu", "dtype": "float32", "mode": "fwd", "status": "ok",
-         "shape": {"batch": 3, "seq": 37, "dim": 96, "hidden": 328}, "case": "geglu-3x37x96-328-float32-normal-s0",
-         "reason": "", "note": "", "parity": None,
-         "timing": {"median_s": 1e-3, "iqr_s": 1e-5, "min_s": 9e-4, "n": 5, "calls_per_sample": 1,
-                    "first_call_s": 0.1, "samples_s": [1e-3] * 5}}
-    return {"schema": 1, "created": "2026-01-01T00:00:00+00:00", "config": {},
-            "environment": {"versions": {}, "threads": {}, "precision": {}}, "results": [r]}
+    r = {
+        "backend": "torch-eager",
+        "model": "geglu",
+        "dtype": "float32",
+        "mode": "fwd",
+        "status": "ok",
+        "shape": {"batch": 3, "seq": 37, "dim": 96, "hidden": 328},
+        "case": "geglu-3x37x96-328-float32-normal-s0",
+        "reason": "",
+        "note": "",
+        "parity": None,
+        "timing": {
+            "median_s": 1e-3,
+            "iqr_s": 1e-5,
+            "min_s": 9e-4,
+            "n": 5,
+            "calls_per_sample": 1,
+            "first_call_s": 0.1,
+            "samples_s": [1e-3] * 5,
+        },
+    }
+    return {
+        "schema": 1,
+        "created": "2026-01-01T00:00:00+00:00",
+        "config": {},
+        "environment": {"versions": {}, "threads": {}, "precision": {}},
+        "results": [r],
+    }
 
 
 @pytest.mark.parametrize(
@@ -344,8 +408,9 @@ def _doc() -> dict[str, Any]:
         (lambda r: r.pop("backend"), "result #0 lacks backend"),
     ],
 )
-def test_report_and_diff_refuse_a_bad_row(edit: Any, message: str, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_and_diff_refuse_a_bad_row(
+    edit: Any, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     doc = _doc()
     edit(doc["results"][0])
     bad = tmp_path / "bad.json"
@@ -373,9 +438,14 @@ def test_truncated_golden_manifest_exits_2_naming_it(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "golden", golden)
     manifest = golden / "MANIFEST.json"
     manifest.write_bytes(manifest.read_bytes()[:100])
-    p = subprocess.run([sys.executable, "-m", "compare", "run", *TINY, "--out", str(tmp_path / "o")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "FUSION_COMPARE_GOLDEN_DIR": str(golden)})
+    p = subprocess.run(
+        [sys.executable, "-m", "compare", "run", *TINY, "--out", str(tmp_path / "o")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FUSION_COMPARE_GOLDEN_DIR": str(golden)},
+    )
     assert p.returncode == 2, p.stderr
     line = _one_line_error(p.stderr)
     assert "MANIFEST.json" in line and "not valid JSON" in line
@@ -385,9 +455,11 @@ def test_truncated_golden_manifest_exits_2_naming_it(tmp_path: Path) -> None:
 # --- interrupted run, locked folder -----------------------------------------------------------------------------
 
 
-def test_interrupted_run_saves_what_finished(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_interrupted_run_saves_what_finished(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``harness.run`` returns the finished cells with ``interrupted``: run writes them and exits 130."""
+
     def partial(*args: object, **kw: object) -> dict[str, Any]:
         doc = _doc()
         doc["interrupted"] = True
@@ -403,8 +475,9 @@ def test_interrupted_run_saves_what_finished(monkeypatch: pytest.MonkeyPatch, tm
     assert "# fusion-compare report" in (out / "REPORT.md").read_text(encoding="utf-8")
 
 
-def test_a_second_run_into_the_same_folder_is_refused(tmp_path: Path, no_measuring: None,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_second_run_into_the_same_folder_is_refused(
+    tmp_path: Path, no_measuring: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "o"
     out.mkdir()
     with preflight.lock_folder(out):
@@ -427,13 +500,26 @@ def flaky() -> Iterator[None]:
     registry.BACKENDS.pop("flaky", None)
 
 
-def test_retry_errors_reruns_error_cells_and_the_new_line_wins(tmp_path: Path, flaky: None,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_retry_errors_reruns_error_cells_and_the_new_line_wins(
+    tmp_path: Path, flaky: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     from compare import registry
 
     out = tmp_path / "sweep"
-    args = ["sweep", "--preset", "tiny", "--tokens", "1", "--backend", "flaky", "--budget", "0.02", "--no-plots",
-            "--out", str(out)]
+    args = [
+        "sweep",
+        "--preset",
+        "tiny",
+        "--tokens",
+        "1",
+        "--backend",
+        "flaky",
+        "--budget",
+        "0.02",
+        "--no-plots",
+        "--out",
+        str(out),
+    ]
     assert cli.main(args) == 1
     registry.register(BackendSpec("flaky", "torch", "torch_impl.backends.eager", "works now"))
     assert cli.main(args) == 1  # without the flag the stored error stands
@@ -450,8 +536,10 @@ def test_stale_scratch_is_removed_on_start(tmp_path: Path, flaky: None) -> None:
     out = tmp_path / "sweep"
     (out / ".cells" / "cell-stale").mkdir(parents=True)
     (out / ".cells" / "cell-stale" / "cell.json").write_text("{}", encoding="utf-8")
-    assert cli.main(["sweep", "--preset", "tiny", "--tokens", "1", "--backend", "flaky", "--no-plots",
-                     "--out", str(out)]) == 1
+    assert (
+        cli.main(["sweep", "--preset", "tiny", "--tokens", "1", "--backend", "flaky", "--no-plots", "--out", str(out)])
+        == 1
+    )
     assert not (out / ".cells").exists()
 
 
@@ -461,7 +549,7 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
         raw = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
     except (FileNotFoundError, ProcessLookupError):
         return None
-    state, ppid, pgrp = raw[raw.rindex(")") + 2:].split()[:3]
+    state, ppid, pgrp = raw[raw.rindex(")") + 2 :].split()[:3]
     return state, int(ppid), int(pgrp)
 
 
@@ -500,10 +588,26 @@ raise SystemExit(main(sys.argv[1:]))
 @pytest.mark.slow
 def test_sigterm_stops_an_isolated_sweep_and_its_worker(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    cmd = [sys.executable, "-c", LAUNCH, "--preset", "tiny", "--tokens", "1", "--backend", "misbehaving", "--mode",
-           "bwd", "--isolate", "--no-plots", "--out", str(out)]
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    cmd = [
+        sys.executable,
+        "-c",
+        LAUNCH,
+        "--preset",
+        "tiny",
+        "--tokens",
+        "1",
+        "--backend",
+        "misbehaving",
+        "--mode",
+        "bwd",
+        "--isolate",
+        "--no-plots",
+        "--out",
+        str(out),
+    ]
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     worker = None
     try:
         deadline = time.monotonic() + 120
@@ -543,8 +647,26 @@ def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> No
     import select
 
     out = tmp_path / "o"
-    cmd = [sys.executable, "-m", "compare", "run", "--preset", "tiny", "--backend", "torch-eager", "--dtype",
-           "float32", "bfloat16", "float16", "--budget", "2", "--no-ceilings", "--no-plots", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "compare",
+        "run",
+        "--preset",
+        "tiny",
+        "--backend",
+        "torch-eager",
+        "--dtype",
+        "float32",
+        "bfloat16",
+        "float16",
+        "--budget",
+        "2",
+        "--no-ceilings",
+        "--no-plots",
+        "--out",
+        str(out),
+    ]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     err = b""
     try:

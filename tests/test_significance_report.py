@@ -28,8 +28,16 @@ def _samples(median: float, rel_iqr: float, n: int = 20, seed: int = 0) -> list[
 
 
 def _timing(median: float, iqr: float, samples: list[float] | None = None) -> dict[str, Any]:
-    t = {"median_s": median, "iqr_s": iqr, "min_s": median - iqr / 2, "max_s": median + iqr / 2, "n": 20,
-         "calls_per_sample": 1, "first_call_s": 0.5, "noisy": iqr > 0.1 * median}
+    t = {
+        "median_s": median,
+        "iqr_s": iqr,
+        "min_s": median - iqr / 2,
+        "max_s": median + iqr / 2,
+        "n": 20,
+        "calls_per_sample": 1,
+        "first_call_s": 0.5,
+        "noisy": iqr > 0.1 * median,
+    }
     if samples is not None:
         t["samples_s"] = samples
     return t
@@ -43,18 +51,48 @@ def _row(backend: str, timing: dict[str, Any]) -> dict[str, Any]:
 
 
 def _doc(eager: dict[str, Any], compiled: dict[str, Any]) -> dict[str, Any]:
-    return {"created": "2026-01-01T00:00:00+00:00", "config": {},
-            "environment": {"versions": {}, "threads": {}, "precision": {}},
-            "results": [_row("torch-eager", eager), _row("torch-compile", compiled)]}
+    return {
+        "created": "2026-01-01T00:00:00+00:00",
+        "config": {},
+        "environment": {"versions": {}, "threads": {}, "precision": {}},
+        "results": [_row("torch-eager", eager), _row("torch-compile", compiled)],
+    }
 
 
 def _sweep_rows(eager: tuple[float, float], compiled: tuple[float, float]) -> list[dict[str, Any]]:
-    common = {"tokens": 1024, "model": "geglu", "dim": 768, "hidden": 3072, "dtype": "float32", "mode": "fwd",
-              "framework": "torch", "compile_counter": "c", "timed": True}
-    return [{**common, "backend": "torch-eager", "dynamic": None, "generic": True, "compiles": 0,
-             "first_call_s": 0.01, "median_s": eager[0], "iqr_s": eager[1]},
-            {**common, "backend": "torch-compile", "dynamic": False, "generic": False, "compiles": 1,
-             "first_call_s": 0.3, "median_s": compiled[0], "iqr_s": compiled[1]}]
+    common = {
+        "tokens": 1024,
+        "model": "geglu",
+        "dim": 768,
+        "hidden": 3072,
+        "dtype": "float32",
+        "mode": "fwd",
+        "framework": "torch",
+        "compile_counter": "c",
+        "timed": True,
+    }
+    return [
+        {
+            **common,
+            "backend": "torch-eager",
+            "dynamic": None,
+            "generic": True,
+            "compiles": 0,
+            "first_call_s": 0.01,
+            "median_s": eager[0],
+            "iqr_s": eager[1],
+        },
+        {
+            **common,
+            "backend": "torch-compile",
+            "dynamic": False,
+            "generic": False,
+            "compiles": 1,
+            "first_call_s": 0.3,
+            "median_s": compiled[0],
+            "iqr_s": compiled[1],
+        },
+    ]
 
 
 def _line(md: str, start: str) -> str:
@@ -111,8 +149,10 @@ def test_slower_beyond_noise_is_numbered_and_never_pays_back() -> None:
 
 def test_modes_section_speedups_follow_the_rule() -> None:
     doc = _doc(_timing(4.95e-3, 4.81e-3), _timing(4.92e-3, 0.05e-3))
-    bwd = [dict(r, mode="bwd", timing=_timing(10e-3 if r["backend"] == "torch-eager" else 5e-3, 0.05e-3))
-           for r in doc["results"]]
+    bwd = [
+        dict(r, mode="bwd", timing=_timing(10e-3 if r["backend"] == "torch-eager" else 5e-3, 0.05e-3))
+        for r in doc["results"]
+    ]
     md = report.modes_section(doc["results"] + bwd)
     row = _line(md, "| torch-compile")
     assert "4.92 ms (within noise)" in row and "5 ms (2.00x)" in row
@@ -128,8 +168,10 @@ def test_old_documents_are_judged_again() -> None:
 
 
 def test_significance_is_framework_free_and_imports_no_report() -> None:
-    code = ("import sys, compare.significance; "
-            "bad = [m for m in ('torch', 'jax', 'compare.report', 'compare.diff') if m in sys.modules]; "
-            "assert not bad, bad; "
-            "import compare.diff; assert compare.diff.compare_timing is compare.significance.compare_timing")
+    code = (
+        "import sys, compare.significance; "
+        "bad = [m for m in ('torch', 'jax', 'compare.report', 'compare.diff') if m in sys.modules]; "
+        "assert not bad, bad; "
+        "import compare.diff; assert compare.diff.compare_timing is compare.significance.compare_timing"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,29 +14,90 @@ SHAPE = {"batch": 3, "seq": 37, "dim": 96, "hidden": 328}
 
 def _timing(median: float, spread: float = 0.01) -> dict[str, Any]:
     samples = [median * (1 + spread * (i - 5) / 5) for i in range(11)]
-    return {"median_s": median, "iqr_s": median * spread, "min_s": min(samples), "max_s": max(samples), "n": 11,
-            "calls_per_sample": 1, "first_call_s": median, "warmup_calls": 3, "samples_s": samples, "noisy": False}
+    return {
+        "median_s": median,
+        "iqr_s": median * spread,
+        "min_s": min(samples),
+        "max_s": max(samples),
+        "n": 11,
+        "calls_per_sample": 1,
+        "first_call_s": median,
+        "warmup_calls": 3,
+        "samples_s": samples,
+        "noisy": False,
+    }
 
 
-def _row(backend: str, median: float | None, status: str = "ok", failed: tuple[str, ...] = (),
-         kernels: dict[str, Any] | None = None) -> dict[str, Any]:
-    parity = {"passed": status == "ok", "failed": list(failed), "tensors": [], "max_abs_err": 0.0,
-              "max_rel_err": 0.0, "bound": 1.0, "ratio": 0.0, "worst_tensor": "y"}
-    return {"backend": backend, "model": "geglu", "dtype": "bfloat16", "shape": SHAPE, "case": "c", "mode": "fwd",
-            "status": status, "reason": "", "note": "", "device": "cpu", "parity": parity,
-            "timing": _timing(median) if median else None, "threads": {}, "kernels": kernels, "cost": None,
-            "extras": {}}
+def _row(
+    backend: str,
+    median: float | None,
+    status: str = "ok",
+    failed: tuple[str, ...] = (),
+    kernels: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    parity = {
+        "passed": status == "ok",
+        "failed": list(failed),
+        "tensors": [],
+        "max_abs_err": 0.0,
+        "max_rel_err": 0.0,
+        "bound": 1.0,
+        "ratio": 0.0,
+        "worst_tensor": "y",
+    }
+    return {
+        "backend": backend,
+        "model": "geglu",
+        "dtype": "bfloat16",
+        "shape": SHAPE,
+        "case": "c",
+        "mode": "fwd",
+        "status": status,
+        "reason": "",
+        "note": "",
+        "device": "cpu",
+        "parity": parity,
+        "timing": _timing(median) if median else None,
+        "threads": {},
+        "kernels": kernels,
+        "cost": None,
+        "extras": {},
+    }
 
 
 def _doc(fast: float) -> dict[str, Any]:
-    eager_kernels = ks.summary("torch.profiler", "cpu", [ks.kernel_entry("aten::mm", 3, time_us=900.0),
-                                                         ks.kernel_entry("aten::gelu", 1, time_us=60.0),
-                                                         ks.kernel_entry("aten::mul", 1, time_us=40.0)], [], steps=3)
-    results = [_row("torch-eager", 1e-3, kernels=eager_kernels), _row("torch-compile", fast),
-               _row("jax-xla", 2e-3, status="parity-fail", failed=("y:scale",))]
-    resolution = [{"case": "c", "model": "geglu", "label": "geglu 3x37x96->328", "dtype": "bfloat16", "tensor": "y",
-                   "n": 10656, "scale_resolution": 0.0022, "note": "", "erf_distinguishable": False,
-                   "erf_failed": [], "erf_rel_rms": 2e-4, "erf_scale_err": 1e-5}]
+    eager_kernels = ks.summary(
+        "torch.profiler",
+        "cpu",
+        [
+            ks.kernel_entry("aten::mm", 3, time_us=900.0),
+            ks.kernel_entry("aten::gelu", 1, time_us=60.0),
+            ks.kernel_entry("aten::mul", 1, time_us=40.0),
+        ],
+        [],
+        steps=3,
+    )
+    results = [
+        _row("torch-eager", 1e-3, kernels=eager_kernels),
+        _row("torch-compile", fast),
+        _row("jax-xla", 2e-3, status="parity-fail", failed=("y:scale",)),
+    ]
+    resolution = [
+        {
+            "case": "c",
+            "model": "geglu",
+            "label": "geglu 3x37x96->328",
+            "dtype": "bfloat16",
+            "tensor": "y",
+            "n": 10656,
+            "scale_resolution": 0.0022,
+            "note": "",
+            "erf_distinguishable": False,
+            "erf_failed": [],
+            "erf_rel_rms": 2e-4,
+            "erf_scale_err": 1e-5,
+        }
+    ]
     return {"results": results, "resolution": resolution, "environment": {}, "config": {}}
 
 

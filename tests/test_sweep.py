@@ -47,8 +47,10 @@ BACKEND = MisbehavingBackend()
 @pytest.fixture
 def test_backends() -> Iterator[None]:
     """Register the test-only backends for the duration of a test."""
-    added = [BackendSpec("raising", "none", "tests.raising_backend", "raises MemoryError in prepare"),
-             BackendSpec("misbehaving", "none", "tests.test_sweep", "segfaults (fwd) or hangs (bwd)")]
+    added = [
+        BackendSpec("raising", "none", "tests.raising_backend", "raises MemoryError in prepare"),
+        BackendSpec("misbehaving", "none", "tests.test_sweep", "segfaults (fwd) or hangs (bwd)"),
+    ]
     for s in added:
         registry.register(s)
     yield
@@ -70,8 +72,26 @@ def _keys(results: list[dict[str, object]]) -> list[str]:
 
 def test_killed_sweep_resumes_with_every_cell_exactly_once(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    args = ["--preset", "tiny", "--tokens", "1", "2", "3", "4", "5", "6", "7", "8", "--backend", "torch-eager",
-            "--budget", "0.3", "--no-plots", "--out", str(out)]
+    args = [
+        "--preset",
+        "tiny",
+        "--tokens",
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "6",
+        "7",
+        "8",
+        "--backend",
+        "torch-eager",
+        "--budget",
+        "0.3",
+        "--no-plots",
+        "--out",
+        str(out),
+    ]
     cmd = [sys.executable, "-m", "compare.sweep", *args]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -111,8 +131,20 @@ def test_raising_backend_is_an_error_and_the_sweep_goes_on(
     tmp_path: Path, test_backends: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "sweep"
-    args = ["--preset", "tiny", "--tokens", "1", "2", "--backend", "raising", "torch-eager", "--budget", "0.02",
-            "--out", str(out)]
+    args = [
+        "--preset",
+        "tiny",
+        "--tokens",
+        "1",
+        "2",
+        "--backend",
+        "raising",
+        "torch-eager",
+        "--budget",
+        "0.02",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 1  # an error cell: status 1, like `compare run`
     err = capsys.readouterr().err
     assert "[2/4] torch-eager tokens=1 fp32 fwd" in err and "-> error" in err
@@ -139,8 +171,27 @@ def test_raising_backend_is_an_error_and_the_sweep_goes_on(
 
 def test_isolated_worker_crash_is_recorded_with_its_signal(tmp_path: Path, test_backends: None) -> None:
     out = tmp_path / "sweep"
-    assert main(["--preset", "tiny", "--tokens", "1", "--backend", "misbehaving", "raising", "torch-eager",
-                 "--budget", "0.02", "--isolate", "--no-plots", "--out", str(out)]) == 1
+    assert (
+        main(
+            [
+                "--preset",
+                "tiny",
+                "--tokens",
+                "1",
+                "--backend",
+                "misbehaving",
+                "raising",
+                "torch-eager",
+                "--budget",
+                "0.02",
+                "--isolate",
+                "--no-plots",
+                "--out",
+                str(out),
+            ]
+        )
+        == 1
+    )
     by = {r["backend"]: r for r in load_sweep(out)["results"]}
     crash = by["misbehaving"]
     assert crash["status"] == "error" and crash["reason"] == "worker process killed by signal SIGSEGV", crash
@@ -155,8 +206,27 @@ def test_isolated_worker_crash_is_recorded_with_its_signal(tmp_path: Path, test_
 def test_isolated_hang_is_killed_after_the_cell_timeout(tmp_path: Path, test_backends: None) -> None:
     out = tmp_path / "sweep"
     t0 = time.monotonic()
-    assert main(["--preset", "tiny", "--tokens", "1", "--backend", "misbehaving", "--mode", "bwd", "--isolate",
-                 "--cell-timeout", "3", "--no-plots", "--out", str(out)]) == 1
+    assert (
+        main(
+            [
+                "--preset",
+                "tiny",
+                "--tokens",
+                "1",
+                "--backend",
+                "misbehaving",
+                "--mode",
+                "bwd",
+                "--isolate",
+                "--cell-timeout",
+                "3",
+                "--no-plots",
+                "--out",
+                str(out),
+            ]
+        )
+        == 1
+    )
     assert time.monotonic() - t0 < 60
     (r,) = load_sweep(out)["results"]
     assert r["status"] == "error" and r["reason"] == "worker process timed out after 3 s and was killed"
@@ -193,17 +263,31 @@ def test_load_sweep_merges_what_cells_saw_and_refuses_non_sweeps(tmp_path: Path)
     """The GPU name and precision settings appear only once a backend has loaded its framework: cells carry them."""
     from compare.cases import InputError
 
-    config = {"grid": {"model": "geglu", "dim": 96, "hidden": 328, "seq": 1, "tokens": [1], "dist": "normal",
-                       "seed": 0}, "backends": ["b"], "dtypes": ["float32"], "modes": ["fwd"], "timing": {}}
-    header = {"type": "header", "schema": 1, "created": "t", "config": config,
-              "environment": {"gpu": None, "precision": {}, "threads": {}}}
-    result = {"backend": "b", "case": "geglu-1x1x96-328-float32-normal-s0", "mode": "fwd", "status": "ok",
-              "threads": {"torch_threads": 2}}
+    config = {
+        "grid": {"model": "geglu", "dim": 96, "hidden": 328, "seq": 1, "tokens": [1], "dist": "normal", "seed": 0},
+        "backends": ["b"],
+        "dtypes": ["float32"],
+        "modes": ["fwd"],
+        "timing": {},
+    }
+    header = {
+        "type": "header",
+        "schema": 1,
+        "created": "t",
+        "config": config,
+        "environment": {"gpu": None, "precision": {}, "threads": {}},
+    }
+    result = {
+        "backend": "b",
+        "case": "geglu-1x1x96-328-float32-normal-s0",
+        "mode": "fwd",
+        "status": "ok",
+        "threads": {"torch_threads": 2},
+    }
     cell = {"type": "cell", "key": "k", "result": result, "precision": {"p": "highest"}, "gpu": "NVIDIA H200"}
     (tmp_path / JSONL).write_text(json.dumps(header) + "\n" + json.dumps(cell) + "\n")
     doc = load_sweep(tmp_path)
-    assert doc["environment"] == {"gpu": "NVIDIA H200", "precision": {"p": "highest"},
-                                  "threads": {"torch_threads": 2}}
+    assert doc["environment"] == {"gpu": "NVIDIA H200", "precision": {"p": "highest"}, "threads": {"torch_threads": 2}}
     assert doc["results"] == [result] and doc["config"]["progress"] == {"cells": 1, "done": 1, "sessions": 1}
     with pytest.raises(InputError, match="does not exist"):
         load_sweep(tmp_path / "nowhere.jsonl")

@@ -25,8 +25,9 @@ TEST_MODULES = sorted(p for p in (ROOT / "tests").glob("test_*.py"))
 
 def _python(code: str, env: dict[str, str]) -> str:
     base = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", _triton_env.MODE_ENV)}
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**base, **env}, capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, p.stderr
     return p.stdout.strip()
 
@@ -48,8 +49,11 @@ def test_no_test_module_assigns_the_interpreter_variable() -> None:
             for t in targets:
                 if isinstance(t, ast.Subscript) and "TRITON_INTERPRET" in ast.unparse(t.slice):
                     offenders.append(f"{path.name}:{node.lineno}")
-            if (isinstance(node, ast.Call) and ast.unparse(node.func).endswith(("environ.setdefault", "putenv"))
-                    and any("TRITON_INTERPRET" in ast.unparse(a) for a in node.args)):
+            if (
+                isinstance(node, ast.Call)
+                and ast.unparse(node.func).endswith(("environ.setdefault", "putenv"))
+                and any("TRITON_INTERPRET" in ast.unparse(a) for a in node.args)
+            ):
                 offenders.append(f"{path.name}:{node.lineno}")
     assert not offenders, offenders
 
@@ -59,17 +63,19 @@ def test_importing_every_test_module_leaves_the_choice_alone(forced: str) -> Non
     """In a fresh process whose choice is forced (``compile`` stands in for a CUDA machine), importing every test
     module, and so every kernel module, leaves ``TRITON_INTERPRET`` exactly as the choice set it."""
     names = [f"tests.{p.stem}" for p in TEST_MODULES if p.stem != "test_triton_env"]
-    code = ("import importlib, os, sys\n"
-            "from torch_impl.ops import _triton_env\n"
-            "interp = _triton_env.choose()\n"
-            "before = os.environ.get('TRITON_INTERPRET')\n"
-            f"for n in {names!r}:\n"
-            "    try:\n"
-            "        importlib.import_module(n)\n"
-            "    except BaseException as exc:  # a module may skip itself (pytest.skip raises): not a leak\n"
-            "        if type(exc).__name__ != 'Skipped':\n"
-            "            raise\n"
-            "print(interp, before, os.environ.get('TRITON_INTERPRET'))")
+    code = (
+        "import importlib, os, sys\n"
+        "from torch_impl.ops import _triton_env\n"
+        "interp = _triton_env.choose()\n"
+        "before = os.environ.get('TRITON_INTERPRET')\n"
+        f"for n in {names!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(n)\n"
+        "    except BaseException as exc:  # a module may skip itself (pytest.skip raises): not a leak\n"
+        "        if type(exc).__name__ != 'Skipped':\n"
+        "            raise\n"
+        "print(interp, before, os.environ.get('TRITON_INTERPRET'))"
+    )
     interp, before, after = _python(code, {_triton_env.MODE_ENV: forced}).splitlines()[-1].split()
     assert interp == str(forced == "interpret")
     assert before == after == ("1" if forced == "interpret" else "None")
@@ -79,19 +85,24 @@ def test_a_subprocess_makes_the_same_choice_as_this_process() -> None:
     """What a subprocess inherits is this process's choice, and it is the one the subprocess would make alone."""
     alone = _python("from torch_impl.ops import _triton_env; print(_triton_env.choose())", {})
     assert alone == str(TRITON_INTERPRETED)
-    inherited = _python("import os; print(os.environ.get('TRITON_INTERPRET'))",
-                        {"TRITON_INTERPRET": TRITON_INTERPRET_AT_START} if TRITON_INTERPRET_AT_START else {})
+    inherited = _python(
+        "import os; print(os.environ.get('TRITON_INTERPRET'))",
+        {"TRITON_INTERPRET": TRITON_INTERPRET_AT_START} if TRITON_INTERPRET_AT_START else {},
+    )
     assert inherited == str(TRITON_INTERPRET_AT_START)
 
 
 def test_a_late_interpreter_choice_is_refused() -> None:
     """Choosing the interpreter after triton was imported would leave compiled kernels behind: refused."""
-    out = _python("import triton\ntry:\n    import torch_impl\nexcept RuntimeError as exc:\n    print('refused:', exc)",
-                  {_triton_env.MODE_ENV: "interpret"})
+    out = _python(
+        "import triton\ntry:\n    import torch_impl\nexcept RuntimeError as exc:\n    print('refused:', exc)",
+        {_triton_env.MODE_ENV: "interpret"},
+    )
     assert out.startswith("refused: triton was imported before the interpreter was chosen")
 
 
 def test_an_unknown_mode_is_refused() -> None:
-    out = _python("try:\n    import torch_impl\nexcept ValueError as exc:\n    print(exc)",
-                  {_triton_env.MODE_ENV: "sometimes"})
+    out = _python(
+        "try:\n    import torch_impl\nexcept ValueError as exc:\n    print(exc)", {_triton_env.MODE_ENV: "sometimes"}
+    )
     assert out == "FUSION_COMPARE_TRITON='sometimes'; allowed: auto, compile, interpret"

@@ -98,9 +98,7 @@ def _compare(out: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor, dtyp
     return ok, msg
 
 
-def assert_close(
-    out: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor, dtype: torch.dtype, what: str
-) -> None:
+def assert_close(out: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor, dtype: torch.dtype, what: str) -> None:
     ok, msg = _compare(out, ref, torch_out, dtype)
     print(f"{what}: {msg}")  # shown with pytest -s / -rP
     assert ok, f"{what}: {msg}"
@@ -157,11 +155,12 @@ class TestTritonOpsCompiled:
     def _this_process_mode(self) -> None:
         if INTERPRETED != self.INTERPRET:
             mode = "interprets" if INTERPRETED else "compiles"
-            pytest.skip(f"this process {mode} its Triton kernels (chosen once, before triton was imported); "
-                        f"{type(self).__name__} runs where it {'interprets' if self.INTERPRET else 'compiles'} them")
+            pytest.skip(
+                f"this process {mode} its Triton kernels (chosen once, before triton was imported); "
+                f"{type(self).__name__} runs where it {'interprets' if self.INTERPRET else 'compiles'} them"
+            )
 
     # ---------------------------------------------------------------- elementwise kernels
-
 
     @pytest.mark.parametrize("act", ACTS)
     @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -336,7 +335,6 @@ class TestTritonOpsCompiled:
         assert (c != (a.float() @ b.float().T).bfloat16()).float().mean().item() < 1e-2
 
     # ---------------------------------------------------------------- validation and helpers
-
 
     def test_validation_errors(self) -> None:
         f32 = torch.zeros(4, 8)

@@ -69,6 +69,7 @@ def measure_ceilings(
         a = torch.randn(n, n, generator=gen, device=dev_, dtype=torch.float32).to(tdtype)
         b = torch.randn(n, n, generator=gen, device=dev_, dtype=torch.float32).to(tdtype)
         c = torch.empty(n, n, device=dev_, dtype=tdtype)
+
         def matmul(a: torch.Tensor = a, b: torch.Tensor = b, c: torch.Tensor = c) -> torch.Tensor:
             return torch.mm(a, b, out=c)
 

@@ -281,8 +281,9 @@ def torch_free_copy(file: str, dest_dir: Path) -> Path:
     provided = {n for n in _jit_sources(("geglu_kernels.py",))} | {"FP_FUSION", "EXACT_BF16_CAST"}
     missing = [n for n in external if n not in provided]
     if missing:
-        raise ValueError(f"torch-free copy of {file}: its kernels use {', '.join(missing)}, which geglu_kernels.py "
-                         "does not define")
+        raise ValueError(
+            f"torch-free copy of {file}: its kernels use {', '.join(missing)}, which geglu_kernels.py does not define"
+        )
     header = ["from __future__ import annotations", "import triton", "import triton.language as tl"]
     if external:
         header.append(f"from torch_impl.ops.geglu_kernels import {', '.join(external)}")
@@ -354,8 +355,9 @@ def _load(cache_dir: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         if not isinstance(fn, JITFunction):
             raise RuntimeError(f"{spec.function} is a {type(fn).__name__}, not a JITFunction: {_COMPILED_MODE_HELP}")
         if spec.autotune_list is None:
-            configs = [{"BLOCK": kernels_mod.BLOCK_SIZE, "num_warps": kernels_mod.NUM_WARPS,
-                        "num_stages": _DEFAULT_NUM_STAGES}]
+            configs = [
+                {"BLOCK": kernels_mod.BLOCK_SIZE, "num_warps": kernels_mod.NUM_WARPS, "num_stages": _DEFAULT_NUM_STAGES}
+            ]
         else:
             configs = [_config_dict(c) for c in getattr(mod, spec.autotune_list)]
         fns[spec.id] = fn
@@ -478,8 +480,15 @@ def _ptxas_stats(ptx: str, capability: int, fp_fusion: bool, timeout: float) -> 
         src = Path(tmp) / "kernel.ptx"
         src.write_text(ptx, encoding="utf-8")
         fmad = [] if fp_fusion else ["--fmad=false"]
-        cmd = [_ptxas_path(capability), "-v", *fmad, f"--gpu-name={_sm_flag(capability)}", str(src),
-               "-o", str(Path(tmp) / "k.o")]
+        cmd = [
+            _ptxas_path(capability),
+            "-v",
+            *fmad,
+            f"--gpu-name={_sm_flag(capability)}",
+            str(src),
+            "-o",
+            str(Path(tmp) / "k.o"),
+        ]
         stats = parse_ptxas_log(_run_tool(cmd, timeout))
     if stats is None:
         raise RuntimeError("ptxas -v printed no register/spill line")
@@ -630,8 +639,14 @@ def _plan(
             for launch, ints in _BY_ID[kid].launches.items():
                 for dtype in dtypes:
                     for config, origin in configs:
-                        job = {"kernel_id": kid, "launch": launch, "config": config, "origin": origin,
-                               "dtype": dtype, "arch": arch}
+                        job = {
+                            "kernel_id": kid,
+                            "launch": launch,
+                            "config": config,
+                            "origin": origin,
+                            "dtype": dtype,
+                            "arch": arch,
+                        }
                         try:
                             sig = _specialize(fns[kid], ints, dtype, config, kernel["fixed"])
                             specialization = repr(sig)
@@ -723,11 +738,18 @@ def _report_progress(pending: dict[str, dict[str, Any]], rows_dir: Path, total: 
         job = pending.pop(key)
         done += 1
         row = json.loads((rows_dir / f"{key}.json").read_text(encoding="utf-8"))
-        what = (f"{row['registers']} regs, spills {row['spill_stores']}/{row['spill_loads']} B, "
-                f"smem {row['shared_bytes']} B" if row["ok"] else "ERROR")
-        print(f"[{done}/{total}] {job['arch']} {row['kernel']} [{job['launch']}] {row['config_label']} "
-              f"{job['dtype']}: {what}",
-              file=sys.stderr, flush=True)
+        what = (
+            f"{row['registers']} regs, spills {row['spill_stores']}/{row['spill_loads']} B, "
+            f"smem {row['shared_bytes']} B"
+            if row["ok"]
+            else "ERROR"
+        )
+        print(
+            f"[{done}/{total}] {job['arch']} {row['kernel']} [{job['launch']}] {row['config_label']} "
+            f"{job['dtype']}: {what}",
+            file=sys.stderr,
+            flush=True,
+        )
     return done
 
 
@@ -849,15 +871,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", nargs="+", choices=list(_BY_ID), help="only these kernels")
     p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     p.add_argument("--quick", action="store_true", help="one config per kernel (its smallest tile)")
-    p.add_argument("--config", type=_parse_override, action="append", default=[], metavar="KERNEL=JSON",
-                   help='replace a kernel\'s configs, e.g. geglu_fwd=\'{"BLOCK": 1000, "num_warps": 4}\' (repeatable)')
+    p.add_argument(
+        "--config",
+        type=_parse_override,
+        action="append",
+        default=[],
+        metavar="KERNEL=JSON",
+        help='replace a kernel\'s configs, e.g. geglu_fwd=\'{"BLOCK": 1000, "num_warps": 4}\' (repeatable)',
+    )
     p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="parallel compile workers")
     p.add_argument("--cache-dir", type=Path, help=f"default: {default_cache_dir()}")
     p.add_argument("--no-cache", action="store_true", help="compile everything again")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one compile may take")
-    p.add_argument("--check", action="store_true",
-                   help="exit 1 when an autotune/launch config fails to build, or a bf16/fp16 autotune config "
-                   "spills or exceeds shared memory on sm_90")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when an autotune/launch config fails to build, or a bf16/fp16 autotune config "
+        "spills or exceeds shared memory on sm_90",
+    )
     p.add_argument("--describe", action="store_true", help="print the kernels, source hashes and configs as JSON")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     return p
@@ -865,6 +896,7 @@ def parser() -> argparse.ArgumentParser:
 
 def check_failures(data: Mapping[str, Any]) -> list[str]:
     """The ``--check`` verdict: build errors of autotune/launch configs and :func:`findings` on sm_90, as lines."""
+
     def what(r: Mapping[str, Any]) -> str:
         return f"{r['arch']} {r['kernel']} [{r['launch']}] {r['config_label']} {r['dtype']}"
 
@@ -897,8 +929,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     json_path, md_path = write_outputs(data, a.out)
     n_err = sum(not r["ok"] for r in data["rows"])
-    print(f"gpu-build: wrote {json_path} and {md_path}: {len(data['rows'])} builds, {n_err} failed",
-          file=sys.stderr)
+    print(f"gpu-build: wrote {json_path} and {md_path}: {len(data['rows'])} builds, {n_err} failed", file=sys.stderr)
     if a.check:
         problems = check_failures(data)
         for line in problems:

@@ -34,13 +34,52 @@ STEP_NAME = "fusion_compare_step"
 WAIT, WARMUP, ACTIVE = 1, 1, 3
 
 #: aten ops that only make views, allocate, or change metadata: no kernel runs for them.
-METADATA_OPS: frozenset[str] = frozenset({
-    "t", "transpose", "view", "reshape", "_unsafe_view", "_reshape_alias", "as_strided", "expand", "expand_as",
-    "permute", "detach", "detach_", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
-    "resolve_conj", "resolve_neg", "alias", "squeeze", "unsqueeze", "slice", "select", "split", "split_with_sizes",
-    "chunk", "unbind", "narrow", "flatten", "unflatten", "view_as", "contiguous", "lift_fresh", "set_", "to",
-    "numpy_T", "result_type", "size", "stride", "is_same_size", "_has_compatible_shallow_copy_type",
-})
+METADATA_OPS: frozenset[str] = frozenset(
+    {
+        "t",
+        "transpose",
+        "view",
+        "reshape",
+        "_unsafe_view",
+        "_reshape_alias",
+        "as_strided",
+        "expand",
+        "expand_as",
+        "permute",
+        "detach",
+        "detach_",
+        "empty",
+        "empty_strided",
+        "empty_like",
+        "new_empty",
+        "new_empty_strided",
+        "resolve_conj",
+        "resolve_neg",
+        "alias",
+        "squeeze",
+        "unsqueeze",
+        "slice",
+        "select",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "unbind",
+        "narrow",
+        "flatten",
+        "unflatten",
+        "view_as",
+        "contiguous",
+        "lift_fresh",
+        "set_",
+        "to",
+        "numpy_T",
+        "result_type",
+        "size",
+        "stride",
+        "is_same_size",
+        "_has_compatible_shallow_copy_type",
+    }
+)
 #: Namespaces of profiler events that are bookkeeping, not ops.
 _NON_OP_NAMESPACES = frozenset({"autograd", "profiler", "torch", "cuda", "c10d", "record_param_comms"})
 _NAMESPACED_OP = re.compile(r"^([A-Za-z_]\w*)::([A-Za-z_]\w*)(?:\.\w+)?$")
@@ -154,8 +193,11 @@ def summarize_events(
     def in_step(e: FunctionEvent) -> bool:
         return any(a <= e.time_range.start <= b for a, b in spans)
 
-    cpu = [e for e in evs if e.device_type == torch.autograd.DeviceType.CPU and not e.is_async and in_step(e)
-           and e.name != STEP_NAME]
+    cpu = [
+        e
+        for e in evs
+        if e.device_type == torch.autograd.DeviceType.CPU and not e.is_async and in_step(e) and e.name != STEP_NAME
+    ]
     found: dict[str, dict[str, Any]] = {}
     meta: dict[str, dict[str, Any]] = {}
 
@@ -171,8 +213,11 @@ def summarize_events(
             continue
         if is_metadata(e.name):
             add(meta, e.name, e.time_range.start, 0.0)
-        elif not cuda and _works(e, opaque) and (
-                _opaque(e.name, opaque) or _atomic(e.name) or not any(_works(d, opaque) for d in _descendants(e))):
+        elif (
+            not cuda
+            and _works(e, opaque)
+            and (_opaque(e.name, opaque) or _atomic(e.name) or not any(_works(d, opaque) for d in _descendants(e)))
+        ):
             add(found, e.name, e.time_range.start, e.cpu_time_total)
     if cuda:
         for e in evs:
@@ -191,16 +236,21 @@ def summarize_events(
     for name, r in sorted(found.items(), key=lambda kv: kv[1]["first"]):
         kind = "custom" if _opaque(name, opaque) else None
         kernels.append(ks.kernel_entry(name, round(r["total"] / n), kind=kind, time_us=r["time"] / n))
-    metadata = [{"name": k, "count": round(r["total"] / n)}
-                for k, r in sorted(meta.items(), key=lambda kv: kv[1]["first"])]
+    metadata = [
+        {"name": k, "count": round(r["total"] / n)} for k, r in sorted(meta.items(), key=lambda kv: kv[1]["first"])
+    ]
     if not cuda:
         compiled = any(e.name.startswith("## Call CompiledFxGraph") for e in cpu)
         if compiled and not any(_is_inductor_kernel(k) for k in found):
-            notes.append("Inductor's fused C++ kernels are invisible here: call "
-                         "torch_impl.profiling.enable_inductor_kernel_profile() before compiling")
+            notes.append(
+                "Inductor's fused C++ kernels are invisible here: call "
+                "torch_impl.profiling.enable_inductor_kernel_profile() before compiling"
+            )
         if any(_opaque(k, opaque) for k in found):
-            notes.append("Triton interpreter: each launch runs in Python and shows only as its launch range "
-                         "(triton::<kernel>), counted as one custom kernel")
+            notes.append(
+                "Triton interpreter: each launch runs in Python and shows only as its launch range "
+                "(triton::<kernel>), counted as one custom kernel"
+            )
     return ks.summary("torch.profiler", device, kernels, metadata, trace=trace, notes="; ".join(notes), steps=n)
 
 
@@ -226,8 +276,10 @@ def profile_step(
     activities = [ProfilerActivity.CPU]
     if device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
-    with filtered_stderr(), profile(activities=activities,
-                                    schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1)) as prof:
+    with (
+        filtered_stderr(),
+        profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1)) as prof,
+    ):
         for _ in range(wait + warmup + active):
             with record_function(STEP_NAME):
                 sync(step())
@@ -240,4 +292,3 @@ def profile_step(
         trace = str(trace_path)
     regions = interpreted_regions() if opaque is None else frozenset(opaque)
     return summarize_events(prof.events(), device, regions, trace)
-

@@ -16,8 +16,10 @@ import tempfile
 from collections.abc import Iterator
 
 #: Kineto's own notices (``USDT:...`` lines, its profiler classes' log lines, start/stop) and blank lines.
-CHATTER = re.compile(r"\s*|USDT:.*|.*\b(\w*ActivityProfiler\w*|CuptiActivityApi|ChromeTraceLogger|Kineto)\b.*|"
-                     r".*\bprofiler_(start|stop)\b.*")
+CHATTER = re.compile(
+    r"\s*|USDT:.*|.*\b(\w*ActivityProfiler\w*|CuptiActivityApi|ChromeTraceLogger|Kineto)\b.*|"
+    r".*\bprofiler_(start|stop)\b.*"
+)
 
 
 @contextlib.contextmanager

@@ -50,7 +50,6 @@ DYNAMO_COUNTER = "torch._dynamo.utils.counters['stats']['unique_graphs'] (one pe
 TRITON_COUNTER = "triton.knobs.runtime.jit_post_compile_hook (one per Triton kernel specialisation built)"
 
 
-
 def dynamo_graphs() -> int:
     """Graphs Dynamo has compiled in this process (``counters["stats"]["unique_graphs"]``)."""
     return int(counters["stats"]["unique_graphs"])
@@ -90,8 +89,7 @@ def _cold_caches(cold: bool) -> Iterator[None]:
     if not cold:
         yield
         return
-    with torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
         yield
 
 
@@ -138,11 +136,25 @@ def shape_sweep(
         for g in goldens:
             c = g.case
             row: dict[str, Any] = {
-                "backend": backend, "framework": "torch", "dynamic": dynamic if compiled else None,
-                "tokens": c.shape.tokens, "model": c.model, "dim": c.shape.dim, "hidden": c.shape.hidden,
-                "dtype": c.dtype, "mode": mode, "device": str(device), "compiles": None, "compile_counter": counter,
-                "first_call_s": None, "median_s": None, "iqr_s": None, "timed": timed,
-                "generic": not compiled, "note": note, "error": "",
+                "backend": backend,
+                "framework": "torch",
+                "dynamic": dynamic if compiled else None,
+                "tokens": c.shape.tokens,
+                "model": c.model,
+                "dim": c.shape.dim,
+                "hidden": c.shape.hidden,
+                "dtype": c.dtype,
+                "mode": mode,
+                "device": str(device),
+                "compiles": None,
+                "compile_counter": counter,
+                "first_call_s": None,
+                "median_s": None,
+                "iqr_s": None,
+                "timed": timed,
+                "generic": not compiled,
+                "note": note,
+                "error": "",
             }
             rows.append(row)
             prepared = runner.prepare(g.problem, mode, module, forward, timed=timed, note=note)
@@ -162,7 +174,9 @@ def shape_sweep(
             t = timing.measure(prepared.step, prepared.sync, first_call_s=first_s, budget_s=budget_s)
             moved = dynamo_graphs() + tbox[0] - after_first
             if moved:
-                raise RuntimeError(f"{backend} (dynamic={dynamic}) compiled {moved} more time(s) during the timed "
-                                   f"samples at {c.shape.tokens} tokens: the timing would measure compiles")
+                raise RuntimeError(
+                    f"{backend} (dynamic={dynamic}) compiled {moved} more time(s) during the timed "
+                    f"samples at {c.shape.tokens} tokens: the timing would measure compiles"
+                )
             row.update(first_call_s=first_s, median_s=t.median_s, iqr_s=t.iqr_s)
     return rows

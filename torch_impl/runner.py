@@ -56,6 +56,7 @@ def prepare(
     step: Callable[[], Any]
     to_numpy: Callable[[Any], dict[str, np.ndarray]]
     if mode == "fwd":
+
         def step() -> torch.Tensor:
             with torch.no_grad():
                 return forward(x)
@@ -81,10 +82,20 @@ def prepare(
         to_numpy = grads_np
     else:
         raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
+
     def profile(path: Path | None) -> dict[str, Any]:
         trace = None if path is None else path / "trace.json"
         steps = (profiling.WAIT, profiling.WARMUP, profiling.ACTIVE) if timed else (0, 0, 1)
         return profiling.profile_step(step, dev.sync, trace, device=str(device), steps=steps)
 
-    return Prepared(step=step, sync=dev.sync, to_numpy=to_numpy, timed=timed, note=note, device=str(device),
-                    threads=dev.threads(), precision=precision, profile=profile)
+    return Prepared(
+        step=step,
+        sync=dev.sync,
+        to_numpy=to_numpy,
+        timed=timed,
+        note=note,
+        device=str(device),
+        threads=dev.threads(),
+        precision=precision,
+        profile=profile,
+    )

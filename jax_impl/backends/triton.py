@@ -37,8 +37,10 @@ TritonCall = Callable[..., Any]
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 NOT_GPU_REASON = "jax-triton runs Triton kernels on GPU only: JAX's default backend here is {platform!r}"
-INTERPRETED_REASON = ("the Triton kernels were decorated for Triton's interpreter (TRITON_INTERPRET=1 when "
-                      "torch_impl.ops.geglu_kernels was imported), which jax-triton cannot launch")
+INTERPRETED_REASON = (
+    "the Triton kernels were decorated for Triton's interpreter (TRITON_INTERPRET=1 when "
+    "torch_impl.ops.geglu_kernels was imported), which jax-triton cannot launch"
+)
 
 
 def _kernels() -> ModuleType:
@@ -83,8 +85,10 @@ def _check(names: tuple[str, ...], arrays: tuple[jax.Array, ...]) -> None:
     ref = arrays[0]
     for name, a in zip(names, arrays, strict=True):
         if a.shape != ref.shape or a.dtype != ref.dtype:
-            raise ValueError(f"{name} must match {names[0]} in shape and dtype; got {name}: {a.shape} {a.dtype}, "
-                             f"{names[0]}: {ref.shape} {ref.dtype}")
+            raise ValueError(
+                f"{name} must match {names[0]} in shape and dtype; got {name}: {a.shape} {a.dtype}, "
+                f"{names[0]}: {ref.shape} {ref.dtype}"
+            )
     if jnp.dtype(ref.dtype) not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {ref.dtype}; allowed: float32, bfloat16, float16")
 
@@ -113,9 +117,19 @@ def make_act_mul(triton_call: TritonCall | None = None, act: str = "gelu_tanh") 
             return tuple(jnp.zeros(shape, dtype) for _ in range(n_out))
         k = _kernels()
         call = triton_call if triton_call is not None else _jax_triton_call()
-        res = call(*arrays, kernel=getattr(k, kernel_name), out_shape=(out,) * n_out,
-                   grid=(-(-n // k.BLOCK_SIZE),), name=name, num_warps=k.NUM_WARPS, enable_fp_fusion=k.FP_FUSION,
-                   n_elements=n, BLOCK=k.BLOCK_SIZE, EXACT_BF16=k.EXACT_BF16_CAST, ACT=act)
+        res = call(
+            *arrays,
+            kernel=getattr(k, kernel_name),
+            out_shape=(out,) * n_out,
+            grid=(-(-n // k.BLOCK_SIZE),),
+            name=name,
+            num_warps=k.NUM_WARPS,
+            enable_fp_fusion=k.FP_FUSION,
+            n_elements=n,
+            BLOCK=k.BLOCK_SIZE,
+            EXACT_BF16=k.EXACT_BF16_CAST,
+            ACT=act,
+        )
         return tuple(res)
 
     def forward(g: jax.Array, u: jax.Array) -> jax.Array:
@@ -167,8 +181,9 @@ class JaxTritonBackend:
         try:
             kernels = _kernels()
         except ImportError as exc:
-            return Availability(False, f"cannot import the Triton kernels (torch_impl.ops.geglu_kernels): {exc}",
-                                device=platform)
+            return Availability(
+                False, f"cannot import the Triton kernels (torch_impl.ops.geglu_kernels): {exc}", device=platform
+            )
         if kernels.INTERPRETED:
             return Availability(False, INTERPRETED_REASON, device=platform)
         return Availability(True, device=platform)
@@ -183,8 +198,11 @@ class JaxTritonBackend:
             if not avail.ok:
                 raise RuntimeError(avail.reason)
         module = build_module(problem, act_mul=make_act_mul(self.triton_call, GLU_ACTIVATIONS[model]))
-        note = ("kernels launched through a stand-in for jax_triton.triton_call: parity only, not timed" if stand_in
-                else "first call includes XLA and Triton compiles")
+        note = (
+            "kernels launched through a stand-in for jax_triton.triton_call: parity only, not timed"
+            if stand_in
+            else "first call includes XLA and Triton compiles"
+        )
         return runner.prepare(problem, mode, module, timed=not stand_in, note=note)
 
 

@@ -22,8 +22,9 @@ class XLABackend:
     def prepare(self, problem: Problem, mode: str) -> Prepared:
         return runner.prepare(problem, mode, build_module(problem), note="first call includes XLA compile")
 
-    def shape_sweep(self, make: GoldenFactory, tokens: Sequence[int], *, budget_s: float,
-                    mode: str = "fwd") -> list[dict[str, Any]]:
+    def shape_sweep(
+        self, make: GoldenFactory, tokens: Sequence[int], *, budget_s: float, mode: str = "fwd"
+    ) -> list[dict[str, Any]]:
         """The compile-cost sweep: one ``jax.jit`` of this backend's module over every token count."""
         from jax_impl import recompiles
 

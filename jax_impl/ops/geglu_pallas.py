@@ -67,8 +67,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["ACTIVATIONS", "DEFAULT_BLOCK_SHAPE", "SUPPORTED_DTYPES", "geglu", "geglu_reference", "glu",
-           "glu_reference"]
+__all__ = ["ACTIVATIONS", "DEFAULT_BLOCK_SHAPE", "SUPPORTED_DTYPES", "geglu", "geglu_reference", "glu", "glu_reference"]
 
 #: The activations the kernels take (their static ``act``): GeGLU's tanh-form GELU and SwiGLU's SiLU.
 ACTIVATIONS: tuple[str, ...] = ("gelu_tanh", "silu")
@@ -234,9 +233,7 @@ def _glu_bwd_kernel(dh_ref, g_ref, u_ref, dg_ref, du_ref, *, m: int, n: int, blo
 # --------------------------------------------------------------------------------------------
 
 
-def _grid_and_spec(
-    shape: tuple[int, int], block_shape: tuple[int, int]
-) -> tuple[tuple[int, int], pl.BlockSpec]:
+def _grid_and_spec(shape: tuple[int, int], block_shape: tuple[int, int]) -> tuple[tuple[int, int], pl.BlockSpec]:
     m, n = shape
     block_m, block_n = block_shape
     grid = (pl.cdiv(m, block_m), pl.cdiv(n, block_n))
@@ -244,9 +241,7 @@ def _grid_and_spec(
     return grid, spec
 
 
-def _glu_fwd_call(
-    g: jax.Array, u: jax.Array, act: str, interpret: bool, block_shape: tuple[int, int]
-) -> jax.Array:
+def _glu_fwd_call(g: jax.Array, u: jax.Array, act: str, interpret: bool, block_shape: tuple[int, int]) -> jax.Array:
     """Forward kernel launch: ``[M, N], [M, N] -> [M, N]``.
 
     HBM traffic: reads ``2 * M * N * itemsize`` (g, u) and writes ``M * N * itemsize`` (h),
@@ -355,9 +350,7 @@ def _validate(g, u, act, interpret, block_shape) -> None:
             allowed = ", ".join(d.name for d in SUPPORTED_DTYPES)
             raise ValueError(f"geglu: {name} has dtype {jnp.dtype(x.dtype).name}; allowed: {allowed}")
     if tuple(g.shape) != tuple(u.shape):
-        raise ValueError(
-            f"geglu: g and u must have the same shape, got g {tuple(g.shape)} and u {tuple(u.shape)}"
-        )
+        raise ValueError(f"geglu: g and u must have the same shape, got g {tuple(g.shape)} and u {tuple(u.shape)}")
     if jnp.dtype(g.dtype) != jnp.dtype(u.dtype):
         raise ValueError(
             f"geglu: g and u must have the same dtype, got g {jnp.dtype(g.dtype).name} and "

@@ -37,9 +37,16 @@ class CompileBackend:
         with torch._functorch.config.patch(donated_buffer=False):
             return runner.prepare(problem, mode, module, compiled, note=note + "; donated buffers off (bwd replay)")
 
-
-    def shape_sweep(self, make: GoldenFactory, tokens: Sequence[int], *, budget_s: float, dynamic: bool | None = False,
-                    mode: str = "fwd", compile_backend: Any = "inductor") -> list[dict[str, Any]]:
+    def shape_sweep(
+        self,
+        make: GoldenFactory,
+        tokens: Sequence[int],
+        *,
+        budget_s: float,
+        dynamic: bool | None = False,
+        mode: str = "fwd",
+        compile_backend: Any = "inductor",
+    ) -> list[dict[str, Any]]:
         """The compile-cost sweep: one ``torch.compile(module, dynamic=...)`` over every token count, its compiles
         read from Dynamo's counter. ``compile_backend`` is ``torch.compile``'s ``backend`` (tests pass a
         ``CompileCounterWithBackend`` to cross-check the counter)."""
@@ -50,8 +57,9 @@ class CompileBackend:
             torch._dynamo.reset()  # this sweep's compiles only: no graphs of the module's forward left from before
             return module, torch.compile(module, dynamic=dynamic, fullgraph=True, backend=compile_backend)
 
-        return recompiles.shape_sweep(make, tokens, name=self.name, build=build, compiled=True, dynamic=dynamic,
-                                      mode=mode, budget_s=budget_s)
+        return recompiles.shape_sweep(
+            make, tokens, name=self.name, build=build, compiled=True, dynamic=dynamic, mode=mode, budget_s=budget_s
+        )
 
 
 BACKEND = CompileBackend()

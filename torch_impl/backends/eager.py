@@ -25,8 +25,9 @@ class EagerBackend:
         module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
         return runner.prepare(problem, mode, module)
 
-    def shape_sweep(self, make: GoldenFactory, tokens: Sequence[int], *, budget_s: float,
-                    mode: str = "fwd") -> list[dict[str, Any]]:
+    def shape_sweep(
+        self, make: GoldenFactory, tokens: Sequence[int], *, budget_s: float, mode: str = "fwd"
+    ) -> list[dict[str, Any]]:
         """The compile-cost sweep: the plain module over every token count (shape-generic: compiles nothing)."""
         from torch_impl import recompiles
 

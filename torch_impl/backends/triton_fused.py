@@ -35,8 +35,9 @@ class TritonFusedBackend:
             return triton_linear(h, w["down_proj.weight"])  # [..., dim]
 
         note = "down projection: Triton GEMM"
-        return runner.prepare(problem, mode, m, forward, timed=avail.timed,
-                              note=note if avail.timed else f"{INTERPRETED_NOTE}; {note}")
+        return runner.prepare(
+            problem, mode, m, forward, timed=avail.timed, note=note if avail.timed else f"{INTERPRETED_NOTE}; {note}"
+        )
 
 
 BACKEND = TritonFusedBackend()

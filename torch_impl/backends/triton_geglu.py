@@ -41,13 +41,14 @@ class TritonGeGLUBackend:
 
     def prepare(self, problem: Problem, mode: str) -> Prepared:
         avail = dev.require_triton_geglu(self.name, problem.case.model)
-        module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype],
-                              act_mul=triton_act_mul(problem.case.model))
+        module = build_module(
+            problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype], act_mul=triton_act_mul(problem.case.model)
+        )
         return runner.prepare(problem, mode, module, timed=avail.timed, note="" if avail.timed else INTERPRETED_NOTE)
 
-
-    def shape_sweep(self, make: GoldenFactory, tokens: Sequence[int], *, budget_s: float,
-                    mode: str = "fwd") -> list[dict[str, Any]]:
+    def shape_sweep(
+        self, make: GoldenFactory, tokens: Sequence[int], *, budget_s: float, mode: str = "fwd"
+    ) -> list[dict[str, Any]]:
         """The compile-cost sweep: the module with the Triton kernel over every token count; Triton's JIT hook
         counts the kernel specialisations it builds (none under the CPU interpreter, which is also not timed)."""
         from torch_impl import recompiles
@@ -55,14 +56,24 @@ class TritonGeGLUBackend:
         ok, reason, interpreted = dev.triton_status()
         if not ok:
             raise RuntimeError(f"{self.name} cannot run here: {reason}")
+
         def build(problem: Problem) -> tuple[nn.Module, nn.Module]:
-            module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype],
-                                  act_mul=triton_act_mul(problem.case.model))
+            module = build_module(
+                problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype], act_mul=triton_act_mul(problem.case.model)
+            )
             return module, module
 
-        return recompiles.shape_sweep(make, tokens, name=self.name, build=build, count_triton=True,
-                                      timed=not interpreted, note=INTERPRETED_NOTE if interpreted else "", mode=mode,
-                                      budget_s=budget_s)
+        return recompiles.shape_sweep(
+            make,
+            tokens,
+            name=self.name,
+            build=build,
+            count_triton=True,
+            timed=not interpreted,
+            note=INTERPRETED_NOTE if interpreted else "",
+            mode=mode,
+            budget_s=budget_s,
+        )
 
 
 BACKEND = TritonGeGLUBackend()

@@ -50,8 +50,10 @@ def choose() -> bool:
         mode = "compile" if torch.cuda.is_available() else "interpret"
     if mode == "interpret":
         if "triton" in sys.modules:
-            raise RuntimeError("triton was imported before the interpreter was chosen: its kernels would be "
-                               "compiled ones; choose (import torch_impl) before importing triton")
+            raise RuntimeError(
+                "triton was imported before the interpreter was chosen: its kernels would be "
+                "compiled ones; choose (import torch_impl) before importing triton"
+            )
         os.environ["TRITON_INTERPRET"] = "1"
     return mode == "interpret"
 

@@ -82,13 +82,11 @@ def _check_same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> No
             )
         if t.dtype != ref.dtype:
             raise ValueError(
-                f"{name} and {ref_name} must have the same dtype; got {name}: {t.dtype}, "
-                f"{ref_name}: {ref.dtype}"
+                f"{name} and {ref_name} must have the same dtype; got {name}: {t.dtype}, {ref_name}: {ref.dtype}"
             )
         if t.device != ref.device:
             raise ValueError(
-                f"{name} and {ref_name} must be on the same device; got {name}: {t.device}, "
-                f"{ref_name}: {ref.device}"
+                f"{name} and {ref_name} must be on the same device; got {name}: {t.device}, {ref_name}: {ref.device}"
             )
     if ref.dtype not in SUPPORTED_DTYPES:
         allowed = ", ".join(str(d) for d in SUPPORTED_DTYPES)

@@ -287,8 +287,7 @@ def _check_gemm(
             )
         if w.shape != ws[0].shape:
             raise ValueError(
-                f"{name} and {w_names[0]} must have the same shape; "
-                f"got {tuple(w.shape)} and {tuple(ws[0].shape)}"
+                f"{name} and {w_names[0]} must have the same shape; got {tuple(w.shape)} and {tuple(ws[0].shape)}"
             )
         if w.dtype != x.dtype:
             raise ValueError(f"{name} must have the dtype of {x_name} ({x.dtype}); got {w.dtype}")
@@ -393,13 +392,9 @@ class GLUMatmulFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, act: str = "gelu_tanh"
-    ) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, act: str = "gelu_tanh") -> torch.Tensor:
         if x.dim() != 2:
-            raise ValueError(
-                f"GLUMatmulFunction expects x of shape [M, K]; got {tuple(x.shape)} (use fused_glu)"
-            )
+            raise ValueError(f"GLUMatmulFunction expects x of shape [M, K]; got {tuple(x.shape)} (use fused_glu)")
         h = glu_matmul(x, w_gate, w_up, act)
         ctx.save_for_backward(x, w_gate, w_up)
         ctx.act = act
