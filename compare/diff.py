@@ -37,7 +37,7 @@ from typing import Any
 from compare import exitcodes
 from compare.atomic import write_text_atomic
 from compare.cases import InputError, check_finite
-from compare.markdown import fmt_s, table
+from compare.markdown import case_label, fmt_s, table
 from compare.significance import (
     ALPHA,
     MIN_SAMPLES_FOR_TEST,
@@ -94,10 +94,7 @@ def _index(doc: Doc, which: str) -> dict[Key, Doc]:
 
 
 def _label(r: Doc) -> str:
-    s = r.get("shape") or {}
-    if {"batch", "seq", "dim", "hidden"} <= set(s):
-        return f"{r.get('model', '')} {s['batch']}x{s['seq']}x{s['dim']}->{s['hidden']}".strip()
-    return str(r["case"])
+    return case_label(r)
 
 
 def _fmt_p(p: float | None) -> str:

@@ -113,17 +113,7 @@ def _to_tensors(golden: Golden) -> dict[str, np.ndarray]:
 
 
 def _case_meta(case: Case) -> dict[str, object]:
-    s = case.shape
-    return {
-        "model": case.model,
-        "dtype": case.dtype,
-        "dist": case.dist,
-        "seed": case.seed,
-        "batch": s.batch,
-        "seq": s.seq,
-        "dim": s.dim,
-        "hidden": s.hidden,
-    }
+    return dict(case.to_dict())
 
 
 def serialize(golden: Golden) -> bytes:

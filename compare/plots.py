@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from compare import significance
 from compare.registry import DEFAULT_BASELINE
-from compare.timing import quartiles
 
 Doc = dict[str, Any]
 Family = tuple[str, int, int]
@@ -40,12 +40,9 @@ def family(r: Doc) -> Family:
 
 
 def spread(t: Doc) -> tuple[float, float, float]:
-    """(q1, median, q3) seconds of a timing record: from its samples when present, else median -/+ IQR/2."""
-    samples = t.get("samples_s") or []
-    if len(samples) >= 2:
-        return quartiles(sorted(samples))
-    med, iqr = float(t["median_s"]), float(t.get("iqr_s") or 0.0)
-    return med - iqr / 2, med, med + iqr / 2
+    """(q1, median, q3) seconds of a timing record (:func:`compare.significance.spread`, the diff's own)."""
+    s = significance.spread(t)
+    return s.q1, s.median, s.q3
 
 
 def _timed(results: Iterable[Doc]) -> list[Doc]:

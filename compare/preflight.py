@@ -16,7 +16,7 @@ from pathlib import Path
 
 from compare import environment, golden
 from compare.cases import Case, InputError
-from compare.costmodel import si
+from compare.cost_report import si
 
 LOCK_FILE = ".lock"
 

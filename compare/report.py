@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from compare.costmodel import cost_section, fusion_section
+from compare.cost_report import cost_section, fusion_section
 from compare.gpu_build_report import render_markdown
 from compare.kernels import kernel_section
 from compare.markdown import case_label, fmt_e, fmt_s, table

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compare.costmodel import fusion_benefit
+from compare.cost_report import fusion_benefit
 from compare.markdown import fmt_s
 from compare.registry import DEFAULT_BASELINE
 from compare.significance import WITHIN_NOISE, speedup

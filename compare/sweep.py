@@ -34,17 +34,12 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
-import json
-import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -53,376 +48,50 @@ from compare.atomic import write_text_atomic
 from compare.cases import (
     MODELS,
     PRESETS,
-    Case,
     InputError,
-    Shape,
     check_finite,
     check_name,
-    check_seed,
     preset,
 )
 from compare.options import add_grid_args, check_grid_args
 from compare.progress import Display, progress_level
 from compare.registry import BackendSpec, spec
+from compare.sweep_grid import (
+    DEFAULT_TOKENS,
+    GRID_KEYS,
+    SHORT_DTYPE,
+    Cell,
+    cell_key,
+    cells_from_config,
+    grid_config,
+    result_key,
+)
+from compare.sweep_store import JSONL, SweepWriter, check_same_grid, done_keys, load_sweep
+from compare.sweep_worker import run_cell_inprocess, run_cell_isolated, worker_main
 
-JSONL = "results.jsonl"
-#: Scratch folder of the isolated workers, under the sweep's output folder.
+#: Re-exported: the sweep's pieces live in sweep_grid, sweep_store and sweep_worker.
+__all__ = [
+    "DEFAULT_TOKENS",
+    "GRID_KEYS",
+    "JSONL",
+    "SHORT_DTYPE",
+    "Cell",
+    "SweepWriter",
+    "cell_key",
+    "cells_from_config",
+    "done_keys",
+    "grid_config",
+    "load_sweep",
+    "main",
+    "result_key",
+    "run_cell_inprocess",
+    "run_cell_isolated",
+    "run_sweep",
+    "worker_main",
+]
+
+#: The workers' scratch folder under a sweep's output folder.
 SCRATCH = ".cells"
-DEFAULT_TOKENS: tuple[int, ...] = (1, 16, 128, 1024)
-SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-#: Config keys that define the grid; a restart must match them exactly.
-GRID_KEYS: tuple[str, ...] = ("grid", "backends", "dtypes", "modes", "timing")
-#: Lines of a crashed worker's stderr kept in its error record.
-STDERR_TAIL_LINES = 20
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One unit of the sweep: a backend on a case in a mode."""
-
-    backend: str
-    case: Case
-    mode: str
-
-    @property
-    def key(self) -> str:
-        return cell_key(self.backend, self.case.name, self.mode)
-
-    def label(self) -> str:
-        dtype = SHORT_DTYPE.get(self.case.dtype, self.case.dtype)
-        return f"{self.backend} tokens={self.case.shape.tokens} {dtype} {self.mode}"
-
-
-def cell_key(backend: str, case_name: str, mode: str) -> str:
-    """The key a cell is stored and skipped under: ``backend|case name|mode``."""
-    return f"{backend}|{case_name}|{mode}"
-
-
-def result_key(r: dict[str, Any]) -> str:
-    return cell_key(r["backend"], r["case"], r["mode"])
-
-
-# --- the grid -------------------------------------------------------------------------------------------------
-
-
-def grid_config(
-    model: str,
-    dim: int,
-    hidden: int,
-    tokens: Sequence[int],
-    seq: int = 1,
-    dist: str = "normal",
-    seed: int = 0,
-) -> dict[str, Any]:
-    """The ``grid`` part of a sweep's config (validated: a bad size raises :class:`InputError`)."""
-    check_name("model", model, MODELS)
-    check_seed(seed)
-    Shape(1, seq, dim, hidden)  # validates seq, dim, hidden (before seq divides anything)
-    if not tokens:
-        raise InputError("give at least one token count (--tokens)")
-    for t in tokens:
-        if not isinstance(t, int) or t <= 0:
-            raise InputError(f"token counts must be positive integers, got {t!r}")
-        if t % seq:
-            raise InputError(f"token count {t} is not a multiple of --seq {seq} (batch = tokens / seq)")
-    if len(set(tokens)) != len(tokens):
-        raise InputError(f"token counts repeat: {list(tokens)}")
-    return {
-        "model": model,
-        "dim": dim,
-        "hidden": hidden,
-        "seq": seq,
-        "tokens": list(tokens),
-        "dist": dist,
-        "seed": seed,
-    }
-
-
-def cells_from_config(config: dict[str, Any]) -> list[Cell]:
-    """Every cell of a sweep config, in run order: tokens, then dtype, then mode, then backend."""
-    g = config["grid"]
-    cells: list[Cell] = []
-    for t in g["tokens"]:
-        shape = Shape(t // g["seq"], g["seq"], g["dim"], g["hidden"])
-        for dtype in config["dtypes"]:
-            case = Case(g["model"], shape, dtype, g["dist"], g["seed"])
-            for mode in config["modes"]:
-                cells.extend(Cell(b, case, mode) for b in config["backends"])
-    return cells
-
-
-# --- the file -------------------------------------------------------------------------------------------------
-
-
-def _parse_lines(path: Path) -> list[dict[str, Any]]:
-    """Every complete line of a sweep file; a torn (unterminated, unparsable) last line is ignored."""
-    if not path.is_file():
-        raise InputError(f"sweep file {path} does not exist")
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    tail = lines.pop()  # b"" when the file ends with a newline, else a torn last line
-    out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"sweep file {path} line {i} is not valid JSON: {exc}") from exc
-        if not isinstance(rec, dict) or rec.get("type") not in ("header", "cell"):
-            raise InputError(f"sweep file {path} line {i} is neither a header nor a cell line")
-        out.append(rec)
-    if tail.strip():
-        with contextlib.suppress(json.JSONDecodeError):  # complete JSON without its newline still counts
-            rec = json.loads(tail)
-            if isinstance(rec, dict) and rec.get("type") in ("header", "cell"):
-                out.append(rec)
-    if not out or out[0]["type"] != "header":
-        raise InputError(f"sweep file {path} does not start with a header line: not a fusion-compare sweep")
-    return out
-
-
-def _jsonl_path(path: Path) -> Path:
-    return path / JSONL if path.is_dir() else path
-
-
-def load_sweep(path: Path | str) -> dict[str, Any]:
-    """A results document (``schema, created, config, environment, results``) from a sweep file or its folder.
-
-    Readable at any time, also while the sweep runs. ``created``, ``config`` and ``environment`` are the first
-    header's; the environment's ``precision`` and ``threads`` merge what every finished cell reported, and its
-    ``gpu`` is the first one a cell saw if the header had none (backends load torch after the header is written,
-    and the GPU name is read only once torch is loaded). Results are in grid order, one per cell key (the last
-    line wins if a key repeats). ``config["progress"]`` says how many grid cells are done and how many sessions
-    (starts) wrote the file.
-    """
-    lines = _parse_lines(_jsonl_path(Path(path)))
-    headers = [x for x in lines if x["type"] == "header"]
-    first = headers[0]
-    by_key: dict[str, dict[str, Any]] = {}
-    precision: dict[str, Any] = {}
-    threads: dict[str, Any] = {}
-    gpus: list[str] = []
-    for rec in lines:
-        if rec["type"] == "cell":
-            r = rec["result"]
-            by_key[result_key(r)] = r
-            precision.update(rec.get("precision") or {})
-            gpus += [rec["gpu"]] if rec.get("gpu") else []
-            threads.update(r.get("threads") or {})
-    config = dict(first["config"])
-    grid = [c.key for c in cells_from_config(config)]
-    in_grid = set(grid)
-    ordered = [by_key[k] for k in grid if k in by_key] + [r for k, r in by_key.items() if k not in in_grid]
-    config["progress"] = {"cells": len(grid), "done": sum(k in by_key for k in grid), "sessions": len(headers)}
-    env = dict(first["environment"])
-    env["precision"] = {**env.get("precision", {}), **precision}
-    env["threads"] = {**env.get("threads", {}), **threads}
-    if not env.get("gpu") and gpus:
-        env["gpu"] = gpus[0]
-    return {
-        "schema": first["schema"],
-        "created": first["created"],
-        "config": config,
-        "environment": env,
-        "results": ordered,
-    }
-
-
-def done_keys(path: Path, retry_errors: bool = False) -> set[str]:
-    """Keys of the cells already in a sweep file (empty if there is none); with ``retry_errors``, less those whose
-    last stored result is an ``error`` (they run again)."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return set()
-    last = {result_key(x["result"]): x["result"] for x in _parse_lines(path) if x["type"] == "cell"}
-    return {k for k, r in last.items() if not (retry_errors and r.get("status") == "error")}
-
-
-class SweepWriter:
-    """Appends lines to a sweep file: one ``write`` per line, then ``fsync``; holds an exclusive lock on it."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            self._lock()
-            self._drop_torn_tail()
-        except BaseException:
-            os.close(self.fd)
-            raise
-
-    def _lock(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no lock
-            return
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise InputError(f"another sweep is writing {self.path}; wait for it or use another --out") from exc
-
-    def _drop_torn_tail(self) -> None:
-        size = os.fstat(self.fd).st_size
-        if size == 0:
-            return
-        data = self.path.read_bytes()
-        if data.endswith(b"\n"):
-            return
-        keep = data.rfind(b"\n") + 1
-        os.ftruncate(self.fd, keep)
-        print(f"sweep: dropped a torn last line ({len(data) - keep} bytes) from {self.path}", file=sys.stderr)
-
-    def append(self, record: dict[str, Any]) -> None:
-        data = (json.dumps(record, allow_nan=True) + "\n").encode()
-        while data:
-            n = os.write(self.fd, data)
-            data = data[n:]
-        os.fsync(self.fd)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-    def __enter__(self) -> SweepWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _check_same_grid(path: Path, config: dict[str, Any], env: dict[str, Any]) -> None:
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    first = _parse_lines(path)[0]
-    old = first["config"]
-    differ = [k for k in GRID_KEYS if old.get(k) != config.get(k)]
-    if differ:
-        raise InputError(
-            f"{path} holds a different sweep (it differs in: {', '.join(differ)}); "
-            f"use another --out, or delete the folder to start over"
-        )
-    old_env = first["environment"]
-    changed = [k for k in ("cpu", "gpu", "versions") if old_env.get(k) != env.get(k)]
-    if changed:
-        print(
-            f"sweep: warning: resuming on a different environment (differs in: {', '.join(changed)}); the "
-            f"report keeps the first session's",
-            file=sys.stderr,
-        )
-
-
-# --- running cells --------------------------------------------------------------------------------------------
-
-
-def _spec_dict(s: BackendSpec) -> dict[str, Any]:
-    return asdict(s)
-
-
-def _case_dict(case: Case) -> dict[str, Any]:
-    s = case.shape
-    return {
-        "model": case.model,
-        "batch": s.batch,
-        "seq": s.seq,
-        "dim": s.dim,
-        "hidden": s.hidden,
-        "dtype": case.dtype,
-        "dist": case.dist,
-        "seed": case.seed,
-    }
-
-
-def _case_from_dict(d: dict[str, Any]) -> Case:
-    return Case(d["model"], Shape(d["batch"], d["seq"], d["dim"], d["hidden"]), d["dtype"], d["dist"], d["seed"])
-
-
-def run_cell_inprocess(
-    s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, plain_cache: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run one cell here; return (result record, ``{"precision": ..., "gpu": ...}`` as the backend left them)."""
-    if cell.case.name not in plain_cache:
-        plain_cache.clear()  # cells come case by case: keep one plain reference at a time
-        plain_cache[cell.case.name] = harness.plain_reference(cell.case)
-    precision: dict[str, Any] = {}
-    r = harness.run_one(s, cell.case, cell.mode, plain_cache[cell.case.name], cfg, precision)
-    return r.to_dict(), {"precision": precision, "gpu": environment.gpu()}
-
-
-def _signal_name(rc: int) -> str:
-    try:
-        return signal.Signals(-rc).name
-    except ValueError:
-        return f"signal {-rc}"
-
-
-def _kill_group(p: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
-
-
-def run_cell_isolated(
-    s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, scratch: Path, timeout_s: float | None = None
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run one cell in a worker process; a crash, a signal or a timeout becomes an ``error`` result."""
-    scratch.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=scratch, prefix="cell-") as tmp:
-        cell_path, result_path = Path(tmp) / "cell.json", Path(tmp) / "result.json"
-        write_text_atomic(
-            cell_path,
-            json.dumps(
-                {"spec": _spec_dict(s), "case": _case_dict(cell.case), "mode": cell.mode, "timing": asdict(cfg)}
-            ),
-        )
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
-        cmd = [sys.executable, "-m", "compare.sweep", "--worker", str(cell_path), str(result_path)]
-        with tempfile.TemporaryFile() as err:
-            # its own session: a timeout or an interrupt kills the worker and anything it started (compile pools)
-            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
-            timed_out = False
-            try:
-                rc = p.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(p)
-                rc, timed_out = p.returncode, True
-            except BaseException:
-                _kill_group(p)
-                raise
-            err.seek(0)
-            tail = err.read().decode(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
-        if rc == 0 and not timed_out and result_path.is_file():
-            out = json.loads(result_path.read_text(encoding="utf-8"))
-            return out["result"], out["meta"]
-    extras: dict[str, Any] = {"exit_code": rc, "stderr_tail": "\n".join(tail)}
-    if timed_out:
-        reason = f"worker process timed out after {timeout_s:g} s and was killed"
-    elif rc < 0:
-        extras["signal"] = _signal_name(rc)
-        hint = " (the OOM killer sends this when memory runs out)" if -rc == signal.SIGKILL else ""
-        reason = f"worker process killed by signal {extras['signal']}{hint}"
-    elif rc != 0:
-        reason = f"worker process exited with status {rc}"
-        last = next((x for x in reversed(tail) if x.strip()), "")
-        reason += f": {last.strip()}" if last else ""
-    else:
-        reason = "worker process exited with status 0 but wrote no result"
-    r = results.Result.for_case(s.name, cell.case, cell.mode, "error", reason=reason, extras=extras)
-    return r.to_dict(), {"precision": {}, "gpu": None}
-
-
-def worker_main(cell_path: Path, result_path: Path) -> int:
-    """Worker entry point: run the cell described in ``cell_path``, write the outcome to ``result_path``."""
-    d = json.loads(cell_path.read_text(encoding="utf-8"))
-    sd = d["spec"]
-    s = BackendSpec(
-        **{**sd, "models": tuple(sd["models"]), "modes": tuple(sd["modes"]), "sweep": tuple(sd.get("sweep") or ())}
-    )
-    case = _case_from_dict(d["case"])
-    cell = Cell(s.name, case, d["mode"])
-    result, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**d["timing"]), {})
-    write_text_atomic(result_path, json.dumps({"result": result, "meta": meta}, allow_nan=True))
-    return 0
 
 
 def run_sweep(
@@ -446,7 +115,7 @@ def run_sweep(
     env = environment.collect({}, {})
     cells = cells_from_config(config)
     with SweepWriter(path) as w:
-        _check_same_grid(path, config, env)
+        check_same_grid(path, config, env)
         _remove_scratch(out)
         try:
             done = done_keys(path, retry_errors)

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from compare import costmodel, registry
+from compare import cost_report, costmodel, registry
 from compare.cases import PRESETS, Case, InputError, Shape
-from compare.costmodel import cost, fusion_benefit, fusion_section, gemm_flops, roofline
+from compare.cost_report import fusion_benefit, fusion_section
+from compare.costmodel import cost, gemm_flops, roofline
 from compare.results import Result
 
 BLOG = PRESETS["blog-mlp"].case("bfloat16")  # 64 x 128 = 8192 tokens, dim 768, hidden 3072
@@ -170,13 +171,13 @@ def test_sections_are_deterministic_and_empty_without_data() -> None:
     text = fusion_section(doc)
     assert text == fusion_section(_doc()) and "## What fusion buys" in text
     assert "101 MB" in text  # torch-compile: a (50.3 MB) not written nor read
-    cs = costmodel.cost_section(doc)
-    assert cs == costmodel.cost_section(_doc()) and "116 GFLOP" in cs and "455 MB" in cs
+    cs = cost_report.cost_section(doc)
+    assert cs == cost_report.cost_section(_doc()) and "116 GFLOP" in cs and "455 MB" in cs
     # torch-eager: 116 GFLOP / 10 ms against 100 TFLOP/s; 455 MB / 10 ms against 100 GB/s
     assert "11.6 TFLOP/s (12%)" in cs and "45.5 GB/s (45%)" in cs
     assert "| cpu | bfloat16 | 100 TFLOP/s | 100 GB/s |" in cs
     empty = {"results": [Result.for_case("torch-eager", BLOG, "fwd", "ok").to_dict()]}
-    assert fusion_section(empty) == "" and costmodel.cost_section(empty) == ""
+    assert fusion_section(empty) == "" and cost_report.cost_section(empty) == ""
 
 
 def test_compare_does_not_import_frameworks() -> None:

@@ -15,7 +15,8 @@ from typing import Any
 
 from compare import report
 from compare.cases import PRESETS
-from compare.costmodel import cost, fusion_benefit, fusion_section
+from compare.cost_report import fusion_benefit, fusion_section
+from compare.costmodel import cost
 from compare.results import Result
 from compare.shapes import shapes_section, with_payback
 
