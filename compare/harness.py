@@ -248,7 +248,7 @@ def run(
             if flag:
                 r["implausible"] = flag
     return {
-        "schema": SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSION,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "config": {**(config or {}), "timing": asdict(cfg)},
         "environment": environment.collect(precision, threads),

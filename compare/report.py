@@ -7,7 +7,7 @@ from typing import Any
 
 from compare.cost_report import cost_section, fusion_section
 from compare.gpu_build_report import render_markdown
-from compare.kernels import kernel_section
+from compare.kernel_report import kernel_section
 from compare.markdown import case_label, fmt_e, fmt_s, table
 from compare.plots import plots_section
 from compare.registry import DEFAULT_BASELINE

@@ -11,7 +11,10 @@ from typing import Any
 from compare.atomic import write_text_atomic
 from compare.cases import Case, InputError
 
-SCHEMA_VERSION = 1
+#: The version of the results document's layout, stored as its ``schema_version``. 2: the statistical parity gate
+#: (every check per tensor), the resolution table and the implausible flag. A file of another version is refused
+#: on load with a clear error (rerun, or rebuild the report with the fusion-compare that wrote it).
+SCHEMA_VERSION = 2
 STATUSES: tuple[str, ...] = ("ok", "parity-fail", "error", "skipped")
 
 
@@ -118,6 +121,15 @@ def validate(doc: Any, source: str) -> dict[str, Any]:
     the row (index and backend) and the missing or bad field."""
     if not isinstance(doc, dict) or "results" not in doc or "environment" not in doc:
         raise InputError(f"results file {source} lacks 'environment' and 'results': not a fusion-compare results file")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        found = (
+            "no schema_version (an older fusion-compare wrote it)" if version is None else f"schema_version {version!r}"
+        )
+        raise InputError(
+            f"results file {source} has {found}; this fusion-compare reads schema_version {SCHEMA_VERSION}: "
+            f"rerun `python -m compare run` to measure it again"
+        )
     if not isinstance(doc["results"], list):
         raise InputError(f"results file {source}: 'results' is not a list")
     if not isinstance(doc["environment"], dict):

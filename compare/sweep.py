@@ -122,7 +122,7 @@ def run_sweep(
             w.append(
                 {
                     "type": "header",
-                    "schema": results.SCHEMA_VERSION,
+                    "schema_version": results.SCHEMA_VERSION,
                     "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                     "config": config,
                     "environment": env,

@@ -53,7 +53,7 @@ def _jsonl_path(path: Path) -> Path:
 
 
 def load_sweep(path: Path | str) -> dict[str, Any]:
-    """A results document (``schema, created, config, environment, results``) from a sweep file or its folder.
+    """A results document (``schema_version, created, config, environment, results``) from a sweep file or its folder.
 
     Readable at any time, also while the sweep runs. ``created``, ``config`` and ``environment`` are the first
     header's; the environment's ``precision`` and ``threads`` merge what every finished cell reported, and its
@@ -87,7 +87,7 @@ def load_sweep(path: Path | str) -> dict[str, Any]:
     if not env.get("gpu") and gpus:
         env["gpu"] = gpus[0]
     return {
-        "schema": first["schema"],
+        "schema_version": first.get("schema_version"),
         "created": first["created"],
         "config": config,
         "environment": env,

@@ -51,7 +51,7 @@ def _result(backend: str, dtype: str, samples: list[float] | None, status: str =
 
 def _doc(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "schema": 1,
+        "schema_version": 2,
         "created": "2026-01-01T00:00:00+00:00",
         "config": {"command": "python -m compare run"},
         "environment": {"cpu": "x", "versions": {"torch": "2.13.0"}},
@@ -158,7 +158,9 @@ def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "nope.json does not exist" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{not json")
     assert main([str(tmp_path / "bad.json"), str(tmp_path / "bad.json")]) == 2
-    (tmp_path / "odd.json").write_text(json.dumps({"environment": {}, "results": [{"backend": "x"}]}))
+    (tmp_path / "odd.json").write_text(
+        json.dumps({"schema_version": 2, "environment": {}, "results": [{"backend": "x"}]})
+    )
     assert main([str(tmp_path / "odd.json"), str(tmp_path / "odd.json")]) == 2
     assert "lacks case, mode, status, dtype" in capsys.readouterr().err
 

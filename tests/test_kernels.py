@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from compare import kernel_report
 from compare import kernels as ks
 from compare.cases import PRESETS
 from compare.golden import golden_for
@@ -170,9 +171,9 @@ def _hand_doc() -> dict[str, Any]:
 def test_kernel_section_from_hand_written_doc() -> None:
     doc = _hand_doc()
     before = copy.deepcopy(doc)
-    text = ks.kernel_section(doc)
+    text = kernel_report.kernel_section(doc)
     print(text)
-    assert doc == before and ks.kernel_section(doc) == text  # pure, deterministic
+    assert doc == before and kernel_report.kernel_section(doc) == text  # pure, deterministic
     assert text.startswith("## Kernels per step\n")
     rows = [line for line in text.splitlines() if line.startswith("| torch-") or line.startswith("| jax-")]
     assert [r.split(" | ")[0] for r in rows] == ["| torch-eager", "| torch-compile", "| jax-xla"]  # no kernels: no row
@@ -187,8 +188,8 @@ def test_kernel_section_from_hand_written_doc() -> None:
 
 
 def test_kernel_section_empty_without_kernels() -> None:
-    assert ks.kernel_section({"results": []}) == ""
-    assert ks.kernel_section({"results": [_result("torch-eager", "fwd", None)]}) == ""
+    assert kernel_report.kernel_section({"results": []}) == ""
+    assert kernel_report.kernel_section({"results": [_result("torch-eager", "fwd", None)]}) == ""
 
 
 def test_check_summary_rejects_bad_counts() -> None:

@@ -54,7 +54,7 @@ def _doc(with_cost: bool) -> dict[str, Any]:
             rs.append(_result(backend, t, median, _cost(backend, t, median) if with_cost else None))
     rs.append({**_result("torch-triton", 16, 1.0), "timing": None, "note": "interpreted"})  # untimed: not drawn
     return {
-        "schema": 1,
+        "schema_version": 2,
         "created": "2026-01-01T00:00:00+00:00",
         "config": {},
         "environment": {},

@@ -386,7 +386,7 @@ def _doc() -> dict[str, Any]:
         },
     }
     return {
-        "schema": 1,
+        "schema_version": 2,
         "created": "2026-01-01T00:00:00+00:00",
         "config": {},
         "environment": {"versions": {}, "threads": {}, "precision": {}},
@@ -690,3 +690,24 @@ def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> No
     assert "Traceback" not in text and f"finished cells to {out / 'results.json'}" in text
     doc = results.read_json(out / "results.json")
     assert doc["interrupted"] is True and 1 <= len(doc["results"]) < 3
+
+
+def test_a_results_file_of_another_schema_version_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An old (no ``schema_version``) or foreign-version results file is a clear bad-input error, not a KeyError."""
+    from compare.results import SCHEMA_VERSION
+
+    doc = json.loads((ROOT / "reports" / "cpu" / "results.json").read_text(encoding="utf-8"))
+    assert doc["schema_version"] == SCHEMA_VERSION
+    for version in (None, 1, "x"):
+        bad = dict(doc)
+        if version is None:
+            bad.pop("schema_version")
+        else:
+            bad["schema_version"] = version
+        path = tmp_path / f"r{version}.json"
+        path.write_text(json.dumps(bad), encoding="utf-8")
+        assert cli.main(["report", str(path), "--out", str(tmp_path / "R.md")]) == exitcodes.BAD_INPUT
+        err = capsys.readouterr().err
+        assert f"this fusion-compare reads schema_version {SCHEMA_VERSION}" in err and err.count("\n") == 1, err

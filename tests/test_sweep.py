@@ -272,7 +272,7 @@ def test_load_sweep_merges_what_cells_saw_and_refuses_non_sweeps(tmp_path: Path)
     }
     header = {
         "type": "header",
-        "schema": 1,
+        "schema_version": 2,
         "created": "t",
         "config": config,
         "environment": {"gpu": None, "precision": {}, "threads": {}},
