@@ -212,8 +212,45 @@ def _fmt_index(idx: Iterable[Any]) -> list[int]:
     return [int(i) for i in idx]
 
 
-def check_tensor(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str) -> TensorParity:
-    """Compare ``y`` with the float64 ``ref``; ``plain`` is the same-dtype computation. All the same shape."""
+@dataclass(frozen=True)
+class PlainStats:
+    """The plain same-dtype computation's error statistics on one tensor, and the reference's scale: every bound of
+    the gate is built from these. They do not depend on the backend, so a caller judging many outputs against the
+    same reference (``compare.resolution``'s bisection) computes them once."""
+
+    scale: float  # max|ref|
+    rms_ref: float
+    plain_err: float  # max|e_p|
+    rms_plain: float
+    mean: float
+    mean_se: float
+    slope: float
+    slope_se: float
+
+
+def plain_stats(ref: np.ndarray, plain: np.ndarray) -> PlainStats:
+    """The :class:`PlainStats` of ``plain`` against the float64 ``ref`` (same shape)."""
+    ref64 = np.asarray(ref, dtype=np.float64)
+    e_p = np.asarray(plain, dtype=np.float64) - ref64
+    (m_p, m_p_se), (b_p, b_p_se) = _shift(e_p), _scale(e_p, ref64)
+    return PlainStats(
+        scale=float(np.max(np.abs(ref64))) if ref64.size else 0.0,
+        rms_ref=_rms(ref64),
+        plain_err=float(np.max(np.abs(e_p))) if e_p.size else 0.0,
+        rms_plain=_rms(e_p),
+        mean=m_p,
+        mean_se=m_p_se,
+        slope=b_p,
+        slope_se=b_p_se,
+    )
+
+
+def check_tensor(
+    name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str, stats: PlainStats | None = None
+) -> TensorParity:
+    """Compare ``y`` with the float64 ``ref``; ``plain`` is the same-dtype computation. All the same shape.
+
+    ``stats`` is ``plain_stats(ref, plain)`` when the caller already has it (it is computed here otherwise)."""
     if y.shape != ref.shape:
         return _fail(
             name,
@@ -223,16 +260,15 @@ def check_tensor(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, d
         )
     y64 = np.asarray(y, dtype=np.float64)
     ref64 = np.asarray(ref, dtype=np.float64)
-    p64 = np.asarray(plain, dtype=np.float64)
-    scale = float(np.max(np.abs(ref64))) if ref64.size else 0.0
+    scale = stats.scale if stats is not None else (float(np.max(np.abs(ref64))) if ref64.size else 0.0)
     if not np.isfinite(scale) or scale < DEGENERATE_FACTOR * ATOL[dtype]:
         raise DegenerateGolden(
             f"reference {name!r} is degenerate: max|ref| = {scale:.3g} < {DEGENERATE_FACTOR:g} x atol ({ATOL[dtype]:g})"
         )
+    ps = stats if stats is not None else plain_stats(ref64, plain)
     u = 2.0 ** -SIGNIFICAND_BITS[dtype]
     n = int(y64.size)
-    e_p = p64 - ref64
-    plain_err = float(np.max(np.abs(e_p)))
+    plain_err = ps.plain_err
     bound = PLAIN_FACTOR * plain_err + u * scale
     finite = np.isfinite(y64)
     nonfinite = int(n - np.count_nonzero(finite))
@@ -252,10 +288,10 @@ def check_tensor(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, d
     flat = int(np.argmax(diff))
     worst = _fmt_index(np.unravel_index(flat, diff.shape))
     err = float(diff.flat[flat])
-    rms_err, rms_plain = _rms(e), _rms(e_p)
-    rms_bound = PLAIN_FACTOR * rms_plain + u * _rms(ref64)
-    (m, m_se), (m_p, m_p_se) = _shift(e), _shift(e_p)
-    (b, b_se), (b_p, b_p_se) = _scale(e, ref64), _scale(e_p, ref64)
+    rms_err, rms_plain = _rms(e), ps.rms_plain
+    rms_bound = PLAIN_FACTOR * rms_plain + u * ps.rms_ref
+    (m, m_se), (m_p, m_p_se) = _shift(e), (ps.mean, ps.mean_se)
+    (b, b_se), (b_p, b_p_se) = _scale(e, ref64), (ps.slope, ps.slope_se)
     mean_bound = abs(m_p) + Z_SCORE * math.hypot(m_se, m_p_se)
     scale_bound = abs(b_p) + Z_SCORE * math.hypot(b_se, b_p_se)
     bad_dtype = not_representable(y64, dtype)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from compare.markdown import table
-from compare.parity import check_tensor
+from compare.parity import PlainStats, check_tensor, plain_stats
 from compare.reference import GELU_MODELS, Arith, compute, round_to_dtype
 
 S_MIN = 1e-7
@@ -35,20 +35,24 @@ REL_PRECISION = 1.05
 Row = dict[str, Any]
 
 
-def _fails(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str) -> bool:
-    return not check_tensor(name, y, ref, plain, dtype).passed
+def _fails(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str, stats: PlainStats) -> bool:
+    return not check_tensor(name, y, ref, plain, dtype, stats).passed
 
 
-def scale_resolution(name: str, ref: np.ndarray, plain: np.ndarray, dtype: str) -> tuple[float | None, str]:
+def scale_resolution(
+    name: str, ref: np.ndarray, plain: np.ndarray, dtype: str, stats: PlainStats | None = None
+) -> tuple[float | None, str]:
     """Smallest relative scale error the gate catches on this tensor, and a note.
 
     Returns ``(s, "")`` with ``s`` the upper end of the final bracket (a scale error of ``s`` fails the gate, one
     of ``s / 1.05`` did not); ``(S_MIN, "below")`` when even ``S_MIN`` is caught; ``(None, why)`` when not even
-    ``S_MAX`` is caught (the gate is blind to scale on this tensor).
+    ``S_MAX`` is caught (the gate is blind to scale on this tensor). ``stats`` (``plain_stats(ref, plain)``) is
+    computed once here when not given: every step of the bisection judges against the same plain computation.
     """
+    stats = stats if stats is not None else plain_stats(ref, plain)
 
     def fails(s: float) -> bool:
-        return _fails(name, round_to_dtype(plain * (1.0 - s), dtype), ref, plain, dtype)
+        return _fails(name, round_to_dtype(plain * (1.0 - s), dtype), ref, plain, dtype, stats)
 
     if not fails(S_MAX):
         return None, f"not even a {S_MAX:.0%} scale error is caught"
@@ -89,7 +93,8 @@ def resolution_rows(
     erf_exact = compute(model, x, params, upstream, Arith.exact(), gelu="erf") if has_gelu else None
     rows = []
     for t in names:
-        s, note = scale_resolution(t, ref[t], plain[t], dtype)
+        stats = plain_stats(ref[t], plain[t])
+        s, note = scale_resolution(t, ref[t], plain[t], dtype, stats)
         row: Row = {
             "case": case_name,
             "model": model,
@@ -105,7 +110,7 @@ def resolution_rows(
             "erf_scale_err": None,
         }
         if erf_plain is not None and erf_exact is not None:
-            p = check_tensor(t, erf_plain[t], ref[t], plain[t], dtype)
+            p = check_tensor(t, erf_plain[t], ref[t], plain[t], dtype, stats)
             row.update(
                 erf_distinguishable=not p.passed,
                 erf_failed=list(p.failed),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from compare.cases import Case, InputError, Shape
 from compare.golden import Golden, golden_for
@@ -44,3 +45,9 @@ def sweep_goldens(make: GoldenFactory, tokens: Sequence[int]) -> list[Golden]:
         ):
             raise InputError(f"a shape sweep varies tokens only; {c.name} differs from {first.name} in more")
     return out
+
+
+def row_fields(case: Case) -> dict[str, Any]:
+    """The fields of a compile-sweep row that say which shape it is (row schema in ``compare.shapes``)."""
+    s = case.shape
+    return {"tokens": s.tokens, "model": case.model, "dim": s.dim, "hidden": s.hidden, "dtype": case.dtype}

@@ -28,7 +28,7 @@ from flax import nnx
 from compare import timing
 from compare.cases import check_name
 from compare.golden import Problem
-from compare.shape_cases import GoldenFactory, sweep_goldens
+from compare.shape_cases import GoldenFactory, row_fields, sweep_goldens
 from jax_impl import device as dev
 
 SWEEP_MODES: tuple[str, ...] = ("fwd", "fwd+bwd")
@@ -135,11 +135,7 @@ def shape_sweep(
                     "backend": name,
                     "framework": "jax",
                     "dynamic": False,
-                    "tokens": c.shape.tokens,
-                    "model": c.model,
-                    "dim": c.shape.dim,
-                    "hidden": c.shape.hidden,
-                    "dtype": c.dtype,
+                    **row_fields(c),
                     "mode": mode,
                     "device": dev.platform(),
                     "compiles": after - before,

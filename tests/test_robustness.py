@@ -29,6 +29,8 @@ from compare.cases import PRESETS, Case, InputError, Shape
 from compare.registry import BackendSpec
 
 ROOT = Path(__file__).resolve().parent.parent
+#: A case whose golden data alone would need about 400 TB: refused by the memory check before anything runs.
+HUGE_RUN = ["run", "--model", "geglu", "--batch", "100000000", "--dim", "100000", "--seq", "1", "--hidden", "8"]
 TINY = ["--preset", "tiny", "--backend", "torch-eager", "--budget", "0.05", "--no-ceilings", "--no-plots"]
 
 
@@ -179,21 +181,7 @@ def test_prepare_out_dir_proves_it_can_write(tmp_path: Path, monkeypatch: pytest
         (["run", *TINY, "--dtype", "float32", "float32"], "a dtype repeats"),
         (["run", *TINY, "--mode", "fwd", "fwd"], "a mode repeats"),
         (
-            [
-                "run",
-                "--model",
-                "geglu",
-                "--batch",
-                "100000000",
-                "--dim",
-                "100000",
-                "--seq",
-                "1",
-                "--hidden",
-                "8",
-                "--backend",
-                "torch-eager",
-            ],
+            [*HUGE_RUN, "--backend", "torch-eager"],
             "bytes) of memory",
         ),
         (["sweep", "--preset", "tiny", "--seq", "0"], "shape dimension 'seq' must be a positive integer, got 0"),
@@ -220,17 +208,7 @@ def test_too_large_names_bytes_needed_and_available(
     no_measuring: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = [
-        "run",
-        "--model",
-        "geglu",
-        "--batch",
-        "100000000",
-        "--dim",
-        "100000",
-        "--seq",
-        "1",
-        "--hidden",
-        "8",
+        *HUGE_RUN,
         "--out",
         str(tmp_path / "o"),
     ]

@@ -42,7 +42,7 @@ from torch._dynamo.utils import counters
 from compare import timing
 from compare.cases import check_name
 from compare.golden import Problem
-from compare.shape_cases import GoldenFactory, sweep_goldens
+from compare.shape_cases import GoldenFactory, row_fields, sweep_goldens
 from torch_impl import runner
 
 SWEEP_MODES: tuple[str, ...] = ("fwd", "fwd+bwd")
@@ -139,11 +139,7 @@ def shape_sweep(
                 "backend": backend,
                 "framework": "torch",
                 "dynamic": dynamic if compiled else None,
-                "tokens": c.shape.tokens,
-                "model": c.model,
-                "dim": c.shape.dim,
-                "hidden": c.shape.hidden,
-                "dtype": c.dtype,
+                **row_fields(c),
                 "mode": mode,
                 "device": str(device),
                 "compiles": None,
