@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from compare.cases import GLU_MODELS, MODELS, MODES, check_name
+from compare.tp import TPParts
 
 if TYPE_CHECKING:
     from compare.golden import Problem
@@ -57,6 +58,8 @@ class Prepared:
     #: ``profile(trace_path)`` runs one more step under the framework's profiler and returns the kernel summary
     #: (schema in ``compare.kernels``); with a path it also writes a Chrome/Perfetto trace there.
     profile: Callable[[Path | None], dict[str, Any]] | None = None
+    #: Tensor-parallel backends only (``compare.tp``): collectives, comm-only and compute-only twins, set-up.
+    tp: TPParts | None = None
 
 
 class Backend(Protocol):
@@ -89,6 +92,9 @@ class BackendSpec:
     plan: str | None = None
     assumption: str = ""
     sweep: tuple[dict[str, Any], ...] = ()
+    #: Tensor-parallel backends: the module of their worker runtime (``compare.tp``); they run in worker processes
+    #: started by ``compare.tp_launch``, at the case's world size. Empty for single-device backends.
+    runtime: str = ""
 
     def load(self) -> Backend:
         module = importlib.import_module(self.target)

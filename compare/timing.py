@@ -11,6 +11,11 @@ inputs as arguments) and ``sync`` (which blocks until a pytree of outputs is com
 4. at least ``min_samples`` samples, more until ``budget_s`` of sampling has passed or ``max_samples``.
 
 Reported: median, IQR, min and max per call, ``n`` samples, the block size, and the first call apart.
+
+Across the processes of a tensor-parallel group (``agree``: an element-wise maximum over the processes), every
+decision is taken together and every figure is the slowest process's: the first call, the block size, whether to
+take another sample (so every process runs the same number of blocks and no collective is left unmatched) and each
+sample. The caller's ``sync`` ends with a barrier, so a block ends when the slowest process is done.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from compare.jsonfields import Obj, integer, number, numbers
 
 #: A result whose IQR is more than this fraction of its median is marked noisy.
 NOISY_IQR_FRACTION = 0.10
@@ -51,6 +58,51 @@ class Timing:
         d["samples_s"] = list(self.samples_s)
         d["noisy"] = self.noisy
         return d
+
+    @staticmethod
+    def from_dict(d: Obj) -> Timing:
+        """The inverse of :meth:`to_dict` (``noisy`` is derived, so it is not read). ``median_s`` and ``iqr_s`` are
+        required; a record that has only them (a shape-sweep row, an older file) gets ``min_s = max_s = median_s``,
+        ``n`` = its samples, one call per sample, no warm-up and a NaN first call."""
+        median = number(d, "median_s")
+        samples = numbers(d, "samples_s")
+        return Timing(
+            median_s=median,
+            iqr_s=number(d, "iqr_s"),
+            min_s=number(d, "min_s", median),
+            max_s=number(d, "max_s", median),
+            n=integer(d, "n", len(samples)),
+            calls_per_sample=integer(d, "calls_per_sample", 1),
+            first_call_s=number(d, "first_call_s", math.nan),
+            warmup_calls=integer(d, "warmup_calls", 0),
+            samples_s=samples,
+        )
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """The shared timer's settings for a run (see :func:`measure`); stored in ``config.timing``."""
+
+    warmup: int = 3
+    min_samples: int = 5
+    max_samples: int = 100
+    budget_s: float = 1.0
+    min_sample_s: float = 2e-3
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> TimingConfig:
+        """The inverse of :meth:`to_dict`; an absent setting takes its default."""
+        base = TimingConfig()
+        return TimingConfig(
+            warmup=integer(d, "warmup", base.warmup),
+            min_samples=integer(d, "min_samples", base.min_samples),
+            max_samples=integer(d, "max_samples", base.max_samples),
+            budget_s=number(d, "budget_s", base.budget_s),
+            min_sample_s=number(d, "min_sample_s", base.min_sample_s),
+        )
 
 
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
@@ -88,29 +140,37 @@ def measure(
     budget_s: float = 1.0,
     min_sample_s: float = 2e-3,
     last_output: Callable[[Any], None] | None = None,
+    agree: Callable[[Sequence[float]], list[float]] | None = None,
 ) -> Timing:
     """Time ``fn`` following the module protocol. ``sync(outputs)`` must block until all are complete.
 
     Pass ``first_call_s`` when the caller already made (and timed, with :func:`first_call`) the first call.
     ``last_output``, when given, receives the output of the very last timed call, after the timing is done (the
-    harness checks its parity again: a backend must still be right after warm-up and replays).
+    harness checks its parity again: a backend must still be right after warm-up and replays). ``agree`` makes the
+    measurement collective over a group of processes (module docstring); every process must pass the same arguments.
     """
     if min_samples < 5:
         raise ValueError(f"min_samples must be at least 5, got {min_samples}")
     if warmup < 1:
         raise ValueError(f"warmup must be at least 1 (it sizes the sample block), got {warmup}")
     min_sample_s = max(min_sample_s, 1e4 * CLOCK_RESOLUTION_S)
+    together = agree if agree is not None else list
     first = first_call(fn, sync)[0] if first_call_s is None else first_call_s
     fastest = float("inf")
     for _ in range(warmup):
         fastest = min(fastest, _run_block(fn, sync, 1)[0])
+    first, fastest = together([first, fastest])
     calls = max(1, math.ceil(min_sample_s / max(fastest, CLOCK_RESOLUTION_S)))
     samples: list[float] = []
     start = CLOCK()
     last: Any = None
-    while len(samples) < min_samples or (CLOCK() - start < budget_s and len(samples) < max_samples):
+    more = True
+    while more:
         seconds, last = _run_block(fn, sync, calls)
         samples.append(seconds / calls)
+        wanted = len(samples) < min_samples or (CLOCK() - start < budget_s and len(samples) < max_samples)
+        more = together([1.0 if wanted else 0.0])[0] > 0.0
+    samples = together(samples)
     if last_output is not None:
         last_output(last)
     del last

@@ -1,0 +1,128 @@
+"""Tensor parallelism: the contract between the core and a tensor-parallel (TP) backend. Framework-free.
+
+Layout (Megatron): for the GLU families gate and up are split by output columns (each rank holds ``[hidden/p, dim]``
+of each, torch layout), down by input rows (``[dim, hidden/p]``); the activation runs on the local
+``[tokens, hidden/p]`` slice and ONE all-reduce of ``[tokens, dim]`` adds the partial outputs. The backward needs
+one more all-reduce, of ``dx`` (the partial input gradients of the column-parallel layers, summed locally first).
+``gelu-mlp`` is the same with fc1 split by columns (and ``b1`` with it) and fc2 by rows (``b2`` added once, after the
+reduce). ``linear`` has no such pair and is not run tensor-parallel.
+
+How a TP backend runs (``compare.tp_launch`` starts it, ``compare.tp_worker`` drives it):
+
+- its registry line names a ``runtime`` module (``BackendSpec.runtime``) with ``LAUNCHES`` (the ways its ranks can
+  start: ``"processes"``, one process per rank joined by the framework's distributed engine; ``"devices"``, one
+  process with ``world_size`` devices) and ``init(launch: Launch) -> Group``;
+- its backend object implements ``prepare(problem, mode, group) -> Prepared`` where ``problem`` holds the FULL
+  golden inputs and weights (every rank gets the same), the backend keeps its own shard, and ``Prepared.tp`` is a
+  :class:`TPParts`. ``to_numpy`` returns FULL tensors (weight gradients gathered, outside the timed step), so every
+  process checks every tensor against the same golden with the same gate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from compare.golden import Problem
+    from compare.registry import Prepared
+
+#: The ways a TP group's ranks can start (``Launch.how``).
+LAUNCHES: tuple[str, ...] = ("processes", "devices")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one process of a worker group starts. ``world_size`` is the TP degree (the case's world size);
+    ``nproc`` is the number of processes: ``world_size`` when ``how == "processes"``, 1 when ``"devices"``.
+    ``rank`` is this process's index; ``addr:port`` the rendezvous (rank 0's listener); ``threads`` the compute
+    threads of this process; ``timeout_s`` bounds every collective (a dead peer fails a call within it)."""
+
+    world_size: int
+    nproc: int
+    rank: int
+    how: str
+    addr: str = "127.0.0.1"
+    port: int = 0
+    threads: int = 1
+    timeout_s: float = 60.0
+
+
+class Group(Protocol):
+    """The processes of one TP group, as the worker and the shared timer see them. Process 0 reports."""
+
+    world_size: int
+    nproc: int
+    rank: int
+    #: The collectives' transport and device, e.g. ``"gloo/cpu"`` or ``"XLA:CPU x2 devices"``.
+    backend: str
+
+    def barrier(self) -> None:
+        """Block until every process has arrived (bounded by the launch's timeout)."""
+        ...
+
+    def max_all(self, values: Sequence[float]) -> list[float]:
+        """Element-wise maximum of ``values`` over the processes (same length on every process)."""
+        ...
+
+    def gather(self, obj: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """A JSON-able object from every process, in rank order, on process 0; None on the others."""
+        ...
+
+    def close(self) -> None:
+        """Leave the group (destroy process groups, shut the distributed client down)."""
+        ...
+
+
+class TPBackend(Protocol):
+    """A tensor-parallel backend object (``BACKEND`` of its module): ``prepare`` also takes the group."""
+
+    name: str
+
+    def prepare(self, problem: Problem, mode: str, group: Group) -> Prepared: ...
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective in one step, per rank: ``count`` calls moving ``bytes`` of payload in all (the
+    size of the tensors reduced, before any ring traffic). ``source`` says how it was counted (``CommDebugMode``,
+    ``compiled HLO``); ``detail`` what a combiner merged, or the operand shapes."""
+
+    kind: str
+    count: int
+    bytes: int
+    source: str
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TPParts:
+    """What a TP backend adds to its :class:`~compare.registry.Prepared` (``Prepared.tp``).
+
+    - ``collectives()``: the collectives of one more step, counted (not timed); the step's output is consumed;
+    - ``comm_only()``: the step's collectives alone, on tensors of the same sizes (synced with ``Prepared.sync``);
+    - ``compute_only()``: the step with its collectives left out (a wrong answer on purpose: timed, never judged);
+    - ``setup_s``: seconds of set-up apart from the steady state, by name (``"weights"``: distributing or slicing
+      the weights; ``"build"``: building the parallel module);
+    - ``layout``: one line on how the weights are sharded and which plan was applied.
+    """
+
+    collectives: Callable[[], list[Collective]]
+    comm_only: Callable[[], Any]
+    compute_only: Callable[[], Any]
+    setup_s: dict[str, float] = field(default_factory=dict)
+    layout: str = ""
+
+
+def megatron_allreduces(mode: str) -> int:
+    """All-reduces of ``[tokens, dim]`` per step in Megatron's layout: 1 forward (the output), 1 backward (``dx``)."""
+    return {"fwd": 1, "bwd": 1, "fwd+bwd": 2}[mode]
+
+
+def ring_bytes(payload: int, world_size: int) -> float:
+    """Bytes each rank sends (and receives) in a ring all-reduce of ``payload`` bytes: ``2 (p-1)/p x payload``."""
+    return 2.0 * (world_size - 1) / world_size * payload

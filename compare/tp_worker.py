@@ -1,0 +1,262 @@
+"""One process of a tensor-parallel worker group: ``python -m compare.tp_worker JOB.json RANK``.
+
+Started by :mod:`compare.tp_launch` (or, across machines, by ``torchrun``: then ``RANK`` comes from the environment
+and the rendezvous from ``MASTER_ADDR``/``MASTER_PORT``). It joins the group through the backend's runtime module
+(``compare.tp``), runs every cell of the job in order on every process and writes events, one JSON object per line,
+to ``<out>/rank<R>.jsonl``:
+
+- ``{"event": "ready", "t": <wall clock>, "init_s": ...}`` once the group is formed;
+- ``{"event": "start", "cell": i}`` before a cell, ``{"event": "done", "cell": i, "result": {...}}`` after it
+  (process 0 writes the merged result: parity judged on every process, timing of the slowest);
+- ``{"event": "error", "cell": i, "reason": ..., "traceback": ...}`` when a cell raises here; the process then exits
+  with status 3 (its peers may be blocked in a collective: the launcher ends the group and restarts it for the cells
+  left, so one failing cell never costs the others).
+
+Only the shared timer times: each sample is the slowest process's (``timing.measure(agree=group.max_all)``, every
+block ended by a barrier).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, cast
+
+from compare import timing
+from compare.cases import Case
+from compare.golden import golden_for
+from compare.harness import MODE_TENSORS, TimingConfig, model_cost, plain_reference
+from compare.parity import check_all
+from compare.registry import BackendSpec, Prepared, register
+from compare.results import Result
+from compare.tp import Group, Launch, TPBackend
+
+#: The exit status of a worker whose cell raised (its error event says why).
+CELL_ERROR_EXIT = 3
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (backend, case, mode) of a job, by its index in the job."""
+
+    index: int
+    backend: str
+    case: Case
+    mode: str
+
+
+def spec_to_dict(s: BackendSpec) -> dict[str, Any]:
+    """A registry line as JSON (a worker process re-registers it: tests' backends exist only in their process)."""
+    return {
+        "name": s.name,
+        "framework": s.framework,
+        "target": s.target,
+        "about": s.about,
+        "models": list(s.models),
+        "modes": list(s.modes),
+        "plan": s.plan,
+        "assumption": s.assumption,
+        "runtime": s.runtime,
+    }
+
+
+def spec_from_dict(d: dict[str, Any]) -> BackendSpec:
+    return BackendSpec(
+        d["name"],
+        d["framework"],
+        d["target"],
+        d["about"],
+        models=tuple(d["models"]),
+        modes=tuple(d["modes"]),
+        plan=d["plan"],
+        assumption=d["assumption"],
+        runtime=d["runtime"],
+    )
+
+
+class Events:
+    """This process's event file (line-buffered, flushed at every event: the launcher reads it while we run)."""
+
+    def __init__(self, path: Path) -> None:
+        self._f: IO[str] = path.open("a", encoding="utf-8")
+
+    def write(self, **event: Any) -> None:
+        self._f.write(json.dumps(event, allow_nan=True) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+
+def _pin_cpus(rank: int, nproc: int, threads: int) -> list[int]:
+    """Pin this process to its share of the CPUs (``threads`` of them, disjoint between local ranks); returns them.
+
+    Without it two ranks of one thread each still float over every core, and so does each framework's pool."""
+    if not hasattr(os, "sched_setaffinity"):
+        return []
+    cpus = sorted(os.sched_getaffinity(0))
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    mine = cpus[(local * threads) % len(cpus) :][:threads] or cpus[:threads]
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
+def _judge(prepared: Prepared, output: Any, ref: dict[str, Any], plain: dict[str, Any], dtype: str, name: str) -> Any:
+    got = prepared.to_numpy(output)
+    if set(got) != set(ref):
+        raise RuntimeError(f"{name} returned tensors {sorted(got)}; expected {sorted(ref)}")
+    return check_all(got, ref, plain, dtype)
+
+
+def run_cell(
+    spec: BackendSpec, cell: Cell, group: Group, launch: Launch, cfg: TimingConfig, profile: bool
+) -> dict[str, Any] | None:
+    """Parity on every process, then timing (full step, its collectives alone, its compute alone) of one cell.
+
+    Returns the merged result's dict on process 0, None elsewhere. Raises on a backend failure (see module doc)."""
+    case, mode = cell.case, cell.mode
+    golden = golden_for(case)
+    plain = plain_reference(case)
+    want = MODE_TENSORS[mode]
+    ref = {k: v for k, v in golden.ref.items() if want(k)}
+    backend = cast(TPBackend, spec.load())  # a registry line with a runtime names a TP backend
+    prepared = backend.prepare(golden.problem, mode, group)
+    tp = prepared.tp
+    if tp is None:
+        raise RuntimeError(f"{spec.name} is registered with a runtime but its Prepared has no tp parts")
+
+    def sync(outputs: Any) -> None:
+        prepared.sync(outputs)
+        group.barrier()
+
+    first_s, out = timing.first_call(prepared.step, sync)
+    parity = _judge(prepared, out, ref, plain, case.dtype, spec.name)
+    del out
+
+    def measure(fn: Any, first: float | None = None, last_output: Any = None) -> timing.Timing:
+        return timing.measure(
+            fn,
+            sync,
+            first_call_s=first,
+            warmup=cfg.warmup,
+            min_samples=cfg.min_samples,
+            max_samples=cfg.max_samples,
+            budget_s=cfg.budget_s,
+            min_sample_s=cfg.min_sample_s,
+            last_output=last_output,
+            agree=group.max_all,
+        )
+
+    tim = comm = compute = None
+    last: list[Any] = []
+    if prepared.timed:
+        tim = measure(prepared.step, first_s, last.append)
+        comm = measure(tp.comm_only)
+        compute = measure(tp.compute_only)
+    again = _judge(prepared, last.pop(), ref, plain, case.dtype, spec.name) if last else None
+    collectives = [c.to_dict() for c in tp.collectives()]
+    kernels = prepared.profile(None) if profile and prepared.profile is not None else None
+    mine = {
+        "rank": group.rank,
+        "passed": parity.passed and (again is None or again.passed),
+        "failures": parity.failures() + [f"last timed call: {f}" for f in (again.failures() if again else [])],
+        "collectives": collectives,
+    }
+    everyone = group.gather(mine)
+    if everyone is None:
+        return None
+    failures = [f"process {r['rank']}: {f}" for r in everyone for f in r["failures"]]
+    parity_doc = parity.to_dict()
+    parity_doc["checked"] = ["first call", "last timed call"] if again is not None else ["first call"]
+    if again is not None:
+        parity_doc["last_timed"] = {"passed": again.passed, "failures": again.failures()}
+    parity_doc["processes"] = [{"rank": r["rank"], "passed": r["passed"]} for r in everyone]
+    tp_doc = {
+        "world_size": launch.world_size,
+        "nproc": launch.nproc,
+        "launch": launch.how,
+        "threads_per_process": launch.threads,
+        "transport": group.backend,
+        "layout": tp.layout,
+        "collectives": collectives,
+        "comm": comm.to_dict() if comm else None,
+        "compute": compute.to_dict() if compute else None,
+        "setup_s": dict(tp.setup_s),
+        "ranks_checked": len(everyone) * (launch.world_size // launch.nproc),
+    }
+    disagree = [r["rank"] for r in everyone if r["collectives"] != collectives]
+    if disagree:
+        failures.append(f"processes {disagree} counted other collectives than process 0")
+    result = Result.for_case(
+        spec.name,
+        case,
+        mode,
+        "ok" if not failures else "parity-fail",
+        reason="; ".join(failures),
+        note=prepared.note,
+        device=prepared.device,
+        parity=parity_doc,
+        timing=tim.to_dict() if tim else None,
+        threads=prepared.threads,
+        kernels=kernels,
+        extras=dict(prepared.extras),
+        cost=model_cost(spec, case, mode),
+    )
+    doc = result.to_dict()
+    doc["world_size"] = launch.world_size
+    doc["tp"] = tp_doc
+    return doc
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    rank = int(argv[1]) if len(argv) > 1 else int(os.environ["RANK"])
+    out = Path(job["out"])
+    events = Events(out / f"rank{rank}.jsonl")
+    for d in job["specs"]:
+        register(spec_from_dict(d))
+    launch = Launch(
+        world_size=job["world_size"],
+        nproc=job["nproc"],
+        rank=rank,
+        how=job["how"],
+        addr=job["addr"],
+        port=job["port"],
+        threads=job["threads"],
+        timeout_s=job["timeout_s"],
+    )
+    cpus = _pin_cpus(rank, launch.nproc, launch.threads) if job.get("pin", True) else []
+    t0 = time.time()
+    runtime = importlib.import_module(job["runtime"])
+    group: Group = runtime.init(launch)
+    events.write(event="ready", t=time.time(), init_s=time.time() - t0, cpus=cpus, pid=os.getpid())
+    cfg = TimingConfig(**job["timing"])
+    for c in job["cells"]:
+        cell = Cell(c["index"], c["backend"], Case.from_dict(c["case"]), c["mode"])
+        events.write(event="start", cell=cell.index, t=time.time())
+        try:
+            doc = run_cell(
+                spec_from_dict(next(d for d in job["specs"] if d["name"] == cell.backend)),
+                cell,
+                group,
+                launch,
+                cfg,
+                bool(job.get("profile")),
+            )
+        except Exception as exc:  # this process cannot go on in step with its peers: say why and leave
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
+            events.write(event="error", cell=cell.index, reason=f"{type(exc).__name__}: {exc}".strip(), traceback=tb)
+            sys.stdout.flush()
+            os._exit(CELL_ERROR_EXIT)
+        events.write(event="done", cell=cell.index, t=time.time(), result=doc)
+    group.close()
+    events.write(event="exit", t=time.time())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
