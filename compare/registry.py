@@ -108,6 +108,9 @@ class BackendSpec:
             return Availability(False, f"cannot import {self.target}: {exc}")
 
 
+#: The families a tensor-parallel backend splits (a column-parallel layer feeding a row-parallel one; not ``linear``).
+TP_MODELS: tuple[str, ...] = tuple(m for m in MODELS if m != "linear")
+
 BACKENDS: dict[str, BackendSpec] = {
     s.name: s
     for s in (
@@ -176,6 +179,38 @@ BACKENDS: dict[str, BackendSpec] = {
             models=GLU_MODELS,
             plan="fused-ew",
             assumption="as torch-triton: XLA dots around a Triton elementwise kernel; residuals g, u",
+        ),
+        BackendSpec(
+            "torch-tp",
+            "torch",
+            "torch_impl.backends.tp_dtensor",
+            "DTensor tensor parallelism: ColwiseParallel gate/up (fc1), RowwiseParallel down (fc2), eager",
+            models=TP_MODELS,
+            runtime="torch_impl.tp_runtime",
+        ),
+        BackendSpec(
+            "torch-tp-compile",
+            "torch",
+            "torch_impl.backends.tp_compile",
+            "torch-tp's DTensor module under torch.compile (Inductor)",
+            models=TP_MODELS,
+            runtime="torch_impl.tp_runtime",
+        ),
+        BackendSpec(
+            "torch-tp-manual",
+            "torch",
+            "torch_impl.backends.tp_manual",
+            "hand-written Megatron TP: local weight slices, one dist.all_reduce of y forward and one of dx backward",
+            models=TP_MODELS,
+            runtime="torch_impl.tp_runtime",
+        ),
+        BackendSpec(
+            "torch-tp-triton",
+            "torch",
+            "torch_impl.backends.tp_triton",
+            "torch-tp's DTensor plan with torch-triton's act(g) * u Triton kernel on the local slices",
+            models=GLU_MODELS,
+            runtime="torch_impl.tp_runtime",
         ),
     )
 }

@@ -30,7 +30,9 @@ def _id(c: Case) -> str:
 
 
 #: Registered backends that say they can run here (read from the registry: a backend added there is tested here).
-RUN_HERE = [name for name, s in BACKENDS.items() if s.availability().ok]
+#: Tensor-parallel backends (a registry line with a ``runtime``) run in worker groups, not in this process: their
+#: parity is tested through the launcher (``test_tp_torch``, and the JAX side's own).
+RUN_HERE = [name for name, s in BACKENDS.items() if s.availability().ok and not s.runtime]
 #: The only reason a registered backend may give for not running on a machine with torch and jax installed.
 GPU_ONLY = "GPU only"
 #: Every (backend, committed case) pair the backend implements.

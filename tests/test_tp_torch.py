@@ -1,0 +1,118 @@
+"""The torch tensor-parallel backends at world size 2 on ``tiny``, run by the TP launcher in ONE worker group for
+every cell (start-up costs seconds): parity of the full outputs and gradients against the float64 golden on every
+rank, Megatron's collectives (one all-reduce of ``[tokens, dim]`` per forward, one per backward), and a negative
+control (a step that skips its all-reduces fails the gate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compare.cases import PRESETS
+from compare.harness import TimingConfig
+from compare.registry import spec
+from compare.tp import megatron_allreduces
+from compare.tp_launch import Job, run_job
+from compare.tp_worker import Cell
+from tests.torch_tp_skip_backend import NAME as SKIP
+from tests.torch_tp_skip_backend import SPEC as SKIP_SPEC
+
+QUICK = TimingConfig(warmup=1, budget_s=0.02, max_samples=5)
+ITEMSIZE = {"float32": 4, "bfloat16": 2}
+#: (backend, model, dtype, mode): every torch TP backend, family, dtype and the modes with a backward.
+CELLS: tuple[tuple[str, str, str, str], ...] = (
+    ("torch-tp", "geglu", "float32", "fwd"),
+    ("torch-tp", "geglu", "bfloat16", "fwd+bwd"),
+    ("torch-tp", "swiglu", "float32", "fwd+bwd"),
+    ("torch-tp", "gelu-mlp", "float32", "fwd+bwd"),
+    ("torch-tp", "gelu-mlp", "bfloat16", "bwd"),
+    ("torch-tp-manual", "geglu", "float32", "fwd+bwd"),
+    ("torch-tp-manual", "swiglu", "bfloat16", "fwd"),
+    ("torch-tp-manual", "swiglu", "float32", "bwd"),
+    ("torch-tp-manual", "gelu-mlp", "bfloat16", "fwd+bwd"),
+    ("torch-tp-manual", "gelu-mlp", "float32", "fwd"),
+    ("torch-tp-compile", "geglu", "float32", "fwd"),
+    ("torch-tp-compile", "swiglu", "bfloat16", "fwd+bwd"),
+    ("torch-tp-compile", "gelu-mlp", "float32", "fwd+bwd"),
+    ("torch-tp-triton", "geglu", "float32", "fwd+bwd"),
+    ("torch-tp-triton", "swiglu", "bfloat16", "fwd"),
+    (SKIP, "geglu", "float32", "fwd"),
+    (SKIP, "gelu-mlp", "float32", "fwd+bwd"),
+)
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str, str], dict[str, Any]]:
+    tiny = PRESETS["tiny"]
+    cells = tuple(Cell(i, b, tiny.case(d, m), mode) for i, (b, m, d, mode) in enumerate(CELLS))
+    specs = (*(spec(n) for n in sorted({c[0] for c in CELLS} - {SKIP})), SKIP_SPEC)
+    job = Job(
+        "torch_impl.tp_runtime",
+        "processes",
+        2,
+        cells,
+        specs,
+        QUICK,
+        threads_total=2,
+        profile=True,
+        cell_timeout_s=120.0,
+    )
+    root: Path = tmp_path_factory.mktemp("tp-torch")
+    out = run_job(job, root=root)
+    assert len(list(root.glob("group-*"))) == 1, "one worker group ran every cell"
+    return dict(zip(CELLS, out, strict=True))
+
+
+REAL = [c for c in CELLS if c[0] != SKIP]
+
+
+@pytest.mark.parametrize("cell", REAL, ids=["/".join(c) for c in REAL])
+def test_parity_on_every_rank(rows: dict[tuple[str, str, str, str], dict[str, Any]], cell: tuple[str, ...]) -> None:
+    r = rows[cell]
+    assert r["status"] == "ok", r.get("reason")
+    assert r["world_size"] == 2
+    assert [p["passed"] for p in r["parity"]["processes"]] == [True, True]
+
+
+@pytest.mark.parametrize("cell", REAL, ids=["/".join(c) for c in REAL])
+def test_megatron_collectives(rows: dict[tuple[str, str, str, str], dict[str, Any]], cell: tuple[str, ...]) -> None:
+    backend, _model, dtype, mode = cell
+    shape = PRESETS["tiny"].shape
+    (c,) = rows[cell]["tp"]["collectives"]
+    n = megatron_allreduces(mode)
+    assert (c["kind"], c["count"], c["bytes"]) == ("all-reduce", n, n * shape.tokens * shape.dim * ITEMSIZE[dtype])
+    assert c["source"] == ("torch.profiler" if backend == "torch-tp-compile" else "CommDebugMode")
+    if backend == "torch-tp-compile":  # the forward all-reduce runs inside the compiled graph
+        assert c["detail"].startswith(f"{1 if mode != 'bwd' else 0} inside a compiled graph"), c["detail"]
+
+
+def test_timed_steps_have_comm_and_compute_twins(rows: dict[tuple[str, str, str, str], dict[str, Any]]) -> None:
+    for cell in REAL:
+        r = rows[cell]
+        if cell[0] == "torch-tp-triton":  # Triton interpreter on CPU: parity only
+            assert r["timing"] is None and r["tp"]["comm"] is None
+            continue
+        assert r["timing"]["median_s"] > 0 and r["tp"]["comm"]["median_s"] > 0 and r["tp"]["compute"]["median_s"] > 0
+        assert r["tp"]["transport"] == "gloo/cpu"
+        assert "weights" in r["tp"]["setup_s"]
+
+
+def test_kernel_tables_list_the_collectives(rows: dict[tuple[str, str, str, str], dict[str, Any]]) -> None:
+    """The profiled step's kernels include its all-reduces (functional or c10d) next to the compute kernels."""
+    for cell in REAL:
+        kernels = rows[cell]["kernels"]["kernels"]
+        reduces = sum(k["count"] for k in kernels if "all_reduce" in k["name"] or "allreduce" in k["name"])
+        assert reduces == megatron_allreduces(cell[3]), (cell, [k["name"] for k in kernels])
+        assert any(k["kind"] == "gemm" for k in kernels)
+
+
+@pytest.mark.parametrize("cell", [c for c in CELLS if c[0] == SKIP], ids=lambda c: "/".join(c))
+def test_a_step_without_its_all_reduces_fails_parity(
+    rows: dict[tuple[str, str, str, str], dict[str, Any]], cell: tuple[str, ...]
+) -> None:
+    r = rows[cell]
+    assert r["status"] == "parity-fail", r.get("reason")
+    assert "y:" in r["reason"]
+    assert r["tp"]["collectives"][0]["count"] == 0

@@ -1,0 +1,39 @@
+"""A negative control for the torch TP backends: ``torch-tp-manual`` whose step skips its all-reduces (its
+compute-only twin, a partial output on each rank), judged by the gate as if it were the real step. It must fail."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from compare.golden import Problem
+from compare.registry import Availability, BackendSpec, Prepared
+from compare.tp import Group
+from torch_impl import tp_common as tc
+from torch_impl.backends.tp_manual import BACKEND as MANUAL
+
+NAME = "torch-tp-skip-reduce"
+SPEC = BackendSpec(
+    NAME,
+    "torch",
+    "tests.torch_tp_skip_backend",
+    "torch-tp-manual without its all-reduces (a negative control: must fail parity)",
+    models=tc.TP_MODELS,
+    runtime="torch_impl.tp_runtime",
+)
+
+
+class SkipReduce:
+    name = NAME
+
+    def availability(self) -> Availability:
+        return MANUAL.availability()
+
+    def prepare(self, problem: Problem, mode: str, group: Group) -> Prepared:
+        p = MANUAL.prepare(problem, mode, group)
+        assert p.tp is not None
+        skip = p.tp.compute_only
+        tp = dataclasses.replace(p.tp, collectives=lambda: tc.count_eager(skip))
+        return dataclasses.replace(p, step=skip, tp=tp)
+
+
+BACKEND = SkipReduce()
