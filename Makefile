@@ -33,7 +33,8 @@ gpu-build: setup
 	$(PY) -m compare gpu-build --arch sm_90 sm_80 --out reports/gpu-build
 
 # The GPU machine's Triton (3.6.0) compiles the kernels for sm_90 too: the compile tests in a second, torch-free
-# environment (tests/conftest.py imports torch, hence --noconftest).
+# environment (tests/conftest.py imports torch, hence --noconftest), with the layer tests, which import every module
+# of the framework-neutral triton_impl there (only triton, numpy and pytest installed).
 T36 := .venv-t36
 $(T36)/.installed:
 	$(PYTHON) -m venv $(T36)
@@ -42,7 +43,7 @@ $(T36)/.installed:
 	touch $@
 
 test-triton36: $(T36)/.installed
-	$(T36)/bin/python -m pytest -q --noconftest -p no:cacheprovider tests/test_gpu_build.py
+	$(T36)/bin/python -m pytest -q --noconftest -p no:cacheprovider tests/test_gpu_build.py tests/test_layers.py
 
 # geglu cpu-mlp in float32 and bfloat16, every backend (interpreted ones parity-only, jax-triton reported
 # unavailable off GPU), kernel counts, ceilings and roofline, and a compile-cost sweep over token counts.

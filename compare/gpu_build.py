@@ -1,10 +1,10 @@
 """``python -m compare gpu-build``: compile every Triton kernel for sm_90/sm_80 without a GPU, in a subprocess.
 
-The compile needs real ``@triton.jit`` kernels, but a process that has imported ``torch_impl`` on a machine without
-CUDA has switched Triton to its CPU interpreter (``TRITON_INTERPRET=1``, decided once, at import). So the build
-always runs in a fresh ``python -m torch_impl.gpu_build`` whose environment has no ``TRITON_INTERPRET`` and
-``FUSION_COMPARE_TRITON=compile`` (the project's switch, ``torch_impl.ops._triton_env``: compile without asking
-torch about CUDA), bounded by a timeout. Its output is ``gpu_build.json`` and ``GPU_BUILD.md`` (rendered by
+The compile needs real ``@triton.jit`` kernels, but a process that has imported a Triton backend on a machine
+without CUDA has switched Triton to its CPU interpreter (``TRITON_INTERPRET=1``, decided once, at import). So the
+build always runs in a fresh ``python -m triton_impl.gpu_build`` whose environment has no ``TRITON_INTERPRET`` and
+``FUSION_COMPARE_TRITON=compile`` (the project's switch, ``triton_impl.env``: compile without looking for a CUDA
+device), bounded by a timeout. Its output is ``gpu_build.json`` and ``GPU_BUILD.md`` (rendered by
 :mod:`compare.gpu_build_report`).
 
 This module imports neither torch nor triton.
@@ -33,7 +33,7 @@ DEFAULT_TIMEOUT_S = 3600.0
 _TERM_GRACE_S = 30.0
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
-#: torch_impl.ops._triton_env.MODE_ENV (not imported: that would import torch_impl, which may import torch).
+#: triton_impl.env.MODE_ENV (not imported: the core reaches no backend package by an import statement).
 TRITON_MODE_ENV = "FUSION_COMPARE_TRITON"
 
 
@@ -41,7 +41,7 @@ def compiled_mode_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """A copy of ``base`` (default ``os.environ``) in which Triton compiles instead of interpreting.
 
     ``TRITON_INTERPRET`` removed (this process may have chosen the interpreter), ``FUSION_COMPARE_TRITON=compile``,
-    and the project root first on ``PYTHONPATH`` so that ``torch_impl`` is importable from a checkout that is not
+    and the project root first on ``PYTHONPATH`` so that ``triton_impl`` is importable from a checkout that is not
     installed (e.g. a bare Triton venv).
     """
     env = dict(os.environ if base is None else base)
@@ -55,10 +55,10 @@ def compiled_mode_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 def run(
     args: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S, capture: bool = False, python: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m torch_impl.gpu_build ARGS`` in compiled mode; return the finished process.
+    """Run ``python -m triton_impl.gpu_build ARGS`` in compiled mode; return the finished process.
 
     Args:
-        args: arguments of ``torch_impl.gpu_build`` (``--arch``, ``--out``, ``--describe``, ...).
+        args: arguments of ``triton_impl.gpu_build`` (``--arch``, ``--out``, ``--describe``, ...).
         timeout: wall-clock bound in seconds; past it the build gets SIGTERM, then SIGKILL after 30 s.
         capture: capture stdout/stderr as text (default: they go to this process's).
         python: interpreter (default: this one).
@@ -66,7 +66,7 @@ def run(
     Raises:
         subprocess.TimeoutExpired: the build ran past ``timeout`` (it has been stopped).
     """
-    cmd = [python or sys.executable, "-m", "torch_impl.gpu_build", *args]
+    cmd = [python or sys.executable, "-m", "triton_impl.gpu_build", *args]
     pipe = subprocess.PIPE if capture else None
     with subprocess.Popen(cmd, env=compiled_mode_env(), cwd=_PROJECT_ROOT, stdout=pipe, stderr=pipe, text=True) as proc:
         try:

@@ -1,6 +1,6 @@
 """The GPU build table: per-architecture limits, occupancy arithmetic and the markdown rendering of ``gpu_build.json``.
 
-``torch_impl.gpu_build`` compiles every hand-written Triton kernel for NVIDIA targets with Triton's own compiler and
+``triton_impl.gpu_build`` compiles every hand-written Triton kernel for NVIDIA targets with Triton's own compiler and
 its bundled ``ptxas``/``cuobjdump`` -- no GPU needed -- and writes ``gpu_build.json``: one row per (kernel, launch,
 config, dtype, arch). This module is the torch-free, triton-free half: it knows the hardware limits, reads the
 ``ptxas -v`` and ``cuobjdump -res-usage`` text, turns registers and shared memory into resident warps per SM, finds
@@ -198,7 +198,7 @@ def findings(
     """Rows of ``data`` for ``arch`` and ``dtypes`` whose origin is in ``origins`` and that have a problem.
 
     The autotune rule of the project: ``findings(data)`` (16-bit autotune configs on sm_90) must be empty, or each
-    remaining config carries a comment with its numbers in ``torch_impl/ops/geglu_matmul.py``.
+    remaining config carries a comment with its numbers in ``triton_impl/geglu_matmul_kernels.py``.
     """
     origins = set(origins)
     out = []

@@ -1,7 +1,7 @@
 """Shared fixtures: parity results are cached per (backend, case, mode) so each compile happens once a session.
 
 First, before anything imports triton: this test process's one choice of how Triton kernels run (compiled where
-CUDA exists, interpreted elsewhere; ``torch_impl.ops._triton_env.choose``). No test module sets
+CUDA exists, interpreted elsewhere; ``triton_impl.env.choose``). No test module sets
 ``TRITON_INTERPRET``; ``tests/test_triton_env.py`` proves that the choice does not leak.
 """
 
@@ -12,16 +12,17 @@ import os
 
 import pytest
 
-from torch_impl.ops import _triton_env  # isort: skip  (first: makes the choice)
+from triton_impl import env as triton_env
 
-from compare.cases import Case
-from compare.harness import TimingConfig, plain_reference, run_one
-from compare.registry import spec
-from compare.results import Result
-
-#: What the choice was, and the variable as it stood right after it (the leak test compares against both).
-TRITON_INTERPRETED = _triton_env.choose()
+#: What the choice was, and the variable as it stood right after it (the leak test compares against both). Made
+#: first, before any import below could import triton.
+TRITON_INTERPRETED = triton_env.choose()
 TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
+
+from compare.cases import Case  # noqa: E402
+from compare.harness import TimingConfig, plain_reference, run_one  # noqa: E402
+from compare.registry import spec  # noqa: E402
+from compare.results import Result  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -45,10 +46,9 @@ def parity_result(backend: str, case: Case, mode: str) -> Result:
 def explain(r: Result) -> str:
     """A failure message with the numbers: status, reason and each tensor's error against its bound."""
     lines = [f"{r.backend} {r.case} {r.mode}: {r.status} {r.reason}"]
-    for t in (r.parity or {}).get("tensors", []):
+    for t in r.parity.tensors if r.parity is not None else ():
         lines.append(
-            f"  {t['tensor']}: max abs err {t['max_abs_err']:.3g} bound {t['bound']:.3g} "
-            f"ratio {t['ratio']:.2f} at {t['worst_index']}"
+            f"  {t.tensor}: max abs err {t.max_abs_err:.3g} bound {t.bound:.3g} ratio {t.ratio:.2f} at {t.worst_index}"
         )
     if r.extras.get("traceback"):
         lines.append(r.extras["traceback"])

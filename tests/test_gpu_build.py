@@ -1,14 +1,15 @@
 """GPU-ready without a GPU: the Triton kernels compile for sm_90, bf16/fp16 GEMMs use wgmma, and no bf16/fp16
 autotune config spills or exceeds shared memory on sm_90.
 
-Compiles run in ``python -m torch_impl.gpu_build`` subprocesses (this process may have chosen Triton's interpreter),
+Compiles run in ``python -m triton_impl.gpu_build`` subprocesses (this process may have chosen Triton's interpreter),
 cached in the user's cache folder, so a rerun takes seconds; a cold run compiles 58 kernels (~35 s on 2 cores). The
 full sweep (every dtype, sm_90 and sm_80) is ``make gpu-build``, not a test: its committed output,
 ``reports/gpu-build/gpu_build.json``, is checked here to be current and clean.
 
 Torch-free: this module imports neither torch nor triton, so it also runs in a bare Triton venv (``make
-test-triton36``: triton 3.6.0, the GPU machine's version; run with ``--noconftest``). The two tests that need torch
-say so when they skip.
+test-triton36``: triton 3.6.0, the GPU machine's version; run with ``--noconftest``), where the build compiles the
+same framework-free kernel modules (``triton_impl``) the backends launch. The test that needs torch says so when it
+skips.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +38,14 @@ from compare.gpu_build_report import (
 ROOT = Path(__file__).resolve().parent.parent
 TABLE_DIR = ROOT / "reports" / "gpu-build"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
-NEEDS_TORCH = "needs torch (imports torch_impl.ops.geglu_matmul itself); runs in the main venv"
+NEEDS_TORCH = "needs torch (imports the torch launcher torch_impl.ops.geglu_matmul); runs in the main venv"
 GEMMS = ("_geglu_matmul_kernel", "_matmul_kernel")
 ELEMENTWISE = ("_geglu_fwd_kernel", "_geglu_bwd_kernel")
 SUBPROCESS_TIMEOUT_S = 600
 
 
 def _build(out: Path, *args: str) -> dict[str, Any]:
-    """Run ``torch_impl.gpu_build --out OUT ARGS`` in compiled mode; return its gpu_build.json."""
+    """Run ``triton_impl.gpu_build --out OUT ARGS`` in compiled mode; return its gpu_build.json."""
     proc = gpu_build.run(["--out", str(out), "--jobs", "2", *args], timeout=SUBPROCESS_TIMEOUT_S, capture=True)
     assert proc.returncode == 0, f"gpu_build exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return json.loads((out / "gpu_build.json").read_text(encoding="utf-8"))
@@ -131,34 +130,27 @@ def test_a_config_that_does_not_compile_is_an_error_row(tmp_path):
     assert "does not compile" in render_markdown(data) or "**error**" in render_markdown(data)
 
 
-@pytest.mark.skipif(not HAS_TORCH, reason=NEEDS_TORCH)
-def test_torch_free_copy_is_the_same_kernel_to_triton(tmp_path):
-    """Without torch, geglu_matmul's kernels are compiled from a copy: Triton must see the very same kernels."""
-    code = """
-import importlib.util, json, sys
-from pathlib import Path
-from torch_impl import gpu_build
-from torch_impl.ops import geglu_matmul as real
-path = gpu_build.torch_free_copy("geglu_matmul.py", Path(sys.argv[1]))
-spec = importlib.util.spec_from_file_location("torch_free_copy", path)
-copy = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(copy)
-out = {n: [getattr(m, n).cache_key for m in (real, copy)] for n in ("_geglu_matmul_kernel", "_matmul_kernel")}
-out["configs"] = [[[gpu_build._config_dict(c) for c in getattr(m, n)] for m in (real, copy)]
-                  for n in ("_GEGLU_CONFIGS", "_MATMUL_CONFIGS")]
-print(json.dumps(out))
-"""
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)], env=gpu_build.compiled_mode_env(), cwd=ROOT,
-        capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, check=False,
-    )  # fmt: skip
+def test_the_build_reads_the_kernel_modules_the_backends_launch():
+    """``--describe`` (no compile) loads the framework-free kernel modules themselves, in compiled mode, whether or
+    not torch is installed: every kernel is a function of the ``triton_impl`` file it names, with its autotune list
+    (GEMMs) or its one launch (elementwise)."""
+    proc = gpu_build.run(["--describe"], timeout=SUBPROCESS_TIMEOUT_S, capture=True)
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    for name in ("_geglu_matmul_kernel", "_matmul_kernel"):
-        real_key, copy_key = out[name]
-        assert real_key == copy_key, name
-    for real_configs, copy_configs in out["configs"]:
-        assert real_configs == copy_configs and real_configs
+    kernels = json.loads(proc.stdout)["kernels"]
+    assert {k["function"] for k in kernels.values()} == set(GEMMS + ELEMENTWISE)
+    for kid, k in kernels.items():
+        assert k["file"].startswith("triton_impl/"), kid
+        assert f"def {k['function']}(" in (ROOT / k["file"]).read_text(encoding="utf-8"), kid
+        assert k["configs"] and all("num_warps" in c for c in k["configs"]), kid
+        assert (k["autotune_list"] is not None) is (k["function"] in GEMMS), kid
+
+
+def test_the_mode_switch_is_the_one_triton_impl_reads():
+    """compare.gpu_build names the switch as a string (the core imports no backend package): it must be the one
+    ``triton_impl.env`` reads (importing that module imports no triton)."""
+    from triton_impl import env
+
+    assert gpu_build.TRITON_MODE_ENV == env.MODE_ENV
 
 
 # ---------------------------------------------------------------------------------------------------------------

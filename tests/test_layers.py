@@ -1,19 +1,38 @@
-"""Layers a test enforces: no import cycle anywhere in the three packages, counting imports inside functions too.
+"""Layers a test enforces: no import cycle anywhere in the four packages, counting imports inside functions too; and
+``triton_impl`` framework-neutral.
 
-A module-level graph of ``compare``, ``torch_impl`` and ``jax_impl``: an edge for every ``import`` or ``from ...
-import`` of another project module, wherever it stands (a lazy import inside a function is still a dependency,
-only a later one). Package ``__init__`` files importing their own submodules are not edges. The core's other
-rule (``compare/`` imports no framework package, and works with torch and jax blocked) is in
+A module-level graph of ``compare``, ``torch_impl``, ``jax_impl`` and ``triton_impl``: an edge for every ``import``
+or ``from ... import`` of another project module, wherever it stands (a lazy import inside a function is still a
+dependency, only a later one). Package ``__init__`` files importing their own submodules are not edges. The core's
+other rule (``compare/`` imports no framework package, and works with torch and jax blocked) is in
 ``tests/test_registry.py``.
+
+``triton_impl`` holds the Triton kernels both frameworks launch and the one interpreter choice: it imports the
+standard library, triton, numpy and itself, and from the core only the triton-free GPU build table renderer; never
+torch, jax, flax, jax_triton, ``torch_impl``, ``jax_impl`` or the rest of ``compare``. Checked on the source (every
+import statement, anywhere in a file) and by importing every module of it with the frameworks blocked.
+
+Torch-free itself (the standard library only), so ``make test-triton36`` runs it in the bare Triton venv too.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("compare", "torch_impl", "jax_impl")
+PACKAGES = ("compare", "torch_impl", "jax_impl", "triton_impl")
+#: Top-level packages ``triton_impl`` may import besides the standard library and itself.
+TRITON_IMPL_THIRD_PARTY = ("triton", "numpy")
+#: Core modules ``triton_impl`` may import (the build tool renders its table with it; no framework, no triton).
+TRITON_IMPL_FROM_COMPARE = ("compare.gpu_build_report",)
+#: What importing ``triton_impl`` must never bring in.
+FRAMEWORKS = ("torch", "jax", "jaxlib", "flax", "jax_triton", "torch_impl", "jax_impl")
 
 
 def _modules() -> dict[str, Path]:
@@ -123,3 +142,86 @@ def test_the_graph_sees_lazy_imports() -> None:
     }
     assert "compare.registry" not in top
     assert "compare.registry" in import_graph()["compare.costmodel"]
+
+
+def foreign_imports(source: str) -> list[str]:
+    """The imports of a ``triton_impl`` module's ``source`` that break its rule (see the module docstring)."""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:  # a relative import stays inside triton_impl
+            mods = [node.module or ""]
+        else:
+            continue
+        for m in mods:
+            top = m.split(".")[0]
+            ok = (
+                top in sys.stdlib_module_names
+                or top in (*TRITON_IMPL_THIRD_PARTY, "triton_impl")
+                or any(m == c or m.startswith(c + ".") for c in TRITON_IMPL_FROM_COMPARE)
+            )
+            if not ok:
+                bad.append(f"{node.lineno}: {m}")
+    return bad
+
+
+def test_triton_impl_imports_no_framework() -> None:
+    """Every module of ``triton_impl``: the standard library, triton, numpy, itself, the table renderer; nothing
+    else, anywhere in the file."""
+    offenders = {
+        str(path.relative_to(ROOT)): bad
+        for path in sorted((ROOT / "triton_impl").rglob("*.py"))
+        if (bad := foreign_imports(path.read_text(encoding="utf-8")))
+    }
+    assert not offenders, offenders
+    assert {"triton_impl.env", "triton_impl.geglu_kernels", "triton_impl.geglu_matmul_kernels"} <= set(_modules())
+
+
+def test_the_triton_impl_rule_finds_a_framework_import() -> None:
+    """Negative control: framework, backend-package and core imports are reported, wherever they stand; the
+    standard library, triton, relative imports and the table renderer are not."""
+    source = (
+        "import os\nimport triton.language as tl\nfrom . import env\nfrom compare.gpu_build_report import ARCHS\n"
+        "import torch\nfrom jax_impl import device\nfrom compare.registry import spec\n"
+        "def f():\n    import jax.numpy\n"
+    )
+    assert foreign_imports(source) == ["5: torch", "6: jax_impl", "7: compare.registry", "9: jax.numpy"]
+
+
+@pytest.mark.parametrize("mode", ["auto", "compile"])
+def test_triton_impl_imports_with_torch_and_jax_blocked(mode: str) -> None:
+    """With torch, jax, flax, jax_triton, ``torch_impl`` and ``jax_impl`` made unimportable, every module of
+    ``triton_impl`` imports, the interpreter choice is made (``auto``: by asking the CUDA driver; ``compile``:
+    forced, as the GPU build runs), the kernels are of the kind chosen, and the GPU build reads them (compiled)."""
+    code = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {FRAMEWORKS!r}:
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block())
+import triton_impl
+assert 'triton' not in sys.modules  # the package itself imports nothing, and decides nothing
+from triton_impl import env
+interpret = env.choose()
+from triton_impl import geglu_kernels, geglu_matmul_kernels, gpu_build
+assert geglu_kernels.INTERPRETED is geglu_matmul_kernels.INTERPRETED is interpret
+kinds = {{type(k).__name__ for k in (geglu_kernels.geglu_fwd_kernel, geglu_kernels.geglu_bwd_kernel,
+                                     geglu_matmul_kernels.geglu_matmul_kernel, geglu_matmul_kernels.matmul_kernel)}}
+assert kinds == {{'InterpretedFunction' if interpret else 'JITFunction'}}, kinds
+if not interpret:
+    assert sorted(gpu_build.describe()['kernels']) == ['geglu_bwd', 'geglu_fwd', 'geglu_matmul', 'matmul']
+print(interpret, sorted({{m.split('.')[0] for m in sys.modules}} & set({FRAMEWORKS!r})))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FUSION_COMPARE_TRITON")}
+    if mode == "compile":
+        env["FUSION_COMPARE_TRITON"] = "compile"
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert p.returncode == 0, p.stderr
+    interpret, loaded = p.stdout.strip().rsplit("\n", 1)[-1].split(" ", 1)
+    assert loaded == "[]"
+    if mode == "compile":
+        assert interpret == "False"

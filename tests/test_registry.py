@@ -110,8 +110,8 @@ def test_the_core_names_no_backend_but_the_baseline() -> None:
 
 
 def test_the_core_imports_no_framework_package_except_through_the_registry() -> None:
-    """``compare/`` reaches ``torch_impl``/``jax_impl`` only through the registry's loaders (strings it imports by
-    name), never with an import statement."""
+    """``compare/`` reaches ``torch_impl``/``jax_impl``/``triton_impl`` only through the registry's loaders (strings
+    it imports by name) and the GPU build's subprocess, never with an import statement."""
     import ast
 
     offenders = []
@@ -127,7 +127,7 @@ def test_the_core_imports_no_framework_package_except_through_the_registry() -> 
             offenders += [
                 f"{path.name}:{node.lineno} {m}"
                 for m in mods
-                if m.split(".")[0] in ("torch_impl", "jax_impl", "torch", "jax", "flax", "triton")
+                if m.split(".")[0] in ("torch_impl", "jax_impl", "triton_impl", "torch", "jax", "flax", "triton")
             ]
     assert not offenders, offenders
 
@@ -140,7 +140,7 @@ def test_compare_works_with_torch_and_jax_blocked(tmp_path: Path) -> None:
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('torch', 'jax', 'jaxlib', 'flax', 'triton', 'torch_impl', 'jax_impl'):
+        if name.split('.')[0] in ('torch', 'jax', 'jaxlib', 'flax', 'triton', 'torch_impl', 'jax_impl', 'triton_impl'):
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
 from compare.cases import PRESETS

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import TRITON_INTERPRET_AT_START, TRITON_INTERPRETED
-from torch_impl.ops import _triton_env
+from triton_impl import env as _triton_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MODULES = sorted(p for p in (ROOT / "tests").glob("test_*.py"))
@@ -33,10 +33,14 @@ def _python(code: str, env: dict[str, str]) -> str:
 
 
 def test_the_choice_is_cuda_or_not_and_still_holds() -> None:
-    """Chosen by the rule (compile with CUDA, interpret without), and unchanged by every test that ran before."""
+    """Chosen by the rule (compile with CUDA, interpret without), and unchanged by every test that ran before. The
+    rule asks the CUDA driver, not torch: here torch must agree with it."""
     assert TRITON_INTERPRETED is (not torch.cuda.is_available())
+    assert (_triton_env.cuda_device_count() > 0) is torch.cuda.is_available()
+    assert _triton_env.cuda_device_count() == torch.cuda.device_count()
     assert os.environ.get("TRITON_INTERPRET") == TRITON_INTERPRET_AT_START
     assert _triton_env.interpreted() is TRITON_INTERPRETED
+    assert _triton_env.choose() is TRITON_INTERPRETED  # asked again: the same answer
 
 
 def test_no_test_module_assigns_the_interpreter_variable() -> None:
@@ -65,8 +69,8 @@ def test_importing_every_test_module_leaves_the_choice_alone(forced: str) -> Non
     names = [f"tests.{p.stem}" for p in TEST_MODULES if p.stem != "test_triton_env"]
     code = (
         "import importlib, os, sys\n"
-        "from torch_impl.ops import _triton_env\n"
-        "interp = _triton_env.choose()\n"
+        "from triton_impl import env\n"
+        "interp = env.choose()\n"
         "before = os.environ.get('TRITON_INTERPRET')\n"
         f"for n in {names!r}:\n"
         "    try:\n"
@@ -83,7 +87,7 @@ def test_importing_every_test_module_leaves_the_choice_alone(forced: str) -> Non
 
 def test_a_subprocess_makes_the_same_choice_as_this_process() -> None:
     """What a subprocess inherits is this process's choice, and it is the one the subprocess would make alone."""
-    alone = _python("from torch_impl.ops import _triton_env; print(_triton_env.choose())", {})
+    alone = _python("from triton_impl import env; print(env.choose())", {})
     assert alone == str(TRITON_INTERPRETED)
     inherited = _python(
         "import os; print(os.environ.get('TRITON_INTERPRET'))",
@@ -92,17 +96,34 @@ def test_a_subprocess_makes_the_same_choice_as_this_process() -> None:
     assert inherited == str(TRITON_INTERPRET_AT_START)
 
 
-def test_a_late_interpreter_choice_is_refused() -> None:
-    """Choosing the interpreter after triton was imported would leave compiled kernels behind: refused."""
+@pytest.mark.parametrize("chooser", ["torch_impl", "triton_impl.geglu_kernels", "triton_impl.geglu_matmul_kernels"])
+def test_a_late_interpreter_choice_is_refused(chooser: str) -> None:
+    """Choosing the interpreter after triton was imported would leave compiled kernels behind: refused, by the
+    framework package that chooses on import and by each kernel module (which chooses before it imports triton)."""
     out = _python(
-        "import triton\ntry:\n    import torch_impl\nexcept RuntimeError as exc:\n    print('refused:', exc)",
+        f"import triton\ntry:\n    import {chooser}\nexcept RuntimeError as exc:\n    print('refused:', exc)",
         {_triton_env.MODE_ENV: "interpret"},
     )
     assert out.startswith("refused: triton was imported before the interpreter was chosen")
 
 
-def test_an_unknown_mode_is_refused() -> None:
+@pytest.mark.parametrize("made", ["compile", "interpret"])
+def test_a_choice_once_made_does_not_change(made: str) -> None:
+    """After the choice, an environment that says otherwise is refused at the next choose() (the next kernel module
+    import), not silently followed: its kernels would be of the other kind."""
+    other = "1" if made == "compile" else "0"
+    code = (
+        "import os\nfrom triton_impl import env\nfirst = env.choose()\n"
+        f"os.environ['TRITON_INTERPRET'] = {other!r}\n"
+        "try:\n    import triton_impl.geglu_kernels\nexcept RuntimeError as exc:\n    print(first, 'refused:', exc)"
+    )
+    out = _python(code, {_triton_env.MODE_ENV: made})
+    assert out.startswith(f"{made == 'interpret'} refused: Triton was chosen to {made} in this process")
+
+
+@pytest.mark.parametrize("chooser", ["torch_impl", "triton_impl.geglu_kernels"])
+def test_an_unknown_mode_is_refused(chooser: str) -> None:
     out = _python(
-        "try:\n    import torch_impl\nexcept ValueError as exc:\n    print(exc)", {_triton_env.MODE_ENV: "sometimes"}
+        f"try:\n    import {chooser}\nexcept ValueError as exc:\n    print(exc)", {_triton_env.MODE_ENV: "sometimes"}
     )
     assert out == "FUSION_COMPARE_TRITON='sometimes'; allowed: auto, compile, interpret"

@@ -4,7 +4,7 @@ compiled on a CUDA machine, interpreted on CPU.
 One test class, :class:`TestTritonOpsCompiled`, runs where this process compiles its kernels (CUDA), and its
 subclass :class:`TestTritonOpsInterpreted` (``INTERPRET = True``, as JAX's Pallas tests rerun a class) runs where
 the process interprets them. Triton fixes the mode when a kernel is decorated, so a process can only be one of the
-two: the mode is chosen once, before triton is imported, by ``torch_impl.ops._triton_env.choose`` (called from
+two: the mode is chosen once, before triton is imported, by ``triton_impl.env.choose`` (called from
 ``tests/conftest.py``); this module never sets the interpreter variable. The class that does not match skips.
 
 Every result is compared with a float64 torch reference, twice:
@@ -29,7 +29,6 @@ import torch.nn.functional as F
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-import torch_impl.ops._triton_env as _triton_env  # noqa: E402
 import torch_impl.ops.geglu as geglu_mod  # noqa: E402
 import torch_impl.ops.geglu_matmul as gm_mod  # noqa: E402
 from torch_impl.ops.geglu import (  # noqa: E402
@@ -52,6 +51,7 @@ from torch_impl.ops.geglu_matmul import (  # noqa: E402
     glu_matmul,
     matmul,
 )
+from triton_impl import env as _triton_env  # noqa: E402
 
 #: This process's one choice (made before triton was imported; see the module docstring).
 INTERPRETED = _triton_env.interpreted()

@@ -1,5 +1,5 @@
 """``jax-triton``: the nnx gated MLP (GeGLU, SwiGLU) under ``jax.jit`` with ``act(g) * u`` computed by the *same*
-Triton kernels as ``torch-triton`` (``torch_impl.ops.geglu_kernels``), launched from JAX through
+Triton kernels as ``torch-triton`` (``triton_impl.geglu_kernels``), launched from JAX through
 ``jax_triton.triton_call``, the activation the kernels' compile-time ``ACT`` (picked from the case's model).
 
 ``act_mul`` is a ``jax.custom_vjp``: the forward launches ``geglu_fwd_kernel`` and saves only ``(g, u)``; the
@@ -9,13 +9,14 @@ stream the flattened buffers (``g, u, dh: [..., hidden]``, any leading shape) ov
 
 GPU only: jax-triton lowers ``triton_call`` to a CUDA/ROCm custom call and has no CPU or interpreter path, so on a
 machine without a GPU the backend is listed unavailable with the reason. ``jax_triton`` (and the kernels, hence
-``triton``) are imported lazily, never when this module is imported.
+``triton``) are imported lazily, never when this module is imported. On a GPU platform the process's Triton choice
+(``triton_impl.env.choose``: compiled where the CUDA driver reports a device) is made before ``jax_triton``, which
+imports triton, is imported; the backend never sets ``TRITON_INTERPRET`` itself.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -39,20 +40,20 @@ SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(j
 NOT_GPU_REASON = "jax-triton runs Triton kernels on GPU only: JAX's default backend here is {platform!r}"
 INTERPRETED_REASON = (
     "the Triton kernels were decorated for Triton's interpreter (TRITON_INTERPRET=1 when "
-    "torch_impl.ops.geglu_kernels was imported), which jax-triton cannot launch"
+    "triton_impl.geglu_kernels was imported), which jax-triton cannot launch"
 )
 
 
-def _kernels() -> ModuleType:
-    """The shared Triton kernel module (imports triton on first use).
+def _choose() -> bool:
+    """The process's one Triton choice (``triton_impl.env.choose``; True: interpreted), made here if not before."""
+    from triton_impl import env
 
-    Imported first from here on a GPU, the kernels must be compiled ones: ``TRITON_INTERPRET`` defaults to ``0``
-    then (which also spares ``torch_impl``'s package init the torch import it needs to decide it, once that init
-    imports torch only while ``TRITON_INTERPRET`` is unset).
-    """
-    if "torch_impl.ops.geglu_kernels" not in sys.modules and dev.platform() in GPU_PLATFORMS:
-        os.environ.setdefault("TRITON_INTERPRET", "0")
-    from torch_impl.ops import geglu_kernels
+    return env.choose()
+
+
+def _kernels() -> ModuleType:
+    """The shared Triton kernel module (imports triton on first use; the import makes the choice if not made)."""
+    from triton_impl import geglu_kernels
 
     return geglu_kernels
 
@@ -171,9 +172,9 @@ class JaxTritonBackend:
     def availability(self) -> Availability:
         platform = dev.platform()
         if platform not in GPU_PLATFORMS:
-            # checked first: importing jax_triton imports triton even where it then fails, which would fix the
-            # interpreter decision (TRITON_INTERPRET) for torch-triton in the same process
+            # checked first: on a CPU the backend imports nothing (neither the choice nor jax_triton)
             return Availability(False, NOT_GPU_REASON.format(platform=platform), device=platform)
+        _choose()  # before jax_triton imports triton: the kernels' mode is chosen, never inherited from that import
         try:
             _import_jax_triton()
         except ImportError as exc:
@@ -182,7 +183,7 @@ class JaxTritonBackend:
             kernels = _kernels()
         except ImportError as exc:
             return Availability(
-                False, f"cannot import the Triton kernels (torch_impl.ops.geglu_kernels): {exc}", device=platform
+                False, f"cannot import the Triton kernels (triton_impl.geglu_kernels): {exc}", device=platform
             )
         if kernels.INTERPRETED:
             return Availability(False, INTERPRETED_REASON, device=platform)

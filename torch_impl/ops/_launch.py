@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from torch.profiler import record_function
 
-from ._triton_env import interpreted
+from triton_impl.env import interpreted
 
 #: Prefix of every launch range's name.
 PREFIX = "triton::"

@@ -13,8 +13,8 @@ kernels as their compile-time ``ACT``:
 The GeGLU names (``geglu_forward``, ``geglu_backward``, ``GeGLUFunction``, ``geglu``) are the same functions
 (default ``act="gelu_tanh"``), kept for their callers.
 
-The ``@triton.jit`` kernels themselves live in :mod:`torch_impl.ops.geglu_kernels` (no torch import there, so
-JAX launches the same kernels through jax-triton); this module launches them on torch tensors.
+The ``@triton.jit`` kernels themselves live in :mod:`triton_impl.geglu_kernels` (no torch import there, so JAX
+launches the same kernels through jax-triton); this module launches them on torch tensors.
 
 All math runs in float32 inside the kernels; results are cast back to the input dtype.
 GELU uses the tanh form ``0.5 * g * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3)))``, with
@@ -27,14 +27,12 @@ from __future__ import annotations
 import torch
 import triton
 
+from triton_impl.env import interpreted
+from triton_impl.geglu_kernels import ACTIVATIONS, BLOCK_SIZE, EXACT_BF16_CAST, FP_FUSION, INTERPRETED, NUM_WARPS
+from triton_impl.geglu_kernels import geglu_bwd_kernel as _geglu_bwd_kernel
+from triton_impl.geglu_kernels import geglu_fwd_kernel as _geglu_fwd_kernel
+
 from ._launch import launch
-from ._triton_env import interpreted
-from .geglu_kernels import ACTIVATIONS, BLOCK_SIZE, EXACT_BF16_CAST, FP_FUSION, INTERPRETED, NUM_WARPS
-from .geglu_kernels import activation as activation
-from .geglu_kernels import cast_out as cast_out
-from .geglu_kernels import geglu_bwd_kernel as _geglu_bwd_kernel
-from .geglu_kernels import geglu_fwd_kernel as _geglu_fwd_kernel
-from .geglu_kernels import gelu_tanh as gelu_tanh
 
 __all__ = [
     "ACTIVATIONS",
@@ -54,10 +52,9 @@ __all__ = [
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 
 # The kernels and their launch constants (BLOCK_SIZE, NUM_WARPS, EXACT_BF16_CAST: fixed at import time, interpreter
-# or GPU) live in the torch-free torch_impl.ops.geglu_kernels, which JAX launches too; this module adds the torch
+# or GPU) live in the framework-free triton_impl.geglu_kernels, which JAX launches too; this module adds the torch
 # launch on tensors and autograd.
 _INTERPRET: bool = INTERPRETED
-# activation, cast_out and gelu_tanh are imported above `as` themselves: re-exported for torch_impl.ops.geglu_matmul.
 _LAUNCH_OPTS: dict = {"num_warps": NUM_WARPS, "enable_fp_fusion": FP_FUSION}
 
 

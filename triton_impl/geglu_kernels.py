@@ -1,9 +1,9 @@
 """The Triton gated-MLP elementwise kernels, free of torch: ``h = act(g) * u`` and its backward, with the activation
 a compile-time parameter: ``ACT = "gelu_tanh"`` (GeGLU) or ``"silu"`` (SwiGLU).
 
-This module imports only ``triton``, ``triton.language`` and :mod:`._triton_env`, so a framework other than
-PyTorch can launch the very same ``@triton.jit`` functions: :mod:`torch_impl.ops.geglu` launches them on torch
-tensors (``kernel[grid](...)``), ``jax_impl.backends.triton`` on JAX arrays through ``jax_triton.triton_call``.
+This module imports only ``triton``, ``triton.language`` and :mod:`triton_impl.env`, so every framework launches
+the very same ``@triton.jit`` functions: ``torch_impl.ops.geglu`` launches them on torch tensors
+(``kernel[grid](...)``), ``jax_impl.backends.triton`` on JAX arrays through ``jax_triton.triton_call``.
 
 Kernels (1-D grid of ``cdiv(n_elements, BLOCK)`` programs over flattened, contiguous, row-major buffers of any
 shape ``S``; ``n_elements = prod(S)``; float32/bfloat16/float16, all math in fp32, one rounding on the store):
@@ -17,7 +17,8 @@ The kernels keep their GeGLU names (``_geglu_fwd_kernel``, ``_geglu_bwd_kernel``
 traces and the GPU build table (``reports/gpu-build``) know them by. One kernel per direction serves both
 activations: ``ACT`` is a ``tl.constexpr``, so each value compiles to its own specialisation with the other branch
 compiled out. :func:`activation` and :func:`activation_and_grad` are the shared fp32 math (the fused GEMM's
-epilogue in ``geglu_matmul.py`` uses :func:`activation` too); :data:`ACTIVATIONS` lists the values.
+epilogue in :mod:`triton_impl.geglu_matmul_kernels` uses :func:`activation` too); :data:`ACTIVATIONS` lists the
+values.
 
 Output pointers come before ``n_elements``. jax-triton appends the output buffers after every positional
 argument, so it passes ``n_elements`` (like ``BLOCK``, ``EXACT_BF16`` and ``ACT``) by keyword, as a compile-time
@@ -27,16 +28,22 @@ GELU uses the tanh form ``0.5 * g * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3)))`
 ``2 * sigmoid(2z) - 1`` because libdevice ``tanh`` does not run under the Triton CPU interpreter. SiLU is
 ``s * sigmoid(s)`` with ``sigmoid`` evaluated through ``exp(-|s|)`` (never overflows, also under the interpreter).
 
-Whether the kernels are compiled GPU kernels or interpreted (``TRITON_INTERPRET=1``) is decided when this module
-is imported (see :mod:`._triton_env`); the launch constants below follow that decision.
+Whether the kernels are compiled GPU kernels or interpreted (``TRITON_INTERPRET=1``) is the process's one choice
+(:func:`triton_impl.env.choose`), made by the first statement below if it was not made before, and in any case
+before triton is imported; the launch constants below follow it.
 """
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
+from . import env
 
-from ._triton_env import FP_FUSION, interpreted
+#: True when the kernels below were decorated for Triton's CPU interpreter (``TRITON_INTERPRET=1`` at import).
+INTERPRETED: bool = env.choose()  # before `import triton`: decorating a kernel reads the choice
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from .env import FP_FUSION  # noqa: E402
 
 __all__ = [
     "ACTIVATIONS",
@@ -53,8 +60,6 @@ __all__ = [
     "gelu_tanh",
 ]
 
-#: True when the kernels below were decorated for Triton's CPU interpreter (``TRITON_INTERPRET=1`` at import).
-INTERPRETED: bool = interpreted()
 # Launch choice, fixed at import time like the kernels themselves. Under the interpreter each program instance is
 # one Python-level step over numpy arrays, so a few huge blocks are far cheaper than many small ones. On a GPU a
 # 1024-element block with 4 warps (8 elements per thread) is a standard streaming shape. Built for sm_90 and sm_80

@@ -10,13 +10,12 @@ in the PTX (``wgmma`` on sm_90, ``mma`` on sm_80) and the theoretical occupancy
 
 The kernels must be real ``@triton.jit`` functions, not the interpreter's: run this module with
 ``FUSION_COMPARE_TRITON=compile`` and without ``TRITON_INTERPRET`` in the environment (``python -m compare
-gpu-build`` and :func:`compare.gpu_build.run` do). Without the switch, importing ``torch_impl`` on a machine without
-CUDA chooses the interpreter (``torch_impl.ops._triton_env.choose``); ``TRITON_INTERPRET=0`` works too.
+gpu-build`` and :func:`compare.gpu_build.run` do). Without the switch, importing a kernel module on a machine without
+CUDA chooses the interpreter (:func:`triton_impl.env.choose`); ``TRITON_INTERPRET=0`` works too.
 
-Torch: ``geglu_kernels.py`` is torch-free; ``geglu_matmul.py`` imports torch at the top. Where torch is not
-installed (a bare ``triton`` environment such as ``make test-triton36``), its ``@triton.jit`` functions and autotune
-lists are loaded from a torch-free copy of the file (:func:`torch_free_copy`): the same source text at the same line
-numbers, so Triton gives the copy the same ``cache_key`` as the original (``tests/test_gpu_build.py`` checks this).
+Framework-free: the kernel modules (``triton_impl/geglu_kernels.py``, ``triton_impl/geglu_matmul_kernels.py``) and
+this module import triton and no framework, so the build runs where only triton is installed (``make
+test-triton36``) and compiles the very modules the backends launch.
 
 Launch modelled (:data:`SPECIALIZATION`): Triton specialises a kernel on its arguments when it is launched --
 an integer equal to 1 becomes a compile-time constant, an integer or pointer divisible by 16 gets
@@ -28,7 +27,7 @@ Compiles are cached on disk (``~/.cache/fusion-compare/gpu-build``, ``$XDG_CACHE
 ``--cache-dir``): one JSON row per key (kernel source hash, config, dtype, arch, specialisation, Triton version), so
 a rerun only compiles what changed. Work is spread over ``--jobs`` worker subprocesses, each bounded by a timeout.
 
-Usage: ``FUSION_COMPARE_TRITON=compile python -m torch_impl.gpu_build --arch sm_90 sm_80 --out DIR`` writes
+Usage: ``FUSION_COMPARE_TRITON=compile python -m triton_impl.gpu_build --arch sm_90 sm_80 --out DIR`` writes
 ``DIR/gpu_build.json`` and ``DIR/GPU_BUILD.md``; ``--describe`` prints the kernels, source hashes and configs
 without compiling.
 """
@@ -37,11 +36,9 @@ from __future__ import annotations
 
 import argparse
 import ast
-import builtins
 import contextlib
 import hashlib
 import importlib
-import importlib.util
 import io
 import json
 import math
@@ -80,7 +77,6 @@ __all__ = [
     "describe",
     "kernel_source_hash",
     "main",
-    "torch_free_copy",
 ]
 
 #: Bumped whenever a row's content changes for the same compile: part of every cache key.
@@ -89,8 +85,8 @@ BUILDER_VERSION = 1
 #: dtype name -> Triton pointer element type.
 DTYPES: dict[str, str] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
-_OPS_DIR = Path(__file__).resolve().parent / "ops"
-_PROJECT_ROOT = _OPS_DIR.parent.parent
+_KERNEL_DIR = Path(__file__).resolve().parent
+_PROJECT_ROOT = _KERNEL_DIR.parent
 
 # The canonical launch. Only the specialisation matters (== 1, % 16), so any M, N, K that are multiples of 16 give
 # the same code: these are the GeGLU block of the d_model 768 / d_ff 3072 model at 4096 tokens.
@@ -109,7 +105,7 @@ SPECIALIZATION = (
 class KernelSpec:
     """One Triton kernel of the product and how the product launches it.
 
-    ``file`` is relative to ``torch_impl/ops``; ``autotune_list`` names the module-level ``list[triton.Config]`` of
+    ``file`` is relative to ``triton_impl``; ``autotune_list`` names the module-level ``list[triton.Config]`` of
     a GEMM (None: an elementwise kernel launched with the module's ``BLOCK_SIZE``/``NUM_WARPS``). ``launches``
     maps a launch's name to the runtime integer arguments it passes (pointers are every other non-constexpr
     argument): each launch with a different specialisation is a different compiled kernel, so each is built.
@@ -142,12 +138,12 @@ KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec("geglu_bwd", "geglu_kernels.py", "_geglu_bwd_kernel", None,
                {"dg, du (flat, contiguous)": {"n_elements": _M * _N}}),
     KernelSpec(
-        "geglu_matmul", "geglu_matmul.py", "_geglu_matmul_kernel", "_GEGLU_CONFIGS",
+        "geglu_matmul", "geglu_matmul_kernels.py", "_geglu_matmul_kernel", "GEGLU_MATMUL_CONFIGS",
         # x [M, K], w_gate/w_up [N, K] contiguous (the only launch: the backward recomputes with torch)
         {"x @ W^T": {**_gemm_ints(("x", "wg", "h"), True, True), "stride_wun": _K, "stride_wuk": 1}},
     ),
     KernelSpec(
-        "matmul", "geglu_matmul.py", "_matmul_kernel", "_MATMUL_CONFIGS",
+        "matmul", "geglu_matmul_kernels.py", "_matmul_kernel", "MATMUL_CONFIGS",
         {
             # LinearFunction.forward: matmul(x, w), both K-contiguous
             "x @ W^T": _gemm_ints(("a", "b", "c"), True, True),
@@ -159,10 +155,8 @@ KERNELS: tuple[KernelSpec, ...] = (
     ),
 )  # fmt: skip
 _BY_ID = {k.id: k for k in KERNELS}
-_KERNEL_FILES = ("geglu_kernels.py", "geglu_matmul.py")
-# Module-level names of geglu_matmul.py besides its @triton.jit functions that the torch-free copy keeps.
-_TORCH_FREE_EXTRAS = ("_cfg", "_GEGLU_CONFIGS", "_MATMUL_CONFIGS")
-# Seconds a worker gets to start (import triton, torch, the kernels) before its compile budget starts counting.
+_KERNEL_FILES = ("geglu_kernels.py", "geglu_matmul_kernels.py")
+# Seconds a worker gets to start (import triton and the kernels) before its compile budget starts counting.
 _WORKER_STARTUP_S = 60.0
 # Triton's default for CUDA; the elementwise launches do not set it (and have no loop to pipeline).
 _DEFAULT_NUM_STAGES = 3
@@ -178,7 +172,7 @@ _COMPILED_MODE_HELP = (
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Kernel sources: hashes and the torch-free copy (pure ast, no triton needed)
+# Kernel sources: hashes (pure ast, no triton needed)
 
 
 def _is_triton_jit(decorator: ast.expr) -> bool:
@@ -202,7 +196,7 @@ def _jit_sources(files: Iterable[str] = _KERNEL_FILES) -> dict[str, tuple[str, a
     """name -> (source text with decorators, ast) of every top-level ``@triton.jit`` function of ``files``."""
     pool: dict[str, tuple[str, ast.FunctionDef]] = {}
     for name in files:
-        text = (_OPS_DIR / name).read_text(encoding="utf-8")
+        text = (_KERNEL_DIR / name).read_text(encoding="utf-8")
         lines = text.splitlines()
         for node in ast.parse(text, filename=name).body:
             if isinstance(node, ast.FunctionDef) and any(_is_triton_jit(d) for d in node.decorator_list):
@@ -236,72 +230,6 @@ def kernel_source_hash(function: str) -> str:
     return h.hexdigest()[:16]
 
 
-def _local_names(fn: ast.FunctionDef) -> set[str]:
-    names = {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}
-    names |= {a.arg for a in (fn.args.vararg, fn.args.kwarg) if a is not None}
-    names |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    return names
-
-
-def torch_free_copy(file: str, dest_dir: Path) -> Path:
-    """Write a torch-free copy of ``torch_impl/ops/<file>`` for compiling its kernels without torch; return its path.
-
-    Keeps every top-level ``@triton.jit`` function and the names in ``_TORCH_FREE_EXTRAS`` (the autotune lists and
-    their helper) at their original line numbers -- everything else becomes blank lines -- under a header that
-    imports ``triton``, ``triton.language as tl`` and, from the torch-free ``geglu_kernels``, whatever else the kept
-    code uses. Same text, same lines: Triton's ``cache_key`` of a copied kernel equals the original's.
-
-    Raises:
-        ValueError: the kept code uses a name that neither it nor ``geglu_kernels`` defines (the copy would not
-            compile; move that name into the kept code or into ``geglu_kernels``).
-    """
-    path = _OPS_DIR / file
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    kept: list[ast.stmt] = []
-    defined: set[str] = set()
-    for node in ast.parse(text, filename=file).body:
-        if isinstance(node, ast.FunctionDef) and (
-            any(_is_triton_jit(d) for d in node.decorator_list) or node.name in _TORCH_FREE_EXTRAS
-        ):
-            kept.append(node)
-            defined.add(node.name)
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = {t.id for t in targets if isinstance(t, ast.Name)}
-            if names & set(_TORCH_FREE_EXTRAS):
-                kept.append(node)
-                defined |= names
-    used: set[str] = set()
-    for node in kept:
-        local = _local_names(node) if isinstance(node, ast.FunctionDef) else set()
-        loads = (n for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
-        used |= {n.id for n in loads if n.id not in local}
-    external = sorted(used - defined - set(dir(builtins)) - {"triton", "tl"})
-    provided = {n for n in _jit_sources(("geglu_kernels.py",))} | {"FP_FUSION", "EXACT_BF16_CAST"}
-    missing = [n for n in external if n not in provided]
-    if missing:
-        raise ValueError(
-            f"torch-free copy of {file}: its kernels use {', '.join(missing)}, which geglu_kernels.py does not define"
-        )
-    header = ["from __future__ import annotations", "import triton", "import triton.language as tl"]
-    if external:
-        header.append(f"from torch_impl.ops.geglu_kernels import {', '.join(external)}")
-    out = [""] * len(lines)
-    first = min(_node_lines(n)[0] for n in kept)
-    if len(header) > first:
-        raise ValueError(f"torch-free copy of {file}: the header needs {len(header)} lines before line {first + 1}")
-    out[: len(header)] = header
-    for node in kept:
-        start, end = _node_lines(node)
-        out[start:end] = lines[start:end]
-    source = "\n".join(out) + "\n"
-    dest = dest_dir / f"{Path(file).stem}_{hashlib.sha256(source.encode()).hexdigest()[:16]}.py"
-    if not dest.exists():
-        _write_atomic(dest, source)
-    return dest
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Loading the kernels in compiled mode
 
@@ -309,23 +237,6 @@ def torch_free_copy(file: str, dest_dir: Path) -> Path:
 def _check_compiled_mode() -> None:
     if os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on"):
         raise RuntimeError(_COMPILED_MODE_HELP)
-
-
-def _load_module(file: str, cache_dir: Path) -> tuple[Any, str]:
-    """Import ``torch_impl/ops/<file>`` (or its torch-free copy when torch is missing): (module, how it was loaded)."""
-    name = f"torch_impl.ops.{Path(file).stem}"
-    if file == "geglu_kernels.py" or importlib.util.find_spec("torch") is not None:
-        return importlib.import_module(name), "module"
-    path = torch_free_copy(file, cache_dir / "torch-free")
-    mod_name = f"_fusion_compare_torch_free_{path.stem}"
-    if mod_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load the torch-free copy {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[mod_name], "torch-free copy (torch not installed)"
 
 
 def _config_dict(cfg: Any) -> dict[str, Any]:
@@ -338,19 +249,19 @@ def _config_dict(cfg: Any) -> dict[str, Any]:
     return out
 
 
-def _load(cache_dir: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+def _load() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """({kernel id: JITFunction}, {kernel id: description}) in compiled mode; see :func:`describe`."""
     _check_compiled_mode()
     from triton.runtime.jit import JITFunction
 
-    modules = {f: _load_module(f, cache_dir) for f in _KERNEL_FILES}
-    kernels_mod = modules["geglu_kernels.py"][0]
+    modules = {f: importlib.import_module(f"triton_impl.{Path(f).stem}") for f in _KERNEL_FILES}
+    kernels_mod = modules["geglu_kernels.py"]
     if kernels_mod.INTERPRETED:
         raise RuntimeError(_COMPILED_MODE_HELP)
     fns: dict[str, Any] = {}
     info: dict[str, dict[str, Any]] = {}
     for spec in KERNELS:
-        mod, how = modules[spec.file]
+        mod = modules[spec.file]
         fn = getattr(mod, spec.function)
         if not isinstance(fn, JITFunction):
             raise RuntimeError(f"{spec.function} is a {type(fn).__name__}, not a JITFunction: {_COMPILED_MODE_HELP}")
@@ -363,11 +274,10 @@ def _load(cache_dir: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         fns[spec.id] = fn
         info[spec.id] = {
             "function": spec.function,
-            "file": f"torch_impl/ops/{spec.file}",
+            "file": f"triton_impl/{spec.file}",
             "source_hash": kernel_source_hash(spec.function),
             "autotune_list": spec.autotune_list,
             "launches": list(spec.launches),
-            "loaded_from": how,
             "configs": configs,
             # constexprs every launch of the product passes besides the config (GPU values); the activation is
             # built as GeGLU's (ACT="gelu_tanh"), SwiGLU's "silu" specialisation is not in the table
@@ -377,16 +287,16 @@ def _load(cache_dir: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     return fns, info
 
 
-def describe(cache_dir: Path | None = None) -> dict[str, Any]:
+def describe() -> dict[str, Any]:
     """The kernels as this checkout defines them, without compiling anything.
 
     Returns ``{"triton_version": ..., "kernels": {id: {"function", "file", "source_hash", "autotune_list",
-    "loaded_from", "configs", "fixed", "enable_fp_fusion"}}}``; ``configs`` are the autotune list's entries as
+    "configs", "fixed", "enable_fp_fusion"}}}``; ``configs`` are the autotune list's entries as
     dicts (an elementwise kernel: its one GPU launch).
     """
     import triton
 
-    _, info = _load(cache_dir or default_cache_dir())
+    _, info = _load()
     return {"triton_version": triton.__version__, "kernels": info}
 
 
@@ -698,10 +608,10 @@ def _run_workers(
         procs = []
         for i, chunk in enumerate(chunks):
             job_file = Path(tmp) / f"jobs{i}.json"
-            job_file.write_text(json.dumps({"rows_dir": str(rows_dir), "cache_dir": str(cache_dir), "jobs": chunk}))
+            job_file.write_text(json.dumps({"rows_dir": str(rows_dir), "jobs": chunk}))
             log = open(Path(tmp) / f"worker{i}.log", "w+", encoding="utf-8")  # noqa: SIM115 (closed below)
             proc = subprocess.Popen(
-                [sys.executable, "-m", "torch_impl.gpu_build", "--worker", str(job_file)],
+                [sys.executable, "-m", "triton_impl.gpu_build", "--worker", str(job_file)],
                 env=_worker_env(cache_dir), cwd=_PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
@@ -756,7 +666,7 @@ def _report_progress(pending: dict[str, dict[str, Any]], rows_dir: Path, total: 
 def _worker(job_file: Path) -> int:
     """Worker subprocess: compile each job of ``job_file`` and write its row to ``rows_dir/<key>.json``."""
     spec = json.loads(job_file.read_text(encoding="utf-8"))
-    fns, info = _load(Path(spec["cache_dir"]))
+    fns, info = _load()
     rows_dir = Path(spec["rows_dir"])
     for job in spec["jobs"]:
         row = compile_row(fns[job["kernel_id"]], info[job["kernel_id"]], job)
@@ -802,7 +712,7 @@ def build(
     for kid in [*kernel_ids, *(overrides or {})]:
         if kid not in _BY_ID:
             raise ValueError(f"unknown kernel {kid!r}; known: {', '.join(_BY_ID)}")
-    fns, info = _load(cache_dir)
+    fns, info = _load()
     plan = _plan(info, fns, archs, kernel_ids, dtypes, quick, overrides or {}, triton.__version__)
     with contextlib.ExitStack() as stack:
         if use_cache:
@@ -862,7 +772,7 @@ def _parse_override(text: str) -> tuple[str, dict[str, Any]]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m torch_impl.gpu_build", description=__doc__.split("\n\n")[0],
+        prog="python -m triton_impl.gpu_build", description=__doc__.split("\n\n")[0],
         epilog="exit status: 0 built (and, with --check, the autotune rule holds); 1 --check found a problem; "
         "2 bad arguments; 3 the build itself failed",
     )  # fmt: skip
@@ -914,7 +824,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.worker is not None:
         return _worker(a.worker)
     if a.describe:
-        print(json.dumps(describe(a.cache_dir), indent=1))
+        print(json.dumps(describe(), indent=1))
         return 0
     if a.out is None:
         parser().error("--out DIR is required (or --describe)")

@@ -1,0 +1,26 @@
+"""The hand-written Triton kernels both frameworks launch, and the one choice of how Triton runs them.
+
+Framework-neutral: this package imports ``triton`` and the standard library (the build tool also the triton-free
+table renderer ``compare.gpu_build_report``), never torch, jax, ``torch_impl`` or ``jax_impl``
+(``tests/test_layers.py`` checks the imports and imports every module here with torch and jax blocked).
+``torch_impl.ops`` launches the kernels on torch tensors, ``jax_impl.backends.triton`` on JAX arrays through
+``jax_triton.triton_call``; neither keeps a kernel of its own.
+
+* :mod:`triton_impl.env`: :func:`~triton_impl.env.choose`, the process's one choice between compiled GPU kernels
+  and Triton's CPU interpreter (``TRITON_INTERPRET``), and ``FP_FUSION``. Imports no triton.
+* :mod:`triton_impl.geglu_kernels`: the elementwise ``act(g) * u`` kernels (forward, backward) and the shared fp32
+  activation math, with their launch constants.
+* :mod:`triton_impl.geglu_matmul_kernels`: the GEMM with the activation in its epilogue, the plain GEMM, their
+  autotune lists (each entry with its GPU build numbers) and interpreter tiles.
+* :mod:`triton_impl.gpu_build`: compiles every kernel for sm_90/sm_80 without a GPU (``python -m compare
+  gpu-build``); runs where only triton is installed.
+
+The interpreter choice, by design made once and before any kernel exists: ``@triton.jit`` decides, when it decorates
+a function, whether it becomes a compiled kernel or an interpreted one, by reading ``TRITON_INTERPRET``; a process
+whose kernels were decorated under different values would mix the two. So :func:`triton_impl.env.choose` is the
+only place the variable is decided, and it runs before triton is imported: each kernel module calls it as its
+first statement (importing a kernel is enough to make the choice, whoever imports it), and ``torch_impl``'s
+package init calls it too (``torch.compile``'s Inductor imports triton on its own). The first call decides; every
+later call returns the same answer, and raises if the environment has been changed to say otherwise since.
+Importing this package itself decides nothing and imports nothing.
+"""
