@@ -7,6 +7,7 @@ Typical use::
     case = Case("geglu", Shape(batch=3, seq=37, dim=96, hidden=328), "bfloat16")   # x [3, 37, 96] -> y [3, 37, 96]
     doc = run_cases([case], list(BACKENDS), modes=["fwd", "fwd+bwd"])     # every registered backend
     print(render_report(doc))
+    print(doc.results[0].timing.median_s, doc.to_dict()["results"][0]["parity"]["passed"])
 
 Everything else lives in the submodules (``compare.parity``, ``compare.timing``, ``compare.registry``, ...).
 """
@@ -15,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from compare.cases import DTYPES, MODELS, MODES, PRESETS, Case, InputError, Shape, preset
 from compare.golden import Golden, Problem, golden_for
 from compare.parity import Parity, TensorParity, check_all
 from compare.registry import BACKENDS, BackendSpec, register, spec
+from compare.results import Result, Results
 from compare.timing import Timing, measure
 
 __all__ = [
@@ -35,6 +36,8 @@ __all__ = [
     "InputError",
     "Parity",
     "Problem",
+    "Result",
+    "Results",
     "Shape",
     "TensorParity",
     "Timing",
@@ -57,12 +60,13 @@ def run_cases(
     budget_s: float = 1.0,
     ceilings: bool = False,
     profile: bool = False,
-) -> dict[str, Any]:
+) -> Results:
     """Run each backend (by registry name) on each case in each mode: parity against the float64 golden, then
-    timing through the shared timer. Returns the results document (``results.json``'s content): one result per
-    (backend, case, mode) with ``parity`` (every tensor: ``y [batch, seq, out]`` and, in ``bwd`` modes, ``dx`` and
-    each weight gradient ``d<param> [out, in]``), ``timing`` (seconds per call) and ``cost``. A failing backend is
-    an ``error`` result; the others still run."""
+    timing through the shared timer. Returns the typed results document (:class:`~compare.results.Results`;
+    ``to_dict()`` is ``results.json``'s content): one :class:`~compare.results.Result` per (backend, case, mode)
+    with ``parity`` (every tensor: ``y [batch, seq, out]`` and, in ``bwd`` modes, ``dx`` and each weight gradient
+    ``d<param> [out, in]``), ``timing`` (seconds per call) and ``cost``. A failing backend is an ``error`` result;
+    the others still run."""
     from compare import harness
 
     specs = [spec(b) for b in backends]
@@ -70,18 +74,18 @@ def run_cases(
     return harness.run(list(cases), specs, list(modes), cfg, ceilings=ceilings, profile=profile)
 
 
-def load_results(path: str | Path) -> dict[str, Any]:
-    """A ``results.json`` (validated: a foreign or broken file raises :class:`InputError` naming the row and field),
-    or a sweep's ``results.jsonl`` / its folder, as a results document."""
+def load_results(path: str | Path) -> Results:
+    """A ``results.json`` (validated: an old, foreign or broken file raises :class:`InputError` naming the row and
+    field), or a sweep's ``results.jsonl`` / its folder, as a typed results document."""
     from compare import results, sweep
 
     p = Path(path)
     if p.is_dir() or p.suffix == ".jsonl":
-        return results.validate(sweep.load_sweep(p), str(p))
+        return sweep.load_sweep(p)
     return results.read_json(p)
 
 
-def render_report(doc: dict[str, Any]) -> str:
+def render_report(doc: Results) -> str:
     """The markdown report of a results document (a pure function of it: it measures nothing)."""
     from compare import report
 

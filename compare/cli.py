@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -88,23 +89,23 @@ def cmd_run(a: argparse.Namespace) -> int:
         doc = _measure(a, cases, specs, modes, cfg, config, out)
     build = _gpu_build_table(Path(a.gpu_build)) if a.gpu_build else None
     if build is not None:
-        doc["gpu_build"] = build
-    interrupted = bool(doc.get("interrupted"))
+        doc = dataclasses.replace(doc, gpu_build=build)
+    interrupted = doc.interrupted
     if not a.no_plots and not interrupted:
         from compare.plots import render_plots
 
-        doc["plots"] = [p.relative_to(out).as_posix() for p in render_plots(doc, out / "plots")]
+        plots = render_plots(doc, out / "plots")
+        doc = dataclasses.replace(doc, plots=tuple(p.relative_to(out).as_posix() for p in plots))
     results.write_json(out / "results.json", doc)
     write_text_atomic(out / "REPORT.md", report.render(doc))
     if interrupted:
         print(
-            f"interrupted: saved {len(doc['results'])} finished cells to {out / 'results.json'} and "
-            f"{out / 'REPORT.md'}",
+            f"interrupted: saved {len(doc.results)} finished cells to {out / 'results.json'} and {out / 'REPORT.md'}",
             file=sys.stderr,
         )
         return exitcodes.INTERRUPTED
-    print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'} ({report.summary(doc['results'])})")
-    ok = all(r["status"] in ("ok", "skipped") for r in doc["results"])
+    print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'} ({doc.summary()})")
+    ok = all(r.status in ("ok", "skipped") for r in doc.results)
     return exitcodes.OK if ok else exitcodes.FINDING
 
 
@@ -116,10 +117,10 @@ def _measure(
     cfg: harness.TimingConfig,
     config: dict[str, Any],
     out: Path,
-) -> dict[str, Any]:
+) -> results.Results:
     """The measurements of ``run``: the harness, then the shape sweep unless the harness was interrupted.
 
-    ``harness.run`` returns the finished results with ``doc["interrupted"] = True`` when interrupted; an interrupt
+    ``harness.run`` returns the finished results with ``interrupted`` set when interrupted; an interrupt
     during the shape sweep keeps the harness's results and drops the sweep's.
     """
     with Display(len(cases) * len(modes) * len(specs), progress_level(a), title="run") as display:
@@ -134,13 +135,14 @@ def _measure(
             trace_dir=out / "traces" if a.trace else None,
             ceilings=not a.no_ceilings,
         )
-        if a.shape_sweep and not doc.get("interrupted"):
+        if a.shape_sweep and not doc.interrupted:
             try:
-                doc["shape_sweep"] = shapes.run_shape_sweep(
+                rows = shapes.run_shape_sweep(
                     cases, a.shape_sweep, a.budget, lambda s: display.message(s, important=True)
                 )
+                doc = dataclasses.replace(doc, shape_sweep=tuple(rows))
             except KeyboardInterrupt:
-                doc["interrupted"] = True
+                doc = dataclasses.replace(doc, interrupted=True)
     return doc
 
 
@@ -161,10 +163,7 @@ def _gpu_build_table(folder: Path) -> dict[str, Any] | None:
 def cmd_report(a: argparse.Namespace) -> int:
     """Rebuild REPORT.md from a results.json, a sweep's results.jsonl or its folder; measures nothing."""
     path = Path(a.results)
-    if path.is_dir() or path.suffix == ".jsonl":
-        doc = results.validate(sweep.load_sweep(path), str(path))
-    else:
-        doc = results.read_json(path)
+    doc = sweep.load_sweep(path) if path.is_dir() or path.suffix == ".jsonl" else results.read_json(path)
     out = Path(a.out) if a.out else (path if path.is_dir() else path.parent) / "REPORT.md"
     preflight.check_file_writable(out)
     write_text_atomic(out, report.render(doc))

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from compare.cost_types import Achieved, Ceiling
 from compare.costmodel import roofline
 from compare.markdown import case_label, fmt_s, table
-
-Doc = dict[str, Any]
+from compare.results import Result, Results
 
 
 def si(x: float | None, unit: str) -> str:
@@ -29,39 +29,34 @@ def _signed_s(s: float | None) -> str:
     return ("-" if s < 0 else "") + fmt_s(abs(s))
 
 
-def ceilings_for(doc: Doc, dtype: str) -> dict[str, Any] | None:
-    """The measured ceilings of ``dtype`` in ``doc["ceilings"]``, or None."""
-    c = (doc.get("ceilings") or {}).get(dtype)
-    return c if isinstance(c, dict) and c.get("flops_per_s") and c.get("bytes_per_s") else None
+def ceilings_for(doc: Results, dtype: str) -> Ceiling | None:
+    """The measured ceilings of ``dtype`` in the document, or None."""
+    return doc.ceilings.get(dtype) if doc.ceilings is not None else None
 
 
-def achieved(doc: Doc, r: Doc) -> dict[str, Any] | None:
-    """A result's roofline numbers: stored under ``cost["achieved"]``, else computed from its timing and the
-    document's ceilings (still a function of the document alone); None without timing or ceilings."""
-    c = r.get("cost")
-    if not c:
+def achieved(doc: Results, r: Result) -> Achieved | None:
+    """A result's roofline numbers: stored as ``cost.achieved``, else computed from its timing and the document's
+    ceilings (still a function of the document alone); None without timing or ceilings."""
+    c = r.cost
+    if c is None:
         return None
-    if c.get("achieved"):
-        return c["achieved"]
-    ceil = ceilings_for(doc, r["dtype"])
-    t = r.get("timing")
-    if not ceil or not t or not t.get("median_s"):
+    if c.achieved is not None:
+        return c.achieved
+    ceil = ceilings_for(doc, r.dtype)
+    t = r.timing
+    if ceil is None or t is None or not t.median_s:
         return None
-    return roofline(c, t["median_s"], ceil)
+    return roofline(c, t.median_s, ceil)
 
 
-def _label(r: Doc) -> str:
-    return case_label(r)
-
-
-def _find_baseline(results: list[Doc], r: Doc, baseline: str) -> Doc | None:
+def _find_baseline(results: tuple[Result, ...], r: Result, baseline: str) -> Result | None:
     for b in results:
-        if b["backend"] == baseline and b["case"] == r["case"] and b["mode"] == r["mode"] and b.get("cost"):
+        if b.backend == baseline and b.case == r.case and b.mode == r.mode and b.cost is not None:
             return b
     return None
 
 
-def fusion_benefit(doc: Doc) -> list[dict[str, Any]]:
+def fusion_benefit(doc: Results) -> list[dict[str, Any]]:
     """Per non-baseline backend with a cost, against the baseline (``DEFAULT_BASELINE``) on the same case (dtype
     included) and mode.
 
@@ -77,40 +72,41 @@ def fusion_benefit(doc: Doc) -> list[dict[str, Any]]:
     from compare.registry import DEFAULT_BASELINE
     from compare.significance import compare_timing
 
-    results = doc.get("results", [])
+    results = doc.results
     rows = []
     for r in results:
-        c = r.get("cost")
-        if r["backend"] == DEFAULT_BASELINE or not c:
+        c = r.cost
+        if r.backend == DEFAULT_BASELINE or c is None:
             continue
         base = _find_baseline(results, r, DEFAULT_BASELINE)
-        if base is None:
+        if base is None or base.cost is None:
             continue
-        bc = base["cost"]
-        k_r, k_b = (r.get("kernels") or {}).get("kernels_per_step"), (base.get("kernels") or {}).get("kernels_per_step")
-        ceil = ceilings_for(doc, r["dtype"])
-        t_r, t_b = r.get("timing"), base.get("timing")
-        bytes_saved = bc["bytes"] - c["bytes"]
-        extra_flops = c["flops"] - bc["flops"]
+        bc = base.cost
+        k_r = r.kernels.kernels_per_step if r.kernels else None
+        k_b = base.kernels.kernels_per_step if base.kernels else None
+        ceil = ceilings_for(doc, r.dtype)
+        t_r, t_b = r.timing, base.timing
+        bytes_saved = bc.bytes - c.bytes
+        extra_flops = c.flops - bc.flops
         rows.append(
             {
-                "backend": r["backend"],
-                "case": r["case"],
-                "label": _label(r),
-                "dtype": r["dtype"],
-                "mode": r["mode"],
+                "backend": r.backend,
+                "case": r.case,
+                "label": case_label(r),
+                "dtype": r.dtype,
+                "mode": r.mode,
                 "kernels_eliminated": k_b - k_r if k_r is not None and k_b is not None else None,
-                "model_kernels_eliminated": bc["model_kernels_per_step"] - c["model_kernels_per_step"],
-                "intermediate_bytes_saved": bc["intermediate_bytes"] - c["intermediate_bytes"],
+                "model_kernels_eliminated": bc.model_kernels_per_step - c.model_kernels_per_step,
+                "intermediate_bytes_saved": bc.intermediate_bytes - c.intermediate_bytes,
                 "bytes_saved": bytes_saved,
                 "extra_flops": extra_flops,
-                "not_materialized": [n for n in bc["materialized"] if n not in c["materialized"]],
-                "predicted_saved_s": bytes_saved / ceil["bytes_per_s"] if ceil else None,
-                "predicted_extra_flops_s": extra_flops / ceil["flops_per_s"] if ceil else None,
-                "measured_saved_s": t_b["median_s"] - t_r["median_s"] if t_r and t_b else None,
+                "not_materialized": [n for n in bc.materialized if n not in c.materialized],
+                "predicted_saved_s": bytes_saved / ceil.bytes_per_s if ceil else None,
+                "predicted_extra_flops_s": extra_flops / ceil.flops_per_s if ceil else None,
+                "measured_saved_s": t_b.median_s - t_r.median_s if t_r and t_b else None,
                 "measured_verdict": compare_timing(t_b, t_r).verdict if t_r and t_b else None,
-                "baseline_median_s": t_b["median_s"] if t_b else None,
-                "median_s": t_r["median_s"] if t_r else None,
+                "baseline_median_s": t_b.median_s if t_b else None,
+                "median_s": t_r.median_s if t_r else None,
             }
         )
     return rows
@@ -127,7 +123,7 @@ def _measured_saved(f: dict[str, Any]) -> str:
     return _signed_s(f["measured_saved_s"])
 
 
-def fusion_section(doc: Doc) -> str:
+def fusion_section(doc: Results) -> str:
     """Markdown: what fusion buys each backend over the baseline, predicted from bytes and measured side by side."""
     from compare.registry import DEFAULT_BASELINE
 
@@ -183,59 +179,54 @@ def fusion_section(doc: Doc) -> str:
     return "## What fusion buys\n\n" + intro + "\n\n" + table(head, out)
 
 
-def _ceilings_rows(doc: Doc) -> list[list[str]]:
-
-    ceils = doc.get("ceilings") or {}
+def _ceilings_rows(doc: Results) -> list[list[str]]:
+    if doc.ceilings is None:
+        return []
     rows = []
-    for dtype, c in ceils.items():
-        if not isinstance(c, dict) or "flops_per_s" not in c:
-            continue
-        tim = c.get("timing") or {}
-        mm = tim.get("matmul") or {}
-        cp = tim.get("copy") or {}
-        shape = "x".join(str(n) for n in c.get("matmul_shape", [])) or "?"
+    for dtype, c in doc.ceilings.by_dtype.items():
+        mm, cp = (c.timing.matmul, c.timing.copy) if c.timing else (None, None)
+        shape = "x".join(str(n) for n in c.matmul_shape) or "?"
         how = (
-            f"{dtype} matmul {shape} (2MNK FLOPs), median {fmt_s(mm.get('median_s'))}; copy of "
-            f"{si(c.get('copy_bytes'), 'B')} (read + write counted), median {fmt_s(cp.get('median_s'))}"
+            f"{dtype} matmul {shape} (2MNK FLOPs), median {fmt_s(mm.median_s if mm else None)}; copy of "
+            f"{si(c.copy_bytes, 'B')} (read + write counted), median {fmt_s(cp.median_s if cp else None)}"
         )
         rows.append(
             [
-                str(ceils.get("device", "")),
+                doc.ceilings.device,
                 dtype,
-                si(c["flops_per_s"], "FLOP/s"),
-                si(c["bytes_per_s"], "B/s"),
-                si(c["flops_per_s"] / c["bytes_per_s"], "FLOP/B"),
+                si(c.flops_per_s, "FLOP/s"),
+                si(c.bytes_per_s, "B/s"),
+                si(c.flops_per_s / c.bytes_per_s, "FLOP/B"),
                 how,
             ]
         )
     return rows
 
 
-def cost_section(doc: Doc) -> str:
+def cost_section(doc: Results) -> str:
     """Markdown: per result, modelled FLOPs and bytes, intensity, achieved rates against the measured ceilings."""
-
     rows = []
-    for r in doc.get("results", []):
-        c = r.get("cost")
-        if not c:
+    for r in doc.results:
+        c = r.cost
+        if c is None:
             continue
         a = achieved(doc, r)
-        t = r.get("timing")
+        t = r.timing
         rows.append(
             [
-                r["backend"],
-                _label(r),
-                r["dtype"],
-                r["mode"],
-                si(c["flops"], "FLOP"),
-                si(c["bytes"], "B"),
-                f"{c['arithmetic_intensity']:.3g}",
-                ", ".join(c["materialized"]) or "none",
-                str(c["model_kernels_per_step"]),
-                fmt_s(t["median_s"]) if t else "-",
-                f"{si(a['flops_per_s'], 'FLOP/s')} ({a['flops_fraction']:.0%})" if a else "-",
-                f"{si(a['bytes_per_s'], 'B/s')} ({a['bytes_fraction']:.0%})" if a else "-",
-                f"{fmt_s(a['predicted_s'])} ({a['bound']})" if a else "-",
+                r.backend,
+                case_label(r),
+                r.dtype,
+                r.mode,
+                si(c.flops, "FLOP"),
+                si(c.bytes, "B"),
+                f"{c.arithmetic_intensity:.3g}",
+                ", ".join(c.materialized) or "none",
+                str(c.model_kernels_per_step),
+                fmt_s(t.median_s) if t else "-",
+                f"{si(a.flops_per_s, 'FLOP/s')} ({a.flops_fraction:.0%})" if a else "-",
+                f"{si(a.bytes_per_s, 'B/s')} ({a.bytes_fraction:.0%})" if a else "-",
+                f"{fmt_s(a.predicted_s)} ({a.bound})" if a else "-",
             ]
         )
     ceil_rows = _ceilings_rows(doc)
@@ -258,13 +249,7 @@ def cost_section(doc: Doc) -> str:
             "achieved bytes/s (of ceiling)",
             "roofline time (bound)",
         ]
-        assumed = sorted(
-            {
-                f"- {r['backend']}: {r['cost']['assumption']}"
-                for r in doc.get("results", [])
-                if r.get("cost") and r["cost"].get("assumption")
-            }
-        )
+        assumed = sorted({f"- {r.backend}: {r.cost.assumption}" for r in doc.results if r.cost and r.cost.assumption})
         intro = (
             "FLOPs and bytes are modelled, not counted (compare/costmodel.py): FLOPs are the GEMMs' 2MNK; "
             "bytes assume each kernel reads each operand and writes each result once, so bytes moved is a "

@@ -53,9 +53,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from compare.cases import MODES, Case, InputError, check_name
+from compare.cost_types import Achieved, Ceiling, Cost, CostTensor
 
 #: Bytes per element of each case dtype.
 ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -325,14 +325,14 @@ def check_backend(backend: str, model: str | None = None) -> str:
     return s.plan
 
 
-def cost(case: Case, backend: str, mode: str) -> dict[str, Any]:
+def cost(case: Case, backend: str, mode: str) -> Cost:
     """The modelled cost of one step of ``backend`` on ``case`` in ``mode`` (see the module docstring).
 
-    Returns a JSON-able dict: ``flops`` (GEMM FLOPs), ``ew_flops``, ``bytes`` (all traffic), ``tensors`` (each
-    ``name, shape, bytes`` (its size), ``role, reads, writes``), ``intermediate_bytes`` (traffic of the
-    intermediates), ``materialized`` (intermediates that reach memory), ``saved`` (written by the forward, read
-    by the backward), ``arithmetic_intensity`` (FLOP per byte), ``model_kernels`` (kernel names) and
-    ``model_kernels_per_step``, ``plan`` and ``assumption``.
+    Returns a :class:`~compare.cost_types.Cost`: ``flops`` (GEMM FLOPs), ``ew_flops``, ``bytes`` (all traffic),
+    ``tensors`` (each ``name, shape, bytes`` (its size), ``role, reads, writes``), ``intermediate_bytes`` (traffic
+    of the intermediates), ``materialized`` (intermediates that reach memory), ``saved`` (written by the forward,
+    read by the backward), ``arithmetic_intensity`` (FLOP per byte), ``model_kernels`` (kernel names) and
+    ``model_kernels_per_step``, ``plan`` and ``assumption``; no ``achieved`` (:func:`roofline` makes it).
     """
     plan = check_backend(backend, case.model)
     check_name("mode", mode, MODES)
@@ -347,39 +347,30 @@ def cost(case: Case, backend: str, mode: str) -> dict[str, Any]:
             counts.setdefault(n, [0, 0])[0] += 1
         for n in k.writes:
             counts.setdefault(n, [0, 0])[1] += 1
-    tensors: list[dict[str, Any]] = []
+    tensors = []
     for name, (reads, writes) in counts.items():
         shape, role = shapes[name]
-        tensors.append(
-            {
-                "name": name,
-                "shape": list(shape),
-                "bytes": math.prod(shape) * itemsize,
-                "role": role,
-                "reads": reads,
-                "writes": writes,
-            }
-        )
-    total = sum(t["bytes"] * (t["reads"] + t["writes"]) for t in tensors)
-    inter = [t for t in tensors if t["role"] == "intermediate"]
+        tensors.append(CostTensor(name, shape, math.prod(shape) * itemsize, role, reads, writes))
+    total = sum(t.bytes * (t.reads + t.writes) for t in tensors)
+    inter = [t for t in tensors if t.role == "intermediate"]
     flops = sum(k.flops for k in kernels)
-    return {
-        "backend": backend,
-        "plan": plan,
-        "mode": mode,
-        "dtype": case.dtype,
-        "flops": flops,
-        "ew_flops": sum(k.ew_flops for k in kernels),
-        "bytes": total,
-        "arithmetic_intensity": flops / total,
-        "tensors": tensors,
-        "intermediate_bytes": sum(t["bytes"] * (t["reads"] + t["writes"]) for t in inter),
-        "materialized": [t["name"] for t in inter],
-        "saved": [n for n in saved if n in counts],
-        "model_kernels": [k.name for k in kernels],
-        "model_kernels_per_step": len(kernels),
-        "assumption": _assumption(backend),
-    }
+    return Cost(
+        backend=backend,
+        plan=plan,
+        mode=mode,
+        dtype=case.dtype,
+        flops=flops,
+        ew_flops=sum(k.ew_flops for k in kernels),
+        bytes=total,
+        arithmetic_intensity=flops / total,
+        tensors=tuple(tensors),
+        intermediate_bytes=sum(t.bytes * (t.reads + t.writes) for t in inter),
+        materialized=tuple(t.name for t in inter),
+        saved=tuple(n for n in saved if n in counts),
+        model_kernels=tuple(k.name for k in kernels),
+        model_kernels_per_step=len(kernels),
+        assumption=_assumption(backend),
+    )
 
 
 def _assumption(backend: str) -> str:
@@ -388,31 +379,31 @@ def _assumption(backend: str) -> str:
     return spec(backend).assumption
 
 
-def roofline(cost: dict[str, Any], median_s: float, ceilings: dict[str, Any]) -> dict[str, Any]:
+def roofline(cost: Cost, median_s: float, ceiling: Ceiling) -> Achieved:
     """Achieved rates of a measured step against this machine's ceilings, and the roofline-predicted time.
 
-    ``ceilings = {"flops_per_s": float, "bytes_per_s": float}``. Returns ``flops_per_s``, ``bytes_per_s`` (achieved,
-    from the model's FLOPs and bytes over ``median_s``), ``flops_fraction``, ``bytes_fraction`` (of the ceilings),
-    ``predicted_s = max(flops / peak_flops, bytes / peak_bw)``, ``bound`` (``compute`` or ``memory``, whichever term
-    is larger), ``roofline_fraction = predicted_s / median_s`` and ``ridge_intensity`` (FLOP/byte where the two
-    ceilings meet).
+    ``ceiling`` holds the peak ``flops_per_s`` and ``bytes_per_s``. Returns ``flops_per_s``, ``bytes_per_s``
+    (achieved, from the model's FLOPs and bytes over ``median_s``), ``flops_fraction``, ``bytes_fraction`` (of the
+    ceilings), ``predicted_s = max(flops / peak_flops, bytes / peak_bw)``, ``bound`` (``compute`` or ``memory``,
+    whichever term is larger), ``roofline_fraction = predicted_s / median_s`` and ``ridge_intensity`` (FLOP/byte
+    where the two ceilings meet).
     """
-    peak_f, peak_b = float(ceilings["flops_per_s"]), float(ceilings["bytes_per_s"])
+    peak_f, peak_b = float(ceiling.flops_per_s), float(ceiling.bytes_per_s)
     if not (median_s > 0 and peak_f > 0 and peak_b > 0):
         raise ValueError(
             f"roofline needs positive times and ceilings; got median_s={median_s}, "
             f"flops_per_s={peak_f}, bytes_per_s={peak_b}"
         )
-    flops, nbytes = cost["flops"], cost["bytes"]
+    flops, nbytes = cost.flops, cost.bytes
     t_f, t_b = flops / peak_f, nbytes / peak_b
     predicted = max(t_f, t_b)
-    return {
-        "flops_per_s": flops / median_s,
-        "bytes_per_s": nbytes / median_s,
-        "flops_fraction": flops / median_s / peak_f,
-        "bytes_fraction": nbytes / median_s / peak_b,
-        "predicted_s": predicted,
-        "bound": "compute" if t_f >= t_b else "memory",
-        "roofline_fraction": predicted / median_s,
-        "ridge_intensity": peak_f / peak_b,
-    }
+    return Achieved(
+        flops_per_s=flops / median_s,
+        bytes_per_s=nbytes / median_s,
+        flops_fraction=flops / median_s / peak_f,
+        bytes_fraction=nbytes / median_s / peak_b,
+        predicted_s=predicted,
+        bound="compute" if t_f >= t_b else "memory",
+        roofline_fraction=predicted / median_s,
+        ridge_intensity=peak_f / peak_b,
+    )

@@ -36,8 +36,9 @@ from typing import Any
 
 from compare import exitcodes
 from compare.atomic import write_text_atomic
-from compare.cases import InputError, check_finite
+from compare.cases import check_finite
 from compare.markdown import case_label, fmt_s, table
+from compare.results import Result, Results
 from compare.significance import (
     ALPHA,
     MIN_SAMPLES_FOR_TEST,
@@ -67,7 +68,6 @@ __all__ = [
     "spread",
 ]
 
-Doc = dict[str, Any]
 Key = tuple[str, str, str]
 
 BAD_STATUSES = ("parity-fail", "error")
@@ -76,24 +76,15 @@ BAD_STATUSES = ("parity-fail", "error")
 # --- the diff --------------------------------------------------------------------------------------------------
 
 
-def _key(r: Doc) -> Key:
-    return r["backend"], r["case"], r["mode"]
+def _key(r: Result) -> Key:
+    return r.backend, r.case, r.mode
 
 
-def _index(doc: Doc, which: str) -> dict[Key, Doc]:
-    rs = doc.get("results")
-    if not isinstance(rs, list):
-        raise InputError(f"{which} results document has no 'results' list")
-    out: dict[Key, Doc] = {}
-    for i, r in enumerate(rs):
-        missing = [f for f in ("backend", "case", "mode", "status", "dtype") if not isinstance(r, dict) or f not in r]
-        if missing:
-            raise InputError(f"{which} result #{i} lacks {', '.join(missing)}: not a fusion-compare results file")
-        out[_key(r)] = r
-    return out
+def _index(doc: Results) -> dict[Key, Result]:
+    return {_key(r): r for r in doc.results}
 
 
-def _label(r: Doc) -> str:
+def _label(r: Result) -> str:
     return case_label(r)
 
 
@@ -101,38 +92,38 @@ def _fmt_p(p: float | None) -> str:
     return "-" if p is None else f"{p:.2g}"
 
 
-def _env_changes(old: Doc, new: Doc) -> list[str]:
-    eo, en = old.get("environment") or {}, new.get("environment") or {}
+def _env_changes(old: Results, new: Results) -> list[str]:
+    eo, en = old.environment.to_dict(), new.environment.to_dict()
     out = [
         f"{k}: {eo.get(k)} -> {en.get(k)}" for k in ("cpu", "cpu_count", "gpu", "platform") if eo.get(k) != en.get(k)
     ]
-    vo, vn = eo.get("versions") or {}, en.get("versions") or {}
+    vo, vn = old.environment.versions, new.environment.versions
     out += [f"{k}: {vo.get(k)} -> {vn.get(k)}" for k in sorted(set(vo) | set(vn)) if vo.get(k) != vn.get(k)]
     return out
 
 
 def diff(
-    old_doc: Doc, new_doc: Doc, threshold: float = THRESHOLD, k: float = NOISE_K, alpha: float = ALPHA
+    old_doc: Results, new_doc: Results, threshold: float = THRESHOLD, k: float = NOISE_K, alpha: float = ALPHA
 ) -> tuple[str, bool]:
     """Markdown comparing two results documents, and whether a performance or parity regression was found."""
-    old, new = _index(old_doc, "old"), _index(new_doc, "new")
+    old, new = _index(old_doc), _index(new_doc)
     common = [key for key in new if key in old]
     perf_rows, status_rows = [], []
     n_slow = n_fast = n_parity = 0
     for key in common:
         o, n = old[key], new[key]
-        if o.get("timing") and n.get("timing"):
-            v = compare_timing(o["timing"], n["timing"], threshold, k, alpha)
+        if o.timing is not None and n.timing is not None:
+            v = compare_timing(o.timing, n.timing, threshold, k, alpha)
             n_slow += v.regression
             n_fast += v.verdict == "faster"
             verdict = "**slower: regression**" if v.regression else v.verdict
             p = v.p_slower if v.ratio >= 1 else v.p_faster
             perf_rows.append(
                 [
-                    n["backend"],
+                    n.backend,
                     _label(n),
-                    n["dtype"],
-                    n["mode"],
+                    n.dtype,
+                    n.mode,
                     fmt_s(v.old.median),
                     fmt_s(v.new.median),
                     f"{v.ratio:.3f}",
@@ -141,37 +132,35 @@ def diff(
                     verdict,
                 ]
             )
-        elif o.get("timing") or n.get("timing"):
-            side = "old" if o.get("timing") else "new"
+        elif o.timing is not None or n.timing is not None:
+            side = "old" if o.timing is not None else "new"
             perf_rows.append(
                 [
-                    n["backend"],
+                    n.backend,
                     _label(n),
-                    n["dtype"],
-                    n["mode"],
-                    fmt_s(o["timing"]["median_s"]) if o.get("timing") else "-",
-                    fmt_s(n["timing"]["median_s"]) if n.get("timing") else "-",
+                    n.dtype,
+                    n.mode,
+                    fmt_s(o.timing.median_s) if o.timing is not None else "-",
+                    fmt_s(n.timing.median_s) if n.timing is not None else "-",
                     "-",
                     "-",
                     "-",
                     f"not compared (timed in the {side} run only)",
                 ]
             )
-        if o["status"] != n["status"]:
-            parity_regression = o["status"] == "ok" and n["status"] in BAD_STATUSES
+        if o.status != n.status:
+            parity_regression = o.status == "ok" and n.status in BAD_STATUSES
             n_parity += parity_regression
-            reason = str(n.get("reason", "")).replace("|", "\\|")
-            verdict = "**regression**" if parity_regression else ("fixed" if n["status"] == "ok" else "changed")
-            status_rows.append(
-                [n["backend"], _label(n), n["dtype"], n["mode"], o["status"], n["status"], verdict, reason]
-            )
+            reason = n.reason.replace("|", "\\|")
+            verdict = "**regression**" if parity_regression else ("fixed" if n.status == "ok" else "changed")
+            status_rows.append([n.backend, _label(n), n.dtype, n.mode, o.status, n.status, verdict, reason])
     added = [new[key] for key in new if key not in old]
     removed = [old[key] for key in old if key not in new]
     regression = bool(n_slow or n_parity)
 
-    def when(doc: Doc) -> str:
-        cmd = (doc.get("config") or {}).get("command")
-        return f"{doc.get('created', '?')}" + (f" (`{cmd}`)" if cmd else "")
+    def when(doc: Results) -> str:
+        cmd = doc.config.command
+        return (doc.created or "?") + (f" (`{cmd}`)" if cmd else "")
 
     out = ["# fusion-compare diff", "", f"Old: {when(old_doc)}  ", f"New: {when(new_doc)}", ""]
     if regression:
@@ -202,8 +191,8 @@ def diff(
         out.append("No status changed.")
     if added or removed:
         out += ["", "## Added and removed cells", ""]
-        out += [f"- added: {r['backend']} {_label(r)} {r['dtype']} {r['mode']} ({r['status']})" for r in added]
-        out += [f"- removed: {r['backend']} {_label(r)} {r['dtype']} {r['mode']} ({r['status']})" for r in removed]
+        out += [f"- added: {r.backend} {_label(r)} {r.dtype} {r.mode} ({r.status})" for r in added]
+        out += [f"- removed: {r.backend} {_label(r)} {r.dtype} {r.mode} ({r.status})" for r in removed]
     return "\n".join(out) + "\n", regression
 
 

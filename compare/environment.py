@@ -6,9 +6,13 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from compare.jsonfields import Obj, Setting, mapping, opt_integer, opt_text, record_dict, text
 
 #: Distribution names (normalised: importlib.metadata treats - and _ alike).
 PACKAGES: tuple[str, ...] = ("numpy", "torch", "jax", "jaxlib", "flax", "triton", "jax_triton", "safetensors")
@@ -60,15 +64,53 @@ def available_memory_bytes() -> tuple[int, str] | None:
     return None
 
 
-def collect(precision: dict[str, Any], threads: dict[str, Any]) -> dict[str, Any]:
-    """The ``environment`` object of ``results.json``."""
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "gpu": gpu(),
-        "versions": versions(),
-        "threads": threads,
-        "precision": precision,
-        "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
-    }
+@dataclass(frozen=True)
+class Environment:
+    """The ``environment`` of a results document: platform, CPU model and logical cores, the GPU (None without one),
+    package versions (None: not installed), the thread settings and the precision settings the backends reported,
+    and ``TRITON_INTERPRET`` as it was set."""
+
+    platform: str = ""
+    cpu: str = ""
+    cpu_count: int | None = None
+    gpu: str | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    threads: dict[str, Setting] = field(default_factory=dict)
+    precision: dict[str, Setting] = field(default_factory=dict)
+    triton_interpret: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> Environment:
+        """The inverse of :meth:`to_dict`; an absent field takes its default."""
+        return Environment(
+            platform=text(d, "platform", ""),
+            cpu=text(d, "cpu", ""),
+            cpu_count=opt_integer(d, "cpu_count"),
+            gpu=opt_text(d, "gpu"),
+            versions=mapping(d, "versions"),
+            threads=mapping(d, "threads"),
+            precision=mapping(d, "precision"),
+            triton_interpret=opt_text(d, "triton_interpret") or "",
+        )
+
+
+def collect(precision: Mapping[str, Setting], threads: Mapping[str, Setting]) -> dict[str, Any]:
+    """The ``environment`` object of ``results.json``, collected here and now (:func:`current` as JSON data)."""
+    return current(precision, threads).to_dict()
+
+
+def current(precision: Mapping[str, Setting], threads: Mapping[str, Setting]) -> Environment:
+    """The :class:`Environment` of a run, collected here and now."""
+    return Environment(
+        platform=platform.platform(),
+        cpu=cpu_model(),
+        cpu_count=os.cpu_count(),
+        gpu=gpu(),
+        versions=versions(),
+        threads=dict(threads),
+        precision=dict(precision),
+        triton_interpret=os.environ.get("TRITON_INTERPRET", ""),
+    )

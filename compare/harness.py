@@ -15,7 +15,7 @@ import datetime
 import os
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,17 @@ import numpy as np
 
 from compare import costmodel, environment, resolution, timing
 from compare.cases import Case
+from compare.cost_types import Ceilings, Cost
 from compare.golden import golden_for
+from compare.kernels import Kernels
 from compare.parity import UnusableCase, check_all, check_plain
+from compare.parity_record import ParityRecord
 from compare.progress import Display
 from compare.reference import Arith, compute
 from compare.registry import DEFAULT_BASELINE, BackendSpec, Prepared, probe
-from compare.results import SCHEMA_VERSION, Result
+from compare.resolution import ResolutionRow
+from compare.results import Config, Result, Results
+from compare.timing import TimingConfig
 
 #: Which reference tensors each mode checks.
 MODE_TENSORS: dict[str, Callable[[str], bool]] = {
@@ -36,15 +41,6 @@ MODE_TENSORS: dict[str, Callable[[str], bool]] = {
     "bwd": lambda k: k != "y",
     "fwd+bwd": lambda k: True,
 }
-
-
-@dataclass(frozen=True)
-class TimingConfig:
-    warmup: int = 3
-    min_samples: int = 5
-    max_samples: int = 100
-    budget_s: float = 1.0
-    min_sample_s: float = 2e-3
 
 
 #: A step that beats the measured matmul ceiling by more than this factor cannot have done its FLOPs.
@@ -123,23 +119,18 @@ def run_one(
                 budget_s=cfg.budget_s,
                 min_sample_s=cfg.min_sample_s,
                 last_output=last.append,
-            ).to_dict()
-        parity_doc = parity.to_dict()
+            )
         failures = parity.failures()
-        if last:  # the output of the last timed call must be right too (no replayed or decaying answers)
-            again = judge(last.pop())
-            parity_doc["checked"] = ["first call", "last timed call"]
-            parity_doc["last_timed"] = {"passed": again.passed, "failures": again.failures()}
+        again = judge(last.pop()) if last else None  # the last timed call must be right too (no replayed answers)
+        if again is not None:
             failures += [f"last timed call: {f}" for f in again.failures()]
-        else:
-            parity_doc["checked"] = ["first call"]
         kernels, extras = None, dict(prepared.extras)
         if profile and prepared.profile is not None:
             trace = trace_dir / f"{spec.name}-{case.name}-{mode}" if trace_dir else None
             try:
-                kernels = prepared.profile(trace)
-                if kernels.get("trace") and trace_dir is not None:  # relative to the output folder, for links
-                    kernels["trace"] = os.path.relpath(kernels["trace"], trace_dir.parent)
+                kernels = Kernels.from_dict(prepared.profile(trace))
+                if kernels.trace and trace_dir is not None:  # relative to the output folder, for links
+                    kernels = replace(kernels, trace=os.path.relpath(kernels.trace, trace_dir.parent))
             except Exception as exc:  # the profile is extra information: keep the parity and timing results
                 extras["profile_error"] = _summarise_error(exc)[0]
         status = "ok" if not failures else "parity-fail"
@@ -151,7 +142,7 @@ def run_one(
             reason="; ".join(failures),
             note=prepared.note,
             device=prepared.device,
-            parity=parity_doc,
+            parity=ParityRecord.of(parity, again),
             timing=tim,
             threads=prepared.threads,
             kernels=kernels,
@@ -163,7 +154,7 @@ def run_one(
         return Result.for_case(spec.name, case, mode, "error", reason=reason, extras={"traceback": tb})
 
 
-def model_cost(spec: BackendSpec, case: Case, mode: str) -> dict[str, Any] | None:
+def model_cost(spec: BackendSpec, case: Case, mode: str) -> Cost | None:
     """The cost model's entry (``compare.costmodel.cost``) for a result; None exactly when the backend's registry
     line names no plan (it is not modelled). Any other problem is an error, not a silently missing row."""
     if spec.plan is None:
@@ -171,33 +162,34 @@ def model_cost(spec: BackendSpec, case: Case, mode: str) -> dict[str, Any] | Non
     return costmodel.cost(case, spec.name, mode)
 
 
-def measure_ceilings(dtypes: Iterable[str], budget_s: float = 0.5) -> dict[str, Any] | None:
+def measure_ceilings(dtypes: Iterable[str], budget_s: float = 0.5) -> Ceilings | None:
     """This machine's matmul FLOP/s and copy bandwidth per dtype, from the registry's ``ceilings`` probe (torch, on
     the device the torch backends use); None where its framework cannot be imported."""
     try:
         ceilings = probe("ceilings")
     except ImportError:
         return None
-    return ceilings.measure_all(list(dtypes), budget_s)
+    return Ceilings.from_dict(ceilings.measure_all(list(dtypes), budget_s))
 
 
 def run(
     cases: Iterable[Case],
     specs: Iterable[BackendSpec],
     modes: Iterable[str],
-    cfg: TimingConfig = TimingConfig(),
+    cfg: TimingConfig | None = None,
     config: dict[str, Any] | None = None,
     progress: Display | None = None,
     profile: bool = False,
     trace_dir: Path | None = None,
     ceilings: bool = False,
-) -> dict[str, Any]:
-    """Run every (case, backend, mode); return the results document (see ``compare.results``).
+) -> Results:
+    """Run every (case, backend, mode); return the results document (``compare.results.Results``).
 
     ``progress`` (a :class:`~compare.progress.Display`, already entered) is told as each cell starts and ends.
     Ctrl-C stops the run between or inside cells: the document then holds every finished cell and
-    ``"interrupted": True`` (the caller writes it and says so)."""
+    ``interrupted`` (the caller writes it and says so)."""
     cases, specs, modes = list(cases), list(specs), list(modes)
+    cfg = cfg or TimingConfig()
     ceil = None
     if ceilings:  # this machine's matmul FLOP/s and copy bandwidth per dtype, before any backend runs
         if progress:
@@ -206,7 +198,7 @@ def run(
     precision: dict[str, Any] = {}
     threads: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
-    res_rows: list[dict[str, Any]] = []
+    res_rows: list[ResolutionRow] = []
     flops: dict[int, int] = {}  # result index -> the FLOPs its step must do at the least
     interrupted = False
     try:
@@ -238,36 +230,43 @@ def run(
                         progress.cell(label, res.status, res.reason)
     except KeyboardInterrupt:  # keep what is done; the caller writes it and says so
         interrupted = True
-    for i, r in enumerate(results if ceil else []):
-        assert ceil is not None
-        c, t, k = r.get("cost"), r.get("timing"), ceil.get(r["dtype"])
-        if c and t and k:
-            c["achieved"] = costmodel.roofline(c, t["median_s"], k)
-        if t and k and flops.get(i):
-            flag = implausible({"flops_fraction": flops[i] / t["median_s"] / k["flops_per_s"]})
-            if flag:
-                r["implausible"] = flag
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "config": {**(config or {}), "timing": asdict(cfg)},
-        "environment": environment.collect(precision, threads),
-        "results": results,
-        "resolution": res_rows,
-        **({"ceilings": ceil} if ceil else {}),
-        **({"interrupted": True} if interrupted else {}),
-    }
+    typed = [Result.from_dict(r) for r in results]
+    if ceil is not None:
+        typed = [_against_ceilings(r, ceil, flops.get(i)) for i, r in enumerate(typed)]
+    return Results(
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        config=replace(Config.from_dict(config or {}), timing=timing.TimingConfig.from_dict(asdict(cfg))),
+        environment=environment.current(precision, threads),
+        results=tuple(typed),
+        resolution=tuple(res_rows),
+        ceilings=ceil,
+        interrupted=interrupted,
+    )
+
+
+def _against_ceilings(r: Result, ceil: Ceilings, min_step_flops: int | None) -> Result:
+    """``r`` with its roofline numbers (``cost.achieved``) and, where its timing implies more FLOP/s than the
+    machine has, the ``implausible`` flag; a TP row's cost is one rank's share, so it gets no single-device
+    roofline."""
+    k, t = ceil.get(r.dtype), r.timing
+    if k is None or t is None:
+        return r
+    if r.cost is not None and r.tp is None:
+        r = replace(r, cost=replace(r.cost, achieved=costmodel.roofline(r.cost, t.median_s, k)))
+    if min_step_flops:
+        r = replace(r, implausible=implausible(min_step_flops / t.median_s / k.flops_per_s))
+    return r
 
 
 def min_flops(case: Case, mode: str) -> int:
     """GEMM FLOPs any backend's step must do on ``case`` in ``mode``: the baseline's, which recomputes nothing."""
-    return int(costmodel.cost(case, DEFAULT_BASELINE, mode)["flops"])
+    return costmodel.cost(case, DEFAULT_BASELINE, mode).flops
 
 
-def implausible(achieved: dict[str, Any]) -> str:
-    """Why a step is implausible (the case's GEMM FLOPs over its median above ``IMPLAUSIBLE_FACTOR`` x the measured
-    matmul ceiling: it cannot have done its FLOPs, e.g. it returns a stored answer), or ``""``."""
-    frac = float(achieved.get("flops_fraction") or 0.0)
+def implausible(frac: float) -> str:
+    """Why a step is implausible (``frac``, the case's GEMM FLOPs over its median as a fraction of the measured
+    matmul ceiling, above ``IMPLAUSIBLE_FACTOR``: it cannot have done its FLOPs, e.g. it returns a stored answer),
+    or ``""``."""
     if frac > IMPLAUSIBLE_FACTOR:
         return (
             f"implausible: {frac:.2f}x the matmul ceiling measured in this run (more than {IMPLAUSIBLE_FACTOR:g}x "
@@ -276,7 +275,7 @@ def implausible(achieved: dict[str, Any]) -> str:
     return ""
 
 
-def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[str]) -> list[dict[str, Any]]:
+def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[str]) -> list[ResolutionRow]:
     """The gate's resolution (``compare.resolution``) for the tensors the modes check."""
     g = golden_for(case)
     order = ["y", "dx", *(f"d{p}" for p in case.weight_shapes())]

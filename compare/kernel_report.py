@@ -1,11 +1,11 @@
 """``## Kernels per step``: the kernel summaries of a results document as a markdown table (pure; the summary
-schema and its helpers are in ``compare.kernels``)."""
+types and their helpers are in ``compare.kernels``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from compare.kernels import KINDS, op_name
+from compare.kernels import KINDS, Kernels, op_name
+from compare.markdown import case_label
+from compare.results import Results
 
 #: The most absorbed ops listed per fused kernel in the report (the JSON keeps them all).
 MAX_ABSORBED_SHOWN = 10
@@ -23,71 +23,63 @@ def _times(n: int) -> str:
     return "" if n == 1 else f" x{n}"
 
 
-def _case(r: dict[str, Any]) -> str:
-    s = r.get("shape")
-    if isinstance(s, dict) and {"batch", "seq", "dim", "hidden"} <= set(s):
-        return f"{r.get('model', '')} {s['batch']}x{s['seq']}x{s['dim']}->{s['hidden']}".strip()
-    return str(r.get("case", ""))
-
-
-def _kernels_cell(s: dict[str, Any]) -> str:
+def _kernels_cell(s: Kernels) -> str:
     groups: dict[str, list[str]] = {}
-    for k in s["kernels"]:
-        groups.setdefault(k["kind"], []).append(_code(k["short"]) + _times(k["count"]))
+    for k in s.kernels:
+        groups.setdefault(k.kind, []).append(_code(k.short) + _times(k.count))
     return "; ".join(f"{kind}: {', '.join(groups[kind])}" for kind in KINDS if kind in groups) or "-"
 
 
-def _absorbed_cell(s: dict[str, Any]) -> str:
+def _absorbed_cell(s: Kernels) -> str:
     parts = []
-    for k in s["kernels"]:
-        ops = k.get("absorbed") or []
-        if not ops or (k["kind"] != "fused" and len(ops) < 2):
+    for k in s.kernels:
+        ops = k.absorbed
+        if not ops or (k.kind != "fused" and len(ops) < 2):
             continue
         shown = " + ".join(_cell(o) for o in ops[:MAX_ABSORBED_SHOWN])
         more = f" + {len(ops) - MAX_ABSORBED_SHOWN} more" if len(ops) > MAX_ABSORBED_SHOWN else ""
-        parts.append(f"{_code(k['short'])}: {shown}{more}")
+        parts.append(f"{_code(k.short)}: {shown}{more}")
     return "<br>".join(parts) or "-"
 
 
-def _metadata_cell(s: dict[str, Any]) -> str:
-    ops = [f"{_cell(op_name(m['name']))}{_times(m['count'])}" for m in s["metadata_ops"] if m["count"]]
+def _metadata_cell(s: Kernels) -> str:
+    ops = [f"{_cell(op_name(m.name))}{_times(m.count)}" for m in s.metadata_ops if m.count]
     return ", ".join(ops) or "-"
 
 
-def _counted_by(s: dict[str, Any]) -> str:
-    steps = s.get("steps")
-    over = "" if steps is None else f" over {steps} profiled step{'s' if steps != 1 else ''}"
-    return f"{s.get('source', '')}{over} ({s.get('device', '')})"
+def _counted_by(s: Kernels) -> str:
+    over = "" if s.steps is None else f" over {s.steps} profiled step{'s' if s.steps != 1 else ''}"
+    return f"{s.source}{over} ({s.device})"
 
 
-def kernel_section(doc: dict[str, Any]) -> str:
+def kernel_section(doc: Results) -> str:
     """``## Kernels per step``: one row per (backend, case, dtype, mode) whose result has a kernel summary.
 
-    Built only from ``doc["results"]`` (each result's ``"kernels"`` summary, or None); "" when no result has one.
+    Built only from the document's results (each result's ``kernels`` summary, or None); "" when no result has one.
     Shows kernels per step, the kernel names (short) grouped by kind with counts, the ops each fused kernel
     absorbed, and the metadata-only ops (no kernel launched) counted apart. Pure and deterministic.
     """
     rows, notes = [], []
-    for r in doc.get("results", []):
-        s = r.get("kernels")
-        if not s:
+    for r in doc.results:
+        s = r.kernels
+        if s is None:
             continue
-        label = f"{r.get('backend', '')} {_case(r)} {r.get('dtype', '')} {r.get('mode', '')}"
+        label = f"{r.backend} {case_label(r)} {r.dtype} {r.mode}"
         rows.append(
             [
-                _cell(str(r.get("backend", ""))),
-                _cell(_case(r)),
-                _cell(str(r.get("dtype", ""))),
-                _cell(str(r.get("mode", ""))),
+                _cell(r.backend),
+                _cell(case_label(r)),
+                _cell(r.dtype),
+                _cell(r.mode),
                 _counted_by(s),
-                str(s.get("kernels_per_step", sum(k["count"] for k in s.get("kernels", [])))),
+                str(s.kernels_per_step),
                 _kernels_cell(s),
                 _absorbed_cell(s),
                 _metadata_cell(s),
             ]
         )
-        if s.get("notes"):
-            notes.append(f"- {_cell(label)}: {_cell(s['notes'])}")
+        if s.notes:
+            notes.append(f"- {_cell(label)}: {_cell(s.notes)}")
     if not rows:
         return ""
     header = [

@@ -1,10 +1,13 @@
-"""Markdown building blocks shared by every report section: tables and number formats. No project imports."""
+"""Markdown building blocks shared by every report section: tables, number formats and a case label."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from compare.cases import Shape
 
 Row = list[str]
 
@@ -31,7 +34,16 @@ def fmt_e(x: float | None) -> str:
     return "-" if x is None else f"{x:.2e}"
 
 
-def case_label(r: dict[str, Any]) -> str:
-    """``geglu 3x37x96->328`` for a result row (its model and shape)."""
-    s = r["shape"]
-    return f"{r['model']} {s['batch']}x{s['seq']}x{s['dim']}->{s['hidden']}"
+class Labelled(Protocol):
+    """What :func:`case_label` needs of a result: its model and shape."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def shape(self) -> Shape: ...
+
+
+def case_label(r: Labelled) -> str:
+    """``geglu 3x37x96->328`` for a result (its model and shape)."""
+    return f"{r.model} {r.shape.label()}"

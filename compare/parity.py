@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from compare.jsonfields import Obj, flag, integer, integers, number, text, texts
 from compare.reference import SIGNIFICAND_BITS, round_to_dtype
 
 #: ``torch.testing.assert_close`` default ``atol`` per dtype: the scale below which a reference is degenerate.
@@ -136,6 +137,37 @@ class TensorParity:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> TensorParity:
+        """The inverse of :meth:`to_dict`: every field is required (``results.json`` stores them all)."""
+        return TensorParity(
+            tensor=text(d, "tensor"),
+            n=integer(d, "n"),
+            max_abs_err=number(d, "max_abs_err"),
+            max_rel_err=number(d, "max_rel_err"),
+            bound=number(d, "bound"),
+            ratio=number(d, "ratio"),
+            plain_err=number(d, "plain_err"),
+            rms_err=number(d, "rms_err"),
+            rms_plain=number(d, "rms_plain"),
+            rms_bound=number(d, "rms_bound"),
+            mean_err=number(d, "mean_err"),
+            mean_plain=number(d, "mean_plain"),
+            mean_se=number(d, "mean_se"),
+            mean_bound=number(d, "mean_bound"),
+            scale_err=number(d, "scale_err"),
+            scale_plain=number(d, "scale_plain"),
+            scale_se=number(d, "scale_se"),
+            scale_bound=number(d, "scale_bound"),
+            not_representable=integer(d, "not_representable"),
+            worst_ratio=number(d, "worst_ratio"),
+            worst_index=list(integers(d, "worst_index")),
+            nonfinite=integer(d, "nonfinite"),
+            passed=flag(d, "passed"),
+            failed=list(texts(d, "failed")),
+            why=text(d, "why"),
+        )
 
 
 def _matrix(a: np.ndarray) -> np.ndarray:
@@ -382,6 +414,8 @@ class Parity:
         return [f"{t.tensor}: {t.why}" for t in self.tensors if not t.passed]
 
     def to_dict(self) -> dict[str, object]:
+        """The verdict's summary (the worst tensor's numbers) and every tensor: the fields of a stored
+        :class:`~compare.parity_record.ParityRecord` that the gate itself decides."""
         w = self.worst
         return {
             "passed": self.passed,

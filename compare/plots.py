@@ -7,10 +7,10 @@ count (``batch x seq``) and each panel is one (dtype, mode). Per family, with fi
   error bars from the first to the third quartile (of ``samples_s`` when present, else median -/+ IQR/2);
 - ``speedup-<model>-d<dim>-h<hidden>.png``: the baseline's (``torch-eager``) median over each backend's;
 - ``roofline-<model>-d<dim>-h<hidden>.png``: achieved FLOP/s against the cost model's arithmetic intensity, under
-  the compute and bandwidth roofs measured in the same run (``doc["ceilings"]``); one shape is enough;
+  the compute and bandwidth roofs measured in the same run (the document's ``ceilings``); one shape is enough;
 - ``ceiling-<model>-d<dim>-h<hidden>.png``: achieved fraction of the compute (solid) and bandwidth (dashed)
-  ceilings, only if results carry the cost model's roofline numbers (``cost["achieved"]``: ``flops_fraction`` and
-  ``bytes_fraction``, written by ``compare.costmodel.roofline`` when the run measured its ceilings).
+  ceilings, only if results carry the cost model's roofline numbers (``cost.achieved``: ``flops_fraction`` and
+  ``bytes_fraction``, made by ``compare.costmodel.roofline`` when the run measured its ceilings).
 
 A family with fewer than two token counts gets no plot (a sweep's job; one point per line says nothing), and a
 plot with nothing to draw is skipped. matplotlib is imported only inside :func:`render_plots`, with Agg.
@@ -18,39 +18,46 @@ plot with nothing to draw is skipped. matplotlib is imported only inside :func:`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from compare import significance
+from compare.cost_types import Achieved
 from compare.registry import DEFAULT_BASELINE
+from compare.results import Result, Results
+from compare.timing import Timing
 
-Doc = dict[str, Any]
 Family = tuple[str, int, int]
-#: Keys of a result's ``cost`` plotted against the ceilings, with their legend suffix and line style.
-CEILINGS: tuple[tuple[str, str, str], ...] = (("flops_fraction", "compute", "-"), ("bytes_fraction", "bandwidth", "--"))
+#: The fields of a result's ``cost.achieved`` plotted against the ceilings, with their legend suffix and line style.
+CEILINGS: tuple[tuple[Callable[[Achieved], float], str, str], ...] = (
+    (lambda a: a.flops_fraction, "compute", "-"),
+    (lambda a: a.bytes_fraction, "bandwidth", "--"),
+)
 
 
-def tokens(r: Doc) -> int:
-    return int(r["shape"]["batch"] * r["shape"]["seq"])
+def tokens(r: Result) -> int:
+    return r.shape.tokens
 
 
-def family(r: Doc) -> Family:
-    return r["model"], int(r["shape"]["dim"]), int(r["shape"]["hidden"])
+def family(r: Result) -> Family:
+    return r.model, r.shape.dim, r.shape.hidden
 
 
-def spread(t: Doc) -> tuple[float, float, float]:
+def spread(t: Timing) -> tuple[float, float, float]:
     """(q1, median, q3) seconds of a timing record (:func:`compare.significance.spread`, the diff's own)."""
     s = significance.spread(t)
     return s.q1, s.median, s.q3
 
 
-def _timed(results: Iterable[Doc]) -> list[Doc]:
-    return [
-        r
-        for r in results
-        if r.get("timing") and r["status"] in ("ok", "parity-fail") and r["timing"].get("median_s", 0) > 0
-    ]
+def _median(r: Result) -> float:
+    """The median of a timed result (:func:`_timed` keeps only those)."""
+    assert r.timing is not None
+    return r.timing.median_s
+
+
+def _timed(results: Iterable[Result]) -> list[Result]:
+    return [r for r in results if r.timing is not None and r.status in ("ok", "parity-fail") and r.timing.median_s > 0]
 
 
 def _ordered(xs: Iterable[str], order: Iterable[str]) -> list[str]:
@@ -58,19 +65,19 @@ def _ordered(xs: Iterable[str], order: Iterable[str]) -> list[str]:
     return sorted(set(xs), key=lambda x: (order.index(x) if x in order else len(order), x))
 
 
-def _panels(rs: list[Doc]) -> list[tuple[str, str]]:
+def _panels(rs: list[Result]) -> list[tuple[str, str]]:
     from compare.cases import DTYPES, MODES
 
-    dtypes = _ordered((r["dtype"] for r in rs), DTYPES)
-    modes = _ordered((r["mode"] for r in rs), MODES)
+    dtypes = _ordered((r.dtype for r in rs), DTYPES)
+    modes = _ordered((r.mode for r in rs), MODES)
     return [(d, m) for d in dtypes for m in modes]
 
 
-def _series(rs: list[Doc]) -> dict[tuple[str, str, str], list[Doc]]:
+def _series(rs: list[Result]) -> dict[tuple[str, str, str], list[Result]]:
     """(dtype, mode, backend) -> results sorted by tokens (the first result per token count)."""
-    out: dict[tuple[str, str, str], dict[int, Doc]] = {}
+    out: dict[tuple[str, str, str], dict[int, Result]] = {}
     for r in rs:
-        out.setdefault((r["dtype"], r["mode"], r["backend"]), {}).setdefault(tokens(r), r)
+        out.setdefault((r.dtype, r.mode, r.backend), {}).setdefault(tokens(r), r)
     return {k: [v[t] for t in sorted(v)] for k, v in out.items()}
 
 
@@ -116,7 +123,7 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def _time_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
+def _time_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
     series = _series(rs)
     panels = _panels(rs)
     backends = sorted({b for (_, _, b) in series})
@@ -128,7 +135,7 @@ def _time_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
             if not pts:
                 continue
             xs = [tokens(r) for r in pts]
-            q = [spread(r["timing"]) for r in pts]
+            q = [spread(r.timing) for r in pts if r.timing is not None]
             ys = [m for _, m, _ in q]
             err = [[max(m - lo, 0.0) for lo, m, _ in q], [max(hi - m, 0.0) for _, m, hi in q]]
             ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, color=color[b], label=b)
@@ -136,9 +143,9 @@ def _time_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def _speedup_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
-    base = {(r["case"], r["mode"]): r["timing"]["median_s"] for r in rs if r["backend"] == DEFAULT_BASELINE}
-    others = [r for r in rs if r["backend"] != DEFAULT_BASELINE and (r["case"], r["mode"]) in base]
+def _speedup_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
+    base = {(r.case, r.mode): _median(r) for r in rs if r.backend == DEFAULT_BASELINE}
+    others = [r for r in rs if r.backend != DEFAULT_BASELINE and (r.case, r.mode) in base]
     if not others:
         return None
     series = _series(others)
@@ -152,19 +159,20 @@ def _speedup_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
             if not pts:
                 continue
             xs = [tokens(r) for r in pts]
-            ys = [base[(r["case"], r["mode"])] / r["timing"]["median_s"] for r in pts]
+            ys = [base[(r.case, r.mode)] / _median(r) for r in pts]
             ax.plot(xs, ys, marker="o", ms=3, color=color[b], label=b)
         ax.axhline(1.0, color="grey", linestyle=":", linewidth=1, label=DEFAULT_BASELINE)
         _axes_style(ax, (tokens(r) for r in others), f"{dtype} {mode}", f"{DEFAULT_BASELINE} median / median")
     return _save(fig, path)
 
 
-def _frac(r: Doc, key: str) -> float | None:
-    v = ((r.get("cost") or {}).get("achieved") or {}).get(key)
-    return float(v) if isinstance(v, int | float) and v > 0 else None
+def _frac(r: Result, key: Callable[[Achieved], float]) -> float | None:
+    a = r.cost.achieved if r.cost is not None else None
+    v = key(a) if a is not None else None
+    return float(v) if v is not None and v > 0 else None
 
 
-def _ceiling_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
+def _ceiling_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
     rs = [r for r in rs if any(_frac(r, k) is not None for k, _, _ in CEILINGS)]
     if not rs:
         return None
@@ -192,39 +200,43 @@ def _ceiling_plot(rs: list[Doc], fam: Family, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def _roofline_plot(doc: Doc, rs: list[Doc], fam: Family, path: Path) -> Path | None:
+def _roofline_plot(doc: Results, rs: list[Result], fam: Family, path: Path) -> Path | None:
     """Achieved FLOP/s against arithmetic intensity (FLOP per byte, from the cost model) for every timed result of
     the family, under the roofs measured in the same run: ``min(peak FLOP/s, intensity x peak bandwidth)``. One
     panel per dtype; renders for a single shape too."""
-    ceilings = doc.get("ceilings") or {}
+    ceilings = doc.ceilings
+    if ceilings is None:
+        return None
     pts = [
-        r
+        (r, r.cost, r.cost.achieved)
         for r in rs
-        if ((r.get("cost") or {}).get("achieved") or {}).get("flops_per_s")
-        and isinstance(ceilings.get(r["dtype"]), dict)
+        if r.cost is not None
+        and r.cost.achieved is not None
+        and r.cost.achieved.flops_per_s
+        and ceilings.get(r.dtype) is not None
     ]
     if not pts:
         return None
-    dtypes = _ordered((r["dtype"] for r in pts), [d for d in ("float32", "bfloat16", "float16")])
-    backends = sorted({r["backend"] for r in pts})
+    dtypes = _ordered((r.dtype for r, _, _ in pts), [d for d in ("float32", "bfloat16", "float16")])
+    backends = sorted({r.backend for r, _, _ in pts})
     color = _colors(backends)
     fig, axes = _figure(len(dtypes), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: roofline (ceilings of this run)")
     for ax, dtype in zip(axes, dtypes, strict=True):
-        ceil = ceilings[dtype]
-        peak_f, peak_b = float(ceil["flops_per_s"]), float(ceil["bytes_per_s"])
-        mine = [r for r in pts if r["dtype"] == dtype]
-        xs = [float(r["cost"]["arithmetic_intensity"]) for r in mine]
+        ceil = ceilings.by_dtype[dtype]
+        peak_f, peak_b = float(ceil.flops_per_s), float(ceil.bytes_per_s)
+        mine = [(r, c, a) for r, c, a in pts if r.dtype == dtype]
+        xs = [float(c.arithmetic_intensity) for _, c, _ in mine]
         lo, hi = min([*xs, peak_f / peak_b]) / 4, max([*xs, peak_f / peak_b]) * 4
         grid = [lo * (hi / lo) ** (i / 63) for i in range(64)]
         ax.plot(grid, [min(peak_f, x * peak_b) for x in grid], color="grey", linewidth=1.5, label="roof")
-        for r, x in zip(mine, xs, strict=True):
+        for (r, _, a), x in zip(mine, xs, strict=True):
             ax.plot(
                 [x],
-                [r["cost"]["achieved"]["flops_per_s"]],
+                [a.flops_per_s],
                 marker="o",
                 linestyle="",
-                color=color[r["backend"]],
-                label=f"{r['backend']} {r['mode']} ({tokens(r)} tokens)",
+                color=color[r.backend],
+                label=f"{r.backend} {r.mode} ({tokens(r)} tokens)",
             )
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -236,9 +248,9 @@ def _roofline_plot(doc: Doc, rs: list[Doc], fam: Family, path: Path) -> Path | N
     return _save(fig, path)
 
 
-def _compile_plot(rows: list[Doc], path: Path) -> Path | None:
-    """From ``doc["shape_sweep"]``: first call (compile + run, dashed) and steady median (solid) against tokens,
-    one line pair per (backend, dynamic), a panel per dtype."""
+def _compile_plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    """From the document's ``shape_sweep`` rows: first call (compile + run, dashed) and steady median (solid)
+    against tokens, one line pair per (backend, dynamic), a panel per dtype."""
     timed = [r for r in rows if r.get("timed") and r.get("median_s") and r.get("first_call_s") and not r.get("error")]
     dtypes = sorted({r["dtype"] for r in timed})
     if not dtypes or len({r["tokens"] for r in timed}) < 2:
@@ -271,13 +283,13 @@ def _compile_plot(rows: list[Doc], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def render_plots(doc: Doc, out_dir: Path) -> list[Path]:
+def render_plots(doc: Results, out_dir: Path) -> list[Path]:
     """Write the PNG plots of ``doc`` into ``out_dir``; return their paths (sorted by family, then kind)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    rs = _timed(doc.get("results", []))
-    fams: dict[Family, list[Doc]] = {}
+    rs = _timed(doc.results)
+    fams: dict[Family, list[Result]] = {}
     for r in rs:
         fams.setdefault(family(r), []).append(r)
     written: list[Path] = []
@@ -293,7 +305,7 @@ def render_plots(doc: Doc, out_dir: Path) -> list[Path]:
             p = fn(group, fam, out_dir / f"{kind}-{stem}.png")
             if p is not None:
                 written.append(p)
-    sweep = doc.get("shape_sweep") or []
+    sweep = list(doc.shape_sweep)
     if sweep:
         r0 = sweep[0]
         p = _compile_plot(sweep, out_dir / f"compile-{r0['model']}-d{r0['dim']}-h{r0['hidden']}.png")
@@ -311,9 +323,10 @@ _CAPTIONS = {
 }
 
 
-def plots_section(doc: Doc, plot_paths: list[str] | None = None) -> str:
-    """Markdown embedding the plots (``plot_paths``, else ``doc["plots"]``, relative to the report); "" if none."""
-    paths = list(doc.get("plots", []) if plot_paths is None else plot_paths)
+def plots_section(doc: Results, plot_paths: list[str] | None = None) -> str:
+    """Markdown embedding the plots (``plot_paths``, else the document's ``plots``, relative to the report); "" if
+    none."""
+    paths = list(doc.plots if plot_paths is None else plot_paths)
     if not paths:
         return ""
     lines = [

@@ -1,34 +1,36 @@
-"""The markdown report: a pure function of a results document. It measures nothing."""
+"""The markdown report: a pure function of a results document (:class:`~compare.results.Results`). It measures
+nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from compare.cost_report import cost_section, fusion_section
+from compare.environment import Environment
 from compare.gpu_build_report import render_markdown
 from compare.kernel_report import kernel_section
+from compare.kernels import Kernels
 from compare.markdown import case_label, fmt_e, fmt_s, table
 from compare.plots import plots_section
 from compare.registry import DEFAULT_BASELINE
 from compare.resolution import resolution_section
+from compare.results import Result, Results
 from compare.shapes import shapes_section
 from compare.summary import summary_section
 
 Row = list[str]
-Doc = dict[str, Any]
+Rows = Sequence[Result]
 
 
-def environment_section(env: Doc) -> str:
-    v = env.get("versions", {})
+def environment_section(env: Environment) -> str:
     rows = [
-        ["platform", env.get("platform", "")],
-        ["CPU", f"{env.get('cpu', '')} ({env.get('cpu_count')} logical cores)"],
-        ["GPU", env.get("gpu") or "none"],
-        ["versions", ", ".join(f"{k} {val}" for k, val in v.items() if val)],
-        ["threads", ", ".join(f"{k}={val}" for k, val in env.get("threads", {}).items() if val != "")],
-        ["precision", ", ".join(f"{k}={val}" for k, val in env.get("precision", {}).items())],
-        ["TRITON_INTERPRET", env.get("triton_interpret") or "unset"],
+        ["platform", env.platform],
+        ["CPU", f"{env.cpu} ({env.cpu_count} logical cores)"],
+        ["GPU", env.gpu or "none"],
+        ["versions", ", ".join(f"{k} {val}" for k, val in env.versions.items() if val)],
+        ["threads", ", ".join(f"{k}={val}" for k, val in env.threads.items() if val != "")],
+        ["precision", ", ".join(f"{k}={val}" for k, val in env.precision.items())],
+        ["TRITON_INTERPRET", env.triton_interpret or "unset"],
     ]
     return "## Environment\n\n" + table(["", ""], rows)
 
@@ -37,30 +39,30 @@ def _e_bound(value: float | None, bound: float | None) -> str:
     return f"{fmt_e(value)} ({fmt_e(bound)})"
 
 
-def parity_section(results: list[Doc]) -> str:
+def parity_section(results: Rows) -> str:
     """Every statistic of the gate (``compare.parity``) per tensor, with the checks that failed."""
     rows = []
     for r in results:
-        p = r.get("parity")
-        if not p:
+        p = r.parity
+        if p is None:
             continue
-        last = p.get("last_timed")
-        for t in p["tensors"]:
-            verdict = "pass" if t["passed"] else "**FAIL**: " + ", ".join(t.get("failed", []))
-            if last and not last["passed"] and any(f.startswith(t["tensor"] + ":") for f in last["failures"]):
+        last = p.last_timed
+        for t in p.tensors:
+            verdict = "pass" if t.passed else "**FAIL**: " + ", ".join(t.failed)
+            if last and not last.passed and any(f.startswith(t.tensor + ":") for f in last.failures):
                 verdict += " (last timed call: **FAIL**)"
             rows.append(
                 [
-                    r["backend"],
+                    r.backend,
                     case_label(r),
-                    r["dtype"],
-                    r["mode"],
-                    t["tensor"],
-                    _e_bound(t["max_abs_err"], t["bound"]),
-                    _e_bound(t.get("rms_err"), t.get("rms_bound")),
-                    f"{fmt_e(t.get('mean_err'))} ({fmt_e(t.get('mean_bound'))}; se {fmt_e(t.get('mean_se'))})",
-                    f"{fmt_e(t.get('scale_err'))} ({fmt_e(t.get('scale_bound'))}; se {fmt_e(t.get('scale_se'))})",
-                    str(t.get("not_representable", "-")),
+                    r.dtype,
+                    r.mode,
+                    t.tensor,
+                    _e_bound(t.max_abs_err, t.bound),
+                    _e_bound(t.rms_err, t.rms_bound),
+                    f"{fmt_e(t.mean_err)} ({fmt_e(t.mean_bound)}; se {fmt_e(t.mean_se)})",
+                    f"{fmt_e(t.scale_err)} ({fmt_e(t.scale_bound)}; se {fmt_e(t.scale_se)})",
+                    str(t.not_representable),
                     verdict,
                 ]
             )
@@ -77,7 +79,7 @@ def parity_section(results: list[Doc]) -> str:
         "values not in dtype",
         "parity",
     ]
-    timed = any(len(r["parity"].get("checked", [])) > 1 for r in results if r.get("parity"))
+    timed = any(len(r.parity.checked) > 1 for r in results if r.parity is not None)
     intro = (
         "Error against the float64 golden, every check of the gate (`compare/parity.py`); each bound comes from "
         "a plain same-dtype computation's own error on the same case. max: max|err| <= 2 x plain max + one unit "
@@ -95,47 +97,47 @@ def parity_section(results: list[Doc]) -> str:
     return "## Parity\n\n" + intro + "\n\n" + table(head, rows)
 
 
-def _baseline(results: list[Doc], r: Doc) -> Doc | None:
+def _baseline(results: Rows, r: Result) -> Result | None:
     for b in results:
-        if b["backend"] == DEFAULT_BASELINE and b["case"] == r["case"] and b["mode"] == r["mode"] and b.get("timing"):
+        if b.backend == DEFAULT_BASELINE and b.case == r.case and b.mode == r.mode and b.timing is not None:
             return b
     return None
 
 
-def speedup_cell(results: list[Doc], r: Doc) -> str:
+def speedup_cell(results: Rows, r: Result) -> str:
     """``r``'s speedup against the baseline on the same case and mode, e.g. ``1.52x``, only where the two timings
     differ beyond noise (:func:`compare.significance.compare_timing`, the rule of ``compare diff``); else
     ``within noise``. ``baseline`` for the baseline itself, ``-`` where the baseline was not timed."""
     from compare.significance import speedup
 
     base = _baseline(results, r)
-    if base is None or not r.get("timing"):
+    if base is None or base.timing is None or r.timing is None:
         return "-"
     if base is r:
         return "baseline"
-    ratio, verdict = speedup(base["timing"], r["timing"])
+    ratio, verdict = speedup(base.timing, r.timing)
     return verdict if verdict == "within noise" else f"{ratio:.2f}x"
 
 
-def timing_section(results: list[Doc]) -> str:
+def timing_section(results: Rows) -> str:
     rows = []
     for r in results:
-        t = r.get("timing")
-        if not t:
+        t = r.timing
+        if t is None:
             continue
         speedup = speedup_cell(results, r)
-        flags = [x for x in ("noisy (IQR > 10% of median)" if t.get("noisy") else "", r.get("note", "")) if x]
+        flags = [x for x in ("noisy (IQR > 10% of median)" if t.noisy else "", r.note) if x]
         rows.append(
             [
-                r["backend"],
+                r.backend,
                 case_label(r),
-                r["dtype"],
-                r["mode"],
-                fmt_s(t["median_s"]),
-                fmt_s(t["iqr_s"]),
-                fmt_s(t["min_s"]),
-                f"{t['n']} x {t['calls_per_sample']}",
-                fmt_s(t["first_call_s"]),
+                r.dtype,
+                r.mode,
+                fmt_s(t.median_s),
+                fmt_s(t.iqr_s),
+                fmt_s(t.min_s),
+                f"{t.n} x {t.calls_per_sample}",
+                fmt_s(t.first_call_s),
                 speedup,
                 "; ".join(flags),
             ]
@@ -148,31 +150,31 @@ def timing_section(results: list[Doc]) -> str:
         f"the band of both IQRs, quartiles apart, a Mann-Whitney test); else 'within noise'."
     )
     untimed = [
-        f"- {r['backend']} ({case_label(r)}, {r['dtype']}, {r['mode']}): not timed: {r['note']}"
+        f"- {r.backend} ({case_label(r)}, {r.dtype}, {r.mode}): not timed: {r.note}"
         for r in results
-        if r["status"] in ("ok", "parity-fail") and not r.get("timing")
+        if r.status in ("ok", "parity-fail") and r.timing is None
     ]
     return "## Timing\n\n" + intro + "\n\n" + table(head, rows) + ("\n\n" + "\n".join(untimed) if untimed else "")
 
 
-def modes_section(results: list[Doc]) -> str:
+def modes_section(results: Rows) -> str:
     """One row per (backend, case, dtype), a column per timed mode: median (and speedup against eager, or "within
     noise")."""
-    modes = [m for m in ("fwd", "bwd", "fwd+bwd") if any(r["mode"] == m and r.get("timing") for r in results)]
+    modes = [m for m in ("fwd", "bwd", "fwd+bwd") if any(r.mode == m and r.timing for r in results)]
     if len(modes) < 2:
         return ""
     keys: list[tuple[str, str, str]] = []
     cells: dict[tuple[str, str, str, str], str] = {}
     for r in results:
-        if not r.get("timing"):
+        if r.timing is None:
             continue
-        key = (r["backend"], r["case"], r["dtype"])
+        key = (r.backend, r.case, r.dtype)
         if key not in keys:
             keys.append(key)
         speed = speedup_cell(results, r)
         shown = f" ({speed})" if speed not in ("-", "baseline") else ""
-        cells[(*key, r["mode"])] = fmt_s(r["timing"]["median_s"]) + shown
-    label = {r["case"]: case_label(r) for r in results}
+        cells[(*key, r.mode)] = fmt_s(r.timing.median_s) + shown
+    label = {r.case: case_label(r) for r in results}
     rows = [[b, label[c], d, *(cells.get((b, c, d, m), "-") for m in modes)] for b, c, d in keys]
     return (
         f"## Timing by mode\n\nMedian per call (speedup against {DEFAULT_BASELINE}, where beyond noise).\n\n"
@@ -180,26 +182,26 @@ def modes_section(results: list[Doc]) -> str:
     )
 
 
-def xla_check_section(results: list[Doc]) -> str:
+def xla_check_section(results: Rows) -> str:
     """The cost model against XLA's own ``cost_analysis()`` of the compiled executable, for JAX backends."""
     rows = []
     for r in results:
-        xla, cost = (r.get("kernels") or {}).get("xla_cost"), r.get("cost")
-        if not xla or not cost or xla.get("flops") is None:
+        xla, cost = r.kernels.xla_cost if r.kernels else None, r.cost
+        if not xla or cost is None or xla.get("flops") is None:
             continue
-        fr = xla["flops"] / cost["flops"] if cost["flops"] else float("nan")
+        fr = xla["flops"] / cost.flops if cost.flops else float("nan")
         xb = xla.get("bytes_accessed")
-        br = f"{xb / cost['bytes']:.2f}" if xb and cost["bytes"] else "-"
+        br = f"{xb / cost.bytes:.2f}" if xb and cost.bytes else "-"
         rows.append(
             [
-                r["backend"],
+                r.backend,
                 case_label(r),
-                r["dtype"],
-                r["mode"],
-                f"{cost['flops']:.4g}",
+                r.dtype,
+                r.mode,
+                f"{cost.flops:.4g}",
                 f"{xla['flops']:.4g}",
                 f"{fr:.3f}",
-                f"{cost['bytes']:.4g}",
+                f"{cost.bytes:.4g}",
                 "-" if xb is None else f"{xb:.4g}",
                 br,
             ]
@@ -226,18 +228,17 @@ def xla_check_section(results: list[Doc]) -> str:
     return "## Cost model against XLA's cost analysis\n\n" + intro + "\n\n" + table(head, rows)
 
 
-def _steps_note(k: Doc) -> str:
-    steps = k.get("steps")
-    return "" if steps is None else f", {steps} recorded step{'s' if steps != 1 else ''}"
+def _steps_note(k: Kernels) -> str:
+    return "" if k.steps is None else f", {k.steps} recorded step{'s' if k.steps != 1 else ''}"
 
 
-def traces_section(results: list[Doc]) -> str:
+def traces_section(results: Rows) -> str:
     """Links to the profiler traces a run wrote (paths relative to the report's folder)."""
     rows = [
-        f"- {r['backend']} ({case_label(r)}, {r['dtype']}, {r['mode']}): [{r['kernels']['trace']}]"
-        f"({r['kernels']['trace']})" + _steps_note(r["kernels"])
+        f"- {r.backend} ({case_label(r)}, {r.dtype}, {r.mode}): [{r.kernels.trace}]({r.kernels.trace})"
+        + _steps_note(r.kernels)
         for r in results
-        if (r.get("kernels") or {}).get("trace")
+        if r.kernels is not None and r.kernels.trace
     ]
     if not rows:
         return ""
@@ -248,19 +249,19 @@ def traces_section(results: list[Doc]) -> str:
     return "## Traces\n\n" + intro + "\n\n" + "\n".join(rows)
 
 
-def problems_section(results: list[Doc]) -> str:
+def problems_section(results: Rows) -> str:
     """Every result that is not a clean pass: skipped, failed, errors, and timings flagged implausible."""
-    bad = [r for r in results if r["status"] != "ok" or r.get("implausible")]
+    bad = [r for r in results if r.status != "ok" or r.implausible]
     if not bad:
         return "## Skipped, failed and implausible\n\nNone: every backend ran and passed parity."
     rows = [
         [
-            r["backend"],
+            r.backend,
             case_label(r),
-            r["dtype"],
-            r["mode"],
-            r["status"] + (" (timing implausible)" if r.get("implausible") else ""),
-            "; ".join(x for x in (r["reason"], r.get("implausible", "")) if x).replace("|", "\\|"),
+            r.dtype,
+            r.mode,
+            r.status + (" (timing implausible)" if r.implausible else ""),
+            "; ".join(x for x in (r.reason, r.implausible) if x).replace("|", "\\|"),
         ]
         for r in bad
     ]
@@ -269,41 +270,38 @@ def problems_section(results: list[Doc]) -> str:
     )
 
 
-def summary(results: list[Doc]) -> str:
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+def summary(doc: Results) -> str:
+    """Counts by status, e.g. ``3 ok, 1 skipped`` (:meth:`Results.summary`)."""
+    return doc.summary()
 
 
 #: Report sections in order. Later issues add sections here; each is a pure function of the document.
-SECTIONS: list[Callable[[Doc], str]] = [
+SECTIONS: list[Callable[[Results], str]] = [
     summary_section,
-    lambda d: environment_section(d["environment"]),
-    lambda d: parity_section(d["results"]),
-    resolution_section,
-    lambda d: timing_section(d["results"]),
-    lambda d: modes_section(d["results"]),
+    lambda d: environment_section(d.environment),
+    lambda d: parity_section(d.results),
+    lambda d: resolution_section(d.resolution),
+    lambda d: timing_section(d.results),
+    lambda d: modes_section(d.results),
     kernel_section,
     fusion_section,
     cost_section,
-    lambda d: xla_check_section(d["results"]),
+    lambda d: xla_check_section(d.results),
     shapes_section,
-    lambda d: traces_section(d["results"]),
-    plots_section,
-    lambda d: render_markdown(d["gpu_build"]).rstrip() if d.get("gpu_build") else "",
-    lambda d: problems_section(d["results"]),
+    lambda d: traces_section(d.results),
+    lambda d: plots_section(d),
+    lambda d: render_markdown(d.gpu_build).rstrip() if d.gpu_build else "",
+    lambda d: problems_section(d.results),
 ]
 
 
-def render(doc: Doc) -> str:
+def render(doc: Results) -> str:
     """The whole ``REPORT.md`` for a results document."""
-    cfg = doc.get("config", {})
     head = [
         "# fusion-compare report",
         "",
-        f"Run {doc.get('created', '')}: {summary(doc['results'])}.",
-        f"Command: `{cfg['command']}`" if cfg.get("command") else "",
+        f"Run {doc.created}: {doc.summary()}.",
+        f"Command: `{doc.config.command}`" if doc.config.command else "",
     ]
     body = [section(doc) for section in SECTIONS]
     return "\n".join(x for x in head if x is not None) + "\n\n" + "\n\n".join(b for b in body if b) + "\n"

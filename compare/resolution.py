@@ -12,17 +12,20 @@ answered on the golden data with the very same gate:
   gate: does any check fail? If not, the two GELU forms are *not distinguishable* at that dtype and case, and a
   pass says nothing about which one a backend uses.
 
-Rows are data (``doc["resolution"]``); :func:`resolution_section` renders them.
+Rows are data (:class:`ResolutionRow`, a results document's ``resolution``); :func:`resolution_section` renders
+them.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from compare.jsonfields import Obj, integer, opt_flag, opt_number, record_dict, text, texts
 from compare.markdown import table
 from compare.parity import PlainStats, check_tensor, plain_stats
 from compare.reference import GELU_MODELS, Arith, compute, round_to_dtype
@@ -32,7 +35,46 @@ S_MAX = 0.5
 #: Bisection stops when the bracket's upper end is within this factor of its lower end.
 REL_PRECISION = 1.05
 
-Row = dict[str, Any]
+
+@dataclass(frozen=True)
+class ResolutionRow:
+    """The gate's resolution on one tensor of one case (``doc["resolution"]``): ``scale_resolution`` (the smallest
+    relative scale error it catches, None when not even :data:`S_MAX` is; ``note`` "below" when even :data:`S_MIN`
+    is), and for a model with a GELU whether the erf form fails the gate (``erf_distinguishable``, the checks it
+    fails, its relative rms difference from the tanh form in float64 and its scale error); None without a GELU."""
+
+    case: str
+    model: str
+    label: str
+    dtype: str
+    tensor: str
+    n: int
+    scale_resolution: float | None
+    note: str = ""
+    erf_distinguishable: bool | None = None
+    erf_failed: tuple[str, ...] = ()
+    erf_rel_rms: float | None = None
+    erf_scale_err: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> ResolutionRow:
+        return ResolutionRow(
+            case=text(d, "case"),
+            model=text(d, "model"),
+            label=text(d, "label"),
+            dtype=text(d, "dtype"),
+            tensor=text(d, "tensor"),
+            n=integer(d, "n"),
+            scale_resolution=opt_number(d, "scale_resolution"),
+            note=text(d, "note", ""),
+            erf_distinguishable=opt_flag(d, "erf_distinguishable"),
+            erf_failed=texts(d, "erf_failed"),
+            erf_rel_rms=opt_number(d, "erf_rel_rms"),
+            erf_scale_err=opt_number(d, "erf_scale_err"),
+        )
 
 
 def _fails(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str, stats: PlainStats) -> bool:
@@ -83,7 +125,7 @@ def resolution_rows(
     ref: dict[str, np.ndarray],
     plain: dict[str, np.ndarray],
     tensors: Iterable[str],
-) -> list[Row]:
+) -> list[ResolutionRow]:
     """Resolution rows of one case for ``tensors`` (``golden_inputs = (x, params, dy)``)."""
     x, params, dy = golden_inputs
     names = [t for t in tensors if t in ref]
@@ -95,25 +137,13 @@ def resolution_rows(
     for t in names:
         stats = plain_stats(ref[t], plain[t])
         s, note = scale_resolution(t, ref[t], plain[t], dtype, stats)
-        row: Row = {
-            "case": case_name,
-            "model": model,
-            "label": label,
-            "dtype": dtype,
-            "tensor": t,
-            "n": int(ref[t].size),
-            "scale_resolution": s,
-            "note": note,
-            "erf_distinguishable": None,
-            "erf_failed": [],
-            "erf_rel_rms": None,
-            "erf_scale_err": None,
-        }
+        row = ResolutionRow(case_name, model, label, dtype, t, int(ref[t].size), s, note)
         if erf_plain is not None and erf_exact is not None:
             p = check_tensor(t, erf_plain[t], ref[t], plain[t], dtype, stats)
-            row.update(
+            row = replace(
+                row,
                 erf_distinguishable=not p.passed,
-                erf_failed=list(p.failed),
+                erf_failed=tuple(p.failed),
                 erf_rel_rms=_rel_rms(erf_exact[t], ref[t]),
                 erf_scale_err=p.scale_err,
             )
@@ -121,9 +151,9 @@ def resolution_rows(
     return rows
 
 
-def lookup(rows: Iterable[Row], case_name: str, tensor: str) -> Row | None:
+def lookup(rows: Iterable[ResolutionRow], case_name: str, tensor: str) -> ResolutionRow | None:
     """The row of ``case_name`` and ``tensor``, or None."""
-    return next((r for r in rows if r["case"] == case_name and r["tensor"] == tensor), None)
+    return next((r for r in rows if r.case == case_name and r.tensor == tensor), None)
 
 
 def _pct(s: float | None, note: str) -> str:
@@ -133,28 +163,28 @@ def _pct(s: float | None, note: str) -> str:
     return f"< {text}" if note == "below" else f">= {text}"
 
 
-def resolution_section(doc: dict[str, Any]) -> str:
-    """Markdown: what a pass means, per case, dtype and tensor."""
-    rows = doc.get("resolution") or []
+def resolution_section(rows: Iterable[ResolutionRow]) -> str:
+    """Markdown: what a pass means, per case, dtype and tensor (a results document's ``resolution``)."""
+    rows = list(rows)
     if not rows:
         return ""
     body = []
     for r in rows:
-        if r["erf_distinguishable"] is None:
+        if r.erf_distinguishable is None:
             erf = "- (no GELU)"
-        elif r["erf_distinguishable"]:
-            erf = f"distinguishable (fails: {', '.join(r['erf_failed'])})"
+        elif r.erf_distinguishable:
+            erf = f"distinguishable (fails: {', '.join(r.erf_failed)})"
         else:
             erf = "**not distinguishable**"
         body.append(
             [
-                r["label"],
-                r["dtype"],
-                r["tensor"],
-                f"{r['n']:,}",
-                _pct(r["scale_resolution"], r["note"]),
+                r.label,
+                r.dtype,
+                r.tensor,
+                f"{r.n:,}",
+                _pct(r.scale_resolution, r.note),
                 erf,
-                "-" if r["erf_rel_rms"] is None else f"{r['erf_rel_rms']:.2g}",
+                "-" if r.erf_rel_rms is None else f"{r.erf_rel_rms:.2g}",
             ]
         )
     head = [

@@ -1,43 +1,89 @@
-"""Results are data: one record per (backend, case, mode), plus the environment; stored as ``results.json``."""
+"""Results are data: one :class:`Result` per (backend, case, mode), plus the environment and the rest of a run, in a
+:class:`Results` document stored as ``results.json`` (``to_dict``/``from_dict``; :func:`read_json` validates and
+types a file)."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from compare.atomic import write_text_atomic
-from compare.cases import Case, InputError
+from compare.cases import Case, InputError, Shape
+from compare.cost_types import Ceilings, Cost
+from compare.environment import Environment
+from compare.jsonfields import (
+    FieldError,
+    Obj,
+    Setting,
+    flag,
+    integer,
+    integers,
+    mapping,
+    obj,
+    opt_mapping,
+    opt_text,
+    record_dict,
+    sub,
+    subs,
+    text,
+    texts,
+)
+from compare.kernels import Kernels
+from compare.parity_record import ParityRecord
+from compare.resolution import ResolutionRow
+from compare.timing import Timing, TimingConfig
+from compare.tp_result import TPInfo
 
 #: The version of the results document's layout, stored as its ``schema_version``. 2: the statistical parity gate
 #: (every check per tensor), the resolution table and the implausible flag. A file of another version is refused
-#: on load with a clear error (rerun, or rebuild the report with the fusion-compare that wrote it).
+#: on load with a clear error (rerun, or rebuild the report with the fusion-compare that wrote it). Fields added
+#: since without changing what the others mean (a result's ``world_size`` and ``tp``, a parity's ``processes``)
+#: are optional: a reader of version 2 that does not know them ignores them.
 SCHEMA_VERSION = 2
 STATUSES: tuple[str, ...] = ("ok", "parity-fail", "error", "skipped")
 
 
-@dataclass
+def _shape_from_dict(d: Obj) -> Shape:
+    dims = [integer(d, k) for k in SHAPE_FIELDS]
+    try:
+        return Shape(*dims)
+    except InputError as exc:
+        raise FieldError("", str(exc)) from None
+
+
+@dataclass(frozen=True)
 class Result:
-    """What happened to one backend on one case and mode. ``parity``/``timing`` are None where not measured."""
+    """What happened to one backend on one case and mode. ``parity``/``timing`` are None where not measured;
+    ``kernels`` where not profiled; ``cost`` where the backend is not in the cost model.
+
+    ``threads`` are the thread settings the backend reported (free-form, merged into the environment); ``extras``
+    what else it or the harness recorded (free-form: ``traceback`` and ``profile_error`` from the harness, a
+    crashed sweep worker's ``exit_code``, ``signal`` and ``stderr_tail``, a backend's own notes). ``implausible``
+    says why the timing cannot be right ("" when it can). A tensor-parallel result has ``world_size`` > 1 and its
+    ``tp`` details."""
 
     backend: str
     model: str
     dtype: str
-    shape: dict[str, int]
+    shape: Shape
     case: str
     mode: str
     status: str
     reason: str = ""
     note: str = ""
     device: str = ""
-    parity: dict[str, Any] | None = None
-    timing: dict[str, Any] | None = None
-    threads: dict[str, Any] = field(default_factory=dict)
-    kernels: dict[str, Any] | None = None
-    cost: dict[str, Any] | None = None
+    parity: ParityRecord | None = None
+    timing: Timing | None = None
+    threads: dict[str, Setting] = field(default_factory=dict)
+    kernels: Kernels | None = None
+    cost: Cost | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    implausible: str = ""
+    world_size: int = 1
+    tp: TPInfo | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -45,18 +91,161 @@ class Result:
 
     @staticmethod
     def for_case(backend: str, case: Case, mode: str, status: str, **kw: Any) -> Result:
-        s = case.shape
-        shape = {"batch": s.batch, "seq": s.seq, "dim": s.dim, "hidden": s.hidden}
-        return Result(backend, case.model, case.dtype, shape, case.name, mode, status, **kw)
+        return Result(backend, case.model, case.dtype, case.shape, case.name, mode, status, **kw)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return record_dict(self, optional=("implausible", "world_size", "tp"))
+
+    @staticmethod
+    def from_dict(d: Obj) -> Result:
+        """The inverse of :meth:`to_dict`. A missing or mistyped field is a :class:`FieldError` naming it."""
+        status = text(d, "status")
+        if status not in STATUSES:
+            raise FieldError("status", f"is {status!r}, not one of {', '.join(STATUSES)}")
+        shape = sub(d, "shape", _shape_from_dict)
+        if shape is None:
+            raise FieldError("shape", "is missing")
+        return Result(
+            backend=text(d, "backend"),
+            model=text(d, "model"),
+            dtype=text(d, "dtype"),
+            shape=shape,
+            case=text(d, "case"),
+            mode=text(d, "mode"),
+            status=status,
+            reason=text(d, "reason", ""),
+            note=text(d, "note", ""),
+            device=text(d, "device", ""),
+            parity=sub(d, "parity", ParityRecord.from_dict),
+            timing=sub(d, "timing", Timing.from_dict),
+            threads=mapping(d, "threads"),
+            kernels=sub(d, "kernels", Kernels.from_dict),
+            cost=sub(d, "cost", Cost.from_dict),
+            extras=mapping(d, "extras"),
+            implausible=text(d, "implausible", ""),
+            world_size=integer(d, "world_size", 1),
+            tp=sub(d, "tp", TPInfo.from_dict),
+        )
 
 
-def write_json(path: Path, doc: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class Progress:
+    """A sweep's progress: grid cells, those done, and the sessions (starts) that wrote its file."""
+
+    cells: int
+    done: int
+    sessions: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> Progress:
+        return Progress(integer(d, "cells"), integer(d, "done"), integer(d, "sessions"))
+
+
+@dataclass(frozen=True)
+class Config:
+    """What a run was asked to do: the ``command`` line, the ``preset`` (None: none), the backends, dtypes and
+    modes, the world sizes of a tensor-parallel run (empty: 1), the shared timer's settings; for a sweep also its
+    ``grid`` (``compare.sweep_grid.grid_config``'s object:
+    model, dim, hidden, seq, tokens, dist, seed) and its ``progress``."""
+
+    command: str = ""
+    preset: str | None = None
+    grid: dict[str, Any] | None = None
+    backends: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ()
+    world_sizes: tuple[int, ...] = ()
+    timing: TimingConfig | None = None
+    progress: Progress | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, optional=("grid", "world_sizes", "progress"))
+
+    @staticmethod
+    def from_dict(d: Obj) -> Config:
+        return Config(
+            command=text(d, "command", ""),
+            preset=opt_text(d, "preset"),
+            backends=texts(d, "backends"),
+            dtypes=texts(d, "dtypes"),
+            modes=texts(d, "modes"),
+            timing=sub(d, "timing", TimingConfig.from_dict),
+            grid=opt_mapping(d, "grid"),
+            progress=sub(d, "progress", Progress.from_dict),
+            world_sizes=integers(d, "world_sizes"),
+        )
+
+
+@dataclass(frozen=True)
+class Results:
+    """A results document (``results.json``): when it was created, the run's config and environment, one
+    :class:`Result` per (backend, case, mode), the gate's resolution per case and tensor, this machine's measured
+    ceilings (None: not measured), and what a run may add: ``interrupted`` (Ctrl-C: only the finished cells),
+    ``shape_sweep`` (the compile-cost rows of ``compare.shapes``, schema in its docstring), ``gpu_build`` (the GPU
+    build table, ``gpu_build.json``'s object as ``compare.gpu_build_report`` reads it) and ``plots`` (PNG paths
+    relative to the report)."""
+
+    schema_version: int = SCHEMA_VERSION
+    created: str = ""
+    config: Config = field(default_factory=Config)
+    environment: Environment = field(default_factory=Environment)
+    results: tuple[Result, ...] = ()
+    resolution: tuple[ResolutionRow, ...] = ()
+    ceilings: Ceilings | None = None
+    interrupted: bool = False
+    shape_sweep: tuple[dict[str, Any], ...] = ()
+    gpu_build: dict[str, Any] | None = None
+    plots: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, optional=("ceilings", "interrupted", "shape_sweep", "gpu_build", "plots"))
+
+    @staticmethod
+    def from_dict(d: Obj) -> Results:
+        """The inverse of :meth:`to_dict`. Only ``results`` is required here (:func:`validate` checks a file's
+        version and rows first); a bad field is a :class:`FieldError` naming it, and the row for a result's."""
+        rows = d.get("results")
+        if not isinstance(rows, list):
+            raise FieldError("results", "is missing" if rows is None else "is not a list")
+        results = []
+        for i, r in enumerate(rows):
+            try:
+                results.append(Result.from_dict(obj(r)))
+            except FieldError as exc:
+                who = f" ({r['backend']})" if isinstance(r, dict) and isinstance(r.get("backend"), str) else ""
+                raise FieldError(
+                    f"result #{i}{who} field {exc.where}" if exc.where else f"result #{i}{who}", exc.problem
+                ) from None
+        shape_sweep = tuple(dict(obj(r, f"shape_sweep[{i}]")) for i, r in enumerate(d.get("shape_sweep") or []))
+        return Results(
+            created=text(d, "created", ""),
+            config=sub(d, "config", Config.from_dict) or Config(),
+            environment=sub(d, "environment", Environment.from_dict) or Environment(),
+            results=tuple(results),
+            resolution=subs(d, "resolution", ResolutionRow.from_dict),
+            ceilings=sub(d, "ceilings", Ceilings.from_dict),
+            interrupted=flag(d, "interrupted", False),
+            shape_sweep=shape_sweep,
+            gpu_build=opt_mapping(d, "gpu_build"),
+            plots=texts(d, "plots"),
+            schema_version=integer(d, "schema_version", SCHEMA_VERSION),
+        )
+
+    def summary(self) -> str:
+        """Counts by status, e.g. ``3 ok, 1 skipped``."""
+        counts: dict[str, int] = {}
+        for r in self.results:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+
+def write_json(path: Path, doc: Results) -> None:
     """Write a results document atomically (the previous file survives a failed write)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(doc, indent=1, sort_keys=False, allow_nan=True) + "\n")
+    write_text_atomic(path, json.dumps(doc.to_dict(), indent=1, sort_keys=False, allow_nan=True) + "\n")
 
 
 #: Fields every result row must have, with their type.
@@ -142,16 +331,26 @@ def validate(doc: Any, source: str) -> dict[str, Any]:
     return doc
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """Read and :func:`validate` a ``results.json`` (UTF-8); any problem is an :class:`InputError` naming the file."""
+def load(doc: Any, source: str) -> Results:
+    """The typed document of parsed JSON ``doc``: :func:`validate` first, then :meth:`Results.from_dict`; any
+    problem is an :class:`InputError` naming ``source`` and, for a result, its row and field."""
+    try:
+        return Results.from_dict(validate(doc, source))
+    except FieldError as exc:
+        raise InputError(f"results file {source}: {exc}") from None
+
+
+def read_json(path: Path) -> Results:
+    """Read, :func:`validate` and type a ``results.json`` (UTF-8); any problem is an :class:`InputError` naming the
+    file."""
     if not path.is_file():
         raise InputError(f"results file {path} does not exist")
     try:
-        text = path.read_text(encoding="utf-8")
+        text_ = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"results file {path} cannot be read: {exc}") from exc
     try:
-        doc = json.loads(text)
+        doc = json.loads(text_)
     except json.JSONDecodeError as exc:
         raise InputError(f"results file {path} is not valid JSON: {exc}") from exc
-    return validate(doc, str(path))
+    return load(doc, str(path))

@@ -24,8 +24,10 @@ from typing import Any
 
 from compare.cases import Case
 from compare.registry import BackendSpec
+from compare.results import Results
 from compare.shape_cases import case_for_tokens
 from compare.significance import FASTER, SLOWER, WITHIN_NOISE, compare_timing
+from compare.timing import Timing
 
 Row = dict[str, Any]
 
@@ -49,8 +51,8 @@ def _key(r: Row) -> tuple[Any, ...]:
     return (r.get("model"), r.get("dim"), r.get("hidden"), r.get("dtype"), r.get("mode"), r["tokens"])
 
 
-def _timing(r: Row) -> dict[str, Any]:
-    return {"median_s": r["median_s"], "iqr_s": r.get("iqr_s") or 0.0}
+def _timing(r: Row) -> Timing:
+    return Timing.from_dict({"median_s": r["median_s"], "iqr_s": r.get("iqr_s") or 0.0})
 
 
 def with_payback(rows: list[Row]) -> list[Row]:
@@ -108,11 +110,12 @@ def _payback(r: Row) -> str:
     return f"{math.ceil(p):,} calls vs {r['baseline']}"
 
 
-def shapes_section(doc: dict[str, Any]) -> str:
-    """Markdown for ``doc["shape_sweep"]``: per backend and shape, compiles, first call, steady state, payback."""
+def shapes_section(doc: Results) -> str:
+    """Markdown for the document's ``shape_sweep``: per backend and shape, compiles, first call, steady state,
+    payback."""
     from compare.markdown import fmt_s, table
 
-    rows = doc.get("shape_sweep") or []
+    rows = list(doc.shape_sweep)
     if not rows:
         return ""
     if any("payback_verdict" not in r for r in rows):  # older documents: judge the payback here, by the same rule

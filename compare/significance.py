@@ -23,14 +23,20 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from compare.cases import InputError
-from compare.timing import quartiles
+from compare.timing import Timing, quartiles
 
-Doc = dict[str, Any]
+#: A timing record: typed, or as stored (``Timing.to_dict``'s object, or just ``median_s`` and ``iqr_s``).
+TimingLike = Timing | Mapping[str, Any]
+
+
+def _timing(t: TimingLike) -> Timing:
+    return t if isinstance(t, Timing) else Timing.from_dict(t)
+
 
 THRESHOLD = 0.05
 NOISE_K = 1.0
@@ -57,13 +63,14 @@ class Spread:
         return (self.q3 - self.q1) / self.median if self.median > 0 else math.inf
 
 
-def spread(t: Doc) -> Spread:
+def spread(t: TimingLike) -> Spread:
     """The :class:`Spread` of a timing record (samples when present, else median and IQR)."""
-    samples = tuple(float(x) for x in (t.get("samples_s") or []))
+    t = _timing(t)
+    samples = tuple(float(x) for x in t.samples_s)
     if len(samples) >= 2:
         q1, med, q3 = quartiles(sorted(samples))
         return Spread(q1, med, q3, samples)
-    med, iqr = float(t["median_s"]), float(t.get("iqr_s") or 0.0)
+    med, iqr = float(t.median_s), float(t.iqr_s or 0.0)
     return Spread(med - iqr / 2, med, med + iqr / 2, samples)
 
 
@@ -148,7 +155,7 @@ class TimingVerdict:
 
 
 def compare_timing(
-    old: Doc, new: Doc, threshold: float = THRESHOLD, k: float = NOISE_K, alpha: float = ALPHA
+    old: TimingLike, new: TimingLike, threshold: float = THRESHOLD, k: float = NOISE_K, alpha: float = ALPHA
 ) -> TimingVerdict:
     """Apply the module's rule to two timing records (``median_s`` and ``iqr_s``, ``samples_s`` when present)."""
     a, b = spread(old), spread(new)
@@ -169,7 +176,7 @@ def compare_timing(
     return TimingVerdict(a, b, ratio, tol, p_slower, p_faster, verdict)
 
 
-def speedup(baseline: Doc, timing: Doc) -> tuple[float, str]:
+def speedup(baseline: TimingLike, timing: TimingLike) -> tuple[float, str]:
     """``baseline median / this median`` and the verdict of ``timing`` against ``baseline`` ("faster": it is)."""
     v = compare_timing(baseline, timing)
     return 1.0 / v.ratio, v.verdict

@@ -16,73 +16,72 @@ from __future__ import annotations
 from typing import Any
 
 from compare.cost_report import fusion_benefit
-from compare.markdown import fmt_s
+from compare.markdown import case_label, fmt_s
 from compare.registry import DEFAULT_BASELINE
+from compare.resolution import ResolutionRow
+from compare.results import Result, Results
 from compare.significance import WITHIN_NOISE, speedup
 
-Doc = dict[str, Any]
+
+def _key(r: Result) -> tuple[str, str]:
+    return r.case, r.mode
 
 
-def _key(r: Doc) -> tuple[str, str]:
-    return r["case"], r["mode"]
+def _label(r: Result) -> str:
+    return f"{case_label(r)} {r.dtype} {r.mode}"
 
 
-def _label(r: Doc) -> str:
-    s = r["shape"]
-    return f"{r['model']} {s['batch']}x{s['seq']}x{s['dim']}->{s['hidden']} {r['dtype']} {r['mode']}"
-
-
-def _parity(rows: list[Doc], resolution: list[Doc]) -> str:
-    judged = [r for r in rows if r.get("parity")]
-    bad = [r for r in rows if r["status"] in ("parity-fail", "error")]
+def _parity(rows: list[Result], resolution: tuple[ResolutionRow, ...]) -> str:
+    judged = [r for r in rows if r.parity is not None]
+    bad = [r for r in rows if r.status in ("parity-fail", "error")]
     if bad:
         parts = []
         for r in bad:
-            if r["status"] == "error":
-                parts.append(f"{r['backend']} (error)")
+            if r.status == "error":
+                parts.append(f"{r.backend} (error)")
             else:
-                failed = (r["parity"] or {}).get("failed") or []
-                parts.append(f"{r['backend']} ({', '.join(failed) or 'last timed call'})")
+                failed = r.parity.failed if r.parity is not None else ()
+                parts.append(f"{r.backend} ({', '.join(failed) or 'last timed call'})")
         verdict = "**FAIL**: " + "; ".join(parts)
-        verdict += f"; {len(judged) - len([b for b in bad if b.get('parity')])} other(s) pass"
+        verdict += f"; {len(judged) - len([b for b in bad if b.parity is not None])} other(s) pass"
     elif judged:
         verdict = f"all {len(judged)} pass"
     else:
         return "nothing judged"
-    case = rows[0]["case"]
-    res = next((x for x in resolution if x["case"] == case and x["tensor"] == "y"), None)
+    case = rows[0].case
+    res = next((x for x in resolution if x.case == case and x.tensor == "y"), None)
     if res:
-        s = res["scale_resolution"]
+        s = res.scale_resolution
         size = (
             "no scale error"
             if s is None
             else f"< {s:.1g}"
-            if res["note"] == "below"
+            if res.note == "below"
             else f"{s:.2%}"
             if s >= 1e-4
             else f"{s:.1g}"
         )
         erf = (
             ""
-            if res["erf_distinguishable"] is None
-            else "; erf vs tanh GELU " + ("told apart" if res["erf_distinguishable"] else "not distinguishable")
+            if res.erf_distinguishable is None
+            else "; erf vs tanh GELU " + ("told apart" if res.erf_distinguishable else "not distinguishable")
         )
         verdict += f" (the gate catches a scale error of {size} on y{erf})"
     return verdict
 
 
-def _fastest(rows: list[Doc]) -> str:
-    timed = [r for r in rows if r.get("timing") and r["status"] == "ok"]
+def _fastest(rows: list[Result]) -> str:
+    timed = [(r, r.timing) for r in rows if r.timing is not None and r.status == "ok"]
     if not timed:
         return "nothing timed"
-    best = min(timed, key=lambda r: r["timing"]["median_s"])
-    base = next((r for r in timed if r["backend"] == DEFAULT_BASELINE), None)
-    text = f"{best['backend']} {fmt_s(best['timing']['median_s'])}"
+    best, best_t = min(timed, key=lambda rt: rt[1].median_s)
+    base = next(((r, t) for r, t in timed if r.backend == DEFAULT_BASELINE), None)
+    text = f"{best.backend} {fmt_s(best_t.median_s)}"
     if base is None:
         return text + f" ({DEFAULT_BASELINE} not timed)"
-    if best is base:
+    if best is base[0]:
         return text + " (the baseline itself)"
-    ratio, verdict = speedup(base["timing"], best["timing"])
+    ratio, verdict = speedup(base[1], best_t)
     return text + (
         f", {WITHIN_NOISE} of {DEFAULT_BASELINE}"
         if verdict == WITHIN_NOISE
@@ -90,17 +89,17 @@ def _fastest(rows: list[Doc]) -> str:
     )
 
 
-def _headroom(rows: list[Doc], fusion: list[Doc]) -> str:
-    base = next((r for r in rows if r["backend"] == DEFAULT_BASELINE), None)
-    kernels = (base or {}).get("kernels") or {}
-    timed = [k for k in kernels.get("kernels", []) if k.get("time_us")]
-    if not timed:
+def _headroom(rows: list[Result], fusion: list[dict[str, Any]]) -> str:
+    base = next((r for r in rows if r.backend == DEFAULT_BASELINE), None)
+    kernels = base.kernels if base is not None else None
+    timed = [(k, k.time_us) for k in (kernels.kernels if kernels else ()) if k.time_us]
+    if base is None or not timed:
         return f"not measured ({DEFAULT_BASELINE} not profiled: run with --profile)"
-    total = sum(k["time_us"] for k in timed)
-    outside = sum(k["time_us"] for k in timed if k["kind"] != "gemm")
+    total = sum(t for _, t in timed)
+    outside = sum(t for k, t in timed if k.kind != "gemm")
     saved = []
     for f in fusion:
-        if (f["case"], f["mode"]) != _key(base or {"case": "", "mode": ""}) or f.get("measured_verdict") is None:
+        if (f["case"], f["mode"]) != _key(base) or f.get("measured_verdict") is None:
             continue
         sign = "-" if f["measured_saved_s"] < 0 else ""
         saved.append(
@@ -112,20 +111,18 @@ def _headroom(rows: list[Doc], fusion: list[Doc]) -> str:
     return head + ("; saved: " + ", ".join(saved) if saved else "")
 
 
-def summary_section(doc: Doc) -> str:
+def summary_section(doc: Results) -> str:
     """``## Summary``: the answer per case, dtype and mode (see the module docstring); "" without results."""
-    results = doc.get("results") or []
-    groups: dict[tuple[str, str], list[Doc]] = {}
-    for r in results:
+    groups: dict[tuple[str, str], list[Result]] = {}
+    for r in doc.results:
         groups.setdefault(_key(r), []).append(r)
     if not groups:
         return ""
     fusion = fusion_benefit(doc)
-    resolution = doc.get("resolution") or []
     lines = []
     for rows in groups.values():
         lines.append(
-            f"- **{_label(rows[0])}**: parity {_parity(rows, resolution)}. Fastest: {_fastest(rows)}. "
+            f"- **{_label(rows[0])}**: parity {_parity(rows, doc.resolution)}. Fastest: {_fastest(rows)}. "
             f"Fusion headroom: {_headroom(rows, fusion)}."
         )
     intro = (

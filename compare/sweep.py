@@ -56,6 +56,7 @@ from compare.cases import (
 from compare.options import add_grid_args, check_grid_args
 from compare.progress import Display, progress_level
 from compare.registry import BackendSpec, spec
+from compare.results import Results
 from compare.sweep_grid import (
     DEFAULT_TOKENS,
     GRID_KEYS,
@@ -66,7 +67,7 @@ from compare.sweep_grid import (
     grid_config,
     result_key,
 )
-from compare.sweep_store import JSONL, SweepWriter, check_same_grid, done_keys, load_sweep
+from compare.sweep_store import JSONL, SweepWriter, check_same_grid, done_keys, load_sweep, read_sweep
 from compare.sweep_worker import run_cell_inprocess, run_cell_isolated, worker_main
 
 #: Re-exported: the sweep's pieces live in sweep_grid, sweep_store and sweep_worker.
@@ -83,6 +84,7 @@ __all__ = [
     "grid_config",
     "load_sweep",
     "main",
+    "read_sweep",
     "result_key",
     "run_cell_inprocess",
     "run_cell_isolated",
@@ -103,7 +105,7 @@ def run_sweep(
     cell_timeout_s: float | None = None,
     progress: Display | None = None,
     retry_errors: bool = False,
-) -> dict[str, Any]:
+) -> Results:
     """Run every cell of ``config`` not yet in ``out/results.jsonl``, appending each as it finishes.
 
     ``specs`` maps each backend name in the config to its spec; ``retry_errors`` runs stored ``error`` cells again.
@@ -151,10 +153,10 @@ def run_sweep(
                 else:
                     r, meta = run_cell_inprocess(s, cell, cfg, plain_cache)
                 wall = time.perf_counter() - t0
-                w.append({"type": "cell", "key": cell.key, "result": r, **meta, "wall_s": wall})
+                w.append({"type": "cell", "key": cell.key, "result": r.to_dict(), **meta, "wall_s": wall})
                 n_done += 1
                 if progress:
-                    progress.cell(f"{cell.label()} ({wall:.1f}s)", r["status"], r.get("reason", ""))
+                    progress.cell(f"{cell.label()} ({wall:.1f}s)", r.status, r.reason)
         finally:
             _remove_scratch(out)
     return load_sweep(path)
@@ -166,8 +168,8 @@ def _remove_scratch(out: Path) -> None:
         shutil.rmtree(out / SCRATCH)
 
 
-def finish(out: Path, doc: dict[str, Any], plots: bool = True) -> dict[str, Any]:
-    """Write ``results.json``, plots (``doc["plots"]``, paths relative to ``out``) and ``REPORT.md``."""
+def finish(out: Path, doc: Results, plots: bool = True) -> Results:
+    """Write ``results.json``, plots (the document's ``plots``, paths relative to ``out``) and ``REPORT.md``."""
     if plots:
         from compare.plots import render_plots
 
@@ -176,7 +178,7 @@ def finish(out: Path, doc: dict[str, Any], plots: bool = True) -> dict[str, Any]
         except Exception as exc:  # plots are a convenience: never lose the results over them
             print(f"sweep: warning: no plots: {type(exc).__name__}: {exc}", file=sys.stderr)
         else:
-            doc["plots"] = [p.relative_to(out).as_posix() for p in paths]
+            doc = dataclasses.replace(doc, plots=tuple(p.relative_to(out).as_posix() for p in paths))
     results.write_json(out / "results.json", doc)
     write_text_atomic(out / "REPORT.md", report.render(doc))
     return doc
@@ -246,14 +248,12 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         print(f"sweep: {why}; writing what is done (rerun the same command to resume)", file=sys.stderr)
         doc = load_sweep(out / JSONL)
     finish(out, doc, plots=not a.no_plots)
-    prog = doc["config"]["progress"]
-    print(
-        f"wrote {out / 'results.json'} and {out / 'REPORT.md'}: {prog['done']}/{prog['cells']} cells "
-        f"({report.summary(doc['results'])})"
-    )
+    prog = doc.config.progress
+    done = f"{prog.done}/{prog.cells} cells" if prog else "no cells"
+    print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'}: {done} ({doc.summary()})")
     if interrupted:
         return exitcodes.INTERRUPTED
-    ok = all(r["status"] in ("ok", "skipped") for r in doc["results"])
+    ok = all(r.status in ("ok", "skipped") for r in doc.results)
     return exitcodes.OK if ok else exitcodes.FINDING
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.cases import InputError
+from compare.results import Results, load
 from compare.sweep_grid import GRID_KEYS, cells_from_config, result_key
 
 JSONL = "results.jsonl"
@@ -52,8 +53,15 @@ def _jsonl_path(path: Path) -> Path:
     return path / JSONL if path.is_dir() else path
 
 
-def load_sweep(path: Path | str) -> dict[str, Any]:
-    """A results document (``schema_version, created, config, environment, results``) from a sweep file or its folder.
+def load_sweep(path: Path | str) -> Results:
+    """The typed results document of a sweep file or its folder (:func:`read_sweep`, validated like a
+    ``results.json``: a bad cell is an :class:`InputError` naming the file, the row and the field)."""
+    return load(read_sweep(path), str(path))
+
+
+def read_sweep(path: Path | str) -> dict[str, Any]:
+    """A results document (``schema_version, created, config, environment, results``) from a sweep file or its folder,
+    as parsed JSON (not yet validated).
 
     Readable at any time, also while the sweep runs. ``created``, ``config`` and ``environment`` are the first
     header's; the environment's ``precision`` and ``threads`` merge what every finished cell reported, and its

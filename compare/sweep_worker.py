@@ -36,14 +36,14 @@ def _spec_dict(s: BackendSpec) -> dict[str, Any]:
 
 def run_cell_inprocess(
     s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, plain_cache: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run one cell here; return (result record, ``{"precision": ..., "gpu": ...}`` as the backend left them)."""
+) -> tuple[results.Result, dict[str, Any]]:
+    """Run one cell here; return (its result, ``{"precision": ..., "gpu": ...}`` as the backend left them)."""
     if cell.case.name not in plain_cache:
         plain_cache.clear()  # cells come case by case: keep one plain reference at a time
         plain_cache[cell.case.name] = harness.plain_reference(cell.case)
     precision: dict[str, Any] = {}
     r = harness.run_one(s, cell.case, cell.mode, plain_cache[cell.case.name], cfg, precision)
-    return r.to_dict(), {"precision": precision, "gpu": environment.gpu()}
+    return r, {"precision": precision, "gpu": environment.gpu()}
 
 
 def _signal_name(rc: int) -> str:
@@ -61,7 +61,7 @@ def _kill_group(p: subprocess.Popen[bytes]) -> None:
 
 def run_cell_isolated(
     s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, scratch: Path, timeout_s: float | None = None
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[results.Result, dict[str, Any]]:
     """Run one cell in a worker process; a crash, a signal or a timeout becomes an ``error`` result."""
     scratch.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=scratch, prefix="cell-") as tmp:
@@ -88,7 +88,7 @@ def run_cell_isolated(
             tail = err.read().decode(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
         if rc == 0 and not timed_out and result_path.is_file():
             out = json.loads(result_path.read_text(encoding="utf-8"))
-            return out["result"], out["meta"]
+            return results.Result.from_dict(out["result"]), out["meta"]
     extras: dict[str, Any] = {"exit_code": rc, "stderr_tail": "\n".join(tail)}
     if timed_out:
         reason = f"worker process timed out after {timeout_s:g} s and was killed"
@@ -103,7 +103,7 @@ def run_cell_isolated(
     else:
         reason = "worker process exited with status 0 but wrote no result"
     r = results.Result.for_case(s.name, cell.case, cell.mode, "error", reason=reason, extras=extras)
-    return r.to_dict(), {"precision": {}, "gpu": None}
+    return r, {"precision": {}, "gpu": None}
 
 
 def worker_main(cell_path: Path, result_path: Path) -> int:
@@ -116,5 +116,5 @@ def worker_main(cell_path: Path, result_path: Path) -> int:
     case = Case.from_dict(d["case"])
     cell = Cell(s.name, case, d["mode"])
     result, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**d["timing"]), {})
-    write_text_atomic(result_path, json.dumps({"result": result, "meta": meta}, allow_nan=True))
+    write_text_atomic(result_path, json.dumps({"result": result.to_dict(), "meta": meta}, allow_nan=True))
     return 0

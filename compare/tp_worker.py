@@ -24,7 +24,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -32,10 +32,13 @@ from compare import timing
 from compare.cases import Case
 from compare.golden import golden_for
 from compare.harness import MODE_TENSORS, TimingConfig, model_cost, plain_reference
+from compare.kernels import Kernels
 from compare.parity import check_all
+from compare.parity_record import ParityRecord
 from compare.registry import BackendSpec, Prepared, register
 from compare.results import Result
 from compare.tp import Group, Launch, TPBackend
+from compare.tp_result import TPInfo
 
 #: The exit status of a worker whose cell raised (its error event says why).
 CELL_ERROR_EXIT = 3
@@ -199,17 +202,14 @@ def run_cell(
         reason="; ".join(failures),
         note=prepared.note,
         device=prepared.device,
-        parity=parity_doc,
-        timing=tim.to_dict() if tim else None,
+        parity=ParityRecord.from_dict(parity_doc),
+        timing=tim,
         threads=prepared.threads,
-        kernels=kernels,
+        kernels=Kernels.from_dict(kernels) if kernels else None,
         extras=dict(prepared.extras),
         cost=model_cost(spec, case, mode),
     )
-    doc = result.to_dict()
-    doc["world_size"] = launch.world_size
-    doc["tp"] = tp_doc
-    return doc
+    return replace(result, world_size=launch.world_size, tp=TPInfo.from_dict(tp_doc)).to_dict()
 
 
 def main(argv: list[str]) -> int:

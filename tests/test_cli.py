@@ -13,6 +13,7 @@ import pytest
 
 from compare import report
 from compare.cli import main
+from compare.results import Results
 from tests.conftest import TRITON_INTERPRETED
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,7 +102,7 @@ def test_report_rebuilt_from_json_is_identical(run_dir: Path, tmp_path: Path) ->
     rebuilt = tmp_path / "REPORT.md"
     assert main(["report", str(run_dir / "results.json"), "--out", str(rebuilt)]) == 0
     assert rebuilt.read_text() == (run_dir / "REPORT.md").read_text()
-    assert report.render(json.loads((run_dir / "results.json").read_text())) == rebuilt.read_text()
+    assert report.render(Results.from_dict(json.loads((run_dir / "results.json").read_text()))) == rebuilt.read_text()
 
 
 def test_a_failing_backend_keeps_the_others(tmp_path: Path) -> None:
@@ -121,10 +122,11 @@ def test_a_failing_backend_keeps_the_others(tmp_path: Path) -> None:
         ["fwd"],
         harness.TimingConfig(budget_s=0.05),
     )
-    by = {r["backend"]: r for r in doc["results"]}
-    assert by["broken"]["status"] == "skipped" and "cannot import" in by["broken"]["reason"]
-    assert by["raising"]["status"] == "error" and "MemoryError: simulated out of memory" in by["raising"]["reason"]
-    assert by["torch-eager"]["status"] == "ok" and by["torch-eager"]["timing"]["n"] >= 5
+    by = {r.backend: r for r in doc.results}
+    assert by["broken"].status == "skipped" and "cannot import" in by["broken"].reason
+    assert by["raising"].status == "error" and "MemoryError: simulated out of memory" in by["raising"].reason
+    eager = by["torch-eager"].timing
+    assert by["torch-eager"].status == "ok" and eager is not None and eager.n >= 5
     md = report.render(doc)
     assert "simulated out of memory" in md and "| raising |" in md
 

@@ -23,7 +23,7 @@ from compare.cases import DTYPES, MODES, PRESETS, Case, committed_cases
 from compare.golden import golden_for
 from compare.harness import MODE_TENSORS, TimingConfig, case_resolution, plain_reference, run_one
 from compare.registry import Prepared, spec
-from compare.resolution import lookup
+from compare.resolution import ResolutionRow, lookup
 from compare.results import Result
 from tests.conftest import explain
 from torch_impl import runner
@@ -49,7 +49,7 @@ def _plain(case: Case) -> dict[str, np.ndarray]:
 
 
 @functools.cache
-def _resolution(case: Case) -> tuple[dict[str, Any], ...]:
+def _resolution(case: Case) -> tuple[ResolutionRow, ...]:
     return tuple(case_resolution(case, _plain(case), MODES))
 
 
@@ -199,25 +199,25 @@ def _expect_fail_or_below_resolution(name: str, case: Case, r: Result) -> None:
     """Every tensor fails, except where the measured resolution says the perturbation cannot be resolved (or the
     control does not touch the tensor at all: :data:`UNTOUCHED`)."""
     assert r.parity is not None, explain(r)
-    for t in r.parity["tensors"]:
-        if not t["passed"] or t["tensor"] in UNTOUCHED.get((name, case.model, case.dtype), set()):
+    for t in r.parity.tensors:
+        if not t.passed or t.tensor in UNTOUCHED.get((name, case.model, case.dtype), set()):
             continue
-        row = lookup(_resolution(case), case.name, t["tensor"])
-        assert row is not None, f"{name}: {t['tensor']} passed and has no resolution row\n{explain(r)}"
+        row = lookup(_resolution(case), case.name, t.tensor)
+        assert row is not None, f"{name}: {t.tensor} passed and has no resolution row\n{explain(r)}"
         if name in SCALE:
             s = SCALE[name]
-            res = row["scale_resolution"]
+            res = row.scale_resolution
             assert res is not None and s < res, (
-                f"{name} passed on {t['tensor']} although the gate resolves scale errors of {res} (< {s}) on "
+                f"{name} passed on {t.tensor} although the gate resolves scale errors of {res} (< {s}) on "
                 f"{case.name}\n{explain(r)}"
             )
         elif name == "exact-erf-gelu":
-            assert row["erf_distinguishable"] is False, (
-                f"erf GELU passed on {t['tensor']} although the resolution table says the gate tells erf from tanh "
+            assert row.erf_distinguishable is False, (
+                f"erf GELU passed on {t.tensor} although the resolution table says the gate tells erf from tanh "
                 f"on {case.name}\n{explain(r)}"
             )
         else:
-            pytest.fail(f"control {name} passed the gate on {t['tensor']} of {case.name}:\n{explain(r)}")
+            pytest.fail(f"control {name} passed the gate on {t.tensor} of {case.name}:\n{explain(r)}")
 
 
 #: (control, case): every control on every MLP family's committed cases; the exact-erf GELU only where there is a
@@ -231,7 +231,7 @@ def test_control_fails_unless_below_resolution(name: str, case: Case, mode: str)
     r = _run(case, mode, CONTROLS[name])
     assert r.status in ("parity-fail", "ok"), explain(r)
     want = [k for k in golden_for(case).ref if MODE_TENSORS[mode](k)]
-    assert sorted(t["tensor"] for t in r.parity["tensors"]) == sorted(want)
+    assert sorted(t.tensor for t in r.parity.tensors) == sorted(want)
     _expect_fail_or_below_resolution(name, case, r)
 
 
@@ -241,16 +241,16 @@ def test_one_percent_too_small_fails_every_tensor_of_every_committed_case(case: 
     case's measured scale resolution."""
     r = _run(case, "fwd+bwd", scaled(0.99))
     assert r.parity is not None
-    verdict = {t["tensor"]: t["passed"] for t in r.parity["tensors"]}
+    verdict = {t.tensor: t.passed for t in r.parity.tensors}
     assert not any(verdict.values()), explain(r)
-    for t in r.parity["tensors"]:
-        assert "scale" in t["failed"], explain(r)
+    for t in r.parity.tensors:
+        assert "scale" in t.failed, explain(r)
 
 
 @pytest.mark.parametrize("case", [c for c in MLP_CASES if c.dtype != "bfloat16"], ids=lambda c: c.name)
 def test_a_tenth_of_a_percent_fails_in_float32_and_float16(case: Case) -> None:
     r = _run(case, "fwd+bwd", scaled(0.999))
-    assert r.status == "parity-fail" and all(not t["passed"] for t in r.parity["tensors"]), explain(r)
+    assert r.status == "parity-fail" and all(not t.passed for t in r.parity.tensors), explain(r)
 
 
 @pytest.mark.parametrize("case", [c for c in MLP_CASES if c.dtype == "bfloat16"], ids=lambda c: c.name)
@@ -258,7 +258,7 @@ def test_bfloat16_cannot_resolve_a_tenth_of_a_percent_and_says_so(case: Case) ->
     """A 0.1% scale error is below half a bf16 ulp (0.195% to 0.39%): rounding to bf16 undoes it almost everywhere,
     so no gate can see it. The resolution table says so with its number, and the control passes exactly there."""
     for row in _resolution(case):
-        assert row["scale_resolution"] is not None and 0.001 < row["scale_resolution"] < 0.005, row
+        assert row.scale_resolution is not None and 0.001 < row.scale_resolution < 0.005, row
     r = _run(case, "fwd+bwd", scaled(0.999))
     _expect_fail_or_below_resolution("scaled-0.999", case, r)
 
@@ -267,8 +267,8 @@ def test_exact_gelu_is_caught_in_float32_and_not_resolvable_in_half_precision() 
     """erf and tanh GELU differ by about 2e-4 relative (rms, float64): many float32 ulps, under one bf16/fp16 ulp."""
     for case in GEGLU_CASES:
         rows = _resolution(case)
-        distinguishable = {r["erf_distinguishable"] for r in rows}
-        assert all(2e-5 < r["erf_rel_rms"] < 1e-3 for r in rows), rows
+        distinguishable = {r.erf_distinguishable for r in rows}
+        assert all(2e-5 < r.erf_rel_rms < 1e-3 for r in rows), rows
         if case.dtype == "float32":
             assert distinguishable == {True}, rows
             assert _run(case, "fwd+bwd", exact_gelu).status == "parity-fail"
@@ -280,12 +280,12 @@ def test_exact_gelu_is_caught_in_float32_on_gpt2_mlp() -> None:
     """GPT-2's MLP: in float32 the erf GELU is distinguishable (and fails) on every tensor that depends on the GELU,
     that is every one but ``db2`` (the sum of ``dy``, which no activation touches: erf and tanh give it exactly)."""
     for case in [c for c in FAMILY_CASES["gelu-mlp"] if c.dtype == "float32"]:
-        rows = {r["tensor"]: r for r in _resolution(case)}
-        assert rows["db2"]["erf_rel_rms"] == 0 and rows["db2"]["erf_distinguishable"] is False, rows["db2"]
+        rows = {r.tensor: r for r in _resolution(case)}
+        assert rows["db2"].erf_rel_rms == 0 and rows["db2"].erf_distinguishable is False, rows["db2"]
         others = [r for t, r in rows.items() if t != "db2"]
-        assert all(r["erf_distinguishable"] and 2e-5 < r["erf_rel_rms"] < 1e-3 for r in others), others
+        assert all(r.erf_distinguishable and 2e-5 < r.erf_rel_rms < 1e-3 for r in others), others
         r = _run(case, "fwd+bwd", exact_gelu)
-        failing = {t["tensor"] for t in r.parity["tensors"] if not t["passed"]}
+        failing = {t.tensor for t in r.parity.tensors if not t.passed}
         assert failing == {t for t in rows if t != "db2"}, explain(r)
 
 
@@ -316,7 +316,7 @@ def test_a_backward_that_drops_the_activation_derivative_fails_exactly_where_it_
     act = ACT[case.model]
     r = _run(case, mode, lambda c, m: _eager(c, m, act_mul=lambda g, u: _DropsActDerivative.apply(g, u, act)))
     assert r.status == "parity-fail", explain(r)
-    verdict = {t["tensor"]: t["passed"] for t in r.parity["tensors"]}
+    verdict = {t.tensor: t.passed for t in r.parity.tensors}
     want = {"y": True, "dx": False, "dgate": False, "dup": True, "ddown": True}
     assert verdict == {k: v for k, v in want.items() if k in verdict}, explain(r)
 
@@ -327,7 +327,7 @@ def test_the_other_glu_activation_fails_every_tensor(case: Case) -> None:
     tensor fails, in every dtype."""
     other = {"geglu": "swiglu", "swiglu": "geglu"}[case.model]
     r = _run(case, "fwd+bwd", lambda c, m: _eager(c, m, act_mul=ACT_MUL[other]))
-    assert r.status == "parity-fail" and not any(t["passed"] for t in r.parity["tensors"]), explain(r)
+    assert r.status == "parity-fail" and not any(t.passed for t in r.parity.tensors), explain(r)
 
 
 class _GeluWithoutDerivative(torch.autograd.Function):
@@ -354,7 +354,7 @@ def test_a_gpt2_mlp_backward_that_drops_gelu_derivative_fails_exactly_where_it_s
 
     r = _run(case, mode, make)
     assert r.status == "parity-fail", explain(r)
-    verdict = {t["tensor"]: t["passed"] for t in r.parity["tensors"]}
+    verdict = {t.tensor: t.passed for t in r.parity.tensors}
     want = {"y": True, "dx": False, "dfc1": False, "db1": False, "dfc2": True, "db2": True}
     assert verdict == {k: v for k, v in want.items() if k in verdict}, explain(r)
 
@@ -363,7 +363,7 @@ def test_a_gpt2_mlp_backward_that_drops_gelu_derivative_fails_exactly_where_it_s
 def test_returning_the_stored_reference_fails_the_dtype_check(case: Case) -> None:
     r = _run(case, "fwd+bwd", returns_the_reference)
     assert r.status == "parity-fail", explain(r)
-    assert all("dtype" in t["failed"] for t in r.parity["tensors"]), explain(r)
+    assert all("dtype" in t.failed for t in r.parity.tensors), explain(r)
 
 
 #: (control, linear case): the bf16 run's lower-precision control rounds GeGLU's intermediate ``h``, which a linear
@@ -380,4 +380,4 @@ LINEAR_PAIRS = [
 @pytest.mark.parametrize(("name", "case"), LINEAR_PAIRS, ids=[f"{n}-{c.name}" for n, c in LINEAR_PAIRS])
 def test_model_independent_controls_fail_on_linear_too(name: str, case: Case) -> None:
     r = _run(case, "fwd+bwd", CONTROLS[name])
-    assert r.status == "parity-fail" and not any(t["passed"] for t in r.parity["tensors"]), explain(r)
+    assert r.status == "parity-fail" and not any(t.passed for t in r.parity.tensors), explain(r)

@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from compare.diff import compare_timing, diff, main, mann_whitney_greater
+from compare import diff as diff_module
+from compare.diff import compare_timing, main, mann_whitney_greater
+from compare.results import Results
+
+
+def diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, bool]:
+    """:func:`compare.diff.diff` of two hand-written documents, typed as a loaded file would be."""
+    return diff_module.diff(Results.from_dict(old), Results.from_dict(new))
 
 
 def _samples(median: float, rel_iqr: float, n: int = 30, seed: int = 0) -> list[float]:

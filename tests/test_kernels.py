@@ -29,6 +29,7 @@ from compare import kernel_report
 from compare import kernels as ks
 from compare.cases import PRESETS
 from compare.golden import golden_for
+from compare.results import Results
 
 TINY = PRESETS["tiny"].case("float32")
 T, DIM, HIDDEN = TINY.shape.tokens, TINY.shape.dim, TINY.shape.hidden
@@ -169,7 +170,7 @@ def _hand_doc() -> dict[str, Any]:
 
 
 def test_kernel_section_from_hand_written_doc() -> None:
-    doc = _hand_doc()
+    doc = Results.from_dict(_hand_doc())
     before = copy.deepcopy(doc)
     text = kernel_report.kernel_section(doc)
     print(text)
@@ -188,8 +189,8 @@ def test_kernel_section_from_hand_written_doc() -> None:
 
 
 def test_kernel_section_empty_without_kernels() -> None:
-    assert kernel_report.kernel_section({"results": []}) == ""
-    assert kernel_report.kernel_section({"results": [_result("torch-eager", "fwd", None)]}) == ""
+    assert kernel_report.kernel_section(Results()) == ""
+    assert kernel_report.kernel_section(Results.from_dict({"results": [_result("torch-eager", "fwd", None)]})) == ""
 
 
 def test_check_summary_rejects_bad_counts() -> None:

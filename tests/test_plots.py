@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from compare import costmodel
 from compare.cases import Case, Shape
+from compare.cost_types import Ceiling
 from compare.plots import plots_section, render_plots
+from compare.results import Results
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -42,8 +45,11 @@ def _cost(backend: str, tokens: int, median: float) -> dict[str, Any]:
     """The real cost model's entry for the result, with the roofline numbers a run with ceilings stores."""
     case = Case("geglu", Shape(tokens, 1, 96, 328), "float32")
     c = costmodel.cost(case, backend, "fwd")
-    c["achieved"] = costmodel.roofline(c, median, CEIL)
-    return c
+    return replace(c, achieved=costmodel.roofline(c, median, Ceiling.from_dict(CEIL))).to_dict()
+
+
+def _typed(doc: dict[str, Any]) -> Results:
+    return Results.from_dict(doc)
 
 
 def _doc(with_cost: bool) -> dict[str, Any]:
@@ -64,7 +70,7 @@ def _doc(with_cost: bool) -> dict[str, Any]:
 
 
 def test_plots_are_pngs_with_deterministic_names(tmp_path: Path) -> None:
-    paths = render_plots(_doc(with_cost=True), tmp_path / "plots")
+    paths = render_plots(_typed(_doc(with_cost=True)), tmp_path / "plots")
     assert [p.name for p in paths] == [
         "roofline-geglu-d96-h328.png",
         "time-geglu-d96-h328.png",
@@ -75,12 +81,12 @@ def test_plots_are_pngs_with_deterministic_names(tmp_path: Path) -> None:
         data = p.read_bytes()
         assert data[:8] == PNG_SIGNATURE and len(data) > 1000, p
     # same document, same files
-    again = render_plots(_doc(with_cost=True), tmp_path / "again")
+    again = render_plots(_typed(_doc(with_cost=True)), tmp_path / "again")
     assert [p.read_bytes() for p in again] == [p.read_bytes() for p in paths]
 
 
 def test_ceiling_plot_skipped_without_cost(tmp_path: Path) -> None:
-    paths = render_plots(_doc(with_cost=False), tmp_path)
+    paths = render_plots(_typed(_doc(with_cost=False)), tmp_path)
     assert [p.name for p in paths] == ["time-geglu-d96-h328.png", "speedup-geglu-d96-h328.png"]
 
 
@@ -89,7 +95,7 @@ def test_one_shape_with_ceilings_gets_its_roofline_plot(tmp_path: Path) -> None:
     model's numbers; the plots that need several token counts do not."""
     doc = _doc(with_cost=True)
     doc["results"] = [r for r in doc["results"] if r["shape"]["batch"] == 16]
-    paths = render_plots(doc, tmp_path)
+    paths = render_plots(_typed(doc), tmp_path)
     assert [p.name for p in paths] == ["roofline-geglu-d96-h328.png"]
     assert paths[0].read_bytes()[:8] == PNG_SIGNATURE
 
@@ -97,18 +103,37 @@ def test_one_shape_with_ceilings_gets_its_roofline_plot(tmp_path: Path) -> None:
 def test_single_token_count_or_no_timing_gives_no_plots(tmp_path: Path) -> None:
     doc = _doc(with_cost=False)
     doc["results"] = [r for r in doc["results"] if r["shape"]["batch"] == 16]
-    assert render_plots(doc, tmp_path) == []
-    assert render_plots({"results": []}, tmp_path) == []
+    assert render_plots(_typed(doc), tmp_path) == []
+    assert render_plots(Results(), tmp_path) == []
     assert not list(tmp_path.iterdir())
 
 
 def test_section_embeds_the_plots(tmp_path: Path) -> None:
     doc = _doc(with_cost=True)
-    doc["plots"] = [p.relative_to(tmp_path).as_posix() for p in render_plots(doc, tmp_path / "plots")]
-    md = plots_section(doc)
+    doc["plots"] = [p.relative_to(tmp_path).as_posix() for p in render_plots(_typed(doc), tmp_path / "plots")]
+    md = plots_section(_typed(doc))
     assert md.startswith("## Plots")
     for rel in doc["plots"]:
         assert f"]({rel})" in md and (tmp_path / rel).is_file()
     assert "![geglu-d96-h328: median time per call against tokens](plots/time-geglu-d96-h328.png)" in md
-    assert plots_section(doc, ["x/y.png"]).count("![") == 1
-    assert plots_section({"results": []}) == ""
+    assert plots_section(_typed(doc), ["x/y.png"]).count("![") == 1
+    assert plots_section(Results()) == ""
+
+
+def test_the_ceiling_plot_renders_from_a_real_run(tmp_path: Path) -> None:
+    """A run that measures its ceilings stores the cost model's roofline numbers (``cost.achieved``) on every timed,
+    modelled result, and the ceiling plot draws them: no hand-made keys on either side."""
+    from compare import harness
+    from compare.cases import PRESETS
+    from compare.registry import spec
+    from compare.shape_cases import case_for_tokens
+
+    base = PRESETS["tiny"].case("float32")
+    cases = [case_for_tokens(base, t) for t in (base.shape.tokens, 2 * base.shape.tokens)]
+    doc = harness.run(cases, [spec("torch-eager")], ["fwd"], harness.TimingConfig(budget_s=0.02), ceilings=True)
+    assert doc.ceilings is not None and doc.ceilings.get("float32") is not None
+    assert all(r.cost is not None and r.cost.achieved is not None for r in doc.results), doc.results
+    names = [p.name for p in render_plots(doc, tmp_path)]
+    assert f"ceiling-{base.model}-d{base.shape.dim}-h{base.shape.hidden}.png" in names, names
+    again = Results.from_dict(doc.to_dict())  # what results.json holds renders the same plot
+    assert [p.name for p in render_plots(again, tmp_path / "again")] == names

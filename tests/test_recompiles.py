@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from compare.cases import Case, Shape
+from compare.results import Results
 from compare.shapes import case_for_tokens, payback_calls, shapes_section, with_payback
 
 pytest.importorskip("torch")
@@ -168,12 +169,12 @@ def test_payback_arithmetic() -> None:
     out = with_payback(rows)
     assert out[0]["payback_calls"] is None and out[1]["compile_s"] == pytest.approx(1.0)
     assert out[1]["payback_calls"] == pytest.approx(1000.0) and out[1]["baseline"] == "torch-eager"
-    text = shapes_section({"shape_sweep": rows})
-    assert "1,000 calls vs torch-eager" in text and text == shapes_section({"shape_sweep": rows})
-    assert shapes_section({}) == ""
+    text = shapes_section(Results(shape_sweep=tuple(rows)))
+    assert "1,000 calls vs torch-eager" in text and text == shapes_section(Results(shape_sweep=tuple(rows)))
+    assert shapes_section(Results()) == ""
 
 
 def test_sweep_rows_render() -> None:
     rows, _ = torch_static()
-    text = shapes_section({"shape_sweep": rows})
+    text = shapes_section(Results(shape_sweep=tuple(rows)))
     assert "## Compile cost and shape generality" in text and "torch-compile (dynamic=False): 3 compile(s)" in text

@@ -27,6 +27,7 @@ import pytest
 from compare import atomic, cli, diff, exitcodes, harness, preflight, results, sweep
 from compare.cases import PRESETS, Case, InputError, Shape
 from compare.registry import BackendSpec
+from compare.results import Results
 
 ROOT = Path(__file__).resolve().parent.parent
 #: A case whose golden data alone would need about 400 TB: refused by the memory check before anything runs.
@@ -234,7 +235,7 @@ def test_diff_refuses_non_finite_options(
     option: str, value: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "r.json"
-    results.write_json(path, _doc())
+    results.write_json(path, Results.from_dict(_doc()))
     assert diff.main([str(path), str(path), option, value]) == 2
     assert message in _one_line_error(capsys.readouterr().err)
 
@@ -295,13 +296,13 @@ class _FullDisk:
 def test_a_failed_write_keeps_the_previous_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "results.json"
     old = _doc()
-    results.write_json(path, old)
+    results.write_json(path, Results.from_dict(old))
     before = path.read_bytes()
     monkeypatch.setattr(atomic, "os", _Os(fdopen=lambda fd, *a, **kw: _FullDisk(os.fdopen(fd, *a, **kw))))
     new = copy.deepcopy(old)
     new["results"][0]["status"] = "error"
     with pytest.raises(OSError) as e:
-        results.write_json(path, new)
+        results.write_json(path, Results.from_dict(new))
     assert e.value.errno == errno.ENOSPC
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temporary file left
@@ -394,7 +395,7 @@ def test_report_and_diff_refuse_a_bad_row(
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc), encoding="utf-8")
     good = tmp_path / "good.json"
-    results.write_json(good, _doc())
+    results.write_json(good, Results.from_dict(_doc()))
     assert cli.main(["report", str(bad), "--out", str(tmp_path / "R.md")]) == 2
     line = _one_line_error(capsys.readouterr().err)
     assert f"results file {bad}: " in line and message in line
@@ -438,10 +439,8 @@ def test_interrupted_run_saves_what_finished(
 ) -> None:
     """``harness.run`` returns the finished cells with ``interrupted``: run writes them and exits 130."""
 
-    def partial(*args: object, **kw: object) -> dict[str, Any]:
-        doc = _doc()
-        doc["interrupted"] = True
-        return doc
+    def partial(*args: object, **kw: object) -> Results:
+        return Results.from_dict({**_doc(), "interrupted": True})
 
     monkeypatch.setattr(harness, "run", partial)
     out = tmp_path / "o"
@@ -449,7 +448,8 @@ def test_interrupted_run_saves_what_finished(
     line = _one_line_error(capsys.readouterr().err)
     assert line.startswith(f"interrupted: saved 1 finished cells to {out / 'results.json'}")
     doc = results.read_json(out / "results.json")
-    assert doc["interrupted"] is True and len(doc["results"]) == 1 and "shape_sweep" not in doc
+    assert doc.interrupted is True and len(doc.results) == 1 and not doc.shape_sweep
+    assert "shape_sweep" not in json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert "# fusion-compare report" in (out / "REPORT.md").read_text(encoding="utf-8")
 
 
@@ -501,11 +501,11 @@ def test_retry_errors_reruns_error_cells_and_the_new_line_wins(
     assert cli.main(args) == 1
     registry.register(BackendSpec("flaky", "torch", "torch_impl.backends.eager", "works now"))
     assert cli.main(args) == 1  # without the flag the stored error stands
-    assert sweep.load_sweep(out)["results"][0]["status"] == "error"
+    assert sweep.load_sweep(out).results[0].status == "error"
     assert cli.main([*args, "--retry-errors"]) == 0
     assert "retrying 1 cell(s)" in capsys.readouterr().err
-    (r,) = sweep.load_sweep(out)["results"]
-    assert r["status"] == "ok" and r["timing"]["n"] >= 5
+    (r,) = sweep.load_sweep(out).results
+    assert r.status == "ok" and r.timing is not None and r.timing.n >= 5
     lines = [json.loads(x) for x in (out / sweep.JSONL).read_text(encoding="utf-8").splitlines()]
     assert [x["result"]["status"] for x in lines if x["type"] == "cell"] == ["error", "ok"]
 
@@ -606,7 +606,7 @@ def test_sigterm_stops_an_isolated_sweep_and_its_worker(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the worker's process group outlived the sweep"
             time.sleep(0.05)
         assert not (out / ".cells").exists()
-        assert sweep.load_sweep(out)["config"]["progress"]["done"] == 0  # the cell in flight is not a result
+        assert sweep.read_sweep(out)["config"]["progress"]["done"] == 0  # the cell in flight is not a result
     finally:
         if p.poll() is None:
             p.kill()
@@ -667,7 +667,7 @@ def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> No
     assert p.returncode == 130, text
     assert "Traceback" not in text and f"finished cells to {out / 'results.json'}" in text
     doc = results.read_json(out / "results.json")
-    assert doc["interrupted"] is True and 1 <= len(doc["results"]) < 3
+    assert doc.interrupted is True and 1 <= len(doc.results) < 3
 
 
 def test_a_results_file_of_another_schema_version_is_refused(

@@ -11,14 +11,16 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from typing import Any
 
 from compare import report
 from compare.cases import PRESETS
 from compare.cost_report import fusion_benefit, fusion_section
 from compare.costmodel import cost
-from compare.results import Result
+from compare.results import Result, Results
 from compare.shapes import shapes_section, with_payback
+from compare.timing import Timing
 
 CASE = PRESETS["cpu-mlp"].case("float32")
 
@@ -47,17 +49,24 @@ def _timing(median: float, iqr: float, samples: list[float] | None = None) -> di
 def _row(backend: str, timing: dict[str, Any]) -> dict[str, Any]:
     r = Result.for_case(backend, CASE, "fwd", "ok").to_dict()
     r["timing"] = timing
-    r["cost"] = cost(CASE, backend, "fwd")
+    r["cost"] = cost(CASE, backend, "fwd").to_dict()
     return r
 
 
-def _doc(eager: dict[str, Any], compiled: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "created": "2026-01-01T00:00:00+00:00",
-        "config": {},
-        "environment": {"versions": {}, "threads": {}, "precision": {}},
-        "results": [_row("torch-eager", eager), _row("torch-compile", compiled)],
-    }
+def _doc(eager: dict[str, Any], compiled: dict[str, Any]) -> Results:
+    return Results.from_dict(
+        {
+            "created": "2026-01-01T00:00:00+00:00",
+            "config": {},
+            "environment": {"versions": {}, "threads": {}, "precision": {}},
+            "results": [_row("torch-eager", eager), _row("torch-compile", compiled)],
+        }
+    )
+
+
+def _sweep(rows: list[dict[str, Any]]) -> Results:
+    """A document holding only a shape sweep's rows."""
+    return Results(shape_sweep=tuple(rows))
 
 
 def _sweep_rows(eager: tuple[float, float], compiled: tuple[float, float]) -> list[dict[str, Any]]:
@@ -102,9 +111,9 @@ def _line(md: str, start: str) -> str:
 
 def test_noise_is_said_not_numbered() -> None:
     doc = _doc(_timing(4.95e-3, 4.81e-3), _timing(4.92e-3, 0.05e-3))
-    timing = _line(report.timing_section(doc["results"]), "| torch-compile")
+    timing = _line(report.timing_section(doc.results), "| torch-compile")
     assert "within noise" in timing and "1.01x" not in timing
-    assert "| baseline |" in _line(report.timing_section(doc["results"]), "| torch-eager")
+    assert "| baseline |" in _line(report.timing_section(doc.results), "| torch-eager")
 
     (row,) = fusion_benefit(doc)
     assert row["measured_verdict"] == "within noise"
@@ -114,11 +123,11 @@ def test_noise_is_said_not_numbered() -> None:
 
     rows = with_payback(_sweep_rows((4.95e-3, 4.81e-3), (4.92e-3, 0.05e-3)))
     assert rows[1]["payback_verdict"] == "within noise" and rows[1]["payback_calls"] is None
-    text = shapes_section({"shape_sweep": rows})
+    text = shapes_section(_sweep(rows))
     compiled = _line(text, "| torch-compile")
     assert "never (not faster beyond noise than torch-eager)" in compiled and "calls" not in compiled
 
-    md = report.render({**doc, "shape_sweep": rows})
+    md = report.render(replace(doc, shape_sweep=tuple(rows)))
     assert "within noise" in md and "9,402" not in md and "30 us" not in md
 
 
@@ -126,7 +135,7 @@ def test_a_clear_2x_keeps_its_numbers() -> None:
     eager = _samples(10e-3, 0.02, seed=1)
     comp = _samples(5e-3, 0.02, seed=2)
     doc = _doc(_timing(sorted(eager)[10], 0.2e-3, eager), _timing(sorted(comp)[10], 0.1e-3, comp))
-    timing = _line(report.timing_section(doc["results"]), "| torch-compile")
+    timing = _line(report.timing_section(doc.results), "| torch-compile")
     assert "2.0" in timing.split("|")[10] and "x" in timing.split("|")[10], timing  # "2.00x" give or take noise
     (row,) = fusion_benefit(doc)
     assert row["measured_verdict"] == "faster"
@@ -135,26 +144,26 @@ def test_a_clear_2x_keeps_its_numbers() -> None:
     rows = with_payback(_sweep_rows((10e-3, 0.1e-3), (5e-3, 0.05e-3)))
     assert rows[1]["payback_verdict"] == "faster"
     assert rows[1]["payback_calls"] == (0.3 - 5e-3) / 5e-3
-    assert "59 calls vs torch-eager" in shapes_section({"shape_sweep": rows})
+    assert "59 calls vs torch-eager" in shapes_section(_sweep(rows))
 
 
 def test_slower_beyond_noise_is_numbered_and_never_pays_back() -> None:
     doc = _doc(_timing(5e-3, 0.05e-3), _timing(10e-3, 0.05e-3))
-    assert "| 0.50x |" in _line(report.timing_section(doc["results"]), "| torch-compile")
+    assert "| 0.50x |" in _line(report.timing_section(doc.results), "| torch-compile")
     (row,) = fusion_benefit(doc)
     assert row["measured_verdict"] == "slower"
     assert "-5 ms" in _line(fusion_section(doc), "| torch-compile")
     rows = with_payback(_sweep_rows((5e-3, 0.05e-3), (10e-3, 0.05e-3)))
-    assert "never (slower than torch-eager)" in _line(shapes_section({"shape_sweep": rows}), "| torch-compile")
+    assert "never (slower than torch-eager)" in _line(shapes_section(_sweep(rows)), "| torch-compile")
 
 
 def test_modes_section_speedups_follow_the_rule() -> None:
     doc = _doc(_timing(4.95e-3, 4.81e-3), _timing(4.92e-3, 0.05e-3))
     bwd = [
-        dict(r, mode="bwd", timing=_timing(10e-3 if r["backend"] == "torch-eager" else 5e-3, 0.05e-3))
-        for r in doc["results"]
+        replace(r, mode="bwd", timing=Timing.from_dict(_timing(10e-3 if r.backend == "torch-eager" else 5e-3, 0.05e-3)))
+        for r in doc.results
     ]
-    md = report.modes_section(doc["results"] + bwd)
+    md = report.modes_section([*doc.results, *bwd])
     row = _line(md, "| torch-compile")
     assert "4.92 ms (within noise)" in row and "5 ms (2.00x)" in row
 
@@ -165,7 +174,7 @@ def test_old_documents_are_judged_again() -> None:
     for r in rows:
         r.pop("payback_verdict")
     rows[1]["payback_calls"] = 9402.0
-    assert "9,402" not in shapes_section({"shape_sweep": rows})
+    assert "9,402" not in shapes_section(_sweep(rows))
 
 
 def test_significance_is_framework_free_and_imports_no_report() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from compare import kernels as ks
 from compare.report import render
+from compare.results import Results
 from compare.summary import summary_section
 
 SHAPE = {"batch": 3, "seq": 37, "dim": 96, "hidden": 328}
@@ -65,7 +66,7 @@ def _row(
     }
 
 
-def _doc(fast: float) -> dict[str, Any]:
+def _doc(fast: float) -> Results:
     eager_kernels = ks.summary(
         "torch.profiler",
         "cpu",
@@ -98,7 +99,7 @@ def _doc(fast: float) -> dict[str, Any]:
             "erf_scale_err": 1e-5,
         }
     ]
-    return {"results": results, "resolution": resolution, "environment": {}, "config": {}}
+    return Results.from_dict({"results": results, "resolution": resolution, "environment": {}, "config": {}})
 
 
 def test_summary_line_says_parity_resolution_fastest_and_headroom() -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from compare import registry
 from compare.registry import Availability, BackendSpec, Prepared
-from compare.sweep import JSONL, cells_from_config, load_sweep, main
+from compare.sweep import JSONL, cells_from_config, load_sweep, main, read_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,7 +107,7 @@ def test_killed_sweep_resumes_with_every_cell_exactly_once(tmp_path: Path) -> No
         if p.stderr:
             p.stderr.close()
     assert p.returncode == -signal.SIGKILL
-    partial = load_sweep(out)  # readable mid-way
+    partial = read_sweep(out)  # readable mid-way
     assert 2 <= partial["config"]["progress"]["done"] < 8, "the sweep finished before it was killed"
     assert not (out / "results.json").exists()
 
@@ -162,7 +162,7 @@ def test_raising_backend_is_an_error_and_the_sweep_goes_on(
     # rerun: nothing left to do, nothing duplicated; a torn last line (killed inside a write) is dropped
     with (out / JSONL).open("a") as f:
         f.write('{"type": "cell", "key": "torn')
-    assert load_sweep(out)["config"]["progress"]["done"] == 4
+    assert read_sweep(out)["config"]["progress"]["done"] == 4
     assert main(args) == 1
     assert (out / JSONL).read_text().endswith("\n") and "torn" not in (out / JSONL).read_text()
     assert len(_cell_lines(out)) == 4
@@ -192,12 +192,13 @@ def test_isolated_worker_crash_is_recorded_with_its_signal(tmp_path: Path, test_
         )
         == 1
     )
-    by = {r["backend"]: r for r in load_sweep(out)["results"]}
+    by = {r.backend: r for r in load_sweep(out).results}
     crash = by["misbehaving"]
-    assert crash["status"] == "error" and crash["reason"] == "worker process killed by signal SIGSEGV", crash
-    assert crash["extras"]["exit_code"] == -signal.SIGSEGV and crash["extras"]["signal"] == "SIGSEGV"
-    assert by["raising"]["status"] == "error" and "MemoryError: simulated out of memory" in by["raising"]["reason"]
-    assert by["torch-eager"]["status"] == "ok" and by["torch-eager"]["timing"]["n"] >= 5
+    assert crash.status == "error" and crash.reason == "worker process killed by signal SIGSEGV", crash
+    assert crash.extras["exit_code"] == -signal.SIGSEGV and crash.extras["signal"] == "SIGSEGV"
+    assert by["raising"].status == "error" and "MemoryError: simulated out of memory" in by["raising"].reason
+    eager = by["torch-eager"].timing
+    assert by["torch-eager"].status == "ok" and eager is not None and eager.n >= 5
     env = json.loads((out / "results.json").read_text())["environment"]
     assert env["precision"]["torch_float32_matmul_precision"] == "highest"  # reported back by the worker
     assert not (out / ".cells").exists()  # scratch files cleaned up
@@ -228,8 +229,8 @@ def test_isolated_hang_is_killed_after_the_cell_timeout(tmp_path: Path, test_bac
         == 1
     )
     assert time.monotonic() - t0 < 60
-    (r,) = load_sweep(out)["results"]
-    assert r["status"] == "error" and r["reason"] == "worker process timed out after 3 s and was killed"
+    (r,) = load_sweep(out).results
+    assert r.status == "error" and r.reason == "worker process timed out after 3 s and was killed"
 
 
 @pytest.mark.parametrize(
@@ -286,14 +287,16 @@ def test_load_sweep_merges_what_cells_saw_and_refuses_non_sweeps(tmp_path: Path)
     }
     cell = {"type": "cell", "key": "k", "result": result, "precision": {"p": "highest"}, "gpu": "NVIDIA H200"}
     (tmp_path / JSONL).write_text(json.dumps(header) + "\n" + json.dumps(cell) + "\n")
-    doc = load_sweep(tmp_path)
+    doc = read_sweep(tmp_path)
     assert doc["environment"] == {"gpu": "NVIDIA H200", "precision": {"p": "highest"}, "threads": {"torch_threads": 2}}
     assert doc["results"] == [result] and doc["config"]["progress"] == {"cells": 1, "done": 1, "sessions": 1}
+    with pytest.raises(InputError, match=r"result #0 \(b\) lacks dtype, model, shape"):  # typed: validated
+        load_sweep(tmp_path)
     with pytest.raises(InputError, match="does not exist"):
-        load_sweep(tmp_path / "nowhere.jsonl")
+        read_sweep(tmp_path / "nowhere.jsonl")
     (tmp_path / "x.jsonl").write_text(json.dumps(cell) + "\n")
     with pytest.raises(InputError, match="does not start with a header line"):
-        load_sweep(tmp_path / "x.jsonl")
+        read_sweep(tmp_path / "x.jsonl")
     (tmp_path / "y.jsonl").write_text(json.dumps(header) + "\n{oops\n" + json.dumps(cell) + "\n")
     with pytest.raises(InputError, match="line 2 is not valid JSON"):
-        load_sweep(tmp_path / "y.jsonl")
+        read_sweep(tmp_path / "y.jsonl")

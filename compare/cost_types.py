@@ -1,0 +1,245 @@
+"""The cost model's records as a result stores them (``result.cost``, ``cost.achieved``) and the machine's measured
+ceilings (``results.json``'s ``ceilings``). ``compare.costmodel`` computes them; this module only holds and
+(de)serialises them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from compare.jsonfields import (
+    FieldError,
+    Obj,
+    integer,
+    integers,
+    mapping,
+    number,
+    obj,
+    record_dict,
+    sub,
+    subs,
+    text,
+    texts,
+)
+from compare.timing import Timing
+
+
+@dataclass(frozen=True)
+class CostTensor:
+    """One tensor a modelled step touches: its 2-D ``shape`` (tokens flattened), ``bytes`` (its size), its
+    ``role`` (input, weight, intermediate, output, gradient) and how many kernels read and write it."""
+
+    name: str
+    shape: tuple[int, ...]
+    bytes: int
+    role: str
+    reads: int
+    writes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, optional=("achieved",))
+
+    @staticmethod
+    def from_dict(d: Obj) -> CostTensor:
+        return CostTensor(
+            text(d, "name"),
+            integers(d, "shape"),
+            integer(d, "bytes"),
+            text(d, "role"),
+            integer(d, "reads"),
+            integer(d, "writes"),
+        )
+
+
+@dataclass(frozen=True)
+class Achieved:
+    """A measured step against this machine's ceilings (``compare.costmodel.roofline``): achieved FLOP/s and
+    bytes/s, their fractions of the ceilings, the roofline-predicted time and its ``bound`` (``compute`` or
+    ``memory``), ``roofline_fraction = predicted_s / median_s`` and the ridge intensity (FLOP/byte)."""
+
+    flops_per_s: float
+    bytes_per_s: float
+    flops_fraction: float
+    bytes_fraction: float
+    predicted_s: float
+    bound: str
+    roofline_fraction: float
+    ridge_intensity: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> Achieved:
+        return Achieved(
+            flops_per_s=number(d, "flops_per_s"),
+            bytes_per_s=number(d, "bytes_per_s"),
+            flops_fraction=number(d, "flops_fraction"),
+            bytes_fraction=number(d, "bytes_fraction"),
+            predicted_s=number(d, "predicted_s"),
+            bound=text(d, "bound"),
+            roofline_fraction=number(d, "roofline_fraction"),
+            ridge_intensity=number(d, "ridge_intensity"),
+        )
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The cost model's entry for one (backend, case, mode): GEMM ``flops``, elementwise ``ew_flops``, ``bytes``
+    moved, ``arithmetic_intensity`` (FLOP/byte), every tensor touched, the intermediates' traffic and names
+    (``materialized``), the activations ``saved`` for the backward, the model's kernels, the ``assumption`` the
+    backend's plan rests on (``""`` where it was read off the framework) and, when the run measured its ceilings,
+    the ``achieved`` rates."""
+
+    backend: str
+    plan: str
+    mode: str
+    dtype: str
+    flops: int
+    ew_flops: int
+    bytes: int
+    arithmetic_intensity: float
+    tensors: tuple[CostTensor, ...]
+    intermediate_bytes: int
+    materialized: tuple[str, ...]
+    saved: tuple[str, ...]
+    model_kernels: tuple[str, ...]
+    model_kernels_per_step: int
+    assumption: str = ""
+    achieved: Achieved | None = None
+
+    def tensor(self, name: str) -> CostTensor:
+        """The entry of tensor ``name``."""
+        return next(t for t in self.tensors if t.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "backend": self.backend,
+            "plan": self.plan,
+            "mode": self.mode,
+            "dtype": self.dtype,
+            "flops": self.flops,
+            "ew_flops": self.ew_flops,
+            "bytes": self.bytes,
+            "arithmetic_intensity": self.arithmetic_intensity,
+            "tensors": [t.to_dict() for t in self.tensors],
+            "intermediate_bytes": self.intermediate_bytes,
+            "materialized": list(self.materialized),
+            "saved": list(self.saved),
+            "model_kernels": list(self.model_kernels),
+            "model_kernels_per_step": self.model_kernels_per_step,
+            "assumption": self.assumption,
+        }
+        if self.achieved is not None:
+            d["achieved"] = self.achieved.to_dict()
+        return d
+
+    @staticmethod
+    def from_dict(d: Obj) -> Cost:
+        return Cost(
+            backend=text(d, "backend"),
+            plan=text(d, "plan"),
+            mode=text(d, "mode"),
+            dtype=text(d, "dtype"),
+            flops=integer(d, "flops"),
+            ew_flops=integer(d, "ew_flops"),
+            bytes=integer(d, "bytes"),
+            arithmetic_intensity=number(d, "arithmetic_intensity"),
+            tensors=subs(d, "tensors", CostTensor.from_dict),
+            intermediate_bytes=integer(d, "intermediate_bytes"),
+            materialized=texts(d, "materialized"),
+            saved=texts(d, "saved"),
+            model_kernels=texts(d, "model_kernels"),
+            model_kernels_per_step=integer(d, "model_kernels_per_step"),
+            assumption=text(d, "assumption", ""),
+            achieved=sub(d, "achieved", Achieved.from_dict),
+        )
+
+
+@dataclass(frozen=True)
+class CeilingTimings:
+    """How a dtype's ceilings were measured: the matmul and copy timings (the shared timer's), and every matmul
+    size tried (``{size: {"median_s", "flops_per_s"}}``, the best one is the ceiling)."""
+
+    matmul: Timing | None = None
+    matmul_all: dict[str, Any] = field(default_factory=dict)
+    copy: Timing | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> CeilingTimings:
+        return CeilingTimings(
+            matmul=sub(d, "matmul", Timing.from_dict),
+            copy=sub(d, "copy", Timing.from_dict),
+            matmul_all=mapping(d, "matmul_all"),
+        )
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """This machine's measured matmul FLOP/s and copy bandwidth for one dtype (the roofline's roofs), with how they
+    were measured: the matmul shape, the bytes copied, the device, its precision settings and the timings."""
+
+    flops_per_s: float
+    bytes_per_s: float
+    matmul_shape: tuple[int, ...] = ()
+    copy_bytes: int = 0
+    dtype: str = ""
+    device: str = ""
+    precision: dict[str, Any] = field(default_factory=dict)
+    timing: CeilingTimings | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flops_per_s": self.flops_per_s,
+            "bytes_per_s": self.bytes_per_s,
+            "matmul_shape": list(self.matmul_shape),
+            "copy_bytes": self.copy_bytes,
+            "dtype": self.dtype,
+            "device": self.device,
+            "precision": dict(self.precision),
+            "timing": None if self.timing is None else self.timing.to_dict(),
+        }
+
+    @staticmethod
+    def from_dict(d: Obj) -> Ceiling:
+        return Ceiling(
+            flops_per_s=number(d, "flops_per_s"),
+            bytes_per_s=number(d, "bytes_per_s"),
+            matmul_shape=integers(d, "matmul_shape"),
+            copy_bytes=integer(d, "copy_bytes", 0),
+            dtype=text(d, "dtype", ""),
+            device=text(d, "device", ""),
+            precision=mapping(d, "precision"),
+            timing=sub(d, "timing", CeilingTimings.from_dict),
+        )
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The ceilings of a run: the ``device`` they were measured on and one :class:`Ceiling` per dtype. Stored as
+    ``{"device": ..., "<dtype>": {...}, ...}``."""
+
+    device: str
+    by_dtype: dict[str, Ceiling]
+
+    def get(self, dtype: str) -> Ceiling | None:
+        """The ceiling of ``dtype`` when it has positive FLOP/s and bandwidth, else None."""
+        c = self.by_dtype.get(dtype)
+        return c if c is not None and c.flops_per_s and c.bytes_per_s else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, **{k: c.to_dict() for k, c in self.by_dtype.items()}}
+
+    @staticmethod
+    def from_dict(d: Obj) -> Ceilings:
+        by_dtype = {}
+        for k, v in d.items():
+            if k != "device":
+                try:
+                    by_dtype[k] = Ceiling.from_dict(obj(v))
+                except FieldError as exc:
+                    raise exc.within(k) from None
+        return Ceilings(text(d, "device", ""), by_dtype)

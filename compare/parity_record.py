@@ -1,0 +1,93 @@
+"""A result's stored parity verdict (``result.parity`` in ``results.json``): the gate's numbers for every tensor
+(:class:`~compare.parity.TensorParity`), the worst tensor's summary, and which outputs were checked."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from compare.jsonfields import Obj, flag, integer, number, record_dict, sub, subs, text, texts
+from compare.parity import Parity, TensorParity
+
+
+@dataclass(frozen=True)
+class LastTimed:
+    """The verdict on the output of the last timed call (a backend must still be right after warm-up)."""
+
+    passed: bool
+    failures: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> LastTimed:
+        return LastTimed(flag(d, "passed"), texts(d, "failures"))
+
+
+@dataclass(frozen=True)
+class ProcessVerdict:
+    """A tensor-parallel process's own verdict on its outputs (every process checks the full tensors)."""
+
+    rank: int
+    passed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> ProcessVerdict:
+        return ProcessVerdict(integer(d, "rank"), flag(d, "passed"))
+
+
+@dataclass(frozen=True)
+class ParityRecord:
+    """Parity of one result: ``passed`` (every tensor, first call), the worst tensor's max-check numbers
+    (``max_abs_err``, ``max_rel_err``, ``bound``, ``ratio``), its ``worst_ratio`` over every check and its name,
+    every failed check as ``tensor:check``, the tensors, the outputs ``checked`` ("first call", then "last timed
+    call" when it was timed), ``last_timed``'s verdict and, for a tensor-parallel result, each process's verdict."""
+
+    passed: bool
+    max_abs_err: float = math.nan
+    max_rel_err: float = math.nan
+    bound: float = math.nan
+    ratio: float = math.nan
+    worst_ratio: float = math.nan
+    worst_tensor: str = ""
+    failed: tuple[str, ...] = ()
+    tensors: tuple[TensorParity, ...] = ()
+    checked: tuple[str, ...] = ()
+    last_timed: LastTimed | None = None
+    processes: tuple[ProcessVerdict, ...] = ()
+
+    @staticmethod
+    def of(parity: Parity, last_timed: Parity | None = None) -> ParityRecord:
+        """The record of the gate's verdict ``parity`` on the first call and, when the step was timed, ``last_timed``
+        on the output of the last timed call (``checked`` says which were checked)."""
+        first = ParityRecord.from_dict(parity.to_dict())
+        if last_timed is None:
+            return replace(first, checked=("first call",))
+        again = LastTimed(last_timed.passed, tuple(last_timed.failures()))
+        return replace(first, checked=("first call", "last timed call"), last_timed=again)
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, optional=("last_timed", "processes"))
+
+    @staticmethod
+    def from_dict(d: Obj) -> ParityRecord:
+        """The inverse of :meth:`to_dict`: ``passed`` and ``tensors`` are required, the summary fields are not."""
+        return ParityRecord(
+            passed=flag(d, "passed"),
+            tensors=subs(d, "tensors", TensorParity.from_dict),
+            failed=texts(d, "failed"),
+            max_abs_err=number(d, "max_abs_err", math.nan),
+            max_rel_err=number(d, "max_rel_err", math.nan),
+            bound=number(d, "bound", math.nan),
+            ratio=number(d, "ratio", math.nan),
+            worst_ratio=number(d, "worst_ratio", math.nan),
+            worst_tensor=text(d, "worst_tensor", ""),
+            checked=texts(d, "checked"),
+            last_timed=sub(d, "last_timed", LastTimed.from_dict),
+            processes=subs(d, "processes", ProcessVerdict.from_dict),
+        )
