@@ -24,6 +24,9 @@ from typing import Any
 MODELS: tuple[str, ...] = ("linear", "geglu", "swiglu", "gelu-mlp")
 #: The gated (GLU) feed-forward families: ``down(act(gate(x)) * up(x))``; the hand-written kernels serve these.
 GLU_MODELS: tuple[str, ...] = ("geglu", "swiglu")
+#: The families with a tensor-parallel layout (Megatron: a column-parallel layer feeding a row-parallel one);
+#: ``linear`` has none.
+TP_MODELS: tuple[str, ...] = ("geglu", "swiglu", "gelu-mlp")
 #: The activation of each GLU family, by the name the hand-written kernels take (their ``ACT`` parameter).
 GLU_ACTIVATIONS: dict[str, str] = {"geglu": "gelu_tanh", "swiglu": "silu"}
 #: What each model computes, one line each (``python -m compare list``).

@@ -11,7 +11,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compare import diff, exitcodes, gpu_build, gpu_build_report, harness, preflight, report, results, shapes, sweep
+from compare import (
+    diff,
+    exitcodes,
+    gpu_build,
+    gpu_build_report,
+    harness,
+    preflight,
+    report,
+    results,
+    shapes,
+    sweep,
+    tp_hosts,
+)
 from compare.atomic import write_text_atomic
 from compare.cases import (
     DTYPES,
@@ -30,6 +42,10 @@ from compare.cases import (
 from compare.options import add_grid_args, check_grid_args
 from compare.progress import Display, progress_level
 from compare.registry import BACKENDS, spec
+from compare.tp import LAUNCHES
+from compare.tp_cost import check_world_size
+from compare.tp_launch import Job
+from compare.tp_worker import Cell
 
 
 def cmd_list(_: argparse.Namespace) -> int:
@@ -67,6 +83,13 @@ def cmd_run(a: argparse.Namespace) -> int:
     cases = cases_from_args(a)
     specs = [spec(b) for b in a.backend]
     modes = [check_name("mode", m, MODES) for m in a.mode]
+    world_sizes = [int(w) for w in check_unique("--world-size", [str(w) for w in a.world_size])]
+    for w in world_sizes:
+        for c in cases:
+            if w > 1 or any(s.runtime for s in specs):
+                check_world_size(c, w)
+    if a.tp_launch is not None:
+        check_name("--tp-launch", a.tp_launch, list(LAUNCHES))
     sweep_cases: list[Case] = []
     if a.shape_sweep:
         for t in a.shape_sweep:
@@ -84,6 +107,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         "backends": a.backend,
         "dtypes": a.dtype,
         "modes": modes,
+        "world_sizes": world_sizes,
     }
     with preflight.lock_folder(out), exitcodes.terminate_as_interrupt():
         doc = _measure(a, cases, specs, modes, cfg, config, out)
@@ -123,7 +147,8 @@ def _measure(
     ``harness.run`` returns the finished results with ``interrupted`` set when interrupted; an interrupt
     during the shape sweep keeps the harness's results and drops the sweep's.
     """
-    with Display(len(cases) * len(modes) * len(specs), progress_level(a), title="run") as display:
+    cells = len(cases) * len(modes) * len(specs) * len(a.world_size)
+    with Display(cells, progress_level(a), title="run") as display:
         doc = harness.run(
             cases,
             specs,
@@ -134,6 +159,9 @@ def _measure(
             profile=a.profile or a.trace,
             trace_dir=out / "traces" if a.trace else None,
             ceilings=not a.no_ceilings,
+            world_sizes=[int(w) for w in a.world_size],
+            tp_launch=a.tp_launch,
+            tp_logs=out / "tp-logs",
         )
         if a.shape_sweep and not doc.interrupted:
             try:
@@ -171,12 +199,62 @@ def cmd_report(a: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
-def _add_run_args(r: argparse.ArgumentParser) -> None:
-    """The options shared by ``run`` and ``profile``."""
+def cmd_tp_job(a: argparse.Namespace) -> int:
+    """Write a multi-host tensor-parallel job (``compare.tp_hosts``) and print the command for each host."""
+    check_grid_args(a)
+    cases = cases_from_args(a)
+    specs = [spec(b) for b in a.backend]
+    plain = [s.name for s in specs if not s.runtime]
+    if plain or len({s.runtime for s in specs}) != 1:
+        tp = [n for n, s in BACKENDS.items() if s.runtime]
+        raise InputError(
+            f"a multi-host job is one worker group: tensor-parallel backends of one framework (known: {', '.join(tp)})"
+            + (f"; not {', '.join(plain)}" if plain else "")
+        )
+    for c in cases:
+        check_world_size(c, a.world_size)
+    modes = [check_name("mode", m, MODES) for m in a.mode]
+    cells = tuple(
+        Cell(i, s.name, c, m)
+        for i, (c, m, s) in enumerate((c, m, s) for c in cases for m in modes for s in specs if c.model in s.models)
+    )
+    job = Job(
+        specs[0].runtime,
+        "processes",
+        a.world_size,
+        cells,
+        tuple(specs),
+        harness.TimingConfig(budget_s=a.budget),
+        threads_total=a.threads * a.world_size,
+    )
+    for line in tp_hosts.write_job(job, Path(a.out), a.addr, a.port):
+        print(line)
+    return exitcodes.OK
+
+
+def cmd_tp_collect(a: argparse.Namespace) -> int:
+    """results.json and REPORT.md of a multi-host job, from process 0's events."""
+    folder = Path(a.folder)
+    doc = results.load(tp_hosts.collect(folder), str(folder / "rank0.jsonl"))
+    out = preflight.prepare_out_dir(Path(a.out) if a.out else folder)
+    results.write_json(out / "results.json", doc)
+    write_text_atomic(out / "REPORT.md", report.render(doc))
+    print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'} ({doc.summary()})")
+    ok = all(r.status in ("ok", "skipped") for r in doc.results)
+    return exitcodes.OK if ok else exitcodes.FINDING
+
+
+def _add_case_args(r: argparse.ArgumentParser) -> None:
+    """The case options: a preset, its model and sizes."""
     r.add_argument("--preset", help=f"one of: {', '.join(PRESETS)}")
     r.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
     for dim in ("batch", "seq", "dim", "hidden"):
         r.add_argument(f"--{dim}", type=int, help=f"override the preset's {dim}")
+
+
+def _add_run_args(r: argparse.ArgumentParser) -> None:
+    """The options shared by ``run`` and ``profile``."""
+    _add_case_args(r)
     add_grid_args(r, budget_help="seconds of timed samples per backend and mode")
     r.add_argument("--out", default="out", help="output folder (default: out)")
     r.add_argument(
@@ -198,6 +276,18 @@ def _add_run_args(r: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="include DIR/gpu_build.json (`python -m compare gpu-build`) in the report when it exists "
         "(default: %(default)s; '' to leave it out)",
+    )
+    r.add_argument(
+        "--world-size",
+        nargs="+",
+        type=int,
+        default=[1],
+        help="tensor-parallel world sizes (each must divide hidden; default 1); single-device backends run at 1 only",
+    )
+    r.add_argument(
+        "--tp-launch",
+        help=f"how tensor-parallel ranks start where a backend supports it: {' or '.join(LAUNCHES)} "
+        "(default: each backend's first; JAX: devices, N CPU devices in one process)",
     )
     r.add_argument("--profile", action="store_true", help="count kernels and fusions per step (profiler / HLO)")
     r.add_argument(
@@ -231,6 +321,19 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("results")
     rep.add_argument("--out", help="where to write (default: REPORT.md beside the results)")
     rep.set_defaults(fn=cmd_report)
+    job = _sub(sub, "tp-job", help="write a tensor-parallel job to run across hosts; print each host's command")
+    _add_case_args(job)
+    add_grid_args(job, budget_help="seconds of timed samples per backend and mode")
+    job.add_argument("--world-size", type=int, required=True, help="processes, one per host (must divide hidden)")
+    job.add_argument("--addr", required=True, help="the rendezvous host (process 0's address, reachable by all)")
+    job.add_argument("--port", type=int, default=29400, help="the rendezvous port (default: %(default)s)")
+    job.add_argument("--threads", type=int, default=1, help="compute threads per process (default: 1)")
+    job.add_argument("--out", required=True, help="the job folder (the same path on every host)")
+    job.set_defaults(fn=cmd_tp_job)
+    col = _sub(sub, "tp-collect", help="results.json and REPORT.md of a tp-job, on process 0's host")
+    col.add_argument("folder", help="the job folder")
+    col.add_argument("--out", help="where to write (default: the job folder)")
+    col.set_defaults(fn=cmd_tp_collect)
     sweep.add_parser(sub)
     diff.add_parser(sub)
     gpu_build.add_parser(sub)  # python -m compare gpu-build --arch sm_90 sm_80 [--out DIR]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -23,38 +23,19 @@ import numpy as np
 
 from compare import costmodel, environment, resolution, timing
 from compare.cases import Case
-from compare.cost_types import Ceilings, Cost
+from compare.cell import IMPLAUSIBLE_FACTOR, MODE_TENSORS, model_cost, plain_reference
+from compare.cost_types import Ceilings
 from compare.golden import golden_for
 from compare.kernels import Kernels
-from compare.parity import UnusableCase, check_all, check_plain
+from compare.parity import UnusableCase, check_all
 from compare.parity_record import ParityRecord
 from compare.progress import Display
-from compare.reference import Arith, compute
 from compare.registry import DEFAULT_BASELINE, BackendSpec, Prepared, probe
 from compare.resolution import ResolutionRow
 from compare.results import Config, Result, Results
 from compare.timing import TimingConfig
-
-#: Which reference tensors each mode checks.
-MODE_TENSORS: dict[str, Callable[[str], bool]] = {
-    "fwd": lambda k: k == "y",
-    "bwd": lambda k: k != "y",
-    "fwd+bwd": lambda k: True,
-}
-
-
-#: A step that beats the measured matmul ceiling by more than this factor cannot have done its FLOPs.
-IMPLAUSIBLE_FACTOR = 1.2
-
-
-def plain_reference(case: Case) -> dict[str, np.ndarray]:
-    """The plain same-dtype emulation of ``case`` (outputs and gradients), the parity gate's yardstick.
-
-    Raises :class:`~compare.parity.UnusableCase` when it (or the reference) is not finite in the case dtype."""
-    g = golden_for(case)
-    plain = compute(case.model, g.x, g.params, g.dy, Arith.plain(case.dtype))
-    check_plain(case.name, case.dtype, g.ref, plain)
-    return plain
+from compare.tp_launch import Job, run_job
+from compare.tp_worker import Cell
 
 
 def _summarise_error(exc: BaseException) -> tuple[str, str]:
@@ -154,14 +135,6 @@ def run_one(
         return Result.for_case(spec.name, case, mode, "error", reason=reason, extras={"traceback": tb})
 
 
-def model_cost(spec: BackendSpec, case: Case, mode: str) -> Cost | None:
-    """The cost model's entry (``compare.costmodel.cost``) for a result; None exactly when the backend's registry
-    line names no plan (it is not modelled). Any other problem is an error, not a silently missing row."""
-    if spec.plan is None:
-        return None
-    return costmodel.cost(case, spec.name, mode)
-
-
 def measure_ceilings(dtypes: Iterable[str], budget_s: float = 0.5) -> Ceilings | None:
     """This machine's matmul FLOP/s and copy bandwidth per dtype, from the registry's ``ceilings`` probe (torch, on
     the device the torch backends use); None where its framework cannot be imported."""
@@ -176,20 +149,27 @@ def run(
     cases: Iterable[Case],
     specs: Iterable[BackendSpec],
     modes: Iterable[str],
-    cfg: TimingConfig | None = None,
+    cfg: TimingConfig = TimingConfig(),
     config: dict[str, Any] | None = None,
     progress: Display | None = None,
     profile: bool = False,
     trace_dir: Path | None = None,
     ceilings: bool = False,
+    world_sizes: Sequence[int] = (1,),
+    tp_launch: str | None = None,
+    tp_logs: Path | None = None,
 ) -> Results:
-    """Run every (case, backend, mode); return the results document (``compare.results.Results``).
+    """Run every (case, backend, mode, world size); return the results document (``compare.results.Results``).
 
+    Single-device backends run here, at world size 1 (at a larger one they are ``skipped``); tensor-parallel
+    backends (a registry line with a ``runtime``) run in worker groups (``compare.tp_launch``), one group per
+    runtime, launch and world size for all of its cells, launched as ``tp_launch`` where the backend supports it
+    (else its first launch), with the processes' logs under ``tp_logs``.
     ``progress`` (a :class:`~compare.progress.Display`, already entered) is told as each cell starts and ends.
     Ctrl-C stops the run between or inside cells: the document then holds every finished cell and
     ``interrupted`` (the caller writes it and says so)."""
     cases, specs, modes = list(cases), list(specs), list(modes)
-    cfg = cfg or TimingConfig()
+    jobs: dict[tuple[str, str, int], list[tuple[Cell, BackendSpec]]] = {}
     ceil = None
     if ceilings:  # this machine's matmul FLOP/s and copy bandwidth per dtype, before any backend runs
         if progress:
@@ -219,15 +199,32 @@ def run(
             res_rows += case_resolution(case, plain, modes)
             for mode in modes:
                 for spec in specs:
-                    label = f"{spec.name} {case.name} {mode}"
-                    if progress:
-                        progress.starting(label)
-                    res = run_one(spec, case, mode, plain, cfg, precision, profile=profile, trace_dir=trace_dir)
-                    threads.update(res.threads)
-                    results.append(res.to_dict())
-                    flops[len(results) - 1] = min_flops(case, mode)
-                    if progress:
-                        progress.cell(label, res.status, res.reason)
+                    for ws in world_sizes:
+                        label = f"{spec.name} {case.name} {mode}" + (f" x{ws}" if ws > 1 or spec.runtime else "")
+                        if spec.runtime and case.model in spec.models and mode in spec.modes:
+                            how = tp_launch if tp_launch in spec.launches else spec.launches[0]
+                            cell = Cell(sum(map(len, jobs.values())), spec.name, case, mode)
+                            jobs.setdefault((spec.runtime, how, ws), []).append((cell, spec))
+                            continue
+                        if progress:
+                            progress.starting(label)
+                        if ws > 1 and not spec.runtime:
+                            res = Result.for_case(
+                                spec.name,
+                                case,
+                                mode,
+                                "skipped",
+                                reason=f"a single-device backend: world size {ws} is for tensor-parallel backends",
+                            )
+                        else:
+                            res = run_one(spec, case, mode, plain, cfg, precision, profile=profile, trace_dir=trace_dir)
+                        threads.update(res.threads)
+                        results.append({**res.to_dict(), "world_size": ws})
+                        flops[len(results) - 1] = min_flops(case, mode)
+                        if progress:
+                            progress.cell(label, res.status, res.reason)
+        for (runtime, how, ws), cells in jobs.items():
+            results += _run_tp_job(runtime, how, ws, cells, cfg, profile, tp_logs, progress)
     except KeyboardInterrupt:  # keep what is done; the caller writes it and says so
         interrupted = True
     typed = [Result.from_dict(r) for r in results]
@@ -256,6 +253,41 @@ def _against_ceilings(r: Result, ceil: Ceilings, min_step_flops: int | None) -> 
     if min_step_flops:
         r = replace(r, implausible=implausible(min_step_flops / t.median_s / k.flops_per_s))
     return r
+
+
+def _run_tp_job(
+    runtime: str,
+    how: str,
+    world_size: int,
+    cells: list[tuple[Cell, BackendSpec]],
+    cfg: TimingConfig,
+    profile: bool,
+    logs: Path | None,
+    progress: Display | None,
+) -> list[dict[str, Any]]:
+    """The cells of one worker group (``compare.tp_launch``), each as its result document."""
+    job = Job(
+        runtime,
+        how,
+        world_size,
+        tuple(c for c, _ in cells),
+        tuple(dict.fromkeys(s for _, s in cells)),
+        cfg,
+        profile=profile,
+    )
+    if progress:
+        progress.message(
+            f"starting a tensor-parallel group: {runtime}, world size {world_size}, {job.nproc} process(es) x "
+            f"{job.threads} thread(s), {len(cells)} cells",
+            important=True,
+        )
+
+    def told(doc: dict[str, Any]) -> None:
+        if progress:
+            label = f"{doc['backend']} {doc['case']} {doc['mode']} x{world_size}"
+            progress.cell(label, doc["status"], doc["reason"])
+
+    return run_job(job, root=logs, on_result=told)
 
 
 def min_flops(case: Case, mode: str) -> int:

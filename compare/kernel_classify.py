@@ -161,6 +161,14 @@ _FUSED_RE = re.compile(r"fused|fusion", re.IGNORECASE)
 _CUDA_ELEMENTWISE = re.compile(r"elementwise|Functor|CUDAKernelImpl|pointwise|fill_kernel", re.IGNORECASE)
 _CUDA_REDUCTION = re.compile(r"reduce_kernel|reduction|Reduce|softmax", re.IGNORECASE)
 _CUDA_COPY = re.compile(r"copy|memcpy|memset|transpose", re.IGNORECASE)
+#: Collectives: torch's c10d ops and functional collectives (and their waits), gloo's and NCCL's own events, XLA's
+#: collective HLO ops (``all-reduce``, ``all-reduce-start``/``-done``, ``all-gather``, ``reduce-scatter``, ...).
+_COLLECTIVE_RE = re.compile(
+    r"^c10d::|^_c10d_functional::(all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|wait_tensor)|^gloo:|nccl|"
+    r"^(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute|collective-broadcast)(-start|-done)?"
+    r"(\.\d+)?$",
+    re.IGNORECASE,
+)
 _TORCH_OP = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(?:\.\w+)?$")
 
 
@@ -169,8 +177,11 @@ def classify(name: str, absorbed: Sequence[str] = ()) -> str:
 
     GEMMs (``mm``/``addmm``/``bmm``/``linear``, cuBLAS/CUTLASS/``nvjet`` names, HLO ``dot``, Inductor GEMM
     templates) are ``gemm``; Inductor ``cpp_fused``/``triton_*`` kernels and anything named ``fused`` are ``fused``;
-    ``gelu``/``mul``/``add``-like ops ``elementwise``; ``sum``-like ``reduction``; ``copy_``/``to``/memcpy ``copy``.
+    ``gelu``/``mul``/``add``-like ops ``elementwise``; ``sum``-like ``reduction``; ``copy_``/``to``/memcpy ``copy``;
+    all-reduces and other collectives (torch c10d, gloo, NCCL, XLA) and their waits ``collective``.
     """
+    if _COLLECTIVE_RE.search(name):
+        return "collective"
     op = op_name(name)
     if _GEMM_RE.search(op) or _GEMM_RE.search(name) or {"dot", "convolution"} & set(absorbed):
         return "gemm"

@@ -71,7 +71,7 @@ __all__ = [
 ]
 
 SOURCES: tuple[str, ...] = ("torch.profiler", "xla-hlo")
-KINDS: tuple[str, ...] = ("gemm", "elementwise", "fused", "reduction", "copy", "custom", "other")
+KINDS: tuple[str, ...] = ("gemm", "elementwise", "fused", "reduction", "copy", "collective", "custom", "other")
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,14 @@ from compare.registry import BACKENDS, spec
 def add_grid_args(p: argparse.ArgumentParser, budget_help: str) -> None:
     """Dtypes, backends, modes, seed and timing budget: the options shared by ``run``, ``profile`` and ``sweep``."""
     p.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
-    # the registry as it is when the parser is built (a backend registered later, by a test, is not a stale default)
-    p.add_argument("--backend", nargs="+", default=list(BACKENDS), help=f"any of: {', '.join(BACKENDS)}")
+    # resolved by check_grid_args from the registry as it is then (a backend registered by a test is seen)
+    p.add_argument(
+        "--backend",
+        nargs="+",
+        default=None,
+        help=f"any of: {', '.join(BACKENDS)} (default: every single-device backend, or every tensor-parallel one "
+        "when a --world-size above 1 is given)",
+    )
     p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
     p.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
     p.add_argument("--budget", type=float, default=1.0, help=budget_help)
@@ -26,8 +32,17 @@ def check_grid_args(a: argparse.Namespace) -> None:
     """The options :func:`add_grid_args` defines, checked before anything runs (bad input raises InputError)."""
     check_seed(a.seed)
     check_finite("--budget", a.budget)
+    if a.backend is None:
+        sizes = getattr(a, "world_size", None) or [1]
+        a.backend = default_backends(sizes if isinstance(sizes, list) else [sizes])
     for b in a.backend:
         spec(b)
     check_unique("backend", a.backend)
     check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
     check_unique("mode", [check_name("mode", m, MODES) for m in a.mode])
+
+
+def default_backends(world_sizes: list[int]) -> list[str]:
+    """Every single-device backend, or, when a world size above 1 is asked for, every tensor-parallel one."""
+    parallel = max(world_sizes) > 1
+    return [name for name, s in BACKENDS.items() if bool(s.runtime) == parallel]

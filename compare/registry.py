@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from compare.cases import GLU_MODELS, MODELS, MODES, check_name
-from compare.tp import TPParts
+from compare.cases import GLU_MODELS, MODELS, MODES, TP_MODELS, check_name
+from compare.tp import Group, TPParts
 
 if TYPE_CHECKING:
     from compare.golden import Problem
@@ -70,6 +70,16 @@ class Backend(Protocol):
     def prepare(self, problem: Problem, mode: str) -> Prepared: ...
 
 
+class TPBackend(Protocol):
+    """A tensor-parallel backend object (``compare.tp``): its ``prepare`` also takes the process group."""
+
+    name: str
+
+    def availability(self) -> Availability: ...
+
+    def prepare(self, problem: Problem, mode: str, group: Group) -> Prepared: ...
+
+
 @dataclass(frozen=True)
 class BackendSpec:
     """Registry entry: everything the core knows about a backend, in one line.
@@ -95,6 +105,11 @@ class BackendSpec:
     #: Tensor-parallel backends: the module of their worker runtime (``compare.tp``); they run in worker processes
     #: started by ``compare.tp_launch``, at the case's world size. Empty for single-device backends.
     runtime: str = ""
+    #: Tensor-parallel backends: their communication plan (``compare.tp_cost.COMM_PLANS``), checked byte for byte
+    #: against the collectives they report.
+    comm: str = ""
+    #: Tensor-parallel backends: how their ranks can start (``compare.tp.LAUNCHES``), the default first.
+    launches: tuple[str, ...] = ("processes",)
 
     def load(self) -> Backend:
         module = importlib.import_module(self.target)
@@ -107,9 +122,6 @@ class BackendSpec:
         except ImportError as exc:
             return Availability(False, f"cannot import {self.target}: {exc}")
 
-
-#: The families a tensor-parallel backend splits (a column-parallel layer feeding a row-parallel one; not ``linear``).
-TP_MODELS: tuple[str, ...] = tuple(m for m in MODELS if m != "linear")
 
 BACKENDS: dict[str, BackendSpec] = {
     s.name: s
@@ -186,7 +198,9 @@ BACKENDS: dict[str, BackendSpec] = {
             "torch_impl.backends.tp_dtensor",
             "DTensor tensor parallelism: ColwiseParallel gate/up (fc1), RowwiseParallel down (fc2), eager",
             models=TP_MODELS,
+            plan="eager",
             runtime="torch_impl.tp_runtime",
+            comm="megatron",
         ),
         BackendSpec(
             "torch-tp-compile",
@@ -194,7 +208,9 @@ BACKENDS: dict[str, BackendSpec] = {
             "torch_impl.backends.tp_compile",
             "torch-tp's DTensor module under torch.compile (Inductor)",
             models=TP_MODELS,
+            plan="fused-ew",
             runtime="torch_impl.tp_runtime",
+            comm="megatron",
         ),
         BackendSpec(
             "torch-tp-manual",
@@ -202,7 +218,9 @@ BACKENDS: dict[str, BackendSpec] = {
             "torch_impl.backends.tp_manual",
             "hand-written Megatron TP: local weight slices, one dist.all_reduce of y forward and one of dx backward",
             models=TP_MODELS,
+            plan="eager",
             runtime="torch_impl.tp_runtime",
+            comm="megatron",
         ),
         BackendSpec(
             "torch-tp-triton",
@@ -210,7 +228,32 @@ BACKENDS: dict[str, BackendSpec] = {
             "torch_impl.backends.tp_triton",
             "torch-tp's DTensor plan with torch-triton's act(g) * u Triton kernel on the local slices",
             models=GLU_MODELS,
+            plan="fused-ew",
             runtime="torch_impl.tp_runtime",
+            comm="megatron",
+        ),
+        BackendSpec(
+            "jax-tp",
+            "jax",
+            "jax_impl.backends.tp_sharded",
+            "the flax.nnx module with partitioned params under jax.jit: XLA's SPMD partitioner places the collectives",
+            models=TP_MODELS,
+            plan="fused-ew",
+            runtime="jax_impl.tp_runtime",
+            comm="xla-auto",
+            launches=("devices", "processes"),
+        ),
+        BackendSpec(
+            "jax-tp-shardmap",
+            "jax",
+            "jax_impl.backends.tp_shardmap",
+            "hand-written Megatron TP in jax.shard_map: explicit psum of y and of dx; the Pallas act(g) * u kernel per "
+            "shard for GeGLU/SwiGLU",
+            models=TP_MODELS,
+            plan="fused-ew",
+            runtime="jax_impl.tp_runtime",
+            comm="megatron-combined",
+            launches=("devices", "processes"),
         ),
     )
 }

@@ -17,6 +17,7 @@ from compare.resolution import resolution_section
 from compare.results import Result, Results
 from compare.shapes import shapes_section
 from compare.summary import summary_section
+from compare.tp_report import tp_section
 
 Row = list[str]
 Rows = Sequence[Result]
@@ -283,6 +284,7 @@ SECTIONS: list[Callable[[Results], str]] = [
     lambda d: resolution_section(d.resolution),
     lambda d: timing_section(d.results),
     lambda d: modes_section(d.results),
+    lambda d: tp_section(d.results),
     kernel_section,
     fusion_section,
     cost_section,

@@ -22,11 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from compare.golden import Problem
-    from compare.registry import Prepared
+from typing import Any, Protocol
 
 #: The ways a TP group's ranks can start (``Launch.how``).
 LAUNCHES: tuple[str, ...] = ("processes", "devices")
@@ -74,13 +70,10 @@ class Group(Protocol):
         """Leave the group (destroy process groups, shut the distributed client down)."""
         ...
 
-
-class TPBackend(Protocol):
-    """A tensor-parallel backend object (``BACKEND`` of its module): ``prepare`` also takes the group."""
-
-    name: str
-
-    def prepare(self, problem: Problem, mode: str, group: Group) -> Prepared: ...
+    def allreduce_probe(self, nbytes: int) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+        """A zero-argument all-reduce (sum) of an ``nbytes`` float32 buffer over the group's ranks, and its sync: the
+        transport's bandwidth probe, timed once per group by the worker (``compare.tp_worker``)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -116,6 +109,10 @@ class TPParts:
     compute_only: Callable[[], Any]
     setup_s: dict[str, float] = field(default_factory=dict)
     layout: str = ""
+
+
+#: The payload of the bandwidth probe: large enough that the ring's latency is a small share of its time.
+PROBE_BYTES = 16 * 2**20
 
 
 def megatron_allreduces(mode: str) -> int:

@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compare.harness import TimingConfig
 from compare.registry import BackendSpec
 from compare.results import Result
+from compare.timing import TimingConfig
 from compare.tp_worker import Cell, spec_to_dict
 
 #: Seconds a group may take from launch to every process ready (imports, rendezvous).
@@ -116,25 +116,31 @@ def _worker_env(job: Job, rank: int, port: int) -> dict[str, str]:
     return env
 
 
-def _start(job: Job, cells: Sequence[Cell], root: Path) -> _Attempt:
-    folder = Path(tempfile.mkdtemp(prefix="group-", dir=root))
-    port = free_port()
-    doc = {
+def job_doc(job: Job, cells: Sequence[Cell], out: Path, addr: str = "127.0.0.1", port: int = 0) -> dict[str, Any]:
+    """The job file a worker reads (``compare.tp_worker``): the cells, the backends' registry lines, the timing,
+    the rendezvous (``port`` 0: the framework's own, e.g. torchrun's ``MASTER_ADDR``/``MASTER_PORT``) and the
+    folder the events go to."""
+    return {
         "runtime": job.runtime,
         "how": job.how,
         "world_size": job.world_size,
         "nproc": job.nproc,
         "threads": job.threads,
         "timeout_s": job.timeout_s,
-        "addr": "127.0.0.1",
+        "addr": addr,
         "port": port,
         "specs": [spec_to_dict(s) for s in job.specs],
         "cells": [{"index": c.index, "backend": c.backend, "case": c.case.to_dict(), "mode": c.mode} for c in cells],
         "timing": asdict(job.timing),
         "profile": job.profile,
-        "out": str(folder),
+        "out": str(out),
     }
-    (folder / "job.json").write_text(json.dumps(doc), encoding="utf-8")
+
+
+def _start(job: Job, cells: Sequence[Cell], root: Path) -> _Attempt:
+    folder = Path(tempfile.mkdtemp(prefix="group-", dir=root))
+    port = free_port()
+    (folder / "job.json").write_text(json.dumps(job_doc(job, cells, folder, port=port)), encoding="utf-8")
     procs = []
     launched = time.time()
     for rank in range(job.nproc):

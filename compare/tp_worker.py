@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -28,16 +29,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, cast
 
-from compare import timing
+from compare import environment, timing
 from compare.cases import Case
+from compare.cell import MODE_TENSORS, model_cost, plain_reference
 from compare.golden import golden_for
-from compare.harness import MODE_TENSORS, TimingConfig, model_cost, plain_reference
 from compare.kernels import Kernels
 from compare.parity import check_all
 from compare.parity_record import ParityRecord
-from compare.registry import BackendSpec, Prepared, register
+from compare.registry import BackendSpec, Prepared, TPBackend, register
 from compare.results import Result
-from compare.tp import Group, Launch, TPBackend
+from compare.timing import TimingConfig
+from compare.tp import PROBE_BYTES, Group, Launch, ring_bytes
+from compare.tp_cost import comm_cost, shard
 from compare.tp_result import TPInfo
 
 #: The exit status of a worker whose cell raised (its error event says why).
@@ -66,6 +69,8 @@ def spec_to_dict(s: BackendSpec) -> dict[str, Any]:
         "plan": s.plan,
         "assumption": s.assumption,
         "runtime": s.runtime,
+        "comm": s.comm,
+        "launches": list(s.launches),
     }
 
 
@@ -80,6 +85,8 @@ def spec_from_dict(d: dict[str, Any]) -> BackendSpec:
         plan=d["plan"],
         assumption=d["assumption"],
         runtime=d["runtime"],
+        comm=d["comm"],
+        launches=tuple(d["launches"]),
     )
 
 
@@ -115,8 +122,36 @@ def _judge(prepared: Prepared, output: Any, ref: dict[str, Any], plain: dict[str
     return check_all(got, ref, plain, dtype)
 
 
+def probe_bandwidth(group: Group, cfg: TimingConfig) -> dict[str, Any]:
+    """The group's all-reduce bandwidth: :data:`~compare.tp.PROBE_BYTES` summed over the ranks, through the shared
+    timer (each sample the slowest rank's). ``bus_bytes_per_s`` is the ring traffic per rank over the time."""
+    fn, sync0 = group.allreduce_probe(PROBE_BYTES)
+
+    def sync(outputs: Any) -> None:
+        sync0(outputs)
+        group.barrier()
+
+    t = timing.measure(
+        fn, sync, warmup=2, min_samples=5, max_samples=20, budget_s=min(cfg.budget_s, 0.5), agree=group.max_all
+    )
+    ring = ring_bytes(PROBE_BYTES, group.world_size)
+    return {
+        "payload_bytes": PROBE_BYTES,
+        "ring_bytes_per_rank": ring,
+        "bus_bytes_per_s": ring / t.median_s,
+        "timing": t.to_dict(),
+    }
+
+
 def run_cell(
-    spec: BackendSpec, cell: Cell, group: Group, launch: Launch, cfg: TimingConfig, profile: bool
+    spec: BackendSpec,
+    cell: Cell,
+    group: Group,
+    launch: Launch,
+    cfg: TimingConfig,
+    profile: bool,
+    init_s: float = 0.0,
+    bandwidth: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Parity on every process, then timing (full step, its collectives alone, its compute alone) of one cell.
 
@@ -168,6 +203,7 @@ def run_cell(
         "passed": parity.passed and (again is None or again.passed),
         "failures": parity.failures() + [f"last timed call: {f}" for f in (again.failures() if again else [])],
         "collectives": collectives,
+        "host": socket.gethostname(),
     }
     everyone = group.gather(mine)
     if everyone is None:
@@ -188,8 +224,13 @@ def run_cell(
         "collectives": collectives,
         "comm": comm.to_dict() if comm else None,
         "compute": compute.to_dict() if compute else None,
-        "setup_s": dict(tp.setup_s),
+        "setup_s": {"init": init_s, **tp.setup_s},  # init: import the runtime and form the group
+        "hosts": sorted({r["host"] for r in everyone}),
         "ranks_checked": len(everyone) * (launch.world_size // launch.nproc),
+        "bandwidth": bandwidth,
+        "comm_model": comm_cost(case, spec.comm, mode, launch.world_size, prepared.device).to_dict()
+        if spec.comm
+        else None,
     }
     disagree = [r["rank"] for r in everyone if r["collectives"] != collectives]
     if disagree:
@@ -207,7 +248,7 @@ def run_cell(
         threads=prepared.threads,
         kernels=Kernels.from_dict(kernels) if kernels else None,
         extras=dict(prepared.extras),
-        cost=model_cost(spec, case, mode),
+        cost=model_cost(spec, shard(case, launch.world_size), mode),  # one rank's share
     )
     return replace(result, world_size=launch.world_size, tp=TPInfo.from_dict(tp_doc)).to_dict()
 
@@ -215,7 +256,7 @@ def run_cell(
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     rank = int(argv[1]) if len(argv) > 1 else int(os.environ["RANK"])
-    out = Path(job["out"])
+    out = Path(job["out"]) if job.get("out") else Path(argv[0]).parent  # a multi-host job: beside its file
     events = Events(out / f"rank{rank}.jsonl")
     for d in job["specs"]:
         register(spec_from_dict(d))
@@ -233,8 +274,17 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     runtime = importlib.import_module(job["runtime"])
     group: Group = runtime.init(launch)
-    events.write(event="ready", t=time.time(), init_s=time.time() - t0, cpus=cpus, pid=os.getpid())
+    init_s = time.time() - t0
+    events.write(
+        event="ready", t=time.time(), init_s=init_s, cpus=cpus, pid=os.getpid(), environment=environment.collect({}, {})
+    )
     cfg = TimingConfig(**job["timing"])
+    bandwidth = None
+    if group.world_size > 1 and hasattr(group, "allreduce_probe"):
+        try:
+            bandwidth = probe_bandwidth(group, cfg)
+        except Exception as exc:  # recorded in every result of the group, and the report says it failed
+            bandwidth = {"error": f"{type(exc).__name__}: {exc}"}
     for c in job["cells"]:
         cell = Cell(c["index"], c["backend"], Case.from_dict(c["case"]), c["mode"])
         events.write(event="start", cell=cell.index, t=time.time())
@@ -246,6 +296,8 @@ def main(argv: list[str]) -> int:
                 launch,
                 cfg,
                 bool(job.get("profile")),
+                init_s,
+                bandwidth,
             )
         except Exception as exc:  # this process cannot go on in step with its peers: say why and leave
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])

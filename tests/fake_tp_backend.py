@@ -27,6 +27,8 @@ SPEC = BackendSpec(
     "a test's framework-free tensor-parallel backend",
     models=("geglu", "swiglu", "gelu-mlp"),
     runtime="tests.fake_tp_backend",
+    comm="megatron",
+    launches=("devices",),
 )
 LAUNCHES = ("devices",)
 

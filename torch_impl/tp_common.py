@@ -388,7 +388,7 @@ def lazy(build: Callable[[], Callable[[], Any]]) -> Callable[[], Any]:
 
 def profile_fn(run: Callable[[], Any], device: str, timed: bool) -> Callable[[Path | None], dict[str, Any]]:
     """``Prepared.profile`` of a TP step: ``torch_impl.profiling`` with the collectives counted as one kernel each
-    (listed as kind ``other``: ``compare.kernels`` has no collective kind)."""
+    (kind ``collective``: ``compare.kernels`` classifies them by name)."""
 
     def profile(path: Path | None) -> dict[str, Any]:
         trace = None if path is None else path / "trace.json"
@@ -400,15 +400,12 @@ def profile_fn(run: Callable[[], Any], device: str, timed: bool) -> Callable[[Pa
             if k["name"] in _BOOKKEEPING:  # wraps a collective's output for autograd: launches nothing
                 summary["metadata_ops"].append({"name": k["name"], "count": k["count"]})
                 continue
-            if k["name"] in COLLECTIVE_EVENTS:
-                k["kind"] = "other"
             kernels.append(k)
         summary["kernels"] = kernels
         summary["kernels_per_step"] = sum(k["count"] for k in kernels)
         notes = [n for n in summary["notes"].split("; ") if n]
         if not any(k["kind"] == "custom" for k in kernels):  # no interpreted Triton launch among the kernels
             notes = [n for n in notes if not n.startswith("Triton interpreter")]
-        notes.append("collectives (all-reduce and its wait) are listed as kind 'other'")
         summary["notes"] = "; ".join(notes)
         return summary
 

@@ -10,8 +10,9 @@ or, when ``launch.port`` is 0, torchrun's environment (``env://``: ``MASTER_ADDR
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -46,9 +47,36 @@ class TorchGroup:
         return [float(v) for v in t.cpu().tolist()]
 
     def gather(self, obj: dict[str, Any]) -> list[dict[str, Any]] | None:
-        out: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(obj, out, dst=0)
+        """JSON text as bytes, padded to the longest, all-gathered (no pickling, unlike ``gather_object``)."""
+        data = json.dumps(obj, allow_nan=True).encode()
+        longest = int(self.max_all([len(data)])[0])
+        buf = torch.zeros(longest + 8, dtype=torch.uint8, device=self.device)
+        buf[:8] = torch.tensor(list(len(data).to_bytes(8, "little")), dtype=torch.uint8)
+        buf[8 : 8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        everyone = torch.empty(self.world_size * buf.numel(), dtype=torch.uint8, device=self.device)
+        dist.all_gather_into_tensor(everyone, buf)
+        if self.rank != 0:
+            return None
+        rows = everyone.cpu().view(self.world_size, -1)
+        out = []
+        for row in rows:
+            n = int.from_bytes(bytes(row[:8].tolist()), "little")
+            out.append(json.loads(bytes(row[8 : 8 + n].tolist()).decode()))
         return out
+
+    def allreduce_probe(self, nbytes: int) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+        """An all-reduce (sum) of an ``nbytes`` float32 buffer, and its sync (``compare.tp.Group``)."""
+        buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=self.device)  # sums stay 0: no overflow
+
+        def step() -> torch.Tensor:
+            dist.all_reduce(buf)
+            return buf
+
+        def sync(_: Any) -> None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        return step, sync
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -1,0 +1,97 @@
+"""The communication model, the world-size checks, the collective kind, and the report's TP sections rendered from
+a real (framework-free) TP run."""
+
+from __future__ import annotations
+
+import pytest
+
+from compare import harness
+from compare.cases import PRESETS, InputError
+from compare.cli import main
+from compare.kernel_classify import classify
+from compare.registry import register, spec, unregister
+from compare.report import render
+from compare.timing import TimingConfig
+from compare.tp import ring_bytes
+from compare.tp_cost import COMM_PLANS, comm_cost, shard
+from tests.fake_tp_backend import NAME, SPEC
+
+TINY = PRESETS["tiny"].case("float32")  # 3 x 37 tokens, dim 96: one [tokens, dim] tensor is 42,624 B in float32
+UNIT = 3 * 37 * 96
+
+
+@pytest.mark.parametrize(
+    ("plan", "model", "dtype", "mode", "ops", "tensors", "itemsize"),
+    [
+        ("megatron", "geglu", "float32", "fwd", 1, 1, 4),
+        ("megatron", "geglu", "float32", "fwd+bwd", 2, 2, 4),
+        ("megatron", "gelu-mlp", "bfloat16", "bwd", 1, 1, 2),
+        ("megatron-combined", "swiglu", "float32", "fwd+bwd", 1, 2, 4),
+        ("megatron-combined", "swiglu", "bfloat16", "fwd", 1, 1, 4),  # XLA:CPU reduces 16-bit floats in float32
+        ("xla-auto", "geglu", "float32", "fwd+bwd", 1, 3, 4),
+        ("xla-auto", "gelu-mlp", "float32", "fwd+bwd", 1, 2, 4),
+    ],
+)
+def test_comm_cost(plan: str, model: str, dtype: str, mode: str, ops: int, tensors: int, itemsize: int) -> None:
+    case = PRESETS["tiny"].case(dtype, model=model)
+    c = comm_cost(case, plan, mode, 2)
+    assert (c.ops, c.tensors, c.payload_bytes) == (ops, tensors, tensors * UNIT * itemsize)
+    assert c.ring_bytes_per_rank == ring_bytes(c.payload_bytes, 2) == c.payload_bytes  # 2 (p-1)/p = 1 at p = 2
+    assert comm_cost(case, plan, mode, 4).ring_bytes_per_rank == 1.5 * c.payload_bytes
+
+
+def test_every_tp_backend_names_a_known_plan() -> None:
+    from compare.registry import BACKENDS
+
+    tp = [s for s in BACKENDS.values() if s.runtime]
+    assert len(tp) >= 6
+    assert all(s.comm in COMM_PLANS and s.launches for s in tp)
+
+
+def test_world_size_must_divide_hidden() -> None:
+    assert shard(TINY, 8).shape.hidden == 41
+    with pytest.raises(InputError, match=r"world size 3 does not divide hidden 328 .* 1, 2, 4, 8, 41"):
+        shard(TINY, 3)
+    with pytest.raises(InputError, match="no tensor-parallel layout"):
+        comm_cost(PRESETS["blog-linear"].case("float32"), "megatron", "fwd", 2)
+
+
+def test_cli_refuses_a_world_size_that_does_not_divide_hidden(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--preset", "tiny", "--world-size", "3", "--out", "unused"]) == 2
+    assert "world size 3 does not divide hidden 328" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "c10d::allreduce_",
+        "_c10d_functional::all_reduce",
+        "_c10d_functional::wait_tensor",
+        "gloo:all_reduce",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+        "all-reduce",
+        "all-reduce-start.3",
+    ],
+)
+def test_collectives_are_their_own_kind(name: str) -> None:
+    assert classify(name) == "collective"
+
+
+def test_not_collectives() -> None:
+    assert [classify(n) for n in ("aten::mm", "reduce.1", "aten::sum")] == ["gemm", "reduction", "reduction"]
+
+
+def test_the_report_shows_the_tp_sections() -> None:
+    register(SPEC)
+    try:
+        doc = harness.run(
+            [TINY], [spec(NAME)], ["fwd", "fwd+bwd"], TimingConfig(warmup=1, budget_s=0.02), world_sizes=(1, 2)
+        )
+    finally:
+        unregister(NAME)
+    got = sorted((r.world_size, r.mode, r.status) for r in doc.results)
+    assert got == [(1, "fwd", "ok"), (1, "fwd+bwd", "ok"), (2, "fwd", "ok"), (2, "fwd+bwd", "ok")]
+    text = render(doc)
+    assert "## Tensor parallel" in text and "### Collectives per step" in text and "### Set-up" in text
+    assert text.count("= model") == 4
+    assert "### Scaling" in text and "fair: same total threads" in text
