@@ -1,32 +1,37 @@
-"""The JAX tensor-parallel backends (``jax-tp``, ``jax-tp-shardmap``) at world size 2 on ``tiny``: parity against the
-float64 golden, the collectives read off the compiled HLO, and the negative control (the compute-only twin's
-partials, no all-reduce, fail the gate), in both launches of ``jax_impl.tp_runtime``.
+"""The JAX tensor-parallel backends (``jax-tp``, ``jax-tp-shardmap``) at world size 2 on ``tiny``, run by the TP
+launcher (``compare.tp_launch.run_job``) in both launches of ``jax_impl.tp_runtime``: parity of the full outputs and
+gradients against the float64 golden on every process, the collectives read off the compiled HLO (against the
+communication model, byte for byte), the shared timer's step, comm-only and compute-only twins, and a negative control
+(jax-tp-shardmap's step without its psums, every device's partial ``y``/``dx``, fails the gate).
 
-A launch must set JAX's device count before the backend starts, so every cell runs in fresh worker processes
-(``tests/tp_jax_worker.py``): one process with 2 XLA:CPU devices runs all ``"devices"`` cells, one group of 2
-processes (gloo) all ``"processes"`` cells; each group starts once per module.
+A launch must set JAX's device count before the backend starts, so every cell runs in worker processes: one job of
+``"devices"`` cells (one process with 2 XLA:CPU devices), one of ``"processes"`` cells (2 processes joined over
+gloo); each worker group starts once per module.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from compare.cases import PRESETS
-from compare.tp import Launch
+from compare.cases import GLU_ACTIVATIONS, GLU_MODELS, PRESETS, TP_MODELS
+from compare.golden import Problem
+from compare.harness import TimingConfig
+from compare.registry import Availability, BackendSpec, Prepared, spec
+from compare.tp import Group, Launch, ring_bytes
+from compare.tp_launch import Job, run_job
+from compare.tp_worker import Cell
 from jax_impl import tp_common, tp_runtime
 
-ROOT = Path(__file__).resolve().parent.parent
+Key = tuple[str, str, str, str]
+Rows = dict[Key, dict[str, Any]]
+
+RUNTIME = "jax_impl.tp_runtime"
 BACKENDS = ("jax-tp", "jax-tp-shardmap")
-SHAPE = list(PRESETS["tiny"].case("float32").shape.__dict__.values())
+QUICK = TimingConfig(warmup=1, budget_s=0.02, max_samples=5)
 #: Bytes of one ``[tokens, dim]`` tensor of tiny in float32 (3 * 37 * 96 * 4); XLA:CPU reduces bf16 in f32 too.
 UNIT = 3 * 37 * 96 * 4
 #: Gradients per model, after ``y``.
@@ -35,21 +40,107 @@ GRADS = {
     "swiglu": ["dgate", "ddown", "dup"],
     "gelu-mlp": ["db1", "db2", "dfc1", "dfc2"],
 }
-DEVICE_CELLS = [
-    (b, m, d, mode)
-    for b in BACKENDS
-    for m, d in (
-        ("geglu", "float32"),
-        ("geglu", "bfloat16"),
-        ("swiglu", "float32"),
-        ("gelu-mlp", "float32"),
-        ("gelu-mlp", "bfloat16"),
-    )
-    for mode in ("fwd", "fwd+bwd")
-] + [(b, "geglu", "float32", "bwd") for b in BACKENDS]
-PROCESS_CELLS = [(b, "geglu", "float32", mode) for b in BACKENDS for mode in ("fwd", "fwd+bwd", "bwd")] + [
-    ("jax-tp-shardmap", "gelu-mlp", "bfloat16", "fwd+bwd")
+
+# ---- the negative control: jax-tp-shardmap's step without its psums, judged as if it were the real step -------
+
+SKIP = "jax-tp-shardmap-skip-psum"
+SKIP_SPEC = BackendSpec(
+    SKIP,
+    "jax",
+    "tests.test_tp_jax",  # the worker re-registers this line from the job file and imports BACKEND from here
+    "jax-tp-shardmap's compute-only twin as the step (a negative control: must fail parity)",
+    models=TP_MODELS,
+    runtime=RUNTIME,
+    launches=("devices", "processes"),
+)
+#: The tensors the skipped psums leave as one device's partial sum, per mode.
+PARTIAL = {"fwd": {"y"}, "bwd": {"dx"}, "fwd+bwd": {"y", "dx"}}
+
+
+def _partials(mode: str) -> Any:
+    """``to_numpy`` of the twin: device 0's row of the ``[world, ...]`` partial ``y``/``dx``, gradients as they are."""
+
+    def grads(dparams: Any, dx: Any) -> dict[str, np.ndarray]:
+        g = tp_common.grads_to_numpy(dparams, dx)
+        return {**g, "dx": g["dx"][0]}
+
+    if mode == "fwd":
+        return lambda y: {"y": tp_common.to_host(y)[0]}
+    if mode == "bwd":
+        return lambda out: grads(*out)
+    return lambda out: {"y": tp_common.to_host(out[0])[0], **grads(*out[1])}
+
+
+class SkipPsum:
+    """Built as ``jax-tp-shardmap`` builds its compute-only twin (``shard_step(..., reduce=False)``), so its
+    collectives are counted off the twin's own compiled HLO."""
+
+    name = SKIP
+
+    def availability(self) -> Availability:
+        return Availability(True)
+
+    def prepare(self, problem: Problem, mode: str, group: Group) -> Prepared:
+        from jax_impl import device as dev
+        from jax_impl.backends.pallas import pallas_act_mul
+
+        model = problem.case.model
+        glu = model in GLU_MODELS
+        mesh = tp_common.make_mesh(group.world_size)
+        params, x, dy = tp_common.place_problem(mesh, problem)
+        act_mul = pallas_act_mul(GLU_ACTIVATIONS[model]) if glu else None
+        twin = tp_common.shard_step(mesh, model, mode, act_mul, params, x, dy, check_vma=not glu, reduce=False)
+        return tp_common.prepared(
+            mesh,
+            *twin,
+            to_numpy=_partials(mode),
+            compute=twin,
+            precision=dev.pin_precision(),
+            setup_s={},
+            layout="jax-tp-shardmap's shards, no psum",
+            timed=not glu,  # the Pallas kernel is interpreted on a CPU
+        )
+
+
+BACKEND = SkipPsum()
+
+# ---- the cells ------------------------------------------------------------------------------------------------
+
+DEVICE_CELLS: tuple[Key, ...] = (
+    *(
+        (b, m, d, mode)
+        for b in BACKENDS
+        for m, d in (
+            ("geglu", "float32"),
+            ("geglu", "bfloat16"),
+            ("swiglu", "float32"),
+            ("gelu-mlp", "float32"),
+            ("gelu-mlp", "bfloat16"),
+        )
+        for mode in ("fwd", "fwd+bwd")
+    ),
+    *((b, "geglu", "float32", "bwd") for b in BACKENDS),
+    (SKIP, "geglu", "float32", "fwd"),
+    (SKIP, "gelu-mlp", "float32", "fwd+bwd"),
+    (SKIP, "swiglu", "float32", "bwd"),
+)
+PROCESS_CELLS: tuple[Key, ...] = (
+    *((b, "geglu", "float32", mode) for b in BACKENDS for mode in ("fwd", "fwd+bwd", "bwd")),
+    ("jax-tp-shardmap", "gelu-mlp", "bfloat16", "fwd+bwd"),
+    (SKIP, "geglu", "float32", "fwd+bwd"),
+)
+REAL = {
+    "devices": [c for c in DEVICE_CELLS if c[0] != SKIP],
+    "processes": [c for c in PROCESS_CELLS if c[0] != SKIP],
+}
+CONTROLS = [("devices", c) for c in DEVICE_CELLS if c[0] == SKIP] + [
+    ("processes", c) for c in PROCESS_CELLS if c[0] == SKIP
 ]
+#: What each launch's group reports as its transport, and how many processes check the outputs.
+TRANSPORT = {
+    "devices": ("XLA:CPU, 2 devices in 1 process", 1),
+    "processes": ("XLA:CPU gloo, 2 processes x 1 device", 2),
+}
 #: A real finding, pinned (as ``tests/test_parity.py`` pins it for jax-xla): GPT-2's MLP in bf16 on XLA:CPU, both
 #: bias gradients (the sum over every token of ``dy`` and of ``df``, which JAX's transpose of the bias broadcast
 #: reduces in bf16) fail the gate's max check (db1 by a ratio near 1.15, db2 near 1.75); everything else passes.
@@ -67,120 +158,119 @@ ALLREDUCES = {
     ("jax-tp", "glu", "fwd+bwd"): (1, 3),
     ("jax-tp", "gelu-mlp", "fwd+bwd"): (1, 2),
 }
-TIMEOUT_S = 240
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _run(how: str, cells: tuple[Key, ...], root: Path) -> Rows:
+    """Every cell of one launch in ONE ``run_job`` call (one worker group), on XLA:CPU."""
+    tiny = PRESETS["tiny"]
+    job = Job(
+        RUNTIME,
+        how,
+        2,
+        tuple(Cell(i, b, tiny.case(d, m), mode) for i, (b, m, d, mode) in enumerate(cells)),
+        (*(spec(b) for b in BACKENDS), SKIP_SPEC),
+        QUICK,
+        threads_total=2,
+        cell_timeout_s=120.0,
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAX_PLATFORMS", "cpu")  # the counts and the pinned finding are XLA:CPU's
+        out = run_job(job, root=root)
+    assert len(list(root.glob("group-*"))) == 1, "one worker group ran every cell"
+    return dict(zip(cells, out, strict=True))
 
 
-def _run_group(how: str, cells: list[tuple[str, str, str, str]], tmp: Path) -> dict[str, Any]:
-    """Start the worker group of ``how`` on ``cells`` and return process 0's document (with start-up seconds)."""
-    nproc = 2 if how == "processes" else 1
-    job = {
-        "how": how,
-        "world_size": 2,
-        "nproc": nproc,
-        "port": _free_port(),
-        "timeout_s": 60,
-        "cells": [{"backend": b, "model": m, "dtype": d, "mode": mode, "shape": SHAPE} for b, m, d, mode in cells],
-        "out": str(tmp / "out.json"),
+@pytest.fixture(scope="module")
+def groups(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Rows]:
+    return {
+        "devices": _run("devices", DEVICE_CELLS, tmp_path_factory.mktemp("tp-jax-devices")),
+        "processes": _run("processes", PROCESS_CELLS, tmp_path_factory.mktemp("tp-jax-processes")),
     }
-    (tmp / "job.json").write_text(json.dumps(job), encoding="utf-8")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    started = time.perf_counter()
-    procs = []
-    for rank in range(nproc):
-        with (tmp / f"rank{rank}.err").open("wb") as err:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "tests.tp_jax_worker", str(tmp / "job.json"), str(rank)],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=err,
-                )
-            )
-    try:
-        for p in procs:
-            p.wait(timeout=max(1.0, TIMEOUT_S - (time.perf_counter() - started)))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    errs = {r: (tmp / f"rank{r}.err").read_text(errors="replace")[-2000:] for r in range(nproc)}
-    assert [p.returncode for p in procs] == [0] * nproc, errs
-    doc = json.loads((tmp / "out.json").read_text(encoding="utf-8"))
-    doc["wall_s"] = time.perf_counter() - started
-    return doc
 
 
-@pytest.fixture(scope="module")
-def devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _run_group("devices", DEVICE_CELLS, tmp_path_factory.mktemp("tp-devices"))
-
-
-@pytest.fixture(scope="module")
-def processes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _run_group("processes", PROCESS_CELLS, tmp_path_factory.mktemp("tp-processes"))
-
-
-def _rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [row for p in doc["processes"] for row in p["rows"]]
-
-
-def _explain(row: dict[str, Any]) -> str:
-    lines = [f"{row['backend']} {row['model']} {row['dtype']} {row['mode']} rank {row['rank']}"]
-    for t in row["parity"]["tensors"]:
+def _explain(r: dict[str, Any]) -> str:
+    lines = [f"{r['backend']} {r['case']} {r['mode']}: {r['status']} {r.get('reason', '')}"]
+    for t in (r.get("parity") or {}).get("tensors", []):
         lines.append(f"  {t['tensor']}: err {t['max_abs_err']:.3g} bound {t['bound']:.3g} failed {t['failed']}")
     return "\n".join(lines)
 
 
-def _check_row(row: dict[str, Any]) -> None:
-    model, mode = row["model"], row["mode"]
-    names = (["y"] if mode != "bwd" else []) + (["dx", *GRADS[model]] if mode != "fwd" else [])
-    assert row["tensors"] == sorted(names) and row["shapes_ok"], row["tensors"]
-    known = KNOWN.get((model, row["dtype"]), set()) if mode != "fwd" else set()
-    assert set(row["failed"]) == known, _explain(row)
-    for t in row["parity"]["tensors"]:
-        if t["tensor"] in known:
-            assert "max" in t["failed"] and t["ratio"] > 1.0, _explain(row)
-    # the negative control: rank 0's partial y / dx in place of the all-reduced ones fails the gate
-    assert row["twin_failed"] == sorted({"fwd": ["y"], "bwd": ["dx"], "fwd+bwd": ["y", "dx"]}[mode])
-    family = "glu" if model in ("geglu", "swiglu") else model
-    ops, tensors = next(
-        v for k, v in ALLREDUCES.items() if k[0] == row["backend"] and k[1] in ("*", family) and k[2] == mode
-    )
-    (c,) = row["collectives"]
+def _failed(r: dict[str, Any]) -> set[str]:
+    return {t["tensor"] for t in r["parity"]["tensors"] if not t["passed"]}
+
+
+ALL_REAL = [(how, c) for how, cells in REAL.items() for c in cells]
+
+
+@pytest.mark.parametrize(("how", "cell"), ALL_REAL, ids=[f"{h}/{'/'.join(c)}" for h, c in ALL_REAL])
+def test_parity_on_every_process(groups: dict[str, Rows], how: str, cell: Key) -> None:
+    """Every process gathers the full tensors and checks them itself; only the pinned finding fails."""
+    r = groups[how][cell]
+    _backend, model, dtype, mode = cell
+    names = ({"y"} if mode != "bwd" else set()) | ({"dx", *GRADS[model]} if mode != "fwd" else set())
+    assert {t["tensor"] for t in r["parity"]["tensors"]} == names, _explain(r)
+    transport, nproc = TRANSPORT[how]
+    assert r["world_size"] == 2 and r["tp"]["ranks_checked"] == 2
+    assert (r["tp"]["launch"], r["tp"]["transport"], r["tp"]["nproc"]) == (how, transport, nproc)
+    known = KNOWN.get((model, dtype), set()) if mode != "fwd" else set()
+    assert [p["rank"] for p in r["parity"]["processes"]] == list(range(nproc))
+    if not known:
+        assert r["status"] == "ok", _explain(r)
+        assert all(p["passed"] for p in r["parity"]["processes"])
+        return
+    assert r["status"] == "parity-fail", _explain(r)
+    assert _failed(r) == known, _explain(r)
+    assert {f.split(":")[0] for f in r["parity"]["failed"]} == known, r["parity"]["failed"]
+    for t in r["parity"]["tensors"]:
+        if t["tensor"] in known:  # the failing check: the max check, past its bound
+            assert f"{t['tensor']}:max" in r["parity"]["failed"] and t["ratio"] > 1.0, _explain(r)
+    assert not any(p["passed"] for p in r["parity"]["processes"])
+    assert all(f"process {p}: {name}: " in r["reason"] for p in range(nproc) for name in known), r["reason"]
+    if "last_timed" in r["parity"]:  # timed: the output of the last timed call fails the same way
+        assert {f.split(":")[0] for f in r["parity"]["last_timed"]["failures"]} == known
+
+
+@pytest.mark.parametrize(("how", "cell"), ALL_REAL, ids=[f"{h}/{'/'.join(c)}" for h, c in ALL_REAL])
+def test_collectives_match_the_model(groups: dict[str, Rows], how: str, cell: Key) -> None:
+    """One all-reduce op per step of the planned tensors, from the compiled HLO, and the report's bytes check."""
+    backend, model, _dtype, mode = cell
+    tp = groups[how][cell]["tp"]
+    family = "glu" if model in GLU_MODELS else model
+    ops, tensors = next(v for k, v in ALLREDUCES.items() if k[0] == backend and k[1] in ("*", family) and k[2] == mode)
+    (c,) = tp["collectives"]
     assert (c["kind"], c["count"], c["bytes"], c["source"]) == ("all-reduce", ops, tensors * UNIT, "compiled HLO"), c
     assert "f32[3,37,96]" in c["detail"] and (tensors == 1 or f"tuple all-reduce of {tensors} x" in c["detail"])
+    model_ = tp["comm_model"]
+    assert model_["plan"] == spec(backend).comm
+    assert (model_["ops"], model_["tensors"]) == (ops, tensors)
+    reduced = sum(x["bytes"] for x in tp["collectives"] if x["kind"] == "all-reduce")
+    assert reduced == model_["payload_bytes"]
+    assert model_["ring_bytes_per_rank"] == ring_bytes(reduced, 2)
 
 
-@pytest.mark.parametrize("cell", DEVICE_CELLS, ids=["-".join(c) for c in DEVICE_CELLS])
-def test_devices_launch(devices: dict[str, Any], cell: tuple[str, str, str, str]) -> None:
-    assert devices["backend"] == "XLA:CPU, 2 devices in 1 process"
-    (row,) = [r for r in _rows(devices) if (r["backend"], r["model"], r["dtype"], r["mode"]) == cell]
-    _check_row(row)
+@pytest.mark.parametrize("how", ["devices", "processes"])
+def test_timed_cells_have_comm_and_compute_twins(groups: dict[str, Rows], how: str) -> None:
+    """The Pallas kernel is interpreted without a GPU: the shardmap GLU cells are parity only; everything else is
+    timed by the shared timer, with its collectives and its compute timed apart. The group probed its bandwidth."""
+    for cell in REAL[how]:
+        r = groups[how][cell]
+        if cell[0] == "jax-tp-shardmap" and cell[1] in GLU_MODELS:
+            assert r["timing"] is None and r["tp"]["comm"] is None and r["tp"]["compute"] is None, cell
+        else:
+            assert r["timing"]["median_s"] > 0, cell
+            assert r["tp"]["comm"]["median_s"] > 0 and r["tp"]["compute"]["median_s"] > 0, cell
+        assert r["tp"]["bandwidth"]["bus_bytes_per_s"] > 0, r["tp"]["bandwidth"]
 
 
-@pytest.mark.parametrize("cell", PROCESS_CELLS, ids=["-".join(c) for c in PROCESS_CELLS])
-def test_processes_launch(processes: dict[str, Any], cell: tuple[str, str, str, str]) -> None:
-    """Each of the 2 processes (gloo, one device each) gathers the full tensors and checks them itself."""
-    assert processes["backend"] == "XLA:CPU gloo, 2 processes x 1 device" and processes["max_rank"] == 1.0
-    rows = [r for r in _rows(processes) if (r["backend"], r["model"], r["dtype"], r["mode"]) == cell]
-    assert sorted(r["rank"] for r in rows) == [0, 1]
-    for row in rows:
-        _check_row(row)
-    assert rows[0]["collectives"] == rows[1]["collectives"]
-
-
-def test_the_shardmap_glu_cells_are_parity_only_on_cpu(devices: dict[str, Any]) -> None:
-    """The Pallas kernel is interpreted without a GPU: those cells are never timed; everything else is."""
-    for row in _rows(devices):
-        assert row["timed"] == (row["backend"] == "jax-tp" or row["model"] == "gelu-mlp"), row
+@pytest.mark.parametrize(("how", "cell"), CONTROLS, ids=[f"{h}/{'/'.join(c)}" for h, c in CONTROLS])
+def test_a_step_without_its_psums_fails_parity(groups: dict[str, Rows], how: str, cell: Key) -> None:
+    """The negative control: one device's partial ``y``/``dx`` in place of the all-reduced ones fails the gate on
+    every process (and nothing else does); the twin's compiled HLO has no collective."""
+    r = groups[how][cell]
+    assert r["status"] == "parity-fail", _explain(r)
+    assert _failed(r) == PARTIAL[cell[3]], _explain(r)
+    assert not any(p["passed"] for p in r["parity"]["processes"])
+    assert r["tp"]["collectives"] == [] and r["tp"]["ranks_checked"] == 2
 
 
 def test_the_runtime_refuses_a_backend_started_with_another_device_count() -> None:
