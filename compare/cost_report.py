@@ -214,7 +214,7 @@ def cost_section(doc: Results) -> str:
         t = r.timing
         rows.append(
             [
-                r.backend,
+                r.label,
                 case_label(r),
                 r.dtype,
                 r.mode,

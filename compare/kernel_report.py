@@ -64,10 +64,10 @@ def kernel_section(doc: Results) -> str:
         s = r.kernels
         if s is None:
             continue
-        label = f"{r.backend} {case_label(r)} {r.dtype} {r.mode}"
+        label = f"{r.label} {case_label(r)} {r.dtype} {r.mode}"
         rows.append(
             [
-                _cell(r.backend),
+                _cell(r.label),
                 _cell(case_label(r)),
                 _cell(r.dtype),
                 _cell(r.mode),

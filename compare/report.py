@@ -54,7 +54,7 @@ def parity_section(results: Rows) -> str:
                 verdict += " (last timed call: **FAIL**)"
             rows.append(
                 [
-                    r.backend,
+                    r.label,
                     case_label(r),
                     r.dtype,
                     r.mode,
@@ -130,7 +130,7 @@ def timing_section(results: Rows) -> str:
         flags = [x for x in ("noisy (IQR > 10% of median)" if t.noisy else "", r.note) if x]
         rows.append(
             [
-                r.backend,
+                r.label,
                 case_label(r),
                 r.dtype,
                 r.mode,
@@ -151,7 +151,7 @@ def timing_section(results: Rows) -> str:
         f"the band of both IQRs, quartiles apart, a Mann-Whitney test); else 'within noise'."
     )
     untimed = [
-        f"- {r.backend} ({case_label(r)}, {r.dtype}, {r.mode}): not timed: {r.note}"
+        f"- {r.label} ({case_label(r)}, {r.dtype}, {r.mode}): not timed: {r.note}"
         for r in results
         if r.status in ("ok", "parity-fail") and r.timing is None
     ]
@@ -169,7 +169,7 @@ def modes_section(results: Rows) -> str:
     for r in results:
         if r.timing is None:
             continue
-        key = (r.backend, r.case, r.dtype)
+        key = (r.label, r.case, r.dtype)
         if key not in keys:
             keys.append(key)
         speed = speedup_cell(results, r)
@@ -195,7 +195,7 @@ def xla_check_section(results: Rows) -> str:
         br = f"{xb / cost.bytes:.2f}" if xb and cost.bytes else "-"
         rows.append(
             [
-                r.backend,
+                r.label,
                 case_label(r),
                 r.dtype,
                 r.mode,
@@ -236,7 +236,7 @@ def _steps_note(k: Kernels) -> str:
 def traces_section(results: Rows) -> str:
     """Links to the profiler traces a run wrote (paths relative to the report's folder)."""
     rows = [
-        f"- {r.backend} ({case_label(r)}, {r.dtype}, {r.mode}): [{r.kernels.trace}]({r.kernels.trace})"
+        f"- {r.label} ({case_label(r)}, {r.dtype}, {r.mode}): [{r.kernels.trace}]({r.kernels.trace})"
         + _steps_note(r.kernels)
         for r in results
         if r.kernels is not None and r.kernels.trace
@@ -257,7 +257,7 @@ def problems_section(results: Rows) -> str:
         return "## Skipped, failed and implausible\n\nNone: every backend ran and passed parity."
     rows = [
         [
-            r.backend,
+            r.label,
             case_label(r),
             r.dtype,
             r.mode,

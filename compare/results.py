@@ -93,6 +93,11 @@ class Result:
     def for_case(backend: str, case: Case, mode: str, status: str, **kw: Any) -> Result:
         return Result(backend, case.model, case.dtype, case.shape, case.name, mode, status, **kw)
 
+    @property
+    def label(self) -> str:
+        """The backend as tables show it: its name, with ``x<world size>`` for a tensor-parallel run."""
+        return self.backend if self.world_size == 1 else f"{self.backend} x{self.world_size}"
+
     def to_dict(self) -> dict[str, Any]:
         return record_dict(self, optional=("implausible", "world_size", "tp"))
 

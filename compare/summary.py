@@ -38,10 +38,10 @@ def _parity(rows: list[Result], resolution: tuple[ResolutionRow, ...]) -> str:
         parts = []
         for r in bad:
             if r.status == "error":
-                parts.append(f"{r.backend} (error)")
+                parts.append(f"{r.label} (error)")
             else:
                 failed = r.parity.failed if r.parity is not None else ()
-                parts.append(f"{r.backend} ({', '.join(failed) or 'last timed call'})")
+                parts.append(f"{r.label} ({', '.join(failed) or 'last timed call'})")
         verdict = "**FAIL**: " + "; ".join(parts)
         verdict += f"; {len(judged) - len([b for b in bad if b.parity is not None])} other(s) pass"
     elif judged:
@@ -76,7 +76,7 @@ def _fastest(rows: list[Result]) -> str:
         return "nothing timed"
     best, best_t = min(timed, key=lambda rt: rt[1].median_s)
     base = next(((r, t) for r, t in timed if r.backend == DEFAULT_BASELINE), None)
-    text = f"{best.backend} {fmt_s(best_t.median_s)}"
+    text = f"{best.label} {fmt_s(best_t.median_s)}"
     if base is None:
         return text + f" ({DEFAULT_BASELINE} not timed)"
     if best is base[0]:
