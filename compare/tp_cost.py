@@ -6,6 +6,8 @@ the number of ``[tokens, dim]`` tensors it carries (a combiner that merges two r
 one entry of 2). Payload bytes are what the reduced tensors hold; a ring all-reduce sends (and receives)
 ``2 (p - 1) / p`` times that per rank (``compare.tp.ring_bytes``), the traffic that bounds its time.
 
+At world size 1 every plan issues no collective (one rank holds the whole sum; Megatron skips the reduction too).
+
 Which plan a backend follows is its registry line's ``comm``; the report checks the collectives each backend
 actually issued (counted by the backend from its framework: ``CommDebugMode``, the compiled HLO) against it, byte
 for byte.
@@ -105,7 +107,7 @@ def comm_cost(case: Case, plan: str, mode: str, world_size: int, device: str = "
     if case.model not in TP_MODELS:
         raise InputError(f"model {case.model!r} has no tensor-parallel layout; models with one: {', '.join(TP_MODELS)}")
     p = COMM_PLANS[plan]
-    ops = p.ops.get(case.model, p.ops["*"])[mode]
+    ops = p.ops.get(case.model, p.ops["*"])[mode] if world_size > 1 else ()  # one rank: nothing to reduce
     itemsize = 4 if p.f32_on_cpu and device.startswith("cpu") else ITEMSIZE[case.dtype]
     unit = case.shape.tokens * case.shape.dim * itemsize
     payload = sum(ops) * unit

@@ -207,16 +207,22 @@ def end_group(procs: Sequence[subprocess.Popen[bytes]], grace_s: float = KILL_GR
 
 
 def _failure(job: Job, a: _Attempt) -> str | None:
-    """Why the attempt has failed, or None while it is healthy (or finished)."""
+    """Why the attempt has failed, or None while it is healthy (or finished). A process that died without a word
+    (killed, crashed) comes first: its peers' errors ("connection closed") are what its death caused."""
     now = time.time()
+    silent, spoken = [], []
     for rank, p in enumerate(a.procs):
         rc = p.poll()
-        if rc is not None and rc != 0:
-            if rank in a.errors:
-                return f"process {rank}: {a.errors[rank]['reason']}"
-            how = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
-            tail = _tail(a.folder / f"rank{rank}.err")
-            return f"process {rank} of {len(a.procs)} {how}" + (f" (stderr: {tail})" if tail else "")
+        if rc is None or rc == 0:
+            continue
+        if rank in a.errors:
+            spoken.append(f"process {rank}: {a.errors[rank]['reason']}")
+            continue
+        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+        tail = _tail(a.folder / f"rank{rank}.err")
+        silent.append(f"process {rank} of {len(a.procs)} {how}" + (f" (stderr: {tail})" if tail else ""))
+    if silent or spoken:
+        return "; ".join(silent + spoken)
     if len(a.ready) < len(a.procs):
         if now - a.launched > job.startup_timeout_s:
             return f"the group was not ready {job.startup_timeout_s:g} s after launch"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from compare.markdown import fmt_s, table
 from compare.results import Result
-from compare.significance import speedup
+from compare.significance import FASTER, WITHIN_NOISE, compare_timing, speedup
 from compare.timing import Timing
 from compare.tp_result import TPInfo
 
@@ -52,11 +52,17 @@ def comm_fraction(r: Result, tp: TPInfo) -> float | None:
     return tp.comm.median_s / r.timing.median_s
 
 
-def in_step_comm_s(r: Result, tp: TPInfo) -> float | None:
-    """What the step spent beyond its compute alone (communication, waiting and the overlap lost): step - compute."""
+def in_step_comm(r: Result, tp: TPInfo) -> str:
+    """What the step spent beyond its compute alone (communication, waiting and the overlap lost): step - compute,
+    a number only where the step is significantly slower than its compute alone (``compare.significance``)."""
     if r.timing is None or tp.compute is None:
-        return None
-    return r.timing.median_s - tp.compute.median_s
+        return "-"
+    verdict = compare_timing(tp.compute, r.timing).verdict
+    if verdict == WITHIN_NOISE:
+        return WITHIN_NOISE
+    if verdict == FASTER:
+        return "none: the step beat its compute alone"
+    return fmt_s(r.timing.median_s - tp.compute.median_s)
 
 
 def _collectives(tp: TPInfo) -> str:
@@ -141,7 +147,6 @@ def _comm_row(r: Result, tp: TPInfo) -> list[str]:
     if tp.bandwidth and "error" in tp.bandwidth:
         bw = f"probe failed: {tp.bandwidth['error']}"
     predicted = "-" if m is None or rate is None else fmt_s(m["ring_bytes_per_rank"] / rate)
-    inside = in_step_comm_s(r, tp)
     return [
         r.backend,
         _label(r),
@@ -153,7 +158,7 @@ def _comm_row(r: Result, tp: TPInfo) -> list[str]:
         bw,
         predicted,
         "-" if tp.comm is None else fmt_s(tp.comm.median_s),
-        "-" if inside is None else fmt_s(inside),
+        in_step_comm(r, tp),
     ]
 
 
@@ -173,13 +178,13 @@ def scaling_section(results: Sequence[Result]) -> str:
             if p == 1:
                 continue
             assert r.timing is not None
-            ratio, verdict = speedup(base.timing.to_dict(), r.timing.to_dict())
+            ratio, verdict = speedup(base.timing, r.timing)
             total1 = base_tp.nproc * base_tp.threads_per_process
             totalp = tp.nproc * tp.threads_per_process
             fair = "fair: same total threads" if total1 == totalp else f"unfair: {total1} vs {totalp} threads"
             if tp.nproc > totalp:
                 fair = "time-slicing: more ranks than CPUs"
-            figure = f"{ratio:.2f}x" if verdict != "within noise" else "within noise"
+            figure = f"{ratio:.2f}x" if verdict != WITHIN_NOISE else WITHIN_NOISE
             body.append([backend, _label(r), mode, f"1 ({_launch(base_tp)})", f"{p} ({_launch(tp)})", figure, fair])
     if not body:
         return ""

@@ -191,7 +191,10 @@ def shard_step(
         return jax.lax.pcast(t, AXIS, to="varying") if check_vma else t
 
     def total(t: jax.Array) -> jax.Array:
-        return jax.lax.psum(t, AXIS) if reduce else _stack(t)
+        if not reduce:
+            return _stack(t)
+        # one rank holds the whole sum: no collective (Megatron skips it too; XLA:CPU would keep a 1-way all-reduce)
+        return jax.lax.psum(t, AXIS) if mesh.shape[AXIS] > 1 else t
 
     def finish(y_sum: jax.Array, b: jax.Array | None) -> jax.Array:
         return y_sum if b is None or not reduce else _add_bias(y_sum, b)

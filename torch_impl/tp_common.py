@@ -109,6 +109,8 @@ class CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        if dist.get_world_size() == 1:  # one rank holds the whole sum: no collective (as Megatron)
+            return grad
         grad = grad.contiguous()
         dist.all_reduce(grad)
         return grad
@@ -119,6 +121,8 @@ class ReduceFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, y: torch.Tensor) -> torch.Tensor:
+        if dist.get_world_size() == 1:  # one rank holds the whole sum: no collective (as Megatron)
+            return y
         y = y.contiguous()
         dist.all_reduce(y)
         return y
@@ -362,9 +366,8 @@ def all_reduces(sizes: Sequence[int], source: str, detail: str) -> Collective:
 def comm_only(problem: Problem, mode: str, dtype: torch.dtype, device: torch.device) -> Callable[[], Any]:
     """The step's all-reduces alone: one ``[batch, seq, dim]`` buffer per all-reduce of ``mode`` (zeros: they stay
     finite however often they are summed)."""
-    bufs = [
-        torch.zeros(problem.case.output_shape(), dtype=dtype, device=device) for _ in range(megatron_allreduces(mode))
-    ]
+    count = megatron_allreduces(mode) if dist.get_world_size() > 1 else 0  # one rank: nothing to reduce
+    bufs = [torch.zeros(problem.case.output_shape(), dtype=dtype, device=device) for _ in range(count)]
 
     def run() -> list[torch.Tensor]:
         for b in bufs:
