@@ -16,7 +16,7 @@ A kernel summary is a JSON-able dict; every count is **per step** (one call of `
         {"name": str,                      # as the profiler / HLO names it, e.g. "aten::mm",
                                            #   "graph_0_cpp_fused__unsafe_view_gelu_mul_0", "ynn_fusion"
          "short": str,                     # shorten(name), for tables
-         "kind": "gemm" | "elementwise" | "fused" | "reduction" | "copy" | "custom" | "other",
+         "kind": "gemm" | "elementwise" | "fused" | "reduction" | "copy" | "collective" | "custom" | "other",
          "count": int,                     # launches per step
          "absorbed": [str],                # ops a fused kernel absorbed ([] for an unfused kernel)
          "time_us": float | None},         # time per step, all its launches together (None: not measured)

@@ -100,8 +100,9 @@ def enable_inductor_kernel_profile(enabled: bool = True) -> bool:
 
 
 def interpreted_regions() -> frozenset[str]:
-    """Profiler ranges counted as one opaque ``custom`` kernel each: the launch ranges of this project's Triton
-    kernels when they run in Triton's CPU interpreter (``torch_impl.ops._launch``: ``triton::<kernel>``), else none.
+    """Profiler ranges counted as one opaque kernel each (kind ``custom``, or ``collective`` by its name): the launch
+    ranges of this project's Triton kernels when they run in Triton's CPU interpreter (``torch_impl.ops._launch``:
+    ``triton::<kernel>``), else none.
 
     An interpreted launch runs in Python through numpy: the profiler sees only its range and the interpreter's host
     copies inside it, so the range is one kernel and nothing inside it counts. The range covers the launch alone:
@@ -234,7 +235,8 @@ def summarize_events(
         notes.append(f"counts not a multiple of the {n} steps (rounded): {', '.join(uneven)}")
     kernels = []
     for name, r in sorted(found.items(), key=lambda kv: kv[1]["first"]):
-        kind = "custom" if _opaque(name, opaque) else None
+        # an opaque range is a custom kernel unless its name says what it is (a collective, counted as one too)
+        kind = "custom" if _opaque(name, opaque) and ks.classify(name) != "collective" else None
         kernels.append(ks.kernel_entry(name, round(r["total"] / n), kind=kind, time_us=r["time"] / n))
     metadata = [
         {"name": k, "count": round(r["total"] / n)} for k, r in sorted(meta.items(), key=lambda kv: kv[1]["first"])
