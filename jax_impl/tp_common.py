@@ -177,6 +177,8 @@ def shard_step(
     ``reduce=False`` is the compute-only twin: the same shard_map with no ``psum``, every per-device partial
     (``y``, ``dx``) returned as a row of a ``[world, ...]`` array instead (a wrong answer on purpose). For ``bwd`` the
     forward that makes the residuals runs here, once."""
+    if mesh.shape[AXIS] == 1:  # no psum on one device (below), so replication cannot be inferred; nothing to check
+        check_vma = False
     specs = param_specs(model)
     pspecs = {k: specs[k] for k in params}
     part = partial_fn(model, act_mul)

@@ -95,3 +95,15 @@ def test_the_report_shows_the_tp_sections() -> None:
     assert "## Tensor parallel" in text and "### Collectives per step" in text and "### Set-up" in text
     assert text.count("= model") == 4
     assert "### Scaling" in text and "fair: same total threads" in text
+
+
+def test_world_size_one_runs_with_no_collective() -> None:
+    """One rank holds the whole sum: Megatron issues no collective, and neither do the hand-written backends."""
+    case = PRESETS["tiny"].case("float32", model="gelu-mlp")
+    backends = [spec("torch-tp-manual"), spec("jax-tp-shardmap")]
+    doc = harness.run([case], backends, ["fwd+bwd"], TimingConfig(warmup=1, budget_s=0.02), world_sizes=(1,))
+    for r in doc.results:
+        assert r.status == "ok", r.reason
+        assert r.tp is not None and r.tp.world_size == 1
+        assert sum(c.count for c in r.tp.collectives) == 0
+        assert r.tp.comm_model is not None and r.tp.comm_model["payload_bytes"] == 0
