@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH_CPU := torch==2.13.0
 REPORT_DIR ?= reports/cpu
 
-.PHONY: setup test lint report golden clean gpu-build test-triton36
+.PHONY: setup test lint report report-tp golden clean gpu-build test-triton36
 
 setup: $(VENV)/.installed
 
@@ -52,6 +52,13 @@ test-triton36: $(T36)/.installed
 report: setup
 	$(PY) -m compare run --preset cpu-mlp --dtype float32 bfloat16 --profile \
 		--shape-sweep 1 64 256 1024 --out $(REPORT_DIR); rc=$$?; [ $$rc -le 1 ] || exit $$rc
+
+# Tensor parallel, geglu cpu-mlp float32: every TP backend at world size 1 (2 threads) and 2 (1 thread per rank),
+# the only fair scaling pair on a 2-core machine; collectives in the kernel table (--profile).
+report-tp: setup
+	$(PY) -m compare run --preset cpu-mlp --world-size 1 2 --backend torch-tp torch-tp-compile torch-tp-manual \
+		jax-tp jax-tp-shardmap --dtype float32 --mode fwd fwd+bwd --profile --out reports/cpu-tp; \
+		rc=$$?; [ $$rc -le 1 ] || exit $$rc
 
 golden: setup
 	$(PY) scripts/make_golden.py
