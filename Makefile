@@ -24,8 +24,11 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# pytest-xdist: two worker processes, each test module on one of them (its shared fixtures, such as a TP worker
+# group, start once); about 1.6x faster on 2 cores. PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= 2
 test: setup lint test-triton36
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 # Compile every Triton kernel, autotune config and dtype for sm_90 and sm_80 without a GPU: registers, spills,
 # shared memory, tensor-core instructions, occupancy. Writes the committed table (cached: a rerun is quick).
