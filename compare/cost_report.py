@@ -260,7 +260,7 @@ def cost_section(doc: Results) -> str:
         parts.append(intro + "\n\n" + table(head, rows) + ("\n\n" + "\n".join(assumed) if assumed else ""))
     if ceil_rows:
         parts.append(
-            "Ceilings, measured on this machine through the shared timer:\n\n"
-            + table(["device", "dtype", "peak FLOP/s", "peak bytes/s", "ridge", "how measured"], ceil_rows)
+            "Ceilings, measured on this machine through the shared timer (each rate from its fastest sample: a "
+            "peak):\n\n" + table(["device", "dtype", "peak FLOP/s", "peak bytes/s", "ridge", "how measured"], ceil_rows)
         )
     return "\n\n".join(parts)

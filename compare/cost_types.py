@@ -159,7 +159,8 @@ class Cost:
 @dataclass(frozen=True)
 class CeilingTimings:
     """How a dtype's ceilings were measured: the matmul and copy timings (the shared timer's), and every matmul
-    size tried (``{size: {"median_s", "flops_per_s"}}``, the best one is the ceiling)."""
+    size tried (``{size: {"median_s", "min_s", "flops_per_s"}}``, the rate of the fastest sample; the best size is
+    the ceiling)."""
 
     matmul: Timing | None = None
     matmul_all: dict[str, Any] = field(default_factory=dict)

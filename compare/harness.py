@@ -251,7 +251,8 @@ def _against_ceilings(r: Result, ceil: Ceilings, min_step_flops: int | None) -> 
     if r.cost is not None and r.tp is None:
         r = replace(r, cost=replace(r.cost, achieved=costmodel.roofline(r.cost, t.median_s, k)))
     if min_step_flops:
-        r = replace(r, implausible=implausible(min_step_flops / t.median_s / k.flops_per_s))
+        # best against best: the step's fastest sample against the ceiling's (both the least disturbed by other load)
+        r = replace(r, implausible=implausible(min_step_flops / t.min_s / k.flops_per_s))
     return r
 
 
@@ -296,7 +297,7 @@ def min_flops(case: Case, mode: str) -> int:
 
 
 def implausible(frac: float) -> str:
-    """Why a step is implausible (``frac``, the case's GEMM FLOPs over its median as a fraction of the measured
+    """Why a step is implausible (``frac``, the case's GEMM FLOPs over its fastest sample as a fraction of the measured
     matmul ceiling, above ``IMPLAUSIBLE_FACTOR``: it cannot have done its FLOPs, e.g. it returns a stored answer),
     or ``""``."""
     if frac > IMPLAUSIBLE_FACTOR:

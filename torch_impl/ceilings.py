@@ -1,11 +1,13 @@
 """This machine's own ceilings, measured through the shared timer: matmul FLOP/s and copy bandwidth.
 
 - FLOP/s: ``torch.mm(a, b, out=c)`` of square ``[n, n]`` matrices in the case dtype, ``2 * n^3`` FLOPs per call;
-  a few sizes are tried and the fastest rate is kept (on a 2-core AMX CPU a bf16 GEMM ran faster at 1024 than at
+  each rate is that of the fastest sample (a ceiling is what the machine can do at best; a median would sink
+  whenever other work shares the cores, and a step would then look faster than the machine); a few sizes are tried
+  and the fastest rate is kept (on a 2-core AMX CPU a bf16 GEMM ran faster at 1024 than at
   1536 or 2048, so one size alone would understate the peak; 2048 would add 0.9 s per fp32 run for no higher
   rate). Precision is pinned as the backends pin it (no TF32 for fp32).
-- bytes/s: ``dst.copy_(src)`` of one large buffer, counted as ``2 * copy_bytes`` (every byte read once and
-  written once). The buffer is far larger than the last-level cache, so this is memory bandwidth.
+- bytes/s: ``dst.copy_(src)`` of one large buffer in the fastest sample, counted as ``2 * copy_bytes`` (every
+  byte read once and written once). The buffer is far larger than the last-level cache, so this is memory bandwidth.
 
 Defaults: matmul sizes 1024 and 1536 with a 256 MiB copy on CPU (about 1.2 s per dtype on 2 cores for fp32,
 under 0.5 s for bf16 with AMX); 4096 and 8192 with a 1 GiB copy on CUDA. Tests pass small sizes.
@@ -74,8 +76,8 @@ def measure_ceilings(
             return torch.mm(a, b, out=c)
 
         t = timing.measure(matmul, sync, warmup=1, budget_s=share)
-        rate = 2 * n**3 / t.median_s  # 2 n^3 FLOPs per [n, n] @ [n, n]
-        per_size[str(n)] = {"median_s": t.median_s, "flops_per_s": rate}
+        rate = 2 * n**3 / t.min_s  # 2 n^3 FLOPs per [n, n] @ [n, n], in the fastest sample: a peak
+        per_size[str(n)] = {"median_s": t.median_s, "min_s": t.min_s, "flops_per_s": rate}
         if best is None or rate > best[0]:
             best = (rate, n, t.to_dict())
     assert best is not None
@@ -87,7 +89,7 @@ def measure_ceilings(
     moved = 2 * numel * tdtype.itemsize  # every byte read from src and written to dst
     return {
         "flops_per_s": best[0],
-        "bytes_per_s": moved / tc.median_s,
+        "bytes_per_s": moved / tc.min_s,
         "matmul_shape": [best[1]] * 3,
         "copy_bytes": numel * tdtype.itemsize,
         "dtype": dtype,
