@@ -5,6 +5,7 @@ the cost model's entry for the cell."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -12,9 +13,9 @@ from compare import costmodel
 from compare.cases import Case
 from compare.cost_types import Cost
 from compare.golden import golden_for
-from compare.parity import check_plain
+from compare.parity import Parity, check_all, check_plain
 from compare.reference import Arith, compute
-from compare.registry import BackendSpec
+from compare.registry import BackendSpec, Prepared
 
 #: Which reference tensors each mode checks.
 MODE_TENSORS: dict[str, Callable[[str], bool]] = {
@@ -44,3 +45,14 @@ def model_cost(spec: BackendSpec, case: Case, mode: str) -> Cost | None:
     if spec.plan is None:
         return None
     return costmodel.cost(case, spec.name, mode)
+
+
+def judge(
+    prepared: Prepared, output: Any, ref: dict[str, np.ndarray], plain: dict[str, np.ndarray], dtype: str, who: str
+) -> Parity:
+    """The gate's verdict on one output of a step (``compare.parity.check_all``); a step that returns other tensors
+    than the mode checks is an error naming ``who`` (the backend and mode)."""
+    got = prepared.to_numpy(output)
+    if set(got) != set(ref):
+        raise RuntimeError(f"{who} returned tensors {sorted(got)}; expected {sorted(ref)}")
+    return check_all(got, ref, plain, dtype)

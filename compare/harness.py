@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from compare import costmodel, environment, resolution, timing
+from compare import cell, costmodel, environment, resolution, timing
 from compare.cases import Case
 from compare.cell import IMPLAUSIBLE_FACTOR, MODE_TENSORS, model_cost, plain_reference
 from compare.cost_types import Ceilings
 from compare.golden import golden_for
 from compare.kernels import Kernels
-from compare.parity import UnusableCase, check_all
+from compare.parity import Parity, UnusableCase
 from compare.parity_record import ParityRecord
 from compare.progress import Display
 from compare.registry import DEFAULT_BASELINE, BackendSpec, Prepared, probe
@@ -80,11 +80,8 @@ def run_one(
         want = MODE_TENSORS[mode]
         ref = {k: v for k, v in golden.ref.items() if want(k)}
 
-        def judge(output: Any) -> Any:
-            got = prepared.to_numpy(output)
-            if set(got) != set(ref):
-                raise RuntimeError(f"{spec.name} returned tensors {sorted(got)} in mode {mode}; expected {sorted(ref)}")
-            return check_all(got, ref, plain, case.dtype)
+        def judge(output: Any) -> Parity:
+            return cell.judge(prepared, output, ref, plain, case.dtype, f"{spec.name} in mode {mode}")
 
         parity = judge(out)
         del out

@@ -32,7 +32,7 @@ def write_job(job: Job, folder: Path, addr: str, port: int) -> list[str]:
     if job.nproc != job.world_size:
         raise InputError(f"a multi-host job runs one process per rank; launch {job.how!r} is one process")
     folder.mkdir(parents=True, exist_ok=True)
-    torch_rt = job.runtime.startswith("torch")
+    torch_rt = job.specs[0].framework == "torch"  # torchrun brings its own rendezvous
     doc = job_doc(job, job.cells, Path(""), addr=addr, port=0 if torch_rt else port)
     doc["out"] = ""  # each worker writes beside the job file, on its own host
     path = folder / "job.json"

@@ -31,12 +31,11 @@ from typing import IO, Any, cast
 
 from compare import environment, timing
 from compare.cases import Case
-from compare.cell import MODE_TENSORS, model_cost, plain_reference
+from compare.cell import MODE_TENSORS, judge, model_cost, plain_reference
 from compare.golden import golden_for
 from compare.kernels import Kernels
-from compare.parity import check_all
 from compare.parity_record import ParityRecord
-from compare.registry import BackendSpec, Prepared, TPBackend, register
+from compare.registry import BackendSpec, TPBackend, register
 from compare.results import Result
 from compare.timing import TimingConfig
 from compare.tp import PROBE_BYTES, Group, Launch, ring_bytes
@@ -115,13 +114,6 @@ def _pin_cpus(rank: int, nproc: int, threads: int) -> list[int]:
     return mine
 
 
-def _judge(prepared: Prepared, output: Any, ref: dict[str, Any], plain: dict[str, Any], dtype: str, name: str) -> Any:
-    got = prepared.to_numpy(output)
-    if set(got) != set(ref):
-        raise RuntimeError(f"{name} returned tensors {sorted(got)}; expected {sorted(ref)}")
-    return check_all(got, ref, plain, dtype)
-
-
 def probe_bandwidth(group: Group, cfg: TimingConfig) -> dict[str, Any]:
     """The group's all-reduce bandwidth: :data:`~compare.tp.PROBE_BYTES` summed over the ranks, through the shared
     timer (each sample the slowest rank's). ``bus_bytes_per_s`` is the ring traffic per rank over the time."""
@@ -172,7 +164,7 @@ def run_cell(
         group.barrier()
 
     first_s, out = timing.first_call(prepared.step, sync)
-    parity = _judge(prepared, out, ref, plain, case.dtype, spec.name)
+    parity = judge(prepared, out, ref, plain, case.dtype, f"{spec.name} in mode {mode}")
     del out
 
     def measure(fn: Any, first: float | None = None, last_output: Any = None) -> timing.Timing:
@@ -195,7 +187,7 @@ def run_cell(
         tim = measure(prepared.step, first_s, last.append)
         comm = measure(tp.comm_only)
         compute = measure(tp.compute_only)
-    again = _judge(prepared, last.pop(), ref, plain, case.dtype, spec.name) if last else None
+    again = judge(prepared, last.pop(), ref, plain, case.dtype, f"{spec.name} in mode {mode}") if last else None
     collectives = [c.to_dict() for c in tp.collectives()]
     kernels = prepared.profile(None) if profile and prepared.profile is not None else None
     mine = {
