@@ -1,13 +1,14 @@
-# fusion-compare: `make report` writes this machine's comparison report, `make test` runs the checks.
-# Both set up a virtual environment first (CPU build of torch, pinned; GPU users see README.md).
+# fusion-compare: `make report` writes this machine's comparison report (to out/report, not tracked by git),
+# `make test` runs the checks. Both set up a virtual environment first (CPU build of torch, pinned; GPU users see
+# README.md). The committed reports change only through their own targets: report-cpu, report-tp, gpu-build.
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 TORCH_CPU := torch==2.13.0
-REPORT_DIR ?= reports/cpu
+REPORT_DIR ?= out/report
 
-.PHONY: setup test lint report report-tp golden clean gpu-build test-triton36
+.PHONY: setup test test-isa lint report report-cpu report-tp golden clean gpu-build test-triton36
 
 setup: $(VENV)/.installed
 
@@ -29,6 +30,14 @@ lint: setup
 PYTEST_WORKERS ?= 2
 test: setup lint test-triton36
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	$(MAKE) --no-print-directory test-isa
+
+# Another CPU computes other bits: OpenBLAS and XLA pick their kernels (and with them the summation order) by the
+# instruction sets present, and ATen its vectorised loops. A parity verdict on a committed case must not depend on
+# that, so the `isa` tests run again with OpenBLAS's Sandybridge kernels, XLA capped at AVX and ATen at AVX2.
+test-isa: setup
+	OPENBLAS_CORETYPE=Sandybridge XLA_FLAGS=--xla_cpu_max_isa=AVX ATEN_CPU_CAPABILITY=avx2 \
+		$(PY) -m pytest -q -m isa -p no:cacheprovider
 
 # Compile every Triton kernel, autotune config and dtype for sm_90 and sm_80 without a GPU: registers, spills,
 # shared memory, tensor-core instructions, occupancy. Writes the committed table (cached: a rerun is quick).
@@ -51,13 +60,22 @@ test-triton36: $(T36)/.installed
 # geglu cpu-mlp in float32 and bfloat16, every backend (interpreted ones parity-only, jax-triton reported
 # unavailable off GPU), kernel counts, ceilings and roofline, and a compile-cost sweep over token counts.
 # Exit status 1 is a finding (a parity failure, written into the report), not a failure to write the report:
-# the target succeeds on 0 and 1 and fails on bad input (2), an internal error (3) or an interrupt (130).
-report: setup
-	$(PY) -m compare run --preset cpu-mlp --dtype float32 bfloat16 --profile \
-		--shape-sweep 1 64 256 1024 --out $(REPORT_DIR); rc=$$?; [ $$rc -le 1 ] || exit $$rc
+# the targets succeed on 0 and 1 and fail on bad input (2), an internal error (3) or an interrupt (130).
+CPU_REPORT := $(PY) -m compare run --preset cpu-mlp --dtype float32 bfloat16 --profile --shape-sweep 1 64 256 1024
 
-# Tensor parallel, geglu cpu-mlp float32: every TP backend at world size 1 (2 threads) and 2 (1 thread per rank),
-# the only fair scaling pair on a 2-core machine; collectives in the kernel table (--profile).
+# This machine's report, into a folder git ignores (REPORT_DIR=... writes it elsewhere): the tests read the
+# committed reports, so running it never changes what they see.
+report: setup
+	$(CPU_REPORT) --out $(REPORT_DIR); rc=$$?; [ $$rc -le 1 ] || exit $$rc
+
+# The committed reports/cpu, and the README's excerpt of it (tests/test_readme.py holds the two together).
+report-cpu: setup
+	$(CPU_REPORT) --out reports/cpu; rc=$$?; [ $$rc -le 1 ] || exit $$rc
+	$(PY) scripts/readme_excerpt.py --write
+
+# The committed reports/cpu-tp. Tensor parallel, geglu cpu-mlp float32: every TP backend at world size 1 (2 threads)
+# and 2 (1 thread per rank), the only fair scaling pair on a 2-core machine; collectives in the kernel table
+# (--profile).
 report-tp: setup
 	$(PY) -m compare run --preset cpu-mlp --world-size 1 2 --backend torch-tp torch-tp-compile torch-tp-manual \
 		jax-tp jax-tp-shardmap --dtype float32 --mode fwd fwd+bwd --profile --out reports/cpu-tp; \
