@@ -15,7 +15,12 @@ How a TP backend runs (``compare.tp_launch`` starts it, ``compare.tp_worker`` dr
 - its backend object implements ``prepare(problem, mode, group) -> Prepared`` where ``problem`` holds the FULL
   golden inputs and weights (every rank gets the same), the backend keeps its own shard, and ``Prepared.tp`` is a
   :class:`TPParts`. ``to_numpy`` returns FULL tensors (weight gradients gathered, outside the timed step), so every
-  process checks every tensor against the same golden with the same gate.
+  process checks every tensor against the same golden with the same gate;
+- a replicated output (``y``, ``dx``, a replicated gradient such as ``db2``) exists once per device, and a wrong
+  copy on any one of them is a wrong result: ``TPParts.copies(output)`` returns one :class:`DeviceCopy` per device
+  this process holds, each read from that device's own copy of every replicated tensor. The worker judges every
+  copy (first call and last timed call) and counts the copies judged (``ranks_checked``). A backend whose process
+  holds one device (torch's ranks) may leave it None: its one copy is ``to_numpy``'s, on ``Prepared.device``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
+
+import numpy as np
 
 #: The ways a TP group's ranks can start (``Launch.how``).
 LAUNCHES: tuple[str, ...] = ("processes", "devices")
@@ -92,6 +99,16 @@ class Collective:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class DeviceCopy:
+    """The step's output as one device holds it: ``tensors`` as ``Prepared.to_numpy`` maps them (full float64 arrays
+    by canonical name), every replicated tensor read from ``device``'s copy and every sharded one gathered (the same
+    in every copy). ``device`` names it as reports do, e.g. ``"cuda:0"``, ``"cpu:2048 (rank 1)"``."""
+
+    device: str
+    tensors: dict[str, np.ndarray]
+
+
 @dataclass
 class TPParts:
     """What a TP backend adds to its :class:`~compare.registry.Prepared` (``Prepared.tp``).
@@ -101,7 +118,9 @@ class TPParts:
     - ``compute_only()``: the step with its collectives left out (a wrong answer on purpose: timed, never judged);
     - ``setup_s``: seconds of set-up apart from the steady state, by name (``"weights"``: distributing or slicing
       the weights; ``"build"``: building the parallel module);
-    - ``layout``: one line on how the weights are sharded and which plan was applied.
+    - ``layout``: one line on how the weights are sharded and which plan was applied;
+    - ``copies(output)``: every device's copy of a step's output that this process holds (:class:`DeviceCopy`, one
+      per device, in device order); None: this process holds one device, and ``Prepared.to_numpy`` reads its copy.
     """
 
     collectives: Callable[[], list[Collective]]
@@ -109,6 +128,7 @@ class TPParts:
     compute_only: Callable[[], Any]
     setup_s: dict[str, float] = field(default_factory=dict)
     layout: str = ""
+    copies: Callable[[Any], list[DeviceCopy]] | None = None
 
 
 #: The payload of the bandwidth probe: large enough that the ring's latency is a small share of its time.

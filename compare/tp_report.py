@@ -95,7 +95,7 @@ def tp_section(results: Sequence[Result]) -> str:
             r.mode,
             str(tp.world_size),
             _launch(tp),
-            r.status + (f" ({tp.ranks_checked} ranks)" if r.parity is not None else ""),
+            r.status + (f" ({tp.ranks_checked} device copies checked)" if r.parity is not None else ""),
             _t(r.timing),
             _t(tp.comm),
             _t(tp.compute),
@@ -108,7 +108,8 @@ def tp_section(results: Sequence[Result]) -> str:
         SECTION,
         "Megatron layout: gate/up (fc1) split by columns, down (fc2) by rows, one all-reduce of `[tokens, dim]` "
         "per forward and one per backward. Every rank's output and gradients are checked against the same float64 "
-        "golden with the same gate; each timing sample is the slowest rank's (every block ends with a barrier). "
+        "golden with the same gate, every device's copy of them when one process holds several devices (*parity* "
+        "counts the copies checked); each timing sample is the slowest rank's (every block ends with a barrier). "
         "*comm share* = the step's collectives alone / the step.",
         table([*header, "comm share"], body),
         "### Collectives per step",

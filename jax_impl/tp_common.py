@@ -9,7 +9,9 @@ Layout (Megatron, ``compare.tp``), flax ``[in, out]`` kernels on a 1-D mesh axis
 Arrays are built with ``jax.make_array_from_callback`` from the full numpy array every process holds, so the same
 code places them in one process with N devices and in N processes with one device each; :func:`to_host` reads any
 of them back as a full numpy array on every process (``multihost_utils.process_allgather`` when this process does
-not hold every shard).
+not hold every shard). A replicated output (``y``, ``dx``, ``db2``) has one copy per device and :func:`to_host` reads
+one of them, so :func:`device_copies` reads the outputs once per device of this process, each time with every
+replicated piece taken from that device's copy (:func:`as_seen_by`): every copy is judged, not only device 0's.
 
 The explicit step (:func:`shard_step`) runs the whole mode inside one ``shard_map``: the forward and, for the
 gradients, a *local* ``jax.vjp`` of the per-shard function, with the collectives written out by hand, so their
@@ -36,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 from compare.cases import GLU_MODELS
 from compare.golden import Problem
 from compare.registry import Prepared
-from compare.tp import Collective, TPParts
+from compare.tp import Collective, DeviceCopy, TPParts
 from compare.weights import linear_weight
 from jax_impl import device as dev
 from jax_impl import profiling
@@ -113,6 +115,53 @@ def to_host(a: jax.Array) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(a, tiled=True)).astype(np.float64)
+
+
+def _index_key(index: tuple[slice, ...]) -> tuple[tuple[int | None, int | None, int | None], ...]:
+    """A shard's index (a tuple of slices, unhashable before Python 3.12) as a dict key."""
+    return tuple((s.start, s.stop, s.step) for s in index)
+
+
+def as_seen_by(tree: Any, device: jax.Device) -> Any:
+    """``tree`` with every ``jax.Array`` leaf that ``device`` holds a replicated piece of rebuilt so that every copy
+    of that piece (on this process's devices) is ``device``'s: whichever copy :func:`to_host` then reads, it reads
+    ``device``'s. Pieces ``device`` does not hold (another device's shard) and other leaves stay as they are."""
+
+    def one(a: Any) -> Any:
+        if not isinstance(a, jax.Array):
+            return a
+        shards = a.addressable_shards
+        mine = {_index_key(s.index): s.data for s in shards if s.device == device}
+        if not any(s.device != device and _index_key(s.index) in mine for s in shards):
+            return a  # no other device here holds a copy of device's pieces: nothing to replace
+        pieces = [
+            jax.device_put(mine[_index_key(s.index)], s.device) if _index_key(s.index) in mine else s.data
+            for s in shards
+        ]
+        return jax.make_array_from_single_device_arrays(a.shape, a.sharding, pieces)
+
+    return jax.tree.map(one, tree)
+
+
+def device_label(mesh: Mesh, d: jax.Device) -> str:
+    """A device of ``mesh`` as reports name it: JAX's platform and global id, and its TP rank (its position on the
+    mesh axis; the id alone does not say it: ``jax.distributed`` numbers CPU devices 0, 2048, ...), e.g.
+    ``"cpu:2048 (rank 1)"``."""
+    return f"{d.platform}:{d.id} (rank {list(mesh.devices.flat).index(d)})"
+
+
+def device_copies(mesh: Mesh, to_numpy: Callable[[Any], dict[str, np.ndarray]]) -> Callable[[Any], list[DeviceCopy]]:
+    """``TPParts.copies`` of a step on ``mesh``: ``to_numpy`` of its output once per device of this process, in mesh
+    order, each with that device's copy of every replicated piece (:func:`as_seen_by`). On a process that holds one
+    device, the output as it is. Every process makes the same calls (``to_host`` may be a collective)."""
+    devices = list(mesh.local_devices)
+
+    def copies(out: Any) -> list[DeviceCopy]:
+        if len(devices) == 1:
+            return [DeviceCopy(device_label(mesh, devices[0]), to_numpy(out))]
+        return [DeviceCopy(device_label(mesh, d), to_numpy(as_seen_by(out, d))) for d in devices]
+
+    return copies
 
 
 def grads_to_numpy(dparams: dict[str, jax.Array], dx: jax.Array) -> dict[str, np.ndarray]:
@@ -351,8 +400,9 @@ def prepared(
     note: str = "",
 ) -> Prepared:
     """The ``Prepared`` of a TP step ``jitted(*args)``: its collectives counted off the compiled HLO, its comm-only
-    twin replaying them (:func:`comm_twin`), its compute-only twin ``compute = (jitted, args)``, and the single-device
-    backends' profile (``jax_impl.profiling``, which works on the sharded step as it is)."""
+    twin replaying them (:func:`comm_twin`), its compute-only twin ``compute = (jitted, args)``, every device's copy
+    of its outputs read by ``to_numpy`` (:func:`device_copies`), and the single-device backends' profile
+    (``jax_impl.profiling``, which works on the sharded step as it is)."""
     comm = comm_twin(mesh, jitted.lower(*args).compile().as_text())
     twin, twin_args = compute
 
@@ -376,5 +426,6 @@ def prepared(
             compute_only=lambda: twin(*twin_args),
             setup_s=setup_s,
             layout=layout,
+            copies=device_copies(mesh, to_numpy),
         ),
     )

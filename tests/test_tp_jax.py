@@ -1,8 +1,10 @@
 """The JAX tensor-parallel backends (``jax-tp``, ``jax-tp-shardmap``) at world size 2 on ``tiny``, run by the TP
 launcher (``compare.tp_launch.run_job``) in both launches of ``jax_impl.tp_runtime``: parity of the full outputs and
 gradients against the float64 golden on every process, the collectives read off the compiled HLO (against the
-communication model, byte for byte), the shared timer's step, comm-only and compute-only twins, and a negative control
-(jax-tp-shardmap's step without its psums, every device's partial ``y``/``dx``, fails the gate).
+communication model, byte for byte), the shared timer's step, comm-only and compute-only twins, and two negative
+controls: jax-tp-shardmap's step without its psums (every device's partial ``y``/``dx``) fails the gate, and so does
+its step with device 1's copy of the replicated ``y`` alone made wrong (``tests.jax_tp_corrupt_backend``): every
+device's copy is judged, and ``ranks_checked`` counts the copies judged.
 
 A launch must set JAX's device count before the backend starts, so every cell runs in worker processes: one job of
 ``"devices"`` cells (one process with 2 XLA:CPU devices), one of ``"processes"`` cells (2 processes joined over
@@ -25,6 +27,8 @@ from compare.tp import Group, Launch, ring_bytes
 from compare.tp_launch import Job, run_job
 from compare.tp_worker import Cell
 from jax_impl import tp_common, tp_runtime
+from tests.jax_tp_corrupt_backend import NAME as CORRUPT
+from tests.jax_tp_corrupt_backend import SPEC as CORRUPT_SPEC
 
 Key = tuple[str, str, str, str]
 Rows = dict[Key, dict[str, Any]]
@@ -123,15 +127,17 @@ DEVICE_CELLS: tuple[Key, ...] = (
     (SKIP, "geglu", "float32", "fwd"),
     (SKIP, "gelu-mlp", "float32", "fwd+bwd"),
     (SKIP, "swiglu", "float32", "bwd"),
+    (CORRUPT, "gelu-mlp", "float32", "fwd+bwd"),  # timed: the last timed call's copies are judged too
 )
 PROCESS_CELLS: tuple[Key, ...] = (
     *((b, "geglu", "float32", mode) for b in BACKENDS for mode in ("fwd", "fwd+bwd", "bwd")),
     ("jax-tp-shardmap", "gelu-mlp", "bfloat16", "fwd+bwd"),
     (SKIP, "geglu", "float32", "fwd+bwd"),
+    (CORRUPT, "gelu-mlp", "float32", "fwd"),
 )
 REAL = {
-    "devices": [c for c in DEVICE_CELLS if c[0] != SKIP],
-    "processes": [c for c in PROCESS_CELLS if c[0] != SKIP],
+    "devices": [c for c in DEVICE_CELLS if c[0] in BACKENDS],
+    "processes": [c for c in PROCESS_CELLS if c[0] in BACKENDS],
 }
 CONTROLS = [("devices", c) for c in DEVICE_CELLS if c[0] == SKIP] + [
     ("processes", c) for c in PROCESS_CELLS if c[0] == SKIP
@@ -168,7 +174,7 @@ def _run(how: str, cells: tuple[Key, ...], root: Path) -> Rows:
         how,
         2,
         tuple(Cell(i, b, tiny.case(d, m), mode) for i, (b, m, d, mode) in enumerate(cells)),
-        (*(spec(b) for b in BACKENDS), SKIP_SPEC),
+        (*(spec(b) for b in BACKENDS), SKIP_SPEC, CORRUPT_SPEC),
         QUICK,
         threads_total=2,
         cell_timeout_s=120.0,
@@ -225,7 +231,8 @@ def test_parity_on_every_process(groups: dict[str, Rows], how: str, cell: Key) -
         if t["tensor"] in known:  # the failing check: the max check, past its bound
             assert f"{t['tensor']}:max" in r["parity"]["failed"] and t["ratio"] > 1.0, _explain(r)
     assert not any(p["passed"] for p in r["parity"]["processes"])
-    assert all(f"process {p}: {name}: " in r["reason"] for p in range(nproc) for name in known), r["reason"]
+    copies = [(p["rank"], c["device"]) for p in r["parity"]["processes"] for c in p["copies"]]
+    assert all(f"process {p}, device {d}: {name}: " in r["reason"] for p, d in copies for name in known), r["reason"]
     if "last_timed" in r["parity"]:  # timed: the output of the last timed call fails the same way
         assert {f.split(":")[0] for f in r["parity"]["last_timed"]["failures"]} == known
 
@@ -271,6 +278,50 @@ def test_a_step_without_its_psums_fails_parity(groups: dict[str, Rows], how: str
     assert _failed(r) == PARTIAL[cell[3]], _explain(r)
     assert not any(p["passed"] for p in r["parity"]["processes"])
     assert r["tp"]["collectives"] == [] and r["tp"]["ranks_checked"] == 2
+
+
+#: The corrupted-copy control's cell in each launch.
+CORRUPTED = {
+    how: next(c for c in cells if c[0] == CORRUPT)
+    for how, cells in (("devices", DEVICE_CELLS), ("processes", PROCESS_CELLS))
+}
+
+
+@pytest.mark.parametrize("how", ["devices", "processes"])
+def test_a_wrong_copy_on_device_1_alone_fails_parity(groups: dict[str, Rows], how: str) -> None:
+    """The negative control of the per-device check: ``y`` right on device 0 and scaled on device 1. Device 0's copy
+    (the one ``to_host`` reads) passes; device 1's fails, and the reason names its process and device. With both
+    devices in one process, reading one copy per process would have passed it."""
+    r = groups[how][CORRUPTED[how]]
+    assert r["status"] == "parity-fail", _explain(r)
+    procs = r["parity"]["processes"]
+    copies = [(p["rank"], c["device"], c["passed"]) for p in procs for c in p["copies"]]
+    bad_rank = {"devices": 0, "processes": 1}[how]  # device 1 is in process 0's hands, or is process 1's own
+    assert [ok for _, _, ok in copies] == [True, False], copies
+    (_, bad, _), (_, good, _) = sorted(copies, key=lambda c: c[2])
+    assert bad.endswith(" (rank 1)") and good.endswith(" (rank 0)"), copies
+    assert [p["passed"] for p in procs] == [p["rank"] != bad_rank for p in procs]
+    assert f"process {bad_rank}, device {bad}: y: " in r["reason"], r["reason"]
+    assert f"device {good}:" not in r["reason"] and "dx" not in r["reason"], r["reason"]
+    if r["parity"].get("last_timed") is not None:  # timed: the last timed call's copy on device 1 fails too
+        assert f"process {bad_rank}, device {bad}: last timed call: y: " in r["reason"], r["reason"]
+    if how == "devices":  # process 0 holds the failing copy: its record is that copy's verdict
+        assert _failed(r) == {"y"}, _explain(r)
+
+
+@pytest.mark.parametrize("how", ["devices", "processes"])
+def test_ranks_checked_counts_the_device_copies_judged(groups: dict[str, Rows], how: str) -> None:
+    """Every device's copy is judged: at world size 2, one process judging both devices' copies (devices) or two
+    processes judging one each (processes); ``ranks_checked`` is the number of copies judged, summed over the
+    processes, and a process passes exactly when each of its copies does."""
+    per_process = {"devices": [2], "processes": [1, 1]}[how]
+    for cell, r in groups[how].items():
+        procs = r["parity"]["processes"]
+        assert [len(p["copies"]) for p in procs] == per_process, (cell, procs)
+        devices = [c["device"] for p in procs for c in p["copies"]]
+        assert len(set(devices)) == len(devices) == 2, (cell, devices)
+        assert r["tp"]["ranks_checked"] == len(devices), (cell, r["tp"]["ranks_checked"])
+        assert all(p["passed"] == all(c["passed"] for c in p["copies"]) for p in procs), (cell, procs)
 
 
 def test_the_runtime_refuses_a_backend_started_with_another_device_count() -> None:

@@ -74,6 +74,9 @@ def test_parity_on_every_rank(rows: dict[tuple[str, str, str, str], dict[str, An
     assert r["status"] == "ok", r.get("reason")
     assert r["world_size"] == 2
     assert [p["passed"] for p in r["parity"]["processes"]] == [True, True]
+    # each rank judges its one device's copy: two copies judged in all, and ranks_checked says so
+    assert [len(p["copies"]) for p in r["parity"]["processes"]] == [1, 1]
+    assert r["tp"]["ranks_checked"] == 2
 
 
 @pytest.mark.parametrize("cell", REAL, ids=["/".join(c) for c in REAL])
@@ -114,5 +117,8 @@ def test_a_step_without_its_all_reduces_fails_parity(
 ) -> None:
     r = rows[cell]
     assert r["status"] == "parity-fail", r.get("reason")
-    assert "y:" in r["reason"]
+    copies = [(p["rank"], c["device"]) for p in r["parity"]["processes"] for c in p["copies"]]
+    assert [rank for rank, _ in copies] == [0, 1], copies  # each rank judged its one copy
+    assert all(f"process {p}, device {d}: y: " in r["reason"] for p, d in copies), r["reason"]
+    assert r["tp"]["ranks_checked"] == 2
     assert r["tp"]["collectives"][0]["count"] == 0
