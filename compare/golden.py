@@ -23,7 +23,7 @@ from compare.cases import Case, committed_cases
 from compare.reference import Arith, compute, round_to_dtype
 
 #: Bump when the generation recipe changes (then regenerate and commit the files).
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 #: The committed golden folder; ``FUSION_COMPARE_GOLDEN_DIR`` points elsewhere (tests use it for corrupt copies).
 GOLDEN_DIR = Path(os.environ.get("FUSION_COMPARE_GOLDEN_DIR") or Path(__file__).resolve().parent.parent / "golden")
 MANIFEST = "MANIFEST.json"

@@ -1,0 +1,145 @@
+"""Arithmetic with bits fixed by the data (``compare.fixedbits``), and golden data and gate bounds that do not move
+with the machine: the same bytes under every OpenBLAS kernel this CPU can run, checked in fresh processes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compare import fixedbits
+from compare.cases import PRESETS
+from compare.golden import GOLDEN_DIR, MANIFEST
+
+ROOT = Path(__file__).resolve().parent.parent
+#: OpenBLAS kernels every x86-64 CPU can run (each sums a float64 or float32 GEMM in its own order).
+CORETYPES = ("Haswell", "Sandybridge", "Nehalem")
+
+
+def _exact_product(a: np.ndarray, b: np.ndarray, i: int, j: int) -> Fraction:
+    return sum((Fraction(float(a[i, p])) * Fraction(float(b[p, j])) for p in range(a.shape[1])), Fraction(0))
+
+
+def test_matmul64_is_the_exact_product_rounded_on_float32_inputs_with_a_wide_range() -> None:
+    """Heavy-tailed float32 inputs spanning many binades (x 2**±20): every checked entry equals the exact product of
+    the inputs (Python fractions) rounded once to float64; plain float64 BLAS differs from it in the last bits."""
+    rng = np.random.default_rng(7)
+    a = (rng.standard_t(2, (9, 517)) * 2.0 ** rng.integers(-20, 20, (9, 517))).astype(np.float32).astype(np.float64)
+    b = rng.standard_normal((517, 13)).astype(np.float32).astype(np.float64)
+    c = fixedbits.matmul64(a, b)
+    for i in range(9):
+        for j in range(13):
+            assert c[i, j] == float(_exact_product(a, b, i, j)), (i, j)
+
+
+def test_matmul64_on_float64_inputs_is_within_its_stated_error() -> None:
+    """On float64 inputs (the reference's hidden activations are not float32 values) the truncated slices cost at
+    most about ``k 2**-(3 beta)`` of ``max|a_i| max|b_j|``: checked against the exact product."""
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((5, 300)), rng.standard_normal((300, 4))
+    c = fixedbits.matmul64(a, b)
+    beta = fixedbits._beta(300)
+    for i in range(5):
+        for j in range(4):
+            scale = np.max(np.abs(a[i])) * np.max(np.abs(b[:, j]))
+            err = abs(Fraction(float(c[i, j])) - _exact_product(a, b, i, j))
+            assert float(err) <= 300 * 2.0 ** -(fixedbits.SLICES * beta) * scale + 2 * np.spacing(abs(c[i, j]))
+
+
+def test_matmul64_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="needs \\[m, k\\] @ \\[k, n\\]"):
+        fixedbits.matmul64(np.ones((2, 3)), np.ones((4, 2)))
+    with pytest.raises(ValueError, match="finite"):
+        fixedbits.matmul64(np.array([[np.nan]]), np.ones((1, 1)))
+
+
+def test_matmul32_is_sequential_float32_accumulation() -> None:
+    """Odd shapes, more rows than a block: each output is ``acc = fl32(acc + fl32(a b))`` over k in order, checked
+    against that loop written out in scalar numpy float32 for a few entries, and it differs from float64."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((37, 65)).astype(np.float32)
+    b = rng.standard_normal((65, 3)).astype(np.float32)
+    c = fixedbits.matmul32(a, b)
+    assert c.dtype == np.float32
+    for i, j in ((0, 0), (36, 2), (17, 1)):
+        acc = np.float32(0)
+        for p in range(65):
+            acc = np.float32(acc + np.float32(a[i, p] * b[p, j]))
+        assert c[i, j] == acc
+    assert not np.array_equal(c, (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32))
+
+
+def test_transcendentals_are_accurate_to_a_few_ulp() -> None:
+    x = np.linspace(-30, 30, 100_001)
+    ulps = np.abs(fixedbits.tanh(x) - np.tanh(x)) / np.spacing(np.maximum(np.abs(np.tanh(x)), 1e-300))
+    assert ulps.max() <= 4
+    x = np.linspace(-700, 700, 100_001)
+    assert np.max(np.abs(fixedbits.exp(x) / np.exp(x) - 1)) < 1e-15
+    x = np.concatenate([np.linspace(-1, 1, 100_000), np.geomspace(1e-300, 1e-3, 1000)])
+    nz = np.expm1(x) != 0
+    assert np.max(np.abs(fixedbits.expm1(x)[nz] / np.expm1(x)[nz] - 1)) < 1e-15
+    assert fixedbits.tanh(np.array([0.0, -0.0, np.inf, -np.inf])).tolist() == [0.0, -0.0, 1.0, -1.0]
+
+
+#: Writes the committed golden files into a folder, and hashes the plain computation (and its envelope twin) of the
+#: cases the tests and the default report judge against: what the gate's every bound comes from.
+_SCRIPT = """
+import hashlib, sys
+from pathlib import Path
+from compare.golden import write_all
+from compare.cases import PRESETS
+from compare.cell import plain_reference
+write_all(Path(sys.argv[1]))
+h = hashlib.sha256()
+for preset, dtype, model in (("tiny", "float32", "geglu"), ("odd", "bfloat16", "gelu-mlp"),
+                             ("odd", "float32", "swiglu"), ("tiny", "float16", "linear")):
+    p = plain_reference(PRESETS[preset].case(dtype, model=model))
+    for k in sorted(p):
+        h.update(k.encode()); h.update(p[k].tobytes())
+        if p.envelope is not None:
+            h.update(p.envelope[k].tobytes())
+print(h.hexdigest())
+"""
+
+
+@pytest.mark.isa
+@pytest.mark.slow
+def test_golden_and_plain_are_the_same_bytes_under_every_blas_kernel(tmp_path: Path) -> None:
+    """``make golden`` under each OpenBLAS kernel (and whatever instruction sets the process was started with: CI
+    reruns this with them capped) writes exactly the committed files, and the plain computation the gate's bounds
+    come from hashes the same: a verdict cannot move with the machine's BLAS."""
+    hashes = set()
+    for core in CORETYPES:
+        out = tmp_path / core
+        env = {**os.environ, "OPENBLAS_CORETYPE": core, "PYTHONPATH": str(ROOT)}
+        run = subprocess.run(
+            [sys.executable, "-c", _SCRIPT, str(out)], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        hashes.add(run.stdout.strip())
+        for f in sorted(GOLDEN_DIR.iterdir()):
+            if f.suffix == ".safetensors" or f.name == MANIFEST:
+                assert (out / f.name).read_bytes() == f.read_bytes(), f"{f.name} differs under {core}"
+    assert len(hashes) == 1, hashes
+
+
+def test_plain_reference_carries_its_twins() -> None:
+    """The plain computation of a float32 case of a model with an activation has an envelope twin (transcendentals a
+    few ulp off) that differs from it, and every plain tensor equals its unrounded twin rounded to the dtype."""
+    from compare.cell import plain_reference
+    from compare.reference import round_to_dtype
+
+    p = plain_reference(PRESETS["tiny"].case("float32"))
+    assert p.envelope is not None and any(not np.array_equal(p[k], p.envelope[k]) for k in p)
+    b = plain_reference(PRESETS["tiny"].case("bfloat16"))
+    assert b.envelope is None and b.unrounded is not None
+    assert all(np.array_equal(b[k], round_to_dtype(b.unrounded[k], "bfloat16")) for k in b)
+    assert any(not np.array_equal(b[k], b.unrounded[k]) for k in b)
+    digest = hashlib.sha256(b["y"].tobytes()).hexdigest()
+    assert digest == hashlib.sha256(plain_reference(PRESETS["tiny"].case("bfloat16"))["y"].tobytes()).hexdigest()
