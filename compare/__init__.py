@@ -7,7 +7,7 @@ Typical use::
     case = Case("geglu", Shape(batch=3, seq=37, dim=96, hidden=328), "bfloat16")   # x [3, 37, 96] -> y [3, 37, 96]
     doc = run_cases([case], list(BACKENDS), modes=["fwd", "fwd+bwd"])     # every registered backend
     print(render_report(doc))
-    print(doc.results[0].timing.median_s, doc.to_dict()["results"][0]["parity"]["passed"])
+    print(doc.results[0].timing.median_s, doc.results[0].parity.tier)   # "pass", "deviates" or "fail"
 
 Everything else lives in the submodules (``compare.parity``, ``compare.timing``, ``compare.registry``, ...).
 """

@@ -13,8 +13,8 @@ from compare import costmodel
 from compare.cases import Case
 from compare.cost_types import Cost
 from compare.golden import golden_for
-from compare.parity import Parity, check_all, check_plain
-from compare.reference import Arith, compute
+from compare.parity import Parity, Plain, check_all, check_plain
+from compare.reference import Arith, compute, envelope_activations, round_to_dtype
 from compare.registry import BackendSpec, Prepared
 
 #: Which reference tensors each mode checks.
@@ -29,14 +29,21 @@ MODE_TENSORS: dict[str, Callable[[str], bool]] = {
 IMPLAUSIBLE_FACTOR = 1.2
 
 
-def plain_reference(case: Case) -> dict[str, np.ndarray]:
-    """The plain same-dtype emulation of ``case`` (outputs and gradients), the parity gate's yardstick.
+def plain_reference(case: Case) -> Plain:
+    """The plain same-dtype emulation of ``case`` (outputs and gradients), the parity gate's yardstick, with its
+    envelope twin in float32 cases of a model with an activation (``compare.parity.Plain``; in a 16-bit dtype a
+    float32 transcendental's few ulp are far below the dtype's rounding). The same bits on every machine.
 
     Raises :class:`~compare.parity.UnusableCase` when it (or the reference) is not finite in the case dtype."""
     g = golden_for(case)
-    plain = compute(case.model, g.x, g.params, g.dy, Arith.plain(case.dtype))
+    unrounded = compute(case.model, g.x, g.params, g.dy, Arith.plain(case.dtype, final=False))
+    plain = {k: round_to_dtype(v, case.dtype) for k, v in unrounded.items()}  # what final=True computes
     check_plain(case.name, case.dtype, g.ref, plain)
-    return plain
+    envelope = None
+    if case.dtype == "float32" and case.model != "linear":
+        acts = envelope_activations(case.model, case.seed)
+        envelope = compute(case.model, g.x, g.params, g.dy, Arith.plain(case.dtype), acts=acts)
+    return Plain(plain, envelope, unrounded)
 
 
 def model_cost(spec: BackendSpec, case: Case, mode: str) -> Cost | None:
@@ -45,6 +52,16 @@ def model_cost(spec: BackendSpec, case: Case, mode: str) -> Cost | None:
     if spec.plan is None:
         return None
     return costmodel.cost(case, spec.name, mode)
+
+
+def status_of(failures: list[str], deviations: list[str]) -> tuple[str, str]:
+    """A result's status and reason from the gate's fail-tier and deviates-tier findings (first call and last timed
+    call together): ``parity-fail`` with the failures, else ``deviates`` with the deviations, else ``ok``."""
+    if failures:
+        return "parity-fail", "; ".join(failures)
+    if deviations:
+        return "deviates", "; ".join(deviations)
+    return "ok", ""
 
 
 def judge(

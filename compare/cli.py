@@ -129,8 +129,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         )
         return exitcodes.INTERRUPTED
     print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'} ({doc.summary()})")
-    ok = all(r.status in ("ok", "skipped") for r in doc.results)
-    return exitcodes.OK if ok else exitcodes.FINDING
+    return exitcodes.of_statuses((r.status for r in doc.results), a.strict)
 
 
 def _measure(
@@ -240,8 +239,7 @@ def cmd_tp_collect(a: argparse.Namespace) -> int:
     results.write_json(out / "results.json", doc)
     write_text_atomic(out / "REPORT.md", report.render(doc))
     print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'} ({doc.summary()})")
-    ok = all(r.status in ("ok", "skipped") for r in doc.results)
-    return exitcodes.OK if ok else exitcodes.FINDING
+    return exitcodes.of_statuses(r.status for r in doc.results)
 
 
 def _add_case_args(r: argparse.ArgumentParser) -> None:

@@ -70,7 +70,7 @@ __all__ = [
 
 Key = tuple[str, str, str]
 
-BAD_STATUSES = ("parity-fail", "error")
+BAD_STATUSES = ("deviates", "parity-fail", "error")
 
 
 # --- the diff --------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 
 from compare.cases import InputError
@@ -28,12 +28,20 @@ INTERRUPTED = 130
 DEBUG_ENV = "FUSION_COMPARE_DEBUG"
 
 EPILOG = f"""exit status:
-  {OK}    clean: every cell ok or skipped (run, sweep); no regression (diff)
+  {OK}    clean: every cell ok, deviates or skipped (run, sweep; with --strict a deviation is a finding);
+       no regression (diff)
   {FINDING}    a finding: a parity failure or a backend error (run, sweep); a regression (diff)
   {BAD_INPUT}    bad input: a bad option, a missing, unreadable or invalid file, an output folder that cannot be
        written, a case too large for this machine's memory; nothing was measured
   {INTERNAL_ERROR}    internal error: a bug or an unexpected failure ({DEBUG_ENV}=1 shows the traceback)
   {INTERRUPTED}  interrupted (Ctrl-C; SIGTERM for run and sweep): the cells finished so far are saved"""
+
+
+def of_statuses(statuses: Iterable[str], strict: bool = False) -> int:
+    """``run``'s and ``sweep``'s status from their cells': :data:`FINDING` for a ``parity-fail`` or ``error`` (and,
+    with ``strict``, a ``deviates``), else :data:`OK`."""
+    clean = {"ok", "skipped"} if strict else {"ok", "deviates", "skipped"}
+    return OK if all(s in clean for s in statuses) else FINDING
 
 
 class Terminated(KeyboardInterrupt):

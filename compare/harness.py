@@ -98,10 +98,11 @@ def run_one(
                 min_sample_s=cfg.min_sample_s,
                 last_output=last.append,
             )
-        failures = parity.failures()
+        failures, deviations = parity.failures(), parity.deviations()
         again = judge(last.pop()) if last else None  # the last timed call must be right too (no replayed answers)
         if again is not None:
             failures += [f"last timed call: {f}" for f in again.failures()]
+            deviations += [f"last timed call: {f}" for f in again.deviations()]
         kernels, extras = None, dict(prepared.extras)
         if profile and prepared.profile is not None:
             trace = trace_dir / f"{spec.name}-{case.name}-{mode}" if trace_dir else None
@@ -111,13 +112,13 @@ def run_one(
                     kernels = replace(kernels, trace=os.path.relpath(kernels.trace, trace_dir.parent))
             except Exception as exc:  # the profile is extra information: keep the parity and timing results
                 extras["profile_error"] = _summarise_error(exc)[0]
-        status = "ok" if not failures else "parity-fail"
+        status, reason = cell.status_of(failures, deviations)
         return Result.for_case(
             spec.name,
             case,
             mode,
             status,
-            reason="; ".join(failures),
+            reason=reason,
             note=prepared.note,
             device=prepared.device,
             parity=ParityRecord.of(parity, again),

@@ -23,6 +23,12 @@ def add_grid_args(p: argparse.ArgumentParser, budget_help: str) -> None:
     p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
     p.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
     p.add_argument("--budget", type=float, default=1.0, help=budget_help)
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 on a parity deviation too (a real difference an honest implementation can have), not only on a "
+        "failure",
+    )
     talk = p.add_mutually_exclusive_group()
     talk.add_argument("--quiet", action="store_true", help="print only problems (failed cells) and the result")
     talk.add_argument("--verbose", action="store_true", help="print every cell as it starts and every message")

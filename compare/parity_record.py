@@ -17,38 +17,65 @@ class LastTimed:
 
     passed: bool
     failures: tuple[str, ...] = ()
+    tier: str = "pass"
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(self)
 
     @staticmethod
     def from_dict(d: Obj) -> LastTimed:
-        return LastTimed(flag(d, "passed"), texts(d, "failures"))
+        return LastTimed(flag(d, "passed"), texts(d, "failures"), text(d, "tier"))
+
+
+@dataclass(frozen=True)
+class CopyVerdict:
+    """The verdict on one device's copy of a tensor-parallel step's outputs (``compare.tp.DeviceCopy``): ``tier``
+    the worse of the first call's and, when timed, the last timed call's; ``passed`` when that is ``pass``."""
+
+    device: str
+    passed: bool
+    tier: str = "pass"
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> CopyVerdict:
+        return CopyVerdict(text(d, "device"), flag(d, "passed"), text(d, "tier"))
 
 
 @dataclass(frozen=True)
 class ProcessVerdict:
-    """A tensor-parallel process's own verdict on its outputs (every process checks the full tensors)."""
+    """A tensor-parallel process's own verdict on its outputs (every process checks the full tensors): ``tier``, the
+    worst of the device copies it holds (``copies``, each copy's verdict), ``passed`` when that is ``pass``."""
 
     rank: int
     passed: bool
+    tier: str = "pass"
+    copies: tuple[CopyVerdict, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(self)
 
     @staticmethod
     def from_dict(d: Obj) -> ProcessVerdict:
-        return ProcessVerdict(integer(d, "rank"), flag(d, "passed"))
+        return ProcessVerdict(
+            integer(d, "rank"), flag(d, "passed"), text(d, "tier"), subs(d, "copies", CopyVerdict.from_dict)
+        )
 
 
 @dataclass(frozen=True)
 class ParityRecord:
-    """Parity of one result: ``passed`` (every tensor, first call), the worst tensor's max-check numbers
-    (``max_abs_err``, ``max_rel_err``, ``bound``, ``ratio``), its ``worst_ratio`` over every check and its name,
-    every failed check as ``tensor:check``, the tensors, the outputs ``checked`` ("first call", then "last timed
-    call" when it was timed), ``last_timed``'s verdict and, for a tensor-parallel result, each process's verdict."""
+    """Parity of one result: ``tier`` (``pass``, ``deviates`` or ``fail``: the worst tensor's, first call), ``passed``
+    (``tier == "pass"``), the worst tensor's max-check numbers (``max_abs_err``, ``max_rel_err``, ``bound``,
+    ``ratio``), its ``worst_ratio`` over every check and its name, every check in the fail tier as ``tensor:check``
+    (``failed``) and in the deviates tier (``deviated``), the tensors, the outputs ``checked`` ("first call", then
+    "last timed call" when it was timed), ``last_timed``'s verdict and, for a tensor-parallel result, each process's
+    verdict."""
 
     passed: bool
+    tier: str = "pass"
+    deviated: tuple[str, ...] = ()
     max_abs_err: float = math.nan
     max_rel_err: float = math.nan
     bound: float = math.nan
@@ -68,7 +95,7 @@ class ParityRecord:
         first = ParityRecord.from_dict(parity.to_dict())
         if last_timed is None:
             return replace(first, checked=("first call",))
-        again = LastTimed(last_timed.passed, tuple(last_timed.failures()))
+        again = LastTimed(last_timed.passed, tuple(last_timed.failures()), last_timed.tier)
         return replace(first, checked=("first call", "last timed call"), last_timed=again)
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,6 +106,8 @@ class ParityRecord:
         """The inverse of :meth:`to_dict`: ``passed`` and ``tensors`` are required, the summary fields are not."""
         return ParityRecord(
             passed=flag(d, "passed"),
+            tier=text(d, "tier"),
+            deviated=texts(d, "deviated"),
             tensors=subs(d, "tensors", TensorParity.from_dict),
             failed=texts(d, "failed"),
             max_abs_err=number(d, "max_abs_err", math.nan),

@@ -57,7 +57,8 @@ def _median(r: Result) -> float:
 
 
 def _timed(results: Iterable[Result]) -> list[Result]:
-    return [r for r in results if r.timing is not None and r.status in ("ok", "parity-fail") and r.timing.median_s > 0]
+    shown = ("ok", "deviates", "parity-fail")
+    return [r for r in results if r.timing is not None and r.status in shown and r.timing.median_s > 0]
 
 
 def _ordered(xs: Iterable[str], order: Iterable[str]) -> list[str]:

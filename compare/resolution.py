@@ -4,13 +4,16 @@ The gate (``compare.parity``) judges a backend against the plain same-dtype comp
 case, so what it can resolve depends on the case (its size, its input distribution) and the dtype. Two questions,
 answered on the golden data with the very same gate:
 
-- **Scale resolution**: the smallest relative scale error ``s`` for which ``round(y_plain * (1 - s))`` (the plain
-  computation's output made ``s`` too small, rounded to the dtype as a backend's output would be) fails the gate;
-  found by bisection in ``log s`` between :data:`S_MIN` and :data:`S_MAX` to :data:`REL_PRECISION`. A scale error
-  at least this large is caught; a smaller one may pass.
+- **Scale resolution**: the smallest relative scale error ``s`` for which ``round(u_plain * (1 - s))`` leaves the
+  gate's pass tier (deviates or fails), where ``u_plain`` is the plain computation's output *before* its last
+  rounding to the dtype (``Plain.unrounded``): the error is made where a backend makes it (a constant, a GEMM's
+  epilogue, an activation), and the rounding that follows cannot undo it, as it would undo a scale error applied to
+  the already-rounded output (in bf16 that hid everything below about half an ulp). Found by bisection in ``log s``
+  between :data:`S_MIN` and :data:`S_MAX` to :data:`REL_PRECISION`. A scale error at least this large is caught; a
+  smaller one may pass. (The fail line of a scale error sits higher: one unit roundoff of the dtype beyond noise.)
 - **erf vs tanh GELU**: the plain computation run with the exact (erf) GELU instead of the tanh form, through the
-  gate: does any check fail? If not, the two GELU forms are *not distinguishable* at that dtype and case, and a
-  pass says nothing about which one a backend uses.
+  gate: does it leave the pass tier? If not, the two GELU forms are *not distinguishable* at that dtype and case,
+  and a pass says nothing about which one a backend uses.
 
 Rows are data (:class:`ResolutionRow`, a results document's ``resolution``); :func:`resolution_section` renders
 them.
@@ -77,24 +80,32 @@ class ResolutionRow:
         )
 
 
-def _fails(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str, stats: PlainStats) -> bool:
+def _caught(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str, stats: PlainStats) -> bool:
     return not check_tensor(name, y, ref, plain, dtype, stats).passed
 
 
 def scale_resolution(
-    name: str, ref: np.ndarray, plain: np.ndarray, dtype: str, stats: PlainStats | None = None
+    name: str,
+    ref: np.ndarray,
+    plain: np.ndarray,
+    dtype: str,
+    stats: PlainStats | None = None,
+    unrounded: np.ndarray | None = None,
 ) -> tuple[float | None, str]:
     """Smallest relative scale error the gate catches on this tensor, and a note.
 
-    Returns ``(s, "")`` with ``s`` the upper end of the final bracket (a scale error of ``s`` fails the gate, one
-    of ``s / 1.05`` did not); ``(S_MIN, "below")`` when even ``S_MIN`` is caught; ``(None, why)`` when not even
-    ``S_MAX`` is caught (the gate is blind to scale on this tensor). ``stats`` (``plain_stats(ref, plain)``) is
-    computed once here when not given: every step of the bisection judges against the same plain computation.
+    The error is applied to ``unrounded`` (the plain output before its last rounding; ``plain`` itself when not
+    given) and the result rounded to the dtype. Returns ``(s, "")`` with ``s`` the upper end of the final bracket (a
+    scale error of ``s`` leaves the pass tier, one of ``s / 1.05`` did not); ``(S_MIN, "below")`` when even
+    ``S_MIN`` is caught; ``(None, why)`` when not even ``S_MAX`` is caught (the gate is blind to scale on this
+    tensor). ``stats`` (``plain_stats(ref, plain)``) is computed once here when not given: every step of the
+    bisection judges against the same plain computation.
     """
     stats = stats if stats is not None else plain_stats(ref, plain)
+    before = np.asarray(plain if unrounded is None else unrounded, dtype=np.float64)
 
     def fails(s: float) -> bool:
-        return _fails(name, round_to_dtype(plain * (1.0 - s), dtype), ref, plain, dtype, stats)
+        return _caught(name, round_to_dtype(before * (1.0 - s), dtype), ref, plain, dtype, stats)
 
     if not fails(S_MAX):
         return None, f"not even a {S_MAX:.0%} scale error is caught"
@@ -132,11 +143,12 @@ def resolution_rows(
     upstream = None if names == ["y"] else dy  # forward only: no backward to run
     has_gelu = model in GELU_MODELS  # erf vs tanh means nothing for a model without a GELU
     erf_plain = compute(model, x, params, upstream, Arith.plain(dtype), gelu="erf") if has_gelu else None
+    unrounded = getattr(plain, "unrounded", None)
     erf_exact = compute(model, x, params, upstream, Arith.exact(), gelu="erf") if has_gelu else None
     rows = []
     for t in names:
         stats = plain_stats(ref[t], plain[t])
-        s, note = scale_resolution(t, ref[t], plain[t], dtype, stats)
+        s, note = scale_resolution(t, ref[t], plain[t], dtype, stats, None if unrounded is None else unrounded[t])
         row = ResolutionRow(case_name, model, label, dtype, t, int(ref[t].size), s, note)
         if erf_plain is not None and erf_exact is not None:
             p = check_tensor(t, erf_plain[t], ref[t], plain[t], dtype, stats)
@@ -198,8 +210,10 @@ def resolution_section(rows: Iterable[ResolutionRow]) -> str:
     ]
     intro = (
         "What a pass means. Measured with the gate itself on the golden data (numpy): the smallest relative "
-        "scale error (output too small by that fraction, rounded to the dtype) that fails the gate, found by "
-        "bisection; and whether the plain computation with the exact (erf) GELU, instead of the tanh form, "
-        "fails it. A smaller scale error, or the other GELU form where it is not distinguishable, can pass."
+        "scale error that takes a tensor out of the pass tier, made as a backend makes it (the plain "
+        "computation's output before its last rounding, made too small by that fraction, then rounded to the "
+        "dtype), found by bisection; and whether the plain computation with the exact (erf) GELU, instead of the "
+        "tanh form, leaves the pass tier. A smaller scale error, or the other GELU form where it is not "
+        "distinguishable, can pass."
     )
     return "## What a pass means: the gate's resolution\n\n" + intro + "\n\n" + table(head, body)

@@ -42,8 +42,12 @@ from compare.tp_result import TPInfo
 #: on load with a clear error (rerun, or rebuild the report with the fusion-compare that wrote it). Fields added
 #: since without changing what the others mean (a result's ``world_size`` and ``tp``, a parity's ``processes``)
 #: are optional: a reader of version 2 that does not know them ignores them.
-SCHEMA_VERSION = 2
-STATUSES: tuple[str, ...] = ("ok", "parity-fail", "error", "skipped")
+#: 3: the graded verdict (a tensor's and a result's ``tier``: pass, deviates, fail; the fail lines; the likely cause)
+#: and the ``deviates`` status; bounds from the machine-independent plain computation.
+SCHEMA_VERSION = 3
+#: ``ok``: every tensor passes; ``deviates``: a real, measured difference that an honest implementation can have (no
+#: tensor fails); ``parity-fail``: a tensor fails (a different function); ``error``; ``skipped``.
+STATUSES: tuple[str, ...] = ("ok", "deviates", "parity-fail", "error", "skipped")
 
 
 def _shape_from_dict(d: Obj) -> Shape:

@@ -1,9 +1,10 @@
 """The answer first: one line per case, dtype and mode, at the top of the report. A pure function of the document.
 
 Each line gives
-- **parity**: every backend passes, or which fail and on what (tensor: checks), with the gate's resolution on that
-  case (``compare.resolution``: the smallest scale error it catches on ``y``, and whether erf and tanh GELU can be
-  told apart), so "pass" has a size;
+- **parity**: every backend passes, or which fail and on what (tensor: checks), which deviate (a real difference
+  an honest implementation can have) and the likely cause, with the gate's resolution on that case
+  (``compare.resolution``: the smallest scale error it catches on ``y``, and whether erf and tanh GELU can be told
+  apart), so "pass" has a size;
 - **fastest**: the fastest timed backend and its speedup against the baseline, marked *significant* only beyond
   both runs' noise (``compare.significance``, the rule of ``compare diff``), else *within noise*;
 - **fusion headroom**: the share of the baseline's profiled step spent outside its GEMMs (its elementwise and other
@@ -34,20 +35,29 @@ def _label(r: Result) -> str:
 def _parity(rows: list[Result], resolution: tuple[ResolutionRow, ...]) -> str:
     judged = [r for r in rows if r.parity is not None]
     bad = [r for r in rows if r.status in ("parity-fail", "error")]
+    deviating = [r for r in rows if r.status == "deviates"]
+    passing = [r for r in judged if r.status == "ok"]
+    parts = []
     if bad:
-        parts = []
+        what = []
         for r in bad:
             if r.status == "error":
-                parts.append(f"{r.label} (error)")
+                what.append(f"{r.label} (error)")
             else:
                 failed = r.parity.failed if r.parity is not None else ()
-                parts.append(f"{r.label} ({', '.join(failed) or 'last timed call'})")
-        verdict = "**FAIL**: " + "; ".join(parts)
-        verdict += f"; {len(judged) - len([b for b in bad if b.parity is not None])} other(s) pass"
-    elif judged:
-        verdict = f"all {len(judged)} pass"
-    else:
+                what.append(f"{r.label} ({', '.join(failed) or 'last timed call'})")
+        parts.append("**FAIL**: " + "; ".join(what))
+    if deviating:
+        what = []
+        for r in deviating:
+            p = r.parity
+            worst = max(p.tensors, key=lambda t: t.worst_ratio) if p is not None and p.tensors else None
+            cause = f": {worst.cause}" if worst is not None and worst.cause else ""
+            what.append(f"{r.label} ({', '.join(p.deviated if p is not None else ())}{cause})")
+        parts.append("deviates: " + "; ".join(what))
+    if not parts and not judged:
         return "nothing judged"
+    verdict = "; ".join(parts) + f"; {len(passing)} other(s) pass" if parts else f"all {len(judged)} pass"
     case = rows[0].case
     res = next((x for x in resolution if x.case == case and x.tensor == "y"), None)
     if res:
@@ -71,7 +81,7 @@ def _parity(rows: list[Result], resolution: tuple[ResolutionRow, ...]) -> str:
 
 
 def _fastest(rows: list[Result]) -> str:
-    timed = [(r, r.timing) for r in rows if r.timing is not None and r.status == "ok"]
+    timed = [(r, r.timing) for r in rows if r.timing is not None and r.status in ("ok", "deviates")]
     if not timed:
         return "nothing timed"
     best, best_t = min(timed, key=lambda rt: rt[1].median_s)

@@ -253,8 +253,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'}: {done} ({doc.summary()})")
     if interrupted:
         return exitcodes.INTERRUPTED
-    ok = all(r.status in ("ok", "skipped") for r in doc.results)
-    return exitcodes.OK if ok else exitcodes.FINDING
+    return exitcodes.of_statuses((r.status for r in doc.results), a.strict)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

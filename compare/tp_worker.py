@@ -29,13 +29,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, cast
 
+import numpy as np
+
 from compare import environment, timing
 from compare.cases import Case
-from compare.cell import MODE_TENSORS, judge, model_cost, plain_reference
+from compare.cell import MODE_TENSORS, judge, model_cost, plain_reference, status_of
 from compare.golden import golden_for
 from compare.kernels import Kernels
+from compare.parity import Parity, worst_tier
 from compare.parity_record import ParityRecord
-from compare.registry import BackendSpec, TPBackend, register
+from compare.registry import BackendSpec, Prepared, TPBackend, register
 from compare.results import Result
 from compare.timing import TimingConfig
 from compare.tp import PROBE_BYTES, Group, Launch, ring_bytes
@@ -135,6 +138,21 @@ def probe_bandwidth(group: Group, cfg: TimingConfig) -> dict[str, Any]:
     }
 
 
+def judge_copies(
+    prepared: Prepared, output: Any, ref: dict[str, np.ndarray], plain: dict[str, np.ndarray], dtype: str, who: str
+) -> list[tuple[str, Parity]]:
+    """``(device, verdict)`` of the gate (``compare.cell.judge``) on every device's copy of ``output`` that this
+    process holds (``TPParts.copies``; one copy, ``to_numpy``'s on ``Prepared.device``, when the backend has none)."""
+    tp = prepared.tp
+    if tp is None or tp.copies is None:
+        return [(prepared.device, judge(prepared, output, ref, plain, dtype, who))]
+    copies = tp.copies(output)
+    if not copies:
+        raise RuntimeError(f"{who}: the backend's TPParts.copies returned no device copy to judge")
+    as_read = replace(prepared, to_numpy=dict)  # a copy's tensors are numpy already
+    return [(c.device, judge(as_read, c.tensors, ref, plain, dtype, f"{who} on {c.device}")) for c in copies]
+
+
 def run_cell(
     spec: BackendSpec,
     cell: Cell,
@@ -145,7 +163,8 @@ def run_cell(
     init_s: float = 0.0,
     bandwidth: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
-    """Parity on every process, then timing (full step, its collectives alone, its compute alone) of one cell.
+    """Parity of every device's copy on every process (:func:`judge_copies`), then timing (full step, its
+    collectives alone, its compute alone) of one cell.
 
     Returns the merged result's dict on process 0, None elsewhere. Raises on a backend failure (see module doc)."""
     case, mode = cell.case, cell.mode
@@ -163,8 +182,9 @@ def run_cell(
         prepared.sync(outputs)
         group.barrier()
 
+    who = f"{spec.name} in mode {mode}"
     first_s, out = timing.first_call(prepared.step, sync)
-    parity = judge(prepared, out, ref, plain, case.dtype, f"{spec.name} in mode {mode}")
+    verdicts = judge_copies(prepared, out, ref, plain, case.dtype, who)
     del out
 
     def measure(fn: Any, first: float | None = None, last_output: Any = None) -> timing.Timing:
@@ -187,25 +207,47 @@ def run_cell(
         tim = measure(prepared.step, first_s, last.append)
         comm = measure(tp.comm_only)
         compute = measure(tp.compute_only)
-    again = judge(prepared, last.pop(), ref, plain, case.dtype, f"{spec.name} in mode {mode}") if last else None
+    agains = judge_copies(prepared, last.pop(), ref, plain, case.dtype, who) if last else None
     collectives = [c.to_dict() for c in tp.collectives()]
     kernels = prepared.profile(None) if profile and prepared.profile is not None else None
+    # one verdict per device copy: the first call's and, when timed, the last timed call's, of the same device
+    copies: list[dict[str, Any]] = []
+    mine_failures: list[str] = []
+    mine_deviations: list[str] = []
+    for i, (device, first) in enumerate(verdicts):
+        later = agains[i][1] if agains is not None else None
+        tier = worst_tier([first.tier, *([later.tier] if later else [])])
+        copies.append({"device": device, "passed": tier == "pass", "tier": tier})
+        mine_failures += [f"device {device}: {f}" for f in first.failures()]
+        mine_failures += [f"device {device}: last timed call: {f}" for f in (later.failures() if later else [])]
+        mine_deviations += [f"device {device}: {f}" for f in first.deviations()]
+        mine_deviations += [f"device {device}: last timed call: {f}" for f in (later.deviations() if later else [])]
     mine = {
         "rank": group.rank,
-        "passed": parity.passed and (again is None or again.passed),
-        "failures": parity.failures() + [f"last timed call: {f}" for f in (again.failures() if again else [])],
+        "passed": all(c["passed"] for c in copies),
+        "tier": worst_tier(c["tier"] for c in copies),
+        "failures": mine_failures,
+        "deviations": mine_deviations,
+        "copies": copies,
         "collectives": collectives,
         "host": socket.gethostname(),
     }
     everyone = group.gather(mine)
     if everyone is None:
         return None
-    failures = [f"process {r['rank']}: {f}" for r in everyone for f in r["failures"]]
+    failures = [f"process {r['rank']}, {f}" for r in everyone for f in r["failures"]]
+    deviations = [f"process {r['rank']}, {f}" for r in everyone for f in r["deviations"]]
+    # the stored numbers are this process's worst copy's (a failing one, else a deviating one, else its first)
+    worst = worst_tier(c["tier"] for c in copies)
+    shown = next((i for i, c in enumerate(copies) if c["tier"] == worst), 0)
+    parity, again = verdicts[shown][1], (agains[shown][1] if agains is not None else None)
     parity_doc = parity.to_dict()
     parity_doc["checked"] = ["first call", "last timed call"] if again is not None else ["first call"]
     if again is not None:
-        parity_doc["last_timed"] = {"passed": again.passed, "failures": again.failures()}
-    parity_doc["processes"] = [{"rank": r["rank"], "passed": r["passed"]} for r in everyone]
+        parity_doc["last_timed"] = {"passed": again.passed, "failures": again.failures(), "tier": again.tier}
+    parity_doc["processes"] = [
+        {"rank": r["rank"], "passed": r["passed"], "tier": r["tier"], "copies": r["copies"]} for r in everyone
+    ]
     tp_doc = {
         "world_size": launch.world_size,
         "nproc": launch.nproc,
@@ -218,7 +260,7 @@ def run_cell(
         "compute": compute.to_dict() if compute else None,
         "setup_s": {"init": init_s, **tp.setup_s},  # init: import the runtime and form the group
         "hosts": sorted({r["host"] for r in everyone}),
-        "ranks_checked": len(everyone) * (launch.world_size // launch.nproc),
+        "ranks_checked": sum(len(r["copies"]) for r in everyone),  # the device copies judged, every process's
         "bandwidth": bandwidth,
         "comm_model": comm_cost(case, spec.comm, mode, launch.world_size, prepared.device).to_dict()
         if spec.comm
@@ -227,12 +269,13 @@ def run_cell(
     disagree = [r["rank"] for r in everyone if r["collectives"] != collectives]
     if disagree:
         failures.append(f"processes {disagree} counted other collectives than process 0")
+    status, reason = status_of(failures, deviations)
     result = Result.for_case(
         spec.name,
         case,
         mode,
-        "ok" if not failures else "parity-fail",
-        reason="; ".join(failures),
+        status,
+        reason=reason,
         note=prepared.note,
         device=prepared.device,
         parity=ParityRecord.from_dict(parity_doc),

@@ -172,3 +172,20 @@ def test_drifted_golden_exits_2_naming_the_file(tmp_path: Path) -> None:
     assert p.returncode == 2, p.stderr
     assert "geglu-3x37x96-328-float32-normal-s0.safetensors does not match its manifest" in p.stderr
     assert "python scripts/make_golden.py" in p.stderr
+
+
+def test_a_deviation_exits_0_and_1_under_strict(tmp_path: Path) -> None:
+    """jax-xla's bias gradient of a bf16 linear layer deviates (a token sum in the low dtype: a real difference, not
+    a different function): ``run`` reports it and exits 0; with ``--strict`` the same run exits 1. On XLA:CPU."""
+    args = ["run", "--preset", "tiny", "--model", "linear", "--dtype", "bfloat16", "--mode", "fwd+bwd"]
+    args += ["--backend", "jax-xla", "--budget", "0.02", "--no-plots", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    doc = json.loads((tmp_path / "a" / "results.json").read_text())
+    (row,) = doc["results"]
+    assert row["status"] == "deviates" and row["parity"]["tier"] == "deviates", row["reason"]
+    assert row["parity"]["deviated"] == ["dbias:max", "dbias:rms"] or row["parity"]["deviated"] == ["dbias:rms"]
+    dbias = next(t for t in row["parity"]["tensors"] if t["tensor"] == "dbias")
+    assert "token sum accumulated in the low dtype" in dbias["cause"]
+    summary = (tmp_path / "a" / "REPORT.md").read_text()
+    assert "deviates: jax-xla" in summary and "token sum accumulated in the low dtype" in summary
+    assert main([*args, "--strict", "--out", str(tmp_path / "b")]) == 1

@@ -12,7 +12,7 @@ import pytest
 
 from compare import diff as diff_module
 from compare.diff import compare_timing, main, mann_whitney_greater
-from compare.results import Results
+from compare.results import SCHEMA_VERSION, Results
 
 
 def diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, bool]:
@@ -58,7 +58,7 @@ def _result(backend: str, dtype: str, samples: list[float] | None, status: str =
 
 def _doc(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "schema_version": 2,
+        "schema_version": SCHEMA_VERSION,
         "created": "2026-01-01T00:00:00+00:00",
         "config": {"command": "python -m compare run"},
         "environment": {"cpu": "x", "versions": {"torch": "2.13.0"}},
@@ -166,7 +166,7 @@ def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     (tmp_path / "bad.json").write_text("{not json")
     assert main([str(tmp_path / "bad.json"), str(tmp_path / "bad.json")]) == 2
     (tmp_path / "odd.json").write_text(
-        json.dumps({"schema_version": 2, "environment": {}, "results": [{"backend": "x"}]})
+        json.dumps({"schema_version": SCHEMA_VERSION, "environment": {}, "results": [{"backend": "x"}]})
     )
     assert main([str(tmp_path / "odd.json"), str(tmp_path / "odd.json")]) == 2
     assert "lacks case, mode, status, dtype" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from compare import harness
+from compare import fixedbits, harness
 from compare.cases import PRESETS, Case, committed_cases
 from compare.golden import Golden, Problem, golden_for
 from compare.harness import TimingConfig, implausible, plain_reference, run, run_one
@@ -38,32 +38,52 @@ GPU_ONLY = "GPU only"
 #: Every (backend, committed case) pair the backend implements.
 PAIRS = [(b, c) for b in RUN_HERE for c in CASES if c.model in BACKENDS[b].models]
 TRAIN_PAIRS = PAIRS
-#: Real findings the gate makes, pinned so that a change either way is noticed. JAX's transpose of the bias
-#: broadcast (the bias gradient, a sum over every token) reduces in the low dtype itself, whereas a plain
-#: computation (and jnp.sum) accumulates in float32: the error grows with the token count. Under the statistical
-#: gate it still fails exactly ``dbias`` on every committed linear case in bf16 and fp16 (the max check, and on
-#: most of them the rms check too); ``test_the_jax_dbias_finding_in_numbers`` pins the numbers.
-#: Observed on XLA:CPU only: on another JAX platform (a GPU) nothing is known yet and every tensor must pass; a
-#: failure there is a new finding to look at, not this one.
-KNOWN_DEVIATIONS_XLA_CPU: dict[tuple[str, str, str], set[str]] = {
-    ("jax-xla", "linear", "bfloat16"): {"dbias"},
-    ("jax-xla", "linear", "float16"): {"dbias"},
-}
-#: Per committed case, GPT-2's MLP (``gelu-mlp``) on jax-xla, two findings. (1) The dbias finding above, for its two
-#: bias gradients: ``db2`` (the sum of ``dy``) fails on every bf16/fp16 case, ``db1`` (the sum of ``df``) where its
-#: margin is thin (tiny bf16). (2) XLA's GELU derivative: ``jax.nn.gelu(approximate=True)`` differentiates the
-#: literal tanh form, whose ``1 + tanh`` and ``1 - tanh^2`` cancel for ``f`` below about -4.5 (float32 returns exactly
-#: 0 where gelu' is about -3.5e-6), and evaluates it op by op in the case dtype; the heavy-tailed ``odd`` inputs carry
-#: that error into ``dfc1 = df^T x`` (float32) and ``dx = df W_fc1`` (float16) beyond the max bound.
-#: ``test_the_jax_gelu_mlp_findings_in_numbers`` pins the numbers and shows that with an accurate GELU derivative
-#: only bias gradients are left failing. XLA:CPU only, as above.
-KNOWN_DEVIATIONS_XLA_CPU_CASES: dict[tuple[str, str], set[str]] = {
-    ("jax-xla", PRESETS["tiny"].case("bfloat16", model="gelu-mlp").name): {"db1", "db2"},
-    ("jax-xla", PRESETS["tiny"].case("float16", model="gelu-mlp").name): {"db2"},
-    ("jax-xla", PRESETS["odd"].case("float32", model="gelu-mlp").name): {"dfc1"},
-    ("jax-xla", PRESETS["odd"].case("bfloat16", model="gelu-mlp").name): {"db2"},
-    ("jax-xla", PRESETS["odd"].case("float16", model="gelu-mlp").name): {"dx", "db2"},
-}
+#: Real findings, pinned by cause and tier (``deviates``: a real, measured difference an honest implementation can
+#: have; never ``fail``). Observed on XLA:CPU; on another JAX platform (a GPU) nothing is known yet and every tensor
+#: must pass: a deviation there is a new finding to look at.
+#:
+#: 1. Token sums in the low dtype. JAX's transpose of a bias broadcast (a bias gradient: a sum over every token)
+#:    reduces in bf16/fp16 itself, where a plain computation (and jnp.sum) accumulates in float32: the rms error is
+#:    1.1 to 2.6 times the pass line (2.5x the plain computation's) on a hundred tokens, on every seed
+#:    (tests/test_seeds.py), and grows with the token count. ``dbias`` of every 16-bit linear case, ``db1`` and
+#:    ``db2`` of every 16-bit GPT-2 MLP case. Must deviate.
+TOKEN_SUM_IN_LOW_DTYPE = "token sum accumulated in the low dtype"
+#: 2. XLA:CPU's float32 transcendentals. With its instruction set capped (``--xla_cpu_max_isa=AVX``, as CI reruns
+#:    these tests) XLA's float32 tanh is less accurate than with AVX2/AVX-512, and on the heavy-tailed ``odd`` inputs
+#:    the gradients behind GELU's ill-conditioned derivative (``1 - tanh^2`` near tanh = -1) deviate (within what a
+#:    float32 tanh 4 ulp off gives); with AVX2 they pass. May deviate, ISA-dependent: the one place a tier differs
+#:    between CPUs.
+XLA_FLOAT32_TRANSCENDENTAL: dict[str, set[str]] = {"geglu": {"dx", "dgate"}, "gelu-mlp": {"dx", "dfc1"}}
+
+
+def known_deviations(backend: str, case: Case) -> tuple[set[str], set[str]]:
+    """(must, may): the tensors of a committed case (fwd+bwd) that must deviate, and that may, on this platform."""
+    if backend != "jax-xla" or _jax_platform() != "cpu":
+        return set(), set()
+    must: set[str] = set()
+    if case.dtype != "float32":
+        must = {"linear": {"dbias"}, "gelu-mlp": {"db1", "db2"}}.get(case.model, set())
+    may = (
+        XLA_FLOAT32_TRANSCENDENTAL.get(case.model, set())
+        if case.dtype == "float32" and case.dist != "normal"
+        else set()
+    )
+    return must, may
+
+
+def _check_findings(r: Any, case: Case, names: list[str] | None = None) -> None:
+    """``r`` never fails; exactly the pinned tensors deviate (those that may, may), for the pinned cause."""
+    assert r.status in ("ok", "deviates"), explain(r)
+    must, may = known_deviations(r.backend, case)
+    if names is not None:
+        must, may = must & set(names), may & set(names)
+    deviating = {t.tensor: t for t in r.parity.tensors if t.tier == "deviates"}
+    assert must <= set(deviating) <= must | may, explain(r)
+    for name in must:
+        assert TOKEN_SUM_IN_LOW_DTYPE in deviating[name].cause, deviating[name].cause
+    assert r.status == ("deviates" if deviating else "ok"), explain(r)
+
+
 #: The gradients each model returns after ``y``, in the order a backend reports them.
 GRADIENTS = {
     "linear": ["dx", "dweight", "dbias"],
@@ -80,15 +100,6 @@ def _jax_platform() -> str:
     return device.platform()
 
 
-def known_deviations(backend: str, case: Case) -> set[str]:
-    """The pinned findings of this platform for a backend on a committed case (fwd+bwd)."""
-    if _jax_platform() != "cpu":
-        return set()
-    return KNOWN_DEVIATIONS_XLA_CPU.get((backend, case.model, case.dtype), set()) | KNOWN_DEVIATIONS_XLA_CPU_CASES.get(
-        (backend, case.name), set()
-    )
-
-
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_every_registered_backend_runs_here_or_needs_a_gpu(backend: str) -> None:
     """With torch and jax installed, a backend is either available (interpreted counts) or says it needs a GPU;
@@ -98,6 +109,7 @@ def test_every_registered_backend_runs_here_or_needs_a_gpu(backend: str) -> None
     assert {"torch-eager", "jax-xla"} <= set(RUN_HERE)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize(("backend", "case"), PAIRS, ids=[f"{b}-{c.name}" for b, c in PAIRS])
 def test_forward_parity(backend: str, case: Case) -> None:
     r = parity_result(backend, case, "fwd")
@@ -106,17 +118,13 @@ def test_forward_parity(backend: str, case: Case) -> None:
     assert [t.tensor for t in r.parity.tensors] == ["y"]
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize(("backend", "case"), TRAIN_PAIRS, ids=[f"{b}-{c.name}" for b, c in TRAIN_PAIRS])
 def test_gradient_parity_fwd_bwd(backend: str, case: Case) -> None:
     """Output and every gradient (dx and each weight, db for linear) against the golden gradients."""
     r = parity_result(backend, case, "fwd+bwd")
     names = [t.tensor for t in r.parity.tensors]
-    known = known_deviations(backend, case)
-    if known:
-        failing = {t.tensor for t in r.parity.tensors if not t.passed}
-        assert r.status == "parity-fail" and failing == known, explain(r)
-    else:
-        assert r.status == "ok", explain(r)
+    _check_findings(r, case)
     assert names == ["y", *GRADIENTS[case.model]]
 
 
@@ -124,13 +132,12 @@ def test_gradient_parity_fwd_bwd(backend: str, case: Case) -> None:
 BWD_PAIRS = [(b, m) for b in RUN_HERE for m in ("geglu", "swiglu", "gelu-mlp") if m in BACKENDS[b].models]
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize(("backend", "model"), BWD_PAIRS, ids=[f"{b}-{m}" for b, m in BWD_PAIRS])
 def test_gradient_parity_bwd_alone(backend: str, model: str) -> None:
     case = PRESETS["tiny"].case("bfloat16", model=model)
     r = parity_result(backend, case, "bwd")
-    known = known_deviations(backend, case)
-    failing = {t.tensor for t in r.parity.tensors if not t.passed}
-    assert r.status == ("parity-fail" if known else "ok") and failing == known, explain(r)
+    _check_findings(r, case, GRADIENTS[model])
     assert [t.tensor for t in r.parity.tensors] == GRADIENTS[model]
 
 
@@ -307,57 +314,78 @@ def test_a_reference_beyond_the_dtype_is_refused() -> None:
     check_plain("c", "bfloat16", ref, {"y": np.array([1.0, 7e4])})  # bf16 has the range
 
 
+@pytest.mark.isa
 def test_the_jax_dbias_finding_in_numbers() -> None:
-    """The pinned jax-xla finding, under the statistical gate: dbias fails its max check in bf16 and fp16 on every
-    committed linear case, by more than its bound, and nothing else fails. Observed on XLA:CPU."""
+    """Finding 1 in numbers, on the committed cases: the bias gradients of 16-bit cases deviate on their rms (more
+    than 2.5x the plain computation's, far below the fail line), with no bias of their own; nothing else deviates."""
     if _jax_platform() != "cpu":
         pytest.skip("an XLA:CPU observation; on this JAX platform the gradient parity test expects a pass")
-    for case in [c for c in CASES if c.model == "linear" and c.dtype != "float32"]:
+    for case in [c for c in CASES if c.model in ("linear", "gelu-mlp") and c.dtype != "float32"]:
         r = parity_result("jax-xla", case, "fwd+bwd")
-        t = {x.tensor: x for x in r.parity.tensors}["dbias"]
-        assert not t.passed and "max" in t.failed and t.ratio > 1.0, explain(r)
-        assert [x for x in r.parity.failed if not x.startswith("dbias:")] == [], explain(r)
+        for t in r.parity.tensors:
+            if t.tensor in known_deviations("jax-xla", case)[0]:
+                assert t.deviated == ["rms"] or set(t.deviated) == {"max", "rms"}, explain(r)
+                assert 2.5 * t.rms_plain < t.rms_err < 0.5 * t.rms_fail, explain(r)
+                assert TOKEN_SUM_IN_LOW_DTYPE in t.cause
+            else:
+                assert t.tier == "pass", explain(r)
 
 
 def _jax_bf16_gelu_chain(g: np.ndarray, dtype: str, exact_constants: bool) -> np.ndarray:
-    """gelu_tanh(g) as XLA:CPU evaluates ``jax.nn.gelu(approximate=True)`` on a low-precision input (read off its
-    optimized HLO): op by op, every intermediate rounded to the dtype, and the constants themselves rounded to it
-    (in bf16, sqrt(2/pi) = 0.79788 becomes 0.796875 and 0.044715 becomes 0.0446777)."""
+    """gelu_tanh(g) as ``jax.nn.gelu(approximate=True)`` is written for a low-precision input (its jaxpr, the same on
+    every platform): op by op, every intermediate rounded to the dtype, and the constants themselves rounded to it
+    (in bf16, sqrt(2/pi) = 0.79788 becomes 0.796875 and 0.044715 becomes 0.0446777). tanh from compare.fixedbits,
+    so the emulation has the same bits on every CPU."""
     r = functools.partial(round_to_dtype, dtype=dtype)
     c_cubic, c_scale = np.float32(GELU_CUBIC), np.float32(SQRT_2_OVER_PI)
     if not exact_constants:
         c_cubic, c_scale = r(c_cubic), r(c_scale)
     t = r(r(g * g) * g)
     t = r(g + r(c_cubic * t))
-    t = r(r(np.tanh(r(c_scale * t))) + 1.0)
+    t = r(r(fixedbits.tanh(r(c_scale * t))) + 1.0)
     return r(g * r(0.5 * t))
+
+
+def test_jax_gelu_uses_constants_rounded_to_the_dtype_on_every_platform() -> None:
+    """The cause of the bf16 GELU finding is in jax.nn.gelu's jaxpr itself, before any backend lowers it: on a bf16
+    input it multiplies by 0.796875 (sqrt(2/pi) rounded to bf16) and 0.044677734375, on every platform."""
+    import jax
+    import jax.numpy as jnp
+
+    jaxpr = str(jax.make_jaxpr(lambda v: jax.nn.gelu(v, approximate=True))(jnp.ones(4, jnp.bfloat16)))
+    assert "0.796875:bf16" in jaxpr and "0.044677734375:bf16" in jaxpr, jaxpr
+    f32 = str(jax.make_jaxpr(lambda v: jax.nn.gelu(v, approximate=True))(jnp.ones(4, jnp.float32)))
+    assert "0.796875" not in f32, f32
 
 
 @pytest.mark.slow
 def test_the_jax_bf16_gelu_finding_in_numbers() -> None:
     """A real finding only the statistical gate makes: on cpu-mlp (786k outputs) jax-xla's bf16 forward is
-    systematically low by about 0.016% (14 standard errors; about a 25th of a bf16 ulp), beyond the plain bf16
-    computation's own bias. The cause is XLA's bf16 GELU (bf16 constants, every step rounded): a numpy emulation of
-    its HLO reproduces the slope, and the same chain with the constants in fp32 is biased the other way. Observed
-    on XLA:CPU (its HLO is what the emulation copies)."""
+    systematically low by about 0.016% (a 25th of a bf16 ulp: it deviates, far below the fail line of a unit
+    roundoff), beyond the plain bf16 computation's own bias. The cause: jax.nn.gelu evaluates bf16 op by op with its
+    constants rounded to bf16 (its jaxpr, every platform; the test above); a numpy emulation of that chain reproduces
+    the slope, and the same chain with the constants in fp32 is biased the other way. How a platform lowers the bf16
+    ops decides the size: the numbers are XLA:CPU's, which keeps every intermediate in bf16."""
     if _jax_platform() != "cpu":
-        pytest.skip("an XLA:CPU observation: XLA:GPU lowers the bf16 GELU its own way")
+        pytest.skip("the numbers are XLA:CPU's lowering (every intermediate in bf16); the cause is checked above")
     case = PRESETS["cpu-mlp"].case("bfloat16")
-    r = run_one(spec("jax-xla"), case, "fwd", plain_reference(case), TimingConfig(), {}, time_it=False)
+    plain = plain_reference(case)
+    r = run_one(spec("jax-xla"), case, "fwd", plain, TimingConfig(), {}, time_it=False)
     (t,) = r.parity.tensors
-    assert r.status == "parity-fail" and t.failed == ["scale"], explain(r)
-    assert -2e-4 < t.scale_err < -1.2e-4 and abs(t.scale_err) > 10 * t.scale_se, t
+    assert r.status == "deviates" and t.deviated == ["scale"], explain(r)
+    assert -2e-4 < t.scale_err < -1.2e-4 and abs(t.scale_err - t.scale_plain) > 10 * t.scale_se, t
+    assert abs(t.scale_err - t.scale_plain) < t.scale_fail, t
     golden = golden_for(case)
     x = golden.x.reshape(-1, case.shape.dim)
-    gate, up = (round_to_dtype(x @ golden.params[k].T, "bfloat16") for k in ("gate", "up"))
+    gate, up = (round_to_dtype(fixedbits.matmul32(x, golden.params[k].T), "bfloat16") for k in ("gate", "up"))
     ref = golden.ref["y"]
     slopes = {}
     for exact in (False, True):
         h = round_to_dtype(_jax_bf16_gelu_chain(gate, "bfloat16", exact) * up, "bfloat16")
-        y = round_to_dtype(h @ golden.params["down"].T, "bfloat16").reshape(ref.shape)
-        slopes[exact] = check_tensor("y", y, ref, plain_reference(case)["y"], "bfloat16").scale_err
+        y = round_to_dtype(fixedbits.matmul32(h, golden.params["down"].T), "bfloat16").reshape(ref.shape)
+        slopes[exact] = check_tensor("y", y, ref, plain["y"], "bfloat16").scale_err
     assert abs(slopes[False] - t.scale_err) < 2 * t.scale_se, (slopes, t.scale_err)
-    assert slopes[True] > 0, slopes
+    assert slopes[True] > slopes[False] + 10 * t.scale_se, slopes
     # torch evaluates GELU in fp32 (its opmath) and passes on the same case
     assert parity_result("torch-eager", case, "fwd").status == "ok"
 
@@ -386,42 +414,43 @@ def _accurate_gelu() -> Any:
 
 
 def test_the_jax_gelu_mlp_findings_in_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pinned jax-xla findings on GPT-2's MLP (``KNOWN_DEVIATIONS_XLA_CPU_CASES``), in numbers. Observed on
-    XLA:CPU.
+    """The jax-xla findings on GPT-2's MLP, in numbers. Observed on XLA:CPU.
 
     1. XLA's GELU derivative on the ``odd`` float32 case: ``jax.grad(jax.nn.gelu(approximate=True))`` is exactly 0
-       where gelu' is about -3.5e-6 (f about -4.87): its largest error is about 3x the plain float32 formula's and
-       3.7x torch's; in ``dfc1 = df^T x`` it exceeds the max bound by about 30%.
-    2. With an accurate GELU derivative in its place, the same backend passes ``dfc1`` and ``dx`` everywhere, and
-       only bias gradients (the dbias finding: reductions in the low dtype) fail, only in bf16/fp16.
+       where gelu' is about -3.5e-6 (f about -4.87): its largest error is about 3x the plain float32 formula's. It
+       reaches ``dfc1 = df^T x`` as a few elements: within 8x the plain computation's worst here, so ``dfc1`` passes
+       (under a capped XLA instruction set it may deviate: finding 2 of the table above); it never fails.
+    2. With an accurate GELU derivative in its place, the same backend passes everything in float32, and only bias
+       gradients (finding 1: token sums in the low dtype) deviate, only in bf16/fp16.
     """
     if _jax_platform() != "cpu":
         pytest.skip("an XLA:CPU observation; on this JAX platform the gradient parity test expects a pass")
     import jax
 
-    from compare.reference import gelu_tanh_grad
+    from compare.reference import activations_in, gelu_tanh_grad
 
     odd = PRESETS["odd"].case("float32", model="gelu-mlp")
     g = golden_for(odd)
-    f = (g.x.reshape(-1, odd.shape.dim).astype(np.float64) @ g.params["fc1"].T + g.params["b1"]).astype(np.float32)
+    x = g.x.reshape(-1, odd.shape.dim)
+    f = (fixedbits.matmul64(x, g.params["fc1"].T) + g.params["b1"]).astype(np.float32)
     truth = gelu_tanh_grad(f.astype(np.float64))
     d_jax = np.asarray(jax.jit(jax.vmap(jax.grad(lambda v: jax.nn.gelu(v, approximate=True))))(f.ravel()))
     err_jax = np.abs(d_jax.reshape(f.shape) - truth)
-    err_plain = float(np.max(np.abs(gelu_tanh_grad(f) - truth)))  # the plain float32 formula
-    ft = torch.tensor(f, requires_grad=True)
-    torch.nn.functional.gelu(ft, approximate="tanh").backward(torch.ones_like(ft))
-    err_torch = float(np.max(np.abs(ft.grad.numpy() - truth)))
+    plain_grad = activations_in("gelu-mlp", "tanh", "float32")[1]  # the plain float32 formula, op by op
+    err_plain = float(np.max(np.abs(plain_grad(f.astype(np.float64)) - truth)))
     worst = np.unravel_index(np.argmax(err_jax), f.shape)
     assert d_jax.reshape(f.shape)[worst] == 0 and -5 < f[worst] < -4.5 and 3e-6 < err_jax[worst] < 4e-6, worst
-    assert 2.5 * err_plain < err_jax.max() and 3 * err_torch < err_jax.max(), (err_jax.max(), err_plain, err_torch)
-    t = {x.tensor: x for x in parity_result("jax-xla", odd, "fwd+bwd").parity.tensors}["dfc1"]
-    assert t.failed == ["max"] and 1.2 < t.ratio < 1.45, t
+    assert 2.5 * err_plain < err_jax.max(), (err_jax.max(), err_plain)
+    r = parity_result("jax-xla", odd, "fwd+bwd")
+    assert r.status != "parity-fail", explain(r)
+    t = {x.tensor: x for x in r.parity.tensors}["dfc1"]
+    assert t.tier in ("pass", "deviates") and t.max_abs_err > t.plain_err, t
 
     monkeypatch.setattr(jax.nn, "gelu", _accurate_gelu())
     for case in [c for c in CASES if c.model == "gelu-mlp"]:
         r = run_one(spec("jax-xla"), case, "fwd+bwd", plain_reference(case), TimingConfig(), {}, time_it=False)
-        failing = {x.tensor for x in r.parity.tensors if not x.passed}
+        deviating = {x.tensor for x in r.parity.tensors if x.tier != "pass"}
         if case.dtype == "float32":
-            assert failing == set(), explain(r)
+            assert deviating <= XLA_FLOAT32_TRANSCENDENTAL["gelu-mlp"], explain(r)
         else:
-            assert "db2" in failing and failing <= {"db1", "db2"}, explain(r)
+            assert "db2" in deviating and deviating <= {"db1", "db2"} and r.status == "deviates", explain(r)

@@ -10,7 +10,7 @@ from compare import costmodel
 from compare.cases import Case, Shape
 from compare.cost_types import Ceiling
 from compare.plots import plots_section, render_plots
-from compare.results import Results
+from compare.results import SCHEMA_VERSION, Results
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -60,7 +60,7 @@ def _doc(with_cost: bool) -> dict[str, Any]:
             rs.append(_result(backend, t, median, _cost(backend, t, median) if with_cost else None))
     rs.append({**_result("torch-triton", 16, 1.0), "timing": None, "note": "interpreted"})  # untimed: not drawn
     return {
-        "schema_version": 2,
+        "schema_version": SCHEMA_VERSION,
         "created": "2026-01-01T00:00:00+00:00",
         "config": {},
         "environment": {},

@@ -115,7 +115,7 @@ def _tp_result() -> Result:
     )
     parity = base.parity
     assert parity is not None
-    parity = ParityRecord.from_dict({**parity.to_dict(), "processes": [{"rank": 0, "passed": True}]})
+    parity = ParityRecord.from_dict({**parity.to_dict(), "processes": [{"rank": 0, "passed": True, "tier": "pass"}]})
     return Result.from_dict({**base.to_dict(), "world_size": 2, "tp": tp.to_dict(), "parity": parity.to_dict()})
 
 

@@ -27,7 +27,7 @@ import pytest
 from compare import atomic, cli, diff, exitcodes, harness, preflight, results, sweep
 from compare.cases import PRESETS, Case, InputError, Shape
 from compare.registry import BackendSpec
-from compare.results import Results
+from compare.results import SCHEMA_VERSION, Results
 
 ROOT = Path(__file__).resolve().parent.parent
 #: A case whose golden data alone would need about 400 TB: refused by the memory check before anything runs.
@@ -365,7 +365,7 @@ def _doc() -> dict[str, Any]:
         },
     }
     return {
-        "schema_version": 2,
+        "schema_version": SCHEMA_VERSION,
         "created": "2026-01-01T00:00:00+00:00",
         "config": {},
         "environment": {"versions": {}, "threads": {}, "precision": {}},
@@ -618,56 +618,71 @@ def test_sigterm_stops_an_isolated_sweep_and_its_worker(tmp_path: Path) -> None:
                 os.killpg(worker, signal.SIGKILL)
 
 
+#: ``python -m compare`` with the test-only ``gated`` backend registered (tests/gated_backend.py). SIGINT raises
+#: KeyboardInterrupt as at a terminal, even where this test runs with SIGINT ignored (a shell's background job).
+GATED_RUN = """
+import signal
+import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from compare import registry
+from tests import gated_backend
+registry.register(gated_backend.SPEC)
+from compare.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.skipif(os.name != "posix", reason="signals")
 @pytest.mark.slow
 def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> None:
-    """End to end: SIGINT once a cell has finished; the run writes it, says so and exits 130 without a traceback."""
-    import select
+    """End to end: SIGINT while the second cell is in flight (its step waits for a release file the test never
+    writes, so the run cannot end first); the run writes the first, finished cell, says so and exits 130 without a
+    traceback."""
+    from tests import gated_backend
 
-    out = tmp_path / "o"
+    out, gate, log = tmp_path / "o", tmp_path / "gate", tmp_path / "stderr.txt"
+    gate.mkdir()
     cmd = [
         sys.executable,
-        "-m",
-        "compare",
+        "-c",
+        GATED_RUN,
         "run",
         "--preset",
         "tiny",
         "--backend",
         "torch-eager",
+        gated_backend.NAME,
         "--dtype",
         "float32",
-        "bfloat16",
-        "float16",
+        "--mode",
+        "fwd",
         "--budget",
-        "2",
+        "0.05",
         "--no-ceilings",
         "--no-plots",
         "--out",
         str(out),
     ]
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    err = b""
+    env = {**os.environ, gated_backend.GATE_ENV: str(gate)}
+    with log.open("wb") as stderr:
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     try:
-        assert p.stderr is not None
         deadline = time.monotonic() + 120
-        while b"-> ok" not in err:
-            assert time.monotonic() < deadline and p.poll() is None, err.decode()
-            if select.select([p.stderr], [], [], 0.1)[0]:
-                err += os.read(p.stderr.fileno(), 4096)
+        while not (gate / "started").exists():  # torch-eager's cell is done: the cells run one after another
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text(encoding="utf-8")
+            time.sleep(0.05)
         p.send_signal(signal.SIGINT)
-        _, rest = p.communicate(timeout=60)
-        err += rest
+        p.wait(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait(timeout=30)
-        if p.stderr:
-            p.stderr.close()
-    text = err.decode()
+    text = log.read_text(encoding="utf-8")
     assert p.returncode == 130, text
-    assert "Traceback" not in text and f"finished cells to {out / 'results.json'}" in text
+    assert "Traceback" not in text and f"[1/2] torch-eager {PRESETS['tiny'].case('float32').name} fwd -> ok" in text
+    assert f"interrupted: saved 1 finished cells to {out / 'results.json'}" in text
     doc = results.read_json(out / "results.json")
-    assert doc.interrupted is True and 1 <= len(doc.results) < 3
+    assert doc.interrupted is True and [(r.backend, r.status) for r in doc.results] == [("torch-eager", "ok")]
 
 
 def test_a_results_file_of_another_schema_version_is_refused(

@@ -38,6 +38,7 @@ def _row(
 ) -> dict[str, Any]:
     parity = {
         "passed": status == "ok",
+        "tier": {"ok": "pass", "deviates": "deviates"}.get(status, "fail"),
         "failed": list(failed),
         "tensors": [],
         "max_abs_err": 0.0,

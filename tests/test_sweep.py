@@ -21,6 +21,7 @@ import pytest
 
 from compare import registry
 from compare.registry import Availability, BackendSpec, Prepared
+from compare.results import SCHEMA_VERSION
 from compare.sweep import JSONL, cells_from_config, load_sweep, main, read_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -273,7 +274,7 @@ def test_load_sweep_merges_what_cells_saw_and_refuses_non_sweeps(tmp_path: Path)
     }
     header = {
         "type": "header",
-        "schema_version": 2,
+        "schema_version": SCHEMA_VERSION,
         "created": "t",
         "config": config,
         "environment": {"gpu": None, "precision": {}, "threads": {}},
