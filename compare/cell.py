@@ -4,12 +4,13 @@ the cost model's entry for the cell."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from compare import costmodel
+from compare import costmodel, datacache
 from compare.cases import Case
 from compare.cost_types import Cost
 from compare.golden import golden_for
@@ -29,6 +30,7 @@ MODE_TENSORS: dict[str, Callable[[str], bool]] = {
 IMPLAUSIBLE_FACTOR = 1.2
 
 
+@functools.lru_cache(maxsize=4)
 def plain_reference(case: Case) -> Plain:
     """The plain same-dtype emulation of ``case`` (outputs and gradients), the parity gate's yardstick, with its
     envelope twin in float32 cases of a model with an activation (``compare.parity.Plain``; in a 16-bit dtype a
@@ -36,13 +38,22 @@ def plain_reference(case: Case) -> Plain:
 
     Raises :class:`~compare.parity.UnusableCase` when it (or the reference) is not finite in the case dtype."""
     g = golden_for(case)
-    unrounded = compute(case.model, g.x, g.params, g.dy, Arith.plain(case.dtype, final=False))
+    name = datacache.key("plain", case.to_dict())
+    cached = datacache.load(name)
+    if cached is not None:
+        unrounded = {k[len("unrounded.") :]: v for k, v in cached.items() if k.startswith("unrounded.")}
+        env = {k[len("envelope.") :]: v for k, v in cached.items() if k.startswith("envelope.")}
+        envelope: dict[str, np.ndarray] | None = env or None
+    else:
+        unrounded = compute(case.model, g.x, g.params, g.dy, Arith.plain(case.dtype, final=False))
+        envelope = None
+        if case.dtype == "float32" and case.model != "linear":
+            acts = envelope_activations(case.model, case.seed)
+            envelope = compute(case.model, g.x, g.params, g.dy, Arith.plain(case.dtype), acts=acts)
+        saved = {f"unrounded.{k}": v for k, v in unrounded.items()}
+        datacache.save(name, saved | {f"envelope.{k}": v for k, v in (envelope or {}).items()})
     plain = {k: round_to_dtype(v, case.dtype) for k, v in unrounded.items()}  # what final=True computes
     check_plain(case.name, case.dtype, g.ref, plain)
-    envelope = None
-    if case.dtype == "float32" and case.model != "linear":
-        acts = envelope_activations(case.model, case.seed)
-        envelope = compute(case.model, g.x, g.params, g.dy, Arith.plain(case.dtype), acts=acts)
     return Plain(plain, envelope, unrounded)
 
 

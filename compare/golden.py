@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from compare import datacache
 from compare.cases import Case, committed_cases
 from compare.reference import Arith, compute, round_to_dtype
 
@@ -194,9 +195,7 @@ def load_file(case: Case, directory: Path = GOLDEN_DIR) -> Golden:
     from safetensors.numpy import load
 
     t = load(verify_file(f"{case.name}.safetensors", directory))
-    group = {
-        p: {k.split(".", 1)[1]: v for k, v in t.items() if k.startswith(p + ".")} for p in ("input", "param", "ref")
-    }
+    group = {p: {k.split(".", 1)[1]: v for k, v in t.items() if k.startswith(p + ".")} for p in PARTS}
     return Golden(case=case, inputs=group["input"], params=group["param"], ref=group["ref"])
 
 
@@ -204,7 +203,25 @@ def is_committed(case: Case) -> bool:
     return case in committed_cases()
 
 
+def _generated(case: Case) -> Golden:
+    """``make_golden(case)``, through the disk cache of data that is a pure function of the case
+    (``compare.datacache``: a large case takes tens of seconds, and every process of a worker group needs it)."""
+    name = datacache.key("golden", {"case": _case_meta(case), "generator_version": GENERATOR_VERSION})
+    cached = datacache.load(name)
+    if cached is not None:
+        group = {p: {k.split(".", 1)[1]: v for k, v in cached.items() if k.startswith(p + ".")} for p in PARTS}
+        return Golden(case=case, inputs=group["input"], params=group["param"], ref=group["ref"])
+    g = make_golden(case)
+    datacache.save(name, _to_tensors(g))
+    return g
+
+
+#: The tensor groups of a golden file: ``input.x``, ``param.gate``, ``ref.y``, ...
+PARTS: tuple[str, ...] = ("input", "param", "ref")
+
+
 @functools.lru_cache(maxsize=8)
 def golden_for(case: Case) -> Golden:
-    """The golden data of ``case``: the verified committed file if there is one, else generated now."""
-    return load_file(case) if is_committed(case) else make_golden(case)
+    """The golden data of ``case``: the verified committed file if there is one, else generated (or read from the
+    disk cache of generated data)."""
+    return load_file(case) if is_committed(case) else _generated(case)

@@ -117,7 +117,8 @@ def test_golden_and_plain_are_the_same_bytes_under_every_blas_kernel(tmp_path: P
     hashes = set()
     for core in CORETYPES:
         out = tmp_path / core
-        env = {**os.environ, "OPENBLAS_CORETYPE": core, "PYTHONPATH": str(ROOT)}
+        # the disk cache off: every value computed afresh under this kernel, none read from an earlier process
+        env = {**os.environ, "OPENBLAS_CORETYPE": core, "PYTHONPATH": str(ROOT), "FUSION_COMPARE_CACHE": "off"}
         run = subprocess.run(
             [sys.executable, "-c", _SCRIPT, str(out)], env=env, capture_output=True, text=True, timeout=600
         )
@@ -143,3 +144,30 @@ def test_plain_reference_carries_its_twins() -> None:
     assert any(not np.array_equal(b[k], b.unrounded[k]) for k in b)
     digest = hashlib.sha256(b["y"].tobytes()).hexdigest()
     assert digest == hashlib.sha256(plain_reference(PRESETS["tiny"].case("bfloat16"))["y"].tobytes()).hexdigest()
+
+
+def test_the_disk_cache_returns_the_same_bits_and_recovers_from_a_bad_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A generated case (``odd`` at seed 5, not committed) and its plain computation: computed, cached, read back
+    bit for bit; a truncated entry is a miss, computed and written again; ``off`` writes nothing."""
+    from compare import datacache, golden
+    from compare.cell import plain_reference
+
+    monkeypatch.setenv(datacache.ENV, str(tmp_path / "cache"))
+    case = PRESETS["odd"].case("float32", model="gelu-mlp", seed=5)
+    first, p1 = golden._generated(case), plain_reference.__wrapped__(case)
+    entries = sorted((tmp_path / "cache").iterdir())
+    assert [e.name.split("-")[0] for e in entries] == ["golden", "plain"]
+    again, p2 = golden._generated(case), plain_reference.__wrapped__(case)
+    for k in first.ref:
+        assert np.array_equal(first.ref[k], again.ref[k]) and np.array_equal(p1[k], p2[k])
+        assert p1.envelope is not None and p2.envelope is not None
+        assert np.array_equal(p1.envelope[k], p2.envelope[k])
+    entries[0].write_bytes(entries[0].read_bytes()[:100])  # truncated
+    assert datacache.load(entries[0].name.removesuffix(".safetensors")) is None
+    fresh = golden._generated(case)
+    assert all(np.array_equal(fresh.ref[k], first.ref[k]) for k in first.ref)
+    assert datacache.load(entries[0].name.removesuffix(".safetensors")) is not None
+    monkeypatch.setenv(datacache.ENV, "off")
+    assert datacache.folder() is None and datacache.load(entries[0].name.removesuffix(".safetensors")) is None
