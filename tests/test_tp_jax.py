@@ -147,9 +147,10 @@ TRANSPORT = {
     "devices": ("XLA:CPU, 2 devices in 1 process", 1),
     "processes": ("XLA:CPU gloo, 2 processes x 1 device", 2),
 }
-#: A real finding, pinned (as ``tests/test_parity.py`` pins it for jax-xla): GPT-2's MLP in bf16 on XLA:CPU, both
-#: bias gradients (the sum over every token of ``dy`` and of ``df``, which JAX's transpose of the bias broadcast
-#: reduces in bf16) fail the gate's max check (db1 by a ratio near 1.15, db2 near 1.75); everything else passes.
+#: A real finding, pinned by cause and tier (as ``tests/test_parity.py`` pins it for jax-xla): GPT-2's MLP in bf16 on
+#: XLA:CPU, both bias gradients (the sum over every token of ``dy`` and of ``df``, which JAX's transpose of the bias
+#: broadcast reduces in bf16) deviate on their rms (db1 near 1.4x its pass line, db2 near 2.3x); nothing fails and
+#: everything else passes.
 KNOWN = {("gelu-mlp", "bfloat16"): {"db1", "db2"}}
 #: Collectives per step read off the compiled HLO on XLA:CPU, world size 2: (all-reduce ops, tensors of
 #: ``[tokens, dim]`` they carry). jax-tp-shardmap is Megatron's: one per forward, one (dx) per backward, and XLA's
@@ -224,17 +225,19 @@ def test_parity_on_every_process(groups: dict[str, Rows], how: str, cell: Key) -
         assert r["status"] == "ok", _explain(r)
         assert all(p["passed"] for p in r["parity"]["processes"])
         return
-    assert r["status"] == "parity-fail", _explain(r)
+    assert r["status"] == "deviates" and r["parity"]["failed"] == [], _explain(r)
     assert _failed(r) == known, _explain(r)
-    assert {f.split(":")[0] for f in r["parity"]["failed"]} == known, r["parity"]["failed"]
+    assert {f.split(":")[0] for f in r["parity"]["deviated"]} == known, r["parity"]["deviated"]
     for t in r["parity"]["tensors"]:
-        if t["tensor"] in known:  # the failing check: the max check, past its bound
-            assert f"{t['tensor']}:max" in r["parity"]["failed"] and t["ratio"] > 1.0, _explain(r)
+        if t["tensor"] in known:  # the deviating check: the rms, past its pass line, for the pinned cause
+            assert f"{t['tensor']}:rms" in r["parity"]["deviated"] and t["tier"] == "deviates", _explain(r)
+            assert "token sum accumulated in the low dtype" in t["cause"], t["cause"]
     assert not any(p["passed"] for p in r["parity"]["processes"])
+    assert all(p["tier"] == "deviates" for p in r["parity"]["processes"])
     copies = [(p["rank"], c["device"]) for p in r["parity"]["processes"] for c in p["copies"]]
     assert all(f"process {p}, device {d}: {name}: " in r["reason"] for p, d in copies for name in known), r["reason"]
-    if "last_timed" in r["parity"]:  # timed: the output of the last timed call fails the same way
-        assert {f.split(":")[0] for f in r["parity"]["last_timed"]["failures"]} == known
+    if "last_timed" in r["parity"]:  # timed: the output of the last timed call deviates the same way
+        assert r["parity"]["last_timed"]["tier"] == "deviates" and r["parity"]["last_timed"]["failures"] == []
 
 
 @pytest.mark.parametrize(("how", "cell"), ALL_REAL, ids=[f"{h}/{'/'.join(c)}" for h, c in ALL_REAL])
