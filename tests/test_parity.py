@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import re
 from typing import Any
 
 import numpy as np
@@ -417,7 +419,8 @@ def test_the_jax_gelu_mlp_findings_in_numbers(monkeypatch: pytest.MonkeyPatch) -
     """The jax-xla findings on GPT-2's MLP, in numbers. Observed on XLA:CPU.
 
     1. XLA's GELU derivative on the ``odd`` float32 case: ``jax.grad(jax.nn.gelu(approximate=True))`` is exactly 0
-       where gelu' is about -3.5e-6 (f about -4.87): its largest error is about 3x the plain float32 formula's. It
+       below about f = -4.5 where gelu' is still above 1e-6 in size (with AVX2, -3.5e-6 at f = -4.87): its largest
+       error is more than 2.5x the plain float32 formula's. It
        reaches ``dfc1 = df^T x`` as a few elements: within 8x the plain computation's worst here, so ``dfc1`` passes
        (under a capped XLA instruction set it may deviate: finding 2 of the table above); it never fails.
     2. With an accurate GELU derivative in its place, the same backend passes everything in float32, and only bias
@@ -438,8 +441,13 @@ def test_the_jax_gelu_mlp_findings_in_numbers(monkeypatch: pytest.MonkeyPatch) -
     err_jax = np.abs(d_jax.reshape(f.shape) - truth)
     plain_grad = activations_in("gelu-mlp", "tanh", "float32")[1]  # the plain float32 formula, op by op
     err_plain = float(np.max(np.abs(plain_grad(f.astype(np.float64)) - truth)))
-    worst = np.unravel_index(np.argmax(err_jax), f.shape)
-    assert d_jax.reshape(f.shape)[worst] == 0 and -5 < f[worst] < -4.5 and 3e-6 < err_jax[worst] < 4e-6, worst
+    # XLA's tanh is chosen by its instruction set: with AVX2 (or wider) it rounds to -1 below about f = -4.5 and
+    # gelu' is exactly 0 where its true value is above 1e-6 in size (-3.5e-6 at f = -4.87); capped at AVX it does
+    # not saturate there, and its error lies elsewhere. Either way it is several times the plain formula's.
+    zeroed = (d_jax.reshape(f.shape) == 0) & (truth != 0) & (f < -4.5)
+    capped = re.search(r"--xla_cpu_max_isa=(\w+)", os.environ.get("XLA_FLAGS", ""))
+    if capped is None or capped.group(1).upper().startswith(("AVX2", "AVX512")):
+        assert zeroed.any() and np.abs(truth[zeroed]).max() > 1e-6, np.abs(truth[zeroed]).max(initial=0)
     assert 2.5 * err_plain < err_jax.max(), (err_jax.max(), err_plain)
     r = parity_result("jax-xla", odd, "fwd+bwd")
     assert r.status != "parity-fail", explain(r)
