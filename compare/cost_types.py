@@ -15,6 +15,7 @@ from compare.jsonfields import (
     mapping,
     number,
     obj,
+    opt_number,
     record_dict,
     sub,
     subs,
@@ -22,6 +23,16 @@ from compare.jsonfields import (
     texts,
 )
 from compare.timing import Timing
+
+#: Native 16-bit matmul counts as emulated when it runs below this fraction of the float32 route (both operands
+#: converted to float32, a float32 GEMM, the result converted back). Hardware 16-bit GEMM (AVX512-BF16, AMX, tensor
+#: cores) runs at least as fast as that route, usually 2x or more; software emulation on an AVX2 CPU ran ~1/50 of it
+#: (0.93 GFLOP/s against ~50 GFLOP/s on 2 cores). A factor of 4 sits far from both, so neither sampling noise nor a
+#: slow conversion on a small matrix flips the verdict.
+EMULATED_BELOW = 0.25
+
+#: The two matmul routes a 16-bit dtype's ceiling is measured by (``Ceiling.route`` names the faster one).
+NATIVE_ROUTE, FLOAT32_ROUTE = "native", "float32"
 
 
 @dataclass(frozen=True)
@@ -158,16 +169,18 @@ class Cost:
 
 @dataclass(frozen=True)
 class CeilingTimings:
-    """How a dtype's ceilings were measured: the matmul and copy timings (the shared timer's), and every matmul
-    size tried (``{size: {"median_s", "min_s", "flops_per_s"}}``, the rate of the fastest sample; the best size is
-    the ceiling)."""
+    """How a dtype's ceilings were measured: the matmul timing of the ceiling (the winning route's best size) and the
+    copy's (the shared timer's), and every matmul size tried, ``{size: {"median_s", "min_s", "flops_per_s"}}`` (the
+    rate of the fastest sample): ``matmul_all`` by the native route, ``float32_route_all`` by the float32 route (a
+    16-bit dtype only; empty otherwise and in older documents, and then left out of :meth:`to_dict`)."""
 
     matmul: Timing | None = None
     matmul_all: dict[str, Any] = field(default_factory=dict)
     copy: Timing | None = None
+    float32_route_all: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
+        return record_dict(self, optional=("float32_route_all",))
 
     @staticmethod
     def from_dict(d: Obj) -> CeilingTimings:
@@ -175,13 +188,21 @@ class CeilingTimings:
             matmul=sub(d, "matmul", Timing.from_dict),
             copy=sub(d, "copy", Timing.from_dict),
             matmul_all=mapping(d, "matmul_all"),
+            float32_route_all=mapping(d, "float32_route_all"),
         )
 
 
 @dataclass(frozen=True)
 class Ceiling:
     """This machine's measured matmul FLOP/s and copy bandwidth for one dtype (the roofline's roofs), with how they
-    were measured: the matmul shape, the bytes copied, the device, its precision settings and the timings."""
+    were measured: the matmul shape, the bytes copied, the device, its precision settings and the timings.
+
+    The matmul ceiling is the faster of two routes: ``native_flops_per_s`` (``torch.mm`` in the dtype) and, for a
+    16-bit dtype, ``float32_route_flops_per_s`` (converted to float32 and back, the conversions' time included);
+    ``route`` names the one ``flops_per_s`` is (:data:`NATIVE_ROUTE` or :data:`FLOAT32_ROUTE`). Also
+    ``aten_cpu_capability``, the CPU kernels torch dispatched to (``AVX2``, ``AVX512``; ``""``: not read) and
+    ``probe_s``, the probe's wall time for this dtype. An older document lacks these: it measured the native route
+    only, so they default to that, and are left out of :meth:`to_dict` while they hold their defaults."""
 
     flops_per_s: float
     bytes_per_s: float
@@ -191,18 +212,22 @@ class Ceiling:
     device: str = ""
     precision: dict[str, Any] = field(default_factory=dict)
     timing: CeilingTimings | None = None
+    native_flops_per_s: float | None = None
+    float32_route_flops_per_s: float | None = None
+    route: str = NATIVE_ROUTE
+    aten_cpu_capability: str = ""
+    probe_s: float | None = None
+
+    @property
+    def matmul_emulated(self) -> bool:
+        """True when native matmul in this dtype runs below :data:`EMULATED_BELOW` of the float32 route: no
+        hardware 16-bit GEMM here (e.g. bfloat16 on an AVX2 CPU). False where either rate was not measured."""
+        native, f32 = self.native_flops_per_s, self.float32_route_flops_per_s
+        return native is not None and f32 is not None and native < EMULATED_BELOW * f32
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "flops_per_s": self.flops_per_s,
-            "bytes_per_s": self.bytes_per_s,
-            "matmul_shape": list(self.matmul_shape),
-            "copy_bytes": self.copy_bytes,
-            "dtype": self.dtype,
-            "device": self.device,
-            "precision": dict(self.precision),
-            "timing": None if self.timing is None else self.timing.to_dict(),
-        }
+        optional = ("native_flops_per_s", "float32_route_flops_per_s", "route", "aten_cpu_capability", "probe_s")
+        return record_dict(self, optional=optional)
 
     @staticmethod
     def from_dict(d: Obj) -> Ceiling:
@@ -215,6 +240,11 @@ class Ceiling:
             device=text(d, "device", ""),
             precision=mapping(d, "precision"),
             timing=sub(d, "timing", CeilingTimings.from_dict),
+            native_flops_per_s=opt_number(d, "native_flops_per_s"),
+            float32_route_flops_per_s=opt_number(d, "float32_route_flops_per_s"),
+            route=text(d, "route", NATIVE_ROUTE),
+            aten_cpu_capability=text(d, "aten_cpu_capability", ""),
+            probe_s=opt_number(d, "probe_s"),
         )
 
 
@@ -230,6 +260,15 @@ class Ceilings:
         """The ceiling of ``dtype`` when it has positive FLOP/s and bandwidth, else None."""
         c = self.by_dtype.get(dtype)
         return c if c is not None and c.flops_per_s and c.bytes_per_s else None
+
+    def peak(self, other: Ceilings) -> Ceilings:
+        """Per dtype, the probe with the higher matmul FLOP/s of this one and ``other`` (a second probe of the same
+        device, made later): a ceiling is the best the machine did, and load only ever lowers a probe."""
+        out = dict(self.by_dtype)
+        for k, c in other.by_dtype.items():
+            if k not in out or c.flops_per_s > out[k].flops_per_s:
+                out[k] = c
+        return Ceilings(self.device, out)
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, **{k: c.to_dict() for k, c in self.by_dtype.items()}}
