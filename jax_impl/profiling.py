@@ -11,15 +11,23 @@ computation that does work is one kernel (a thunk) per call. So the count needs 
   transpose that only relabels the layout becomes a ``bitcast``) launch nothing and go to ``metadata_ops``.
 
 XLA's own cost model (``compiled.cost_analysis()``) is returned under ``"xla_cost"``.
+
+Kernel times come from a trace, not the HLO: :func:`profile_jit` runs the real step under ``jax.profiler.trace``
+(:func:`traced`). XLA's trace names the program (``hlo_module``) and the instruction (``hlo_op``) of every kernel it
+runs, so each kernel row of the table gets its events' total duration per step (:func:`kernel_times`), or, if any
+row has no event, no row gets a time. ``dispatch_profile`` times its replayed programs with the same two functions.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import jax
 
@@ -69,6 +77,13 @@ _CALLS = re.compile(r"\b(?:calls|to_apply)=\{?%?(?P<c>[\w.\-]+)")
 _FUSION_KIND = re.compile(r"\bkind=(?P<k>k\w+)")
 _TARGET = re.compile(r'custom_call_target="(?P<t>[^"]+)"')
 _BACKEND_KIND = re.compile(r'"kind":"(?P<k>__[^"]+)"')
+_MODULE_NAME = re.compile(r"^HloModule\s+(?P<n>[^\s,]+)", re.MULTILINE)
+
+#: Steps :func:`profile_jit` records under ``jax.profiler.trace`` for the kernel times, after one warm-up step.
+TRACED_STEPS = 3
+#: How XLA's trace names the instruction a kernel event ran: (``hlo_module``, ``hlo_op``).
+Site = tuple[str, str]
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass
@@ -104,6 +119,14 @@ class HloModule:
 
     computations: dict[str, list[Instruction]]
     entry: str
+    #: the module's name (its ``HloModule`` line): the ``hlo_module`` of its kernels' trace events
+    name: str = ""
+
+
+def module_name(text: str) -> str:
+    """The name on an HLO module text's ``HloModule`` line, "" without one."""
+    m = _MODULE_NAME.search(text)
+    return m.group("n") if m else ""
 
 
 def _split_shape(s: str) -> tuple[str, str]:
@@ -150,7 +173,7 @@ def parse_hlo(text: str) -> HloModule:
         )
     if not entry:
         raise ValueError("no ENTRY computation in the HLO text")
-    return HloModule(comps, entry)
+    return HloModule(comps, entry, module_name(text))
 
 
 def fused_ops(module: HloModule, computation: str, _seen: frozenset[str] = frozenset()) -> list[str]:
@@ -181,8 +204,20 @@ def _base(name: str) -> str:
     return re.sub(r"\.\d+$", "", name)
 
 
-def hlo_kernels(module: HloModule) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
-    """(kernels, metadata_ops, fusion kinds with counts) of the entry computation, in schedule order.
+@dataclass
+class HloKernels:
+    """The kernel table of an HLO module's entry computation (:func:`hlo_kernel_table`)."""
+
+    kernels: list[dict[str, Any]]
+    metadata_ops: list[dict[str, Any]]
+    #: fusion kinds (``kLoop``, ``kCustom(__ynn_fusion)``...) with their counts
+    fusions: dict[str, int]
+    #: instruction name -> index in ``kernels`` of the row it runs as, for every kernel instruction
+    sites: dict[str, int]
+
+
+def hlo_kernel_table(module: HloModule) -> HloKernels:
+    """The kernels of the entry computation, in schedule order, and which instruction runs as which row.
 
     Kernels with the same base name, kind and absorbed ops are one entry with a count.
     """
@@ -214,16 +249,25 @@ def hlo_kernels(module: HloModule) -> tuple[list[dict[str, Any]], list[dict[str,
                 name, kind = op, "gemm"
             else:
                 name, kind = op, ks.classify(op)
-            row = groups.setdefault((name, kind, tuple(absorbed)), {"count": 0, "first": ins.name})
+            row = groups.setdefault((name, kind, tuple(absorbed)), {"count": 0, "first": ins.name, "sites": []})
             row["count"] += 1
+            row["sites"].append(ins.name)
 
     visit(module.entry, frozenset())
     base_names = [key[0] for key in groups]
     kernels = []
-    for (name, kind, absorbed), row in groups.items():
+    sites: dict[str, int] = {}
+    for i, ((name, kind, absorbed), row) in enumerate(groups.items()):
         shown = name if base_names.count(name) == 1 else row["first"]
         kernels.append(ks.kernel_entry(shown, row["count"], kind=kind, absorbed=list(absorbed)))
-    return kernels, [{"name": k, "count": v} for k, v in meta.items()], fusions
+        sites.update(dict.fromkeys(row["sites"], i))
+    return HloKernels(kernels, [{"name": k, "count": v} for k, v in meta.items()], fusions, sites)
+
+
+def hlo_kernels(module: HloModule) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
+    """(kernels, metadata_ops, fusion kinds with counts) of the entry computation (:func:`hlo_kernel_table`)."""
+    table = hlo_kernel_table(module)
+    return table.kernels, table.metadata_ops, table.fusions
 
 
 def xla_cost(compiled: Any) -> dict[str, float | None]:
@@ -263,29 +307,105 @@ def _find_trace(trace_dir: Path) -> str | None:
     return None
 
 
+def trace_events(trace_file: str | None) -> dict[Site, list[float]]:
+    """Durations (us) of the kernel events of a Chrome trace (``.trace.json.gz``), by (``hlo_module``, ``hlo_op``);
+    {} without one."""
+    if trace_file is None or not trace_file.endswith(".trace.json.gz"):
+        return {}
+    with gzip.open(trace_file, "rt", encoding="utf-8") as f:
+        doc = json.load(f)
+    out: dict[Site, list[float]] = {}
+    for e in doc.get("traceEvents", []):
+        a = e.get("args") or {}
+        if e.get("ph") == "X" and "hlo_module" in a and "hlo_op" in a:
+            out.setdefault((str(a["hlo_module"]), str(a["hlo_op"])), []).append(float(e.get("dur", 0.0)))
+    return out
+
+
+def traced(
+    run: Callable[[], Any], runs: int, trace_dir: Path | None = None
+) -> tuple[str | None, dict[Site, list[float]]]:
+    """``run()`` once to warm up, then ``runs`` times under ``jax.profiler.trace``, each waited for; returns the
+    trace file (kept under ``trace_dir``; None without one, the trace then goes to a temporary folder) and its
+    kernel events (:func:`trace_events`)."""
+    jax.block_until_ready(run())
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(trace_dir) if trace_dir is not None else Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        with jax.profiler.trace(str(where)):
+            for _ in range(runs):
+                jax.block_until_ready(run())
+        trace = _find_trace(where)
+        events = trace_events(trace)
+    return (trace if trace_dir is not None else None), events
+
+
+@dataclass(frozen=True)
+class KernelTimes(Generic[K]):
+    """Each kernel row's time per run (us), from a trace of ``runs`` runs (:func:`kernel_times`)."""
+
+    #: row -> its events' total duration per run; None unless every row got its events
+    times: dict[K, float] | None
+    #: kernel events found for the rows' instructions, and how many there should be (``runs`` x kernels per run)
+    seen: int
+    expected: int
+
+    def note(self, what: str) -> str:
+        """The summary's note on the times; ``what`` says what was traced (e.g. "3 steps")."""
+        if self.times is not None:
+            return f"kernel times: XLA's trace of {what}"
+        return f"no kernel times: {self.seen} of {self.expected} kernel events found in the trace"
+
+
+def kernel_times(
+    counts: Mapping[K, int], sites: Iterable[tuple[Site, K]], events: Mapping[Site, list[float]], runs: int
+) -> KernelTimes[K]:
+    """The time per run of each kernel row (``counts``: row -> kernels per run) from a trace of ``runs`` runs:
+    ``sites`` says which row each traced instruction runs as, ``events`` are the trace's (:func:`trace_events`).
+    A row's time is the total duration of its instructions' events divided by ``runs``.
+
+    Unless every row has events and there is exactly one event per kernel per run, no row gets a time
+    (``times`` None): a partial table would misstate the split between GEMMs and the rest.
+    """
+    times: dict[K, float] = {}
+    seen = 0
+    for site, key in sites:
+        durations = events.get(site, [])
+        seen += len(durations)
+        if durations:
+            times[key] = times.get(key, 0.0) + sum(durations) / runs
+    expected = runs * sum(counts.values())
+    timed = set(times) == set(counts) and seen == expected
+    return KernelTimes(times if timed else None, seen, expected)
+
+
 def profile_jit(
     jitted: Callable[..., Any], args: tuple[Any, ...], step: Callable[[], Any], trace_dir: Path | None = None
 ) -> dict[str, Any]:
-    """The kernel summary of ``jitted(*args)`` (counts per call), from its optimized HLO.
+    """The kernel summary of ``jitted(*args)`` (counts and ``time_us`` per call), from its optimized HLO and a trace.
 
     ``jitted`` is a ``jax.jit`` function and ``args`` the arguments its step passes (pytrees of arrays); it is
-    lowered and compiled here (``jitted.lower(*args).compile()``), which runs nothing. With ``trace_dir``,
-    ``step`` runs once to warm up, then 3 times under ``jax.profiler.trace(trace_dir)``; the summary's ``"trace"``
-    is the trace file found there. ``"xla_cost"`` holds XLA's flops / bytes accessed estimate for one call.
+    lowered and compiled here (``jitted.lower(*args).compile()``) for its HLO. ``step`` (which calls ``jitted`` on
+    ``args``) runs once to warm up, then :data:`TRACED_STEPS` times under ``jax.profiler.trace`` (:func:`traced`);
+    each kernel's ``time_us`` is its events' total duration per step, as ``torch.profiler``'s is (on CPU, XLA may
+    run independent kernels at once, so the times can add up to more than the step's wall time). With
+    ``trace_dir`` the trace is kept there (``"trace"``). ``"xla_cost"`` holds XLA's flops / bytes accessed
+    estimate for one call.
     """
     compiled = jitted.lower(*args).compile()  # type: ignore[attr-defined]  # a jax.jit-wrapped callable
     module = parse_hlo(compiled.as_text())
-    kernels, metadata, fusions = hlo_kernels(module)
-    trace = None
-    if trace_dir is not None:
-        trace_dir = Path(trace_dir)
-        trace_dir.mkdir(parents=True, exist_ok=True)
-        jax.block_until_ready(step())
-        with jax.profiler.trace(str(trace_dir)):
-            for _ in range(3):
-                jax.block_until_ready(step())
-        trace = _find_trace(trace_dir)
-    notes = "XLA fusion kinds: " + ", ".join(f"{k} x{n}" for k, n in fusions.items()) if fusions else ""
-    s = ks.summary("xla-hlo", jax.default_backend(), kernels, metadata, trace=trace, notes=notes)
+    table = hlo_kernel_table(module)
+    trace, events = traced(step, TRACED_STEPS, trace_dir)
+    timing = kernel_times(
+        {i: k["count"] for i, k in enumerate(table.kernels)},
+        (((module.name, name), i) for name, i in table.sites.items()),
+        events,
+        TRACED_STEPS,
+    )
+    kernels = [{**k, "time_us": None if timing.times is None else timing.times[i]} for i, k in enumerate(table.kernels)]
+    notes = [timing.note(f"{TRACED_STEPS} steps")]
+    if table.fusions:
+        notes.append("XLA fusion kinds: " + ", ".join(f"{k} x{n}" for k, n in table.fusions.items()))
+    s = ks.summary("xla-hlo", jax.default_backend(), kernels, table.metadata_ops, trace=trace, notes="; ".join(notes))
     s["xla_cost"] = xla_cost(compiled)
     return s

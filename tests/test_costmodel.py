@@ -28,18 +28,37 @@ def tensor(c: Cost, name: str) -> CostTensor:
     return c.tensor(name)
 
 
+#: Every single-device backend the cost model plans.
+MODELLED = (
+    "torch-eager",
+    "torch-compile",
+    "torch-triton",
+    "torch-triton-fused",
+    "jax-xla",
+    "jax-unfused",
+    "jax-pallas",
+    "jax-triton",
+)
+
+
 def test_gemm_flops_of_blog_mlp_by_hand() -> None:
     assert gemm_flops(8192, 3072, 768) == 2 * 8192 * 768 * 3072 == GEMM
-    for backend in (
-        "torch-eager",
-        "torch-compile",
-        "torch-triton",
-        "torch-triton-fused",
-        "jax-xla",
-        "jax-pallas",
-        "jax-triton",
-    ):
+    for backend in MODELLED:
         assert cost(BLOG, backend, "fwd").flops == 3 * GEMM, backend  # gate, up, down
+
+
+def test_each_frameworks_unfused_baseline_has_eagers_plan() -> None:
+    """One unfused baseline per framework (the registry's ``baseline``), each modelled as eager: every intermediate in
+    memory, the activation keeping only its input; its cost is torch-eager's in every model and mode."""
+    assert registry.framework_baseline("torch") == registry.DEFAULT_BASELINE == "torch-eager"
+    assert registry.framework_baseline("jax") == "jax-unfused" and registry.framework_baseline("triton") is None
+    for fw in {s.framework for s in registry.BACKENDS.values()}:
+        assert sum(s.baseline for s in registry.BACKENDS.values() if s.framework == fw) <= 1, fw
+    for case in (BLOG, SWIGLU, GPT2_MLP, PRESETS["blog-linear"].case("float32")):
+        for mode in ("fwd", "bwd", "fwd+bwd"):
+            jax_c, torch_c = cost(case, "jax-unfused", mode), cost(case, "torch-eager", mode)
+            assert jax_c.plan == "eager" and jax_c.assumption  # where XLA's programs differ from the plan, said
+            assert replace(jax_c, backend="", assumption="") == replace(torch_c, backend="", assumption=""), mode
 
 
 def test_backward_flops_count_the_recompute() -> None:
@@ -225,7 +244,7 @@ TH = 8192 * 3072  # elements of one [tokens, hidden] intermediate
 def test_swiglu_moves_what_geglu_moves_with_silu_flops() -> None:
     """Same kernels, tensors, bytes and GEMM FLOPs as GeGLU in every plan and mode; only the activation's FLOPs
     (silu 5, its gradient 9; gelu 9 and 16) and the kernel names differ."""
-    for backend in ("torch-eager", "torch-compile", "torch-triton", "torch-triton-fused", "jax-xla", "jax-pallas"):
+    for backend in MODELLED:
         for mode in ("fwd", "bwd", "fwd+bwd"):
             s, g = cost(SWIGLU, backend, mode), cost(BLOG, backend, mode)
             for key in ("flops", "bytes", "tensors", "materialized", "saved", "model_kernels_per_step"):
@@ -287,5 +306,5 @@ def test_gpt2_mlp_only_where_implemented() -> None:
     for backend in ("torch-triton", "torch-triton-fused", "jax-pallas", "jax-triton"):
         with pytest.raises(InputError, match="only, not 'gelu-mlp'"):
             cost(GPT2_MLP, backend, "fwd")
-    for backend in ("torch-eager", "torch-compile", "jax-xla"):
+    for backend in ("torch-eager", "torch-compile", "jax-xla", "jax-unfused"):
         assert cost(GPT2_MLP, backend, "fwd+bwd").flops == 6 * GEMM
