@@ -17,6 +17,11 @@ on the file keeps a second sweep from writing it at the same time.
 ``compare.harness.run``'s); at the end the sweep writes it as ``<out>/results.json`` with ``<out>/REPORT.md`` and
 plots under ``<out>/plots/``.
 
+Before the first cell, each start measures this machine's matmul and copy ceilings for the swept dtypes (in this
+process, stored in its header line and as the document's ``ceilings``: the first session's that measured them) and
+every single-device row is held to them as it is stored: a step whose fastest sample beats the matmul ceiling is
+``implausible`` (``compare.cell.against_ceilings``). ``--no-ceilings`` skips both.
+
 A backend that raises on a cell is an ``error`` result and the sweep goes on (``harness.run_one``). With
 ``--isolate`` each cell runs in its own worker process (``python -m compare.sweep --worker CELL RESULT``), so a
 hard crash (segfault, the OOM killer, an abort) is recorded as an ``error`` naming the exit status or signal,
@@ -53,6 +58,7 @@ from compare.cases import (
     check_name,
     preset,
 )
+from compare.cell import against_ceilings, min_flops
 from compare.options import add_grid_args, check_grid_args
 from compare.progress import Display, progress_level
 from compare.registry import BackendSpec, spec
@@ -105,10 +111,15 @@ def run_sweep(
     cell_timeout_s: float | None = None,
     progress: Display | None = None,
     retry_errors: bool = False,
+    ceilings: bool = False,
 ) -> Results:
     """Run every cell of ``config`` not yet in ``out/results.jsonl``, appending each as it finishes.
 
     ``specs`` maps each backend name in the config to its spec; ``retry_errors`` runs stored ``error`` cells again.
+    ``ceilings``: measure this machine's matmul and copy ceilings for the swept dtypes once, here, before any cell
+    (``harness.measure_ceilings``; they go into this session's header line) and hold every single-device row to them
+    as it is stored (``compare.cell.against_ceilings``: its roofline numbers, and ``implausible`` where its fastest
+    sample beats the matmul ceiling); off, as ``compare run --no-ceilings``, the rows are stored as they come.
     Returns :func:`load_sweep` of the file. The workers' scratch folder ``out/.cells`` is removed on the way out,
     and a stale one (a killed sweep's) on the way in, once this sweep holds the file's lock.
     """
@@ -121,6 +132,12 @@ def run_sweep(
         _remove_scratch(out)
         try:
             done = done_keys(path, retry_errors)
+            todo = [c for c in cells if c.key not in done]
+            ceil = None
+            if ceilings and todo:  # before any backend runs, as `compare run` does
+                if progress:
+                    progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
+                ceil = harness.measure_ceilings(config["dtypes"])
             w.append(
                 {
                     "type": "header",
@@ -129,9 +146,9 @@ def run_sweep(
                     "config": config,
                     "environment": env,
                     "isolate": isolate,
+                    **({"ceilings": ceil.to_dict()} if ceil is not None else {}),
                 }
             )
-            todo = [c for c in cells if c.key not in done]
             n_done = len(cells) - len(todo)
             if progress:
                 progress.resume(n_done, len(cells))
@@ -152,6 +169,8 @@ def run_sweep(
                     r, meta = run_cell_isolated(s, cell, cfg, out / SCRATCH, cell_timeout_s)
                 else:
                     r, meta = run_cell_inprocess(s, cell, cfg, plain_cache)
+                if ceil is not None and r.tp is None:  # a single-device row: can its timing be right?
+                    r = against_ceilings(r, ceil, min_flops(cell.case, cell.mode))
                 wall = time.perf_counter() - t0
                 w.append({"type": "cell", "key": cell.key, "result": r.to_dict(), **meta, "wall_s": wall})
                 n_done += 1
@@ -241,6 +260,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
                 cell_timeout_s=a.cell_timeout,
                 progress=display,
                 retry_errors=a.retry_errors,
+                ceilings=not a.no_ceilings,
             )
     except KeyboardInterrupt as exc:
         interrupted = True
@@ -290,6 +310,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--retry-errors", action="store_true", help="on a restart, run again the cells whose stored result is an error"
     )
     p.add_argument("--no-plots", action="store_true", help="do not write plots")
+    p.add_argument(
+        "--no-ceilings",
+        action="store_true",
+        help="skip measuring this machine's matmul FLOP/s and copy bandwidth (roofline columns, implausible rows)",
+    )
     p.set_defaults(fn=cmd_sweep)
     return p
 

@@ -68,7 +68,8 @@ def read_sweep(path: Path | str) -> dict[str, Any]:
     ``gpu`` is the first one a cell saw if the header had none (backends load torch after the header is written,
     and the GPU name is read only once torch is loaded). Results are in grid order, one per cell key (the last
     line wins if a key repeats). ``config["progress"]`` says how many grid cells are done and how many sessions
-    (starts) wrote the file.
+    (starts) wrote the file; ``ceilings`` are the first session's that measured them (each session's rows were held
+    to its own, as they were stored).
     """
     lines = _parse_lines(_jsonl_path(Path(path)))
     headers = [x for x in lines if x["type"] == "header"]
@@ -94,13 +95,15 @@ def read_sweep(path: Path | str) -> dict[str, Any]:
     env["threads"] = {**env.get("threads", {}), **threads}
     if not env.get("gpu") and gpus:
         env["gpu"] = gpus[0]
-    return {
+    doc = {
         "schema_version": first.get("schema_version"),
         "created": first["created"],
         "config": config,
         "environment": env,
         "results": ordered,
     }
+    ceilings = next((h["ceilings"] for h in headers if h.get("ceilings")), None)  # the first session's measured
+    return {**doc, "ceilings": ceilings} if ceilings else doc
 
 
 def done_keys(path: Path, retry_errors: bool = False) -> set[str]:

@@ -19,8 +19,10 @@ How a TP backend runs (``compare.tp_launch`` starts it, ``compare.tp_worker`` dr
 - a replicated output (``y``, ``dx``, a replicated gradient such as ``db2``) exists once per device, and a wrong
   copy on any one of them is a wrong result: ``TPParts.copies(output)`` returns one :class:`DeviceCopy` per device
   this process holds, each read from that device's own copy of every replicated tensor. The worker judges every
-  copy (first call and last timed call) and counts the copies judged (``ranks_checked``). A backend whose process
-  holds one device (torch's ranks) may leave it None: its one copy is ``to_numpy``'s, on ``Prepared.device``.
+  copy (first call, last timed call, and the step once on fresh inputs: ``Prepared.fresh``, which every TP backend
+  implements, handed the same full ``x`` and ``dy`` on every rank) and counts the copies judged
+  (``ranks_checked``). A backend whose process holds one device (torch's ranks) may leave it None: its one copy is
+  ``to_numpy``'s, on ``Prepared.device``.
 """
 
 from __future__ import annotations
@@ -113,8 +115,10 @@ class DeviceCopy:
 class TPParts:
     """What a TP backend adds to its :class:`~compare.registry.Prepared` (``Prepared.tp``).
 
-    - ``collectives()``: the collectives of one more step, counted (not timed); the step's output is consumed;
-    - ``comm_only()``: the step's collectives alone, on tensors of the same sizes (synced with ``Prepared.sync``);
+    - ``collectives()``: the collectives of one step, counted (not timed; a backend may count once and keep the
+      count); the step's output is consumed;
+    - ``comm_only()``: the step's collectives alone, as counted or read off the step itself (kinds, counts and
+      sizes; not the communication model's), on tensors of the same sizes (synced with ``Prepared.sync``);
     - ``compute_only()``: the step with its collectives left out (a wrong answer on purpose: timed, never judged);
     - ``setup_s``: seconds of set-up apart from the steady state, by name (``"weights"``: distributing or slicing
       the weights; ``"build"``: building the parallel module);

@@ -9,8 +9,8 @@ one entry of 2). Payload bytes are what the reduced tensors hold; a ring all-red
 At world size 1 every plan issues no collective (one rank holds the whole sum; Megatron skips the reduction too).
 
 Which plan a backend follows is its registry line's ``comm``; the report checks the collectives each backend
-actually issued (counted by the backend from its framework: ``CommDebugMode``, the compiled HLO) against it, byte
-for byte.
+actually issued (counted by the backend from its framework: ``CommDebugMode``, the compiled HLO) against it: the same
+kinds, each as many calls, byte for byte.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ COMM_PLANS: dict[str, CommPlan] = {
 
 @dataclass(frozen=True)
 class CommCost:
-    """Modelled collectives of one step: ``ops`` all-reduce operations carrying ``tensors`` ``[tokens, dim]``
-    tensors, ``payload_bytes`` in all, ``ring_bytes_per_rank`` on the wire per rank."""
+    """Modelled collectives of one step: ``ops`` operations of ``kind`` (every plan's are all-reduces, named as the
+    backends count them, ``compare.tp.Collective.kind``) carrying ``tensors`` ``[tokens, dim]`` tensors,
+    ``payload_bytes`` in all, ``ring_bytes_per_rank`` on the wire per rank."""
 
     plan: str
     world_size: int
@@ -73,6 +74,7 @@ class CommCost:
     tensors: int
     payload_bytes: int
     ring_bytes_per_rank: float
+    kind: str = "all-reduce"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

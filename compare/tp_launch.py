@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compare.fresh import new_seed
 from compare.registry import BackendSpec
 from compare.results import Result
 from compare.timing import TimingConfig
@@ -59,7 +60,10 @@ def default_threads() -> int:
 
 @dataclass(frozen=True)
 class Job:
-    """Every TP cell of one runtime, launch (``compare.tp.LAUNCHES``) and world size."""
+    """Every TP cell of one runtime, launch (``compare.tp.LAUNCHES``) and world size. ``fresh_seed`` is the seed of
+    the fresh inputs every cell's step is checked on (``compare.fresh``): drawn here, in the parent, when the job is
+    made (at run time, from the operating system's entropy), and handed to every process in the job file, so that
+    every rank steps on the same draw."""
 
     runtime: str
     how: str
@@ -72,6 +76,7 @@ class Job:
     timeout_s: float = COLLECTIVE_TIMEOUT_S
     cell_timeout_s: float = CELL_TIMEOUT_S
     startup_timeout_s: float = STARTUP_TIMEOUT_S
+    fresh_seed: int = field(default_factory=new_seed)
 
     @property
     def nproc(self) -> int:
@@ -118,8 +123,8 @@ def _worker_env(job: Job, rank: int, port: int) -> dict[str, str]:
 
 def job_doc(job: Job, cells: Sequence[Cell], out: Path, addr: str = "127.0.0.1", port: int = 0) -> dict[str, Any]:
     """The job file a worker reads (``compare.tp_worker``): the cells, the backends' registry lines, the timing,
-    the rendezvous (``port`` 0: the framework's own, e.g. torchrun's ``MASTER_ADDR``/``MASTER_PORT``) and the
-    folder the events go to."""
+    the fresh inputs' seed, the rendezvous (``port`` 0: the framework's own, e.g. torchrun's
+    ``MASTER_ADDR``/``MASTER_PORT``) and the folder the events go to."""
     return {
         "runtime": job.runtime,
         "how": job.how,
@@ -133,6 +138,7 @@ def job_doc(job: Job, cells: Sequence[Cell], out: Path, addr: str = "127.0.0.1",
         "cells": [{"index": c.index, "backend": c.backend, "case": c.case.to_dict(), "mode": c.mode} for c in cells],
         "timing": asdict(job.timing),
         "profile": job.profile,
+        "fresh_seed": job.fresh_seed,
         "out": str(out),
     }
 
@@ -259,7 +265,8 @@ def run_job(
     def collect(a: _Attempt) -> None:
         for index in [i for i in a.done if i not in results]:
             doc = a.done[index]
-            doc["tp"]["setup_s"]["launch_to_ready"] = max(a.ready.values()) - a.launched
+            if doc.get("tp"):  # a cell the worker refused (an error result) has no TP details
+                doc["tp"]["setup_s"]["launch_to_ready"] = max(a.ready.values()) - a.launched
             finish(index, doc)
 
     left = list(job.cells)

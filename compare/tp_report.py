@@ -3,8 +3,8 @@
 - **Tensor parallel**: per TP cell, how its ranks ran, the parity verdict on every rank, the step, its collectives
   alone and its compute alone (all through the shared timer), and the share of the step spent communicating.
 - **Collectives**: what each step issued (counted by the backend from its framework), against the communication
-  model (``compare.tp_cost``), byte for byte; the all-reduce bandwidth measured by the collectives alone, the time
-  the model predicts from it, and the time the step actually spent beyond its compute.
+  model (``compare.tp_cost``): kinds, calls and bytes; the all-reduce bandwidth measured by the collectives alone,
+  the time the model predicts from it, and the time the step actually spent beyond its compute.
 - **Scaling**: world size ``p`` against world size 1 of the same backend at the same total thread count, and only
   that pair is called fair; ranks that outnumber the CPUs measure time-slicing and say so.
 - **Set-up**: launch to ready, forming the group, distributing the weights, the first call (compile), apart from
@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from compare.markdown import fmt_s, table
 from compare.results import Result
@@ -71,17 +72,47 @@ def _collectives(tp: TPInfo) -> str:
     return "; ".join(f"{c.count} {c.kind}, {c.bytes:,} B ({c.source})" for c in tp.collectives)
 
 
-def allreduce_bytes(tp: TPInfo) -> int:
-    return sum(c.bytes for c in tp.collectives if c.kind == "all-reduce")
+def issued(tp: TPInfo) -> dict[str, tuple[int, int]]:
+    """The collectives one step issued, per kind: ``(calls, payload bytes)``; a kind it did not call is left out."""
+    out: dict[str, tuple[int, int]] = {}
+    for c in tp.collectives:
+        if c.count or c.bytes:
+            n, b = out.get(c.kind, (0, 0))
+            out[c.kind] = (n + c.count, b + c.bytes)
+    return out
 
 
-def bytes_check(tp: TPInfo) -> str:
-    """``=`` when the all-reduce bytes the step issued equal the model's, else the difference, spelled out."""
+def modelled(comm_model: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """The collectives the communication model plans for the step (``compare.tp_cost.CommCost``'s dict), in the
+    form of :func:`issued`: its ``ops`` calls of its ``kind`` (all-reduce where an older record names none)."""
+    ops, payload = int(comm_model["ops"]), int(comm_model["payload_bytes"])
+    return {str(comm_model.get("kind", "all-reduce")): (ops, payload)} if ops or payload else {}
+
+
+def _spell(kinds: dict[str, tuple[int, int]]) -> str:
+    return " + ".join(f"{n} {kind} ({b:,} B)" for kind, (n, b) in kinds.items()) or "none"
+
+
+def model_check(tp: TPInfo) -> str:
+    """``= model`` when the step issued what the communication model plans (``compare.tp_cost``): the same kinds of
+    collective, each called as many times and moving as many bytes. Else both, spelled out, and what differs
+    (``kinds``, ``counts``, ``bytes``): the same total bytes in other kinds or other calls is not the model."""
     if tp.comm_model is None:
         return "not modelled"
-    want = int(tp.comm_model["payload_bytes"])
-    got = allreduce_bytes(tp)
-    return "= model" if got == want else f"**{got:,} B != model {want:,} B**"
+    got, want = issued(tp), modelled(tp.comm_model)
+    if got == want:
+        return "= model"
+    common = set(got) & set(want)
+    differ = [
+        what
+        for what, yes in (
+            ("kinds", set(got) != set(want)),
+            ("counts", any(got[k][0] != want[k][0] for k in common)),
+            ("bytes", any(got[k][1] != want[k][1] for k in common)),
+        )
+        if yes
+    ]
+    return f"**{_spell(got)} != model {_spell(want)}** (differs in {', '.join(differ)})"
 
 
 def tp_section(results: Sequence[Result]) -> str:
@@ -114,14 +145,15 @@ def tp_section(results: Sequence[Result]) -> str:
         table([*header, "comm share"], body),
         "### Collectives per step",
         "Counted by each backend from its framework (`CommDebugMode` or compiled graphs for torch, the compiled HLO "
-        "for JAX) and checked against the communication model (`compare/tp_cost.py`; *bytes* says whether the "
-        "all-reduce payload the step issued equals the model's). Ring traffic per rank is `2 (p-1)/p x payload`; "
+        "for JAX) and checked against the communication model (`compare/tp_cost.py`; *check* says whether the "
+        "step issued the model's collectives: the same kinds, each as many calls moving as many bytes). Ring "
+        "traffic per rank is `2 (p-1)/p x payload`; "
         "*bandwidth* is that traffic over the time of a 16 MiB all-reduce in the same group (the transport's "
         "bus bandwidth); *predicted* is the step's modelled ring traffic at that bandwidth (no latency term: "
         "small payloads take longer); *alone* is the step's collectives run alone at their sizes; *in step* is "
         "the step minus its compute alone.",
         table(
-            ["backend", "case", "mode", "p", "issued", "model", "bytes", "bandwidth", "predicted", "alone", "in step"],
+            ["backend", "case", "mode", "p", "issued", "model", "check", "bandwidth", "predicted", "alone", "in step"],
             [_comm_row(r, tp) for r, tp in rows],
         ),
     ]
@@ -142,7 +174,7 @@ def probe_rate(tp: TPInfo) -> float | None:
 
 def _comm_row(r: Result, tp: TPInfo) -> list[str]:
     m = tp.comm_model
-    model = "-" if m is None else f"{m['ops']} all-reduce, {int(m['payload_bytes']):,} B"
+    model = "-" if m is None else f"{m['ops']} {m.get('kind', 'all-reduce')}, {int(m['payload_bytes']):,} B"
     rate = probe_rate(tp)
     bw = "-" if rate is None else f"{rate / 1e9:.2f} GB/s"
     if tp.bandwidth and "error" in tp.bandwidth:
@@ -155,7 +187,7 @@ def _comm_row(r: Result, tp: TPInfo) -> list[str]:
         str(tp.world_size),
         _collectives(tp),
         model,
-        bytes_check(tp),
+        model_check(tp),
         bw,
         predicted,
         "-" if tp.comm is None else fmt_s(tp.comm.median_s),

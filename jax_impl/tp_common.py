@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -106,6 +107,27 @@ def place_problem(mesh: Mesh, problem: Problem) -> tuple[dict[str, jax.Array], j
     specs = param_specs(problem.case.model)
     params = {k: place(mesh, linear_weight(v, "flax"), specs[k], dtype) for k, v in problem.params.items()}
     return params, place(mesh, problem.x, P(), dtype), place(mesh, problem.dy, P(), dtype)
+
+
+def place_inputs(mesh: Mesh, inputs: dict[str, np.ndarray], dtype: str) -> tuple[jax.Array, jax.Array]:
+    """Other inputs (``Prepared.fresh``'s: the full ``x`` and ``dy``, the same on every process) replicated on the
+    mesh in the case ``dtype``, as :func:`place_problem` places the golden ones."""
+    d = dev.JAX_DTYPES[dtype]
+    return place(mesh, inputs["x"], P(), d), place(mesh, inputs["dy"], P(), d)
+
+
+@dataclass(frozen=True)
+class Jitted:
+    """A jitted step and its arguments: ``fn(*args)`` runs one step (``self()`` does); ``args_for(x, dy)`` are the
+    arguments of the same step on other inputs (replicated on the mesh, :func:`place_inputs`), the weights
+    unchanged: for ``bwd`` that builds the fresh forward's residuals (its own collectives, if any, run there)."""
+
+    fn: Any
+    args: tuple[Any, ...]
+    args_for: Callable[[jax.Array, jax.Array], tuple[Any, ...]]
+
+    def __call__(self) -> Any:
+        return self.fn(*self.args)
 
 
 def to_host(a: jax.Array) -> np.ndarray:
@@ -218,14 +240,15 @@ def shard_step(
     *,
     reduce: bool = True,
     check_vma: bool = True,
-) -> tuple[Any, tuple[Any, ...]]:
-    """``(jitted, args)``: the step of ``mode`` as one jitted ``shard_map`` (see the module doc); ``jitted(*args)``
-    runs one step. Outputs: ``fwd`` ``y``; ``fwd+bwd`` ``(y, (dparams, dx))``; ``bwd`` ``(dparams, dx)``, with
-    ``y``, ``dx`` replicated and ``dparams`` sharded like ``params``.
+) -> Jitted:
+    """The step of ``mode`` as one jitted ``shard_map`` (see the module doc), with its arguments (:class:`Jitted`:
+    ``step()`` runs one step; ``step.args_for(x, dy)`` the arguments on other inputs). Outputs: ``fwd`` ``y``;
+    ``fwd+bwd`` ``(y, (dparams, dx))``; ``bwd`` ``(dparams, dx)``, with ``y``, ``dx`` replicated and ``dparams``
+    sharded like ``params``.
 
     ``reduce=False`` is the compute-only twin: the same shard_map with no ``psum``, every per-device partial
     (``y``, ``dx``) returned as a row of a ``[world, ...]`` array instead (a wrong answer on purpose). For ``bwd`` the
-    forward that makes the residuals runs here, once."""
+    forward that makes the residuals runs here, once (and, on other inputs, once more in ``args_for``)."""
     if mesh.shape[AXIS] == 1:  # no psum on one device (below), so replication cannot be inferred; nothing to check
         check_vma = False
     specs = param_specs(model)
@@ -266,7 +289,9 @@ def shard_step(
         def fwd(p: dict[str, jax.Array], b: Any, xx: jax.Array) -> jax.Array:
             return finish(total(part(p, varying(xx))), b)
 
-        return smap(fwd, (bspecs, P(), P()), summed), (body_params, bias, x)
+        return Jitted(
+            smap(fwd, (bspecs, P(), P()), summed), (body_params, bias, x), lambda xx, _g: (body_params, bias, xx)
+        )
     if mode == "fwd+bwd":
 
         def fwd_bwd(p: dict[str, jax.Array], b: Any, xx: jax.Array, g: jax.Array) -> Any:
@@ -274,7 +299,11 @@ def shard_step(
             dp, dx_part = vjp(varying(g))
             return finish(total(y_part), b), ({**dp, **bias_vjp(b, g)}, total(dx_part))
 
-        return smap(fwd_bwd, (bspecs, P(), P(), P()), (summed, grads_out)), (body_params, bias, x, dy)
+        return Jitted(
+            smap(fwd_bwd, (bspecs, P(), P(), P()), (summed, grads_out)),
+            (body_params, bias, x, dy),
+            lambda xx, g: (body_params, bias, xx, g),
+        )
     if mode != "bwd":
         raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
     tree: list[Any] = []
@@ -285,14 +314,17 @@ def shard_step(
         tree[:] = [treedef]
         return [_stack(r) for r in leaves]
 
-    res = smap(residuals, (bspecs, P()), P(AXIS))(body_params, x)
+    forward = smap(residuals, (bspecs, P()), P(AXIS))
+    res = forward(body_params, x)
 
     def bwd(rs: list[jax.Array], b: Any, g: jax.Array) -> Any:
         vjp = jax.tree.unflatten(tree[0], [r[0] for r in rs])
         dp, dx_part = vjp(varying(g))
         return {**dp, **bias_vjp(b, g)}, total(dx_part)
 
-    return smap(bwd, (P(AXIS), P(), P()), grads_out), (res, bias, dy)
+    return Jitted(
+        smap(bwd, (P(AXIS), P(), P()), grads_out), (res, bias, dy), lambda xx, g: (forward(body_params, xx), bias, g)
+    )
 
 
 def step_to_numpy(mode: str) -> Callable[[Any], dict[str, np.ndarray]]:
@@ -388,26 +420,27 @@ def allreduce_probe(world_size: int, nbytes: int) -> tuple[Callable[[], Any], Ca
 
 def prepared(
     mesh: Mesh,
-    jitted: Any,
-    args: tuple[Any, ...],
+    step: Jitted,
     *,
     to_numpy: Callable[[Any], dict[str, np.ndarray]],
-    compute: tuple[Any, tuple[Any, ...]],
+    compute: Jitted,
+    dtype: str,
     precision: dict[str, Any],
     setup_s: dict[str, float],
     layout: str,
     timed: bool = True,
     note: str = "",
 ) -> Prepared:
-    """The ``Prepared`` of a TP step ``jitted(*args)``: its collectives counted off the compiled HLO, its comm-only
-    twin replaying them (:func:`comm_twin`), its compute-only twin ``compute = (jitted, args)``, every device's copy
-    of its outputs read by ``to_numpy`` (:func:`device_copies`), and the single-device backends' profile
-    (``jax_impl.profiling``, which works on the sharded step as it is)."""
+    """The ``Prepared`` of a TP ``step``: its collectives counted off the compiled HLO, its comm-only twin replaying
+    them (:func:`comm_twin`), its compute-only twin ``compute``, every device's copy of its outputs read by
+    ``to_numpy`` (:func:`device_copies`), its ``fresh`` (the same compiled step on other inputs of the case
+    ``dtype``, placed as the golden ones: :func:`place_inputs`, :attr:`Jitted.args_for`), and the single-device
+    backends' profile (``jax_impl.profiling``, which works on the sharded step as it is)."""
+    jitted, args = step.fn, step.args
     comm = comm_twin(mesh, jitted.lower(*args).compile().as_text())
-    twin, twin_args = compute
 
-    def step() -> Any:
-        return jitted(*args)
+    def fresh(inputs: dict[str, np.ndarray]) -> Any:
+        return jitted(*step.args_for(*place_inputs(mesh, inputs, dtype)))
 
     # fields in order: step, sync, to_numpy, timed, note, device, threads, precision
     return Prepared(
@@ -423,9 +456,10 @@ def prepared(
         tp=TPParts(
             collectives=lambda: count_collectives(jitted.lower(*args).compile().as_text()),
             comm_only=comm,
-            compute_only=lambda: twin(*twin_args),
+            compute_only=compute,
             setup_s=setup_s,
             layout=layout,
             copies=device_copies(mesh, to_numpy),
         ),
+        fresh=fresh,
     )

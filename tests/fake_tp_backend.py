@@ -1,8 +1,9 @@
 """A tensor-parallel backend and runtime defined in a test module, framework-free (numpy), for the launcher's tests.
 
-Its group is one process (``devices`` launch); its step is the plain same-dtype computation. ``FAKE_TP_FAULT``
-(``crash@MODE``, ``hang@MODE``, ``raise@MODE``) makes its ``prepare`` die, hang or raise on cells of that mode, so
-the tests can watch the launcher turn each into an error result and go on.
+Its group is one process (``devices`` launch); its step is the plain same-dtype computation, on the case's inputs or,
+in ``fresh``, on the inputs it is handed. ``FAKE_TP_FAULT`` (``crash@MODE``, ``hang@MODE``, ``raise@MODE``) makes its
+``prepare`` die, hang or raise on cells of that mode, so the tests can watch the launcher turn each into an error
+result and go on; ``nofresh@MODE`` leaves ``Prepared.fresh`` unset there (the worker must refuse to judge it).
 """
 
 from __future__ import annotations
@@ -81,12 +82,15 @@ class FakeTP:
     def prepare(self, problem: Problem, mode: str, group: Group) -> Prepared:
         _fault(mode)
         case = problem.case
-        dy = problem.dy if mode != "fwd" else None
         keep = {"fwd": lambda k: k == "y", "bwd": lambda k: k != "y", "fwd+bwd": lambda k: True}[mode]
 
-        def step() -> dict[str, np.ndarray]:
-            out = compute(case.model, problem.x, problem.params, dy, Arith.plain(case.dtype))
+        def step_on(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            dy = inputs["dy"] if mode != "fwd" else None
+            out = compute(case.model, inputs["x"], problem.params, dy, Arith.plain(case.dtype))
             return {k: v for k, v in out.items() if keep(k) and (k == "y" or k == "dx" or k[1:] in problem.params)}
+
+        def step() -> dict[str, np.ndarray]:
+            return step_on(problem.inputs)
 
         payload = case.shape.tokens * case.shape.dim * 4
         count = {"fwd": 1, "bwd": 1, "fwd+bwd": 2}[mode]
@@ -97,7 +101,8 @@ class FakeTP:
             setup_s={"weights": 0.0},
             layout="numpy stand-in",
         )
-        return Prepared(step=step, sync=lambda outs: None, to_numpy=lambda out: dict(out), tp=tp)
+        fresh = None if os.environ.get("FAKE_TP_FAULT") == f"nofresh@{mode}" else step_on
+        return Prepared(step=step, sync=lambda outs: None, to_numpy=lambda out: dict(out), tp=tp, fresh=fresh)
 
 
 BACKEND = FakeTP()

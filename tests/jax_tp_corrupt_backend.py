@@ -1,7 +1,8 @@
 """A negative control for the per-device parity check of the JAX TP backends: ``jax-tp-shardmap`` whose step, after
 running, scales device 1's copy of the replicated ``y`` (a ``[tokens, dim]`` array, ``P()`` on the mesh) by
 :data:`FACTOR` and leaves every other copy (device 0's) right. Reading device 0's copy alone (what ``to_host`` of a
-replicated array does) sees a right answer; judging every device's copy must fail, naming device 1."""
+replicated array does) sees a right answer; judging every device's copy must fail, naming device 1. Its step on fresh
+inputs (``Prepared.fresh``) is corrupted the same way."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import numpy as np
 
 from compare.cases import TP_MODELS
 from compare.golden import Problem
@@ -51,15 +53,21 @@ class CorruptDevice1:
             raise ValueError(f"{NAME} corrupts y, which mode bwd does not return")
         p = SHARDMAP.prepare(problem, mode, group)
         bad = tc.make_mesh(group.world_size).devices.flat[BAD]
-        step = p.step
+        step, fresh = p.step, p.fresh
+        assert fresh is not None
 
-        def corrupted() -> Any:
-            out = step()
+        def corrupt(out: Any) -> Any:
             if mode == "fwd":
                 return scale_copy(out, bad, FACTOR)
             return scale_copy(out[0], bad, FACTOR), out[1]
 
-        return dataclasses.replace(p, step=corrupted)
+        def corrupted() -> Any:
+            return corrupt(step())
+
+        def corrupted_fresh(inputs: dict[str, np.ndarray]) -> Any:
+            return corrupt(fresh(inputs))
+
+        return dataclasses.replace(p, step=corrupted, fresh=corrupted_fresh)
 
 
 BACKEND = CorruptDevice1()

@@ -1,5 +1,6 @@
 """``compare sweep``: resumable after a real SIGKILL with every cell exactly once, failures contained per cell,
-hard crashes of a worker recorded under ``--isolate``.
+hard crashes of a worker recorded under ``--isolate``, every single-device row held to the ceilings measured once per
+sweep (``implausible`` beyond them; the CLI tests skip the measurement with ``--no-ceilings``).
 
 This module is also a test-only backend (``BACKEND`` below) for the isolated runs: in a worker process it
 segfaults in ``fwd`` and hangs in ``bwd``.
@@ -7,6 +8,7 @@ segfaults in ``fwd`` and hangs in ``bwd``.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import os
@@ -19,10 +21,20 @@ from pathlib import Path
 
 import pytest
 
-from compare import registry
-from compare.registry import Availability, BackendSpec, Prepared
+from compare import harness, registry
+from compare.cost_types import Ceiling, Ceilings
+from compare.registry import Availability, BackendSpec, Prepared, spec
 from compare.results import SCHEMA_VERSION
-from compare.sweep import JSONL, cells_from_config, load_sweep, main, read_sweep
+from compare.sweep import (
+    JSONL,
+    add_parser,
+    cells_from_config,
+    config_from_args,
+    load_sweep,
+    main,
+    read_sweep,
+    run_sweep,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,6 +71,13 @@ def test_backends() -> Iterator[None]:
         registry.BACKENDS.pop(s.name, None)
 
 
+def parser_for_sweep() -> argparse.ArgumentParser:
+    """The ``sweep`` subcommand's parser, as ``python -m compare`` builds it."""
+    top = argparse.ArgumentParser()
+    add_parser(top.add_subparsers(dest="command", required=True))
+    return top
+
+
 def _cell_lines(out: Path) -> list[dict[str, object]]:
     path = out / JSONL
     if not path.is_file():
@@ -90,6 +109,7 @@ def test_killed_sweep_resumes_with_every_cell_exactly_once(tmp_path: Path) -> No
         "--budget",
         "0.3",
         "--no-plots",
+        "--no-ceilings",
         "--out",
         str(out),
     ]
@@ -143,6 +163,7 @@ def test_raising_backend_is_an_error_and_the_sweep_goes_on(
         "torch-eager",
         "--budget",
         "0.02",
+        "--no-ceilings",
         "--out",
         str(out),
     ]
@@ -187,6 +208,7 @@ def test_isolated_worker_crash_is_recorded_with_its_signal(tmp_path: Path, test_
                 "0.02",
                 "--isolate",
                 "--no-plots",
+                "--no-ceilings",
                 "--out",
                 str(out),
             ]
@@ -223,6 +245,7 @@ def test_isolated_hang_is_killed_after_the_cell_timeout(tmp_path: Path, test_bac
                 "--cell-timeout",
                 "3",
                 "--no-plots",
+                "--no-ceilings",
                 "--out",
                 str(out),
             ]
@@ -254,7 +277,7 @@ def test_bad_input_exits_2(args: list[str], message: str, tmp_path: Path, capsys
 def test_a_different_grid_in_the_same_folder_is_refused(
     tmp_path: Path, test_backends: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    base = ["--preset", "tiny", "--backend", "raising", "--no-plots", "--out", str(tmp_path)]
+    base = ["--preset", "tiny", "--backend", "raising", "--no-plots", "--no-ceilings", "--out", str(tmp_path)]
     assert main([*base, "--tokens", "1"]) == 1
     assert main([*base, "--tokens", "1", "2"]) == 2
     assert "holds a different sweep (it differs in: grid)" in capsys.readouterr().err
@@ -301,3 +324,51 @@ def test_load_sweep_merges_what_cells_saw_and_refuses_non_sweeps(tmp_path: Path)
     (tmp_path / "y.jsonl").write_text(json.dumps(header) + "\n{oops\n" + json.dumps(cell) + "\n")
     with pytest.raises(InputError, match="line 2 is not valid JSON"):
         read_sweep(tmp_path / "y.jsonl")
+
+
+def _ceilings(flops_per_s: float) -> Ceilings:
+    """Hand-made ceilings of float32: a matmul roof of ``flops_per_s`` (and a copy roof no step reaches)."""
+    return Ceilings("cpu", {"float32": Ceiling(flops_per_s, 1e15, (64, 64, 64), dtype="float32", device="cpu")})
+
+
+@pytest.mark.parametrize(("flops_per_s", "status"), [(1e18, "ok"), (1.0, "implausible")], ids=["honest", "beaten"])
+def test_rows_are_held_to_the_ceilings_measured_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flops_per_s: float, status: str
+) -> None:
+    """The sweep measures the ceilings once, before its cells, for the swept dtypes, stores them (header and
+    document) and holds every row to them as it is stored: a step faster than the matmul roof is implausible (a
+    roof of 1 FLOP/s is beaten by any real step: the negative control), one below it stays ok, with its roofline."""
+    calls: list[list[str]] = []
+
+    def measure(dtypes: list[str], *args: object, **kw: object) -> Ceilings:
+        calls.append(list(dtypes))
+        return _ceilings(flops_per_s)
+
+    monkeypatch.setattr(harness, "measure_ceilings", measure)
+    config = config_from_args(
+        parser_for_sweep().parse_args(
+            ["sweep", "--preset", "tiny", "--tokens", "1", "2", "--backend", "torch-eager", "--budget", "0.02"]
+        )
+    )
+    doc = run_sweep(config, tmp_path, {"torch-eager": spec("torch-eager")}, ceilings=True)
+    assert calls == [["float32"]], "measured once, for the swept dtypes"
+    assert doc.ceilings == _ceilings(flops_per_s)
+    assert [r.status for r in doc.results] == [status, status]
+    for r in doc.results:
+        assert r.cost is not None and r.cost.achieved is not None  # the roofline numbers, from the stored ceilings
+        assert ("matmul ceiling" in r.implausible) == (status == "implausible"), r.implausible
+        if status == "implausible":
+            assert r.reason.startswith("implausible: "), r.reason
+    assert json.loads((tmp_path / JSONL).read_text().splitlines()[0])["ceilings"] == _ceilings(flops_per_s).to_dict()
+
+
+def test_no_ceilings_measures_nothing_and_judges_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def measure(*args: object, **kw: object) -> Ceilings:
+        raise AssertionError("measured with --no-ceilings")
+
+    monkeypatch.setattr(harness, "measure_ceilings", measure)
+    args = ["--preset", "tiny", "--tokens", "1", "--backend", "torch-eager", "--budget", "0.02", "--no-plots"]
+    assert main([*args, "--no-ceilings", "--out", str(tmp_path)]) == 0
+    doc = load_sweep(tmp_path)
+    assert doc.ceilings is None and [r.status for r in doc.results] == ["ok"]
+    assert doc.results[0].implausible == ""

@@ -1,10 +1,11 @@
 """The JAX tensor-parallel backends (``jax-tp``, ``jax-tp-shardmap``) at world size 2 on ``tiny``, run by the TP
 launcher (``compare.tp_launch.run_job``) in both launches of ``jax_impl.tp_runtime``: parity of the full outputs and
 gradients against the float64 golden on every process, the collectives read off the compiled HLO (against the
-communication model, byte for byte), the shared timer's step, comm-only and compute-only twins, and two negative
-controls: jax-tp-shardmap's step without its psums (every device's partial ``y``/``dx``) fails the gate, and so does
-its step with device 1's copy of the replicated ``y`` alone made wrong (``tests.jax_tp_corrupt_backend``): every
-device's copy is judged, and ``ranks_checked`` counts the copies judged.
+communication model, byte for byte), the step on fresh inputs (every device's copy), the shared timer's step,
+comm-only and compute-only twins, and two negative controls: jax-tp-shardmap's step without its psums (every
+device's partial ``y``/``dx``) fails the gate, and so does its step with device 1's copy of the replicated ``y``
+alone made wrong (``tests.jax_tp_corrupt_backend``): every device's copy is judged, and ``ranks_checked`` counts
+the copies judged. Both fail on fresh inputs too.
 
 A launch must set JAX's device count before the backend starts, so every cell runs in worker processes: one job of
 ``"devices"`` cells (one process with 2 XLA:CPU devices), one of ``"processes"`` cells (2 processes joined over
@@ -77,7 +78,7 @@ def _partials(mode: str) -> Any:
 
 class SkipPsum:
     """Built as ``jax-tp-shardmap`` builds its compute-only twin (``shard_step(..., reduce=False)``), so its
-    collectives are counted off the twin's own compiled HLO."""
+    collectives are counted off the twin's own compiled HLO, and its ``fresh`` is the twin's on fresh inputs."""
 
     name = SKIP
 
@@ -96,9 +97,10 @@ class SkipPsum:
         twin = tp_common.shard_step(mesh, model, mode, act_mul, params, x, dy, check_vma=not glu, reduce=False)
         return tp_common.prepared(
             mesh,
-            *twin,
+            twin,
             to_numpy=_partials(mode),
             compute=twin,
+            dtype=problem.case.dtype,
             precision=dev.pin_precision(),
             setup_s={},
             layout="jax-tp-shardmap's shards, no psum",
@@ -221,6 +223,10 @@ def test_parity_on_every_process(groups: dict[str, Rows], how: str, cell: Key) -
     assert (r["tp"]["launch"], r["tp"]["transport"], r["tp"]["nproc"]) == (how, transport, nproc)
     known = KNOWN.get((model, dtype), set()) if mode != "fwd" else set()
     assert [p["rank"] for p in r["parity"]["processes"]] == list(range(nproc))
+    # fresh inputs: nothing fails on any copy; the pinned finding may deviate there too (recorded, not promoted)
+    fresh = r["parity"]["fresh"]
+    assert r["parity"]["checked"][-1] == "fresh inputs" and fresh["failures"] == [], fresh
+    assert {f.split(":")[0] for f in fresh["deviations"]} <= known, fresh
     if not known:
         assert r["status"] == "ok", _explain(r)
         assert all(p["passed"] for p in r["parity"]["processes"])
@@ -281,6 +287,8 @@ def test_a_step_without_its_psums_fails_parity(groups: dict[str, Rows], how: str
     assert _failed(r) == PARTIAL[cell[3]], _explain(r)
     assert not any(p["passed"] for p in r["parity"]["processes"])
     assert r["tp"]["collectives"] == [] and r["tp"]["ranks_checked"] == 2
+    fresh = r["parity"]["fresh"]  # the same partial sums on fresh inputs
+    assert fresh["tier"] == "fail" and {f.split(":")[0] for f in fresh["failures"]} == PARTIAL[cell[3]], fresh
 
 
 #: The corrupted-copy control's cell in each launch.
@@ -308,6 +316,9 @@ def test_a_wrong_copy_on_device_1_alone_fails_parity(groups: dict[str, Rows], ho
     assert f"device {good}:" not in r["reason"] and "dx" not in r["reason"], r["reason"]
     if r["parity"].get("last_timed") is not None:  # timed: the last timed call's copy on device 1 fails too
         assert f"process {bad_rank}, device {bad}: last timed call: y: " in r["reason"], r["reason"]
+    # so does its copy of the step on fresh inputs, and only that copy
+    assert f"process {bad_rank}, device {bad}: fresh inputs (seed " in r["reason"], r["reason"]
+    assert r["parity"]["fresh"]["tier"] == "fail" and r["parity"]["fresh"]["failures"][0].startswith("y:")
     if how == "devices":  # process 0 holds the failing copy: its record is that copy's verdict
         assert _failed(r) == {"y"}, _explain(r)
 

@@ -1,5 +1,9 @@
 """The tensor-parallel launcher with a framework-free backend: a cell that crashes, hangs or raises is an error
-result with its reason, within a bounded time; the other cells' results survive; no process is left behind."""
+result with its reason, within a bounded time; the other cells' results survive; no process is left behind. Every
+cell's step is checked on fresh inputs of the job's seed: a backend without ``fresh`` is an error, and the cheat
+control (``BACKEND`` below: the golden answer at every call) passes the golden checks and fails on fresh inputs.
+
+This module is also that test-only backend: the worker imports ``BACKEND`` from here (``CHEAT_SPEC``'s target)."""
 
 from __future__ import annotations
 
@@ -9,16 +13,68 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from compare.cases import PRESETS
+from compare.cell import MODE_TENSORS
+from compare.golden import Problem, golden_for
 from compare.harness import TimingConfig
+from compare.reference import round_to_dtype
+from compare.registry import Availability, BackendSpec, Prepared
+from compare.tp import Collective, Group, TPParts
 from compare.tp_launch import Job, run_job
 from compare.tp_worker import Cell
 from tests.fake_tp_backend import NAME, SPEC
 
 MODES = ("fwd", "bwd", "fwd+bwd")
 QUICK = TimingConfig(warmup=1, budget_s=0.02, max_samples=5)
+
+# ---- the cheat control: a TP backend that returns the golden answer, whatever its inputs ------------------------
+
+CHEAT = "fake-tp-cheat"
+CHEAT_SPEC = BackendSpec(
+    CHEAT,
+    "numpy",
+    "tests.test_tp_launch",
+    "returns the golden answer, rounded to the dtype, at every call (a negative control: must fail on fresh inputs)",
+    models=SPEC.models,
+    runtime=SPEC.runtime,
+    comm="megatron",
+    launches=("devices",),
+)
+
+
+class Cheat:
+    """Reads the answer in ``prepare`` (``golden_for(problem.case)``) and returns it at every call, ``fresh``
+    included: right on the first and the last timed call, wrong on any other inputs."""
+
+    name = CHEAT
+
+    def availability(self) -> Availability:
+        return Availability(True)
+
+    def prepare(self, problem: Problem, mode: str, group: Group) -> Prepared:
+        case = problem.case
+        want = MODE_TENSORS[mode]
+        answer = {k: round_to_dtype(v, case.dtype).astype(np.float64) for k, v in golden_for(case).ref.items()}
+        answer = {k: v for k, v in answer.items() if want(k)}
+
+        def step() -> dict[str, np.ndarray]:
+            return dict(answer)
+
+        count = {"fwd": 1, "bwd": 1, "fwd+bwd": 2}[mode]
+        payload = count * case.shape.tokens * case.shape.dim * 4
+        tp = TPParts(
+            collectives=lambda: [Collective("all-reduce", count, payload, "fake")],
+            comm_only=lambda: np.zeros(1),
+            compute_only=step,
+            layout="the golden answer, stored",
+        )
+        return Prepared(step=step, sync=lambda outs: None, to_numpy=dict, tp=tp, fresh=lambda inputs: step())
+
+
+BACKEND = Cheat()
 
 
 def _job(cell_timeout_s: float = 30.0) -> Job:
@@ -59,7 +115,7 @@ def test_every_cell_runs_in_one_group(tmp_path: Path) -> None:
     [
         ("crash", "process 0 of 1 exited with status 9"),
         ("raise", "process 0: RuntimeError: fake-tp was told to fail on bwd"),
-        ("hang", "no progress for 3 s"),
+        ("hang", "no progress for 6 s"),
     ],
 )
 def test_a_failing_cell_is_an_error_and_the_others_survive(
@@ -67,11 +123,11 @@ def test_a_failing_cell_is_an_error_and_the_others_survive(
 ) -> None:
     monkeypatch.setenv("FAKE_TP_FAULT", f"{fault}@bwd")
     t0 = time.monotonic()
-    rows = run_job(_job(cell_timeout_s=3.0), root=tmp_path)
+    rows = run_job(_job(cell_timeout_s=6.0), root=tmp_path)
     took = time.monotonic() - t0
     assert [(r["mode"], r["status"]) for r in rows] == [("fwd", "ok"), ("bwd", "error"), ("fwd+bwd", "ok")]
     assert says in rows[1]["reason"]
-    assert took < 30, f"the launcher took {took:.1f} s to give up on a {fault}"
+    assert took < 40, f"the launcher took {took:.1f} s to give up on a {fault}"
     assert len(list(tmp_path.glob("group-*"))) == 2, "the group restarted once, for the cell after the failure"
     pids = _pids(tmp_path)
     assert len(pids) == 2
@@ -92,3 +148,47 @@ def test_two_runs_at_once_do_not_collide(tmp_path: Path) -> None:
     assert {n: [r["status"] for r in rows] for n, rows in out.items()} == {n: ["ok"] * 3 for n in ("a", "b")}
     ports = {json.loads(p.read_text())["port"] for p in tmp_path.glob("*/group-*/job.json")}
     assert len(ports) == 2
+
+
+def test_every_cell_is_checked_on_fresh_inputs_and_the_cheat_fails_there(tmp_path: Path) -> None:
+    """The honest fake passes on the job's fresh draw; the cheat (the golden answer stored) passes the first and the
+    last timed call and fails on fresh inputs, every tensor, with the seed in its reason."""
+    case = PRESETS["tiny"].case("float32")
+    cells = tuple(Cell(i, b, case, m) for i, (b, m) in enumerate((b, m) for b in (NAME, CHEAT) for m in MODES))
+    job = Job(SPEC.runtime, "devices", 2, cells, (SPEC, CHEAT_SPEC), QUICK, cell_timeout_s=30.0)
+    rows = run_job(job, root=tmp_path)
+    assert len(list(tmp_path.glob("group-*"))) == 1, "no cell failed its group"
+    for cell, r in zip(cells, rows, strict=True):
+        parity = r["parity"]
+        assert parity["checked"] == ["first call", "last timed call", "fresh inputs"], parity["checked"]
+        assert parity["fresh"]["seed"] == job.fresh_seed
+        assert set(r["extras"]["fresh_check_s"]) == {"step", "read", "reference", "judge"}
+        if cell.backend == NAME:
+            assert r["status"] == "ok", r["reason"]
+            assert parity["fresh"]["tier"] == "pass" and parity["fresh"]["failures"] == []
+            continue
+        # the golden checks alone would pass it: the first call's record and the last timed call are right
+        assert parity["tier"] == "pass" and parity["last_timed"]["passed"], parity
+        assert r["status"] == "parity-fail", r["reason"]
+        assert parity["fresh"]["tier"] == "fail"
+        tensors = {t["tensor"] for t in parity["tensors"]}
+        assert {f.split(":")[0] for f in parity["fresh"]["failures"]} == tensors, parity["fresh"]["failures"]
+        assert f"fresh inputs (seed {job.fresh_seed}): " in r["reason"], r["reason"]
+        assert all(f"process 0, device cpu: fresh inputs (seed {job.fresh_seed}): {t}:" in r["reason"] for t in tensors)
+        assert [(p["passed"], p["tier"]) for p in parity["processes"]] == [(False, "fail")]
+
+
+def test_a_backend_without_fresh_is_an_error_and_its_group_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_TP_FAULT", "nofresh@bwd")
+    rows = run_job(_job(), root=tmp_path)
+    assert [(r["mode"], r["status"]) for r in rows] == [("fwd", "ok"), ("bwd", "error"), ("fwd+bwd", "ok")]
+    assert "fake-tp in mode bwd: its Prepared has no fresh" in rows[1]["reason"], rows[1]["reason"]
+    assert rows[1]["world_size"] == 2 and rows[1].get("parity") is None
+    assert len(list(tmp_path.glob("group-*"))) == 1, "refusing a cell costs no restart"
+
+
+def test_each_job_draws_its_own_fresh_seed() -> None:
+    seeds = {_job().fresh_seed for _ in range(4)}
+    assert len(seeds) == 4 and all(0 <= s < 2**32 for s in seeds)

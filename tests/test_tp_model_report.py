@@ -1,7 +1,10 @@
-"""The communication model, the world-size checks, the collective kind, and the report's TP sections rendered from
-a real (framework-free) TP run."""
+"""The communication model, the world-size checks, the collective kind, the report's check of the collectives issued
+against the model (kinds, calls and bytes, on hand-built records), and the report's TP sections rendered from a real
+(framework-free) TP run."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -12,8 +15,10 @@ from compare.kernel_classify import classify
 from compare.registry import register, spec, unregister
 from compare.report import render
 from compare.timing import TimingConfig
-from compare.tp import ring_bytes
+from compare.tp import Collective, ring_bytes
 from compare.tp_cost import COMM_PLANS, comm_cost, shard
+from compare.tp_report import model_check
+from compare.tp_result import TPInfo
 from tests.fake_tp_backend import NAME, SPEC
 
 TINY = PRESETS["tiny"].case("float32")  # 3 x 37 tokens, dim 96: one [tokens, dim] tensor is 42,624 B in float32
@@ -107,3 +112,70 @@ def test_world_size_one_runs_with_no_collective() -> None:
         assert r.tp is not None and r.tp.world_size == 1
         assert sum(c.count for c in r.tp.collectives) == 0
         assert r.tp.comm_model is not None and r.tp.comm_model["payload_bytes"] == 0
+
+
+def _issued(*lines: tuple[str, int, int], plan: str = "megatron", mode: str = "fwd+bwd", world: int = 2) -> TPInfo:
+    """A TP record of ``tiny`` that issued ``lines`` (kind, calls, bytes), modelled by ``plan``."""
+    return TPInfo(
+        world_size=world,
+        nproc=world,
+        launch="processes",
+        threads_per_process=1,
+        transport="test",
+        layout="test",
+        collectives=tuple(Collective(k, n, b, "hand-built") for k, n, b in lines),
+        comm_model=comm_cost(TINY, plan, mode, world).to_dict(),
+    )
+
+
+BYTES = UNIT * 4  # one [tokens, dim] float32 tensor of tiny
+
+
+def test_the_model_check_passes_the_planned_collectives() -> None:
+    assert model_check(_issued(("all-reduce", 2, 2 * BYTES))) == "= model"  # Megatron fwd+bwd: y and dx
+    assert model_check(_issued(("all-reduce", 1, 2 * BYTES), plan="megatron-combined")) == "= model"
+    assert model_check(_issued(("all-reduce", 0, 0), world=1)) == "= model"  # one rank: none issued, none planned
+    assert model_check(replace(_issued(("all-reduce", 2, 2 * BYTES)), comm_model=None)) == "not modelled"
+
+
+#: Records that issued something else than Megatron's fwd+bwd (2 all-reduces of one [tokens, dim] tensor each).
+DIFFERENT: dict[str, tuple[tuple[tuple[str, int, int], ...], str]] = {
+    # the same total bytes in other kinds: an all-gather is not an all-reduce
+    "other-kinds-same-total": (
+        (("all-reduce", 1, BYTES), ("all-gather", 1, BYTES)),
+        f"**1 all-reduce ({BYTES:,} B) + 1 all-gather ({BYTES:,} B) != model 2 all-reduce ({2 * BYTES:,} B)** "
+        "(differs in kinds, counts, bytes)",
+    ),
+    # the planned all-reduces and one more collective of another kind (a check of all-reduce bytes passes it)
+    "one-more-kind": (
+        (("all-reduce", 2, 2 * BYTES), ("all-gather", 1, BYTES)),
+        f"**2 all-reduce ({2 * BYTES:,} B) + 1 all-gather ({BYTES:,} B) != model 2 all-reduce ({2 * BYTES:,} B)** "
+        "(differs in kinds)",
+    ),
+    # the same kind and bytes in fewer calls: a combined reduce where the plan has two
+    "fewer-calls": (
+        (("all-reduce", 1, 2 * BYTES),),
+        f"**1 all-reduce ({2 * BYTES:,} B) != model 2 all-reduce ({2 * BYTES:,} B)** (differs in counts)",
+    ),
+    # the same calls moving other bytes
+    "other-bytes": (
+        (("all-reduce", 2, BYTES),),
+        f"**2 all-reduce ({BYTES:,} B) != model 2 all-reduce ({2 * BYTES:,} B)** (differs in bytes)",
+    ),
+    # nothing issued where the plan reduces
+    "none": ((("all-reduce", 0, 0),), f"**none != model 2 all-reduce ({2 * BYTES:,} B)** (differs in kinds)"),
+}
+
+
+@pytest.mark.parametrize("name", list(DIFFERENT))
+def test_the_model_check_names_what_differs(name: str) -> None:
+    lines, says = DIFFERENT[name]
+    tp = _issued(*lines)
+    assert model_check(tp) == says
+
+
+def test_the_same_total_bytes_in_other_kinds_is_not_the_model() -> None:
+    tp = _issued(*DIFFERENT["other-kinds-same-total"][0])
+    assert tp.comm_model is not None
+    assert sum(c.bytes for c in tp.collectives) == tp.comm_model["payload_bytes"]  # a total alone would pass it
+    assert model_check(tp) != "= model"

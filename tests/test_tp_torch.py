@@ -1,14 +1,19 @@
 """The torch tensor-parallel backends at world size 2 on ``tiny``, run by the TP launcher in ONE worker group for
 every cell (start-up costs seconds): parity of the full outputs and gradients against the float64 golden on every
-rank, Megatron's collectives (one all-reduce of ``[tokens, dim]`` per forward, one per backward), and a negative
-control (a step that skips its all-reduces fails the gate)."""
+rank, on the golden inputs and on fresh ones, Megatron's collectives (one all-reduce of ``[tokens, dim]`` per
+forward, one per backward), and a negative control (a step that skips its all-reduces fails the gate, on fresh
+inputs too). In this process, on a one-rank gloo group: the comm-only twin issues exactly the calls counted for the
+step (kinds, order, sizes and dtypes), whatever they are."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from compare.cases import PRESETS
 from compare.harness import TimingConfig
@@ -18,6 +23,7 @@ from compare.tp_launch import Job, run_job
 from compare.tp_worker import Cell
 from tests.torch_tp_skip_backend import NAME as SKIP
 from tests.torch_tp_skip_backend import SPEC as SKIP_SPEC
+from torch_impl import tp_common as tc
 
 QUICK = TimingConfig(warmup=1, budget_s=0.02, max_samples=5)
 ITEMSIZE = {"float32": 4, "bfloat16": 2}
@@ -77,6 +83,9 @@ def test_parity_on_every_rank(rows: dict[tuple[str, str, str, str], dict[str, An
     # each rank judges its one device's copy: two copies judged in all, and ranks_checked says so
     assert [len(p["copies"]) for p in r["parity"]["processes"]] == [1, 1]
     assert r["tp"]["ranks_checked"] == 2
+    # and on fresh inputs, every rank's copy (a deviation there would be recorded, not promoted: none here)
+    assert r["parity"]["checked"][-1] == "fresh inputs"
+    assert r["parity"]["fresh"]["tier"] == "pass", r["parity"]["fresh"]
 
 
 @pytest.mark.parametrize("cell", REAL, ids=["/".join(c) for c in REAL])
@@ -122,3 +131,52 @@ def test_a_step_without_its_all_reduces_fails_parity(
     assert all(f"process {p}, device {d}: y: " in r["reason"] for p, d in copies), r["reason"]
     assert r["tp"]["ranks_checked"] == 2
     assert r["tp"]["collectives"][0]["count"] == 0
+    # its fresh step is the same wrong function: it fails there too, on both ranks
+    assert r["parity"]["fresh"]["tier"] == "fail"
+    assert all(f"process {p}, device {d}: fresh inputs (seed " in r["reason"] for p, d in copies), r["reason"]
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Iterator[None]:
+    """A one-process gloo group in this process (file rendezvous), destroyed after the test."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_comm_only_twin_replays_the_counted_calls(one_rank: None) -> None:
+    """The twin issues what was counted for the step, call for call (kind, size, dtype, order), not the model's
+    all-reduces; counting it gives the step's count back. The step here issues an all-gather between two
+    all-reduces of different sizes (Megatron's model has neither)."""
+    cpu = torch.device("cpu")
+    a, b = torch.ones(16), torch.ones(8, dtype=torch.bfloat16)
+    gathered = torch.empty(8, dtype=torch.bfloat16)
+
+    def step() -> list[torch.Tensor]:
+        dist.all_reduce(a)
+        dist.all_gather_single(gathered, b)
+        dist.all_reduce(a[:4])
+        return [a, gathered]
+
+    counts: list[int] = []
+
+    def count() -> tc.Counted:
+        counts.append(1)
+        return tc.count_eager(step)
+
+    collectives, comm_only = tc.counted_twins(count, cpu)
+    want = (
+        tc.Call("all-reduce", 64, torch.float32),
+        tc.Call("all-gather", 16, torch.bfloat16),
+        tc.Call("all-reduce", 16, torch.float32),
+    )
+    comm_only()  # its first call builds it from the count (one step, counted)
+    assert tc.count_eager(comm_only).calls == want
+    assert [(c.kind, c.count, c.bytes) for c in collectives()] == [("all-reduce", 2, 80), ("all-gather", 1, 16)]
+    assert counts == [1], "one count, reported and replayed"
+    every = (*want, tc.Call("reduce-scatter", 8, torch.float32), tc.Call("all-to-all", 8, torch.float32))
+    assert tc.count_eager(tc.replay((*every, tc.Call("broadcast", 4, torch.float32)), cpu)).calls[:-1] == every
+    with pytest.raises(ValueError, match="cannot replay a counted 'gather'"):
+        tc.replay([tc.Call("gather", 4, torch.float32)], cpu)

@@ -1,5 +1,7 @@
 """A negative control for the torch TP backends: ``torch-tp-manual`` whose step skips its all-reduces (its
-compute-only twin, a partial output on each rank), judged by the gate as if it were the real step. It must fail."""
+compute-only twin, a partial output on each rank), judged by the gate as if it were the real step. It must fail.
+Its ``fresh`` is the twin's too (the same wrong function on fresh inputs), and its collectives are the twin's own
+count (none), which its comm-only twin replays."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import dataclasses
 from compare.golden import Problem
 from compare.registry import Availability, BackendSpec, Prepared
 from compare.tp import Group
+from torch_impl import device as dev
 from torch_impl import tp_common as tc
 from torch_impl.backends.tp_manual import BACKEND as MANUAL
 
@@ -31,9 +34,10 @@ class SkipReduce:
     def prepare(self, problem: Problem, mode: str, group: Group) -> Prepared:
         p = MANUAL.prepare(problem, mode, group)
         assert p.tp is not None
-        skip = p.tp.compute_only
-        tp = dataclasses.replace(p.tp, collectives=lambda: tc.count_eager(skip))
-        return dataclasses.replace(p, step=skip, tp=tp)
+        skip = tc.local_twin(problem, mode, group)
+        collectives, comm = tc.counted_twins(lambda: tc.count_eager(skip.run), dev.device())
+        tp = dataclasses.replace(p.tp, collectives=collectives, comm_only=comm)
+        return dataclasses.replace(p, step=skip.run, fresh=skip.fresh, tp=tp)
 
 
 BACKEND = SkipReduce()

@@ -35,7 +35,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from compare.golden import Problem
 from compare.registry import Availability, Prepared
-from compare.tp import Collective, Group, TPParts, megatron_allreduces
+from compare.tp import Collective, Group, TPParts
 from compare.weights import linear_weight
 from torch_impl import device as dev
 from torch_impl import profiling
@@ -229,10 +229,14 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 @dataclass
 class Step:
-    """One mode's step over a forward: ``run()`` and ``to_numpy(output)`` (full tensors, gathered here)."""
+    """One mode's step over a forward: ``run()`` on the case's inputs, ``to_numpy(output)`` (full tensors, gathered
+    here) and ``fresh(inputs)``, one step on other inputs (``Prepared.fresh``: the full ``x`` ``[batch, seq, dim]`` and
+    ``dy`` ``[batch, seq, out]`` as numpy arrays, which every rank gets whole, as it gets the golden ones), the
+    weights unchanged."""
 
     run: Callable[[], Any]
     to_numpy: Callable[[Any], dict[str, np.ndarray]]
+    fresh: Callable[[dict[str, np.ndarray]], Any]
 
 
 def build_step(
@@ -240,43 +244,60 @@ def build_step(
 ) -> Step:
     """The step of ``mode`` (as ``torch_impl.runner``: ``fwd`` under no_grad; ``fwd+bwd``; ``bwd`` over a forward
     run once here) for ``forward`` with the canonical ``params`` it reads (local slices or DTensor parameters).
-    Every output is waited for inside the step, so its collectives are inside the timing."""
+    Every output is waited for inside the step, so its collectives are inside the timing. Its ``fresh`` runs the
+    same step on other (full, replicated) inputs: for ``bwd`` over a new forward of the fresh ``x``, whose
+    collectives run inside that call, on every rank alike."""
     any_param = next(iter(params.values()))
     device, dtype = any_param.device, any_param.dtype
-    x = torch.from_numpy(problem.x).to(device=device, dtype=dtype)
-    dy = torch.from_numpy(problem.dy).to(device=device, dtype=dtype)
     names = ["dx", *(f"d{n}" for n in params)]
-    wrt = [x, *params.values()]
+    weights = list(params.values())
     if mode != "fwd":
-        for t in wrt:
+        for t in weights:
             t.requires_grad_(True)
+
+    def placed(a: np.ndarray, grad: bool = False) -> torch.Tensor:
+        t = torch.from_numpy(a).to(device=device, dtype=dtype)
+        return t.requires_grad_(True) if grad else t
 
     def grads_np(grads: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
         return {n: _np(full_grad(n, g, world_size)) for n, g in zip(names, grads, strict=True)}
 
     if mode == "fwd":
+        x = placed(problem.x)
 
-        def fwd() -> torch.Tensor:
+        def fwd_on(xx: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():
-                return wait(forward(x))
+                return wait(forward(xx))
 
-        return Step(fwd, lambda out: {"y": _np(out)})
+        return Step(lambda: fwd_on(x), lambda out: {"y": _np(out)}, lambda new: fwd_on(placed(new["x"])))
     if mode == "fwd+bwd":
+        x, dy = placed(problem.x, grad=True), placed(problem.dy)
 
-        def fwd_bwd() -> tuple[torch.Tensor, list[torch.Tensor]]:
-            y = forward(x)
-            grads = torch.autograd.grad(y, wrt, dy)
-            return wait(y).detach(), [wait(g) for g in grads]
+        def fwd_bwd_on(xx: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            y = forward(xx)
+            grads = torch.autograd.grad(y, [xx, *weights], g)
+            return wait(y).detach(), [wait(d) for d in grads]
 
-        return Step(fwd_bwd, lambda out: {"y": _np(out[0]), **grads_np(out[1])})
+        return Step(
+            lambda: fwd_bwd_on(x, dy),
+            lambda out: {"y": _np(out[0]), **grads_np(out[1])},
+            lambda new: fwd_bwd_on(placed(new["x"], grad=True), placed(new["dy"])),
+        )
     if mode == "bwd":
+        x, dy = placed(problem.x, grad=True), placed(problem.dy)
         y_graph = forward(x)
         wait(y_graph)  # the forward's all-reduce completes here, in set-up (the step is the backward alone)
 
         def bwd() -> list[torch.Tensor]:
-            return [wait(g) for g in torch.autograd.grad(y_graph, wrt, dy, retain_graph=True)]
+            return [wait(g) for g in torch.autograd.grad(y_graph, [x, *weights], dy, retain_graph=True)]
 
-        return Step(bwd, grads_np)
+        def bwd_fresh(new: dict[str, np.ndarray]) -> list[torch.Tensor]:
+            x2 = placed(new["x"], grad=True)
+            y2 = forward(x2)
+            wait(y2)
+            return [wait(g) for g in torch.autograd.grad(y2, [x2, *weights], placed(new["dy"]))]
+
+        return Step(bwd, grads_np, bwd_fresh)
     raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
 
 
@@ -296,44 +317,105 @@ class _NoModuleTracker:
         return None
 
 
+#: Fragments of a collective op's name and the kind ``compare.tp.Collective`` names it by (JAX's HLO names).
+_KINDS: tuple[tuple[str, str], ...] = (
+    ("all_reduce", "all-reduce"),
+    ("allreduce", "all-reduce"),
+    ("all_gather", "all-gather"),
+    ("allgather", "all-gather"),
+    ("reduce_scatter", "reduce-scatter"),
+    ("all_to_all", "all-to-all"),
+    ("alltoall", "all-to-all"),
+    ("broadcast", "broadcast"),
+)
+#: c10d collectives that work in place on their first argument (every other c10d one reads its input second).
+_IN_PLACE = frozenset({"allreduce_", "allreduce_coalesced_", "broadcast_", "reduce_"})
+
+
+def collective_kind(op: str) -> str:
+    """The kind of the collective op named ``op`` (e.g. ``"c10d.allreduce_"`` is ``"all-reduce"``); the op's own
+    name where it is none of :data:`_KINDS`."""
+    return next((kind for fragment, kind in _KINDS if fragment in op), op)
+
+
+def _tensors(a: Any) -> list[torch.Tensor]:
+    if isinstance(a, torch.Tensor):
+        return [a]
+    if isinstance(a, list | tuple):
+        return [t for x in a for t in _tensors(x)]
+    return []
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective call of a step, as counted: its ``kind`` (``compare.tp.Collective.kind``), the payload bytes
+    of its input tensors (``nbytes``: the tensors reduced, gathered from, scattered or sent) and their ``dtype``."""
+
+    kind: str
+    nbytes: int
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Counted:
+    """The collectives of one step: every ``calls`` in the order issued (what :func:`replay` issues alone) and one
+    :class:`~compare.tp.Collective` line per kind (what ``TPParts.collectives`` reports; an all-reduce line always,
+    with count 0 when the step issued none)."""
+
+    calls: tuple[Call, ...]
+    collectives: tuple[Collective, ...]
+
+
+def summarise(calls: Sequence[Call], source: str, ops: Mapping[str, int] | None = None) -> Counted:
+    """``calls`` with their per-kind lines; ``ops`` (op name: calls), where known, goes into each line's detail."""
+    kinds = list(dict.fromkeys(["all-reduce", *(c.kind for c in calls)]))
+    lines = []
+    for kind in kinds:
+        named = ", ".join(f"{k} x{v}" for k, v in (ops or {}).items() if collective_kind(k) == kind)
+        lines.append(collective_line(kind, [c.nbytes for c in calls if c.kind == kind], source, named))
+    return Counted(tuple(calls), tuple(lines))
+
+
 class _SizedCommMode(CommDebugMode):
-    """``CommDebugMode`` (without its module tracker) that also records the payload bytes of every all-reduce."""
+    """``CommDebugMode`` (without its module tracker) that also records every collective it counts as a
+    :class:`Call`: its kind, the bytes of its input tensors and their dtype."""
 
     def __init__(self) -> None:
         super().__init__()
         self.advanced_module_tracker = _NoModuleTracker()  # type: ignore[assignment]
-        self.allreduce_bytes: list[int] = []
+        self.calls: list[Call] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        before = sum(self.comm_counts.values())
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        name = str(getattr(func, "_overloadpacket", func))
-        if out is not NotImplemented and ("all_reduce" in name or "allreduce" in name):
-            first = args[0]
-            tensors = first if isinstance(first, list | tuple) else [first]
-            self.allreduce_bytes.append(sum(t.numel() * t.element_size() for t in tensors))
+        if out is not NotImplemented and sum(self.comm_counts.values()) > before:  # CommDebugMode counted it
+            name = str(getattr(func, "_overloadpacket", func))
+            space, _, op = name.rpartition(".")
+            first = 0 if space != "c10d" or op in _IN_PLACE else 1
+            tensors = _tensors(args[first]) if len(args) > first else []
+            nbytes = sum(t.numel() * t.element_size() for t in tensors)
+            dtype = tensors[0].dtype if tensors else torch.float32
+            self.calls.append(Call(collective_kind(name), nbytes, dtype))
         return out
 
 
-def count_eager(run: Callable[[], Any]) -> list[Collective]:
-    """The all-reduces of one call of ``run``, counted by ``CommDebugMode`` (sizes from the reduced tensors)."""
+def count_eager(run: Callable[[], Any]) -> Counted:
+    """The collectives of one call of ``run``, counted by ``CommDebugMode`` (sizes from the input tensors)."""
     with _SizedCommMode() as mode:
         dev.sync(run())
-    counts = {str(k): v for k, v in mode.get_comm_counts().items()}
-    others = {k: v for k, v in counts.items() if "all_reduce" not in k and "allreduce" not in k}
-    if others:
-        raise RuntimeError(f"collectives other than all-reduce in a TP step: {others}")
-    return [all_reduces(mode.allreduce_bytes, "CommDebugMode", ", ".join(f"{k} x{v}" for k, v in counts.items()))]
+    return summarise(mode.calls, "CommDebugMode", {str(k): v for k, v in mode.get_comm_counts().items()})
 
 
 #: Profiler events of one all-reduce call each (``c10d::allreduce_`` nested in a functional one is the same call).
 _ALLREDUCE_EVENTS = frozenset({"_c10d_functional::all_reduce", "_c10d_functional::all_reduce_", "c10d::allreduce_"})
 
 
-def count_profiled(run: Callable[[], Any], itemsize: int) -> list[Collective]:
+def count_profiled(run: Callable[[], Any], dtype: torch.dtype) -> Counted:
     """The all-reduces of one call of ``run``, counted from ``torch.profiler`` events (``CommDebugMode`` cannot see
     into a compiled graph: under a dispatch mode the compiled code is not what runs). Each outermost all-reduce
-    event is one call, its payload the recorded shape x ``itemsize``; ``detail`` says how many ran inside a compiled
-    graph (``## Call CompiledFxGraph``) and how many outside it (eager DTensor redistributes)."""
+    event is one call, its payload the recorded shape in ``dtype``; ``detail`` says how many ran inside a compiled
+    graph (``## Call CompiledFxGraph``) and how many outside it (eager DTensor redistributes). Only all-reduces are
+    looked for (the compiled TP steps issue nothing else)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
@@ -349,32 +431,77 @@ def count_profiled(run: Callable[[], Any], itemsize: int) -> list[Collective]:
             p = p.cpu_parent
         if any(n in _ALLREDUCE_EVENTS for n in chain):
             continue
-        sizes.append(int(np.prod(e.input_shapes[0])) * itemsize if e.input_shapes and e.input_shapes[0] else 0)
+        sizes.append(int(np.prod(e.input_shapes[0])) * dtype.itemsize if e.input_shapes and e.input_shapes[0] else 0)
         inside += any(n.startswith("## Call CompiledFxGraph") for n in chain)
     detail = f"{inside} inside a compiled graph, {len(sizes) - inside} outside (eager)"
-    return [all_reduces(sizes, "torch.profiler", detail)]
+    line = collective_line("all-reduce", sizes, "torch.profiler", detail)
+    return Counted(tuple(Call("all-reduce", n, dtype) for n in sizes), (line,))
 
 
-def all_reduces(sizes: Sequence[int], source: str, detail: str) -> Collective:
-    """One :class:`Collective` line for the all-reduces of ``sizes`` bytes each."""
+def collective_line(kind: str, sizes: Sequence[int], source: str, detail: str) -> Collective:
+    """One :class:`Collective` line for the ``kind`` calls of ``sizes`` bytes each."""
     each = sorted(set(sizes))
-    return Collective(
-        "all-reduce", len(sizes), int(sum(sizes)), source, f"{detail}; bytes each: {', '.join(map(str, each))}"
-    )
+    return Collective(kind, len(sizes), int(sum(sizes)), source, f"{detail}; bytes each: {', '.join(map(str, each))}")
 
 
-def comm_only(problem: Problem, mode: str, dtype: torch.dtype, device: torch.device) -> Callable[[], Any]:
-    """The step's all-reduces alone: one ``[batch, seq, dim]`` buffer per all-reduce of ``mode`` (zeros: they stay
-    finite however often they are summed)."""
-    count = megatron_allreduces(mode) if dist.get_world_size() > 1 else 0  # one rank: nothing to reduce
-    bufs = [torch.zeros(problem.case.output_shape(), dtype=dtype, device=device) for _ in range(count)]
+def replay(calls: Sequence[Call], device: torch.device) -> Callable[[], list[torch.Tensor]]:
+    """A zero-argument callable that issues ``calls`` alone, in their order: each of its kind (``dist.all_reduce``,
+    ``all_gather_single``, ``reduce_scatter_single``, ``all_to_all_single``, ``broadcast``) on a zero buffer of
+    its counted bytes and dtype (zeros stay finite however often they are summed). A kind it cannot issue is a
+    ``ValueError`` naming it, never a silently shorter twin."""
+    world = dist.get_world_size()
+    ops: list[Callable[[], Any]] = []
+    outs: list[torch.Tensor] = []
+    for c in calls:
+        n = c.nbytes // c.dtype.itemsize
+        buf = torch.zeros(n, dtype=c.dtype, device=device)
+        if c.kind == "all-reduce":
+            ops.append(functools.partial(dist.all_reduce, buf))
+            outs.append(buf)
+        elif c.kind == "all-gather":
+            out = torch.zeros(n * world, dtype=c.dtype, device=device)
+            ops.append(functools.partial(dist.all_gather_single, out, buf))
+            outs.append(out)
+        elif c.kind == "reduce-scatter" and n % world == 0:
+            out = torch.zeros(n // world, dtype=c.dtype, device=device)
+            ops.append(functools.partial(dist.reduce_scatter_single, out, buf))
+            outs.append(out)
+        elif c.kind == "all-to-all" and n % world == 0:
+            out = torch.zeros_like(buf)
+            ops.append(functools.partial(dist.all_to_all_single, out, buf))
+            outs.append(out)
+        elif c.kind == "broadcast":
+            ops.append(functools.partial(dist.broadcast, buf, 0))
+            outs.append(buf)
+        else:
+            raise ValueError(f"the comm-only twin cannot replay a counted {c.kind!r} of {c.nbytes} B at world {world}")
 
     def run() -> list[torch.Tensor]:
-        for b in bufs:
-            dist.all_reduce(b)
-        return bufs
+        for op in ops:
+            op()
+        return outs
 
     return run
+
+
+def comm_only(counted: Callable[[], Counted], device: torch.device) -> Callable[[], Any]:
+    """The step's collectives alone: exactly the calls ``counted`` for the step (each kind, count and size, in the
+    order issued; :func:`replay`), which is what ``TPParts.collectives`` reports. Built on its first call, from the
+    count (``counted`` is run once and kept, :func:`counted_twins`: that first call may run one step under the
+    counter, on every rank alike). So, as on the JAX side (``jax_impl.tp_common.comm_twin`` replays the all-reduce
+    ops read off the step's own compiled HLO), what is timed alone is what the step was seen to issue, not what the
+    communication model says it should: a step that issues more, fewer or other collectives than Megatron's shows
+    it in both places."""
+    return lazy(lambda: replay(counted().calls, device))
+
+
+def counted_twins(
+    count: Callable[[], Counted], device: torch.device
+) -> tuple[Callable[[], list[Collective]], Callable[[], Any]]:
+    """``TPParts.collectives`` and ``TPParts.comm_only`` from ONE count of the step's collectives (``count`` runs once,
+    on the first use of either, and is kept): what is reported is what is replayed."""
+    counted = functools.cache(count)
+    return (lambda: list(counted().collectives)), comm_only(counted, device)
 
 
 def lazy(build: Callable[[], Callable[[], Any]]) -> Callable[[], Any]:
@@ -422,18 +549,21 @@ def prepared(
     step: Step,
     *,
     compute_only: Callable[[], Any],
-    collectives: Callable[[], list[Collective]] | None = None,
+    count: Callable[[], Counted] | None = None,
     setup_s: dict[str, float],
     layout: str,
     timed: bool = True,
     note: str = "",
 ) -> Prepared:
-    """The ``Prepared`` of a TP step with its ``TPParts`` (collectives counted by ``CommDebugMode`` by default)."""
+    """The ``Prepared`` of a TP step with its ``TPParts`` and its ``fresh`` (``Step.fresh``). ``count`` counts the
+    collectives of one step (``CommDebugMode`` of ``step.run`` by default); it runs once, and the comm-only twin
+    replays what it counted (:func:`counted_twins`)."""
     precision = dev.pin_precision()
-    device, dtype = dev.device(), dev.TORCH_DTYPES[problem.case.dtype]
+    device = dev.device()
+    collectives, comm = counted_twins(count if count is not None else lambda: count_eager(step.run), device)
     tp = TPParts(
-        collectives=collectives if collectives is not None else lambda: count_eager(step.run),
-        comm_only=comm_only(problem, mode, dtype, device),
+        collectives=collectives,
+        comm_only=comm,
         compute_only=compute_only,
         setup_s=setup_s,
         layout=layout,
@@ -450,6 +580,7 @@ def prepared(
         profile=profile_fn(step.run, str(device), timed),
         tp=tp,
         extras={"world_size": group.world_size},
+        fresh=step.fresh,
     )
 
 

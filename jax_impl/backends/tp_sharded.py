@@ -63,10 +63,9 @@ class ShardedBackend:
         def apply(st: Any, xx: jax.Array) -> jax.Array:
             return nnx.merge(graphdef, st)(xx)
 
-        jitted: Any
-        args: tuple[Any, ...]
+        step: tc.Jitted
         if mode == "fwd":
-            jitted, args = jax.jit(apply, out_shardings=replicated), (state, x)
+            step = tc.Jitted(jax.jit(apply, out_shardings=replicated), (state, x), lambda xx, _g: (state, xx))
         elif mode == "fwd+bwd":
 
             def fwd_bwd(st: Any, xx: jax.Array, g: jax.Array) -> Any:
@@ -74,10 +73,16 @@ class ShardedBackend:
                 return y, vjp(g)
 
             jitted = jax.jit(fwd_bwd, out_shardings=(replicated, (shardings, replicated)))
-            args = (state, x, dy)
+            step = tc.Jitted(jitted, (state, x, dy), lambda xx, g: (state, xx, g))
         elif mode == "bwd":
-            _, vjp_fn = jax.vjp(jax.jit(apply, out_shardings=replicated), state, x)
-            jitted, args = jax.jit(lambda f, g: f(g), out_shardings=(shardings, replicated)), (vjp_fn, dy)
+            forward = jax.jit(apply, out_shardings=replicated)
+            _, vjp_fn = jax.vjp(forward, state, x)
+            # other inputs: a new forward's VJP closure (the same pytree structure: no recompile of the backward)
+            step = tc.Jitted(
+                jax.jit(lambda f, g: f(g), out_shardings=(shardings, replicated)),
+                (vjp_fn, dy),
+                lambda xx, g: (jax.vjp(forward, state, xx)[1], g),
+            )
         else:
             raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
 
@@ -93,10 +98,10 @@ class ShardedBackend:
         params, px, pdy = tc.place_problem(mesh, problem)
         return tc.prepared(
             mesh,
-            jitted,
-            args,
+            step,
             to_numpy=lambda out: to_numpy(canonical(out)),
             compute=tc.shard_step(mesh, model, mode, XLA_ACT_MUL.get(model), params, px, pdy, reduce=False),
+            dtype=problem.case.dtype,
             precision=precision,
             setup_s={"build": t1 - t0, "weights": t2 - t1},
             layout=tc.layout(model, problem.case.shape.hidden, group.world_size)

@@ -39,16 +39,16 @@ class ShardMapBackend:
         t0 = time.perf_counter()
         params, x, dy = tc.place_problem(mesh, problem)
         t1 = time.perf_counter()
-        jitted, args = tc.shard_step(mesh, model, mode, act_mul, params, x, dy, check_vma=not glu)
+        step = tc.shard_step(mesh, model, mode, act_mul, params, x, dy, check_vma=not glu)
         compute = tc.shard_step(mesh, model, mode, act_mul, params, x, dy, check_vma=not glu, reduce=False)
         t2 = time.perf_counter()
         kernel = f"Pallas {GLU_ACTIVATIONS[model]} kernel per shard, check_vma=False" if glu else "jnp, check_vma=True"
         return tc.prepared(
             mesh,
-            jitted,
-            args,
+            step,
             to_numpy=tc.step_to_numpy(mode),
             compute=compute,
+            dtype=problem.case.dtype,
             precision=precision,
             setup_s={"weights": t1 - t0, "build": t2 - t1},
             layout=tc.layout(model, problem.case.shape.hidden, group.world_size)

@@ -1,14 +1,16 @@
 """``torch-tp-compile``: the ``torch-tp`` DTensor module under ``torch.compile`` (Inductor). The forward all-reduce
 runs inside the compiled graph; the root ``PrepareModuleInput`` makes a second graph, and the backward ``dx`` reduce
-runs outside the graphs (an eager DTensor redistribute), which ``collectives()`` reports. Counted from
-``torch.profiler`` events: ``CommDebugMode`` cannot see into a compiled graph."""
+runs outside the graphs (an eager DTensor redistribute), which ``collectives()`` reports and the comm-only twin
+replays. Counted from ``torch.profiler`` events: ``CommDebugMode`` cannot see into a compiled graph."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from compare.golden import Problem
@@ -44,19 +46,26 @@ class CompiledTPBackend(tc.TorchTPBackend):
         profiling.enable_inductor_kernel_profile()
         with _replayable(mode):
             step = tc.dtensor_step(problem, mode, group, module, _compile(module))
+        fresh_step = step.fresh
+
+        def fresh(inputs: dict[str, np.ndarray]) -> Any:
+            with _replayable(mode):  # the same compile settings as the step's (no recompile on other inputs)
+                return fresh_step(inputs)
+
+        step = dataclasses.replace(step, fresh=fresh)
 
         def compute_only() -> Callable[[], Any]:
             with _replayable(mode):
                 return tc.local_twin(problem, mode, group, wrap=_compile).run
 
-        itemsize = torch.finfo(dev.TORCH_DTYPES[problem.case.dtype]).bits // 8
+        dtype = dev.TORCH_DTYPES[problem.case.dtype]
         return tc.prepared(
             problem,
             mode,
             group,
             step,
             compute_only=tc.lazy(compute_only),
-            collectives=lambda: tc.count_profiled(step.run, itemsize),
+            count=lambda: tc.count_profiled(step.run, dtype),
             setup_s=setup_s,
             layout=tc.dtensor_layout(problem, group) + "; torch.compile (Inductor, dynamic=False)",
             note="first call includes Inductor compile; the compute-only twin compiles on its first call",
