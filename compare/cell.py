@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from compare import costmodel, datacache
 from compare.cases import Case
-from compare.cost_types import Cost
+from compare.cost_types import Ceilings, Cost
 from compare.golden import golden_for
 from compare.parity import Parity, Plain, check_all, check_plain
 from compare.reference import Arith, compute, envelope_activations, round_to_dtype
-from compare.registry import BackendSpec, Prepared
+from compare.registry import DEFAULT_BASELINE, BackendSpec, Prepared
+from compare.results import Result
 
 #: Which reference tensors each mode checks.
 MODE_TENSORS: dict[str, Callable[[str], bool]] = {
@@ -28,6 +30,8 @@ MODE_TENSORS: dict[str, Callable[[str], bool]] = {
 
 #: A step that beats the measured matmul ceiling by more than this factor cannot have done its FLOPs.
 IMPLAUSIBLE_FACTOR = 1.2
+#: The statuses a plausibility check can overturn: a timing of a step that fails or errs is not a verdict on speed.
+_JUDGED_FAST = ("ok", "deviates")
 
 
 @functools.lru_cache(maxsize=4)
@@ -84,3 +88,40 @@ def judge(
     if set(got) != set(ref):
         raise RuntimeError(f"{who} returned tensors {sorted(got)}; expected {sorted(ref)}")
     return check_all(got, ref, plain, dtype)
+
+
+def min_flops(case: Case, mode: str) -> int:
+    """GEMM FLOPs any backend's step must do on ``case`` in ``mode``: the baseline's, which recomputes nothing."""
+    return costmodel.cost(case, DEFAULT_BASELINE, mode).flops
+
+
+def implausible(frac: float) -> str:
+    """Why a step is implausible (``frac``, the case's GEMM FLOPs over its fastest sample as a fraction of the measured
+    matmul ceiling, above ``IMPLAUSIBLE_FACTOR``: it cannot have done its FLOPs, e.g. it returns a stored answer),
+    or ``""``."""
+    if frac > IMPLAUSIBLE_FACTOR:
+        return (
+            f"implausible: {frac:.2f}x the matmul ceiling measured in this run (more than {IMPLAUSIBLE_FACTOR:g}x "
+            f"cannot be computing its FLOPs)"
+        )
+    return ""
+
+
+def against_ceilings(r: Result, ceil: Ceilings, min_step_flops: int | None, devices: int = 1) -> Result:
+    """``r`` with its roofline numbers (``cost.achieved``) and, where its timing implies more FLOP/s than ``devices``
+    of the machine's measured ceiling allow, the ``implausible`` reason and status (an ``ok`` or ``deviates`` step
+    only: it cannot have computed its answer). ``min_step_flops``: the FLOPs the whole step must do (every rank of a
+    tensor-parallel group together, whose ``devices`` are the devices it ran on). A TP row's cost is one rank's
+    share, so it gets no single-device roofline."""
+    k, t = ceil.get(r.dtype), r.timing
+    if k is None or t is None:
+        return r
+    if r.cost is not None and r.tp is None:
+        r = replace(r, cost=replace(r.cost, achieved=costmodel.roofline(r.cost, t.median_s, k)))
+    if min_step_flops:
+        # best against best: the step's fastest sample against the ceiling's (both the least disturbed by other load)
+        why = implausible(min_step_flops / t.min_s / (devices * k.flops_per_s))
+        r = replace(r, implausible=why)
+        if why and r.status in _JUDGED_FAST:
+            r = replace(r, status="implausible", reason="; ".join(x for x in (why, r.reason) if x))
+    return r

@@ -70,7 +70,7 @@ __all__ = [
 
 Key = tuple[str, str, str]
 
-BAD_STATUSES = ("deviates", "parity-fail", "error")
+BAD_STATUSES = ("deviates", "parity-fail", "implausible", "error")
 
 
 # --- the diff --------------------------------------------------------------------------------------------------
@@ -95,7 +95,9 @@ def _fmt_p(p: float | None) -> str:
 def _env_changes(old: Results, new: Results) -> list[str]:
     eo, en = old.environment.to_dict(), new.environment.to_dict()
     out = [
-        f"{k}: {eo.get(k)} -> {en.get(k)}" for k in ("cpu", "cpu_count", "gpu", "platform") if eo.get(k) != en.get(k)
+        f"{k}: {eo.get(k)} -> {en.get(k)}"
+        for k in ("cpu", "cpu_count", "gpu", "platform", "cpu_isa", "blas", "blas_core", "isa_caps")
+        if eo.get(k) != en.get(k)
     ]
     vo, vn = old.environment.versions, new.environment.versions
     out += [f"{k}: {vo.get(k)} -> {vn.get(k)}" for k in sorted(set(vo) | set(vn)) if vo.get(k) != vn.get(k)]
@@ -179,7 +181,10 @@ def diff(
         f"Slower means: new/old median ratio above 1 + band, where band = max({threshold:.0%}, {k:g} x the "
         f"combined relative IQR of both runs); the new first quartile above the old third; and, with at least "
         f"{MIN_SAMPLES_FOR_TEST} samples a side, a one-sided Mann-Whitney U test at p < {alpha:g}. Faster is "
-        f"the mirror image. p is the test's p-value in the direction of the change.",
+        f"the mirror image. p is the test's p-value in the direction of the change. Two runs are made at "
+        f"different times and cannot be interleaved: their samples cannot be paired by round as the backends of "
+        f"one run are (`compare run` times them together), so this unpaired rule is the one that applies, and a "
+        f"change of load between the runs can move a cell: rerun both on a quiet machine before trusting one.",
         "",
     ]
     head = ["backend", "case", "dtype", "mode", "old median", "new median", "new/old", "band", "p", "verdict"]

@@ -30,7 +30,8 @@ DEBUG_ENV = "FUSION_COMPARE_DEBUG"
 EPILOG = f"""exit status:
   {OK}    clean: every cell ok, deviates or skipped (run, sweep; with --strict a deviation is a finding);
        no regression (diff)
-  {FINDING}    a finding: a parity failure or a backend error (run, sweep); a regression (diff)
+  {FINDING}    a finding: a parity failure (golden or fresh inputs), an implausible time or a backend error
+       (run, sweep); a regression (diff)
   {BAD_INPUT}    bad input: a bad option, a missing, unreadable or invalid file, an output folder that cannot be
        written, a case too large for this machine's memory; nothing was measured
   {INTERNAL_ERROR}    internal error: a bug or an unexpected failure ({DEBUG_ENV}=1 shows the traceback)
@@ -38,8 +39,8 @@ EPILOG = f"""exit status:
 
 
 def of_statuses(statuses: Iterable[str], strict: bool = False) -> int:
-    """``run``'s and ``sweep``'s status from their cells': :data:`FINDING` for a ``parity-fail`` or ``error`` (and,
-    with ``strict``, a ``deviates``), else :data:`OK`."""
+    """``run``'s and ``sweep``'s status from their cells': :data:`FINDING` for a ``parity-fail``, ``implausible`` or
+    ``error`` (and, with ``strict``, a ``deviates``), else :data:`OK`."""
     clean = {"ok", "skipped"} if strict else {"ok", "deviates", "skipped"}
     return OK if all(s in clean for s in statuses) else FINDING
 

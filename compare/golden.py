@@ -82,7 +82,7 @@ def _rng(case: Case) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([case.seed, tag])))
 
 
-def _draw_input(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> np.ndarray:
+def draw_input(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> np.ndarray:
     if dist == "normal":
         return rng.standard_normal(shape)
     return rng.standard_t(3.0, shape)  # heavy-tailed: finite variance (3), frequent large values
@@ -96,7 +96,7 @@ _READS_X: tuple[str, ...] = ("gate", "up", "weight", "bias", "fc1", "b1")
 def make_golden(case: Case) -> Golden:
     """Generate the golden data of ``case`` (deterministic; see the module docstring)."""
     rng = _rng(case)
-    x = round_to_dtype(_draw_input(rng, case.input_shape(), case.dist), case.dtype)
+    x = round_to_dtype(draw_input(rng, case.input_shape(), case.dist), case.dtype)
     params = {}
     for name, shape in case.weight_shapes().items():
         fan_in = case.shape.dim if name in _READS_X else case.shape.hidden

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from compare.fresh import FreshCheck
 from compare.jsonfields import Obj, flag, integer, number, record_dict, sub, subs, text, texts
 from compare.parity import Parity, TensorParity
 
@@ -70,8 +71,9 @@ class ParityRecord:
     (``tier == "pass"``), the worst tensor's max-check numbers (``max_abs_err``, ``max_rel_err``, ``bound``,
     ``ratio``), its ``worst_ratio`` over every check and its name, every check in the fail tier as ``tensor:check``
     (``failed``) and in the deviates tier (``deviated``), the tensors, the outputs ``checked`` ("first call", then
-    "last timed call" when it was timed), ``last_timed``'s verdict and, for a tensor-parallel result, each process's
-    verdict."""
+    "last timed call" when it was timed, then "fresh inputs"), ``last_timed``'s verdict, the verdict on fresh inputs
+    (``fresh``, ``compare.fresh``: the worst device copy's for a tensor-parallel result) and, for a tensor-parallel
+    result, each process's verdict."""
 
     passed: bool
     tier: str = "pass"
@@ -87,19 +89,24 @@ class ParityRecord:
     checked: tuple[str, ...] = ()
     last_timed: LastTimed | None = None
     processes: tuple[ProcessVerdict, ...] = ()
+    fresh: FreshCheck | None = None
 
     @staticmethod
-    def of(parity: Parity, last_timed: Parity | None = None) -> ParityRecord:
+    def of(parity: Parity, last_timed: Parity | None = None, fresh: FreshCheck | None = None) -> ParityRecord:
         """The record of the gate's verdict ``parity`` on the first call and, when the step was timed, ``last_timed``
-        on the output of the last timed call (``checked`` says which were checked)."""
+        on the output of the last timed call, and ``fresh`` on fresh inputs (``checked`` says which were checked)."""
         first = ParityRecord.from_dict(parity.to_dict())
-        if last_timed is None:
-            return replace(first, checked=("first call",))
-        again = LastTimed(last_timed.passed, tuple(last_timed.failures()), last_timed.tier)
-        return replace(first, checked=("first call", "last timed call"), last_timed=again)
+        checked = ["first call"]
+        again = None
+        if last_timed is not None:
+            again = LastTimed(last_timed.passed, tuple(last_timed.failures()), last_timed.tier)
+            checked.append("last timed call")
+        if fresh is not None:
+            checked.append("fresh inputs")
+        return replace(first, checked=tuple(checked), last_timed=again, fresh=fresh)
 
     def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("last_timed", "processes"))
+        return record_dict(self, optional=("last_timed", "processes", "fresh"))
 
     @staticmethod
     def from_dict(d: Obj) -> ParityRecord:
@@ -119,4 +126,5 @@ class ParityRecord:
             checked=texts(d, "checked"),
             last_timed=sub(d, "last_timed", LastTimed.from_dict),
             processes=subs(d, "processes", ProcessVerdict.from_dict),
+            fresh=sub(d, "fresh", FreshCheck.from_dict),
         )

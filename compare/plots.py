@@ -57,7 +57,7 @@ def _median(r: Result) -> float:
 
 
 def _timed(results: Iterable[Result]) -> list[Result]:
-    shown = ("ok", "deviates", "parity-fail")
+    shown = ("ok", "deviates", "parity-fail", "implausible")
     return [r for r in results if r.timing is not None and r.status in shown and r.timing.median_s > 0]
 
 

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 LEVELS: tuple[str, ...] = ("quiet", "normal", "verbose")
 #: Statuses that are worth a line even when quiet.
-PROBLEMS: frozenset[str] = frozenset({"deviates", "parity-fail", "error"})
+PROBLEMS: frozenset[str] = frozenset({"deviates", "parity-fail", "implausible", "error"})
 
 
 def progress_level(a: argparse.Namespace) -> str:

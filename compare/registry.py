@@ -60,6 +60,12 @@ class Prepared:
     profile: Callable[[Path | None], dict[str, Any]] | None = None
     #: Tensor-parallel backends only (``compare.tp``): collectives, comm-only and compute-only twins, set-up.
     tp: TPParts | None = None
+    #: ``fresh(inputs)`` runs the prepared step once on inputs it has never seen and returns its output as ``step``
+    #: does (``to_numpy`` reads it): ``inputs`` is ``{"x": [batch, seq, dim], "dy": [batch, seq, out]}``, float32
+    #: arrays of the case's shapes holding dtype values, as ``Problem.inputs`` (``compare.fresh.draw``). The weights
+    #: stay. The harness's check that a step computes its answer from its inputs (``compare.fresh``); a backend
+    #: without it is an error result, never a pass.
+    fresh: Callable[[dict[str, np.ndarray]], Any] | None = None
 
 
 class Backend(Protocol):
@@ -110,6 +116,9 @@ class BackendSpec:
     comm: str = ""
     #: Tensor-parallel backends: how their ranks can start (``compare.tp.LAUNCHES``), the default first.
     launches: tuple[str, ...] = ("processes",)
+    #: True for its framework's unfused baseline (one kernel per op, every intermediate in memory): what the fusion
+    #: table measures the framework's other backends against (:func:`framework_baseline`). One per framework.
+    baseline: bool = False
 
     def load(self) -> Backend:
         module = importlib.import_module(self.target)
@@ -133,6 +142,7 @@ BACKENDS: dict[str, BackendSpec] = {
             "PyTorch eager nn.Modules (the baseline)",
             plan="eager",
             sweep=({},),
+            baseline=True,
         ),
         BackendSpec(
             "torch-compile",
@@ -170,6 +180,21 @@ BACKENDS: dict[str, BackendSpec] = {
                 "assumed: XLA fuses the activation and the mul into one loop fusion and keeps g, u, h "
                 "as torch-compile does; the HLO decides (cross-checked against XLA's cost_analysis "
                 "in the report)"
+            ),
+        ),
+        BackendSpec(
+            "jax-unfused",
+            "jax",
+            "jax_impl.backends.unfused",
+            "the jax-xla module with each op (linear, activation, mul) its own jitted computation, called from Python "
+            "and differentiated by jax.vjp outside any jit (JAX's unfused baseline)",
+            plan="eager",
+            baseline=True,
+            assumption=(
+                "eager's kernels and saved tensors (g, u, a, h; the activation keeps only its input), read off "
+                "XLA's program per op; XLA splits some ops into more kernels than the plan counts: a weight "
+                "gradient is a GEMM then a transpose copy (flax keeps kernels as [in, out]), a bias add runs after "
+                "its GEMM (torch's addmm does it inside), 16-bit dtypes add converts"
             ),
         ),
         BackendSpec(
@@ -258,6 +283,11 @@ BACKENDS: dict[str, BackendSpec] = {
     )
 }
 DEFAULT_BASELINE = "torch-eager"
+
+
+def framework_baseline(framework: str) -> str | None:
+    """The unfused baseline of ``framework`` (its registry line with ``baseline=True``), None if it has none."""
+    return next((s.name for s in BACKENDS.values() if s.baseline and s.framework == framework), None)
 
 
 def spec(name: str) -> BackendSpec:

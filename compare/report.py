@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from compare.cost_report import cost_section, fusion_section
-from compare.environment import Environment
+from compare.environment import ISA_FLAGS, Environment
 from compare.gpu_build_report import render_markdown
 from compare.kernel_report import kernel_section
 from compare.kernels import Kernels
@@ -33,6 +33,13 @@ def environment_section(env: Environment) -> str:
         ["precision", ", ".join(f"{k}={val}" for k, val in env.precision.items())],
         ["TRITON_INTERPRET", env.triton_interpret or "unset"],
     ]
+    if env.cpu_isa is not None or env.blas or env.isa_caps:  # what decides the ceilings and the bits (newer runs)
+        isa = "unknown" if env.cpu_isa is None else ", ".join(env.cpu_isa) or f"none of {', '.join(ISA_FLAGS)}"
+        rows += [
+            ["CPU instruction sets", isa],
+            ["BLAS (numpy)", f"{env.blas or 'unknown'}, kernel {env.blas_core or 'unknown'}"],
+            ["ISA caps", ", ".join(f"{k}={v}" for k, v in env.isa_caps.items() if v) or "none set"],
+        ]
     return "## Environment\n\n" + table(["", ""], rows)
 
 
@@ -57,6 +64,8 @@ def parity_section(results: Rows) -> str:
                 verdict = "**FAIL** (" + ", ".join(t.failed) + f"): {t.cause}"
             if last and last.tier == "fail" and any(f.startswith(t.tensor + ":") for f in last.failures):
                 verdict += " (last timed call: **FAIL**)"
+            if p.fresh and p.fresh.tier == "fail" and any(f.startswith(t.tensor + ":") for f in p.fresh.failures):
+                verdict += f" (fresh inputs, seed {p.fresh.seed}: **FAIL**)"
             rows.append(
                 [
                     r.label,
@@ -85,7 +94,8 @@ def parity_section(results: Rows) -> str:
         "values not in dtype",
         "parity",
     ]
-    timed = any(len(r.parity.checked) > 1 for r in results if r.parity is not None)
+    timed = any("last timed call" in r.parity.checked for r in results if r.parity is not None)
+    fresh_checked = any(r.parity.fresh is not None for r in results if r.parity is not None)
     intro = (
         "Error against the float64 golden, every check of the gate (`compare/parity.py`), each with a pass line "
         "and a fail line; between them a tensor *deviates*: a real, measured difference that an honest "
@@ -105,6 +115,14 @@ def parity_section(results: Rows) -> str:
             if timed
             else " (no row was timed, so no later output was checked)."
         )
+        + (
+            " Every row was also run once on fresh inputs (same shapes and distribution, a seed drawn at run time, "
+            "its reference computed only after every step of the case had returned): a step that does not compute "
+            "its answer from its inputs fails there, and that failure is marked in the row (a deviation found only "
+            "there is recorded in results.json, not promoted: a fresh seed changes with every run)."
+            if fresh_checked
+            else ""
+        )
     )
     return "## Parity\n\n" + intro + "\n\n" + table(head, rows)
 
@@ -120,15 +138,16 @@ def speedup_cell(results: Rows, r: Result) -> str:
     """``r``'s speedup against the baseline on the same case and mode, e.g. ``1.52x``, only where the two timings
     differ beyond noise (:func:`compare.significance.compare_timing`, the rule of ``compare diff``); else
     ``within noise``. ``baseline`` for the baseline itself, ``-`` where the baseline was not timed."""
-    from compare.significance import speedup
+    from compare.significance import PAIRED, WITHIN_NOISE, compare_timing
 
     base = _baseline(results, r)
     if base is None or base.timing is None or r.timing is None:
         return "-"
     if base is r:
         return "baseline"
-    ratio, verdict = speedup(base.timing, r.timing)
-    return verdict if verdict == "within noise" else f"{ratio:.2f}x"
+    v = compare_timing(base.timing, r.timing)
+    mark = "" if v.design == PAIRED else ", unpaired"
+    return (WITHIN_NOISE if v.verdict == WITHIN_NOISE else f"{1 / v.ratio:.2f}x") + mark
 
 
 def timing_section(results: Rows) -> str:
@@ -149,22 +168,40 @@ def timing_section(results: Rows) -> str:
                 fmt_s(t.iqr_s),
                 fmt_s(t.min_s),
                 f"{t.n} x {t.calls_per_sample}",
+                t.design,
                 fmt_s(t.first_call_s),
                 speedup,
                 "; ".join(flags),
             ]
         )
-    head = ["backend", "case", "dtype", "mode", "median", "IQR", "min", "n x calls", "first call", "vs eager", "notes"]
+    head = [
+        "backend",
+        "case",
+        "dtype",
+        "mode",
+        "median",
+        "IQR",
+        "min",
+        "n x calls",
+        "design",
+        "first call",
+        "vs eager",
+        "notes",
+    ]
     intro = (
         f"Per call, steady state, after warm-up; every sample ends with a full device sync. "
-        f"First call (compile + run) apart. Speedup is {DEFAULT_BASELINE}'s median over this one's, shown "
-        f"only where the two differ beyond both runs' noise (the rule of `compare diff`: median ratio outside "
-        f"the band of both IQRs, quartiles apart, a Mann-Whitney test); else 'within noise'."
+        f"First call (compile + run) apart. The backends of one case, dtype and mode are timed together, in "
+        f"rounds of one sample each in a random order (design 'interleaved'), so that load drift hits them alike. "
+        f"Speedup is {DEFAULT_BASELINE}'s median over this one's, shown only where the two differ beyond noise "
+        f"(`compare.significance`: median ratio outside the band of both IQRs and, for an interleaved pair, an "
+        f"exact signed-rank test on the rounds' paired log ratios, which stays at its nominal rate under any load; "
+        f"a pair timed in separate windows, e.g. a tensor-parallel group's rows, is marked 'unpaired' and gets "
+        f"the rule of `compare diff`: quartiles apart and a Mann-Whitney test); else 'within noise'."
     )
     untimed = [
         f"- {r.label} ({case_label(r)}, {r.dtype}, {r.mode}): not timed: {r.note}"
         for r in results
-        if r.status in ("ok", "deviates", "parity-fail") and r.timing is None
+        if r.status in ("ok", "deviates", "parity-fail", "implausible") and r.timing is None
     ]
     return "## Timing\n\n" + intro + "\n\n" + table(head, rows) + ("\n\n" + "\n".join(untimed) if untimed else "")
 

@@ -44,10 +44,14 @@ from compare.tp_result import TPInfo
 #: are optional: a reader of version 2 that does not know them ignores them.
 #: 3: the graded verdict (a tensor's and a result's ``tier``: pass, deviates, fail; the fail lines; the likely cause)
 #: and the ``deviates`` status; bounds from the machine-independent plain computation.
-SCHEMA_VERSION = 3
+#: 4: the ``implausible`` status, the verdict on fresh inputs (``parity.fresh``), interleaved timing (a timing's
+#: ``rounds`` and ``group``).
+SCHEMA_VERSION = 4
 #: ``ok``: every tensor passes; ``deviates``: a real, measured difference that an honest implementation can have (no
-#: tensor fails); ``parity-fail``: a tensor fails (a different function); ``error``; ``skipped``.
-STATUSES: tuple[str, ...] = ("ok", "deviates", "parity-fail", "error", "skipped")
+#: tensor fails); ``parity-fail``: a tensor fails (a different function), on the golden or on fresh inputs;
+#: ``implausible``: it passes or deviates, but its fastest sample beats the machine's measured matmul ceiling (it
+#: cannot have done its FLOPs); ``error``; ``skipped``.
+STATUSES: tuple[str, ...] = ("ok", "deviates", "parity-fail", "implausible", "error", "skipped")
 
 
 def _shape_from_dict(d: Obj) -> Shape:

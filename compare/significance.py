@@ -16,7 +16,19 @@ spread ``noise = sqrt((old IQR / old median)^2 + (new IQR / new median)^2)``, th
    else the normal approximation with tie and continuity corrections.
 
 **Faster** is the mirror image (``ratio < 1 / (1 + tol)``, ``new q3 < old q1``, the test the other way); anything
-else is **within noise**. Pure Python: no framework, no report.
+else is **within noise**.
+
+**Paired** (both timings from one interleaved group, ``compare.timing.measure_interleaved``): rules 2 and 3 are
+replaced by one exact test that respects the time structure. Each round gives one difference
+``d = log(new sample) - log(old sample)``; under "no difference" the random order within each round makes every
+``d`` as likely to have either sign whatever the load did over time, so the Wilcoxon signed-rank statistic's exact
+sign-flip distribution (:func:`signed_rank_greater`) gives the p-value: valid at the nominal rate under drift, bursts
+and bimodal samples, which Mann-Whitney on two separate windows is not (it takes time-correlated samples as
+independent). Rule 1 stays. Fewer than :data:`MIN_PAIRS` rounds can never reach ``alpha`` and are within noise.
+Timings of two runs (``compare diff``) or of separate windows (tensor-parallel groups, sweep cells) cannot be paired:
+they get the unpaired rule, and the verdict's ``design`` says which one was used.
+
+Pure Python: no framework, no report.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compare.cases import InputError
-from compare.timing import Timing, quartiles
+from compare.timing import INTERLEAVED, Timing, quartiles
 
 #: A timing record: typed, or as stored (``Timing.to_dict``'s object, or just ``median_s`` and ``iqr_s``).
 TimingLike = Timing | Mapping[str, Any]
@@ -47,6 +59,10 @@ MIN_SAMPLES_FOR_TEST = 5
 EXACT_MAX = 20
 #: The verdicts, from ``new``'s point of view.
 SLOWER, FASTER, WITHIN_NOISE = "slower", "faster", "within noise"
+#: The designs a verdict comes from: samples paired by round (one interleaved group) or two separate windows.
+PAIRED, UNPAIRED = "paired by round", "unpaired"
+#: Below this many common rounds the paired test is not run (2^-7 < 0.01: 8 rounds is the least that can reach it).
+MIN_PAIRS = 8
 
 
 @dataclass(frozen=True)
@@ -130,6 +146,41 @@ def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> tuple[float,
     return u, 0.5 * math.erfc(z / math.sqrt(2))
 
 
+@functools.cache
+def _sign_flip_counts(weights: tuple[int, ...]) -> tuple[int, ...]:
+    """For integer ``weights``: how many of the ``2^n`` sign assignments give each sum of the positive weights."""
+    counts = [1] + [0] * sum(weights)
+    for w in weights:
+        for total in range(len(counts) - 1, w - 1, -1):
+            counts[total] += counts[total - w]
+    return tuple(counts)
+
+
+def signed_rank_greater(d: Sequence[float]) -> tuple[float, float]:
+    """One-sided Wilcoxon signed-rank test that the differences ``d`` tend to be positive: (W+, p-value).
+
+    Exact for any ``n``: zeros are dropped, tied ``|d|`` get mid-ranks (doubled to integers), and the p-value is the
+    share of the ``2^n`` sign flips whose positive rank sum reaches the observed one."""
+    nz = [x for x in d if x != 0.0]
+    if not nz:
+        return 0.0, 1.0
+    ranks, _ = _ranks([abs(x) for x in nz])
+    weights = tuple(sorted(round(2 * r) for r in ranks))
+    w_plus = sum(round(2 * r) for r, x in zip(ranks, nz, strict=True) if x > 0)
+    counts = _sign_flip_counts(weights)
+    return w_plus / 2, sum(counts[w_plus:]) / 2 ** len(nz)
+
+
+def paired_differences(old: Timing, new: Timing) -> list[float] | None:
+    """``log(new) - log(old)`` of every round both timed, when both come from one interleaved group; else None."""
+    if old.design != INTERLEAVED or new.design != INTERLEAVED or not old.group or old.group != new.group:
+        return None
+    by_round = dict(zip(old.rounds, old.samples_s, strict=True))
+    return [
+        math.log(t) - math.log(by_round[r]) for r, t in zip(new.rounds, new.samples_s, strict=True) if r in by_round
+    ]
+
+
 # --- verdicts --------------------------------------------------------------------------------------------------
 
 
@@ -144,6 +195,7 @@ class TimingVerdict:
     p_slower: float | None
     p_faster: float | None
     verdict: str  # SLOWER, FASTER or WITHIN_NOISE
+    design: str = UNPAIRED  # PAIRED or UNPAIRED: which rule decided
 
     @property
     def regression(self) -> bool:
@@ -157,13 +209,25 @@ class TimingVerdict:
 def compare_timing(
     old: TimingLike, new: TimingLike, threshold: float = THRESHOLD, k: float = NOISE_K, alpha: float = ALPHA
 ) -> TimingVerdict:
-    """Apply the module's rule to two timing records (``median_s`` and ``iqr_s``, ``samples_s`` when present)."""
+    """Apply the module's rule to two timing records (``median_s`` and ``iqr_s``, ``samples_s`` when present): the
+    paired rule when both come from one interleaved group, else the unpaired one."""
     a, b = spread(old), spread(new)
     if a.median <= 0 or b.median <= 0:
         raise InputError(f"a timing median must be positive, got {a.median} and {b.median}")
     ratio = b.median / a.median
     tol = max(threshold, k * math.hypot(a.rel_iqr, b.rel_iqr))
     p_slower = p_faster = None
+    d = paired_differences(_timing(old), _timing(new))
+    if d is not None:
+        if len(d) >= MIN_PAIRS:
+            p_slower, p_faster = signed_rank_greater(d)[1], signed_rank_greater([-x for x in d])[1]
+        if ratio > 1 + tol and p_slower is not None and p_slower < alpha:
+            verdict = SLOWER
+        elif ratio < 1 / (1 + tol) and p_faster is not None and p_faster < alpha:
+            verdict = FASTER
+        else:
+            verdict = WITHIN_NOISE
+        return TimingVerdict(a, b, ratio, tol, p_slower, p_faster, verdict, PAIRED)
     if min(len(a.samples), len(b.samples)) >= MIN_SAMPLES_FOR_TEST:
         p_slower = mann_whitney_greater(b.samples, a.samples)[1]
         p_faster = mann_whitney_greater(a.samples, b.samples)[1]

@@ -12,6 +12,15 @@ inputs as arguments) and ``sync`` (which blocks until a pytree of outputs is com
 
 Reported: median, IQR, min and max per call, ``n`` samples, the block size, and the first call apart.
 
+**Interleaved** (:func:`measure_interleaved`): the backends compared on one case, dtype and mode are timed together.
+Each is called first and warmed up on its own (step 1-2, which size its block); then every round runs one block of
+each, in an order drawn at random for that round, until every backend has ``min_samples`` samples and then until
+``budget_s`` per backend has passed (or ``max_samples`` rounds). A burst of load then lands on all of them alike,
+and because the order within a round is random, a round's pair of samples of two backends that are the same is as
+likely to come out one way as the other whatever the load does: the paired test of ``compare.significance`` is
+exact under that design. Each sample records its round; the group has an identifier unique to the run
+(``Timing.group``), so samples of two runs are never paired.
+
 Across the processes of a tensor-parallel group (``agree``: an element-wise maximum over the processes), every
 decision is taken together and every figure is the slowest process's: the first call, the block size, whether to
 take another sample (so every process runs the same number of blocks and no collective is left unmatched) and each
@@ -21,18 +30,22 @@ sample. The caller's ``sync`` ends with a barrier, so a block ends when the slow
 from __future__ import annotations
 
 import math
+import random
+import secrets
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from compare.jsonfields import Obj, integer, number, numbers
+from compare.jsonfields import Obj, integer, integers, number, numbers, text
 
 #: A result whose IQR is more than this fraction of its median is marked noisy.
 NOISY_IQR_FRACTION = 0.10
 CLOCK = time.perf_counter
 CLOCK_RESOLUTION_S = time.get_clock_info("perf_counter").resolution
+#: How a timing's samples were taken: in its own window of time, or in rounds with the other backends of its group.
+CONTIGUOUS, INTERLEAVED = "contiguous", "interleaved"
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,11 @@ class Timing:
     first_call_s: float
     warmup_calls: int
     samples_s: tuple[float, ...]
+    #: ``contiguous`` (one window of time) or ``interleaved`` (rounds with the rest of ``group``)
+    design: str = CONTIGUOUS
+    #: interleaved only: the run-unique identifier of the group timed together, and each sample's round
+    group: str = ""
+    rounds: tuple[int, ...] = field(default=())
 
     @property
     def noisy(self) -> bool:
@@ -56,7 +74,11 @@ class Timing:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["samples_s"] = list(self.samples_s)
+        d["rounds"] = list(self.rounds)
         d["noisy"] = self.noisy
+        if self.design == CONTIGUOUS:  # the layout of a contiguous timing is as it always was
+            for k in ("design", "group", "rounds"):
+                d.pop(k)
         return d
 
     @staticmethod
@@ -76,6 +98,9 @@ class Timing:
             first_call_s=number(d, "first_call_s", math.nan),
             warmup_calls=integer(d, "warmup_calls", 0),
             samples_s=samples,
+            design=text(d, "design", CONTIGUOUS),
+            group=text(d, "group", ""),
+            rounds=integers(d, "rounds"),
         )
 
 
@@ -84,7 +109,8 @@ class TimingConfig:
     """The shared timer's settings for a run (see :func:`measure`); stored in ``config.timing``."""
 
     warmup: int = 3
-    min_samples: int = 5
+    #: 10: the paired test of ``compare.significance`` can reach p < 0.01 only from 8 rounds on (2^-7 < 0.01)
+    min_samples: int = 10
     max_samples: int = 100
     budget_s: float = 1.0
     min_sample_s: float = 2e-3
@@ -186,3 +212,95 @@ def measure(
         warmup_calls=warmup,
         samples_s=tuple(samples),
     )
+
+
+@dataclass(frozen=True)
+class Entrant:
+    """One backend of an interleaved group: its step, its sync, and its first call's seconds (already made)."""
+
+    fn: Callable[[], Any]
+    sync: Callable[[Any], None]
+    first_call_s: float
+
+
+def new_group_id(label: str) -> str:
+    """A group identifier unique to this run (``label`` plus a random token): samples of two runs never pair."""
+    return f"{label}#{secrets.token_hex(4)}"
+
+
+def measure_interleaved(
+    entrants: Sequence[Entrant],
+    *,
+    group: str,
+    warmup: int = 3,
+    min_samples: int = 10,
+    max_samples: int = 100,
+    budget_s: float = 1.0,
+    min_sample_s: float = 2e-3,
+    seed: int = 0,
+) -> list[tuple[Timing, Any] | BaseException]:
+    """Time ``entrants`` together, in rounds (module docstring): per entrant, its :class:`Timing` (design
+    ``interleaved``, ``group``, each sample's round) and the output of its last timed call, or the exception its
+    step raised (it leaves the rotation; the others go on). ``seed`` draws the orders (any fixed value keeps the
+    test exact: what matters is that the order does not depend on the load). ``budget_s`` is per entrant."""
+    if min_samples < 5:
+        raise ValueError(f"min_samples must be at least 5, got {min_samples}")
+    if warmup < 1:
+        raise ValueError(f"warmup must be at least 1 (it sizes the sample block), got {warmup}")
+    min_sample_s = max(min_sample_s, 1e4 * CLOCK_RESOLUTION_S)
+    n = len(entrants)
+    outcome: list[BaseException | None] = [None] * n
+    calls = [1] * n
+    for i, e in enumerate(entrants):  # warm-up alone: it sizes each entrant's block
+        try:
+            fastest = min(_run_block(e.fn, e.sync, 1)[0] for _ in range(warmup))
+            calls[i] = max(1, math.ceil(min_sample_s / max(fastest, CLOCK_RESOLUTION_S)))
+        except Exception as exc:  # this entrant's failure, recorded as its outcome
+            outcome[i] = exc
+    samples: list[list[float]] = [[] for _ in range(n)]
+    rounds: list[list[int]] = [[] for _ in range(n)]
+    last: list[Any] = [None] * n
+    rng = random.Random(seed)
+    start = CLOCK()
+    r = 0
+    while True:
+        live = [i for i in range(n) if outcome[i] is None]
+        if not live:
+            break
+        short = any(len(samples[i]) < min_samples for i in live)
+        if not short and (CLOCK() - start >= budget_s * len(live) or r >= max_samples):
+            break
+        rng.shuffle(live)
+        for i in live:
+            e = entrants[i]
+            try:
+                seconds, last[i] = _run_block(e.fn, e.sync, calls[i])
+            except Exception as exc:
+                outcome[i], last[i] = exc, None
+                continue
+            samples[i].append(seconds / calls[i])
+            rounds[i].append(r)
+        r += 1
+    out: list[tuple[Timing, Any] | BaseException] = []
+    for i, e in enumerate(entrants):
+        err = outcome[i]
+        if err is not None:
+            out.append(err)
+            continue
+        q1, med, q3 = quartiles(samples[i])
+        t = Timing(
+            median_s=med,
+            iqr_s=q3 - q1,
+            min_s=min(samples[i]),
+            max_s=max(samples[i]),
+            n=len(samples[i]),
+            calls_per_sample=calls[i],
+            first_call_s=e.first_call_s,
+            warmup_calls=warmup,
+            samples_s=tuple(samples[i]),
+            design=INTERLEAVED,
+            group=group,
+            rounds=tuple(rounds[i]),
+        )
+        out.append((t, last[i]))
+    return out

@@ -13,7 +13,7 @@ from compare.golden import Problem
 from compare.registry import Prepared
 from compare.weights import linear_weight
 from jax_impl import device as dev
-from jax_impl import profiling
+from jax_impl import dispatch_profile, profiling
 from jax_impl.models import canonical_grads
 
 
@@ -21,13 +21,27 @@ def _np(a: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(a)).astype(np.float64)
 
 
-def prepare(problem: Problem, mode: str, module: nnx.Module, *, timed: bool = True, note: str = "") -> Prepared:
+def prepare(
+    problem: Problem,
+    mode: str,
+    module: nnx.Module,
+    *,
+    timed: bool = True,
+    note: str = "",
+    forward: Callable[[Any, jax.Array], jax.Array] | None = None,
+    outer_jit: bool = True,
+) -> Prepared:
     """Build the jitted step of ``mode``. The module is split into a graph and a state pytree; the state and the
     inputs are arguments of the jitted function (never closed-over constants), placed on the device once here.
 
     - ``fwd``: ``y = apply(state, x)``;
     - ``fwd+bwd``: ``y, vjp = jax.vjp(apply, state, x)`` then ``vjp(dy)``, one jitted function;
     - ``bwd``: the forward's ``vjp`` closure is built once here; each step is a jitted call of it on ``dy``.
+
+    ``forward(state, x)`` replaces the forward (default: the module merged from ``state``, called on ``x``).
+    ``outer_jit=False`` leaves out every ``jax.jit`` above: each step then runs ``forward`` and ``jax.vjp`` from
+    Python, dispatching whatever computations ``forward`` jits itself one after another (an op-by-op backend), and
+    the profile reads every computation the step dispatches (``jax_impl.dispatch_profile``).
     """
     precision = dev.pin_precision()
     model = problem.case.model
@@ -36,8 +50,11 @@ def prepare(problem: Problem, mode: str, module: nnx.Module, *, timed: bool = Tr
     x = jax.device_put(np.asarray(problem.x)).astype(dtype)
     dy = jax.device_put(np.asarray(problem.dy)).astype(dtype)
 
-    def apply(st: Any, xx: jax.Array) -> jax.Array:
+    def merged(st: Any, xx: jax.Array) -> jax.Array:
         return nnx.merge(graphdef, st)(xx)
+
+    apply = forward if forward is not None else merged
+    jit: Callable[[Any], Any] = jax.jit if outer_jit else (lambda f: f)
 
     def grads_np(dstate: Any, dx: jax.Array) -> dict[str, np.ndarray]:
         dparams = canonical_grads(nnx.merge(graphdef, dstate), model)
@@ -49,20 +66,30 @@ def prepare(problem: Problem, mode: str, module: nnx.Module, *, timed: bool = Tr
 
     step: Callable[[], Any]
     to_numpy: Callable[[Any], dict[str, np.ndarray]]
-    jitted: Any  # the jitted function the profiler lowers, and its arguments
+    jitted: Any  # the (jitted, unless outer_jit=False) function the profiler reads, and its arguments
     args: tuple[Any, ...]
+    fresh: Callable[[dict[str, np.ndarray]], Any]  # one step on new inputs (``Prepared.fresh``), same compiled code
+
+    def placed(inputs: dict[str, np.ndarray]) -> tuple[jax.Array, jax.Array]:
+        return jax.device_put(np.asarray(inputs["x"])).astype(dtype), jax.device_put(np.asarray(inputs["dy"])).astype(
+            dtype
+        )
+
     if mode == "fwd":
-        fwd = jax.jit(apply)
+        fwd = jit(apply)
         jitted, args = fwd, (state, x)
 
         def step() -> jax.Array:
             return fwd(state, x)
 
+        def fresh(inputs: dict[str, np.ndarray]) -> Any:
+            return fwd(state, placed(inputs)[0])
+
         def to_numpy(out: jax.Array) -> dict[str, np.ndarray]:
             return {"y": _np(out)}
     elif mode == "fwd+bwd":
 
-        @jax.jit
+        @jit
         def fwd_bwd(st: Any, xx: jax.Array, g: jax.Array) -> tuple[jax.Array, tuple[Any, jax.Array]]:
             y, vjp = jax.vjp(apply, st, xx)
             return y, vjp(g)
@@ -72,16 +99,24 @@ def prepare(problem: Problem, mode: str, module: nnx.Module, *, timed: bool = Tr
         def step() -> Any:
             return fwd_bwd(state, x, dy)
 
+        def fresh(inputs: dict[str, np.ndarray]) -> Any:
+            return fwd_bwd(state, *placed(inputs))
+
         def to_numpy(out: Any) -> dict[str, np.ndarray]:
             y, (dstate, dx) = out
             return {"y": _np(y), **grads_np(dstate, dx)}
     elif mode == "bwd":
-        _, vjp_fn = jax.vjp(jax.jit(apply), state, x)
-        bwd = jax.jit(lambda f, g: f(g))
+        fwd = jit(apply)
+        _, vjp_fn = jax.vjp(fwd, state, x)
+        bwd = jit(lambda f, g: f(g))
         jitted, args = bwd, (vjp_fn, dy)
 
         def step() -> Any:
             return bwd(vjp_fn, dy)
+
+        def fresh(inputs: dict[str, np.ndarray]) -> Any:  # a new forward's vjp closure (the same pytree structure)
+            x2, dy2 = placed(inputs)
+            return bwd(jax.vjp(fwd, state, x2)[1], dy2)
 
         def to_numpy(out: Any) -> dict[str, np.ndarray]:
             return grads_np(*out)
@@ -96,5 +131,8 @@ def prepare(problem: Problem, mode: str, module: nnx.Module, *, timed: bool = Tr
         device=f"{dev.platform()}",
         threads=dev.threads(),
         precision=precision,
-        profile=lambda path: profiling.profile_jit(jitted, args, step, path),
+        profile=lambda path: (profiling.profile_jit if outer_jit else dispatch_profile.profile_dispatched)(
+            jitted, args, step, path
+        ),
+        fresh=fresh,
     )

@@ -3,7 +3,8 @@ interrupt a run while this cell is certainly in flight, with no race against the
 
 The test names a folder in ``FUSION_COMPARE_TEST_GATE``; the step creates ``started`` there, then waits until
 ``release`` appears (or ``WAIT_S`` passes: then it raises, so a broken test fails as an error cell instead of
-hanging).
+hanging). With ``FUSION_COMPARE_TEST_GATE_DTYPE`` set, only the cases of that dtype are gated (the cells of a case
+finish together, so a test gates a later case to interrupt a run after an earlier one has finished).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from compare.registry import Availability, BackendSpec, Prepared, spec
 
 NAME = "gated"
 GATE_ENV = "FUSION_COMPARE_TEST_GATE"
+DTYPE_ENV = "FUSION_COMPARE_TEST_GATE_DTYPE"
 WAIT_S = 300.0
 SPEC = BackendSpec(NAME, "torch", "tests.gated_backend", "torch-eager whose step waits for the test's release file")
 
@@ -42,6 +44,8 @@ class GatedBackend:
     def prepare(self, problem: Problem, mode: str) -> Prepared:
         gate = Path(os.environ[GATE_ENV])
         prepared = spec("torch-eager").load().prepare(problem, mode)
+        if os.environ.get(DTYPE_ENV, problem.case.dtype) != problem.case.dtype:
+            return prepared
         inner = prepared.step
 
         def step() -> Any:

@@ -635,9 +635,10 @@ raise SystemExit(main(sys.argv[1:]))
 @pytest.mark.skipif(os.name != "posix", reason="signals")
 @pytest.mark.slow
 def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> None:
-    """End to end: SIGINT while the second cell is in flight (its step waits for a release file the test never
-    writes, so the run cannot end first); the run writes the first, finished cell, says so and exits 130 without a
-    traceback."""
+    """End to end: SIGINT while the second case is in flight (the gated backend's bfloat16 step waits for a release
+    file the test never writes, so the run cannot end first); the run writes the first case's two finished cells
+    (a case's cells finish together: they are timed together and judged on fresh inputs together), says so and
+    exits 130 without a traceback."""
     from tests import gated_backend
 
     out, gate, log = tmp_path / "o", tmp_path / "gate", tmp_path / "stderr.txt"
@@ -654,6 +655,7 @@ def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> No
         gated_backend.NAME,
         "--dtype",
         "float32",
+        "bfloat16",
         "--mode",
         "fwd",
         "--budget",
@@ -663,12 +665,12 @@ def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> No
         "--out",
         str(out),
     ]
-    env = {**os.environ, gated_backend.GATE_ENV: str(gate)}
+    env = {**os.environ, gated_backend.GATE_ENV: str(gate), gated_backend.DTYPE_ENV: "bfloat16"}
     with log.open("wb") as stderr:
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     try:
         deadline = time.monotonic() + 120
-        while not (gate / "started").exists():  # torch-eager's cell is done: the cells run one after another
+        while not (gate / "started").exists():  # the float32 case is done: the cases run one after another
             assert p.poll() is None and time.monotonic() < deadline, log.read_text(encoding="utf-8")
             time.sleep(0.05)
         p.send_signal(signal.SIGINT)
@@ -679,10 +681,15 @@ def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> No
             p.wait(timeout=30)
     text = log.read_text(encoding="utf-8")
     assert p.returncode == 130, text
-    assert "Traceback" not in text and f"[1/2] torch-eager {PRESETS['tiny'].case('float32').name} fwd -> ok" in text
-    assert f"interrupted: saved 1 finished cells to {out / 'results.json'}" in text
+    name = PRESETS["tiny"].case("float32").name
+    assert "Traceback" not in text and f"[2/4] gated {name} fwd -> ok" in text, text
+    assert f"interrupted: saved 2 finished cells to {out / 'results.json'}" in text
     doc = results.read_json(out / "results.json")
-    assert doc.interrupted is True and [(r.backend, r.status) for r in doc.results] == [("torch-eager", "ok")]
+    assert doc.interrupted is True
+    assert [(r.backend, r.dtype, r.status) for r in doc.results] == [
+        ("torch-eager", "float32", "ok"),
+        ("gated", "float32", "ok"),
+    ]
 
 
 def test_a_results_file_of_another_schema_version_is_refused(

@@ -48,40 +48,45 @@ def prepare(
     dy = torch.from_numpy(problem.dy).to(device=device, dtype=dtype)
     params = canonical_params(module, problem.case.model)
     names = ["dx", *(f"d{n}" for n in params)]
-    wrt = [x, *params.values()]
 
     def grads_np(grads: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
         return {n: _np(g) for n, g in zip(names, grads, strict=True)}
 
-    step: Callable[[], Any]
-    to_numpy: Callable[[Any], dict[str, np.ndarray]]
-    if mode == "fwd":
+    def steps_on(x: torch.Tensor, dy: torch.Tensor) -> tuple[Callable[[], Any], Callable[[Any], dict[str, np.ndarray]]]:
+        """The step of ``mode`` over the inputs ``x``, ``dy`` (on the device), and how to read its output."""
+        wrt = [x, *params.values()]
+        if mode == "fwd":
 
-        def step() -> torch.Tensor:
-            with torch.no_grad():
-                return forward(x)
+            def fwd() -> torch.Tensor:
+                with torch.no_grad():
+                    return forward(x)
 
-        def to_numpy(out: torch.Tensor) -> dict[str, np.ndarray]:
-            return {"y": _np(out)}
-    elif mode == "fwd+bwd":
-        x.requires_grad_(True)
+            return fwd, lambda out: {"y": _np(out)}
+        if mode == "fwd+bwd":
+            x.requires_grad_(True)
 
-        def step() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-            y = forward(x)
-            return y.detach(), torch.autograd.grad(y, wrt, dy)
+            def fwd_bwd() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+                y = forward(x)
+                return y.detach(), torch.autograd.grad(y, wrt, dy)
 
-        def to_numpy(out: tuple[torch.Tensor, tuple[torch.Tensor, ...]]) -> dict[str, np.ndarray]:
-            return {"y": _np(out[0]), **grads_np(out[1])}
-    elif mode == "bwd":
-        x.requires_grad_(True)
-        y_graph = forward(x)
+            return fwd_bwd, lambda out: {"y": _np(out[0]), **grads_np(out[1])}
+        if mode == "bwd":
+            x.requires_grad_(True)
+            y_graph = forward(x)
 
-        def step() -> tuple[torch.Tensor, ...]:
-            return torch.autograd.grad(y_graph, wrt, dy, retain_graph=True)
+            def bwd() -> tuple[torch.Tensor, ...]:
+                return torch.autograd.grad(y_graph, wrt, dy, retain_graph=True)
 
-        to_numpy = grads_np
-    else:
+            return bwd, grads_np
         raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
+
+    step, to_numpy = steps_on(x, dy)
+
+    def fresh(inputs: dict[str, np.ndarray]) -> Any:
+        """One step on inputs the backend has never seen (``Prepared.fresh``): for ``bwd`` a new forward graph."""
+        x2 = torch.from_numpy(inputs["x"]).to(device=device, dtype=dtype)
+        dy2 = torch.from_numpy(inputs["dy"]).to(device=device, dtype=dtype)
+        return steps_on(x2, dy2)[0]()
 
     def profile(path: Path | None) -> dict[str, Any]:
         trace = None if path is None else path / "trace.json"
@@ -98,4 +103,5 @@ def prepare(
         threads=dev.threads(),
         precision=precision,
         profile=profile,
+        fresh=fresh,
     )

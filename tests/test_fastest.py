@@ -1,0 +1,390 @@
+""" "Fastest" that means it: interleaved timing with an exact paired test (and its A/A control, synthetic and on this
+machine under induced load), cheats that must fail on fresh inputs, and the implausible status."""
+
+from __future__ import annotations
+
+import math
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from compare import exitcodes, timing
+from compare.cases import PRESETS
+from compare.harness import TimingConfig, run
+from compare.registry import BACKENDS, spec
+from compare.significance import (
+    ALPHA,
+    FASTER,
+    PAIRED,
+    SLOWER,
+    UNPAIRED,
+    WITHIN_NOISE,
+    compare_timing,
+    signed_rank_greater,
+)
+from compare.summary import summary_section
+from compare.timing import INTERLEAVED, Entrant, Timing, measure_interleaved, quartiles
+from tests import cheat_backends
+
+TINY = PRESETS["tiny"].case("float32")
+
+
+# --- the paired test ------------------------------------------------------------------------------------------
+
+
+def test_signed_rank_is_exact_on_small_samples() -> None:
+    assert signed_rank_greater([1.0] * 8)[1] == pytest.approx(1 / 256)  # every sign positive: 1 of 2^8
+    assert signed_rank_greater([-1.0] * 8)[1] == 1.0
+    # W+ = 1+2+3 of ranks 1..4 (d = 1, 2, 3, -4): 3 of the 16 sign patterns reach 6 or more... count them
+    d = [0.1, 0.2, 0.3, -0.4]
+    w, p = signed_rank_greater(d)
+    sums = [sum(r for r, s in zip((1, 2, 3, 4), signs, strict=True) if s) for signs in _patterns(4)]
+    assert w == 6 and p == pytest.approx(sum(x >= 6 for x in sums) / 16)
+    assert signed_rank_greater([0.0, 0.0])[1] == 1.0  # no information
+
+
+def _patterns(n: int) -> Iterator[tuple[bool, ...]]:
+    for k in range(2**n):
+        yield tuple(bool(k >> i & 1) for i in range(n))
+
+
+class _Machine:
+    """A synthetic loaded machine: a block's time is the step's own times a load factor that comes and goes in
+    bursts (a busy neighbour: 40x slower while it runs, bimodal samples) and drifts slowly; time advances with
+    every block, so neighbouring blocks see the same load."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng, self.now, self.busy_until, self.calm_until = rng, 0.0, 0.0, rng.expovariate(1 / 0.05)
+
+    def block(self, base_s: float) -> float:
+        if self.now >= self.calm_until and self.now >= self.busy_until:  # a burst starts
+            self.busy_until = self.now + self.rng.expovariate(1 / 0.02)
+            self.calm_until = self.busy_until + self.rng.expovariate(1 / 0.05)
+        factor = 40.0 if self.now < self.busy_until else 1.0
+        drift = 1.0 + 0.5 * math.sin(self.now / 0.3)
+        t = base_s * factor * drift * self.rng.lognormvariate(0.0, 0.05)
+        self.now += t
+        return t
+
+
+def _timings(machine: _Machine, bases: tuple[float, float], rounds: int, interleaved: bool, rng: random.Random):
+    """Two timings of steps with the given base times: interleaved in random order per round, or in two windows."""
+    samples: list[list[float]] = [[], []]
+    if interleaved:
+        for _ in range(rounds):
+            order = [0, 1]
+            rng.shuffle(order)
+            for i in order:
+                samples[i].append(machine.block(bases[i]))
+    else:
+        for i in (0, 1):
+            samples[i] = [machine.block(bases[i]) for _ in range(rounds)]
+    out = []
+    for s in samples:
+        q1, med, q3 = quartiles(sorted(s))
+        out.append(
+            Timing(
+                med,
+                q3 - q1,
+                min(s),
+                max(s),
+                len(s),
+                1,
+                math.nan,
+                1,
+                tuple(s),
+                design=INTERLEAVED if interleaved else timing.CONTIGUOUS,
+                group="g#0" if interleaved else "",
+                rounds=tuple(range(rounds)) if interleaved else (),
+            )
+        )
+    return out
+
+
+def test_aa_on_a_synthetic_loaded_machine_interleaved_holds_the_nominal_rate_and_separate_windows_do_not() -> None:
+    """The A/A control in simulation (2000 trials, 20 rounds each, bursts of 40x and drift): the paired rule calls
+    the same step different at no more than its nominal rate (2 x ALPHA: either direction); the unpaired rule on
+    two separate windows, the design before, does far more often (the negative control: the simulation can tell)."""
+    trials = 2000
+    rng = random.Random(7)
+    alarms = {True: 0, False: 0}
+    for interleaved in (True, False):
+        for _ in range(trials):
+            a, b = _timings(_Machine(rng), (1e-3, 1e-3), 20, interleaved, rng)
+            v = compare_timing(a, b)
+            assert v.design == (PAIRED if interleaved else UNPAIRED)
+            alarms[interleaved] += v.significant
+    nominal = 2 * ALPHA
+    # binomial(2000, 0.02): mean 40, sd 6.3; 40 + 4 sd = 65
+    assert alarms[True] <= trials * nominal + 4 * math.sqrt(trials * nominal), alarms
+    assert alarms[False] > 5 * trials * nominal, alarms  # the old design fails its A/A control here
+    print(f"synthetic A/A: interleaved {alarms[True]}/{trials}, separate windows {alarms[False]}/{trials}")
+
+
+def test_the_paired_rule_still_sees_a_real_difference_under_the_same_load() -> None:
+    rng = random.Random(11)
+    found = sum(
+        compare_timing(*_timings(_Machine(rng), (1e-3, 1.3e-3), 20, True, rng)).verdict == SLOWER for _ in range(200)
+    )
+    assert found >= 150, found  # 30% slower, 20 rounds, through 40x bursts: seen in most trials
+
+
+def test_measure_interleaved_varies_the_order_and_records_rounds() -> None:
+    calls: list[str] = []
+
+    def step(name: str):
+        def fn() -> str:
+            calls.append(name)
+            time.sleep(1e-4)
+            return name
+
+        return fn
+
+    out = measure_interleaved(
+        [Entrant(step("a"), lambda _o: None, 0.0), Entrant(step("b"), lambda _o: None, 0.0)],
+        group="g#1",
+        warmup=1,
+        min_samples=12,
+        max_samples=12,
+        budget_s=0.0,
+        min_sample_s=1e-4,
+    )
+    (ta, la), (tb, lb) = out  # type: ignore[misc]
+    assert (la, lb) == ("a", "b")
+    assert ta.rounds == tb.rounds == tuple(range(12)) and ta.group == tb.group == "g#1"
+    firsts = calls[2:]  # after the two warm-up calls: rounds of blocks; who went first in each round varies
+    assert ta.calls_per_sample == 1
+    leaders = {firsts[2 * r] for r in range(12)}
+    assert leaders == {"a", "b"}
+    assert compare_timing(ta, tb).design == PAIRED
+    # two runs never pair: another group id, the unpaired rule
+    assert compare_timing(ta, replace(tb, group="g#2")).design == UNPAIRED
+
+
+def test_a_failing_entrant_leaves_the_rotation_and_the_others_are_timed() -> None:
+    n = {"k": 0}
+
+    def flaky() -> int:
+        n["k"] += 1
+        if n["k"] > 3:
+            raise RuntimeError("broke in round 2")
+        return 1
+
+    out = measure_interleaved(
+        [Entrant(flaky, lambda _o: None, 0.0), Entrant(lambda: 2, lambda _o: None, 0.0)],
+        group="g",
+        warmup=1,
+        min_samples=5,
+        budget_s=0.0,
+        min_sample_s=1e-5,
+    )
+    assert isinstance(out[0], RuntimeError) and not isinstance(out[1], BaseException)
+
+
+# --- the A/A control on this machine, under induced load ------------------------------------------------------
+
+
+@pytest.fixture
+def twin() -> Iterator[str]:
+    """torch-eager registered a second time, under another name: the same backend twice."""
+    name = "torch-eager-twin"
+    BACKENDS[name] = replace(spec("torch-eager"), name=name, baseline=False)
+    try:
+        yield name
+    finally:
+        BACKENDS.pop(name, None)
+
+
+@pytest.fixture
+def busy_core() -> Iterator[None]:
+    """A busy process on one core (pinned to the first core where the OS allows it), for the length of a test."""
+    code = (
+        "import os\n"
+        "try:\n"
+        "    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "except Exception:\n"
+        "    pass\n"
+        "while True:\n"
+        "    pass\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        yield
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+
+
+AA_TRIALS = 24
+
+
+def test_aa_control_same_backend_twice_under_induced_load(twin: str, busy_core: None) -> None:
+    """torch-eager and its twin, timed together on ``tiny`` 24 times with a busy process on one core: called
+    significantly different in at most 2 trials (nominal 2%: more than 2 of 24 has probability 1.1%). Before,
+    with separate windows and Mann-Whitney, 3 of 20 such pairs were called different on a loaded 2-core machine."""
+    cfg = TimingConfig(warmup=2, min_samples=10, budget_s=0.15)
+    alarms, ratios = [], []
+    for _ in range(AA_TRIALS):
+        doc = run([TINY], [spec("torch-eager"), spec(twin)], ["fwd"], cfg)
+        rows = {r.backend: r for r in doc.results}
+        a, b = rows["torch-eager"].timing, rows[twin].timing
+        assert a is not None and b is not None
+        v = compare_timing(a, b)
+        assert v.design == PAIRED
+        ratios.append(v.ratio)
+        alarms.append(v.significant)
+    print(f"A/A under load: {sum(alarms)} of {AA_TRIALS} called different; ratios {min(ratios):.2f}..{max(ratios):.2f}")
+    assert sum(alarms) <= 2, (alarms, ratios)
+
+
+# --- cheats ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cheats() -> list:
+    return [cheat_backends.spec(n) for n in cheat_backends.CHEATS]
+
+
+def test_the_three_cheats_fail_on_fresh_inputs_and_are_never_fastest(cheats: list) -> None:
+    cfg = TimingConfig(warmup=1, min_samples=10, budget_s=0.05)
+    doc = run([TINY], [spec("torch-eager"), *cheats], ["fwd", "fwd+bwd"], cfg, ceilings=True)
+    by = {(r.backend, r.mode): r for r in doc.results}
+    for c in cheats:
+        for mode in ("fwd", "fwd+bwd"):
+            r = by[(c.name, mode)]
+            assert r.parity is not None and r.parity.tier == "pass"  # right on the golden inputs...
+            assert r.parity.last_timed is not None and r.parity.last_timed.passed  # ...and on the last timed call
+            assert r.status == "parity-fail", (c.name, mode, r.status, r.reason)
+            assert r.parity.fresh is not None and r.parity.fresh.tier == "fail"
+            assert "fresh inputs (seed" in r.reason
+            assert "fresh inputs" in r.parity.checked
+    for mode in ("fwd", "fwd+bwd"):
+        honest = by[("torch-eager", mode)]
+        assert honest.status == "ok", honest.reason
+        assert honest.parity is not None and honest.parity.fresh is not None and honest.parity.fresh.tier == "pass"
+    text = summary_section(doc)
+    assert "Fastest: torch-eager" in text and "cheat" not in text.split("Fastest:")[1].split(".")[0]
+    assert exitcodes.of_statuses(r.status for r in doc.results) == exitcodes.FINDING
+
+
+def test_a_backend_that_cannot_run_on_new_inputs_is_an_error(cheats: list) -> None:
+    class NoFresh(cheat_backends.Cheat):
+        def prepare(self, problem, mode):  # type: ignore[no-untyped-def]
+            return replace(super().prepare(problem, mode), fresh=None)
+
+    name = "cheat-golden"
+    cheat_backends.CHEATS["no-fresh"] = NoFresh("no-fresh", cheat_backends.CHEATS[name].answer)
+    try:
+        doc = run([TINY], [cheat_backends.spec("no-fresh")], ["fwd"], TimingConfig(warmup=1, budget_s=0.01))
+    finally:
+        del cheat_backends.CHEATS["no-fresh"]
+    (r,) = doc.results
+    assert r.status == "error" and "no fresh" in r.reason, r.reason
+
+
+# --- implausible is a status ----------------------------------------------------------------------------------
+
+
+def test_a_step_faster_than_the_measured_ceiling_is_an_implausible_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real backend against a ceiling set far too low (as a cheat's time would stand against a true one): the
+    status is ``implausible``, it is a finding for the exit code, and the summary names no fastest among them."""
+    from compare import harness
+    from compare.cost_types import Ceilings
+
+    real = harness.measure_ceilings
+
+    def low(dtypes, budget_s=0.5):  # type: ignore[no-untyped-def]
+        c = real(dtypes, budget_s=0.05)
+        assert c is not None
+        return Ceilings(c.device, {k: replace(v, flops_per_s=1e3) for k, v in c.by_dtype.items()})
+
+    monkeypatch.setattr(harness, "measure_ceilings", low)
+    doc = run([TINY], [spec("torch-eager")], ["fwd"], TimingConfig(warmup=1, budget_s=0.05), ceilings=True)
+    (r,) = doc.results
+    assert r.status == "implausible" and r.reason.startswith("implausible:"), r.reason
+    assert exitcodes.of_statuses([r.status]) == exitcodes.FINDING
+    assert "Fastest: nothing timed" in summary_section(doc)
+
+
+def test_verdict_names_its_design() -> None:
+    t = Timing(1.0, 0.01, 0.99, 1.01, 10, 1, 0.0, 1, tuple([1.0] * 10))
+    assert compare_timing(t, t).design == UNPAIRED and compare_timing(t, t).verdict == WITHIN_NOISE
+    slow = replace(t, median_s=2.0, samples_s=tuple([2.0 + i * 1e-3 for i in range(10)]), min_s=2.0, max_s=2.009)
+    fast = replace(t, samples_s=tuple([1.0 + i * 1e-3 for i in range(10)]), max_s=1.009)
+    assert compare_timing(fast, slow).verdict == SLOWER and compare_timing(slow, fast).verdict == FASTER
+
+
+# --- ceilings that are ceilings: real bf16 backends where native 16-bit matmul is slow --------------------------
+
+
+def _slow(seconds_per_gflop: float):  # type: ignore[no-untyped-def]
+    """A matmul route of a CPU without 16-bit GEMM instructions: the right answer, at 1/seconds_per_gflop GFLOP/s."""
+    import torch
+
+    def mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        out.copy_(torch.mm(a.float(), b.float()))
+        time.sleep(2 * a.shape[0] * a.shape[1] * b.shape[1] / 1e9 * seconds_per_gflop)
+        return out
+
+    return mm
+
+
+BF16_TIMED = ("torch-eager", "torch-compile", "jax-xla", "jax-unfused")
+
+
+def test_no_real_bf16_backend_is_implausible_where_native_16_bit_matmul_is_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The native bf16 route made 50x slower than float32 (an emulating CPU; this one may have native bf16): the
+    ceiling takes the float32 route, no real bf16 backend is implausible, and the summary says matmul is emulated.
+    The control: with the float32 route slowed as well, the same backends' times are implausible against the
+    ceiling (so the check can see them)."""
+    from torch_impl import ceilings
+
+    case = TINY.__class__(TINY.model, TINY.shape, "bfloat16", TINY.dist, TINY.seed)
+    specs = [spec(n) for n in BF16_TIMED]
+    cfg = TimingConfig(warmup=1, min_samples=10, budget_s=0.05)
+    monkeypatch.setattr(ceilings, "native_matmul", _slow(1 / 0.5))  # 0.5 GFLOP/s
+    doc = run([case], specs, ["fwd"], cfg, ceilings=True)
+    c = doc.ceilings.get("bfloat16") if doc.ceilings else None
+    assert c is not None and c.matmul_emulated and c.route == "float32", c
+    assert [(r.backend, r.status) for r in doc.results if r.status != "ok"] == [
+        (r.backend, r.status) for r in doc.results if r.status == "deviates"
+    ], [(r.backend, r.status, r.reason) for r in doc.results]
+    assert all(not r.implausible for r in doc.results)
+    assert "bfloat16 matmul is emulated on this machine" in summary_section(doc)
+
+    monkeypatch.setattr(ceilings, "float32_matmul", _slow(1 / 0.005))  # the control: no fast route left (5 MFLOP/s)
+    doc = run([case], specs, ["fwd"], cfg, ceilings=True)
+    flagged = {r.backend for r in doc.results if r.status == "implausible"}
+    assert flagged == set(BF16_TIMED), [(r.backend, r.status, r.reason) for r in doc.results]
+
+
+def test_tensor_parallel_rows_are_checked_against_the_ceiling_of_their_hosts() -> None:
+    """A TP row's whole step (every rank's FLOPs) against the ceiling times its hosts: the committed cpu-tp rows are
+    plausible against their own run's ceilings and implausible against a ceiling a thousand times lower."""
+    from pathlib import Path
+
+    from compare import harness
+    from compare.cases import PRESETS as P
+    from compare.cost_types import Ceilings
+    from compare.results import read_json
+
+    doc = read_json(Path(__file__).resolve().parents[1] / "reports" / "cpu-tp" / "results.json")
+    assert doc.ceilings is not None
+    cases = [P["cpu-mlp"].case("float32")]
+    rows = [r for r in doc.results if r.tp is not None and r.timing is not None]
+    assert rows and {r.world_size for r in rows} == {1, 2}
+    for r in rows:
+        assert harness._plausible(replace(r, status="ok"), doc.ceilings, None, cases).status == "ok", r.label
+    low = Ceilings(
+        doc.ceilings.device, {k: replace(c, flops_per_s=c.flops_per_s / 1e3) for k, c in doc.ceilings.by_dtype.items()}
+    )
+    for r in rows:
+        flagged = harness._plausible(replace(r, status="ok"), low, None, cases)
+        assert flagged.status == "implausible" and flagged.implausible, r.label
