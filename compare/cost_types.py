@@ -4,7 +4,7 @@ ceilings (``results.json``'s ``ceilings``). ``compare.costmodel`` computes them;
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compare.jsonfields import (
@@ -199,7 +199,8 @@ class Ceiling:
 
     The matmul ceiling is the faster of two routes: ``native_flops_per_s`` (``torch.mm`` in the dtype) and, for a
     16-bit dtype, ``float32_route_flops_per_s`` (converted to float32 and back, the conversions' time included);
-    ``route`` names the one ``flops_per_s`` is (:data:`NATIVE_ROUTE` or :data:`FLOAT32_ROUTE`). Also
+    ``route`` names the one ``flops_per_s`` is (:data:`NATIVE_ROUTE`, :data:`FLOAT32_ROUTE`, or ``xla`` where XLA's
+    own probe, ``jax_impl.ceilings``, was faster than both: :meth:`merged`). Also
     ``aten_cpu_capability``, the CPU kernels torch dispatched to (``AVX2``, ``AVX512``; ``""``: not read) and
     ``probe_s``, the probe's wall time for this dtype. An older document lacks these: it measured the native route
     only, so they default to that, and are left out of :meth:`to_dict` while they hold their defaults."""
@@ -224,6 +225,23 @@ class Ceiling:
         hardware 16-bit GEMM here (e.g. bfloat16 on an AVX2 CPU). False where either rate was not measured."""
         native, f32 = self.native_flops_per_s, self.float32_route_flops_per_s
         return native is not None and f32 is not None and native < EMULATED_BELOW * f32
+
+    def merged(self, other: Ceiling) -> Ceiling:
+        """This probe's record with ``other``'s (another library's probe of the same dtype and device, e.g. XLA's)
+        where that is higher: the matmul ceiling, its shape, route and timing from the faster one, the copy
+        bandwidth the higher one, the routes this probe measured kept (so "emulated" still reads torch's routes)."""
+        out = self
+        if other.flops_per_s > self.flops_per_s:
+            out = replace(
+                out,
+                flops_per_s=other.flops_per_s,
+                matmul_shape=other.matmul_shape,
+                route=other.route,
+                timing=other.timing,
+            )
+        if other.bytes_per_s > out.bytes_per_s:
+            out = replace(out, bytes_per_s=other.bytes_per_s, copy_bytes=other.copy_bytes)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         optional = ("native_flops_per_s", "float32_route_flops_per_s", "route", "aten_cpu_capability", "probe_s")
@@ -262,12 +280,12 @@ class Ceilings:
         return c if c is not None and c.flops_per_s and c.bytes_per_s else None
 
     def peak(self, other: Ceilings) -> Ceilings:
-        """Per dtype, the probe with the higher matmul FLOP/s of this one and ``other`` (a second probe of the same
-        device, made later): a ceiling is the best the machine did, and load only ever lowers a probe."""
+        """Per dtype, the higher of this probe's and ``other``'s (:meth:`Ceiling.merged`: a second probe made later,
+        or another library's on the same device): a ceiling is the best the machine did with any library, and load
+        only ever lowers a probe."""
         out = dict(self.by_dtype)
         for k, c in other.by_dtype.items():
-            if k not in out or c.flops_per_s > out[k].flops_per_s:
-                out[k] = c
+            out[k] = out[k].merged(c) if k in out else c
         return Ceilings(self.device, out)
 
     def to_dict(self) -> dict[str, Any]:

@@ -308,8 +308,9 @@ def unregister(name: str) -> None:
 
 #: Probes the core calls without importing a framework: module targets loaded like backends. ``ceilings`` exposes
 #: ``measure_all(dtypes, budget_s) -> {"device": str, dtype: {...}}`` (this machine's matmul FLOP/s and copy
-#: bandwidth per dtype, on the device the torch backends use).
-PROBES: dict[str, str] = {"ceilings": "torch_impl.ceilings"}
+#: bandwidth per dtype, on the device the torch backends use); ``ceilings-xla`` the same through XLA's own GEMMs
+#: (``jax_impl.ceilings``): the harness keeps the higher per dtype.
+PROBES: dict[str, str] = {"ceilings": "torch_impl.ceilings", "ceilings-xla": "jax_impl.ceilings"}
 
 
 def probe(name: str) -> Any:

@@ -344,8 +344,10 @@ def test_no_real_bf16_backend_is_implausible_where_native_16_bit_matmul_is_slow(
     ceiling takes the float32 route, no real bf16 backend is implausible, and the summary says matmul is emulated.
     The control: with the float32 route slowed as well, the same backends' times are implausible against the
     ceiling (so the check can see them)."""
+    from compare import harness
     from torch_impl import ceilings
 
+    monkeypatch.setattr(harness, "CEILING_PROBES", ("ceilings",))  # torch's routes alone (XLA's probe: below)
     case = TINY.__class__(TINY.model, TINY.shape, "bfloat16", TINY.dist, TINY.seed)
     specs = [spec(n) for n in BF16_TIMED]
     cfg = TimingConfig(warmup=1, min_samples=10, budget_s=0.05)
@@ -388,3 +390,27 @@ def test_tensor_parallel_rows_are_checked_against_the_ceiling_of_their_hosts() -
     for r in rows:
         flagged = harness._plausible(replace(r, status="ok"), low, None, cases)
         assert flagged.status == "implausible" and flagged.implausible, r.label
+
+
+def test_a_ceiling_is_the_higher_of_the_libraries_probes() -> None:
+    """torch's GEMMs can be far slower than XLA's on the same machine (MKL_CBWR=COMPATIBLE: 31 against 182 GFLOP/s
+    here), and a jax-xla step was then called faster than the machine: the ceiling takes the faster library's rate
+    and copy bandwidth, and keeps torch's two 16-bit routes (so "emulated" still reads them)."""
+    from compare.cost_types import Ceiling
+
+    torch_c = Ceiling(
+        50e9,
+        20e9,
+        (512,) * 3,
+        1,
+        "bfloat16",
+        "cpu",
+        native_flops_per_s=2e9,
+        float32_route_flops_per_s=50e9,
+        route="float32",
+    )
+    xla_c = Ceiling(150e9, 25e9, (1024,) * 3, 2, "bfloat16", "cpu", route="xla")
+    m = torch_c.merged(xla_c)
+    assert (m.flops_per_s, m.route, m.matmul_shape, m.bytes_per_s) == (150e9, "xla", (1024,) * 3, 25e9)
+    assert m.matmul_emulated and m.native_flops_per_s == 2e9
+    assert torch_c.merged(replace(xla_c, flops_per_s=1e9, bytes_per_s=1e9)) == torch_c  # a lower probe changes nothing
