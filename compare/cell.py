@@ -16,7 +16,7 @@ from compare.cases import Case
 from compare.cost_types import Ceilings, Cost
 from compare.golden import golden_for
 from compare.parity import Parity, Plain, check_all, check_plain
-from compare.reference import Arith, compute, envelope_activations, round_to_dtype
+from compare.reference import plain_run, round_to_dtype
 from compare.registry import DEFAULT_BASELINE, BackendSpec, Prepared
 from compare.results import Result
 
@@ -49,11 +49,7 @@ def plain_reference(case: Case) -> Plain:
         env = {k[len("envelope.") :]: v for k, v in cached.items() if k.startswith("envelope.")}
         envelope: dict[str, np.ndarray] | None = env or None
     else:
-        unrounded = compute(case.model, g.x, g.params, g.dy, Arith.plain(case.dtype, final=False))
-        envelope = None
-        if case.dtype == "float32" and case.model != "linear":
-            acts = envelope_activations(case.model, case.seed)
-            envelope = compute(case.model, g.x, g.params, g.dy, Arith.plain(case.dtype), acts=acts)
+        unrounded, envelope = plain_run(case.model, case.dtype, case.seed, g.x, g.params, g.dy)
         saved = {f"unrounded.{k}": v for k, v in unrounded.items()}
         datacache.save(name, saved | {f"envelope.{k}": v for k, v in (envelope or {}).items()})
     plain = {k: round_to_dtype(v, case.dtype) for k, v in unrounded.items()}  # what final=True computes

@@ -254,7 +254,7 @@ def run_one(
     if time_it:
         _time([c], cfg, plain)
     seed = fresh.new_seed()
-    inputs = fresh.draw(case, seed)
+    inputs = fresh.draw(case, seed, golden_for(case).params)
     _finish_steps(c, inputs, profile, trace_dir)
     return _settle(case, [c], seed, inputs)[0]
 
@@ -341,7 +341,13 @@ def run(
                 continue
             res_rows += case_resolution(case, plain, modes)
             seed = fresh.new_seed()  # drawn now: no backend of this run can have seen these inputs
-            inputs = fresh.draw(case, seed)
+            try:
+                inputs = fresh.draw(case, seed, golden_for(case).params)
+            except UnusableCase as exc:  # no fresh draw of this case can be judged: say so in every cell, go on
+                for mode in modes:
+                    for spec in specs:
+                        record(Result.for_case(spec.name, case, mode, "error", reason=f"fresh inputs: {exc}"))
+                continue
             started: list[_Cell] = []
             for mode in modes:
                 group: list[_Cell] = []

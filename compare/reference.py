@@ -44,7 +44,8 @@ def round_to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "float32":
         return a32
     if dtype == "float16":
-        return a32.astype(np.float16).astype(np.float32)
+        with np.errstate(over="ignore"):  # beyond 65504 rounds to inf, as a float16 cast does; the gate refuses it
+            return a32.astype(np.float16).astype(np.float32)
     if dtype == "bfloat16":
         bits: np.ndarray = a32.view(np.uint32).astype(np.uint64)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
@@ -427,3 +428,18 @@ def compute(
     if "dx" in out:
         out["dx"] = out["dx"].reshape(*lead, -1)
     return out
+
+
+def plain_run(
+    model: str, dtype: str, seed: int, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+    """The gate's yardstick on ``(x, params, dy)``: the plain ``dtype`` computation with its outputs unrounded
+    (``Arith.plain(dtype, final=False)``) and, in float32 for a model with an activation, its envelope twin
+    (:func:`envelope_activations` drawn from the case's ``seed``; None otherwise). A run past the dtype's range
+    gives inf/NaN without a warning: ``compare.parity.check_plain`` refuses it by name."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        unrounded = compute(model, x, params, dy, Arith.plain(dtype, final=False))
+        envelope = None
+        if dtype == "float32" and model != "linear":
+            envelope = compute(model, x, params, dy, Arith.plain(dtype), acts=envelope_activations(model, seed))
+    return unrounded, envelope

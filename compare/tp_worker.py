@@ -190,7 +190,7 @@ def fresh_reference(case: Case, seed: int, params: dict[str, np.ndarray]) -> tup
     key = (case, seed)
     if key not in _FRESH:
         _FRESH.clear()
-        _FRESH[key] = fresh.reference(case, params, fresh.draw(case, seed))
+        _FRESH[key] = fresh.reference(case, params, fresh.draw(case, seed, params))
     return _FRESH[key]
 
 
@@ -275,7 +275,7 @@ def run_cell(
     # does the reference of that draw exist in this process
     told("fresh inputs")
     t0 = time.perf_counter()
-    out = prepared.fresh(fresh.draw(case, fresh_seed))
+    out = prepared.fresh(fresh.draw(case, fresh_seed, golden.params))
     sync([out])
     t1 = time.perf_counter()
     fresh_read = [(d, fresh.compact(t)) for d, t in read_copies(prepared, out, f"{who} on fresh inputs")]

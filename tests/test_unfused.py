@@ -113,7 +113,7 @@ def test_fresh_inputs_give_jax_xlas_answer(mode: str) -> None:
     """``Prepared.fresh``: the same op-by-op programs on inputs never seen, close to jax-xla's answer on them."""
     case = TINY.case("float32")
     problem = golden_for(case).problem
-    inputs = fresh.draw(case, 1234)
+    inputs = fresh.draw(case, 1234, problem.params)
     outs = {}
     for name in ("jax-unfused", "jax-xla"):
         prepared = spec(name).load().prepare(problem, mode)

@@ -1,0 +1,76 @@
+"""The fresh draw is judgeable whatever the seed: a heavy-tailed sub-draw that would push a 16-bit output past the
+dtype's range is passed over (before any step sees it), so no seed of the run turns a case's cells into errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compare import fresh
+from compare.cases import PRESETS
+from compare.golden import golden_for
+from compare.harness import TimingConfig, run
+from compare.parity import UnusableCase
+from compare.reference import round_to_dtype
+from compare.registry import spec
+
+ODD16 = PRESETS["odd"].case("float16", model="swiglu")
+
+
+def test_rounding_past_the_float16_range_is_inf_without_a_warning() -> None:
+    out = round_to_dtype(np.array([1e5, -7e4, 65504.0, 3.0]), "float16")
+    assert np.isposinf(out[0]) and np.isneginf(out[1]) and out[2] == 65504.0 and out[3] == 3.0
+
+
+def test_the_same_seed_gives_the_same_draw() -> None:
+    params = golden_for(ODD16).params
+    a, b = fresh.draw(ODD16, 99, params), fresh.draw(ODD16, 99, params)
+    assert all(np.array_equal(a[k], b[k]) for k in ("x", "dy"))
+    assert not np.array_equal(a["x"], fresh.draw(ODD16, 100, params)["x"])
+
+
+@pytest.fixture
+def blows_up_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first sub-draw of every seed holds one huge input (``x`` scaled by 1e4 in its first element): swiglu's
+    float16 outputs overflow on it."""
+    calls = {"n": 0}
+    real = fresh.draw_input
+
+    def draw_input(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> np.ndarray:
+        calls["n"] += 1
+        x = real(rng, shape, dist)
+        if calls["n"] == 1:
+            x.reshape(-1)[0] = 6e4
+        return x
+
+    monkeypatch.setattr(fresh, "draw_input", draw_input)
+
+
+@pytest.mark.usefixtures("blows_up_first")
+def test_an_out_of_range_sub_draw_is_passed_over_and_the_draw_is_judgeable() -> None:
+    params = golden_for(ODD16).params
+    inputs = fresh.draw(ODD16, 5, params)
+    assert float(np.max(np.abs(inputs["x"]))) < 6e4  # not the first sub-draw
+    fresh.reference(ODD16, params, inputs)  # no UnusableCase
+
+
+def test_the_control_without_the_screen_is_unusable(blows_up_first: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: with the screen off the first sub-draw is taken, and the gate cannot judge it."""
+    monkeypatch.setattr(fresh, "_in_range", lambda *_a: True)
+    params = golden_for(ODD16).params
+    inputs = fresh.draw(ODD16, 5, params)
+    assert float(np.max(np.abs(inputs["x"]))) == 6e4
+    with pytest.raises(UnusableCase, match=r"overflows float16|beyond float16"):
+        fresh.reference(ODD16, params, inputs)
+
+
+def test_a_case_with_no_judgeable_draw_is_an_error_in_every_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every sub-draw out of range: each cell of that case is an error naming the cause; the other case still runs."""
+    real = fresh._in_range
+    monkeypatch.setattr(fresh, "_in_range", lambda case, *a: case.dtype != "float16" and real(case, *a))
+    cases = [PRESETS["tiny"].case("float16"), PRESETS["tiny"].case("float32")]
+    doc = run(cases, [spec("torch-eager")], ["fwd"], TimingConfig(warmup=1, min_samples=5, budget_s=0.0))
+    by_dtype = {r.dtype: r for r in doc.results}
+    assert by_dtype["float16"].status == "error"
+    assert f"none of {fresh.MAX_DRAWS} fresh draws" in by_dtype["float16"].reason
+    assert by_dtype["float32"].status == "ok", by_dtype["float32"].reason
