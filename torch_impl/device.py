@@ -40,6 +40,40 @@ def pin_precision() -> dict[str, Any]:
     }
 
 
+#: Set by :func:`key_inductor_cache` (None until then): the vector ISA Inductor generates C++ for in this process.
+_INDUCTOR_ISA: str | None = None
+#: The variable in which :func:`key_inductor_cache` notes the folder it chose (so a child process that inherits
+#: ``TORCHINDUCTOR_CACHE_DIR`` from it keys again, by its own ISA, rather than taking it for the user's choice).
+_KEYED = "FUSION_COMPARE_INDUCTOR_CACHE"
+
+
+def key_inductor_cache() -> dict[str, Any]:
+    """Give Inductor's on-disk caches a folder per vector ISA, before anything is compiled; return what was chosen.
+
+    Inductor (torch 2.13) does not key its caches on the vector ISA its C++ is generated for, which follows the
+    CPU and ``ATEN_CPU_CAPABILITY``: a graph compiled under one and served from the cache under the other computes
+    wrong values (measured on an AVX-512 CPU: code compiled there, replayed with ``ATEN_CPU_CAPABILITY=avx2``, gave a
+    max error of 7 on a GeGLU whose outputs are of order 1, and the reverse order 5; ``tests/test_inductor_cache.py``).
+    A cache folder shared by machines of different CPUs, or by runs under different caps, hits it. So, unless the
+    user set ``TORCHINDUCTOR_CACHE_DIR`` (theirs is kept, and the record says so), the cache is torch's default folder
+    plus ``isa-<ISA>``. Child processes inherit the variable."""
+    global _INDUCTOR_ISA
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.runtime.runtime_utils import default_cache_dir
+
+    if _INDUCTOR_ISA is None:
+        _INDUCTOR_ISA = "-".join(str(cpu_vec_isa.pick_vec_isa()).split()) or "none"
+    default = os.path.abspath(default_cache_dir())
+    ours = os.path.join(default, f"isa-{_INDUCTOR_ISA}")
+    # Inductor writes its default folder into the variable the first time it looks: that one, or one this function
+    # chose (here or in a parent process), is not the user's.
+    users = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if users in (None, default, os.environ.get(_KEYED)):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.environ[_KEYED] = ours
+        return {"inductor_vec_isa": _INDUCTOR_ISA, "inductor_cache": "a folder per vector ISA"}
+    return {"inductor_vec_isa": _INDUCTOR_ISA, "inductor_cache": "TORCHINDUCTOR_CACHE_DIR as set (not keyed by ISA)"}
+
+
 def threads() -> dict[str, Any]:
     return {"torch_intra_op": torch.get_num_threads(), "torch_inter_op": torch.get_num_interop_threads()}
 

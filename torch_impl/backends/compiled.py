@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,14 +29,18 @@ class CompileBackend:
         torch._dynamo.reset()
         # Inductor's C++ kernels appear in torch.profiler only with this set before compiling (cheap check per call)
         profiling.enable_inductor_kernel_profile()
+        cache = dev.key_inductor_cache()  # before the first compile: another ISA's cached code is wrong here
         compiled = torch.compile(module, dynamic=False, fullgraph=True)
         note = "first call includes Inductor compile (its on-disk FX graph cache may be warm)"
         if mode != "bwd":
-            return runner.prepare(problem, mode, module, compiled, note=note)
-        # Timing the backward alone replays one graph with retain_graph=True, which AOTAutograd's donated
-        # buffers forbid; the forward (and its compile) runs inside prepare, so the patch covers it.
-        with torch._functorch.config.patch(donated_buffer=False):
-            return runner.prepare(problem, mode, module, compiled, note=note + "; donated buffers off (bwd replay)")
+            prepared = runner.prepare(problem, mode, module, compiled, note=note)
+        else:
+            # Timing the backward alone replays one graph with retain_graph=True, which AOTAutograd's donated
+            # buffers forbid; the forward (and its compile) runs inside prepare, so the patch covers it.
+            with torch._functorch.config.patch(donated_buffer=False):
+                note += "; donated buffers off (bwd replay)"
+                prepared = runner.prepare(problem, mode, module, compiled, note=note)
+        return dataclasses.replace(prepared, precision={**prepared.precision, **cache})
 
     def shape_sweep(
         self,
