@@ -13,8 +13,10 @@ inputs as arguments) and ``sync`` (which blocks until a pytree of outputs is com
 Reported: median, IQR, min and max per call, ``n`` samples, the block size, and the first call apart.
 
 **Interleaved** (:func:`measure_interleaved`): the backends compared on one case, dtype and mode are timed together.
-Each is called first and warmed up on its own (step 1-2, which size its block); then every round runs one block of
-each, in an order drawn at random for that round, until every backend has ``min_samples`` samples and then until
+Each is called first on its own (step 1); the warm-up calls then run in rounds, and they size the blocks, which
+backends of about the same speed share (:func:`shared_block_sizes`: two equally fast steps must run blocks of the
+same length for a round's two samples to be exchangeable); then every round runs one block of each, in an order
+drawn at random for that round, until every backend has ``min_samples`` samples and then until
 ``budget_s`` per backend has passed (or ``max_samples`` rounds). A burst of load then lands on all of them alike,
 and because the order within a round is random, a round's pair of samples of two backends that are the same is as
 likely to come out one way as the other whatever the load does: the paired test of ``compare.significance`` is
@@ -228,6 +230,71 @@ def new_group_id(label: str) -> str:
     return f"{label}#{secrets.token_hex(4)}"
 
 
+def shared_block_sizes(needed: Sequence[int]) -> list[int]:
+    """Calls per block of each entrant of a group, from the calls each needs to fill ``min_sample_s``: entrants
+    whose needs lie within a factor of 2 of the largest of them share that largest one, and so on down.
+
+    Why: the paired test is exact only if a round's two samples of equally fast steps are exchangeable, and two
+    blocks of different lengths are not (under bursty load a short block is more often wholly fast or wholly slow;
+    the medians of the two then differ by the load's pattern, not the steps'). The needs are measured, so noisy (9
+    and 10 calls for the same step under a busy core); with blocks sized each on its own the A/A control called the
+    same backend different in 12 of 120 trials here, against a nominal 2%. Steps more than 2x apart in speed keep
+    their own sizes: no block is more than twice as long as its entrant needs."""
+    out = list(needed)
+    todo = sorted(range(len(out)), key=lambda i: -needed[i])
+    while todo:
+        top = needed[todo[0]]
+        share = [i for i in todo if 2 * needed[i] >= top]
+        for i in share:
+            out[i] = top
+        todo = [i for i in todo if i not in share]
+    return out
+
+
+def _shuffled(items: list[int], rng: random.Random) -> list[int]:
+    rng.shuffle(items)
+    return items
+
+
+def _sized_blocks(
+    entrants: Sequence[Entrant],
+    outcome: list[BaseException | None],
+    warm: list[float],
+    min_sample_s: float,
+    rng: random.Random,
+) -> list[int]:
+    """Each entrant's calls per block: blocks of 1, 2, 4, ... calls, in rounds, until one lasts ``min_sample_s`` and
+    its per-call time is within 30% of the fastest before it; that per-call time (the fastest seen) sizes the block,
+    and entrants of about the same speed then share a size (:func:`shared_block_sizes`). Single calls would not do:
+    under a busy core each call of a fast step can pay a thread's wake-up of about a block's length (here: all 8
+    single calls of a 0.2 ms step took over 2 ms, and its blocks were sized one call long against its twin's 13),
+    which a longer block pays once. A step whose fastest warm-up call (``warm``) and first sizing call were both over
+    10 blocks long is sized by them (a stall of that length was seen too, once in 48 trials). Costs about two blocks."""
+    n = len(entrants)
+    size, per_call, done = [1] * n, list(warm), [False] * n
+    while True:
+        todo = [i for i in range(n) if outcome[i] is None and not done[i]]
+        if not todo:
+            break
+        for i in _shuffled(todo, rng):
+            try:
+                seconds = _run_block(entrants[i].fn, entrants[i].sync, size[i])[0]
+            except Exception as exc:  # this entrant's failure, recorded as its outcome
+                outcome[i] = exc
+                continue
+            this = seconds / size[i]
+            # long enough, and the per-call time no longer falls much as blocks grow (a stall is amortised); a step
+            # far slower than a block is sized by one call
+            settled = this >= 0.7 * per_call[i] or min(seconds, warm[i]) >= 10 * min_sample_s
+            per_call[i] = min(per_call[i], this)
+            if seconds >= min_sample_s and settled:
+                done[i] = True
+            else:
+                size[i] *= 2
+    needed = [max(1, math.ceil(min_sample_s / max(t, CLOCK_RESOLUTION_S))) if math.isfinite(t) else 1 for t in per_call]
+    return shared_block_sizes(needed)
+
+
 def measure_interleaved(
     entrants: Sequence[Entrant],
     *,
@@ -250,17 +317,18 @@ def measure_interleaved(
     min_sample_s = max(min_sample_s, 1e4 * CLOCK_RESOLUTION_S)
     n = len(entrants)
     outcome: list[BaseException | None] = [None] * n
-    calls = [1] * n
-    for i, e in enumerate(entrants):  # warm-up alone: it sizes each entrant's block
-        try:
-            fastest = min(_run_block(e.fn, e.sync, 1)[0] for _ in range(warmup))
-            calls[i] = max(1, math.ceil(min_sample_s / max(fastest, CLOCK_RESOLUTION_S)))
-        except Exception as exc:  # this entrant's failure, recorded as its outcome
-            outcome[i] = exc
+    rng = random.Random(seed)
+    warm = [math.inf] * n  # each entrant's fastest warm-up call
+    for _ in range(warmup):  # warm-up in rounds, so that what follows starts from a steady state for all
+        for i in _shuffled([i for i in range(n) if outcome[i] is None], rng):
+            try:
+                warm[i] = min(warm[i], _run_block(entrants[i].fn, entrants[i].sync, 1)[0])
+            except Exception as exc:  # this entrant's failure, recorded as its outcome
+                outcome[i] = exc
+    calls = _sized_blocks(entrants, outcome, warm, min_sample_s, rng)
     samples: list[list[float]] = [[] for _ in range(n)]
     rounds: list[list[int]] = [[] for _ in range(n)]
     last: list[Any] = [None] * n
-    rng = random.Random(seed)
     start = CLOCK()
     r = 0
     while True:

@@ -414,3 +414,66 @@ def test_a_ceiling_is_the_higher_of_the_libraries_probes() -> None:
     assert (m.flops_per_s, m.route, m.matmul_shape, m.bytes_per_s) == (150e9, "xla", (1024,) * 3, 25e9)
     assert m.matmul_emulated and m.native_flops_per_s == 2e9
     assert torch_c.merged(replace(xla_c, flops_per_s=1e9, bytes_per_s=1e9)) == torch_c  # a lower probe changes nothing
+
+
+def test_steps_of_about_the_same_speed_share_a_block_size() -> None:
+    assert timing.shared_block_sizes([9, 10, 13, 1]) == [13, 13, 13, 1]
+    assert timing.shared_block_sizes([100, 40, 20, 10]) == [100, 40, 40, 10]
+    assert timing.shared_block_sizes([]) == []
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_step_that_stalls_on_every_wake_up_gets_the_block_size_of_its_twin() -> None:
+    """Two steps of 0.1 ms; the second pays a 2.5 ms stall whenever the other ran just before it (a thread's wake-up
+    under a busy core). Sized from single calls, its blocks would be 1 call long against its twin's 20, and the pair
+    would not be exchangeable; sized by growing blocks, both get the same size."""
+    last = {"who": ""}
+
+    def step(name: str, stall: float):
+        def fn() -> str:
+            if last["who"] != name:
+                _spin(stall)
+            last["who"] = name
+            _spin(1e-4)
+            return name
+
+        return fn
+
+    out = measure_interleaved(
+        [Entrant(step("a", 0.0), lambda _o: None, 0.0), Entrant(step("b", 2.5e-3), lambda _o: None, 0.0)],
+        group="g#stall",
+        warmup=3,
+        min_samples=5,
+        max_samples=5,
+        budget_s=0.0,
+        min_sample_s=2e-3,
+    )
+    (ta, _), (tb, _) = out  # type: ignore[misc]
+    assert ta.calls_per_sample == tb.calls_per_sample >= 15, (ta.calls_per_sample, tb.calls_per_sample)
+
+
+def test_twins_with_jittery_calls_get_one_block_size() -> None:
+    """Two copies of one step whose calls take 0.1 ms times a seeded jitter of up to 1.5x: sized each on its own,
+    their blocks came out of different lengths (the fastest of a few calls differs between them); shared, they do
+    not."""
+    rng = random.Random(3)
+
+    def fn() -> None:
+        _spin(1e-4 * (1 + 0.5 * rng.random()))
+
+    out = measure_interleaved(
+        [Entrant(fn, lambda _o: None, 0.0), Entrant(fn, lambda _o: None, 0.0)],
+        group="g#jitter",
+        warmup=2,
+        min_samples=5,
+        max_samples=5,
+        budget_s=0.0,
+        min_sample_s=5e-3,
+    )
+    (ta, _), (tb, _) = out  # type: ignore[misc]
+    assert ta.calls_per_sample == tb.calls_per_sample, (ta.calls_per_sample, tb.calls_per_sample)
