@@ -9,7 +9,8 @@ Typical use::
     print(render_report(doc))
     print(doc.results[0].timing.median_s, doc.results[0].parity.tier)   # "pass", "deviates" or "fail"
 
-Everything else lives in the submodules (``compare.parity``, ``compare.timing``, ``compare.registry``, ...).
+Everything else lives in the submodules (``compare.gate.parity``, ``compare.timing.timer``,
+``compare.backends.registry``, ...).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from compare.cases import DTYPES, MODELS, MODES, PRESETS, Case, InputError, Shape, preset
-from compare.golden import Golden, Problem, golden_for
-from compare.parity import Parity, TensorParity, check_all
-from compare.registry import BACKENDS, BackendSpec, register, spec
-from compare.results import Result, Results
-from compare.timing import Timing, measure
+from compare.backends.registry import BACKENDS, BackendSpec, register, spec
+from compare.gate.parity import Parity, TensorParity, check_all
+from compare.problem.cases import DTYPES, MODELS, MODES, PRESETS, Case, InputError, Shape, preset
+from compare.problem.golden import Golden, Problem, golden_for
+from compare.results.document import Result, Results
+from compare.timing.timer import Timing, measure
 
 __all__ = [
     "BACKENDS",
@@ -62,12 +63,13 @@ def run_cases(
     profile: bool = False,
 ) -> Results:
     """Run each backend (by registry name) on each case in each mode: parity against the float64 golden, then
-    timing through the shared timer. Returns the typed results document (:class:`~compare.results.Results`;
-    ``to_dict()`` is ``results.json``'s content): one :class:`~compare.results.Result` per (backend, case, mode)
+    timing through the shared timer. Returns the typed results document (:class:`~compare.results.document.Results`;
+    ``to_dict()`` is ``results.json``'s content): one :class:`~compare.results.document.Result` per (backend, case,
+    mode)
     with ``parity`` (every tensor: ``y [batch, seq, out]`` and, in ``bwd`` modes, ``dx`` and each weight gradient
     ``d<param> [out, in]``), ``timing`` (seconds per call) and ``cost``. A failing backend is an ``error`` result;
     the others still run."""
-    from compare import harness
+    from compare.run import harness
 
     specs = [spec(b) for b in backends]
     cfg = harness.TimingConfig(budget_s=budget_s)
@@ -77,7 +79,8 @@ def run_cases(
 def load_results(path: str | Path) -> Results:
     """A ``results.json`` (validated: an old, foreign or broken file raises :class:`InputError` naming the row and
     field), or a sweep's ``results.jsonl`` / its folder, as a typed results document."""
-    from compare import results, sweep
+    from compare.results import document as results
+    from compare.sweep import command as sweep
 
     p = Path(path)
     if p.is_dir() or p.suffix == ".jsonl":
@@ -87,6 +90,6 @@ def load_results(path: str | Path) -> Results:
 
 def render_report(doc: Results) -> str:
     """The markdown report of a results document (a pure function of it: it measures nothing)."""
-    from compare import report
+    from compare.report import render as report
 
     return report.render(doc)

@@ -11,21 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compare import (
-    diff,
-    exitcodes,
-    gpu_build,
-    gpu_build_report,
-    harness,
-    preflight,
-    report,
-    results,
-    shapes,
-    sweep,
-    tp_hosts,
-)
-from compare.atomic import write_text_atomic
-from compare.cases import (
+from compare.backends.registry import BACKENDS, spec
+from compare.backends.tp import LAUNCHES
+from compare.cost.comm import check_world_size
+from compare.formats.atomic import write_text_atomic
+from compare.gpu_build import command as gpu_build
+from compare.gpu_build import table as gpu_build_report
+from compare.problem.cases import (
     DTYPES,
     MODEL_ABOUT,
     MODELS,
@@ -39,13 +31,15 @@ from compare.cases import (
     preset,
     resolve_shape,
 )
-from compare.options import add_grid_args, check_grid_args
-from compare.progress import Display, progress_level
-from compare.registry import BACKENDS, spec
-from compare.tp import LAUNCHES
-from compare.tp_cost import check_world_size
-from compare.tp_launch import Job
-from compare.tp_worker import Cell
+from compare.report import diff, shapes
+from compare.report import render as report
+from compare.results import document as results
+from compare.run import exitcodes, harness, preflight, tp_hosts
+from compare.run.options import add_grid_args, check_grid_args
+from compare.run.progress import Display, progress_level
+from compare.run.tp_launch import Job
+from compare.run.tp_worker import Cell
+from compare.sweep import command as sweep
 
 
 def cmd_list(_: argparse.Namespace) -> int:
@@ -116,7 +110,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         doc = dataclasses.replace(doc, gpu_build=build)
     interrupted = doc.interrupted
     if not a.no_plots and not interrupted:
-        from compare.plots import render_plots
+        from compare.report.plots import render_plots
 
         plots = render_plots(doc, out / "plots")
         doc = dataclasses.replace(doc, plots=tuple(p.relative_to(out).as_posix() for p in plots))
@@ -199,7 +193,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_tp_job(a: argparse.Namespace) -> int:
-    """Write a multi-host tensor-parallel job (``compare.tp_hosts``) and print the command for each host."""
+    """Write a multi-host tensor-parallel job (``compare.run.tp_hosts``) and print the command for each host."""
     check_grid_args(a)
     cases = cases_from_args(a)
     specs = [spec(b) for b in a.backend]
@@ -339,7 +333,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m compare``: the exit status is one of :mod:`compare.exitcodes` (see ``--help``)."""
+    """``python -m compare``: the exit status is one of :mod:`compare.run.exitcodes` (see ``--help``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parser().parse_args(argv)
     a.argv = argv

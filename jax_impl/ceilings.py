@@ -1,9 +1,10 @@
-"""XLA's own matmul ceiling, measured through the shared timer: the second ceiling probe (``compare.registry.PROBES``).
+"""XLA's own matmul ceiling, measured through the shared timer: the second ceiling probe
+(``compare.backends.registry.PROBES``).
 
 torch's probe (``torch_impl.ceilings``) measures torch's GEMM library; XLA brings its own, and on one machine the
 two can differ by far: with ``MKL_CBWR=COMPATIBLE`` torch's float32 GEMM ran at 31 GFLOP/s here while XLA's (capped
 at AVX) ran at 182. A ceiling is what the machine can do with any library, so the harness keeps, per dtype, the
-higher of the probes (``compare.cost_types.Ceiling.merged``); a step of an XLA backend is then never "faster than the
+higher of the probes (``compare.cost.records.Ceiling.merged``); a step of an XLA backend is then never "faster than the
 machine" only because torch's library is slow.
 
 Per dtype: ``jnp.dot`` of two ``[n, n]`` arrays in the dtype under ``jax.jit`` (``preferred_element_type`` the dtype,
@@ -21,19 +22,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from compare import timing
-from compare.cases import DTYPES, check_name
+from compare.problem.cases import DTYPES, check_name
+from compare.timing import timer as timing
 from jax_impl import device as dev
 
 SIZES: tuple[int, ...] = (128, 256, 512, 1024)
 COPY_BYTES = 64 * 2**20
 BUDGET_S = 1.5
-#: The route name this probe's ceilings carry (``compare.cost_types.Ceiling.route``).
+#: The route name this probe's ceilings carry (``compare.cost.records.Ceiling.route``).
 ROUTE = "xla"
 
 
 def measure(dtype: str, budget_s: float = BUDGET_S, sizes: Sequence[int] = SIZES) -> dict[str, Any]:
-    """One dtype's ceiling record (``compare.cost_types.Ceiling.from_dict``'s fields) measured through XLA."""
+    """One dtype's ceiling record (``compare.cost.records.Ceiling.from_dict``'s fields) measured through XLA."""
     check_name("dtype", dtype, DTYPES)
     precision = dev.pin_precision()
     jdtype = dev.JAX_DTYPES[dtype]
@@ -79,5 +80,5 @@ def measure(dtype: str, budget_s: float = BUDGET_S, sizes: Sequence[int] = SIZES
 
 
 def measure_all(dtypes: Sequence[str], budget_s: float | None = None) -> dict[str, Any]:
-    """The ``ceilings-xla`` probe of ``compare.registry``: ``{"device": ..., dtype: measure(...)}``."""
+    """The ``ceilings-xla`` probe of ``compare.backends.registry``: ``{"device": ..., dtype: measure(...)}``."""
     return {"device": dev.platform(), **{d: measure(d, budget_s or BUDGET_S) for d in dtypes}}

@@ -1,5 +1,5 @@
 """Kernels per step of a JAX step with no jit above it: one that dispatches one computation per op from Python
-(``runner.prepare(..., outer_jit=False)``, the unfused baseline). Summary schema in ``compare.kernels``.
+(``runner.prepare(..., outer_jit=False)``, the unfused baseline). Summary schema in ``compare.kernels.summary``.
 
 ``profiling.profile_jit`` reads one compiled program; such a step dispatches many. So :func:`profile_dispatched`
 
@@ -34,7 +34,7 @@ from typing import Any
 import jax
 from jax.extend.core import DropVar, JaxprEqn, Literal
 
-from compare import kernels as ks
+from compare.kernels import summary as ks
 from jax_impl import profiling
 
 #: Replays recorded under the profiler (after one warm-up).

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from compare.golden import Problem
-from compare.weights import linear_weight
+from compare.problem.golden import Problem
+from compare.problem.weights import linear_weight
 from jax_impl.device import JAX_DTYPES, PRECISION
 
 ActMul = Callable[[jax.Array, jax.Array], jax.Array]

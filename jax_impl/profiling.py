@@ -1,4 +1,5 @@
-"""Kernels per step of a jitted JAX function, read from XLA's optimized HLO (summary schema in ``compare.kernels``).
+"""Kernels per step of a jitted JAX function, read from XLA's optimized HLO (summary schema in
+``compare.kernels.summary``).
 
 XLA decides the kernels when it compiles: after optimization, every top-level instruction of the entry
 computation that does work is one kernel (a thunk) per call. So the count needs no profiler:
@@ -31,7 +32,7 @@ from typing import Any, Generic, TypeVar
 
 import jax
 
-from compare import kernels as ks
+from compare.kernels import summary as ks
 
 #: Top-level opcodes that are neither work nor metadata.
 SKIPPED = frozenset(

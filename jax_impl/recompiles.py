@@ -2,14 +2,14 @@
 
 :func:`shape_sweep` builds the case's ``flax.nnx`` module once, jits its apply function once (state and inputs as
 arguments, as ``jax_impl.runner`` does) and calls it on the inputs of each token count in turn. Per shape it records
-(row schema in ``compare.shapes``):
+(row schema in ``compare.report.shapes``):
 
 - ``compiles``: the growth of the jitted function's own executable cache, ``jitted._cache_size()`` (one entry per
   input signature it compiled for); cross-checked by ``backend_compiles``, the number of
   ``/jax/core/compile/backend_compile_duration`` events JAX reports through ``jax.monitoring`` during the first
   call, and ``compile_s_reported``, the sum of JAX's own trace, lowering and backend-compile durations;
-- ``first_call_s`` (trace + compile + run, ``compare.timing.first_call``) and the steady state
-  (``compare.timing.measure``). If the cache grows or a compile event fires during the timed samples the sweep
+- ``first_call_s`` (trace + compile + run, ``compare.timing.timer.first_call``) and the steady state
+  (``compare.timing.timer.measure``). If the cache grows or a compile event fires during the timed samples the sweep
   raises.
 
 ``jax.jit`` specialises on every input shape (there is no ``dynamic=True``): each new token count compiles once
@@ -25,10 +25,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from compare import timing
-from compare.cases import check_name
-from compare.golden import Problem
-from compare.shape_cases import GoldenFactory, row_fields, sweep_goldens
+from compare.problem.cases import check_name
+from compare.problem.golden import Problem
+from compare.problem.shape_cases import GoldenFactory, row_fields, sweep_goldens
+from compare.timing import timer as timing
 from jax_impl import device as dev
 
 SWEEP_MODES: tuple[str, ...] = ("fwd", "fwd+bwd")
@@ -79,7 +79,8 @@ def shape_sweep(
     """Call one ``jax.jit`` of a backend's nnx module (``build(problem)``, the backend's own) on each token count in
     turn; one row per shape, under the backend's ``name``.
 
-    ``make(tokens)`` returns the :class:`~compare.cases.Case` or :class:`~compare.golden.Golden` of that token
+    ``make(tokens)`` returns the :class:`~compare.problem.cases.Case` or :class:`~compare.problem.golden.Golden` of that
+    token
     count (same model, dtype, dim and hidden for all); weights come from the first, ``x [batch, seq, dim]`` and
     ``dy`` from each. ``mode`` is ``fwd`` (``y = apply(state, x)``) or ``fwd+bwd`` (``jax.vjp`` in the same jit).
     """

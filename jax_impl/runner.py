@@ -9,9 +9,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from compare.golden import Problem
-from compare.registry import Prepared
-from compare.weights import linear_weight
+from compare.backends.registry import Prepared
+from compare.problem.golden import Problem
+from compare.problem.weights import linear_weight
 from jax_impl import device as dev
 from jax_impl import dispatch_profile, profiling
 from jax_impl.models import canonical_grads

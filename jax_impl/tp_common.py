@@ -2,7 +2,8 @@
 per-shard step (``jax.shard_map``), its comm-only and compute-only twins, and the collectives read off XLA's
 compiled HLO.
 
-Layout (Megatron, ``compare.tp``), flax ``[in, out]`` kernels on a 1-D mesh axis ``"tp"``: ``gate``/``up``/``fc1``
+Layout (Megatron, ``compare.backends.tp``), flax ``[in, out]`` kernels on a 1-D mesh axis ``"tp"``:
+``gate``/``up``/``fc1``
 (and ``b1``) split by output columns, ``P(None, "tp")``; ``down``/``fc2`` by input rows, ``P("tp", None)``; ``b2``,
 ``x`` and ``dy`` replicated, ``P()``. World size must divide ``hidden`` (JAX refuses uneven shards).
 
@@ -36,11 +37,11 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from compare.cases import GLU_MODELS
-from compare.golden import Problem
-from compare.registry import Prepared
-from compare.tp import Collective, DeviceCopy, TPParts
-from compare.weights import linear_weight
+from compare.backends.registry import Prepared
+from compare.backends.tp import Collective, DeviceCopy, TPParts
+from compare.problem.cases import GLU_MODELS
+from compare.problem.golden import Problem
+from compare.problem.weights import linear_weight
 from jax_impl import device as dev
 from jax_impl import profiling
 from jax_impl.models import ActMul

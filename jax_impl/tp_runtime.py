@@ -1,4 +1,4 @@
-"""The JAX worker runtime of the tensor-parallel backends (``compare.tp``): how a group's ranks start and talk.
+"""The JAX worker runtime of the tensor-parallel backends (``compare.backends.tp``): how a group's ranks start and talk.
 
 Two launches (:data:`LAUNCHES`):
 
@@ -18,7 +18,7 @@ Two launches (:data:`LAUNCHES`):
     values travel bit-exact, JSON as ``uint8`` padded to a common length).
 
 Threads: XLA:CPU has no flag for its thread count; its intra-op pool (dots included) is sized from the process's CPU
-affinity, which ``compare.tp_worker`` pins to ``launch.threads`` CPUs before this module is imported (verified: one
+affinity, which ``compare.run.tp_worker`` pins to ``launch.threads`` CPUs before this module is imported (verified: one
 pinned CPU gives CPU time / wall time 1.0 on a matmul, two give 1.98). With one thread, :func:`init` also adds
 ``--xla_cpu_multi_thread_eigen=false`` to ``XLA_FLAGS`` (Eigen's own pool for elementwise ops) before the backend
 starts. In ``"devices"`` all ranks share that one pool.
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from compare.tp import Launch
+from compare.backends.tp import Launch
 
 #: The ways this runtime starts a group's ranks.
 LAUNCHES: tuple[str, ...] = ("devices", "processes")

@@ -32,8 +32,8 @@ def main() -> int:
     import torch.nn.functional as F
 
     import torch_impl  # noqa: F401  (configures Triton before it is imported)
-    from compare import timing
-    from compare.report import fmt_s, table
+    from compare.report.render import fmt_s, table
+    from compare.timing import timer as timing
 
     if not torch.cuda.is_available():
         print("error: needs a CUDA device; the Triton interpreter is for parity, never for timing", file=sys.stderr)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare.golden import GOLDEN_DIR, write_all
+from compare.problem.golden import GOLDEN_DIR, write_all
 
 if __name__ == "__main__":
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else GOLDEN_DIR

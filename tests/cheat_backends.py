@@ -1,10 +1,11 @@
-"""Three cheats: backends whose ``prepare`` computes the answer from the :class:`~compare.golden.Problem` it is handed
+"""Three cheats: backends whose ``prepare`` computes the answer from the :class:`~compare.problem.golden.Problem` it is
+handed
 and returns it, rounded to the dtype, at every step (and on any inputs). Right on the first call, right on the last
-timed call, faster than any real step: only the check on fresh inputs (``compare.fresh``) can see them.
+timed call, faster than any real step: only the check on fresh inputs (``compare.gate.fresh``) can see them.
 
 - ``cheat-golden``: ``golden_for(problem.case).ref``;
-- ``cheat-file``: the committed golden file itself (``compare.golden.load_file``);
-- ``cheat-compute``: ``compare.reference.compute(..., Arith.exact())`` on the problem's own inputs and weights.
+- ``cheat-file``: the committed golden file itself (``compare.problem.golden.load_file``);
+- ``cheat-compute``: ``compare.problem.reference.compute(..., Arith.exact())`` on the problem's own inputs and weights.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from compare.cell import MODE_TENSORS
-from compare.golden import Problem, golden_for, load_file
-from compare.reference import Arith, compute, round_to_dtype
-from compare.registry import Availability, BackendSpec, Prepared
+from compare.backends.registry import Availability, BackendSpec, Prepared
+from compare.problem.golden import Problem, golden_for, load_file
+from compare.problem.reference import Arith, compute, round_to_dtype
+from compare.run.cell import MODE_TENSORS
 
 
 def _from_golden(problem: Problem) -> dict[str, np.ndarray]:

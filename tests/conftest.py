@@ -19,10 +19,10 @@ from triton_impl import env as triton_env
 TRITON_INTERPRETED = triton_env.choose()
 TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
 
-from compare.cases import Case  # noqa: E402
-from compare.harness import TimingConfig, plain_reference, run_one  # noqa: E402
-from compare.registry import spec  # noqa: E402
-from compare.results import Result  # noqa: E402
+from compare.backends.registry import spec  # noqa: E402
+from compare.problem.cases import Case  # noqa: E402
+from compare.results.document import Result  # noqa: E402
+from compare.run.harness import TimingConfig, plain_reference, run_one  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

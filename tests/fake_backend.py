@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from compare.golden import Problem
-from compare.registry import Availability, BackendSpec, Prepared, spec
-from compare.shape_cases import GoldenFactory
+from compare.backends.registry import Availability, BackendSpec, Prepared, spec
+from compare.problem.golden import Problem
+from compare.problem.shape_cases import GoldenFactory
 
 NAME = "fake-eager"
 #: The one registry line a new backend needs.

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from compare.golden import Problem
-from compare.reference import Arith, compute
-from compare.registry import Availability, BackendSpec, Prepared
-from compare.tp import Collective, Group, Launch, TPParts
+from compare.backends.registry import Availability, BackendSpec, Prepared
+from compare.backends.tp import Collective, Group, Launch, TPParts
+from compare.problem.golden import Problem
+from compare.problem.reference import Arith, compute
 
 NAME = "fake-tp"
 SPEC = BackendSpec(

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from compare.golden import Problem
-from compare.registry import Availability, BackendSpec, Prepared, spec
+from compare.backends.registry import Availability, BackendSpec, Prepared, spec
+from compare.problem.golden import Problem
 
 NAME = "gated"
 GATE_ENV = "FUSION_COMPARE_TEST_GATE"

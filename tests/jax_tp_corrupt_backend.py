@@ -12,10 +12,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from compare.cases import TP_MODELS
-from compare.golden import Problem
-from compare.registry import Availability, BackendSpec, Prepared
-from compare.tp import Group
+from compare.backends.registry import Availability, BackendSpec, Prepared
+from compare.backends.tp import Group
+from compare.problem.cases import TP_MODELS
+from compare.problem.golden import Problem
 from jax_impl import tp_common as tc
 from jax_impl.backends.tp_shardmap import BACKEND as SHARDMAP
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compare.registry import Availability, Prepared
+from compare.backends.registry import Availability, Prepared
 
 
 class RaisingBackend:

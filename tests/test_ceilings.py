@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 
-from compare import cost_report
-from compare.cost_types import EMULATED_BELOW, FLOAT32_ROUTE, NATIVE_ROUTE, Ceiling, Ceilings, CeilingTimings
-from compare.environment import (
+from compare.cost.records import EMULATED_BELOW, FLOAT32_ROUTE, NATIVE_ROUTE, Ceiling, Ceilings, CeilingTimings
+from compare.report import cost as cost_report
+from compare.report.render import environment_section
+from compare.report.summary import summary_section
+from compare.results.document import Results
+from compare.results.environment import (
     ISA_FLAGS,
     Environment,
     cpu_isa_from_cpuinfo,
@@ -22,9 +25,6 @@ from compare.environment import (
     numpy_blas,
     xla_max_isa,
 )
-from compare.report import environment_section
-from compare.results import Results
-from compare.summary import summary_section
 
 GFLOP = 1e9
 

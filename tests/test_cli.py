@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from compare import report
 from compare.cli import main
-from compare.results import Results
+from compare.report import render as report
+from compare.results.document import Results
 from tests.conftest import TRITON_INTERPRETED
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,8 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 def test_core_imports_neither_torch_nor_jax() -> None:
     code = (
-        "import sys, compare.cli, compare.harness, compare.report, compare.golden, compare.timing; "
+        "import sys, compare.cli, compare.run.harness, compare.report.render, compare.problem.golden; "
+        "import compare.timing.timer; "
         "bad = [m for m in ('torch', 'jax', 'flax', 'triton') if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -108,13 +109,13 @@ def test_report_rebuilt_from_json_is_identical(run_dir: Path, tmp_path: Path) ->
 def test_a_failing_backend_keeps_the_others(tmp_path: Path) -> None:
     """A backend whose module is missing is recorded as an error-free skip with its reason; one that raises while
     preparing is an error; the other backends' results are all written."""
-    from compare import harness
-    from compare.cases import PRESETS
-    from compare.registry import BackendSpec
+    from compare.backends.registry import BackendSpec
+    from compare.problem.cases import PRESETS
+    from compare.run import harness
 
     broken = BackendSpec("broken", "torch", "tests.broken_backend_does_not_exist", "missing module")
     raising = BackendSpec("raising", "torch", "tests.raising_backend", "raises in prepare")
-    from compare.registry import spec
+    from compare.backends.registry import spec
 
     doc = harness.run(
         [PRESETS["tiny"].case("float32")],

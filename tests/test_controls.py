@@ -2,7 +2,7 @@
 
 Each control wraps the real ``torch-eager`` step (or replaces it) and goes through ``harness.run_one``, the path
 every backend takes, on the committed ``tiny`` and ``odd`` cases of every MLP family (GeGLU, SwiGLU, GPT-2's
-GELU MLP). A control may pass only where the gate's measured resolution (``compare.resolution``, the
+GELU MLP). A control may pass only where the gate's measured resolution (``compare.gate.resolution``, the
 same gate bisected on the golden data) says its perturbation is below what the dtype can resolve on that case,
 and then the test asserts exactly that, with the numbers.
 """
@@ -19,12 +19,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from compare.cases import DTYPES, MODES, PRESETS, Case, committed_cases
-from compare.golden import golden_for
-from compare.harness import MODE_TENSORS, TimingConfig, case_resolution, plain_reference, run_one
-from compare.registry import Prepared, spec
-from compare.resolution import ResolutionRow, lookup
-from compare.results import Result
+from compare.backends.registry import Prepared, spec
+from compare.gate.resolution import ResolutionRow, lookup
+from compare.problem.cases import DTYPES, MODES, PRESETS, Case, committed_cases
+from compare.problem.golden import golden_for
+from compare.results.document import Result
+from compare.run.harness import MODE_TENSORS, TimingConfig, case_resolution, plain_reference, run_one
 from tests.conftest import explain
 from torch_impl import runner
 from torch_impl.models import build_module

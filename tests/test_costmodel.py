@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 
-from compare import cost_report, costmodel, registry
-from compare.cases import PRESETS, Case, InputError, Shape
-from compare.cost_report import fusion_benefit, fusion_section
-from compare.cost_types import Ceiling, Cost, CostTensor
-from compare.costmodel import cost, gemm_flops, roofline
-from compare.results import Result, Results
+from compare.backends import registry
+from compare.cost import model as costmodel
+from compare.cost.model import cost, gemm_flops, roofline
+from compare.cost.records import Ceiling, Cost, CostTensor
+from compare.problem.cases import PRESETS, Case, InputError, Shape
+from compare.report import cost as cost_report
+from compare.report.cost import fusion_benefit, fusion_section
+from compare.results.document import Result, Results
 
 BLOG = PRESETS["blog-mlp"].case("bfloat16")  # 64 x 128 = 8192 tokens, dim 768, hidden 3072
 GEMM = 38_654_705_664  # 2 * 8192 * 768 * 3072: one blog-mlp GEMM
@@ -205,7 +207,7 @@ def test_sections_are_deterministic_and_empty_without_data() -> None:
 
 def test_compare_does_not_import_frameworks() -> None:
     code = (
-        "import sys, compare.costmodel, compare.shapes; "
+        "import sys, compare.cost.model, compare.report.shapes; "
         "bad = [m for m in ('torch', 'jax') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

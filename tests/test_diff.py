@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from compare import diff as diff_module
-from compare.diff import compare_timing, main, mann_whitney_greater
-from compare.results import SCHEMA_VERSION, Results
+from compare.report import diff as diff_module
+from compare.report.diff import compare_timing, main, mann_whitney_greater
+from compare.results.document import SCHEMA_VERSION, Results
 
 
 def diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, bool]:
-    """:func:`compare.diff.diff` of two hand-written documents, typed as a loaded file would be."""
+    """:func:`compare.report.diff.diff` of two hand-written documents, typed as a loaded file would be."""
     return diff_module.diff(Results.from_dict(old), Results.from_dict(new))
 
 

@@ -1,4 +1,5 @@
-"""Arithmetic with bits fixed by the data (``compare.fixedbits``), and golden data and gate bounds that do not move
+"""Arithmetic with bits fixed by the data (``compare.problem.fixedbits``), and golden data and gate bounds that do not
+move
 with the machine: the same bytes under every OpenBLAS kernel this CPU can run, checked in fresh processes."""
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compare import fixedbits
-from compare.cases import PRESETS
-from compare.golden import GOLDEN_DIR, MANIFEST
+from compare.problem import fixedbits
+from compare.problem.cases import PRESETS
+from compare.problem.golden import GOLDEN_DIR, MANIFEST
 
 ROOT = Path(__file__).resolve().parent.parent
 #: OpenBLAS kernels every x86-64 CPU can run (each sums a float64 or float32 GEMM in its own order).
@@ -92,9 +93,9 @@ def test_transcendentals_are_accurate_to_a_few_ulp() -> None:
 _SCRIPT = """
 import hashlib, sys
 from pathlib import Path
-from compare.golden import write_all
-from compare.cases import PRESETS
-from compare.cell import plain_reference
+from compare.problem.golden import write_all
+from compare.problem.cases import PRESETS
+from compare.run.cell import plain_reference
 write_all(Path(sys.argv[1]))
 h = hashlib.sha256()
 for preset, dtype, model in (("tiny", "float32", "geglu"), ("odd", "bfloat16", "gelu-mlp"),
@@ -133,8 +134,8 @@ def test_golden_and_plain_are_the_same_bytes_under_every_blas_kernel(tmp_path: P
 def test_plain_reference_carries_its_twins() -> None:
     """The plain computation of a float32 case of a model with an activation has an envelope twin (transcendentals a
     few ulp off) that differs from it, and every plain tensor equals its unrounded twin rounded to the dtype."""
-    from compare.cell import plain_reference
-    from compare.reference import round_to_dtype
+    from compare.problem.reference import round_to_dtype
+    from compare.run.cell import plain_reference
 
     p = plain_reference(PRESETS["tiny"].case("float32"))
     assert p.envelope is not None and any(not np.array_equal(p[k], p.envelope[k]) for k in p)
@@ -151,8 +152,8 @@ def test_the_disk_cache_returns_the_same_bits_and_recovers_from_a_bad_entry(
 ) -> None:
     """A generated case (``odd`` at seed 5, not committed) and its plain computation: computed, cached, read back
     bit for bit; a truncated entry is a miss, computed and written again; ``off`` writes nothing."""
-    from compare import datacache, golden
-    from compare.cell import plain_reference
+    from compare.problem import datacache, golden
+    from compare.run.cell import plain_reference
 
     monkeypatch.setenv(datacache.ENV, str(tmp_path / "cache"))
     case = PRESETS["odd"].case("float32", model="gelu-mlp", seed=5)

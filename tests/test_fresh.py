@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compare import fresh
-from compare.cases import PRESETS
-from compare.golden import golden_for
-from compare.harness import TimingConfig, run
-from compare.parity import UnusableCase
-from compare.reference import round_to_dtype
-from compare.registry import spec
+from compare.backends.registry import spec
+from compare.gate import fresh
+from compare.gate.parity import UnusableCase
+from compare.problem.cases import PRESETS
+from compare.problem.golden import golden_for
+from compare.problem.reference import round_to_dtype
+from compare.run.harness import TimingConfig, run
 
 ODD16 = PRESETS["odd"].case("float16", model="swiglu")
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from compare import golden as G
-from compare.cases import PRESETS, committed_cases
-from compare.parity import DegenerateGolden, check_tensor
-from compare.reference import Arith, compute, round_to_dtype
+from compare.gate.parity import DegenerateGolden, check_tensor
+from compare.problem import golden as G
+from compare.problem.cases import PRESETS, committed_cases
+from compare.problem.reference import Arith, compute, round_to_dtype
 
 
 def test_every_committed_file_matches_its_manifest() -> None:
@@ -101,7 +101,7 @@ def test_weights_are_scaled_by_fan_in() -> None:
 
 
 def _torch_forward(model: str, x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Each model written out in torch.nn.functional, independently of compare.reference."""
+    """Each model written out in torch.nn.functional, independently of compare.problem.reference."""
     if model == "geglu":
         return F.linear(F.gelu(F.linear(x, p["gate"]), approximate="tanh") * F.linear(x, p["up"]), p["down"])
     if model == "swiglu":

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from compare import gpu_build
-from compare.gpu_build_report import (
+from compare.gpu_build import command as gpu_build
+from compare.gpu_build.table import (
     ARCHS,
     SCHEMA_VERSION,
     SIXTEEN_BIT,
@@ -146,7 +146,7 @@ def test_the_build_reads_the_kernel_modules_the_backends_launch():
 
 
 def test_the_mode_switch_is_the_one_triton_impl_reads():
-    """compare.gpu_build names the switch as a string (the core imports no backend package): it must be the one
+    """compare.gpu_build.command names the switch as a string (the core imports no backend package): it must be the one
     ``triton_impl.env`` reads (importing that module imports no triton)."""
     from triton_impl import env
 

@@ -8,7 +8,7 @@ On the seed's case (``blog-mlp``: 64 x 128 tokens, 768 -> 3072, bfloat16):
 - ``torch-triton-fused``: 2 kernels (the fused gate/up GEMM with its GeGLU epilogue, and the down GEMM).
 
 Marked ``gpu``: they skip, with the reason, where there is no CUDA, and run in ``scripts/gpu_check.sh``. The
-inputs are random values of the right shapes (a :class:`~compare.golden.Problem` without a reference): kernel
+inputs are random values of the right shapes (a :class:`~compare.problem.golden.Problem` without a reference): kernel
 counts do not depend on the values, and the float64 golden of this size would cost more than the check.
 """
 
@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from compare import kernels as ks
-from compare.cases import PRESETS
-from compare.golden import Problem
-from compare.registry import spec
+from compare.backends.registry import spec
+from compare.kernels import summary as ks
+from compare.problem.cases import PRESETS
+from compare.problem.golden import Problem
 
 pytestmark = pytest.mark.gpu
 

@@ -1,6 +1,6 @@
 """A jitted JAX step's kernel table has a time per kernel (``jax_impl.profiling.profile_jit``), read off XLA's trace
 of the real step as ``jax_impl.dispatch_profile`` reads jax-unfused's replays: so the fusion table splits what fusion
-saved into GEMM time and time outside GEMMs for JAX backends too (``compare.cost_report.kernel_time_split``).
+saved into GEMM time and time outside GEMMs for JAX backends too (``compare.report.cost.kernel_time_split``).
 
 The times mean what ``torch.profiler``'s do: per step, all of a kernel's launches together, in microseconds. On CPU
 XLA may run independent kernels at once on its thread pool, so they can add up to more than the step's wall time,
@@ -17,12 +17,12 @@ from typing import Any
 import jax
 import pytest
 
-from compare import kernels as ks
-from compare.cases import PRESETS
-from compare.cost_report import kernel_time_split
-from compare.golden import golden_for
-from compare.registry import Prepared, spec
-from compare.results import Result
+from compare.backends.registry import Prepared, spec
+from compare.kernels import summary as ks
+from compare.problem.cases import PRESETS
+from compare.problem.golden import golden_for
+from compare.report.cost import kernel_time_split
+from compare.results.document import Result
 from jax_impl import profiling
 
 TINY = PRESETS["tiny"]

@@ -28,11 +28,11 @@ import pytest
 import torch
 
 import jax_impl.backends.triton as jt
-from compare.cases import PRESETS
-from compare.golden import golden_for
-from compare.harness import MODE_TENSORS, TimingConfig, plain_reference, run_one
-from compare.parity import check_all
-from compare.registry import BACKENDS, Availability, BackendSpec, spec
+from compare.backends.registry import BACKENDS, Availability, BackendSpec, spec
+from compare.gate.parity import check_all
+from compare.problem.cases import PRESETS
+from compare.problem.golden import golden_for
+from compare.run.harness import MODE_TENSORS, TimingConfig, plain_reference, run_one
 from jax_impl import device as dev
 from jax_impl.interop import jax_to_torch, torch_to_jax
 from tests.conftest import TRITON_INTERPRETED

@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from compare import kernel_report
-from compare import kernels as ks
-from compare.cases import PRESETS
-from compare.golden import golden_for
-from compare.results import Results
+from compare.kernels import summary as ks
+from compare.problem.cases import PRESETS
+from compare.problem.golden import golden_for
+from compare.report import kernels as kernel_report
+from compare.results.document import Results
 
 TINY = PRESETS["tiny"].case("float32")
 T, DIM, HIDDEN = TINY.shape.tokens, TINY.shape.dim, TINY.shape.hidden
@@ -207,7 +207,7 @@ def test_check_summary_rejects_bad_counts() -> None:
 
 
 def test_compare_kernels_imports_no_framework() -> None:
-    code = "import sys, compare.kernels; assert not {'torch', 'jax'} & set(sys.modules), sorted(sys.modules)"
+    code = "import sys, compare.kernels.summary; assert not {'torch', 'jax'} & set(sys.modules), sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
 
 
@@ -250,7 +250,7 @@ def test_hlo_parser_on_hand_written_gpu_style_module() -> None:
 @functools.cache
 def _torch_prepared(backend: str, mode: str) -> Any:
     """A prepared tiny-case step, run once; torch-compile is compiled with Inductor kernel profiling on."""
-    from compare import registry
+    from compare.backends import registry
     from torch_impl import profiling
 
     previous = profiling.enable_inductor_kernel_profile(backend == "torch-compile")

@@ -30,16 +30,16 @@ PACKAGES = ("compare", "torch_impl", "jax_impl", "triton_impl")
 #: Top-level packages ``triton_impl`` may import besides the standard library and itself.
 TRITON_IMPL_THIRD_PARTY = ("triton", "numpy")
 #: Core modules ``triton_impl`` may import (the build tool renders its table with it; no framework, no triton).
-TRITON_IMPL_FROM_COMPARE = ("compare.gpu_build_report",)
+TRITON_IMPL_FROM_COMPARE = ("compare.gpu_build.table",)
 #: What importing ``triton_impl`` must never bring in.
 FRAMEWORKS = ("torch", "jax", "jaxlib", "flax", "jax_triton", "torch_impl", "jax_impl")
 
 
-def _modules() -> dict[str, Path]:
+def _modules(root: Path = ROOT) -> dict[str, Path]:
     out = {}
     for pkg in PACKAGES:
-        for path in (ROOT / pkg).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
+        for path in (root / pkg).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             out[name] = path
     return out
@@ -64,9 +64,9 @@ def _targets(mods: dict[str, Path], name: str, node: ast.Import | ast.ImportFrom
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Module -> the project modules it imports (anywhere in the file)."""
-    mods = _modules()
+    mods = _modules(root)
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
         deps: set[str] = set()
@@ -133,15 +133,92 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_the_graph_sees_lazy_imports() -> None:
-    """An import inside a function body is an edge: ``compare.costmodel`` imports the registry only inside its
+    """An import inside a function body is an edge: ``compare.cost.model`` imports the registry only inside its
     functions."""
     top = {
         n.module
-        for n in ast.parse((ROOT / "compare" / "costmodel.py").read_text(encoding="utf-8")).body
+        for n in ast.parse((ROOT / "compare" / "cost" / "model.py").read_text(encoding="utf-8")).body
         if isinstance(n, ast.ImportFrom)
     }
-    assert "compare.registry" not in top
-    assert "compare.registry" in import_graph()["compare.costmodel"]
+    assert "compare.backends.registry" not in top
+    assert "compare.backends.registry" in import_graph()["compare.cost.model"]
+
+
+# --- the layers of compare/ ---------------------------------------------------------------------------------------
+
+#: Modules of ``compare`` that sit on top of every package, outside any: the command line and the public surface.
+TOP = ("compare", "compare.cli", "compare.__main__")
+
+
+def layer_rules(root: Path = ROOT) -> dict[str, tuple[str, ...]]:
+    """Each package of ``compare/`` -> the packages it may import (its ``MAY_IMPORT``, read from the source)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import module_map
+    finally:
+        sys.path.pop(0)
+    return {name: may for name, (_job, may, _mods) in module_map.packages(root).items()}
+
+
+def layer_violations(graph: dict[str, set[str]], rules: dict[str, tuple[str, ...]]) -> list[str]:
+    """Every import between ``compare``'s packages that its rules do not allow, every import of the top (``TOP``)
+    from a package, and every module of ``compare`` that is in no package and not on top (it cannot be placed)."""
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        if not mod.startswith("compare.") or mod in TOP:
+            continue
+        pkg = mod.split(".")[1]
+        if pkg not in rules:
+            bad.append(f"{mod}: in no package of compare/ (only {', '.join(TOP)} may sit outside one)")
+            continue
+        for dep in sorted(deps):
+            if dep != "compare" and not dep.startswith("compare."):
+                continue
+            if dep in TOP:
+                bad.append(f"{mod} imports {dep}, the top")
+                continue
+            other = dep.split(".")[1]
+            if other != pkg and other not in rules[pkg]:
+                bad.append(f"{mod} imports {dep}: {pkg}/ may import {', '.join(rules[pkg]) or 'nothing'}")
+    return bad
+
+
+def test_compare_keeps_to_its_layers() -> None:
+    assert layer_violations(import_graph(), layer_rules()) == []
+
+
+def test_the_layer_check_finds_planted_violations(tmp_path: Path) -> None:
+    """Negative control on a copy of the tree: a module in a low package importing a high one, a package importing
+    the command line, and a module outside any package are each reported; the unplanted copy has none."""
+    import shutil
+
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "scripts").mkdir()
+    assert layer_violations(import_graph(tmp_path), layer_rules(tmp_path)) == []
+    (tmp_path / "compare" / "formats" / "planted.py").write_text("def f():\n    from compare.run import harness\n")
+    (tmp_path / "compare" / "problem" / "planted.py").write_text("import compare.cli\n")
+    (tmp_path / "compare" / "loose.py").write_text("")
+    found = layer_violations(import_graph(tmp_path), layer_rules(tmp_path))
+    assert found == [
+        "compare.formats.planted imports compare.run.harness: formats/ may import nothing",
+        "compare.loose: in no package of compare/ (only compare, compare.cli, compare.__main__ may sit outside one)",
+        "compare.problem.planted imports compare.cli, the top",
+    ], found
+
+
+def test_every_package_says_what_it_may_import_and_the_readme_map_is_generated() -> None:
+    rules = layer_rules()
+    assert set(rules) == {p.parent.name for p in (ROOT / "compare").glob("*/__init__.py")}
+    p = subprocess.run(
+        [sys.executable, "scripts/module_map.py"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert p.returncode == 0, p.stderr
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    inside = readme.split("<!-- module map of compare/: generated by scripts/module_map.py -->", 1)[1]
+    assert inside.split("<!-- end of module map -->", 1)[0].strip() == p.stdout.strip(), (
+        "run `python scripts/module_map.py --write`"
+    )
 
 
 def foreign_imports(source: str) -> list[str]:
@@ -182,11 +259,11 @@ def test_the_triton_impl_rule_finds_a_framework_import() -> None:
     """Negative control: framework, backend-package and core imports are reported, wherever they stand; the
     standard library, triton, relative imports and the table renderer are not."""
     source = (
-        "import os\nimport triton.language as tl\nfrom . import env\nfrom compare.gpu_build_report import ARCHS\n"
-        "import torch\nfrom jax_impl import device\nfrom compare.registry import spec\n"
+        "import os\nimport triton.language as tl\nfrom . import env\nfrom compare.gpu_build.table import ARCHS\n"
+        "import torch\nfrom jax_impl import device\nfrom compare.backends.registry import spec\n"
         "def f():\n    import jax.numpy\n"
     )
-    assert foreign_imports(source) == ["5: torch", "6: jax_impl", "7: compare.registry", "9: jax.numpy"]
+    assert foreign_imports(source) == ["5: torch", "6: jax_impl", "7: compare.backends.registry", "9: jax.numpy"]
 
 
 @pytest.mark.parametrize("mode", ["auto", "compile"])

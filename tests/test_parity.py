@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from compare import fixedbits, harness
-from compare.cases import PRESETS, Case, committed_cases
-from compare.cell import implausible
-from compare.golden import Golden, Problem, golden_for
-from compare.harness import TimingConfig, plain_reference, run, run_one
-from compare.parity import UnusableCase, check_plain, check_tensor
-from compare.reference import GELU_CUBIC, SQRT_2_OVER_PI, round_to_dtype
-from compare.registry import BACKENDS, Availability, BackendSpec, Prepared, spec
+from compare.backends.registry import BACKENDS, Availability, BackendSpec, Prepared, spec
+from compare.gate.parity import UnusableCase, check_plain, check_tensor
+from compare.problem import fixedbits
+from compare.problem.cases import PRESETS, Case, committed_cases
+from compare.problem.golden import Golden, Problem, golden_for
+from compare.problem.reference import GELU_CUBIC, SQRT_2_OVER_PI, round_to_dtype
+from compare.run import harness
+from compare.run.cell import implausible
+from compare.run.harness import TimingConfig, plain_reference, run, run_one
 from tests.conftest import explain, parity_result
 from torch_impl import runner
 from torch_impl.models import GatedMLP, GeluMLP, SimpleGeGLUMLP, build_module
@@ -345,7 +346,8 @@ def test_the_jax_dbias_finding_in_numbers() -> None:
 def _jax_bf16_gelu_chain(g: np.ndarray, dtype: str, exact_constants: bool) -> np.ndarray:
     """gelu_tanh(g) as ``jax.nn.gelu(approximate=True)`` is written for a low-precision input (its jaxpr, the same on
     every platform): op by op, every intermediate rounded to the dtype, and the constants themselves rounded to it
-    (in bf16, sqrt(2/pi) = 0.79788 becomes 0.796875 and 0.044715 becomes 0.0446777). tanh from compare.fixedbits,
+    (in bf16, sqrt(2/pi) = 0.79788 becomes 0.796875 and 0.044715 becomes 0.0446777). tanh from
+    compare.problem.fixedbits,
     so the emulation has the same bits on every CPU."""
     r = functools.partial(round_to_dtype, dtype=dtype)
     c_cubic, c_scale = np.float32(GELU_CUBIC), np.float32(SQRT_2_OVER_PI)
@@ -439,7 +441,7 @@ def test_the_jax_gelu_mlp_findings_in_numbers(monkeypatch: pytest.MonkeyPatch) -
         pytest.skip("an XLA:CPU observation; on this JAX platform the gradient parity test expects a pass")
     import jax
 
-    from compare.reference import activations_in, gelu_tanh_grad
+    from compare.problem.reference import activations_in, gelu_tanh_grad
 
     odd = PRESETS["odd"].case("float32", model="gelu-mlp")
     g = golden_for(odd)

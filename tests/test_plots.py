@@ -6,11 +6,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from compare import costmodel
-from compare.cases import Case, Shape
-from compare.cost_types import Ceiling
-from compare.plots import plots_section, render_plots
-from compare.results import SCHEMA_VERSION, Results
+from compare.cost import model as costmodel
+from compare.cost.records import Ceiling
+from compare.problem.cases import Case, Shape
+from compare.report.plots import plots_section, render_plots
+from compare.results.document import SCHEMA_VERSION, Results
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -123,10 +123,10 @@ def test_section_embeds_the_plots(tmp_path: Path) -> None:
 def test_the_ceiling_plot_renders_from_a_real_run(tmp_path: Path) -> None:
     """A run that measures its ceilings stores the cost model's roofline numbers (``cost.achieved``) on every timed,
     modelled result, and the ceiling plot draws them: no hand-made keys on either side."""
-    from compare import harness
-    from compare.cases import PRESETS
-    from compare.registry import spec
-    from compare.shape_cases import case_for_tokens
+    from compare.backends.registry import spec
+    from compare.problem.cases import PRESETS
+    from compare.problem.shape_cases import case_for_tokens
+    from compare.run import harness
 
     base = PRESETS["tiny"].case("float32")
     cases = [case_for_tokens(base, t) for t in (base.shape.tokens, 2 * base.shape.tokens)]

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from compare.progress import Display, eta, fmt_duration
+from compare.run.progress import Display, eta, fmt_duration
 
 
 def test_plain_lines_count_cells_and_estimate_the_time_left() -> None:

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from compare.cases import Case, Shape
-from compare.results import Results
-from compare.shapes import case_for_tokens, payback_calls, shapes_section, with_payback
+from compare.problem.cases import Case, Shape
+from compare.report.shapes import case_for_tokens, payback_calls, shapes_section, with_payback
+from compare.results.document import Results
 
 pytest.importorskip("torch")
 
@@ -33,7 +33,7 @@ def make(tokens: int) -> Case:
 
 def _backend(name: str) -> Any:
     """A registered backend's object: the sweep is the backend's own (``BackendSpec.sweep``, ``shape_sweep``)."""
-    from compare.registry import spec
+    from compare.backends.registry import spec
 
     return spec(name).load()
 
@@ -98,7 +98,7 @@ def test_shape_generic_torch_backends_compile_nothing() -> None:
 def test_a_recompile_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch._dynamo.utils import counters
 
-    from compare import timing
+    from compare.timing import timer as timing
     from torch_impl import recompiles
 
     real = timing.measure
@@ -124,7 +124,7 @@ def test_jax_jit_compiles_once_per_new_shape() -> None:
 @pytest.mark.compile
 def test_jax_compile_event_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     jax = pytest.importorskip("jax")
-    from compare import timing
+    from compare.timing import timer as timing
     from jax_impl import recompiles
 
     real = timing.measure

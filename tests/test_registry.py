@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from compare import registry
+from compare.backends import registry
 from compare.cli import main
 from tests import fake_backend
 
@@ -101,7 +101,7 @@ def test_the_core_names_no_backend_but_the_baseline() -> None:
     """``grep`` for every registered backend name in ``compare/``: only the registry (and the baseline default)."""
     names = [n for n in registry.BACKENDS if n != registry.DEFAULT_BASELINE]
     hits = []
-    for path in sorted((ROOT / "compare").glob("*.py")):
+    for path in sorted((ROOT / "compare").rglob("*.py")):
         if path.name == "registry.py":
             continue
         text = path.read_text(encoding="utf-8")
@@ -115,7 +115,7 @@ def test_the_core_imports_no_framework_package_except_through_the_registry() -> 
     import ast
 
     offenders = []
-    for path in sorted((ROOT / "compare").glob("*.py")):
+    for path in sorted((ROOT / "compare").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             mods = (
                 [a.name for a in node.names]
@@ -143,10 +143,10 @@ class Block:
         if name.split('.')[0] in ('torch', 'jax', 'jaxlib', 'flax', 'triton', 'torch_impl', 'jax_impl', 'triton_impl'):
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
-from compare.cases import PRESETS
-from compare.golden import golden_for
-from compare.harness import plain_reference
-from compare.parity import check_all
+from compare.problem.cases import PRESETS
+from compare.problem.golden import golden_for
+from compare.run.harness import plain_reference
+from compare.gate.parity import check_all
 case = PRESETS['tiny'].case('bfloat16')
 g = golden_for(case)
 p = plain_reference(case)

@@ -12,18 +12,19 @@ from typing import Any
 
 import pytest
 
-from compare import report, results
-from compare.cases import InputError
-from compare.cost_types import Achieved, Ceiling, Ceilings, CeilingTimings, Cost, CostTensor
-from compare.environment import Environment
-from compare.kernels import KernelEntry, Kernels, MetadataOp
-from compare.parity import TensorParity
-from compare.parity_record import LastTimed, ParityRecord, ProcessVerdict
-from compare.resolution import ResolutionRow
-from compare.results import Config, Progress, Result, Results
-from compare.timing import Timing, TimingConfig
-from compare.tp import Collective
-from compare.tp_result import TPInfo, collective_from_dict
+from compare.backends.tp import Collective
+from compare.cost.records import Achieved, Ceiling, Ceilings, CeilingTimings, Cost, CostTensor
+from compare.gate.parity import TensorParity
+from compare.gate.parity_record import LastTimed, ParityRecord, ProcessVerdict
+from compare.gate.resolution import ResolutionRow
+from compare.kernels.summary import KernelEntry, Kernels, MetadataOp
+from compare.problem.cases import InputError
+from compare.report import render as report
+from compare.results import document as results
+from compare.results.document import Config, Progress, Result, Results
+from compare.results.environment import Environment
+from compare.results.tp import TPInfo, collective_from_dict
+from compare.timing.timer import Timing, TimingConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = ROOT / "reports" / "cpu"

@@ -1,6 +1,6 @@
 """Nothing lost, and a crash never looks like a verdict.
 
-Exit statuses are defined once (``compare.exitcodes``); every bad input is refused with status 2 and one line on
+Exit statuses are defined once (``compare.run.exitcodes``); every bad input is refused with status 2 and one line on
 stderr before anything is measured; outputs are replaced atomically; results files are validated on load; an
 interrupted run or sweep saves what finished (130); a terminated isolated sweep leaves no worker and no scratch.
 """
@@ -24,10 +24,15 @@ from typing import Any
 
 import pytest
 
-from compare import atomic, cli, diff, exitcodes, harness, preflight, results, sweep
-from compare.cases import PRESETS, Case, InputError, Shape
-from compare.registry import BackendSpec
-from compare.results import SCHEMA_VERSION, Results
+from compare import cli
+from compare.backends.registry import BackendSpec
+from compare.formats import atomic
+from compare.problem.cases import PRESETS, Case, InputError, Shape
+from compare.report import diff
+from compare.results import document as results
+from compare.results.document import SCHEMA_VERSION, Results
+from compare.run import exitcodes, harness, preflight
+from compare.sweep import command as sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 #: A case whose golden data alone would need about 400 TB: refused by the memory check before anything runs.
@@ -242,7 +247,7 @@ def test_diff_refuses_non_finite_options(
 
 def test_memory_estimate_bounds_the_golden_data() -> None:
     """The estimate counts at least what the golden data and the plain computation really hold."""
-    from compare.golden import make_golden
+    from compare.problem.golden import make_golden
 
     for case in (PRESETS["tiny"].case("float32"), PRESETS["blog-linear"].case("bfloat16")):
         g = make_golden(case)
@@ -255,7 +260,7 @@ def test_memory_estimate_bounds_the_golden_data() -> None:
 
 
 def test_available_memory_is_read() -> None:
-    from compare.environment import available_memory_bytes
+    from compare.results.environment import available_memory_bytes
 
     got = available_memory_bytes()
     if Path("/proc/meminfo").is_file():
@@ -266,7 +271,8 @@ def test_available_memory_is_read() -> None:
 
 
 class _Os:
-    """``os`` as :mod:`compare.atomic` sees it, with some functions replaced (the real ``os`` stays untouched)."""
+    """``os`` as :mod:`compare.formats.atomic` sees it, with some functions replaced (the real ``os`` stays
+    untouched)."""
 
     def __init__(self, **replaced: Any) -> None:
         self.replaced = replaced
@@ -333,7 +339,7 @@ def test_atomic_write_is_utf8_and_keeps_permissions(tmp_path: Path) -> None:
 
 def test_outputs_are_written_atomically_everywhere() -> None:
     """No command writes an output with a plain ``write_text``: each goes through ``write_text_atomic``."""
-    for name in ("cli", "sweep", "diff", "results"):
+    for name in ("cli", "sweep/command", "report/diff", "results/document"):
         source = (ROOT / "compare" / f"{name}.py").read_text(encoding="utf-8")
         assert ".write_text(" not in source and ".write_bytes(" not in source, name
         assert "write_text_atomic" in source or "write_json" in source, name
@@ -471,7 +477,7 @@ def test_a_second_run_into_the_same_folder_is_refused(
 @pytest.fixture
 def flaky() -> Iterator[None]:
     """A backend named ``flaky``: raising (tests.raising_backend) until the test swaps in torch-eager's module."""
-    from compare import registry
+    from compare.backends import registry
 
     registry.register(BackendSpec("flaky", "none", "tests.raising_backend", "raises, then works"))
     yield
@@ -481,7 +487,7 @@ def flaky() -> Iterator[None]:
 def test_retry_errors_reruns_error_cells_and_the_new_line_wins(
     tmp_path: Path, flaky: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from compare import registry
+    from compare.backends import registry
 
     out = tmp_path / "sweep"
     args = [
@@ -532,7 +538,7 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
 
 
 def _workers(pid: int) -> list[int]:
-    """Live sweep workers (``python -m compare.sweep --worker ...``) whose parent is ``pid``."""
+    """Live sweep workers (``python -m compare.sweep.command --worker ...``) whose parent is ``pid``."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -554,10 +560,10 @@ def _group_alive(pgid: int) -> bool:
 
 LAUNCH = """
 import sys
-from compare import registry
-from compare.registry import BackendSpec
+from compare.backends import registry
+from compare.backends.registry import BackendSpec
 registry.register(BackendSpec("misbehaving", "none", "tests.test_sweep", "hangs in bwd"))
-from compare.sweep import main
+from compare.sweep.command import main
 raise SystemExit(main(sys.argv[1:]))
 """
 
@@ -624,7 +630,7 @@ GATED_RUN = """
 import signal
 import sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from compare import registry
+from compare.backends import registry
 from tests import gated_backend
 registry.register(gated_backend.SPEC)
 from compare.cli import main
@@ -696,7 +702,7 @@ def test_a_results_file_of_another_schema_version_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An old (no ``schema_version``) or foreign-version results file is a clear bad-input error, not a KeyError."""
-    from compare.results import SCHEMA_VERSION
+    from compare.results.document import SCHEMA_VERSION
 
     doc = json.loads((ROOT / "reports" / "cpu" / "results.json").read_text(encoding="utf-8"))
     assert doc["schema_version"] == SCHEMA_VERSION

@@ -10,9 +10,9 @@ import functools
 
 import pytest
 
-from compare.cases import DTYPES, PRESETS
-from compare.harness import TimingConfig, plain_reference, run_one
-from compare.registry import BACKENDS, spec
+from compare.backends.registry import BACKENDS, spec
+from compare.problem.cases import DTYPES, PRESETS
+from compare.run.harness import TimingConfig, plain_reference, run_one
 
 SEEDS = range(10)
 BACKENDS_SWEPT = ("torch-eager", "jax-xla")

@@ -14,13 +14,13 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from compare import report
-from compare.cases import PRESETS
-from compare.cost_report import fusion_benefit, fusion_section
-from compare.costmodel import cost
-from compare.results import Result, Results
-from compare.shapes import shapes_section, with_payback
-from compare.timing import Timing
+from compare.cost.model import cost
+from compare.problem.cases import PRESETS
+from compare.report import render as report
+from compare.report.cost import fusion_benefit, fusion_section
+from compare.report.shapes import shapes_section, with_payback
+from compare.results.document import Result, Results
+from compare.timing.timer import Timing
 
 CASE = PRESETS["cpu-mlp"].case("float32")
 
@@ -179,9 +179,10 @@ def test_old_documents_are_judged_again() -> None:
 
 def test_significance_is_framework_free_and_imports_no_report() -> None:
     code = (
-        "import sys, compare.significance; "
-        "bad = [m for m in ('torch', 'jax', 'compare.report', 'compare.diff') if m in sys.modules]; "
+        "import sys, compare.timing.significance; "
+        "bad = [m for m in ('torch', 'jax', 'compare.report.render', 'compare.report.diff') if m in sys.modules]; "
         "assert not bad, bad; "
-        "import compare.diff; assert compare.diff.compare_timing is compare.significance.compare_timing"
+        "import compare.report.diff; "
+        "assert compare.report.diff.compare_timing is compare.timing.significance.compare_timing"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

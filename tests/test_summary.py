@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from compare import kernels as ks
-from compare.cases import Case, Shape
-from compare.cost_report import fusion_benefit, fusion_section
-from compare.costmodel import cost
-from compare.report import render
-from compare.results import Results
-from compare.summary import summary_section
+from compare.cost.model import cost
+from compare.kernels import summary as ks
+from compare.problem.cases import Case, Shape
+from compare.report.cost import fusion_benefit, fusion_section
+from compare.report.render import render
+from compare.report.summary import summary_section
+from compare.results.document import Results
 
 SHAPE = {"batch": 3, "seq": 37, "dim": 96, "hidden": 328}
 

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from compare import harness, registry
-from compare.cost_types import Ceiling, Ceilings
-from compare.registry import Availability, BackendSpec, Prepared, spec
-from compare.results import SCHEMA_VERSION
-from compare.sweep import (
+from compare.backends import registry
+from compare.backends.registry import Availability, BackendSpec, Prepared, spec
+from compare.cost.records import Ceiling, Ceilings
+from compare.results.document import SCHEMA_VERSION
+from compare.run import harness
+from compare.sweep.command import (
     JSONL,
     add_parser,
     cells_from_config,
@@ -113,7 +114,7 @@ def test_killed_sweep_resumes_with_every_cell_exactly_once(tmp_path: Path) -> No
         "--out",
         str(out),
     ]
-    cmd = [sys.executable, "-m", "compare.sweep", *args]
+    cmd = [sys.executable, "-m", "compare.sweep.command", *args]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
@@ -286,7 +287,7 @@ def test_a_different_grid_in_the_same_folder_is_refused(
 
 def test_load_sweep_merges_what_cells_saw_and_refuses_non_sweeps(tmp_path: Path) -> None:
     """The GPU name and precision settings appear only once a backend has loaded its framework: cells carry them."""
-    from compare.cases import InputError
+    from compare.problem.cases import InputError
 
     config = {
         "grid": {"model": "geglu", "dim": 96, "hidden": 328, "seq": 1, "tokens": [1], "dist": "normal", "seed": 0},

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from compare import timing
-from compare.cases import PRESETS
-from compare.golden import golden_for
-from compare.registry import spec
+from compare.backends.registry import spec
+from compare.problem.cases import PRESETS
+from compare.problem.golden import golden_for
+from compare.timing import timer as timing
 
 
 def _spin(seconds: float) -> float:

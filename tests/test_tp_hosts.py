@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from compare import tp_hosts
-from compare.cases import PRESETS
-from compare.registry import spec
-from compare.timing import TimingConfig
-from compare.tp_launch import Job, free_port, run_job
-from compare.tp_worker import Cell
+from compare.backends.registry import spec
+from compare.problem.cases import PRESETS
+from compare.run import tp_hosts
+from compare.run.tp_launch import Job, free_port, run_job
+from compare.run.tp_worker import Cell
+from compare.timing.timer import TimingConfig
 
 QUICK = TimingConfig(warmup=1, budget_s=0.05, max_samples=5)
 MODES = ("fwd", "fwd+bwd")
@@ -78,7 +78,7 @@ def test_two_torchrun_nodes_over_c10d_rendezvous(tmp_path: Path) -> None:
         f"--rdzv-endpoint=127.0.0.1:{port}",
         "--rdzv-id=two-nodes",
         "-m",
-        "compare.tp_worker",
+        "compare.run.tp_worker",
         str(tmp_path / "job.json"),
     ]
     _run_nodes([node, node], tmp_path)
@@ -90,7 +90,7 @@ def test_two_jax_processes_with_a_coordinator(tmp_path: Path) -> None:
     port = free_port()
     tp_hosts.write_job(_job("jax-tp-shardmap"), tmp_path, "127.0.0.1", port)
     job = str(tmp_path / "job.json")
-    _run_nodes([[sys.executable, "-m", "compare.tp_worker", job, str(r)] for r in (0, 1)], tmp_path)
+    _run_nodes([[sys.executable, "-m", "compare.run.tp_worker", job, str(r)] for r in (0, 1)], tmp_path)
     doc = tp_hosts.collect(tmp_path)
     per_mode = {
         r["mode"]: sum(c["count"] for c in r["tp"]["collectives"] if c["kind"] == "all-reduce") for r in doc["results"]

@@ -1,5 +1,5 @@
 """The JAX tensor-parallel backends (``jax-tp``, ``jax-tp-shardmap``) at world size 2 on ``tiny``, run by the TP
-launcher (``compare.tp_launch.run_job``) in both launches of ``jax_impl.tp_runtime``: parity of the full outputs and
+launcher (``compare.run.tp_launch.run_job``) in both launches of ``jax_impl.tp_runtime``: parity of the full outputs and
 gradients against the float64 golden on every process, the collectives read off the compiled HLO (against the
 communication model, byte for byte), the step on fresh inputs (every device's copy), the shared timer's step,
 comm-only and compute-only twins, and two negative controls: jax-tp-shardmap's step without its psums (every
@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from compare.cases import GLU_ACTIVATIONS, GLU_MODELS, PRESETS, TP_MODELS
-from compare.golden import Problem
-from compare.harness import TimingConfig
-from compare.registry import Availability, BackendSpec, Prepared, spec
-from compare.tp import Group, Launch, ring_bytes
-from compare.tp_launch import Job, run_job
-from compare.tp_worker import Cell
+from compare.backends.registry import Availability, BackendSpec, Prepared, spec
+from compare.backends.tp import Group, Launch, ring_bytes
+from compare.problem.cases import GLU_ACTIVATIONS, GLU_MODELS, PRESETS, TP_MODELS
+from compare.problem.golden import Problem
+from compare.run.harness import TimingConfig
+from compare.run.tp_launch import Job, run_job
+from compare.run.tp_worker import Cell
 from jax_impl import tp_common, tp_runtime
 from tests.jax_tp_corrupt_backend import NAME as CORRUPT
 from tests.jax_tp_corrupt_backend import SPEC as CORRUPT_SPEC

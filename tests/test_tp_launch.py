@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compare.cases import PRESETS
-from compare.cell import MODE_TENSORS
-from compare.golden import Problem, golden_for
-from compare.harness import TimingConfig
-from compare.reference import round_to_dtype
-from compare.registry import Availability, BackendSpec, Prepared
-from compare.tp import Collective, Group, TPParts
-from compare.tp_launch import Job, run_job
-from compare.tp_worker import Cell
+from compare.backends.registry import Availability, BackendSpec, Prepared
+from compare.backends.tp import Collective, Group, TPParts
+from compare.problem.cases import PRESETS
+from compare.problem.golden import Problem, golden_for
+from compare.problem.reference import round_to_dtype
+from compare.run.cell import MODE_TENSORS
+from compare.run.harness import TimingConfig
+from compare.run.tp_launch import Job, run_job
+from compare.run.tp_worker import Cell
 from tests.fake_tp_backend import NAME, SPEC
 
 MODES = ("fwd", "bwd", "fwd+bwd")

@@ -8,17 +8,17 @@ from dataclasses import replace
 
 import pytest
 
-from compare import harness
-from compare.cases import PRESETS, InputError
+from compare.backends.registry import register, spec, unregister
+from compare.backends.tp import Collective, ring_bytes
 from compare.cli import main
-from compare.kernel_classify import classify
-from compare.registry import register, spec, unregister
-from compare.report import render
-from compare.timing import TimingConfig
-from compare.tp import Collective, ring_bytes
-from compare.tp_cost import COMM_PLANS, comm_cost, shard
-from compare.tp_report import model_check
-from compare.tp_result import TPInfo
+from compare.cost.comm import COMM_PLANS, comm_cost, shard
+from compare.kernels.classify import classify
+from compare.problem.cases import PRESETS, InputError
+from compare.report.render import render
+from compare.report.tp import model_check
+from compare.results.tp import TPInfo
+from compare.run import harness
+from compare.timing.timer import TimingConfig
 from tests.fake_tp_backend import NAME, SPEC
 
 TINY = PRESETS["tiny"].case("float32")  # 3 x 37 tokens, dim 96: one [tokens, dim] tensor is 42,624 B in float32
@@ -46,7 +46,7 @@ def test_comm_cost(plan: str, model: str, dtype: str, mode: str, ops: int, tenso
 
 
 def test_every_tp_backend_names_a_known_plan() -> None:
-    from compare.registry import BACKENDS
+    from compare.backends.registry import BACKENDS
 
     tp = [s for s in BACKENDS.values() if s.runtime]
     assert len(tp) >= 6

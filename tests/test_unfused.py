@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from compare import fresh
-from compare.cases import PRESETS
-from compare.golden import golden_for
-from compare.registry import spec
+from compare.backends.registry import spec
+from compare.gate import fresh
+from compare.problem.cases import PRESETS
+from compare.problem.golden import golden_for
 from jax_impl import dispatch_profile, profiling
 from jax_impl.backends.unfused import op_by_op
 from jax_impl.models import build_module

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compare.cases import MODES, PRESETS, Case, committed_cases
-from compare.cell import MODE_TENSORS, plain_reference
-from compare.golden import golden_for
-from compare.parity import Z_SCORE, check_all
-from compare.reference import compute
+from compare.gate.parity import Z_SCORE, check_all
+from compare.problem.cases import MODES, PRESETS, Case, committed_cases
+from compare.problem.golden import golden_for
+from compare.problem.reference import compute
+from compare.run.cell import MODE_TENSORS, plain_reference
 from tests.variants import VARIANTS, Variant, variant_outputs
 
 MLP_CASES = [c for c in committed_cases() if c.model != "linear"]

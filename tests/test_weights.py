@@ -8,7 +8,7 @@ import pytest
 import torch
 from flax import nnx
 
-from compare.weights import linear_weight
+from compare.problem.weights import linear_weight
 
 
 def test_mapping_on_a_non_square_weight() -> None:

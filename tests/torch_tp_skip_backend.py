@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from compare.golden import Problem
-from compare.registry import Availability, BackendSpec, Prepared
-from compare.tp import Group
+from compare.backends.registry import Availability, BackendSpec, Prepared
+from compare.backends.tp import Group
+from compare.problem.golden import Problem
 from torch_impl import device as dev
 from torch_impl import tp_common as tc
 from torch_impl.backends.tp_manual import BACKEND as MANUAL

@@ -1,4 +1,5 @@
-"""Honest implementation differences, built in numpy on the reference's own code path (``compare.reference``): each
+"""Honest implementation differences, built in numpy on the reference's own code path (``compare.problem.reference``):
+each
 computes the same function as the plain computation, in the case dtype, but the way some real implementation does.
 The parity gate must never put one of them in its fail tier (``tests/test_variants.py``); where the gate's fail
 lines sit is set against them.
@@ -24,10 +25,10 @@ from functools import cache
 
 import numpy as np
 
-from compare import fixedbits
-from compare.cases import Case
-from compare.golden import golden_for
-from compare.reference import Activations, Arith, activations_in, compute, exp_saturating, ulps_off
+from compare.problem import fixedbits
+from compare.problem.cases import Case
+from compare.problem.golden import golden_for
+from compare.problem.reference import Activations, Arith, activations_in, compute, exp_saturating, ulps_off
 
 Gemm = Callable[[np.ndarray, np.ndarray], np.ndarray]
 ULP32 = 2.0**-23

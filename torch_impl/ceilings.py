@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from compare import timing
-from compare.cases import DTYPES, check_name
-from compare.cost_types import FLOAT32_ROUTE, NATIVE_ROUTE
+from compare.cost.records import FLOAT32_ROUTE, NATIVE_ROUTE
+from compare.problem.cases import DTYPES, check_name
+from compare.timing import timer as timing
 from torch_impl import device as dev
 
 #: Matmul sizes ``n`` (``[n, n] @ [n, n]``) tried per device type, smallest first: each step at most 8x the FLOPs
@@ -76,7 +76,8 @@ def float32_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch
 
 @dataclass(frozen=True)
 class RoutePeak:
-    """One route's peak: ``flops_per_s`` at the best size ``n`` (its :class:`~compare.timing.Timing`), and every size
+    """One route's peak: ``flops_per_s`` at the best size ``n`` (its :class:`~compare.timing.timer.Timing`), and every
+    size
     tried, ``{str(n): {"median_s", "min_s", "flops_per_s"}}``."""
 
     flops_per_s: float
@@ -107,7 +108,8 @@ def ladder(
     deadline: float,
 ) -> tuple[RoutePeak, Callable[[], torch.Tensor]]:
     """The peak FLOP/s of ``matmul`` over the ladder ``sizes`` (smallest first, 5 samples each), within ``deadline``
-    (a :data:`compare.timing.CLOCK` time) but for at most one call (module docstring), and the call of its best size
+    (a :data:`compare.timing.timer.CLOCK` time) but for at most one call (module docstring), and the call of its best
+    size
     (for :func:`resample`). The smallest size is always measured. A first call too slow to fit is tried once more
     when two fit (other work on the cores delays one call by milliseconds, and a new size's first call may set up its
     kernel), so that one slow call does not end the ladder; a route that is truly slow stops there."""
@@ -256,7 +258,7 @@ def measure_ceilings(
 
 
 def measure_all(dtypes: Sequence[str], budget_s: float | None = None) -> dict[str, Any]:
-    """The ``ceilings`` probe of ``compare.registry``: ``{"device": ..., dtype: measure_ceilings(...)}`` on the
+    """The ``ceilings`` probe of ``compare.backends.registry``: ``{"device": ..., dtype: measure_ceilings(...)}`` on the
     device the torch backends use; ``budget_s`` per dtype (None: :data:`DEFAULT_BUDGET_S`)."""
     device = str(dev.device())
     return {"device": device, **{d: measure_ceilings(d, device, budget_s) for d in dtypes}}

@@ -79,8 +79,9 @@ def threads() -> dict[str, Any]:
 
 
 def triton_availability() -> Any:
-    """The ``compare.registry.Availability`` of a Triton backend: interpreted runs are parity only (not timed)."""
-    from compare.registry import Availability
+    """The ``compare.backends.registry.Availability`` of a Triton backend: interpreted runs are parity only (not
+    timed)."""
+    from compare.backends.registry import Availability
 
     ok, reason, interpreted = triton_status()
     return Availability(ok, reason, timed=not interpreted, device=str(device()))
@@ -89,7 +90,7 @@ def triton_availability() -> Any:
 def require_triton_geglu(backend: str, model: str) -> Any:
     """Check a Triton gated-MLP backend can run ``model`` (a GLU family: GeGLU, SwiGLU) here; return its
     availability, else raise saying why."""
-    from compare.cases import GLU_MODELS
+    from compare.problem.cases import GLU_MODELS
 
     if model not in GLU_MODELS:
         raise ValueError(f"{backend} implements models {', '.join(GLU_MODELS)} only, not {model!r}")

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compare.golden import Problem
-from compare.weights import linear_weight
+from compare.problem.golden import Problem
+from compare.problem.weights import linear_weight
 
 #: Canonical parameter name -> torch parameter path, per model.
 _GLU_PATHS = {"gate": "gate_proj.weight", "up": "up_proj.weight", "down": "down_proj.weight"}

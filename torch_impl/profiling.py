@@ -1,4 +1,4 @@
-"""Kernels per step of a torch step, counted with ``torch.profiler`` (summary schema in ``compare.kernels``).
+"""Kernels per step of a torch step, counted with ``torch.profiler`` (summary schema in ``compare.kernels.summary``).
 
 What counts as a kernel:
 
@@ -24,7 +24,7 @@ import torch
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from compare import kernels as ks
+from compare.kernels import summary as ks
 from torch_impl.ops._launch import PREFIX as LAUNCH_PREFIX
 from torch_impl.quiet_stderr import filtered_stderr
 

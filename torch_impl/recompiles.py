@@ -2,14 +2,15 @@
 
 :func:`shape_sweep` runs one backend's step, built once by the backend itself (its ``shape_sweep`` method passes
 its own ``build``: a ``torch.compile``-d module, the plain module, the module with the Triton kernel), on the inputs
-of each token count in turn. Per shape it records (row schema in ``compare.shapes``):
+of each token count in turn. Per shape it records (row schema in ``compare.report.shapes``):
 
 - ``compiles``: the compilations this shape's first call caused, read from the framework's own counters:
   ``torch._dynamo.utils.counters["stats"]["unique_graphs"]`` (Dynamo adds one per graph it compiles; in torch 2.13
   it agrees with ``torch._dynamo.testing.CompileCounterWithBackend``, which the tests check, whereas
   ``counters["frames"]`` stays empty) plus, for ``torch-triton``, Triton's ``knobs.runtime.jit_post_compile_hook``
   (fires once per kernel specialisation Triton builds; never under the CPU interpreter, which compiles nothing);
-- ``first_call_s`` (compile + run, ``compare.timing.first_call``) and the steady state (``compare.timing.measure``).
+- ``first_call_s`` (compile + run, ``compare.timing.timer.first_call``) and the steady state
+(``compare.timing.timer.measure``).
   If either counter moves during the timed samples the sweep raises: a timed loop that recompiles measures
   compiles, not steps.
 
@@ -39,10 +40,10 @@ import torch._dynamo
 from torch import nn
 from torch._dynamo.utils import counters
 
-from compare import timing
-from compare.cases import check_name
-from compare.golden import Problem
-from compare.shape_cases import GoldenFactory, row_fields, sweep_goldens
+from compare.problem.cases import check_name
+from compare.problem.golden import Problem
+from compare.problem.shape_cases import GoldenFactory, row_fields, sweep_goldens
+from compare.timing import timer as timing
 from torch_impl import runner
 
 SWEEP_MODES: tuple[str, ...] = ("fwd", "fwd+bwd")
@@ -113,13 +114,14 @@ def shape_sweep(
     budget_s: float = 0.2,
     cold: bool = True,
 ) -> list[dict[str, Any]]:
-    """Call one backend's step on each token count in turn; one row per shape (schema in ``compare.shapes``).
+    """Call one backend's step on each token count in turn; one row per shape (schema in ``compare.report.shapes``).
 
     The backend supplies ``build`` (its own module and forward, e.g. a ``torch.compile``-d module) and says what
     it is: ``compiled`` (a compiler specialises it per shape: ``dynamic`` is recorded and Inductor's on-disk
     caches are off when ``cold``) or shape-generic; ``count_triton`` adds Triton's JIT hook to the counter;
     ``timed=False`` (an interpreted backend) records compiles only. ``make(tokens)`` returns the
-    :class:`~compare.cases.Case` (its golden data is loaded or generated) or the :class:`~compare.golden.Golden` of
+    :class:`~compare.problem.cases.Case` (its golden data is loaded or generated) or the
+    :class:`~compare.problem.golden.Golden` of
     that token count; every case must share model, dtype, dim and hidden. The module's weights come from the
     first; each shape's ``x`` (``[batch, seq, dim]``) and ``dy`` from its own. ``budget_s`` is the timer's
     sampling budget per shape.

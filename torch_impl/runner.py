@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from compare.golden import Problem
-from compare.registry import Prepared
+from compare.backends.registry import Prepared
+from compare.problem.golden import Problem
 from torch_impl import device as dev
 from torch_impl import profiling
 from torch_impl.models import canonical_params

@@ -1,4 +1,5 @@
-"""What the torch tensor-parallel backends share (``compare.tp``): Megatron's layout on local weight slices, the
+"""What the torch tensor-parallel backends share (``compare.backends.tp``): Megatron's layout on local weight slices,
+the
 DTensor plan, the step of each mode, the full gradients for the gate, the collective count and the comm-only and
 compute-only twins.
 
@@ -33,10 +34,10 @@ from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.debug import CommDebugMode
 
-from compare.golden import Problem
-from compare.registry import Availability, Prepared
-from compare.tp import Collective, Group, TPParts
-from compare.weights import linear_weight
+from compare.backends.registry import Availability, Prepared
+from compare.backends.tp import Collective, Group, TPParts
+from compare.problem.golden import Problem
+from compare.problem.weights import linear_weight
 from torch_impl import device as dev
 from torch_impl import profiling
 from torch_impl.models import EAGER_ACT_MUL, ActMul, build_module, canonical_params
@@ -317,7 +318,7 @@ class _NoModuleTracker:
         return None
 
 
-#: Fragments of a collective op's name and the kind ``compare.tp.Collective`` names it by (JAX's HLO names).
+#: Fragments of a collective op's name and the kind ``compare.backends.tp.Collective`` names it by (JAX's HLO names).
 _KINDS: tuple[tuple[str, str], ...] = (
     ("all_reduce", "all-reduce"),
     ("allreduce", "all-reduce"),
@@ -348,7 +349,8 @@ def _tensors(a: Any) -> list[torch.Tensor]:
 
 @dataclass(frozen=True)
 class Call:
-    """One collective call of a step, as counted: its ``kind`` (``compare.tp.Collective.kind``), the payload bytes
+    """One collective call of a step, as counted: its ``kind`` (``compare.backends.tp.Collective.kind``), the payload
+    bytes
     of its input tensors (``nbytes``: the tensors reduced, gathered from, scattered or sent) and their ``dtype``."""
 
     kind: str
@@ -359,7 +361,8 @@ class Call:
 @dataclass(frozen=True)
 class Counted:
     """The collectives of one step: every ``calls`` in the order issued (what :func:`replay` issues alone) and one
-    :class:`~compare.tp.Collective` line per kind (what ``TPParts.collectives`` reports; an all-reduce line always,
+    :class:`~compare.backends.tp.Collective` line per kind (what ``TPParts.collectives`` reports; an all-reduce line
+    always,
     with count 0 when the step issued none)."""
 
     calls: tuple[Call, ...]
@@ -518,7 +521,7 @@ def lazy(build: Callable[[], Callable[[], Any]]) -> Callable[[], Any]:
 
 def profile_fn(run: Callable[[], Any], device: str, timed: bool) -> Callable[[Path | None], dict[str, Any]]:
     """``Prepared.profile`` of a TP step: ``torch_impl.profiling`` with the collectives counted as one kernel each
-    (kind ``collective``: ``compare.kernels`` classifies them by name)."""
+    (kind ``collective``: ``compare.kernels.summary`` classifies them by name)."""
 
     def profile(path: Path | None) -> dict[str, Any]:
         trace = None if path is None else path / "trace.json"

@@ -1,4 +1,4 @@
-"""The torch worker runtime of the tensor-parallel backends (``compare.tp``): one process per rank, joined by
+"""The torch worker runtime of the tensor-parallel backends (``compare.backends.tp``): one process per rank, joined by
 ``torch.distributed``.
 
 Transport: gloo on CPU; on a machine with CUDA, NCCL with this process on the CUDA device ``LOCAL_RANK`` (the rank
@@ -19,14 +19,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from compare.tp import Launch
+from compare.backends.tp import Launch
 
 #: This runtime starts one process per rank.
 LAUNCHES: tuple[str, ...] = ("processes",)
 
 
 class TorchGroup:
-    """A ``compare.tp.Group`` over torch.distributed's default process group."""
+    """A ``compare.backends.tp.Group`` over torch.distributed's default process group."""
 
     def __init__(self, world_size: int, rank: int, transport: str, device: torch.device) -> None:
         self.world_size = world_size
@@ -65,7 +65,7 @@ class TorchGroup:
         return out
 
     def allreduce_probe(self, nbytes: int) -> tuple[Callable[[], Any], Callable[[Any], None]]:
-        """An all-reduce (sum) of an ``nbytes`` float32 buffer, and its sync (``compare.tp.Group``)."""
+        """An all-reduce (sum) of an ``nbytes`` float32 buffer, and its sync (``compare.backends.tp.Group``)."""
         buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=self.device)  # sums stay 0: no overflow
 
         def step() -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The hand-written Triton kernels both frameworks launch, and the one choice of how Triton runs them.
 
 Framework-neutral: this package imports ``triton`` and the standard library (the build tool also the triton-free
-table renderer ``compare.gpu_build_report``), never torch, jax, ``torch_impl`` or ``jax_impl``
+table renderer ``compare.gpu_build.table``), never torch, jax, ``torch_impl`` or ``jax_impl``
 (``tests/test_layers.py`` checks the imports and imports every module here with torch and jax blocked).
 ``torch_impl.ops`` launches the kernels on torch tensors, ``jax_impl.backends.triton`` on JAX arrays through
 ``jax_triton.triton_call``; neither keeps a kernel of its own.

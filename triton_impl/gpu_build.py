@@ -6,11 +6,12 @@ Triton's own compiler builds the kernel for ``GPUTarget("cuda", cc, 32)`` down t
 bundles, and one row of ``gpu_build.json`` records registers and spills (``ptxas -v``), stack/local memory and static
 shared memory (``cuobjdump -res-usage``), dynamic shared memory (the kernel's metadata), the tensor-core instructions
 in the PTX (``wgmma`` on sm_90, ``mma`` on sm_80) and the theoretical occupancy
-(:func:`compare.gpu_build_report.occupancy`). A config that does not compile is a row with the compiler's message.
+(:func:`compare.gpu_build.table.occupancy`). A config that does not compile is a row with the compiler's message.
 
 The kernels must be real ``@triton.jit`` functions, not the interpreter's: run this module with
 ``FUSION_COMPARE_TRITON=compile`` and without ``TRITON_INTERPRET`` in the environment (``python -m compare
-gpu-build`` and :func:`compare.gpu_build.run` do). Without the switch, importing a kernel module on a machine without
+gpu-build`` and :func:`compare.gpu_build.command.run` do). Without the switch, importing a kernel module on a machine
+without
 CUDA chooses the interpreter (:func:`triton_impl.env.choose`); ``TRITON_INTERPRET=0`` works too.
 
 Framework-free: the kernel modules (``triton_impl/geglu_kernels.py``, ``triton_impl/geglu_matmul_kernels.py``) and
@@ -56,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compare.gpu_build_report import (
+from compare.gpu_build.table import (
     ARCHS,
     SCHEMA_VERSION,
     findings,
@@ -413,7 +414,7 @@ def _res_usage(cubin: bytes, timeout: float) -> dict[str, int]:
 
 
 def compile_row(fn: Any, kernel: Mapping[str, Any], job: Mapping[str, Any], tool_timeout: float = 120.0) -> dict:
-    """Compile one (kernel, launch, config, dtype, arch) job and return its row (see :mod:`compare.gpu_build_report`).
+    """Compile one (kernel, launch, config, dtype, arch) job and return its row (see :mod:`compare.gpu_build.table`).
 
     ``kernel`` is the kernel's :func:`describe` entry; ``job`` has ``kernel_id``, ``launch`` (a key of the
     kernel's :attr:`KernelSpec.launches`), ``config``, ``origin``, ``dtype``, ``arch``. A compile that raises
@@ -689,7 +690,7 @@ def build(
     """Build every requested (kernel, config, dtype, arch) and return the ``gpu_build.json`` document.
 
     Args:
-        archs: keys of :data:`compare.gpu_build_report.ARCHS`.
+        archs: keys of :data:`compare.gpu_build.table.ARCHS`.
         kernel_ids: subset of :data:`KERNELS` ids (default: all).
         dtypes: subset of :data:`DTYPES`.
         quick: one config per kernel (its smallest tile) instead of the whole autotune list.
@@ -828,7 +829,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if a.out is None:
         parser().error("--out DIR is required (or --describe)")
-    # SIGTERM (e.g. compare.gpu_build.run's timeout) unwinds like Ctrl-C: _run_workers' finally kills the workers.
+    # SIGTERM (e.g. compare.gpu_build.command.run's timeout) unwinds like Ctrl-C: _run_workers' finally kills the
+    # workers.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     overrides: dict[str, list[dict[str, Any]]] = {}
     for kid, config in a.config:

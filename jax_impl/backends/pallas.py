@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import jax
 
-from compare.cases import GLU_ACTIVATIONS, GLU_MODELS
-from compare.golden import Problem
-from compare.registry import Availability, Prepared
+from compare.backends.registry import Availability, Prepared
+from compare.problem.cases import GLU_ACTIVATIONS, GLU_MODELS
+from compare.problem.golden import Problem
 from jax_impl import device as dev
 from jax_impl import runner
 from jax_impl.models import ActMul, build_module

@@ -21,9 +21,9 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from compare.golden import Problem
-from compare.registry import Availability, Prepared
-from compare.tp import Group
+from compare.backends.registry import Availability, Prepared
+from compare.backends.tp import Group
+from compare.problem.golden import Problem
 from jax_impl import device as dev
 from jax_impl import tp_common as tc
 from jax_impl.models import PARAM_PATHS, XLA_ACT_MUL, build_module, canonical_grads

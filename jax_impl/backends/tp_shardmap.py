@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import time
 
-from compare.cases import GLU_ACTIVATIONS, GLU_MODELS
-from compare.golden import Problem
-from compare.registry import Availability, Prepared
-from compare.tp import Group
+from compare.backends.registry import Availability, Prepared
+from compare.backends.tp import Group
+from compare.problem.cases import GLU_ACTIVATIONS, GLU_MODELS
+from compare.problem.golden import Problem
 from jax_impl import device as dev
 from jax_impl import tp_common as tc
 from jax_impl.backends.pallas import BACKEND as PALLAS

@@ -24,9 +24,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from compare.cases import GLU_ACTIVATIONS, GLU_MODELS
-from compare.golden import Problem
-from compare.registry import Availability, Prepared
+from compare.backends.registry import Availability, Prepared
+from compare.problem.cases import GLU_ACTIVATIONS, GLU_MODELS
+from compare.problem.golden import Problem
 from jax_impl import device as dev
 from jax_impl import runner
 from jax_impl.models import ActMul, build_module

@@ -31,8 +31,8 @@ from typing import Any
 import jax
 from flax import nnx
 
-from compare.golden import Problem
-from compare.registry import Availability, Prepared
+from compare.backends.registry import Availability, Prepared
+from compare.problem.golden import Problem
 from jax_impl import device as dev
 from jax_impl import runner
 from jax_impl.models import build_module

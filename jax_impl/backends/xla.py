@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from compare.golden import Problem
-from compare.registry import Availability, Prepared
-from compare.shape_cases import GoldenFactory
+from compare.backends.registry import Availability, Prepared
+from compare.problem.golden import Problem
+from compare.problem.shape_cases import GoldenFactory
 from jax_impl import device as dev
 from jax_impl import runner
 from jax_impl.models import build_module

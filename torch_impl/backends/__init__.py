@@ -1,1 +1,1 @@
-"""One small file per torch backend; each exposes ``BACKEND`` for ``compare.registry``."""
+"""One small file per torch backend; each exposes ``BACKEND`` for ``compare.backends.registry``."""

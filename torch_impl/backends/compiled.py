@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from compare.golden import Problem
-from compare.registry import Availability, Prepared
-from compare.shape_cases import GoldenFactory
+from compare.backends.registry import Availability, Prepared
+from compare.problem.golden import Problem
+from compare.problem.shape_cases import GoldenFactory
 from torch_impl import device as dev
 from torch_impl import profiling, runner
 from torch_impl.models import build_module

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from compare.golden import Problem
-from compare.registry import Prepared
-from compare.tp import Group
+from compare.backends.registry import Prepared
+from compare.backends.tp import Group
+from compare.problem.golden import Problem
 from torch_impl import device as dev
 from torch_impl import profiling
 from torch_impl import tp_common as tc

@@ -3,9 +3,9 @@ down or fc2, a root ``PrepareModuleInput`` for Megatron's single ``dx`` reduce);
 
 from __future__ import annotations
 
-from compare.golden import Problem
-from compare.registry import Prepared
-from compare.tp import Group
+from compare.backends.registry import Prepared
+from compare.backends.tp import Group
+from compare.problem.golden import Problem
 from torch_impl import tp_common as tc
 
 

@@ -4,10 +4,10 @@ plain local tensors). Under the Triton interpreter (no CUDA) it is parity only, 
 
 from __future__ import annotations
 
-from compare.cases import GLU_MODELS
-from compare.golden import Problem
-from compare.registry import Availability, Prepared
-from compare.tp import Group
+from compare.backends.registry import Availability, Prepared
+from compare.backends.tp import Group
+from compare.problem.cases import GLU_MODELS
+from compare.problem.golden import Problem
 from torch_impl import device as dev
 from torch_impl import tp_common as tc
 from torch_impl.backends.triton_geglu import INTERPRETED_NOTE, triton_act_mul

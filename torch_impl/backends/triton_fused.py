@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from compare.cases import GLU_ACTIVATIONS
-from compare.golden import Problem
-from compare.registry import Availability, Prepared
+from compare.backends.registry import Availability, Prepared
+from compare.problem.cases import GLU_ACTIVATIONS
+from compare.problem.golden import Problem
 from torch_impl import device as dev
 from torch_impl import runner
 from torch_impl.backends.triton_geglu import INTERPRETED_NOTE

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from compare.cases import GLU_ACTIVATIONS
-from compare.golden import Problem
-from compare.registry import Availability, Prepared
-from compare.shape_cases import GoldenFactory
+from compare.backends.registry import Availability, Prepared
+from compare.problem.cases import GLU_ACTIVATIONS
+from compare.problem.golden import Problem
+from compare.problem.shape_cases import GoldenFactory
 from torch_impl import device as dev
 from torch_impl import runner
 from torch_impl.models import ActMul, build_module
@@ -22,7 +22,7 @@ INTERPRETED_NOTE = "Triton interpreter (TRITON_INTERPRET=1) on CPU: parity only,
 
 def triton_act_mul(model: str) -> ActMul:
     """``act_mul(g, u) = act(g) * u`` of the GLU ``model`` through the Triton kernels (differentiable), ``act`` its
-    activation (``compare.cases.GLU_ACTIVATIONS``); ``g, u, h: [..., hidden]``."""
+    activation (``compare.problem.cases.GLU_ACTIVATIONS``); ``g, u, h: [..., hidden]``."""
     from torch_impl.ops.geglu import glu
 
     act = GLU_ACTIVATIONS[model]

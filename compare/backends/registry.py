@@ -1,0 +1,322 @@
+"""The backend registry: every implementation by name, loaded lazily.
+
+A backend module (``torch_impl/backends/*.py``, ``jax_impl/backends/*.py``) exposes ``BACKEND``, an object with
+
+- ``availability() -> Availability``: can it run here, and if not, why (imports its framework only now);
+- ``prepare(problem, mode) -> Prepared``: builds the model from the weights of a
+:class:`~compare.problem.golden.Problem`
+  (the case, its inputs and weights, and no reference: a backend never sees the answer), moves inputs to the
+  device once, and returns a zero-argument step plus how to sync and read its outputs.
+
+Only ``compare.timing.timer`` times anything; backends only build callables.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from compare.backends.tp import Group, TPParts
+from compare.problem.cases import GLU_MODELS, MODELS, MODES, TP_MODELS, check_name
+
+if TYPE_CHECKING:
+    from compare.problem.golden import Problem
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run here. ``timed`` is False for interpreted (parity-only) execution."""
+
+    ok: bool
+    reason: str = ""
+    timed: bool = True
+    device: str = "cpu"
+
+
+@dataclass
+class Prepared:
+    """A ready-to-run step of one backend on one case and mode.
+
+    ``step()`` runs one forward / backward / forward+backward with inputs passed as arguments to the compiled
+    function; ``sync(outputs)`` blocks until a (list of) outputs is complete; ``to_numpy(output)`` maps one
+    output to named float64 arrays in the canonical layout (``y``, ``dx``, ``d<param>``).
+    """
+
+    step: Callable[[], Any]
+    sync: Callable[[Any], None]
+    to_numpy: Callable[[Any], dict[str, np.ndarray]]
+    timed: bool = True
+    note: str = ""
+    device: str = "cpu"
+    threads: dict[str, Any] = field(default_factory=dict)
+    precision: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+    #: ``profile(trace_path)`` runs one more step under the framework's profiler and returns the kernel summary
+    #: (schema in ``compare.kernels.summary``); with a path it also writes a Chrome/Perfetto trace there.
+    profile: Callable[[Path | None], dict[str, Any]] | None = None
+    #: Tensor-parallel backends only (``compare.backends.tp``): collectives, comm-only and compute-only twins, set-up.
+    tp: TPParts | None = None
+    #: ``fresh(inputs)`` runs the prepared step once on inputs it has never seen and returns its output as ``step``
+    #: does (``to_numpy`` reads it): ``inputs`` is ``{"x": [batch, seq, dim], "dy": [batch, seq, out]}``, float32
+    #: arrays of the case's shapes holding dtype values, as ``Problem.inputs`` (``compare.gate.fresh.draw``). The
+    # weights
+    #: stay. The harness's check that a step computes its answer from its inputs (``compare.gate.fresh``); a backend
+    #: without it is an error result, never a pass.
+    fresh: Callable[[dict[str, np.ndarray]], Any] | None = None
+
+
+class Backend(Protocol):
+    name: str
+
+    def availability(self) -> Availability: ...
+
+    def prepare(self, problem: Problem, mode: str) -> Prepared: ...
+
+
+class TPBackend(Protocol):
+    """A tensor-parallel backend object (``compare.backends.tp``): its ``prepare`` also takes the process group."""
+
+    name: str
+
+    def availability(self) -> Availability: ...
+
+    def prepare(self, problem: Problem, mode: str, group: Group) -> Prepared: ...
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Registry entry: everything the core knows about a backend, in one line.
+
+    ``target`` is the module that holds the backend object (``BACKEND``), imported only when needed. ``models`` and
+    ``modes`` say what it implements. ``plan`` is its cost-model plan (``compare.cost.model.PLANS``: which
+    intermediates it keeps out of memory, which GEMMs it fuses), None if it is not modelled (no cost rows then);
+    ``assumption`` says where that plan is assumed rather than read off the framework. ``sweep`` lists the keyword
+    variants with which it joins the compile-cost sweep (``compare.report.shapes``): the backend object then implements
+    ``shape_sweep(make, tokens, *, budget_s, **variant) -> rows``, building its own compiled forward per shape and
+    reading its own recompile counter; empty means it does not join.
+    """
+
+    name: str
+    framework: str
+    target: str
+    about: str
+    models: tuple[str, ...] = MODELS
+    modes: tuple[str, ...] = MODES
+    plan: str | None = None
+    assumption: str = ""
+    sweep: tuple[dict[str, Any], ...] = ()
+    #: Tensor-parallel backends: the module of their worker runtime (``compare.backends.tp``); they run in worker
+    # processes
+    #: started by ``compare.run.tp_launch``, at the case's world size. Empty for single-device backends.
+    runtime: str = ""
+    #: Tensor-parallel backends: their communication plan (``compare.cost.comm.COMM_PLANS``), checked byte for byte
+    #: against the collectives they report.
+    comm: str = ""
+    #: Tensor-parallel backends: how their ranks can start (``compare.backends.tp.LAUNCHES``), the default first.
+    launches: tuple[str, ...] = ("processes",)
+    #: True for its framework's unfused baseline (one kernel per op, every intermediate in memory): what the fusion
+    #: table measures the framework's other backends against (:func:`framework_baseline`). One per framework.
+    baseline: bool = False
+
+    def load(self) -> Backend:
+        module = importlib.import_module(self.target)
+        return module.BACKEND
+
+    def availability(self) -> Availability:
+        """Availability, with an import failure of the backend module reported as the reason."""
+        try:
+            return self.load().availability()
+        except ImportError as exc:
+            return Availability(False, f"cannot import {self.target}: {exc}")
+
+
+BACKENDS: dict[str, BackendSpec] = {
+    s.name: s
+    for s in (
+        BackendSpec(
+            "torch-eager",
+            "torch",
+            "torch_impl.backends.eager",
+            "PyTorch eager nn.Modules (the baseline)",
+            plan="eager",
+            sweep=({},),
+            baseline=True,
+        ),
+        BackendSpec(
+            "torch-compile",
+            "torch",
+            "torch_impl.backends.compiled",
+            "torch.compile (Inductor: fused C++ on CPU, Triton on GPU)",
+            plan="fused-ew",
+            sweep=({"dynamic": False}, {"dynamic": True}),
+        ),
+        BackendSpec(
+            "torch-triton",
+            "torch",
+            "torch_impl.backends.triton_geglu",
+            "eager GEMMs + a hand-written Triton kernel for act(g) * u (GELU-tanh or SiLU, a compile-time parameter)",
+            models=GLU_MODELS,
+            plan="fused-ew",
+            sweep=({},),
+        ),
+        BackendSpec(
+            "torch-triton-fused",
+            "torch",
+            "torch_impl.backends.triton_fused",
+            "one Triton GEMM for act(x Wg^T) * (x Wu^T), activation in the epilogue (g, u never stored) + a down GEMM",
+            models=GLU_MODELS,
+            plan="fused-gemm",
+        ),
+        BackendSpec(
+            "jax-xla",
+            "jax",
+            "jax_impl.backends.xla",
+            "flax.nnx modules under jax.jit (XLA fusion)",
+            plan="fused-ew",
+            sweep=({},),
+            assumption=(
+                "assumed: XLA fuses the activation and the mul into one loop fusion and keeps g, u, h "
+                "as torch-compile does; the HLO decides (cross-checked against XLA's cost_analysis "
+                "in the report)"
+            ),
+        ),
+        BackendSpec(
+            "jax-unfused",
+            "jax",
+            "jax_impl.backends.unfused",
+            "the jax-xla module with each op (linear, activation, mul) its own jitted computation, called from Python "
+            "and differentiated by jax.vjp outside any jit (JAX's unfused baseline)",
+            plan="eager",
+            baseline=True,
+            assumption=(
+                "eager's kernels and saved tensors (g, u, a, h; the activation keeps only its input), read off "
+                "XLA's program per op; XLA splits some ops into more kernels than the plan counts: a weight "
+                "gradient is a GEMM then a transpose copy (flax keeps kernels as [in, out]), a bias add runs after "
+                "its GEMM (torch's addmm does it inside), 16-bit dtypes add converts"
+            ),
+        ),
+        BackendSpec(
+            "jax-pallas",
+            "jax",
+            "jax_impl.backends.pallas",
+            "nnx module under jax.jit with the gated activation step as a Pallas kernel (custom VJP)",
+            models=GLU_MODELS,
+            plan="fused-ew",
+            assumption=(
+                "gate/up/down are XLA dots (assumed unfused with the Pallas kernel); residuals g, u per custom_vjp"
+            ),
+        ),
+        BackendSpec(
+            "jax-triton",
+            "jax",
+            "jax_impl.backends.triton",
+            "nnx module with torch-triton's very Triton kernel called through jax_triton",
+            models=GLU_MODELS,
+            plan="fused-ew",
+            assumption="as torch-triton: XLA dots around a Triton elementwise kernel; residuals g, u",
+        ),
+        BackendSpec(
+            "torch-tp",
+            "torch",
+            "torch_impl.backends.tp_dtensor",
+            "DTensor tensor parallelism: ColwiseParallel gate/up (fc1), RowwiseParallel down (fc2), eager",
+            models=TP_MODELS,
+            plan="eager",
+            runtime="torch_impl.tp_runtime",
+            comm="megatron",
+        ),
+        BackendSpec(
+            "torch-tp-compile",
+            "torch",
+            "torch_impl.backends.tp_compile",
+            "torch-tp's DTensor module under torch.compile (Inductor)",
+            models=TP_MODELS,
+            plan="fused-ew",
+            runtime="torch_impl.tp_runtime",
+            comm="megatron",
+        ),
+        BackendSpec(
+            "torch-tp-manual",
+            "torch",
+            "torch_impl.backends.tp_manual",
+            "hand-written Megatron TP: local weight slices, one dist.all_reduce of y forward and one of dx backward",
+            models=TP_MODELS,
+            plan="eager",
+            runtime="torch_impl.tp_runtime",
+            comm="megatron",
+        ),
+        BackendSpec(
+            "torch-tp-triton",
+            "torch",
+            "torch_impl.backends.tp_triton",
+            "torch-tp's DTensor plan with torch-triton's act(g) * u Triton kernel on the local slices",
+            models=GLU_MODELS,
+            plan="fused-ew",
+            runtime="torch_impl.tp_runtime",
+            comm="megatron",
+        ),
+        BackendSpec(
+            "jax-tp",
+            "jax",
+            "jax_impl.backends.tp_sharded",
+            "the flax.nnx module with partitioned params under jax.jit: XLA's SPMD partitioner places the collectives",
+            models=TP_MODELS,
+            plan="fused-ew",
+            runtime="jax_impl.tp_runtime",
+            comm="xla-auto",
+            launches=("devices", "processes"),
+        ),
+        BackendSpec(
+            "jax-tp-shardmap",
+            "jax",
+            "jax_impl.backends.tp_shardmap",
+            "hand-written Megatron TP in jax.shard_map: explicit psum of y and of dx; the Pallas act(g) * u kernel per "
+            "shard for GeGLU/SwiGLU",
+            models=TP_MODELS,
+            plan="fused-ew",
+            runtime="jax_impl.tp_runtime",
+            comm="megatron-combined",
+            launches=("devices", "processes"),
+        ),
+    )
+}
+DEFAULT_BASELINE = "torch-eager"
+
+
+def framework_baseline(framework: str) -> str | None:
+    """The unfused baseline of ``framework`` (its registry line with ``baseline=True``), None if it has none."""
+    return next((s.name for s in BACKENDS.values() if s.baseline and s.framework == framework), None)
+
+
+def spec(name: str) -> BackendSpec:
+    """Look up a backend; an unknown name raises ``InputError`` listing the known ones."""
+    check_name("backend", name, list(BACKENDS))
+    return BACKENDS[name]
+
+
+def register(s: BackendSpec) -> None:
+    """Add a backend (tests and extensions add backends through this, never by editing callers)."""
+    BACKENDS[s.name] = s
+
+
+def unregister(name: str) -> None:
+    """Remove a backend added by :func:`register` (tests clean up with this)."""
+    BACKENDS.pop(name, None)
+
+
+#: Probes the core calls without importing a framework: module targets loaded like backends. ``ceilings`` exposes
+#: ``measure_all(dtypes, budget_s) -> {"device": str, dtype: {...}}`` (this machine's matmul FLOP/s and copy
+#: bandwidth per dtype, on the device the torch backends use); ``ceilings-xla`` the same through XLA's own GEMMs
+#: (``jax_impl.ceilings``): the harness keeps the higher per dtype.
+PROBES: dict[str, str] = {"ceilings": "torch_impl.ceilings", "ceilings-xla": "jax_impl.ceilings"}
+
+
+def probe(name: str) -> Any:
+    """The module of a probe (:data:`PROBES`), imported now; ImportError when its framework is missing."""
+    check_name("probe", name, list(PROBES))
+    return importlib.import_module(PROBES[name])

@@ -1,0 +1,144 @@
+"""An answer no backend can cache: the check on inputs a backend has never seen.
+
+A backend's ``prepare`` is handed the case's :class:`~compare.problem.golden.Problem`, and from it anyone can compute
+the
+golden answer (``golden_for(problem.case)``, the golden file, ``compare.problem.reference.compute``) and return that,
+rounded
+to the dtype, at every step: right on the first call, right on the last timed call, and as fast as a memory copy.
+So after timing, the harness hands each prepared step (``Prepared.fresh``) a fresh draw of ``x`` and ``dy``, of the
+same shapes and distribution as the case's, from a seed drawn at run time (:func:`new_seed`, from the operating
+system's entropy: no code can predict it); the weights stay. A sub-draw whose outputs would leave the dtype's
+range is passed over before any step sees it (:func:`draw`), so no seed makes the case unjudgeable. Only after
+every step of the case has returned does it compute the reference and the plain computation of that draw
+(:func:`reference`, the golden's own arithmetic) and judge the outputs with the same gate.
+
+What counts: a **fail** on fresh inputs makes the result ``parity-fail`` (the step does not compute its answer from
+its inputs). A deviation found only on the fresh draw is recorded, not promoted: the status's ``deviates`` comes
+from the committed, reproducible case, and a fresh seed changes with every run.
+
+Cost: one exact and one plain computation per case (about 24 s for ``cpu-mlp`` in bfloat16 and 39 s in float32 on
+a 2-core machine with a backward, where the float32 envelope twin adds the third; a third of that forward only),
+for the tensors the case's modes check.
+"""
+
+from __future__ import annotations
+
+import secrets
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from compare.formats.jsonfields import Obj, integer, record_dict, text, texts
+from compare.gate.parity import DTYPE_MAX, Parity, Plain, UnusableCase, check_plain
+from compare.problem.cases import Case
+from compare.problem.golden import draw_input
+from compare.problem.reference import Arith, compute, plain_run, round_to_dtype
+
+
+def new_seed() -> int:
+    """A seed no backend can know in advance (32 bits from the operating system's entropy source)."""
+    return secrets.randbits(32)
+
+
+#: A draw is handed to the steps only if a quick float32 run of it stays within this share of the dtype's largest
+#: finite value (:func:`_in_range`): the gate's own reference and plain computation differ from that run by far less
+#: (rounding in the dtype, not in magnitude), so a screened draw is never refused as unusable after the steps ran.
+RANGE_SHARE = 0.5
+#: Sub-draws tried per seed before the case is called unusable for fresh inputs (a heavy-tailed ``student_t`` case
+#: in float16 rarely needs a second; a case whose own golden draw is near the top of the range may need many).
+MAX_DRAWS = 64
+
+
+def _blas32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32) @ np.asarray(b, dtype=np.float32)
+
+
+def _in_range(case: Case, params: dict[str, np.ndarray], x: np.ndarray, dy: np.ndarray) -> bool:
+    """Whether ``case`` on ``(x, dy)`` stays finite in its dtype, every materialised tensor rounded to it, and every
+    output and gradient within :data:`RANGE_SHARE` of its largest value (numpy's float32 GEMMs: a screen, not a
+    reference; its values are dropped before any step sees the draw)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = compute(case.model, x, params, dy, Arith(case.dtype, final=False, gemm=_blas32))
+    top = RANGE_SHARE * DTYPE_MAX[case.dtype]
+    return all(bool(np.all(np.isfinite(v))) and float(np.max(np.abs(v), initial=0.0)) <= top for v in out.values())
+
+
+def draw(case: Case, seed: int, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Fresh inputs of ``case`` with its ``params``: ``{"x", "dy"}`` with the golden's shapes, distribution and dtype
+    rounding (``compare.problem.golden.make_golden``), from ``seed`` (float32 arrays holding dtype values, as
+    ``Problem.inputs``); the same arrays for the same seed on every machine.
+
+    A heavy-tailed draw can push a 16-bit output past the dtype's range, which would leave every cell of the case
+    unjudgeable on fresh inputs (an error that depends on the seed). So the seed's sub-draws are tried in order and
+    the first whose outputs stay in range (:func:`_in_range`) is the draw: fresh inputs come from the case's
+    distribution conditioned on the case being judgeable on them. Raises :class:`~compare.gate.parity.UnusableCase` when
+    none of :data:`MAX_DRAWS` is."""
+    s = case.shape
+    tag = zlib.crc32(f"fresh|{case.model}|{s.batch}|{s.seq}|{s.dim}|{s.hidden}|{case.dist}".encode())
+    for attempt in range(MAX_DRAWS):
+        entropy = [seed, tag] if attempt == 0 else [seed, tag, attempt]
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
+        x = round_to_dtype(draw_input(rng, case.input_shape(), case.dist), case.dtype)
+        dy = round_to_dtype(rng.standard_normal(case.output_shape()), case.dtype)
+        if _in_range(case, params, x, dy):
+            return {"x": x, "dy": dy}
+    raise UnusableCase(
+        f"case {case.name}: none of {MAX_DRAWS} fresh draws of seed {seed} keeps its outputs within "
+        f"{RANGE_SHARE:g} of {case.dtype}'s largest finite value {DTYPE_MAX[case.dtype]:.6g}; use smaller inputs "
+        "or a wider dtype"
+    )
+
+
+def reference(
+    case: Case, params: dict[str, np.ndarray], inputs: dict[str, np.ndarray], backward: bool = True
+) -> tuple[dict[str, Any], Plain]:
+    """The float64 reference and the plain computation (with its envelope twin where the golden has one,
+    ``compare.run.cell.plain_reference``) of ``case`` on ``inputs`` with the case's ``params``: ``y``, and every
+    gradient when ``backward`` (a third of the work without).
+
+    Raises :class:`~compare.gate.parity.UnusableCase` when the draw cannot be judged in the dtype (as for the case)."""
+    x, dy = inputs["x"], (inputs["dy"] if backward else None)
+    ref = compute(case.model, x, params, dy, Arith.exact())
+    unrounded, envelope = plain_run(case.model, case.dtype, case.seed, x, params, dy)
+    plain = {k: round_to_dtype(v, case.dtype) for k, v in unrounded.items()}
+    check_plain(f"{case.name} (fresh inputs)", case.dtype, ref, plain)
+    return ref, Plain(plain, envelope, unrounded)
+
+
+def compact(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A step's outputs (float64, ``Prepared.to_numpy``) held until the reference exists: as float32 where that
+    loses nothing (every value of a float32/16-bit step), else as they are. Halves what a case's cells hold."""
+    out = {}
+    for k, v in tensors.items():
+        v32 = v.astype(np.float32)
+        out[k] = v32 if np.array_equal(v32, v, equal_nan=True) else v
+    return out
+
+
+@dataclass(frozen=True)
+class FreshCheck:
+    """The verdict on a step's output for fresh inputs: the draw's ``seed`` (``compare run`` reproduces nothing
+    from it by itself: it is recorded so that a failure can be replayed), the gate's ``tier`` and its findings."""
+
+    seed: int
+    tier: str
+    failures: tuple[str, ...] = ()
+    deviations: tuple[str, ...] = ()
+
+    @staticmethod
+    def of(seed: int, parity: Parity) -> FreshCheck:
+        return FreshCheck(seed, parity.tier, tuple(parity.failures()), tuple(parity.deviations()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> FreshCheck:
+        return FreshCheck(integer(d, "seed"), text(d, "tier"), texts(d, "failures"), texts(d, "deviations"))
+
+    @property
+    def reasons(self) -> list[str]:
+        """What the result's status takes from this check: its failures (a deviation here is recorded only)."""
+        return [f"fresh inputs (seed {self.seed}): {f}" for f in self.failures]

@@ -1,0 +1,703 @@
+"""Parity rules: is a backend's tensor as close to the float64 golden as its dtype allows, and if not, how far off?
+
+Every line is measured against ``y_plain``, the plain same-dtype computation of ``compare.problem.reference`` (float32
+accumulation in a fixed order, the activation in float32 op by op, every materialised tensor rounded to the dtype:
+the same bits on every machine) on the same case. With ``e = y - y_ref`` (the backend's error against the float64
+reference), ``e_p = y_plain - y_ref``, ``u = 2**-p`` the dtype's unit roundoff and ``Z`` = :data:`Z_SCORE`, each check
+puts a tensor in one of three tiers, and the tensor takes its worst check's:
+
+**pass**: within what a plain computation in the dtype does. **deviates**: a real, measured difference that an
+honest implementation can have (more error than the plain computation by a stated factor, or a systematic bias
+beyond noise but below a unit roundoff), reported with its likely cause. **fail**: a different function, beyond
+anything rounding explains.
+
+``max``
+    pass ``max|e| <= 8 max(max|e_p|, max|e_env|) + u max|y_ref|`` (:data:`MAX_FACTOR`: the largest error is an
+    extreme of the data and moves by several times between seeds; a lower line would call a deviation on some seeds
+    and not others); fail beyond ``8 x max(2 max|e_p| + u max|y_ref|, max|e_env|)``. ``e_env`` is the error of the
+    plain computation's envelope twin (:class:`Plain`: its float32 tanh/exp 4 ulp off, in float32 cases of a model
+    with an activation; elsewhere ``e_p`` itself): GELU's derivative is ill-conditioned where tanh is near -1, and
+    there an ordinary float32 library moves a few elements by many times the plain computation's error, which is
+    still a plain computation.
+``rms``
+    pass ``rms(e) <= 2.5 max(rms(e_p), rms(e_env)) + 0.1 u rms(y_ref)`` (:data:`RMS_FACTOR`, the stated factor of
+    "more error than a plain computation"); fail beyond ``8 x max(2 rms(e_p) + u rms(y_ref), rms(e_env))``. It sees
+    an error spread thin over every element, which the max check forgives.
+``shift``
+    the mean signed error ``mean(e)``, judged by its distance ``d`` from the interval between 0 and the plain
+    computation's own ``mean(e_p)`` (an honest result's bias lies between a correctly rounded one's, none, and the
+    plain computation's, which rounds more often than a fused kernel). Pass ``d <= Z se(d)``; fail
+    ``d > Z se(d) + L rms(y_ref)`` with ``L`` = :func:`bias_fail_line` (one unit roundoff of the dtype plus 8 float32
+    ulps: what a float32 transcendental 4 ulp off all one way can add). A constant offset far below one ulp per
+    element is still many standard errors from rounding noise.
+``scale``
+    the mean signed *relative* error, weighted by ``y_ref^2`` so that elements near zero do not dominate: the
+    least-squares slope ``b = sum(e y_ref) / sum(y_ref^2)`` (``y = (1 + b) y_ref + noise``), judged by its distance
+    ``d`` from the interval between 0 and ``b_p`` the same way: pass within ``Z se(d)``, fail beyond
+    ``Z se(d) + L``. An output 1% too small in bf16 is 2.6 unit roundoffs off: it fails; jax's bf16 GELU with its
+    constants rounded to bf16 is 0.016% low: it deviates.
+``dtype``
+    every value is representable in the case dtype (a backend that returns the float64 answer, or computes in a
+    wider type than it reports, cannot fake this), and the values use the dtype's precision: an output whose values
+    carry no more significand bits than the next narrower type (:data:`NARROWER_BITS`; bf16 math in a float16 or
+    float32 case) was computed in that type. Either fails.
+
+Standard errors are cluster-robust: rounding errors are not independent across a tensor (an error in ``h[t, :]``
+reaches every element of ``y[t, :]``; one in ``h[:, k]`` every element of ``ddown[:, k]``), so each statistic's
+variance is estimated four ways (elements independent, rows as clusters, columns as clusters, both at once: Cameron,
+Gelbach and Miller's two-way estimate; a tensor is viewed as ``[-1, last dim]``) and the largest is used. Checked
+against the spread over seeds on heavy-tailed inputs (``tests/test_variants.py``: the z-scores of unbiased honest
+variants have a spread near 1). ``Z = 5`` is fixed in advance (a two-sided false-alarm probability near 6e-7 per
+check under the normal approximation). Where the lines sit is checked both ways: honest implementation differences
+(``tests/variants.py``: other accumulation orders, FMA, transcendentals 4 ulp off, the activation in the dtype,
+float32 intermediates) never fail, in every dtype and mode; the negative controls (``tests/test_controls.py``) do.
+
+NaN or Inf in the backend's tensor fails. A reference whose scale is tiny next to the dtype's ``atol``
+(``max|y_ref| < 100 * atol``) is refused as degenerate (it could not tell a right answer from zeros), and so is a
+case whose plain computation is not finite or whose reference overflows the dtype (:func:`check_plain`).
+
+What the gate cannot see: an error below the plain computation's own noise at this case's size (how small that is
+per case, dtype and tensor is measured by ``compare.gate.resolution`` and printed in the report); a wrong value in a few
+elements below 8x the plain computation's worst error (a deviation at most, not a failure); a bias below a unit
+roundoff of the dtype is a deviation, never a failure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from compare.formats.jsonfields import Obj, flag, integer, integers, number, text, texts
+from compare.problem.reference import SIGNIFICAND_BITS, round_to_dtype
+
+#: ``torch.testing.assert_close`` default ``atol`` per dtype: the scale below which a reference is degenerate.
+ATOL: dict[str, float] = {"float32": 1e-5, "bfloat16": 1e-5, "float16": 1e-5}
+#: The rms check's pass line: a backend's rms error may be this many times the plain computation's (plus a tenth of
+#: a unit roundoff of rms(ref), for a tensor the plain computation gets exactly). The stated factor of "more error
+#: than a plain computation": above it a tensor deviates. Set between what honest variants and a plain eager
+#: framework do (at most 1.83x: the activation op by op in the dtype) and what reducing a token sum in the low dtype
+#: does (2.8x and more on a hundred tokens, growing with the count), measured over 10 seeds (tests/test_seeds.py).
+RMS_FACTOR = 2.5
+#: The max check's pass line: no element worse than this many times the plain computation's worst, plus one unit
+#: roundoff of max|ref|. The largest error is an extreme of the data: between seeds it moves by several times where
+#: the rms does not, so the line sits high enough that a deviation it calls is one on every seed.
+MAX_FACTOR = 8.0
+#: The base the max and rms fail lines multiply: ``PLAIN_FACTOR`` x the plain computation's error plus a unit
+#: roundoff of the scale, or the envelope twin's error where that is larger.
+PLAIN_FACTOR = 2.0
+#: Standard errors a bias (shift or scale) may lie from the plain computation's own and still pass.
+Z_SCORE = 5.0
+#: The fail line of the max and rms checks, in multiples of their base: no honest implementation difference
+#: (another accumulation order, FMA, a transcendental off by 4 ulp, the activation evaluated in the dtype with its
+#: constants rounded) comes near it (``tests/test_variants.py`` measures how near they come).
+FAIL_FACTOR = 8.0
+#: The fail line of a bias (shift or scale, relative): this many unit roundoffs of the case dtype ...
+BIAS_FAIL_UNITS = 1.0
+#: ... plus this many float32 ulps (``2**-23`` each): what a float32 transcendental off by up to 4 ulp may add.
+TRANSCENDENTAL_ULPS = 8.0
+#: Multiplies every clustered standard error: calibrated against the spread over seeds (``tests/test_variants.py``).
+SE_INFLATION = 1.0
+#: The verdicts, best first.
+TIERS: tuple[str, ...] = ("pass", "deviates", "fail")
+DEGENERATE_FACTOR = 100.0
+#: Largest finite value of each dtype: a reference beyond it cannot be represented, so it is refused.
+DTYPE_MAX: dict[str, float] = {
+    "float32": float(np.finfo(np.float32).max),
+    "bfloat16": 3.3895313892515355e38,
+    "float16": 65504.0,
+}
+CHECKS: tuple[str, ...] = ("max", "rms", "shift", "scale", "dtype")
+
+
+class DegenerateGolden(ValueError):
+    """The reference is too small for its tolerance to mean anything."""
+
+
+class UnusableCase(ValueError):
+    """The plain computation or the reference of a case is not finite in its dtype: nothing can be judged."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One statistic of one tensor: its value (for the signed ones, the absolute difference from the plain
+    computation's), the plain computation's, the pass line (``bound``), the fail line (``fail``), the standard error
+    (shift and scale) and the tier (``pass``, ``deviates``, ``fail``)."""
+
+    name: str
+    value: float
+    plain: float
+    bound: float
+    fail: float
+    tier: str
+    se: float | None = None
+    signed: float | None = None
+
+    @property
+    def ratio(self) -> float:
+        if self.bound > 0:
+            return self.value / self.bound
+        return 0.0 if self.value == 0 else math.inf
+
+
+def _tier(value: float, bound: float, fail: float) -> str:
+    return "pass" if value <= bound else ("deviates" if value <= fail else "fail")
+
+
+@dataclass(frozen=True)
+class TensorParity:
+    """Numbers for one tensor. ``max_rel_err`` is norm-wise: ``max_abs_err / max|y_ref|``; ``bound`` and ``ratio`` are
+    the max check's pass line and value/line; ``worst_ratio`` is the largest value/pass line over every check (how
+    close the tensor came to leaving ``pass``). ``tier`` is the worst check's: ``pass``, ``deviates`` or ``fail``;
+    ``failed`` names the checks in the fail tier, ``deviated`` those in the deviates tier; ``*_fail`` are the fail
+    lines; ``cause`` is the likely cause of a deviation or failure (empty on a pass). ``passed`` is ``tier == "pass"``.
+    """
+
+    tensor: str
+    n: int
+    max_abs_err: float
+    max_rel_err: float
+    bound: float
+    ratio: float
+    plain_err: float
+    rms_err: float
+    rms_plain: float
+    rms_bound: float
+    mean_err: float
+    mean_plain: float
+    mean_se: float
+    mean_bound: float
+    scale_err: float
+    scale_plain: float
+    scale_se: float
+    scale_bound: float
+    not_representable: int
+    worst_ratio: float
+    worst_index: list[int]
+    nonfinite: int
+    passed: bool
+    failed: list[str]
+    why: str
+    tier: str = "fail"
+    deviated: list[str] = field(default_factory=list)
+    max_fail: float = math.nan
+    rms_fail: float = math.nan
+    mean_fail: float = math.nan
+    scale_fail: float = math.nan
+    cause: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> TensorParity:
+        """The inverse of :meth:`to_dict`: every field is required (``results.json`` stores them all)."""
+        return TensorParity(
+            tensor=text(d, "tensor"),
+            n=integer(d, "n"),
+            max_abs_err=number(d, "max_abs_err"),
+            max_rel_err=number(d, "max_rel_err"),
+            bound=number(d, "bound"),
+            ratio=number(d, "ratio"),
+            plain_err=number(d, "plain_err"),
+            rms_err=number(d, "rms_err"),
+            rms_plain=number(d, "rms_plain"),
+            rms_bound=number(d, "rms_bound"),
+            mean_err=number(d, "mean_err"),
+            mean_plain=number(d, "mean_plain"),
+            mean_se=number(d, "mean_se"),
+            mean_bound=number(d, "mean_bound"),
+            scale_err=number(d, "scale_err"),
+            scale_plain=number(d, "scale_plain"),
+            scale_se=number(d, "scale_se"),
+            scale_bound=number(d, "scale_bound"),
+            not_representable=integer(d, "not_representable"),
+            worst_ratio=number(d, "worst_ratio"),
+            worst_index=list(integers(d, "worst_index")),
+            nonfinite=integer(d, "nonfinite"),
+            passed=flag(d, "passed"),
+            failed=list(texts(d, "failed")),
+            why=text(d, "why"),
+            tier=_tier_name(text(d, "tier")),
+            deviated=list(texts(d, "deviated")),
+            max_fail=number(d, "max_fail"),
+            rms_fail=number(d, "rms_fail"),
+            mean_fail=number(d, "mean_fail"),
+            scale_fail=number(d, "scale_fail"),
+            cause=text(d, "cause"),
+        )
+
+
+def _tier_name(t: str) -> str:
+    if t not in TIERS:
+        raise ValueError(f"unknown parity tier {t!r}; known: {', '.join(TIERS)}")
+    return t
+
+
+def _matrix(a: np.ndarray) -> np.ndarray:
+    """A tensor as ``[rows, columns]`` (``[-1, last dim]``; a vector is one column)."""
+    return a.reshape(-1, 1) if a.ndim <= 1 else a.reshape(-1, a.shape[-1])
+
+
+def _cluster_sum_var(sums: np.ndarray) -> float:
+    g = sums.size
+    return g / (g - 1) * float(np.sum((sums - sums.mean()) ** 2)) if g >= 2 else 0.0
+
+
+def _clustered_var(contrib: np.ndarray) -> float:
+    """Variance of ``contrib.sum()`` (``contrib`` 2-D, one term per element), robust to the two ways rounding errors
+    are shared: every element independent, rows as clusters, columns as clusters, and both at once (Cameron,
+    Gelbach and Miller's two-way estimate ``V_rows + V_cols - V_elements``); the largest is used."""
+    v_el = _cluster_sum_var(contrib.ravel())
+    v_rows = _cluster_sum_var(contrib.sum(axis=1)) if contrib.shape[0] >= 2 else 0.0
+    v_cols = _cluster_sum_var(contrib.sum(axis=0)) if contrib.shape[1] >= 2 else 0.0
+    return max(v_el, v_rows, v_cols, v_rows + v_cols - v_el)
+
+
+def _shift(e: np.ndarray) -> tuple[float, float]:
+    """Mean signed error and its standard error."""
+    m = _matrix(e)
+    return float(m.mean()), SE_INFLATION * math.sqrt(_clustered_var(m)) / m.size
+
+
+def _scale(e: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """Least-squares slope of ``e`` on ``ref`` (the ref^2-weighted mean relative error) and its standard error."""
+    me, mr = _matrix(e), _matrix(ref)
+    rr = float(np.sum(mr * mr))
+    b = float(np.sum(me * mr)) / rr
+    return b, SE_INFLATION * math.sqrt(_clustered_var(mr * (me - b * mr))) / rr
+
+
+def _rms(a: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(a * a))) if a.size else 0.0
+
+
+def not_representable(y64: np.ndarray, dtype: str) -> np.ndarray:
+    """Mask of the finite values of ``y64`` that are not values of ``dtype``."""
+    back = round_to_dtype(y64, dtype).astype(np.float64)
+    return np.isfinite(y64) & (back != y64)
+
+
+#: The next narrower significand below each dtype's (bits, with the implicit one): float16's 11 below float32's 24,
+#: bfloat16's 8 below float16's 11, fp8 e4m3's 4 below bfloat16's 8.
+NARROWER_BITS: dict[str, int] = {"float32": 11, "float16": 8, "bfloat16": 4}
+#: Fewest normal nonzero values for the narrow-precision test to say anything.
+NARROW_MIN_VALUES = 64
+#: An honest output has about ``1 - 2**-(p - p_narrow)`` (87.5% and more) of its values using more significand bits
+#: than the narrower type has; one computed in the narrower type has none. Below this fraction it was.
+NARROW_FRACTION = 0.01
+
+
+def narrow_precision(y64: np.ndarray, dtype: str) -> tuple[int, float] | None:
+    """``(bits, fraction)`` when ``y64``'s values carry no more significand bits than the next narrower type
+    (:data:`NARROWER_BITS`): ``fraction`` of its normal nonzero values use more (below :data:`NARROW_FRACTION`:
+    computed in a narrower type, e.g. bfloat16 math in a float16 case); None when not, or too few values to tell."""
+    tiny = float(np.finfo(np.float16).tiny) if dtype == "float16" else float(np.finfo(np.float32).tiny)
+    v = y64[np.isfinite(y64) & (np.abs(y64) >= tiny)]
+    if v.size < NARROW_MIN_VALUES:
+        return None
+    bits = NARROWER_BITS[dtype]
+    m, _ = np.frexp(v)  # |m| in [0.5, 1): m * 2**bits is an integer exactly when v has at most ``bits`` bits
+    scaled = np.abs(m) * 2.0**bits
+    frac = float(np.count_nonzero(scaled != np.floor(scaled))) / v.size
+    return (bits, frac) if frac < NARROW_FRACTION else None
+
+
+def _fail(name: str, n: int, why: str, **kw: object) -> TensorParity:
+    nan = float("nan")
+    base: dict[str, object] = {
+        "max_abs_err": nan,
+        "max_rel_err": nan,
+        "bound": 0.0,
+        "ratio": nan,
+        "plain_err": 0.0,
+        "rms_err": nan,
+        "rms_plain": 0.0,
+        "rms_bound": 0.0,
+        "mean_err": nan,
+        "mean_plain": 0.0,
+        "mean_se": 0.0,
+        "mean_bound": 0.0,
+        "scale_err": nan,
+        "scale_plain": 0.0,
+        "scale_se": 0.0,
+        "scale_bound": 0.0,
+        "not_representable": 0,
+        "worst_ratio": math.inf,
+        "worst_index": [],
+        "nonfinite": 0,
+        "failed": ["finite"],
+        "cause": "not a number: NaN or Inf in the output",
+    }
+    base.update(kw)
+    # ``base`` holds one value per remaining field, of the field's type: a dict of mixed types to mypy
+    return TensorParity(tensor=name, n=n, passed=False, why=why, tier="fail", **base)  # type: ignore[arg-type]
+
+
+def _fmt_index(idx: Iterable[Any]) -> list[int]:
+    return [int(i) for i in idx]
+
+
+class Plain(dict[str, np.ndarray]):
+    """The plain same-dtype computation's tensors (``compare.problem.reference``, ``Arith.plain``), and its ``envelope``
+    twin
+    where there is one: the same computation with its float32 transcendentals a few ulp off
+    (``compare.problem.reference.envelope_activations``; float32 cases of a model with an activation, else None). The
+    pass
+    lines come from the plain tensors, the max and rms fail lines from the worse of the two."""
+
+    def __init__(
+        self,
+        tensors: dict[str, np.ndarray],
+        envelope: dict[str, np.ndarray] | None = None,
+        unrounded: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        super().__init__(tensors)
+        self.envelope = envelope
+        #: The same tensors before their last rounding to the dtype (float32): where ``compare.gate.resolution`` injects
+        #: an error, as a backend would make it.
+        self.unrounded = unrounded
+
+
+@dataclass(frozen=True)
+class PlainStats:
+    """The plain same-dtype computation's error statistics on one tensor, and the reference's scale: every bound of
+    the gate is built from these. They do not depend on the backend, so a caller judging many outputs against the
+    same reference (``compare.gate.resolution``'s bisection) computes them once."""
+
+    scale: float  # max|ref|
+    rms_ref: float
+    plain_err: float  # max|e_p|
+    rms_plain: float
+    mean: float
+    mean_se: float
+    slope: float
+    slope_se: float
+    envelope_err: float  # max|e| of the envelope twin (the plain computation's own where there is none)
+    rms_envelope: float
+
+
+def plain_stats(ref: np.ndarray, plain: np.ndarray, envelope: np.ndarray | None = None) -> PlainStats:
+    """The :class:`PlainStats` of ``plain`` (and its ``envelope`` twin, :class:`Plain`) against the float64 ``ref``
+    (same shape)."""
+    ref64 = np.asarray(ref, dtype=np.float64)
+    e_p = np.asarray(plain, dtype=np.float64) - ref64
+    (m_p, m_p_se), (b_p, b_p_se) = _shift(e_p), _scale(e_p, ref64)
+    plain_err = float(np.max(np.abs(e_p))) if e_p.size else 0.0
+    e_env = None if envelope is None else np.asarray(envelope, dtype=np.float64) - ref64
+    return PlainStats(
+        scale=float(np.max(np.abs(ref64))) if ref64.size else 0.0,
+        rms_ref=_rms(ref64),
+        plain_err=plain_err,
+        rms_plain=_rms(e_p),
+        mean=m_p,
+        mean_se=m_p_se,
+        slope=b_p,
+        slope_se=b_p_se,
+        envelope_err=plain_err if e_env is None or not e_env.size else float(np.max(np.abs(e_env))),
+        rms_envelope=_rms(e_p) if e_env is None else _rms(e_env),
+    )
+
+
+def _beyond(value: float, plain: float) -> float:
+    """How far ``value`` lies outside the interval between 0 and ``plain`` (0 inside it)."""
+    return max(min(0.0, plain) - value, value - max(0.0, plain), 0.0)
+
+
+def bias_fail_line(dtype: str) -> float:
+    """The relative bias (of the scale, or of the mean in units of ``rms(ref)``) beyond which no rounding explains
+    it: :data:`BIAS_FAIL_UNITS` unit roundoffs of the dtype plus :data:`TRANSCENDENTAL_ULPS` float32 ulps."""
+    return BIAS_FAIL_UNITS * 2.0 ** -SIGNIFICAND_BITS[dtype] + TRANSCENDENTAL_ULPS * 2.0**-23
+
+
+def likely_cause(
+    name: str, dtype: str, tier: str, checks: dict[str, str], bias: float, within_envelope: bool = False
+) -> str:
+    """The likely cause of a deviation or failure from which checks left ``pass`` (``checks``: name -> tier), the
+    relative bias ``bias`` (scale minus the plain computation's) and whether the error stays within the envelope twin's
+    (``within_envelope``: no worse than the plain computation with its float32 transcendentals 4 ulp off, where one
+    was computed): a reading of the pattern, not a proof."""
+    if tier == "pass":
+        return ""
+    if checks.get("dtype") == "fail":
+        return "values that do not fit the dtype's precision: computed in (or returned from) a wider or narrower type"
+    if tier == "fail":
+        if checks.get("scale") == "fail" or checks.get("shift") == "fail":
+            return "a different function: a systematic error beyond any rounding (a wrong scale, shift or formula)"
+        return "a different function: an error beyond any rounding (a wrong formula, operand or precision)"
+    half = dtype in ("bfloat16", "float16")
+    u = 2.0 ** -SIGNIFICAND_BITS[dtype]
+    if checks.get("scale") == "deviates" or checks.get("shift") == "deviates":
+        what = f"a systematic bias of {bias / u:+.2g} unit roundoffs of {dtype}"
+        if half:
+            return what + ": likely the activation evaluated in the dtype with its constants rounded to it"
+        return what + ": likely an approximate transcendental (tanh, exp, sigmoid) or rounded constants"
+    if half and name.startswith("db"):
+        return "more rounding error than a plain computation: likely the token sum accumulated in the low dtype"
+    if within_envelope:
+        return (
+            "more error than a plain computation, within what a float32 tanh / exp 4 ulp off gives: likely an "
+            "approximate transcendental (or a cut-off where GELU's derivative is ill-conditioned)"
+        )
+    if checks.get("rms") == "deviates":
+        if half:
+            return "more rounding error than a plain computation: likely accumulation or intermediates in the dtype"
+        return "more rounding error than a plain computation: likely another accumulation order or blocking"
+    return "a few elements beyond the plain computation's worst: likely an approximate transcendental or a cut-off"
+
+
+def check_tensor(
+    name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str, stats: PlainStats | None = None
+) -> TensorParity:
+    """Compare ``y`` with the float64 ``ref``; ``plain`` is the same-dtype computation. All the same shape.
+
+    ``stats`` is ``plain_stats(ref, plain)`` when the caller already has it (it is computed here otherwise)."""
+    if y.shape != ref.shape:
+        return _fail(
+            name,
+            int(np.size(y)),
+            f"shape {list(y.shape)} differs from the reference's {list(ref.shape)}",
+            failed=["shape"],
+            cause="a different output: the wrong shape",
+        )
+    y64 = np.asarray(y, dtype=np.float64)
+    ref64 = np.asarray(ref, dtype=np.float64)
+    scale = stats.scale if stats is not None else (float(np.max(np.abs(ref64))) if ref64.size else 0.0)
+    if not np.isfinite(scale) or scale < DEGENERATE_FACTOR * ATOL[dtype]:
+        raise DegenerateGolden(
+            f"reference {name!r} is degenerate: max|ref| = {scale:.3g} < {DEGENERATE_FACTOR:g} x atol ({ATOL[dtype]:g})"
+        )
+    ps = stats if stats is not None else plain_stats(ref64, plain)
+    u = 2.0 ** -SIGNIFICAND_BITS[dtype]
+    n = int(y64.size)
+    plain_err = ps.plain_err
+    # the pass lines allow what the plain computation or its envelope twin does (an ordinary float32 library's tanh
+    # or exp, 4 ulp off, is still a plain computation); the twin differs only where an activation's derivative is
+    # ill-conditioned (float32 cases of a model with an activation)
+    bound = MAX_FACTOR * max(plain_err, ps.envelope_err) + u * scale
+    max_base = PLAIN_FACTOR * plain_err + u * scale
+    finite = np.isfinite(y64)
+    nonfinite = int(n - np.count_nonzero(finite))
+    if nonfinite:
+        worst = _fmt_index(np.unravel_index(int(np.argmax(~finite)), y64.shape))
+        return _fail(
+            name,
+            n,
+            f"{nonfinite} NaN/Inf values, first at {worst}",
+            bound=bound,
+            plain_err=plain_err,
+            worst_index=worst,
+            nonfinite=nonfinite,
+        )
+    e = y64 - ref64
+    diff = np.abs(e)
+    flat = int(np.argmax(diff))
+    worst = _fmt_index(np.unravel_index(flat, diff.shape))
+    err = float(diff.flat[flat])
+    rms_err, rms_plain = _rms(e), ps.rms_plain
+    rms_bound = RMS_FACTOR * max(rms_plain, ps.rms_envelope) + 0.1 * u * ps.rms_ref
+    rms_base = PLAIN_FACTOR * rms_plain + u * ps.rms_ref
+    (m, m_se), (m_p, m_p_se) = _shift(e), (ps.mean, ps.mean_se)
+    (b, b_se), (b_p, b_p_se) = _scale(e, ref64), (ps.slope, ps.slope_se)
+    # biases are judged as differences from the plain computation's own, against the noise of both
+    d_mean_se, d_scale_se = math.hypot(m_se, m_p_se), math.hypot(b_se, b_p_se)
+    mean_bound, scale_bound = Z_SCORE * d_mean_se, Z_SCORE * d_scale_se
+    line = bias_fail_line(dtype)
+    mean_fail, scale_fail = mean_bound + line * ps.rms_ref, scale_bound + line
+    max_fail = FAIL_FACTOR * max(max_base, ps.envelope_err)
+    rms_fail = FAIL_FACTOR * max(rms_base, ps.rms_envelope)
+    bad_dtype = not_representable(y64, dtype)
+    n_bad = int(np.count_nonzero(bad_dtype))
+    narrow = None if n_bad else narrow_precision(y64, dtype)
+    # an honest bias lies between none (a correctly rounded result) and the plain computation's own (which rounds
+    # more often than a fused kernel): a bias is judged by its distance from that interval
+    dm, db = _beyond(m, m_p), _beyond(b, b_p)
+    checks = [
+        Check("max", err, plain_err, bound, max_fail, _tier(err, bound, max_fail)),
+        Check("rms", rms_err, rms_plain, rms_bound, rms_fail, _tier(rms_err, rms_bound, rms_fail)),
+        Check("shift", dm, abs(m_p), mean_bound, mean_fail, _tier(dm, mean_bound, mean_fail), se=d_mean_se, signed=m),
+        Check(
+            "scale", db, abs(b_p), scale_bound, scale_fail, _tier(db, scale_bound, scale_fail), se=d_scale_se, signed=b
+        ),
+        Check("dtype", float(n_bad), 0.0, 0.0, 0.0, "fail" if n_bad or narrow else "pass"),
+    ]
+    whys = []
+    for c in checks:
+        if c.tier == "pass":
+            continue
+        beyond = "fail line" if c.tier == "fail" else "pass line"
+        if c.name == "max":
+            whys.append(
+                f"max abs error {err:.3g} at {worst} (got {y64.flat[flat]:.6g}, want {ref64.flat[flat]:.6g}) is "
+                f"{err / bound:.3g}x the pass line {bound:.3g} = {MAX_FACTOR:g} x plain {dtype} error "
+                f"{plain_err:.3g} + eps (fail line {max_fail:.3g})"
+            )
+        elif c.name == "rms":
+            whys.append(
+                f"rms error {rms_err:.3g} is {rms_err / rms_bound:.3g}x the pass line {rms_bound:.3g} = "
+                f"{RMS_FACTOR:g} x plain {dtype} rms error {rms_plain:.3g} + eps (fail line {rms_fail:.3g})"
+            )
+        elif c.name == "shift":
+            z = dm / max(d_mean_se, 1e-300)
+            whys.append(
+                f"mean error {m:.3g} lies {z:.3g} standard errors ({d_mean_se:.2g}) beyond the plain computation's "
+                f"{m_p:.2g} (or zero) = {dm / (u * ps.rms_ref):.3g} unit roundoffs of {dtype} x rms(ref), beyond "
+                f"the {beyond}"
+            )
+        elif c.name == "scale":
+            whys.append(
+                f"scale error {b:+.3g} (output = {1 + b:.5g} x reference) lies {db / max(d_scale_se, 1e-300):.3g} "
+                f"standard errors ({d_scale_se:.2g}) beyond the plain computation's {b_p:+.2g} (or zero) = "
+                f"{db / u:.3g} unit roundoffs of {dtype}, beyond the {beyond}"
+            )
+        elif narrow is not None:
+            whys.append(
+                f"only {narrow[1]:.2%} of the values use more than {narrow[0]} significand bits (an honest {dtype} "
+                f"result: most of them): the output was computed in a narrower type than {dtype}"
+            )
+        else:
+            first = _fmt_index(np.unravel_index(int(np.argmax(bad_dtype)), y64.shape))
+            whys.append(
+                f"{n_bad} of {n} values are not {dtype} values (first at {first}: {y64[tuple(first)]!r}): "
+                f"the output was not computed in {dtype}"
+            )
+    tiers = {c.name: c.tier for c in checks}
+    tier = "fail" if "fail" in tiers.values() else ("deviates" if "deviates" in tiers.values() else "pass")
+    finite_ratios = [c.ratio for c in checks if c.name != "dtype"]
+    worst_ratio = max([*finite_ratios, math.inf if n_bad or narrow else 0.0])
+    return TensorParity(
+        tensor=name,
+        n=n,
+        max_abs_err=err,
+        max_rel_err=err / scale,
+        bound=bound,
+        ratio=err / bound if bound else math.inf,
+        plain_err=plain_err,
+        rms_err=rms_err,
+        rms_plain=rms_plain,
+        rms_bound=rms_bound,
+        mean_err=m,
+        mean_plain=m_p,
+        mean_se=m_se,
+        mean_bound=mean_bound,
+        scale_err=b,
+        scale_plain=b_p,
+        scale_se=b_se,
+        scale_bound=scale_bound,
+        not_representable=n_bad,
+        worst_ratio=worst_ratio,
+        worst_index=worst,
+        nonfinite=0,
+        passed=tier == "pass",
+        failed=[c.name for c in checks if c.tier == "fail"],
+        why="; ".join(whys),
+        tier=tier,
+        deviated=[c.name for c in checks if c.tier == "deviates"],
+        max_fail=max_fail,
+        rms_fail=rms_fail,
+        mean_fail=mean_fail,
+        scale_fail=scale_fail,
+        cause=likely_cause(
+            name,
+            dtype,
+            tier,
+            tiers,
+            b - min(max(b, min(0.0, b_p)), max(0.0, b_p)),  # signed distance beyond [0, b_p]
+            ps.envelope_err > ps.plain_err and err <= 1.5 * ps.envelope_err and rms_err <= 1.5 * ps.rms_envelope,
+        ),
+    )
+
+
+def worst_tier(tiers: Iterable[str]) -> str:
+    """``fail`` over ``deviates`` over ``pass`` (``pass`` for none)."""
+    ts = set(tiers)
+    return next((t for t in reversed(TIERS) if t in ts), "pass")
+
+
+@dataclass(frozen=True)
+class Parity:
+    """Parity of every tensor a backend produced in one mode (``y`` and/or gradients)."""
+
+    tensors: tuple[TensorParity, ...]
+
+    @property
+    def tier(self) -> str:
+        """The worst tensor's tier (``fail`` when there is no tensor at all)."""
+        return worst_tier(t.tier for t in self.tensors) if self.tensors else "fail"
+
+    @property
+    def passed(self) -> bool:
+        """Every tensor in the ``pass`` tier."""
+        return self.tier == "pass"
+
+    @property
+    def worst(self) -> TensorParity:
+        return max(self.tensors, key=lambda t: t.worst_ratio if np.isfinite(t.worst_ratio) else np.inf)
+
+    def failures(self) -> list[str]:
+        """The tensors in the fail tier, with why."""
+        return [f"{t.tensor}: {t.why}" for t in self.tensors if t.tier == "fail"]
+
+    def deviations(self) -> list[str]:
+        """The tensors in the deviates tier, with why and the likely cause."""
+        return [f"{t.tensor}: {t.why} ({t.cause})" for t in self.tensors if t.tier == "deviates"]
+
+    def to_dict(self) -> dict[str, object]:
+        """The verdict's summary (the worst tensor's numbers) and every tensor: the fields of a stored
+        :class:`~compare.gate.parity_record.ParityRecord` that the gate itself decides."""
+        w = self.worst
+        return {
+            "passed": self.passed,
+            "tier": self.tier,
+            "max_abs_err": w.max_abs_err,
+            "max_rel_err": w.max_rel_err,
+            "bound": w.bound,
+            "ratio": w.ratio,
+            "worst_ratio": w.worst_ratio,
+            "worst_tensor": w.tensor,
+            "failed": [f"{t.tensor}:{c}" for t in self.tensors for c in t.failed],
+            "deviated": [f"{t.tensor}:{c}" for t in self.tensors for c in t.deviated],
+            "tensors": [t.to_dict() for t in self.tensors],
+        }
+
+
+def check_all(
+    got: dict[str, np.ndarray],
+    ref: dict[str, np.ndarray],
+    plain: dict[str, np.ndarray],
+    dtype: str,
+) -> Parity:
+    """Check every tensor in ``got`` (a backend's outputs and gradients) against the reference; ``plain`` is the plain
+    computation's tensors (a :class:`Plain` with its envelope twin, or a plain dict without one)."""
+    missing = [k for k in got if k not in ref]
+    if missing:
+        raise KeyError(f"backend returned tensors {missing} that have no reference; known: {sorted(ref)}")
+    env = getattr(plain, "envelope", None)
+
+    def stats(k: str) -> PlainStats:
+        return plain_stats(ref[k], plain[k], None if env is None else env[k])
+
+    return Parity(tuple(check_tensor(k, got[k], ref[k], plain[k], dtype, stats(k)) for k in got))
+
+
+def check_plain(case_name: str, dtype: str, ref: dict[str, np.ndarray], plain: dict[str, np.ndarray]) -> None:
+    """Refuse a case the gate cannot judge: a reference beyond the dtype's range, or a plain computation with
+    NaN/Inf (its bounds would be NaN or infinite, and ``err > nan`` is False). Raises :class:`UnusableCase`."""
+    for k, r in ref.items():
+        top = float(np.max(np.abs(r))) if r.size else 0.0
+        if not np.isfinite(top) or top > DTYPE_MAX[dtype]:
+            raise UnusableCase(
+                f"case {case_name}: the reference {k!r} reaches {top:.4g}, beyond {dtype}'s largest "
+                f"finite value {DTYPE_MAX[dtype]:.6g}; no {dtype} computation can represent it"
+            )
+    for k, p in plain.items():
+        bad = int(np.size(p) - np.count_nonzero(np.isfinite(p)))
+        if bad:
+            raise UnusableCase(
+                f"case {case_name}: the plain {dtype} computation of {k!r} has {bad} NaN/Inf values "
+                f"(it overflows {dtype}), so no bound can be derived from it; use smaller inputs or "
+                f"a wider dtype"
+            )

@@ -1,0 +1,131 @@
+"""A result's stored parity verdict (``result.parity`` in ``results.json``): the gate's numbers for every tensor
+(:class:`~compare.gate.parity.TensorParity`), the worst tensor's summary, and which outputs were checked."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from compare.formats.jsonfields import Obj, flag, integer, number, record_dict, sub, subs, text, texts
+from compare.gate.fresh import FreshCheck
+from compare.gate.parity import Parity, TensorParity
+
+
+@dataclass(frozen=True)
+class LastTimed:
+    """The verdict on the output of the last timed call (a backend must still be right after warm-up)."""
+
+    passed: bool
+    failures: tuple[str, ...] = ()
+    tier: str = "pass"
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> LastTimed:
+        return LastTimed(flag(d, "passed"), texts(d, "failures"), text(d, "tier"))
+
+
+@dataclass(frozen=True)
+class CopyVerdict:
+    """The verdict on one device's copy of a tensor-parallel step's outputs (``compare.backends.tp.DeviceCopy``):
+    ``tier``
+    the worse of the first call's and, when timed, the last timed call's; ``passed`` when that is ``pass``."""
+
+    device: str
+    passed: bool
+    tier: str = "pass"
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> CopyVerdict:
+        return CopyVerdict(text(d, "device"), flag(d, "passed"), text(d, "tier"))
+
+
+@dataclass(frozen=True)
+class ProcessVerdict:
+    """A tensor-parallel process's own verdict on its outputs (every process checks the full tensors): ``tier``, the
+    worst of the device copies it holds (``copies``, each copy's verdict), ``passed`` when that is ``pass``."""
+
+    rank: int
+    passed: bool
+    tier: str = "pass"
+    copies: tuple[CopyVerdict, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> ProcessVerdict:
+        return ProcessVerdict(
+            integer(d, "rank"), flag(d, "passed"), text(d, "tier"), subs(d, "copies", CopyVerdict.from_dict)
+        )
+
+
+@dataclass(frozen=True)
+class ParityRecord:
+    """Parity of one result: ``tier`` (``pass``, ``deviates`` or ``fail``: the worst tensor's, first call), ``passed``
+    (``tier == "pass"``), the worst tensor's max-check numbers (``max_abs_err``, ``max_rel_err``, ``bound``,
+    ``ratio``), its ``worst_ratio`` over every check and its name, every check in the fail tier as ``tensor:check``
+    (``failed``) and in the deviates tier (``deviated``), the tensors, the outputs ``checked`` ("first call", then
+    "last timed call" when it was timed, then "fresh inputs"), ``last_timed``'s verdict, the verdict on fresh inputs
+    (``fresh``, ``compare.gate.fresh``: the worst device copy's for a tensor-parallel result) and, for a tensor-parallel
+    result, each process's verdict."""
+
+    passed: bool
+    tier: str = "pass"
+    deviated: tuple[str, ...] = ()
+    max_abs_err: float = math.nan
+    max_rel_err: float = math.nan
+    bound: float = math.nan
+    ratio: float = math.nan
+    worst_ratio: float = math.nan
+    worst_tensor: str = ""
+    failed: tuple[str, ...] = ()
+    tensors: tuple[TensorParity, ...] = ()
+    checked: tuple[str, ...] = ()
+    last_timed: LastTimed | None = None
+    processes: tuple[ProcessVerdict, ...] = ()
+    fresh: FreshCheck | None = None
+
+    @staticmethod
+    def of(parity: Parity, last_timed: Parity | None = None, fresh: FreshCheck | None = None) -> ParityRecord:
+        """The record of the gate's verdict ``parity`` on the first call and, when the step was timed, ``last_timed``
+        on the output of the last timed call, and ``fresh`` on fresh inputs (``checked`` says which were checked)."""
+        first = ParityRecord.from_dict(parity.to_dict())
+        checked = ["first call"]
+        again = None
+        if last_timed is not None:
+            again = LastTimed(last_timed.passed, tuple(last_timed.failures()), last_timed.tier)
+            checked.append("last timed call")
+        if fresh is not None:
+            checked.append("fresh inputs")
+        return replace(first, checked=tuple(checked), last_timed=again, fresh=fresh)
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, optional=("last_timed", "processes", "fresh"))
+
+    @staticmethod
+    def from_dict(d: Obj) -> ParityRecord:
+        """The inverse of :meth:`to_dict`: ``passed`` and ``tensors`` are required, the summary fields are not."""
+        return ParityRecord(
+            passed=flag(d, "passed"),
+            tier=text(d, "tier"),
+            deviated=texts(d, "deviated"),
+            tensors=subs(d, "tensors", TensorParity.from_dict),
+            failed=texts(d, "failed"),
+            max_abs_err=number(d, "max_abs_err", math.nan),
+            max_rel_err=number(d, "max_rel_err", math.nan),
+            bound=number(d, "bound", math.nan),
+            ratio=number(d, "ratio", math.nan),
+            worst_ratio=number(d, "worst_ratio", math.nan),
+            worst_tensor=text(d, "worst_tensor", ""),
+            checked=texts(d, "checked"),
+            last_timed=sub(d, "last_timed", LastTimed.from_dict),
+            processes=subs(d, "processes", ProcessVerdict.from_dict),
+            fresh=sub(d, "fresh", FreshCheck.from_dict),
+        )

@@ -1,0 +1,219 @@
+"""What a "pass" means: the smallest error the parity gate can see, per case, dtype and tensor. Pure numpy.
+
+The gate (``compare.gate.parity``) judges a backend against the plain same-dtype computation's own error on the same
+case, so what it can resolve depends on the case (its size, its input distribution) and the dtype. Two questions,
+answered on the golden data with the very same gate:
+
+- **Scale resolution**: the smallest relative scale error ``s`` for which ``round(u_plain * (1 - s))`` leaves the
+  gate's pass tier (deviates or fails), where ``u_plain`` is the plain computation's output *before* its last
+  rounding to the dtype (``Plain.unrounded``): the error is made where a backend makes it (a constant, a GEMM's
+  epilogue, an activation), and the rounding that follows cannot undo it, as it would undo a scale error applied to
+  the already-rounded output (in bf16 that hid everything below about half an ulp). Found by bisection in ``log s``
+  between :data:`S_MIN` and :data:`S_MAX` to :data:`REL_PRECISION`. A scale error at least this large is caught; a
+  smaller one may pass. (The fail line of a scale error sits higher: one unit roundoff of the dtype beyond noise.)
+- **erf vs tanh GELU**: the plain computation run with the exact (erf) GELU instead of the tanh form, through the
+  gate: does it leave the pass tier? If not, the two GELU forms are *not distinguishable* at that dtype and case,
+  and a pass says nothing about which one a backend uses.
+
+Rows are data (:class:`ResolutionRow`, a results document's ``resolution``); :func:`resolution_section` renders
+them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from compare.formats.jsonfields import Obj, integer, opt_flag, opt_number, record_dict, text, texts
+from compare.formats.markdown import table
+from compare.gate.parity import PlainStats, check_tensor, plain_stats
+from compare.problem.reference import GELU_MODELS, Arith, compute, round_to_dtype
+
+S_MIN = 1e-7
+S_MAX = 0.5
+#: Bisection stops when the bracket's upper end is within this factor of its lower end.
+REL_PRECISION = 1.05
+
+
+@dataclass(frozen=True)
+class ResolutionRow:
+    """The gate's resolution on one tensor of one case (``doc["resolution"]``): ``scale_resolution`` (the smallest
+    relative scale error it catches, None when not even :data:`S_MAX` is; ``note`` "below" when even :data:`S_MIN`
+    is), and for a model with a GELU whether the erf form fails the gate (``erf_distinguishable``, the checks it
+    fails, its relative rms difference from the tanh form in float64 and its scale error); None without a GELU."""
+
+    case: str
+    model: str
+    label: str
+    dtype: str
+    tensor: str
+    n: int
+    scale_resolution: float | None
+    note: str = ""
+    erf_distinguishable: bool | None = None
+    erf_failed: tuple[str, ...] = ()
+    erf_rel_rms: float | None = None
+    erf_scale_err: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> ResolutionRow:
+        return ResolutionRow(
+            case=text(d, "case"),
+            model=text(d, "model"),
+            label=text(d, "label"),
+            dtype=text(d, "dtype"),
+            tensor=text(d, "tensor"),
+            n=integer(d, "n"),
+            scale_resolution=opt_number(d, "scale_resolution"),
+            note=text(d, "note", ""),
+            erf_distinguishable=opt_flag(d, "erf_distinguishable"),
+            erf_failed=texts(d, "erf_failed"),
+            erf_rel_rms=opt_number(d, "erf_rel_rms"),
+            erf_scale_err=opt_number(d, "erf_scale_err"),
+        )
+
+
+def _caught(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str, stats: PlainStats) -> bool:
+    return not check_tensor(name, y, ref, plain, dtype, stats).passed
+
+
+def scale_resolution(
+    name: str,
+    ref: np.ndarray,
+    plain: np.ndarray,
+    dtype: str,
+    stats: PlainStats | None = None,
+    unrounded: np.ndarray | None = None,
+) -> tuple[float | None, str]:
+    """Smallest relative scale error the gate catches on this tensor, and a note.
+
+    The error is applied to ``unrounded`` (the plain output before its last rounding; ``plain`` itself when not
+    given) and the result rounded to the dtype. Returns ``(s, "")`` with ``s`` the upper end of the final bracket (a
+    scale error of ``s`` leaves the pass tier, one of ``s / 1.05`` did not); ``(S_MIN, "below")`` when even
+    ``S_MIN`` is caught; ``(None, why)`` when not even ``S_MAX`` is caught (the gate is blind to scale on this
+    tensor). ``stats`` (``plain_stats(ref, plain)``) is computed once here when not given: every step of the
+    bisection judges against the same plain computation.
+    """
+    stats = stats if stats is not None else plain_stats(ref, plain)
+    before = np.asarray(plain if unrounded is None else unrounded, dtype=np.float64)
+
+    def fails(s: float) -> bool:
+        return _caught(name, round_to_dtype(before * (1.0 - s), dtype), ref, plain, dtype, stats)
+
+    if not fails(S_MAX):
+        return None, f"not even a {S_MAX:.0%} scale error is caught"
+    if fails(S_MIN):
+        return S_MIN, "below"
+    lo, hi = S_MIN, S_MAX  # passes at lo, fails at hi
+    while hi / lo > REL_PRECISION:
+        mid = math.sqrt(lo * hi)
+        if fails(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, ""
+
+
+def _rel_rms(a: np.ndarray, ref: np.ndarray) -> float:
+    d = float(np.sqrt(np.mean((a - ref) ** 2)))
+    r = float(np.sqrt(np.mean(ref**2)))
+    return d / r if r else math.inf
+
+
+def resolution_rows(
+    case_name: str,
+    model: str,
+    label: str,
+    dtype: str,
+    golden_inputs: tuple[np.ndarray, dict[str, np.ndarray], np.ndarray],
+    ref: dict[str, np.ndarray],
+    plain: dict[str, np.ndarray],
+    tensors: Iterable[str],
+) -> list[ResolutionRow]:
+    """Resolution rows of one case for ``tensors`` (``golden_inputs = (x, params, dy)``)."""
+    x, params, dy = golden_inputs
+    names = [t for t in tensors if t in ref]
+    upstream = None if names == ["y"] else dy  # forward only: no backward to run
+    has_gelu = model in GELU_MODELS  # erf vs tanh means nothing for a model without a GELU
+    erf_plain = compute(model, x, params, upstream, Arith.plain(dtype), gelu="erf") if has_gelu else None
+    unrounded = getattr(plain, "unrounded", None)
+    erf_exact = compute(model, x, params, upstream, Arith.exact(), gelu="erf") if has_gelu else None
+    rows = []
+    for t in names:
+        stats = plain_stats(ref[t], plain[t])
+        s, note = scale_resolution(t, ref[t], plain[t], dtype, stats, None if unrounded is None else unrounded[t])
+        row = ResolutionRow(case_name, model, label, dtype, t, int(ref[t].size), s, note)
+        if erf_plain is not None and erf_exact is not None:
+            p = check_tensor(t, erf_plain[t], ref[t], plain[t], dtype, stats)
+            row = replace(
+                row,
+                erf_distinguishable=not p.passed,
+                erf_failed=tuple(p.failed),
+                erf_rel_rms=_rel_rms(erf_exact[t], ref[t]),
+                erf_scale_err=p.scale_err,
+            )
+        rows.append(row)
+    return rows
+
+
+def lookup(rows: Iterable[ResolutionRow], case_name: str, tensor: str) -> ResolutionRow | None:
+    """The row of ``case_name`` and ``tensor``, or None."""
+    return next((r for r in rows if r.case == case_name and r.tensor == tensor), None)
+
+
+def _pct(s: float | None, note: str) -> str:
+    if s is None:
+        return f"none ({note})"
+    text = f"{s:.2g}" if s < 1e-4 else f"{s * 100:.2g}%"
+    return f"< {text}" if note == "below" else f">= {text}"
+
+
+def resolution_section(rows: Iterable[ResolutionRow]) -> str:
+    """Markdown: what a pass means, per case, dtype and tensor (a results document's ``resolution``)."""
+    rows = list(rows)
+    if not rows:
+        return ""
+    body = []
+    for r in rows:
+        if r.erf_distinguishable is None:
+            erf = "- (no GELU)"
+        elif r.erf_distinguishable:
+            erf = f"distinguishable (fails: {', '.join(r.erf_failed)})"
+        else:
+            erf = "**not distinguishable**"
+        body.append(
+            [
+                r.label,
+                r.dtype,
+                r.tensor,
+                f"{r.n:,}",
+                _pct(r.scale_resolution, r.note),
+                erf,
+                "-" if r.erf_rel_rms is None else f"{r.erf_rel_rms:.2g}",
+            ]
+        )
+    head = [
+        "case",
+        "dtype",
+        "tensor",
+        "elements",
+        "catches a scale error of",
+        "erf vs tanh GELU",
+        "erf vs tanh, relative rms difference (float64)",
+    ]
+    intro = (
+        "What a pass means. Measured with the gate itself on the golden data (numpy): the smallest relative "
+        "scale error that takes a tensor out of the pass tier, made as a backend makes it (the plain "
+        "computation's output before its last rounding, made too small by that fraction, then rounded to the "
+        "dtype), found by bisection; and whether the plain computation with the exact (erf) GELU, instead of the "
+        "tanh form, leaves the pass tier. A smaller scale error, or the other GELU form where it is not "
+        "distinguishable, can pass."
+    )
+    return "## What a pass means: the gate's resolution\n\n" + intro + "\n\n" + table(head, body)

@@ -1,0 +1,329 @@
+"""The GPU build table: per-architecture limits, occupancy arithmetic and the markdown rendering of ``gpu_build.json``.
+
+``triton_impl.gpu_build`` compiles every hand-written Triton kernel for NVIDIA targets with Triton's own compiler and
+its bundled ``ptxas``/``cuobjdump`` -- no GPU needed -- and writes ``gpu_build.json``: one row per (kernel, launch,
+config, dtype, arch). This module is the torch-free, triton-free half: it knows the hardware limits, reads the
+``ptxas -v`` and ``cuobjdump -res-usage`` text, turns registers and shared memory into resident warps per SM, finds
+the rows that break the autotune rule, and renders the table as a self-contained markdown section
+(``GPU_BUILD.md``). Everything here is a pure function of its arguments.
+
+A row (``data["rows"][i]``) has: ``kernel`` (the Triton function's name, as in profiler traces), ``kernel_id``,
+``launch`` (which of the product's launches; its argument layout decides Triton's specialisation), ``config``
+(``BLOCK_*``/``GROUP_M`` constants plus ``num_warps``/``num_stages``), ``config_label``, ``origin`` (``autotune``:
+an entry of the kernel's autotune list; ``fixed``: the one launch config of an elementwise kernel; ``override``:
+asked for on the command line), ``dtype``, ``arch``, ``ok``, ``error`` (the compiler's message when ``ok`` is
+false) and, when ok: ``registers`` (per thread), ``spill_stores``/``spill_loads``/``stack_frame`` (bytes per
+thread, from ``ptxas -v``), ``local_bytes``/``static_shared`` (from ``cuobjdump -res-usage``), ``dynamic_shared``
+(Triton's metadata), ``shared_bytes`` (static + dynamic, per block), ``shared_limit``, ``tensor_cores``
+(``wgmma``/``mma``/``none``) with ``tensor_core_instructions`` (count in the PTX), ``occupancy`` (see
+:func:`occupancy`) and ``compile_s``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compare.formats.markdown import table
+
+__all__ = [
+    "ARCHS",
+    "SCHEMA_VERSION",
+    "SIXTEEN_BIT",
+    "ArchLimits",
+    "findings",
+    "occupancy",
+    "parse_ptxas_log",
+    "parse_res_usage",
+    "render_markdown",
+    "row_problems",
+]
+
+#: Version of the ``gpu_build.json`` layout; bumped when a field changes meaning.
+SCHEMA_VERSION = 1
+
+#: The dtypes whose GEMMs are the headline: any autotune config that spills or overflows shared memory in one of
+#: these on sm_90 must leave the autotune list (or carry a comment with its numbers).
+SIXTEEN_BIT: tuple[str, ...] = ("bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ArchLimits:
+    """Per-SM and per-block limits of one compute capability, in the units the occupancy arithmetic uses.
+
+    Sources (CUDA C++ Programming Guide, "Compute Capabilities" -> "Features and Technical Specifications", the
+    table "Technical Specifications per Compute Capability"; NVIDIA Ampere and Hopper Tuning Guides, "Occupancy"
+    / "Shared Memory"; CUDA Occupancy Calculator for the allocation units):
+
+    * 64 Ki 32-bit registers per SM (8.0 and 9.0), at most 255 per thread; registers are allocated per warp in
+      units of 256 (a thread using ``r`` registers costs its warp ``ceil(32 r / 256) * 256``).
+    * at most 64 resident warps and 32 resident blocks per SM (8.0 and 9.0).
+    * shared memory per SM: 164 KB on 8.0 (A100: 167936 B), 228 KB on 9.0 (H100/H200: 233472 B); per block at
+      most 163 KB = 166912 B on 8.0 and 227 KB = 232448 B on 9.0 (opt-in above 48 KB through
+      ``cudaFuncAttributeMaxDynamicSharedMemorySize``, which Triton's launcher does); the driver reserves 1 KB
+      (1024 B) of shared memory per resident block on both.
+    """
+
+    name: str
+    capability: int
+    gpus: str
+    regs_per_sm: int = 65536
+    reg_alloc_unit: int = 256  # registers, allocated per warp
+    max_regs_per_thread: int = 255
+    max_warps_per_sm: int = 64
+    max_blocks_per_sm: int = 32
+    smem_per_sm: int = 0  # bytes
+    smem_per_block: int = 0  # bytes, opt-in maximum for one block (static + dynamic)
+    smem_reserved_per_block: int = 1024  # bytes, taken by the driver for every resident block
+    tensor_core_instruction: str = ""  # the PTX instruction a bf16/fp16 tl.dot should become
+
+
+ARCHS: dict[str, ArchLimits] = {
+    "sm_90": ArchLimits(
+        name="sm_90", capability=90, gpus="H100/H200 (Hopper)",
+        smem_per_sm=228 * 1024,  # 233472 B
+        smem_per_block=227 * 1024,  # 232448 B
+        tensor_core_instruction="wgmma",
+    ),
+    "sm_80": ArchLimits(
+        name="sm_80", capability=80, gpus="A100 (Ampere)",
+        smem_per_sm=164 * 1024,  # 167936 B
+        smem_per_block=163 * 1024,  # 166912 B
+        tensor_core_instruction="mma",
+    ),
+}  # fmt: skip
+
+
+def occupancy(arch: ArchLimits, registers: int, num_warps: int, shared_bytes: int) -> dict[str, Any]:
+    """Theoretical occupancy of a kernel on one SM: resident blocks and warps, and what limits them.
+
+    Args:
+        arch: the target's limits.
+        registers: registers per thread (``ptxas``'s "Used N registers").
+        num_warps: warps per block (Triton's ``num_warps``).
+        shared_bytes: shared memory per block in bytes (static + dynamic, without the driver's 1 KB reserve).
+
+    Returns:
+        ``{"blocks": b, "warps": b * num_warps, "fraction": warps / max_warps, "limited_by": name,
+        "blocks_by": {"registers": ..., "shared": ..., "warps": ..., "blocks": ...}}``. ``limited_by`` names every
+        limit that attains the minimum, joined by ``+``. A block that cannot be resident at all (more shared memory
+        than one block may have, or more registers than the SM has) gives 0 blocks.
+
+    Example (sm_90): 255 registers -> 32 * 255 = 8160, rounded up to 8192 registers per warp, so 65536 / 8192 = 8
+    warps fit; with 8-warp blocks that is 1 block (8 warps, 12.5 %), limited by registers.
+    """
+    if registers < 0 or num_warps < 1 or shared_bytes < 0:
+        raise ValueError(
+            f"occupancy needs registers >= 0, num_warps >= 1, shared >= 0; got {registers}, {num_warps}, {shared_bytes}"
+        )
+    regs_per_warp = math.ceil(32 * registers / arch.reg_alloc_unit) * arch.reg_alloc_unit
+    warps_by_regs = arch.regs_per_sm // regs_per_warp if regs_per_warp else arch.max_warps_per_sm
+    if shared_bytes > arch.smem_per_block:
+        blocks_by_smem = 0
+    else:
+        blocks_by_smem = arch.smem_per_sm // (shared_bytes + arch.smem_reserved_per_block)
+    blocks_by = {
+        "registers": warps_by_regs // num_warps,
+        "shared": blocks_by_smem,
+        "warps": arch.max_warps_per_sm // num_warps,
+        "blocks": arch.max_blocks_per_sm,
+    }
+    blocks = min(blocks_by.values())
+    warps = blocks * num_warps
+    return {
+        "blocks": blocks,
+        "warps": warps,
+        "fraction": warps / arch.max_warps_per_sm,
+        "limited_by": "+".join(k for k, v in blocks_by.items() if v == blocks),
+        "blocks_by": blocks_by,
+    }
+
+
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+_RES_USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+
+
+def parse_ptxas_log(log: str) -> dict[str, int] | None:
+    """``ptxas -v`` output -> ``{"registers", "stack_frame", "spill_stores", "spill_loads"}`` (bytes per thread).
+
+    Example line pair: ``560 bytes stack frame, 556 bytes spill stores, 556 bytes spill loads`` and
+    ``ptxas info    : Used 255 registers, used 1 barriers, ...``. None when the log has no such lines.
+    """
+    frame = _PTXAS_FRAME.search(log)
+    regs = _PTXAS_REGS.search(log)
+    if frame is None or regs is None:
+        return None
+    return {
+        "registers": int(regs.group(1)),
+        "stack_frame": int(frame.group(1)),
+        "spill_stores": int(frame.group(2)),
+        "spill_loads": int(frame.group(3)),
+    }
+
+
+def parse_res_usage(text: str) -> dict[str, int]:
+    """``cuobjdump -res-usage`` output -> ``{"REG", "STACK", "SHARED", "LOCAL"}`` of the (single) kernel."""
+    m = _RES_USAGE.search(text)
+    if m is None:
+        raise ValueError(f"no 'REG:.. STACK:.. SHARED:.. LOCAL:..' line in cuobjdump output: {text[-500:]!r}")
+    return dict(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, m.groups()), strict=True))
+
+
+def row_problems(row: Mapping[str, Any]) -> list[str]:
+    """What is wrong with one build row: a compile error, spills, shared memory over the per-block limit.
+
+    Returns short phrases with the numbers (empty when the row is clean), e.g.
+    ``["spills 992 B stores / 992 B loads per thread"]``.
+    """
+    if not row.get("ok"):
+        return [f"does not compile: {first_line(row.get('error'))}"]
+    out = []
+    if row.get("spill_stores") or row.get("spill_loads"):
+        out.append(f"spills {row['spill_stores']} B stores / {row['spill_loads']} B loads per thread")
+    if row.get("shared_bytes", 0) > row.get("shared_limit", math.inf):
+        out.append(f"needs {row['shared_bytes']} B shared memory > {row['shared_limit']} B per block")
+    return out
+
+
+def findings(
+    data: Mapping[str, Any],
+    arch: str = "sm_90",
+    dtypes: Sequence[str] = SIXTEEN_BIT,
+    origins: Iterable[str] = ("autotune",),
+) -> list[tuple[Mapping[str, Any], list[str]]]:
+    """Rows of ``data`` for ``arch`` and ``dtypes`` whose origin is in ``origins`` and that have a problem.
+
+    The autotune rule of the project: ``findings(data)`` (16-bit autotune configs on sm_90) must be empty, or each
+    remaining config carries a comment with its numbers in ``triton_impl/geglu_matmul_kernels.py``.
+    """
+    origins = set(origins)
+    out = []
+    for row in data.get("rows", []):
+        if row["arch"] == arch and row["dtype"] in dtypes and row.get("origin") in origins:
+            problems = row_problems(row)
+            if problems:
+                out.append((row, problems))
+    return out
+
+
+def first_line(text: str | None, limit: int = 160) -> str:
+    """The most telling line of a compiler message (the last non-empty one), cut to ``limit`` characters."""
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    line = lines[-1] if lines else "(no message)"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _fmt_bytes(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def _cell_spills(row: Mapping[str, Any]) -> str:
+    st, ld = row.get("spill_stores"), row.get("spill_loads")
+    if st is None and ld is None:
+        return "-"
+    text = f"{st} / {ld}"
+    return f"**{text}**" if st or ld else text
+
+
+def _cell_shared(row: Mapping[str, Any]) -> str:
+    used, limit = row.get("shared_bytes"), row.get("shared_limit")
+    if used is None or not limit:
+        return "-"
+    text = f"{used:,} ({100 * used / limit:.0f} %)"
+    return f"**{text} > limit**" if used > limit else text
+
+
+def _cell_occupancy(row: Mapping[str, Any]) -> str:
+    occ = row.get("occupancy")
+    if not occ:
+        return "-"
+    return f"{occ['warps']} ({occ['blocks']} x {row['config']['num_warps']}), {occ['limited_by']}"
+
+
+def _row_cells(row: Mapping[str, Any]) -> list[str]:
+    head = [row["kernel"], row.get("launch", "-"), row["config_label"], row["dtype"]]
+    if not row.get("ok"):
+        return [*head, "-", "-", "-", "-", "-", "-", f"**error**: {first_line(row.get('error'))}"]
+    tc = row.get("tensor_cores", "none")
+    n_tc = row.get("tensor_core_instructions", 0)
+    return [
+        *head,
+        str(row["registers"]),
+        _cell_spills(row),
+        _fmt_bytes(row.get("stack_frame")),
+        _cell_shared(row),
+        tc if tc == "none" else f"{tc} ({n_tc})",
+        _cell_occupancy(row),
+        "; ".join(row_problems(row)) or "ok",
+    ]
+
+
+_HEADER = [
+    "kernel", "launch", "config (BMxBNxBK wW sS)", "dtype", "regs/thread", "spill st / ld (B)", "stack (B)",
+    "shared/block (B, % of limit)", "tensor cores (PTX instrs)", "occupancy: warps/SM (blocks x warps), limit",
+    "status",
+]  # fmt: skip
+
+
+def render_markdown(data: Mapping[str, Any]) -> str:
+    """``GPU_BUILD.md``: the build table of ``gpu_build.json`` as a markdown section, readable on its own.
+
+    One table per architecture, rows in the JSON's order, then the findings for the autotune rule. Pure: the same
+    JSON gives the same text.
+    """
+    if data.get("schema") != SCHEMA_VERSION:
+        raise ValueError(f"gpu_build.json schema {data.get('schema')!r}; this renderer reads {SCHEMA_VERSION}")
+    rows = data.get("rows", [])
+    archs = list(dict.fromkeys(r["arch"] for r in rows)) or list(data.get("archs", []))
+    lines = [
+        "## GPU build (compiled without a GPU)",
+        "",
+        f"Every hand-written Triton kernel, every autotune config, every dtype, compiled by Triton "
+        f"{data.get('triton_version', '?')} for {', '.join(archs) or 'no architecture'} with its bundled `ptxas`; "
+        "registers and spills (bytes per thread) from `ptxas -v`; shared memory per block = Triton's dynamic "
+        "allocation + the cubin's static section (`cuobjdump -res-usage`: 1,024 B in sm_90 GEMMs), checked against "
+        "the per-block opt-in limit. No kernel ran: the numbers are what the compiler allocated, and occupancy is "
+        "the theoretical one from registers, shared memory (plus the driver's reserve per block) and the per-SM "
+        "warp and block limits.",
+        "",
+    ]
+    if data.get("specialization"):
+        lines += [f"Launch modelled: {data['specialization']}", ""]
+    for arch in archs:
+        limits = ARCHS.get(arch)
+        arch_rows = [r for r in rows if r["arch"] == arch]
+        n_err = sum(not r.get("ok") for r in arch_rows)
+        lines.append(f"### {arch}" + (f": {limits.gpus}" if limits else ""))
+        lines.append("")
+        if limits:
+            lines.append(
+                f"Limits: {limits.regs_per_sm} registers/SM (allocated per warp in units of "
+                f"{limits.reg_alloc_unit}), {limits.max_warps_per_sm} warps and {limits.max_blocks_per_sm} blocks per "
+                f"SM, shared memory {limits.smem_per_sm:,} B/SM and {limits.smem_per_block:,} B/block "
+                f"(+{limits.smem_reserved_per_block} B reserved per block); bf16/fp16 dots should use "
+                f"`{limits.tensor_core_instruction}`."
+            )
+            lines.append("")
+        lines.append(f"{len(arch_rows)} builds, {len(arch_rows) - n_err} compiled, {n_err} failed.")
+        lines.append("")
+        lines.append(table(_HEADER, (_row_cells(r) for r in arch_rows)))
+        lines.append("")
+    bad = findings(data)
+    lines.append("### Autotune rule (bf16/fp16 on sm_90: no spills, shared memory within the limit)")
+    lines.append("")
+    if not any(r["arch"] == "sm_90" for r in rows):
+        lines.append("Not checked: sm_90 was not built.")
+    elif not bad:
+        lines.append("Holds: no bf16/fp16 autotune config spills or exceeds shared memory on sm_90.")
+    else:
+        lines.append("Violated (remove these configs or justify them in the autotune list's comments):")
+        lines.append("")
+        lines += [
+            f"* {r['kernel']} [{r.get('launch', '-')}] {r['config_label']} {r['dtype']}: {'; '.join(p)}" for r, p in bad
+        ]
+    lines.append("")
+    return "\n".join(lines)

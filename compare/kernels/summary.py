@@ -1,0 +1,242 @@
+"""Kernels per step: the summary every profiler adapter returns, as JSON data and as typed records (the report section
+is ``compare.report.kernels``; names are parsed by ``compare.kernels.names``, shortened by ``compare.kernels.shorten``
+and classified by ``compare.kernels.classify``, all re-exported here).
+
+Framework-agnostic (imports neither torch nor jax). ``torch_impl.profiling`` fills a summary from
+``torch.profiler``; ``jax_impl.profiling`` fills one from XLA's optimized HLO, both with :func:`kernel_entry` and
+:func:`summary`. A result stores it as :class:`Kernels` (``Kernels.from_dict`` of the summary).
+
+A kernel summary is a JSON-able dict; every count is **per step** (one call of ``Prepared.step``)::
+
+    {
+      "source": "torch.profiler" | "xla-hlo",
+      "device": str,                       # "cpu", "cuda", ...
+      "kernels_per_step": int,             # sum of the kernels' counts
+      "kernels": [                         # in order of first launch within a step
+        {"name": str,                      # as the profiler / HLO names it, e.g. "aten::mm",
+                                           #   "graph_0_cpp_fused__unsafe_view_gelu_mul_0", "ynn_fusion"
+         "short": str,                     # shorten(name), for tables
+         "kind": "gemm" | "elementwise" | "fused" | "reduction" | "copy" | "collective" | "custom" | "other",
+         "count": int,                     # launches per step
+         "absorbed": [str],                # ops a fused kernel absorbed ([] for an unfused kernel)
+         "time_us": float | None},         # time per step, all its launches together (None: not measured)
+      ],
+      "metadata_ops": [{"name": str, "count": int}],   # ops that launch nothing (views, transposes, bitcasts)
+      "trace": str | None,                 # where a Chrome/Perfetto/XPlane trace was written, if one was
+      "notes": str,
+      "steps": int | None,                 # steps a profiler recorded (None: read off a compiled program)
+      "xla_cost": {"flops", "bytes_accessed", "transcendentals": float | None, "error"?: str},  # JAX only
+    }
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compare.formats.jsonfields import (
+    Obj,
+    integer,
+    opt_integer,
+    opt_mapping,
+    opt_number,
+    opt_text,
+    record_dict,
+    subs,
+    text,
+    texts,
+)
+from compare.kernels.classify import classify
+from compare.kernels.names import MULTI_WORD_OPS, op_name, parse_fused_name
+from compare.kernels.shorten import SHORT_WIDTH, shorten
+
+__all__ = [
+    "KINDS",
+    "MULTI_WORD_OPS",
+    "SHORT_WIDTH",
+    "SOURCES",
+    "KernelEntry",
+    "Kernels",
+    "MetadataOp",
+    "check_summary",
+    "classify",
+    "count_by_kind",
+    "describe",
+    "kernel_entry",
+    "op_name",
+    "parse_fused_name",
+    "shorten",
+    "summary",
+]
+
+SOURCES: tuple[str, ...] = ("torch.profiler", "xla-hlo")
+KINDS: tuple[str, ...] = ("gemm", "elementwise", "fused", "reduction", "copy", "collective", "custom", "other")
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """One kernel of a step: its name, short name, kind, launches per step, absorbed ops and time per step."""
+
+    name: str
+    short: str
+    kind: str
+    count: int
+    absorbed: tuple[str, ...] = ()
+    time_us: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> KernelEntry:
+        name = text(d, "name")
+        return KernelEntry(
+            name=name,
+            short=text(d, "short", name),
+            kind=text(d, "kind"),
+            count=integer(d, "count"),
+            absorbed=texts(d, "absorbed"),
+            time_us=opt_number(d, "time_us"),
+        )
+
+
+@dataclass(frozen=True)
+class MetadataOp:
+    """An op that launches nothing (a view, a transpose, a bitcast), with its count per step."""
+
+    name: str
+    count: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> MetadataOp:
+        return MetadataOp(text(d, "name"), integer(d, "count"))
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """A result's kernel summary (the module docstring's schema). ``xla_cost`` is XLA's ``cost_analysis()`` of the
+    compiled step (JAX backends), None elsewhere."""
+
+    source: str
+    device: str
+    kernels_per_step: int
+    kernels: tuple[KernelEntry, ...] = ()
+    metadata_ops: tuple[MetadataOp, ...] = ()
+    trace: str | None = None
+    notes: str = ""
+    steps: int | None = None
+    xla_cost: dict[str, Any] | None = None
+
+    def count_by_kind(self) -> dict[str, int]:
+        """Kernels per step of each kind present, e.g. ``{"gemm": 3, "fused": 1}``, in ``KINDS`` order."""
+        out = {kind: 0 for kind in KINDS}
+        for k in self.kernels:
+            out[k.kind] = out.get(k.kind, 0) + k.count
+        return {kind: n for kind, n in out.items() if n}
+
+    def describe(self) -> str:
+        """A plain-text listing, one line per kernel (for logs and test output)."""
+        lines = [f"{self.source} on {self.device}: {self.kernels_per_step} kernels per step"]
+        for k in self.kernels:
+            t = "" if k.time_us is None else f"  {k.time_us:.1f} us"
+            absorbed = f"  absorbed: {' '.join(k.absorbed)}" if k.absorbed else ""
+            lines.append(f"  {k.count:3d} x {k.kind:11s} {k.name}{absorbed}{t}")
+        meta = ", ".join(f"{m.name} x{m.count}" for m in self.metadata_ops) or "none"
+        return "\n".join([*lines, "  metadata ops: " + meta])
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, optional=("xla_cost",))
+
+    @staticmethod
+    def from_dict(d: Obj) -> Kernels:
+        """The inverse of :meth:`to_dict`; ``kernels_per_step`` defaults to the sum of the kernels' counts."""
+        kernels = subs(d, "kernels", KernelEntry.from_dict)
+        return Kernels(
+            source=text(d, "source", ""),
+            device=text(d, "device", ""),
+            kernels_per_step=integer(d, "kernels_per_step", sum(k.count for k in kernels)),
+            kernels=kernels,
+            metadata_ops=subs(d, "metadata_ops", MetadataOp.from_dict),
+            trace=opt_text(d, "trace"),
+            notes=text(d, "notes", ""),
+            steps=opt_integer(d, "steps"),
+            xla_cost=opt_mapping(d, "xla_cost"),
+        )
+
+
+def kernel_entry(
+    name: str,
+    count: int,
+    *,
+    kind: str | None = None,
+    absorbed: Sequence[str] | None = None,
+    time_us: float | None = None,
+) -> dict[str, Any]:
+    """One ``kernels`` item of a summary; ``kind`` and ``absorbed`` default to what the name says."""
+    if absorbed is None:
+        absorbed = parse_fused_name(name) or []
+    kind = kind or classify(name)
+    if kind not in KINDS:
+        raise ValueError(f"unknown kernel kind {kind!r}; known: {', '.join(KINDS)}")
+    entry = KernelEntry(
+        name, shorten(name), kind, int(count), tuple(absorbed), None if time_us is None else float(time_us)
+    )
+    return entry.to_dict()
+
+
+def summary(
+    source: str,
+    device: str,
+    kernels: list[dict[str, Any]],
+    metadata_ops: list[dict[str, Any]],
+    trace: str | None = None,
+    notes: str = "",
+    steps: int | None = None,
+) -> dict[str, Any]:
+    """A kernel summary dict (schema in the module docstring); ``kernels_per_step`` is the sum of counts;
+    ``steps`` is how many steps a profiler recorded (None where the count is read off a compiled program)."""
+    if source not in SOURCES:
+        raise ValueError(f"unknown kernel summary source {source!r}; known: {', '.join(SOURCES)}")
+    return {
+        "source": source,
+        "device": device,
+        "kernels_per_step": sum(k["count"] for k in kernels),
+        "kernels": kernels,
+        "metadata_ops": metadata_ops,
+        "trace": trace,
+        "notes": notes,
+        "steps": steps,
+    }
+
+
+def check_summary(s: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first way ``s`` departs from the schema."""
+    keys = {"source", "device", "kernels_per_step", "kernels", "metadata_ops", "trace", "notes"}
+    if not keys <= set(s):
+        raise ValueError(f"kernel summary lacks {sorted(keys - set(s))}")
+    if s["source"] not in SOURCES:
+        raise ValueError(f"unknown source {s['source']!r}")
+    for k in s["kernels"]:
+        if not {"name", "short", "kind", "count", "absorbed", "time_us"} <= set(k):
+            raise ValueError(f"kernel entry {k} lacks keys")
+        if k["kind"] not in KINDS or not isinstance(k["count"], int) or not isinstance(k["absorbed"], list):
+            raise ValueError(f"bad kernel entry {k}")
+    if s["kernels_per_step"] != sum(k["count"] for k in s["kernels"]):
+        raise ValueError("kernels_per_step is not the sum of the kernels' counts")
+    for m in s["metadata_ops"]:
+        if not isinstance(m.get("name"), str) or not isinstance(m.get("count"), int):
+            raise ValueError(f"bad metadata op entry {m}")
+
+
+def count_by_kind(s: dict[str, Any]) -> dict[str, int]:
+    """Kernels per step of each kind present in a summary dict (:meth:`Kernels.count_by_kind`)."""
+    return Kernels.from_dict(s).count_by_kind()
+
+
+def describe(s: dict[str, Any]) -> str:
+    """A plain-text listing of a summary dict, one line per kernel (:meth:`Kernels.describe`)."""
+    return Kernels.from_dict(s).describe()

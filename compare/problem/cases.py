@@ -1,0 +1,270 @@
+"""Cases and presets: what is computed (model kind, shapes, dtype, input distribution).
+
+A :class:`Case` fully determines the golden data: ``golden.make_golden(case)`` is a pure function of it.
+
+Shapes:
+- ``linear``: ``x [batch, seq, dim] -> y [batch, seq, hidden]`` with ``y = x @ W.T + b`` (``hidden`` is the
+  output width, the seed's ``out_dim``).
+- ``geglu``: ``x [batch, seq, dim] -> y [batch, seq, dim]`` with
+  ``y = down(gelu_tanh(gate(x)) * up(x))``; gate/up are ``dim -> hidden``, down is ``hidden -> dim``; bias-free.
+- ``swiglu``: the same block with SiLU (``silu(s) = s * sigmoid(s)``): ``y = down(silu(gate(x)) * up(x))``
+  (Llama, Mistral, Qwen); same weights, bias-free.
+- ``gelu-mlp``: ``x [batch, seq, dim] -> y [batch, seq, dim]`` with ``y = fc2(gelu_tanh(fc1(x) + b1)) + b2``
+  (GPT-2/BERT style, biases included); fc1 is ``dim -> hidden``, fc2 is ``hidden -> dim``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MODELS: tuple[str, ...] = ("linear", "geglu", "swiglu", "gelu-mlp")
+#: The gated (GLU) feed-forward families: ``down(act(gate(x)) * up(x))``; the hand-written kernels serve these.
+GLU_MODELS: tuple[str, ...] = ("geglu", "swiglu")
+#: The families with a tensor-parallel layout (Megatron: a column-parallel layer feeding a row-parallel one);
+#: ``linear`` has none.
+TP_MODELS: tuple[str, ...] = ("geglu", "swiglu", "gelu-mlp")
+#: The activation of each GLU family, by the name the hand-written kernels take (their ``ACT`` parameter).
+GLU_ACTIVATIONS: dict[str, str] = {"geglu": "gelu_tanh", "swiglu": "silu"}
+#: What each model computes, one line each (``python -m compare list``).
+MODEL_ABOUT: dict[str, str] = {
+    "linear": "y = x W^T + b (nn.Linear)",
+    "geglu": "y = down(gelu_tanh(gate(x)) * up(x)), bias-free (Gemma)",
+    "swiglu": "y = down(silu(gate(x)) * up(x)), bias-free (Llama, Mistral, Qwen)",
+    "gelu-mlp": "y = fc2(gelu_tanh(fc1(x) + b1)) + b2 (GPT-2, BERT)",
+}
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+DISTRIBUTIONS: tuple[str, ...] = ("normal", "student_t")
+MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
+
+
+class InputError(ValueError):
+    """Bad user input: an unknown name or an impossible shape. The CLI turns it into exit status 2."""
+
+
+def _unknown(kind: str, name: str, known: tuple[str, ...] | list[str]) -> InputError:
+    return InputError(f"unknown {kind} {name!r}; known {kind}s: {', '.join(known)}")
+
+
+def check_name(kind: str, name: str, known: tuple[str, ...] | list[str]) -> str:
+    """Return ``name`` if it is one of ``known``; else raise an :class:`InputError` listing them."""
+    if name not in known:
+        raise _unknown(kind, name, known)
+    return name
+
+
+def check_unique(kind: str, names: Sequence[str]) -> list[str]:
+    """Return ``names`` as a list if none repeats; else raise an :class:`InputError` (a cell would run twice)."""
+    if len(set(names)) != len(names):
+        raise InputError(f"a {kind} repeats: {', '.join(names)}")
+    return list(names)
+
+
+def check_finite(option: str, value: float, *, zero_ok: bool = False, at_most: float | None = None) -> float:
+    """Return ``value`` if it is a finite number above 0 (or at least 0 with ``zero_ok``) and at most ``at_most``.
+
+    NaN and infinities are always refused: a NaN compares false with everything and would pass any check silently.
+    """
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value >= 0 if zero_ok else value > 0) and (at_most is None or value <= at_most)
+    if not ok:
+        want = ">= 0" if zero_ok else "> 0"
+        want += f" and <= {at_most:g}" if at_most is not None else ""
+        raise InputError(f"{option} must be a finite number {want}, got {value!r}")
+    return value
+
+
+def check_seed(seed: int) -> int:
+    """Return ``seed`` if it is a non-negative integer (numpy's ``SeedSequence`` refuses negative ones)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise InputError(f"seed must be a non-negative integer, got {seed!r}")
+    return seed
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Sizes of one case. ``hidden`` is the MLP's hidden width (GLU families, ``gelu-mlp``), or the output width of
+    ``linear``."""
+
+    batch: int
+    seq: int
+    dim: int
+    hidden: int
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InputError(f"shape dimension {field.name!r} must be a positive integer, got {value!r}")
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    def label(self) -> str:
+        return f"{self.batch}x{self.seq}x{self.dim}->{self.hidden}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One comparison: model kind, shape, dtype, input distribution and the seed of its data."""
+
+    model: str
+    shape: Shape
+    dtype: str
+    dist: str = "normal"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_name("model", self.model, MODELS)
+        check_name("dtype", self.dtype, DTYPES)
+        check_name("distribution", self.dist, DISTRIBUTIONS)
+
+    @property
+    def name(self) -> str:
+        """A stable file-name-safe identifier, e.g. ``geglu-3x37x96-328-float32-normal-s0``."""
+        s = self.shape
+        return f"{self.model}-{s.batch}x{s.seq}x{s.dim}-{s.hidden}-{self.dtype}-{self.dist}-s{self.seed}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The case as plain JSON data (the one Case-to-dict: golden manifests, sweep workers, results)."""
+        s = self.shape
+        return {
+            "model": self.model,
+            "dtype": self.dtype,
+            "dist": self.dist,
+            "seed": self.seed,
+            "batch": s.batch,
+            "seq": s.seq,
+            "dim": s.dim,
+            "hidden": s.hidden,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Case:
+        """The inverse of :meth:`to_dict` (validated like any Case)."""
+        return Case(d["model"], Shape(d["batch"], d["seq"], d["dim"], d["hidden"]), d["dtype"], d["dist"], d["seed"])
+
+    def input_shape(self) -> tuple[int, int, int]:
+        return (self.shape.batch, self.shape.seq, self.shape.dim)
+
+    def output_shape(self) -> tuple[int, int, int]:
+        out = self.shape.hidden if self.model == "linear" else self.shape.dim
+        return (self.shape.batch, self.shape.seq, out)
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Canonical parameter shapes, torch ``(out, in)`` layout (see ``compare.problem.weights``)."""
+        s = self.shape
+        if self.model == "linear":
+            return {"weight": (s.hidden, s.dim), "bias": (s.hidden,)}
+        if self.model == "gelu-mlp":
+            return {"fc1": (s.hidden, s.dim), "b1": (s.hidden,), "fc2": (s.dim, s.hidden), "b2": (s.dim,)}
+        return {"gate": (s.hidden, s.dim), "up": (s.hidden, s.dim), "down": (s.dim, s.hidden)}
+
+    def estimated_bytes(self) -> int:
+        """Host memory this case needs before any backend runs: a lower bound, to refuse an impossible size up front.
+
+        Kept for the whole case: the golden inputs ``x``, ``dy`` and the weights (float32), and the float64
+        reference output and gradients. On top of that, at its peak, the larger of the float64 reference
+        computation's working set and the plain same-dtype computation's (float32: its outputs and gradients and
+        its intermediates). Intermediates: a GLU family's ``g, u, act(g), h`` and their gradients (8
+        ``[tokens, hidden]`` tensors), ``gelu-mlp``'s ``fc1(x) + b1``, its GELU and their gradients (4), plus a cast
+        copy of ``x`` and ``dy``; ``linear`` has only the casts. The backends' own copies (framework tensors,
+        compiled buffers, device memory) come on top and are not counted.
+        """
+        t = self.shape.tokens
+        n_in = t * self.shape.dim
+        n_out = t * self.output_shape()[-1]
+        n_w = sum(math.prod(shape) for shape in self.weight_shapes().values())
+        n_hidden = {"linear": 0, "gelu-mlp": 4}.get(self.model, 8)  # [tokens, hidden] intermediates
+        n_work = n_hidden * t * self.shape.hidden + n_in + n_out
+        stored = 4 * (n_in + n_out + n_w) + 8 * (n_out + n_in + n_w)  # golden f32 inputs/weights, f64 reference
+        reference_work = 8 * n_work
+        plain = 4 * (n_out + n_in + n_w) + 4 * n_work
+        return stored + max(reference_work, plain)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named shape with its default model and input distribution."""
+
+    name: str
+    model: str
+    shape: Shape
+    dist: str
+    about: str
+
+    def case(self, dtype: str, model: str | None = None, seed: int = 0) -> Case:
+        return Case(model=model or self.model, shape=self.shape, dtype=dtype, dist=self.dist, seed=seed)
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("blog-linear", "linear", Shape(1024, 1, 32, 64), "normal", "the seed's nn.Linear (1024 x 32 -> 64)"),
+        Preset("blog-mlp", "geglu", Shape(64, 128, 768, 3072), "normal", "the seed's GeGLU MLP; GPU-sized"),
+        Preset("cpu-mlp", "geglu", Shape(8, 128, 768, 3072), "normal", "a CPU-sized GeGLU MLP (1024 tokens)"),
+        Preset("tiny", "geglu", Shape(3, 37, 96, 328), "normal", "odd sizes, no multiple of any block size"),
+        Preset("odd", "geglu", Shape(2, 33, 160, 200), "student_t", "odd sizes, heavy-tailed inputs (t, 3 dof)"),
+        # Published models' MLP widths: hidden_size -> intermediate_size and hidden_act, each from the model's
+        # config.json on its Hugging Face model card (named beside it). 16 tokens (batch 1, seq 16) by default, so
+        # every backend, the interpreted ones included, finishes on a CPU in about a minute; --batch/--seq for more.
+        # meta-llama/Meta-Llama-3-8B config.json: hidden_size 4096, intermediate_size 14336, hidden_act "silu"
+        Preset("llama3-8b", "swiglu", Shape(1, 16, 4096, 14336), "normal", "Llama 3 8B MLP (4096 -> 14336, SwiGLU)"),
+        # mistralai/Mistral-7B-v0.1 config.json: hidden_size 4096, intermediate_size 14336, hidden_act "silu"
+        Preset("mistral-7b", "swiglu", Shape(1, 16, 4096, 14336), "normal", "Mistral 7B MLP (4096 -> 14336, SwiGLU)"),
+        # Qwen/Qwen2.5-7B config.json: hidden_size 3584, intermediate_size 18944, hidden_act "silu"
+        Preset("qwen2.5-7b", "swiglu", Shape(1, 16, 3584, 18944), "normal", "Qwen2.5 7B MLP (3584 -> 18944, SwiGLU)"),
+        # google/gemma-2b config.json: hidden_size 2048, intermediate_size 16384, hidden_act "gelu"; Gemma's GeGLU
+        # runs the tanh form (transformers' GemmaMLP uses "gelu_pytorch_tanh", huggingface/transformers#29402)
+        Preset("gemma-2b", "geglu", Shape(1, 16, 2048, 16384), "normal", "Gemma 2B MLP (2048 -> 16384, GeGLU)"),
+        # google/gemma-7b config.json: hidden_size 3072, intermediate_size 24576, hidden_act "gelu" (as gemma-2b)
+        Preset("gemma-7b", "geglu", Shape(1, 16, 3072, 24576), "normal", "Gemma 7B MLP (3072 -> 24576, GeGLU)"),
+        # openai-community/gpt2 config.json: n_embd 768, n_inner null (= 4 * n_embd = 3072), activation_function
+        # "gelu_new" (the tanh form)
+        Preset("gpt2", "gelu-mlp", Shape(1, 16, 768, 3072), "normal", "GPT-2 small MLP (768 -> 3072, GELU tanh)"),
+    )
+}
+
+
+def preset(name: str) -> Preset:
+    """Look up a preset by name; an unknown name raises :class:`InputError` listing the known ones."""
+    check_name("preset", name, list(PRESETS))
+    return PRESETS[name]
+
+
+def resolve_shape(
+    base: Shape | None,
+    batch: int | None = None,
+    seq: int | None = None,
+    dim: int | None = None,
+    hidden: int | None = None,
+) -> Shape:
+    """Apply command-line overrides to a preset's shape; with no preset every dimension must be given."""
+    given = {"batch": batch, "seq": seq, "dim": dim, "hidden": hidden}
+    if base is None:
+        missing = [k for k, v in given.items() if v is None]
+        if batch is None or seq is None or dim is None or hidden is None:
+            raise InputError(f"without --preset, give every dimension; missing: {', '.join('--' + m for m in missing)}")
+        return Shape(batch, seq, dim, hidden)
+    return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+
+
+#: Cases whose golden files are committed under ``golden/``: small enough for the repository and the test suite.
+COMMITTED_PRESETS: tuple[str, ...] = ("tiny", "odd", "blog-linear")
+
+
+def committed_cases() -> list[Case]:
+    """Every committed golden case: ``tiny`` and ``odd`` with every model, ``blog-linear`` with its own; every
+    dtype."""
+    out = []
+    for name in COMMITTED_PRESETS:
+        p = PRESETS[name]
+        models = (p.model,) if name == "blog-linear" else MODELS
+        for model in models:
+            for dtype in DTYPES:
+                out.append(p.case(dtype, model=model))
+    return out

@@ -1,0 +1,170 @@
+"""Arithmetic whose result bits are fixed by the data: the same on every CPU, BLAS kernel and instruction set.
+
+The golden reference and the plain same-dtype computation (``compare.problem.reference``) must not move with the
+machine:
+a parity verdict may change only because a backend's own output changed. numpy's matmul goes through the local BLAS,
+whose accumulation order (and so its last bits) differs between kernels (``OPENBLAS_CORETYPE=Haswell``, ``Sandybridge``,
+``Nehalem`` give different float32 and float64 products), and numpy's ``tanh``/``exp`` dispatch to SIMD versions
+chosen by the CPU. Everything here is built from IEEE basic operations (``+ - * /``, ``rint``, ``ldexp``), each
+correctly rounded and so identical everywhere, in an order fixed by the code:
+
+:func:`matmul64` (the golden's products)
+    Ozaki's error-free splitting. Each row of ``a`` (column of ``b``) is cut into :data:`SLICES` slices of integers
+    of at most ``beta`` bits times a power of two, with ``2 beta + ceil(log2 k) <= 53``; the product of two slices is
+    then a float64 GEMM of integers whose every partial sum, in whatever order and blocking the BLAS uses, with or
+    without FMA, is an integer below ``2**53``: exact. The slice products are added in a fixed order. The result
+    differs from the exact product by at most about ``k 2**-(SLICES beta)`` times ``max|a_i,:| max|b_:,j|``
+    (``2**-57`` relative to that scale for ``k <= 2**15``) plus the few roundings of the final sum: far below a
+    float32 ulp, and the same bits on every machine.
+:func:`matmul32` (the plain computation's products)
+    A float32 GEMM with the plainest accumulation order: for each output, ``acc = fl32(acc + fl32(a_ik b_kj))`` for
+    ``k = 0, 1, ...`` in turn, no FMA, no blocking over ``k``: numpy's elementwise float32 multiply and add, one
+    rank-one update per ``k``. Sequential accumulation has the largest error of the common orders (pairwise, blocked
+    and split-K sums round fewer partial sums of smaller size), so the plain computation does not flatter the gate.
+:func:`exp`, :func:`expm1`, :func:`tanh`
+    float64 elementwise functions from a Cody-Waite range reduction and a Taylor polynomial (about one ulp).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+#: Slices per operand in :func:`matmul64` (products of slices ``s + t <= SLICES + 1`` are kept: 6 GEMMs).
+SLICES = 3
+
+
+def _beta(k: int) -> int:
+    """Bits per slice so that a ``k``-term sum of slice products stays an integer below ``2**53``."""
+    return (53 - max(1, math.ceil(math.log2(max(k, 2))))) // 2
+
+
+def _row_exponents(a: np.ndarray) -> np.ndarray:
+    """Per row of ``a [m, k]``: ``e`` with ``max|a_i,:| <= 2**e`` (0 for a row of zeros)."""
+    top = np.max(np.abs(a), axis=1)
+    _, e = np.frexp(top)  # top = f * 2**e with 0.5 <= f < 1, so top < 2**e; exact
+    return np.where(top > 0, e, 0).astype(np.int64)
+
+
+def _split_rows(a: np.ndarray, beta: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``a [m, k]`` as ``SLICES`` pairs ``(ints, exp)`` with ``a ~ sum ints * 2**exp[:, None]``; ``ints`` holds integers
+    of magnitude at most ``2**beta`` (as float64). Each step is exact: scaling by a power of two, ``rint`` and the
+    residual's subtraction (the residual of rounding to a coarser grid is representable)."""
+    rest = a.astype(np.float64, copy=True)
+    e = _row_exponents(rest) - beta
+    out = []
+    for _ in range(SLICES):
+        ints = np.rint(np.ldexp(rest, -e[:, None]))
+        rest = rest - np.ldexp(ints, e[:, None])
+        out.append((ints, e.copy()))
+        e = e - beta
+    return out
+
+
+def _scaled(m: np.ndarray, row_exp: np.ndarray, col_exp: np.ndarray) -> np.ndarray:
+    """``m * 2**row_exp[:, None] * 2**col_exp[None, :]``, exact: two multiplications by powers of two while both
+    stay normal numbers (every case here), ``ldexp`` on the combined exponent otherwise."""
+    lo, hi = min(row_exp.min(), col_exp.min()), max(row_exp.max(), col_exp.max())
+    if lo > -500 and hi < 500:
+        return m * np.ldexp(1.0, row_exp)[:, None] * np.ldexp(1.0, col_exp)[None, :]
+    return np.ldexp(m, row_exp[:, None] + col_exp[None, :])
+
+
+def matmul64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a [m, k] @ b [k, n]`` in float64, the same bits on every machine (see the module docstring).
+
+    Inputs must be finite. Slice products are summed from the smallest (``s + t = SLICES + 1``) to the largest."""
+    a64 = np.ascontiguousarray(a, dtype=np.float64)
+    b64 = np.ascontiguousarray(b, dtype=np.float64)
+    if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[0]:
+        raise ValueError(f"matmul64 needs [m, k] @ [k, n]; got {list(a64.shape)} @ {list(b64.shape)}")
+    if not (np.all(np.isfinite(a64)) and np.all(np.isfinite(b64))):
+        raise ValueError("matmul64 needs finite inputs")
+    k = a64.shape[1]
+    beta = _beta(k)
+    sa = _split_rows(a64, beta)
+    sb = _split_rows(np.ascontiguousarray(b64.T), beta)  # columns of b as rows
+    out = np.zeros((a64.shape[0], b64.shape[1]))
+    for level in range(SLICES + 1, 1, -1):  # s + t = level, smallest terms first
+        for s in range(1, level):
+            t = level - s
+            if s > SLICES or t > SLICES:
+                continue
+            (ia, ea), (ib, eb) = sa[s - 1], sb[t - 1]
+            exact = ia @ ib.T  # integers: every partial sum below 2**53, so exact in any order
+            out += _scaled(exact, ea, eb)
+    return out
+
+
+#: Output rows updated together by :func:`matmul32` (their accumulators stay in the cache; the order of every output's
+#: sum is the same for any value).
+_ROWS = 32
+
+
+def matmul32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a [m, k] @ b [k, n]`` accumulated in float32 sequentially over ``k``, no FMA (module docstring).
+
+    ``a`` and ``b`` are rounded to float32 first (they hold dtype values already in the plain computation). One
+    rank-one update per ``k`` on :data:`_ROWS` rows at a time: ``prod = fl32(a_ip b_pj)`` then ``acc = fl32(acc +
+    prod)``, numpy's float32 multiply and add, each correctly rounded. About 4 GFLOP/s here: 0.6 s for a
+    1024 x 768 x 3072 product."""
+    a32 = np.ascontiguousarray(a, dtype=np.float32)
+    b32 = np.ascontiguousarray(b, dtype=np.float32)
+    if a32.ndim != 2 or b32.ndim != 2 or a32.shape[1] != b32.shape[0]:
+        raise ValueError(f"matmul32 needs [m, k] @ [k, n]; got {list(a32.shape)} @ {list(b32.shape)}")
+    m, k = a32.shape
+    out = np.zeros((m, b32.shape[1]), dtype=np.float32)
+    for i0 in range(0, m, _ROWS):
+        rows = a32[i0 : i0 + _ROWS]
+        acc = out[i0 : i0 + _ROWS]
+        prod = np.empty_like(acc)
+        for p in range(k):
+            np.multiply(rows[:, p : p + 1], b32[p : p + 1, :], out=prod)
+            np.add(acc, prod, out=acc)
+    return out
+
+
+# exp: x = n ln2 + r, |r| <= ln2 / 2, with ln2 in two parts (fdlibm's): the high part has 21 trailing zero bits, so
+# n * LN2_HI is exact for every |n| < 1100, and LN2_HI + LN2_LO is ln 2 to about 2**-86 (Cody and Waite); exp(r) from
+# its Taylor series to degree 17 (remainder below 2**-60 for |r| <= 0.35).
+_LN2_HI = float.fromhex("0x1.62e42fee00000p-1")
+_LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")
+_INV_LN2 = 1.0 / math.log(2.0)
+_TAYLOR = [1.0 / math.factorial(i) for i in range(18)]
+
+
+def _poly(r: np.ndarray, coeffs: list[float]) -> np.ndarray:
+    """Horner's rule: ``sum coeffs[i] r**i``."""
+    p = np.full_like(r, coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        p = p * r + c
+    return p
+
+
+def exp(x: np.ndarray) -> np.ndarray:
+    """``e**x`` in float64 from basic operations (about one ulp; ``inf`` above 709.78, 0 far below -745)."""
+    x = np.asarray(x, dtype=np.float64)
+    xc = np.clip(x, -746.0, 710.0)
+    n = np.rint(xc * _INV_LN2)
+    r = (xc - n * _LN2_HI) - n * _LN2_LO
+    with np.errstate(over="ignore", under="ignore"):
+        out = np.ldexp(_poly(r, _TAYLOR), n.astype(np.int64))
+    return np.where(np.isnan(x), x, out)
+
+
+def expm1(x: np.ndarray) -> np.ndarray:
+    """``e**x - 1`` in float64: the Taylor series without its constant term where ``|x| < 0.35`` (no cancellation),
+    ``exp(x) - 1`` elsewhere (at most a factor 3 of cancellation there)."""
+    x = np.asarray(x, dtype=np.float64)
+    small = np.abs(x) < 0.35
+    xs = np.where(small, x, 0.0)
+    series = xs * _poly(xs, _TAYLOR[1:])
+    return np.where(small, series, exp(np.where(small, 0.0, x)) - 1.0)
+
+
+def tanh(x: np.ndarray) -> np.ndarray:
+    """``tanh x`` in float64: ``-expm1(-2|x|) / (2 + expm1(-2|x|))`` with the sign of ``x`` (odd, no overflow)."""
+    x = np.asarray(x, dtype=np.float64)
+    m = expm1(-2.0 * np.abs(x))
+    return np.copysign(-m / (2.0 + m), x)

@@ -1,0 +1,228 @@
+"""Golden data: inputs, weights, upstream gradient and float64 reference outputs and gradients for one case.
+
+Generation is a pure function of the :class:`~compare.problem.cases.Case`: numpy's PCG64 seeded from the case's seed and
+a CRC of its model/shape/distribution draws ``x``, the weights (scaled by ``1/sqrt(fan_in)``) and ``dy``; each is
+rounded to the case dtype (and stored as float32, which holds every bf16/fp16 value exactly); the reference is
+then computed in float64 from those rounded values. Committed cases live in ``golden/`` as safetensors files,
+listed with their sha256 in ``golden/MANIFEST.json``; other cases are generated on the fly the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from compare.problem import datacache
+from compare.problem.cases import Case, committed_cases
+from compare.problem.reference import Arith, compute, round_to_dtype
+
+#: Bump when the generation recipe changes (then regenerate and commit the files).
+GENERATOR_VERSION = 2
+#: The committed golden folder; ``FUSION_COMPARE_GOLDEN_DIR`` points elsewhere (tests use it for corrupt copies).
+GOLDEN_DIR = Path(os.environ.get("FUSION_COMPARE_GOLDEN_DIR") or Path(__file__).resolve().parents[2] / "golden")
+MANIFEST = "MANIFEST.json"
+REGENERATE = "python scripts/make_golden.py"
+
+
+class GoldenError(RuntimeError):
+    """A golden file is missing, corrupt, or does not match its manifest."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a backend is given: the case, its inputs and its weights, and never the answer.
+
+    Activations are 3-D ``[batch, seq, features]``: ``x`` and the upstream gradient ``dy`` (float32 arrays holding
+    case-dtype values); ``params`` are the canonical weights, ``(out, in)``. There is deliberately no reference
+    here: a backend's ``prepare`` receives this type, so reaching for the expected output is an attribute error
+    (and a type error for the checker), not a matter of convention.
+    """
+
+    case: Case
+    inputs: dict[str, np.ndarray]
+    params: dict[str, np.ndarray]
+
+    @property
+    def x(self) -> np.ndarray:
+        return self.inputs["x"]
+
+    @property
+    def dy(self) -> np.ndarray:
+        return self.inputs["dy"]
+
+
+@dataclass(frozen=True)
+class Golden(Problem):
+    """The data of one case: the :class:`Problem` (inputs and weights) plus ``ref``, the float64 reference output
+    ``y`` and gradients ``dx``, ``d<param>``. Only the harness and the gate hold one; backends get ``.problem``."""
+
+    ref: dict[str, np.ndarray]
+
+    @property
+    def problem(self) -> Problem:
+        """The part a backend may see (inputs and weights, no reference), as fresh copies: a backend that writes
+        into its inputs (``torch.from_numpy`` shares memory) cannot change the golden data other backends get."""
+        return Problem(
+            case=self.case,
+            inputs={k: v.copy() for k, v in self.inputs.items()},
+            params={k: v.copy() for k, v in self.params.items()},
+        )
+
+
+def _rng(case: Case) -> np.random.Generator:
+    s = case.shape
+    tag = zlib.crc32(f"{case.model}|{s.batch}|{s.seq}|{s.dim}|{s.hidden}|{case.dist}".encode())
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([case.seed, tag])))
+
+
+def draw_input(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> np.ndarray:
+    if dist == "normal":
+        return rng.standard_normal(shape)
+    return rng.standard_t(3.0, shape)  # heavy-tailed: finite variance (3), frequent large values
+
+
+#: Parameters of the layers that read ``x [.., dim]`` (fan-in ``dim``); the others (``down``, ``fc2``, ``b2``) belong to
+#: layers that read the hidden activation (fan-in ``hidden``). A bias is drawn at its layer's fan-in too.
+_READS_X: tuple[str, ...] = ("gate", "up", "weight", "bias", "fc1", "b1")
+
+
+def make_golden(case: Case) -> Golden:
+    """Generate the golden data of ``case`` (deterministic; see the module docstring)."""
+    rng = _rng(case)
+    x = round_to_dtype(draw_input(rng, case.input_shape(), case.dist), case.dtype)
+    params = {}
+    for name, shape in case.weight_shapes().items():
+        fan_in = case.shape.dim if name in _READS_X else case.shape.hidden
+        params[name] = round_to_dtype(rng.standard_normal(shape) / np.sqrt(fan_in), case.dtype)
+    dy = round_to_dtype(rng.standard_normal(case.output_shape()), case.dtype)
+    ref = compute(case.model, x, params, dy, Arith.exact())
+    return Golden(case=case, inputs={"x": x, "dy": dy}, params=params, ref=ref)
+
+
+def _to_tensors(golden: Golden) -> dict[str, np.ndarray]:
+    t = {f"input.{k}": v for k, v in golden.inputs.items()}
+    t |= {f"param.{k}": v for k, v in golden.params.items()}
+    t |= {f"ref.{k}": v for k, v in golden.ref.items()}
+    return {k: np.ascontiguousarray(v) for k, v in t.items()}
+
+
+def _case_meta(case: Case) -> dict[str, object]:
+    return dict(case.to_dict())
+
+
+def serialize(golden: Golden) -> bytes:
+    """Safetensors bytes of a golden case (deterministic: same case, same bytes)."""
+    from safetensors.numpy import save
+
+    # one metadata key: safetensors keeps metadata in a hash map, whose order differs between processes
+    meta = {
+        "fusion_compare": json.dumps(
+            {"case": _case_meta(golden.case), "generator_version": GENERATOR_VERSION}, sort_keys=True
+        )
+    }
+    return save(_to_tensors(golden), metadata=meta)
+
+
+def write_all(directory: Path = GOLDEN_DIR) -> dict[str, object]:
+    """Write every committed case and the manifest into ``directory``; return the manifest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files: dict[str, object] = {}
+    for case in committed_cases():
+        g = make_golden(case)
+        data = serialize(g)
+        fname = f"{case.name}.safetensors"
+        (directory / fname).write_bytes(data)
+        files[fname] = {
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "case": _case_meta(case),
+            "shapes": {k: list(v.shape) for k, v in _to_tensors(g).items()},
+        }
+    manifest: dict[str, object] = {
+        "generator": {"version": GENERATOR_VERSION, "bit_generator": "PCG64", "numpy": np.__version__},
+        "files": files,
+    }
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def read_manifest(directory: Path = GOLDEN_DIR) -> dict[str, object]:
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise GoldenError(f"golden manifest {path} is missing; regenerate with `{REGENERATE}`")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GoldenError(
+            f"golden manifest {path} is not valid JSON ({exc}); it was truncated or edited: "
+            f"regenerate with `{REGENERATE}`"
+        ) from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("files"), dict):
+        raise GoldenError(f"golden manifest {path} has no 'files' table; regenerate with `{REGENERATE}`")
+    return doc
+
+
+def verify_file(fname: str, directory: Path = GOLDEN_DIR) -> bytes:
+    """Return the bytes of a committed golden file after checking its sha256 against the manifest."""
+    files = read_manifest(directory)["files"]
+    assert isinstance(files, dict)
+    if fname not in files:
+        raise GoldenError(
+            f"golden file {fname} is not listed in {directory / MANIFEST}; regenerate with `{REGENERATE}`"
+        )
+    path = directory / fname
+    if not path.is_file():
+        raise GoldenError(f"golden file {path} is missing; regenerate with `{REGENERATE}`")
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    expected = files[fname]["sha256"]
+    if digest != expected:
+        raise GoldenError(
+            f"golden file {path} does not match its manifest (sha256 {digest[:16]}..., manifest says "
+            f"{expected[:16]}...); it was edited or corrupted: regenerate with `{REGENERATE}`"
+        )
+    return data
+
+
+def load_file(case: Case, directory: Path = GOLDEN_DIR) -> Golden:
+    """Load a committed golden case after its integrity check."""
+    from safetensors.numpy import load
+
+    t = load(verify_file(f"{case.name}.safetensors", directory))
+    group = {p: {k.split(".", 1)[1]: v for k, v in t.items() if k.startswith(p + ".")} for p in PARTS}
+    return Golden(case=case, inputs=group["input"], params=group["param"], ref=group["ref"])
+
+
+def is_committed(case: Case) -> bool:
+    return case in committed_cases()
+
+
+def _generated(case: Case) -> Golden:
+    """``make_golden(case)``, through the disk cache of data that is a pure function of the case
+    (``compare.problem.datacache``: a large case takes tens of seconds, and every process of a worker group needs
+    it)."""
+    name = datacache.key("golden", {"case": _case_meta(case), "generator_version": GENERATOR_VERSION})
+    cached = datacache.load(name)
+    if cached is not None:
+        group = {p: {k.split(".", 1)[1]: v for k, v in cached.items() if k.startswith(p + ".")} for p in PARTS}
+        return Golden(case=case, inputs=group["input"], params=group["param"], ref=group["ref"])
+    g = make_golden(case)
+    datacache.save(name, _to_tensors(g))
+    return g
+
+
+#: The tensor groups of a golden file: ``input.x``, ``param.gate``, ``ref.y``, ...
+PARTS: tuple[str, ...] = ("input", "param", "ref")
+
+
+@functools.lru_cache(maxsize=8)
+def golden_for(case: Case) -> Golden:
+    """The golden data of ``case``: the verified committed file if there is one, else generated (or read from the
+    disk cache of generated data)."""
+    return load_file(case) if is_committed(case) else _generated(case)

@@ -1,0 +1,261 @@
+"""``python -m compare diff OLD NEW``: what changed between two results documents, and is any of it a regression.
+
+Cells are matched by (backend, case, mode); the case name holds the model, shape, dtype, distribution and seed.
+
+**Performance** (the rule lives in :mod:`compare.timing.significance`; the report's speedups, measured savings and
+compile paybacks use it too). Each side's quartiles (q1, median, q3) come from its per-sample times
+``timing["samples_s"]`` when it has at least two, else from ``median_s`` -/+ ``iqr_s``/2. With
+``ratio = new median / old median`` and the combined relative spread
+``noise = sqrt((old IQR / old median)^2 + (new IQR / new median)^2)``, the band is ``tol = max(threshold, k * noise)``
+(defaults: threshold 5%, k 1). The new run is **slower** (a regression) only if all of these hold:
+
+1. ``ratio > 1 + tol``: slower by more than the threshold and more than the runs' own spread;
+2. ``new q1 > old q3``: the middle halves of the two sample sets do not overlap;
+3. when both sides have at least :data:`MIN_SAMPLES_FOR_TEST` samples: a one-sided Mann-Whitney U test says the
+   new samples tend to be larger with ``p < alpha`` (default 0.01); exact distribution for small tie-free samples,
+   else the normal approximation with tie and continuity corrections.
+
+**Faster** is the mirror image (``ratio < 1 / (1 + tol)``, ``new q3 < old q1``, the test the other way); anything
+else is **within noise**. A cell timed on only one side is "not compared".
+
+**Parity.** A cell whose status was ``ok`` in the old run and is ``parity-fail`` or ``error`` in the new one is a
+regression. Other status changes (e.g. ``ok`` -> ``skipped``: the backend is unavailable here) are listed, not
+counted. Cells present on only one side are listed as added or removed.
+
+Exit status: 0 with no regression, 1 with a performance or parity regression, 2 on bad input (a missing,
+unreadable or invalid results file, a bad option), 3 on an internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from compare.formats.atomic import write_text_atomic
+from compare.formats.markdown import case_label, fmt_s, table
+from compare.problem.cases import check_finite
+from compare.results.document import Result, Results
+from compare.run import exitcodes
+from compare.timing.significance import (
+    ALPHA,
+    MIN_SAMPLES_FOR_TEST,
+    NOISE_K,
+    THRESHOLD,
+    Spread,
+    TimingVerdict,
+    compare_timing,
+    mann_whitney_greater,
+    spread,
+)
+
+#: The significance machinery moved to :mod:`compare.timing.significance`; these names stay importable from here.
+__all__ = [
+    "ALPHA",
+    "MIN_SAMPLES_FOR_TEST",
+    "NOISE_K",
+    "THRESHOLD",
+    "Spread",
+    "TimingVerdict",
+    "add_parser",
+    "cmd_diff",
+    "compare_timing",
+    "diff",
+    "main",
+    "mann_whitney_greater",
+    "spread",
+]
+
+Key = tuple[str, str, str]
+
+BAD_STATUSES = ("deviates", "parity-fail", "implausible", "error")
+
+
+# --- the diff --------------------------------------------------------------------------------------------------
+
+
+def _key(r: Result) -> Key:
+    return r.backend, r.case, r.mode
+
+
+def _index(doc: Results) -> dict[Key, Result]:
+    return {_key(r): r for r in doc.results}
+
+
+def _label(r: Result) -> str:
+    return case_label(r)
+
+
+def _fmt_p(p: float | None) -> str:
+    return "-" if p is None else f"{p:.2g}"
+
+
+def _env_changes(old: Results, new: Results) -> list[str]:
+    eo, en = old.environment.to_dict(), new.environment.to_dict()
+    out = [
+        f"{k}: {eo.get(k)} -> {en.get(k)}"
+        for k in ("cpu", "cpu_count", "gpu", "platform", "cpu_isa", "blas", "blas_core", "isa_caps")
+        if eo.get(k) != en.get(k)
+    ]
+    vo, vn = old.environment.versions, new.environment.versions
+    out += [f"{k}: {vo.get(k)} -> {vn.get(k)}" for k in sorted(set(vo) | set(vn)) if vo.get(k) != vn.get(k)]
+    return out
+
+
+def diff(
+    old_doc: Results, new_doc: Results, threshold: float = THRESHOLD, k: float = NOISE_K, alpha: float = ALPHA
+) -> tuple[str, bool]:
+    """Markdown comparing two results documents, and whether a performance or parity regression was found."""
+    old, new = _index(old_doc), _index(new_doc)
+    common = [key for key in new if key in old]
+    perf_rows, status_rows = [], []
+    n_slow = n_fast = n_parity = 0
+    for key in common:
+        o, n = old[key], new[key]
+        if o.timing is not None and n.timing is not None:
+            v = compare_timing(o.timing, n.timing, threshold, k, alpha)
+            n_slow += v.regression
+            n_fast += v.verdict == "faster"
+            verdict = "**slower: regression**" if v.regression else v.verdict
+            p = v.p_slower if v.ratio >= 1 else v.p_faster
+            perf_rows.append(
+                [
+                    n.backend,
+                    _label(n),
+                    n.dtype,
+                    n.mode,
+                    fmt_s(v.old.median),
+                    fmt_s(v.new.median),
+                    f"{v.ratio:.3f}",
+                    f"+/-{v.tol:.1%}",
+                    _fmt_p(p),
+                    verdict,
+                ]
+            )
+        elif o.timing is not None or n.timing is not None:
+            side = "old" if o.timing is not None else "new"
+            perf_rows.append(
+                [
+                    n.backend,
+                    _label(n),
+                    n.dtype,
+                    n.mode,
+                    fmt_s(o.timing.median_s) if o.timing is not None else "-",
+                    fmt_s(n.timing.median_s) if n.timing is not None else "-",
+                    "-",
+                    "-",
+                    "-",
+                    f"not compared (timed in the {side} run only)",
+                ]
+            )
+        if o.status != n.status:
+            parity_regression = o.status == "ok" and n.status in BAD_STATUSES
+            n_parity += parity_regression
+            reason = n.reason.replace("|", "\\|")
+            verdict = "**regression**" if parity_regression else ("fixed" if n.status == "ok" else "changed")
+            status_rows.append([n.backend, _label(n), n.dtype, n.mode, o.status, n.status, verdict, reason])
+    added = [new[key] for key in new if key not in old]
+    removed = [old[key] for key in old if key not in new]
+    regression = bool(n_slow or n_parity)
+
+    def when(doc: Results) -> str:
+        cmd = doc.config.command
+        return (doc.created or "?") + (f" (`{cmd}`)" if cmd else "")
+
+    out = ["# fusion-compare diff", "", f"Old: {when(old_doc)}  ", f"New: {when(new_doc)}", ""]
+    if regression:
+        out.append(
+            f"**Regression**: {n_slow} slower beyond noise, {n_parity} parity/status regressions ({n_fast} faster)."
+        )
+    else:
+        out.append(f"No regression ({len(common)} cells matched; {n_fast} faster beyond noise).")
+    env = _env_changes(old_doc, new_doc)
+    if env:
+        out += ["", "Environments differ (times may not be comparable): " + "; ".join(env) + "."]
+    out += [
+        "",
+        "## Timing",
+        "",
+        f"Slower means: new/old median ratio above 1 + band, where band = max({threshold:.0%}, {k:g} x the "
+        f"combined relative IQR of both runs); the new first quartile above the old third; and, with at least "
+        f"{MIN_SAMPLES_FOR_TEST} samples a side, a one-sided Mann-Whitney U test at p < {alpha:g}. Faster is "
+        f"the mirror image. p is the test's p-value in the direction of the change. Two runs are made at "
+        f"different times and cannot be interleaved: their samples cannot be paired by round as the backends of "
+        f"one run are (`compare run` times them together), so this unpaired rule is the one that applies, and a "
+        f"change of load between the runs can move a cell: rerun both on a quiet machine before trusting one.",
+        "",
+    ]
+    head = ["backend", "case", "dtype", "mode", "old median", "new median", "new/old", "band", "p", "verdict"]
+    out.append(table(head, perf_rows) if perf_rows else "No cell was timed in both runs.")
+    out += ["", "## Status and parity", ""]
+    if status_rows:
+        out.append(table(["backend", "case", "dtype", "mode", "old", "new", "verdict", "new reason"], status_rows))
+    else:
+        out.append("No status changed.")
+    if added or removed:
+        out += ["", "## Added and removed cells", ""]
+        out += [f"- added: {r.backend} {_label(r)} {r.dtype} {r.mode} ({r.status})" for r in added]
+        out += [f"- removed: {r.backend} {_label(r)} {r.dtype} {r.mode} ({r.status})" for r in removed]
+    return "\n".join(out) + "\n", regression
+
+
+# --- command line ----------------------------------------------------------------------------------------------
+
+
+def cmd_diff(a: argparse.Namespace) -> int:
+    """Print (or write) the diff; 1 if it found a regression, else 0. Missing or bad files raise InputError."""
+    from compare.results import document as results
+    from compare.run import preflight
+
+    check_finite("--threshold", a.threshold, zero_ok=True)
+    check_finite("--k", a.k)
+    check_finite("--alpha", a.alpha, at_most=1.0)
+    if a.out:
+        preflight.check_file_writable(Path(a.out))
+    old_doc, new_doc = results.read_json(Path(a.old)), results.read_json(Path(a.new))
+    md, regression = diff(old_doc, new_doc, a.threshold, a.k, a.alpha)
+    if a.out:
+        write_text_atomic(a.out, md)
+        print(f"wrote {a.out}: {'regression' if regression else 'no regression'}")
+    else:
+        print(md, end="")
+    return exitcodes.FINDING if regression else exitcodes.OK
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``diff`` subcommand on an ``argparse`` subparsers object."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "diff",
+        help="compare two results.json; exit 1 on a performance or parity regression",
+        description=__doc__,
+        epilog=exitcodes.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("old", help="the baseline results.json")
+    p.add_argument("new", help="the results.json to judge")
+    p.add_argument(
+        "--threshold", type=float, default=THRESHOLD, help="smallest relative change that counts (finite, >= 0)"
+    )
+    p.add_argument(
+        "--k", type=float, default=NOISE_K, help="noise band in units of the combined relative IQR (finite, > 0)"
+    )
+    p.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the rank test, in (0, 1]")
+    p.add_argument("--out", help="write the markdown here instead of printing it")
+    p.set_defaults(fn=cmd_diff)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m compare.report.diff OLD NEW [options]`` (same as ``python -m compare diff``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = argparse.ArgumentParser(prog="python -m compare.report.diff")
+    sub = top.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    a = top.parse_args(["diff", *argv])
+    return exitcodes.exit_status(lambda: a.fn(a))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,225 @@
+"""Compile cost and shape generality: when does a compiled backend pay back its compiles? Pure Python.
+
+A *shape sweep* (``torch_impl.recompiles.shape_sweep``, ``jax_impl.recompiles.shape_sweep``) calls one compiled
+function on inputs of several token counts in turn and records, per shape, a row::
+
+    {"backend": str, "framework": "torch" | "jax", "dynamic": bool | None (None: no compiler involved),
+     "tokens": int, "model", "dim", "hidden", "dtype", "mode", "device",
+     "compiles": int,            # (re)compilations this shape caused, read from the framework's own counter
+     "compile_counter": str,     # which counter
+     "first_call_s": float | None, "median_s": float | None, "iqr_s": float | None,   # shared timer
+     "timed": bool, "generic": bool (shape-generic: compiles nothing per shape), "note": str, "error": str}
+
+:func:`with_payback` adds ``compile_s`` (the first call's excess over a steady call), ``payback_verdict`` (is the
+compiled step faster than the fastest shape-generic backend at the same shape, beyond both timings' noise, by
+:func:`compare.timing.significance.compare_timing`) and ``payback_calls`` (the calls after which that compile is paid
+back,
+only when it is), and :func:`shapes_section` renders ``doc["shape_sweep"]`` as markdown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from compare.backends.registry import BackendSpec
+from compare.problem.cases import Case
+from compare.problem.shape_cases import case_for_tokens
+from compare.results.document import Results
+from compare.timing.significance import FASTER, SLOWER, WITHIN_NOISE, compare_timing
+from compare.timing.timer import Timing
+
+Row = dict[str, Any]
+
+
+def payback_calls(compile_s: float, compiled_step_s: float, generic_step_s: float) -> float | None:
+    """Calls after which a compiled backend has paid back ``compile_s`` against a shape-generic one.
+
+    Each call saves ``generic_step_s - compiled_step_s``; the compile is paid back after
+    ``compile_s / saving`` calls (0.0 when there was nothing to pay back). None when the compiled step is not
+    faster, so it never pays back.
+    """
+    if compile_s <= 0:
+        return 0.0
+    saving = generic_step_s - compiled_step_s
+    if saving <= 0:
+        return None
+    return compile_s / saving
+
+
+def _key(r: Row) -> tuple[Any, ...]:
+    return (r.get("model"), r.get("dim"), r.get("hidden"), r.get("dtype"), r.get("mode"), r["tokens"])
+
+
+def _timing(r: Row) -> Timing:
+    return Timing.from_dict({"median_s": r["median_s"], "iqr_s": r.get("iqr_s") or 0.0})
+
+
+def with_payback(rows: list[Row]) -> list[Row]:
+    """Copies of ``rows`` with ``compile_s``, ``baseline``, ``payback_verdict`` and ``payback_calls`` added.
+
+    ``compile_s`` = first call - median (0 when the shape caused no compile); the baseline is the fastest timed
+    shape-generic row (``generic``) of the same model, sizes, dtype, mode and token count. ``payback_verdict`` is
+    the compiled row's median and IQR against the baseline's (:func:`compare.timing.significance.compare_timing`, its
+    median/IQR fallback): "faster", "slower" or "within noise". ``payback_calls`` is a number only when the verdict
+    is "faster" (or 0.0 when nothing was compiled); a difference within noise never becomes a call count.
+    Shape-generic rows and rows without the numbers get None.
+    """
+    fastest: dict[tuple[Any, ...], Row] = {}
+    for r in rows:
+        if r.get("generic") and r.get("median_s") and not r.get("error"):
+            k = _key(r)
+            if k not in fastest or r["median_s"] < fastest[k]["median_s"]:
+                fastest[k] = r
+    out = []
+    for r in rows:
+        r = dict(r)
+        r["compile_s"], r["baseline"], r["payback_verdict"], r["payback_calls"] = None, None, None, None
+        if not r.get("generic") and r.get("median_s") and r.get("first_call_s") is not None:
+            r["compile_s"] = max(r["first_call_s"] - r["median_s"], 0.0) if r.get("compiles") else 0.0
+            base = fastest.get(_key(r))
+            if base is not None:
+                r["baseline"] = base["backend"]
+                r["payback_verdict"] = compare_timing(_timing(base), _timing(r)).verdict
+                if r["compile_s"] <= 0 or r["payback_verdict"] == FASTER:
+                    r["payback_calls"] = payback_calls(r["compile_s"], r["median_s"], base["median_s"])
+        out.append(r)
+    return out
+
+
+def _dynamic(r: Row) -> str:
+    d = r.get("dynamic")
+    return "-" if d is None else str(d)
+
+
+def _payback(r: Row) -> str:
+    if r.get("generic"):
+        return "(shape-generic)"
+    if r.get("compile_s") is None or r.get("baseline") is None:
+        return "-"
+    p = r.get("payback_calls")
+    if p == 0:
+        return "nothing to pay back"
+    verdict = r.get("payback_verdict")
+    if p is None or verdict != FASTER:
+        if verdict == SLOWER:
+            return f"never (slower than {r['baseline']})"
+        if verdict == WITHIN_NOISE:
+            return f"never (not faster beyond noise than {r['baseline']})"
+        return f"never (not faster than {r['baseline']})"
+    return f"{math.ceil(p):,} calls vs {r['baseline']}"
+
+
+def shapes_section(doc: Results) -> str:
+    """Markdown for the document's ``shape_sweep``: per backend and shape, compiles, first call, steady state,
+    payback."""
+    from compare.formats.markdown import fmt_s, table
+
+    rows = list(doc.shape_sweep)
+    if not rows:
+        return ""
+    if any("payback_verdict" not in r for r in rows):  # older documents: judge the payback here, by the same rule
+        rows = with_payback(rows)
+    body = []
+    for r in rows:
+        size = f"{r.get('dim')}->{r.get('hidden')}" if r.get("dim") else ""
+        body.append(
+            [
+                r["backend"],
+                _dynamic(r),
+                str(r["tokens"]),
+                size,
+                str(r.get("dtype", "")),
+                str(r.get("mode", "")),
+                "-" if r.get("error") else str(r.get("compiles", "-")),
+                fmt_s(r.get("first_call_s")),
+                fmt_s(r.get("median_s")),
+                "none" if r.get("compile_s") == 0 else fmt_s(r.get("compile_s")),
+                _payback(r),
+                (r.get("error") or r.get("note") or "").replace("|", "\\|"),
+            ]
+        )
+    head = [
+        "backend",
+        "dynamic",
+        "tokens",
+        "dim->hidden",
+        "dtype",
+        "mode",
+        "compiles",
+        "first call",
+        "median",
+        "compile cost",
+        "paid back after",
+        "notes",
+    ]
+    totals = []
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r["backend"], _dynamic(r)), []).append(r)
+    for (backend, dyn), rs in groups.items():
+        n = sum(r.get("compiles") or 0 for r in rs)
+        timed = [r["first_call_s"] for r in rs if r.get("first_call_s") is not None]
+        first = f"first calls {fmt_s(sum(timed))} in all" if timed else "first calls not timed"
+        totals.append(
+            f"- {backend}"
+            + (f" (dynamic={dyn})" if dyn != "-" else "")
+            + f": {n} compile(s) over {len(rs)} shape(s), {first}"
+        )
+    counters = list(
+        dict.fromkeys(f"- {r['backend']}: {r['compile_counter']}" for r in rows if r.get("compile_counter"))
+    )
+    intro = (
+        "One compiled function called on inputs of each token count in turn, in the order shown. Compiles: "
+        "the (re)compilations that shape caused, read from the framework's own counter (below), never "
+        "inferred from time; a timed loop that recompiles is an error. Compile cost = first call - median. "
+        "Paid back after: that cost over the per-call saving against the fastest shape-generic backend at "
+        "the same shape (one that compiles nothing per shape), only where the compiled step is faster beyond "
+        "both medians' IQRs (the rule of `compare diff`); otherwise it never pays back."
+    )
+    return (
+        "## Compile cost and shape generality\n\n"
+        + intro
+        + "\n\n"
+        + table(head, body)
+        + "\n\n"
+        + "\n".join(totals)
+        + ("\n\nCounters:\n\n" + "\n".join(counters) if counters else "")
+    )
+
+
+def run_shape_sweep(
+    cases: list[Case],
+    tokens: list[int],
+    budget_s: float,
+    progress: Callable[[str], None],
+    specs: Iterable[BackendSpec] | None = None,
+) -> list[dict[str, Any]]:
+    """Compile cost per token count at each case's dim, hidden and dtype, mode fwd, for every backend whose registry
+    line joins the sweep (``BackendSpec.sweep``: one run per variant, e.g. ``dynamic=False`` then ``True``) and that
+    implements the case's model and can run here. Each backend builds its own compiled forward and reads its own
+    recompile counter (its ``shape_sweep`` method); rows are schema'd in the module docstring."""
+    from compare.backends.registry import BACKENDS
+
+    rows: list[dict[str, Any]] = []
+    chosen = list(BACKENDS.values()) if specs is None else list(specs)
+    for base in cases:
+
+        def make(t: int, base: Case = base) -> Case:
+            return case_for_tokens(base, t)
+
+        progress(f"shape sweep {base.model} {base.shape.dim}->{base.shape.hidden} {base.dtype}: tokens {tokens}")
+        for s in chosen:
+            if not s.sweep or base.model not in s.models:
+                continue
+            avail = s.availability()
+            if not avail.ok:
+                progress(f"shape sweep: {s.name} left out: {avail.reason}")
+                continue
+            backend = s.load()
+            for variant in s.sweep:
+                # an optional method of the Backend protocol: a backend whose registry line has ``sweep`` defines it
+                sweep_fn = getattr(backend, "shape_sweep")  # noqa: B009
+                rows += sweep_fn(make, tokens, budget_s=budget_s, **variant)
+    return with_payback(rows)

@@ -1,0 +1,239 @@
+"""The answer first: one line per case, dtype and mode, at the top of the report. A pure function of the document.
+
+Each line gives
+- **parity**: every backend passes, or which fail and on what (tensor: checks), which deviate (a real difference
+  an honest implementation can have) and the likely cause, with the gate's resolution on that case
+  (``compare.gate.resolution``: the smallest scale error it catches on ``y``, and whether erf and tanh GELU can be told
+  apart), so "pass" has a size;
+- **fastest**: the fastest timed backend among those that pass or deviate and are plausible (a parity failure, an
+  error or an ``implausible`` time is never named), and its speedup against the baseline, marked *significant*
+  only beyond the noise (``compare.timing.significance``: paired by round when they were timed together, interleaved;
+  unpaired across separate windows), else *within noise*; the design is named;
+- **fusion headroom**: per framework present, the share of its own unfused baseline's profiled step spent outside
+  its GEMMs (its elementwise and other kernels, from the profiler's per-kernel times): the most that fusing them
+  away could ever save. Next to it, what each fused backend of that framework saved over that baseline, from the
+  fusion table (a number only where it is beyond noise, none for a backend or baseline that fails parity); a saving
+  larger than the baseline's time outside GEMMs says where the rest came from (GEMMs, dispatch). Speed across
+  frameworks is never a saving: it stays in the timing table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compare.backends.registry import BACKENDS, DEFAULT_BASELINE, framework_baseline
+from compare.formats.markdown import case_label, fmt_s, si
+from compare.gate.resolution import ResolutionRow
+from compare.report.cost import MEASURED, UNMEASURED, fusion_benefit, kernel_time_split
+from compare.results.document import Result, Results
+from compare.timing.significance import PAIRED, WITHIN_NOISE, compare_timing
+
+
+def _key(r: Result) -> tuple[str, str]:
+    return r.case, r.mode
+
+
+def _label(r: Result) -> str:
+    return f"{case_label(r)} {r.dtype} {r.mode}"
+
+
+def _where_failed(r: Result) -> str:
+    """Which output failed: the first call's tensors and checks, else the last timed call, else fresh inputs."""
+    p = r.parity
+    if p is None:
+        return "no verdict"
+    if p.failed:
+        return ", ".join(p.failed)
+    if p.last_timed is not None and p.last_timed.tier == "fail":
+        return "last timed call"
+    if p.fresh is not None and p.fresh.tier == "fail":
+        return f"fresh inputs: {', '.join(sorted({f.split(':')[0] for f in p.fresh.failures}))}"
+    return "see the reason"
+
+
+def _parity(rows: list[Result], resolution: tuple[ResolutionRow, ...]) -> str:
+    judged = [r for r in rows if r.parity is not None]
+    bad = [r for r in rows if r.status in ("parity-fail", "error")]
+    deviating = [r for r in rows if r.status == "deviates"]
+    passing = [r for r in judged if r.status == "ok"]
+    parts = []
+    if bad:
+        what = []
+        for r in bad:
+            if r.status == "error":
+                what.append(f"{r.label} (error)")
+            else:
+                what.append(f"{r.label} ({_where_failed(r)})")
+        parts.append("**FAIL**: " + "; ".join(what))
+    implausible = [r for r in rows if r.status == "implausible"]
+    if implausible:
+        parts.append(
+            "**IMPLAUSIBLE** (faster than this machine's measured matmul ceiling allows): "
+            + ", ".join(r.label for r in implausible)
+        )
+    if deviating:
+        what = []
+        for r in deviating:
+            p = r.parity
+            worst = max(p.tensors, key=lambda t: t.worst_ratio) if p is not None and p.tensors else None
+            cause = f": {worst.cause}" if worst is not None and worst.cause else ""
+            what.append(f"{r.label} ({', '.join(p.deviated if p is not None else ())}{cause})")
+        parts.append("deviates: " + "; ".join(what))
+    if not parts and not judged:
+        return "nothing judged"
+    verdict = "; ".join(parts) + f"; {len(passing)} other(s) pass" if parts else f"all {len(judged)} pass"
+    case = rows[0].case
+    res = next((x for x in resolution if x.case == case and x.tensor == "y"), None)
+    if res:
+        s = res.scale_resolution
+        size = (
+            "no scale error"
+            if s is None
+            else f"< {s:.1g}"
+            if res.note == "below"
+            else f"{s:.2%}"
+            if s >= 1e-4
+            else f"{s:.1g}"
+        )
+        erf = (
+            ""
+            if res.erf_distinguishable is None
+            else "; erf vs tanh GELU " + ("told apart" if res.erf_distinguishable else "not distinguishable")
+        )
+        verdict += f" (the gate catches a scale error of {size} on y{erf})"
+    return verdict
+
+
+def _fastest(rows: list[Result]) -> str:
+    timed = [(r, r.timing) for r in rows if r.timing is not None and r.status in ("ok", "deviates")]
+    if not timed:
+        return "nothing timed"
+    best, best_t = min(timed, key=lambda rt: rt[1].median_s)
+    base = next(((r, t) for r, t in timed if r.backend == DEFAULT_BASELINE), None)
+    text = f"{best.label} {fmt_s(best_t.median_s)}"
+    if base is None:
+        return text + f" ({DEFAULT_BASELINE} not timed)"
+    if best is base[0]:
+        return text + " (the baseline itself)"
+    v = compare_timing(base[1], best_t)
+    how = "timed together, paired by round" if v.design == PAIRED else "separate windows, unpaired"
+    return text + (
+        f", {WITHIN_NOISE} of {DEFAULT_BASELINE} ({how})"
+        if v.verdict == WITHIN_NOISE
+        else f", {1 / v.ratio:.2f}x {DEFAULT_BASELINE} (significant; {how})"
+    )
+
+
+def _signed(s: float) -> str:
+    return ("-" if s < 0 else "") + fmt_s(abs(s))
+
+
+def _saved(f: dict[str, Any]) -> str | None:
+    """What one fused backend saved over its framework's baseline (a fusion-table row), or None to say nothing.
+
+    A number only beyond noise. It is never left larger than what the baseline spent outside GEMMs without saying
+    why: then the kernel tables split it into GEMM time, other kernels and time outside any kernel (dispatch), or,
+    without them, it says the rest is not fusion."""
+    b, why = f["backend"], f.get("not_measured", "")
+    if why:  # a failing backend is named; a failing or untimed baseline is said once, in the headroom
+        return None if why.startswith("baseline") or why == "not timed" else f"{b} not measured ({why})"
+    if f.get("measured_verdict") is None:
+        return None
+    if f["measured_verdict"] == WITHIN_NOISE:
+        return f"{b} {WITHIN_NOISE}"
+    saved, bound = f["measured_saved_s"], f.get("baseline_outside_gemm_s")
+    text = f"{b} {_signed(saved)}"
+    if bound is None or saved <= bound * (1 + 1e-9):  # within float rounding of the bound is the bound
+        return text
+    more = f"more than the {fmt_s(bound)} {f['baseline']} spends outside GEMMs"
+    g, o = f.get("gemm_time_saved_s"), f.get("outside_gemm_saved_s")
+    if g is None or o is None:
+        why = "the rest is not fusion but faster GEMMs or less dispatch; unsplit, a profile has no kernel times"
+        return f"{text} ({more}: {why})"
+    split = f"of which GEMMs {_signed(g)}, other kernels {_signed(o)}, outside any kernel {_signed(saved - g - o)}"
+    return f"{text} ({more}: {split})"
+
+
+def _framework_headroom(rows: list[Result], fusion: list[dict[str, Any]], baseline: str) -> str:
+    """One framework's headroom: the share of its baseline's profiled kernel time outside GEMMs (and that time per
+    step), then what each of its fused backends saved over that baseline."""
+    base = next((r for r in rows if r.backend == baseline), None)
+    split = kernel_time_split(base) if base is not None and base.status in MEASURED else None
+    if base is None:
+        head = f"not measured ({baseline} not run)"
+    elif base.status not in MEASURED:
+        head = f"not measured ({baseline} {UNMEASURED.get(base.status, base.status)})"
+    elif split is None or sum(split) <= 0:
+        head = f"not measured ({baseline} not profiled with kernel times: run with --profile)"
+    else:
+        gemm, outside = split
+        head = f"{outside / (gemm + outside):.0%} of {baseline}'s kernel time ({fmt_s(outside)} a step)"
+    names = {r.backend for r in rows}
+    saved = [
+        x
+        for f in fusion
+        if f["baseline"] == baseline and f["backend"] in names and (f["case"], f["mode"]) == _key(rows[0])
+        if (x := _saved(f)) is not None
+    ]
+    if not saved:
+        return head
+    return head + (", saved: " if split is not None else ", saved (medians only, unsplit): ") + ", ".join(saved)
+
+
+def _headroom(rows: list[Result], fusion: list[dict[str, Any]]) -> str:
+    """Per framework present in the group (one case, dtype and mode), its own unfused baseline's headroom and what
+    its fused backends saved over it (:func:`_framework_headroom`); frameworks named when there are several.
+    Nothing here compares frameworks: that is the timing table's."""
+    frameworks: list[str] = []
+    for r in rows:
+        s = BACKENDS.get(r.backend)
+        if s is not None and s.framework not in frameworks:
+            frameworks.append(s.framework)
+    parts = []
+    for fw in frameworks:
+        baseline = framework_baseline(fw)
+        text = "no unfused baseline registered" if baseline is None else _framework_headroom(rows, fusion, baseline)
+        parts.append(text if len(frameworks) == 1 else f"{fw}: {text}")
+    return "; ".join(parts) or "not measured (no registered backend)"
+
+
+def _ceiling_notes(doc: Results) -> str:
+    """One line per dtype whose native matmul the run's ceilings found emulated (``Ceiling.matmul_emulated``: far
+    below the float32 route, e.g. bfloat16 on a CPU without AVX512-BF16 or AMX), saying both rates; ``""`` when
+    none is, or the run measured no ceilings. A slow 16-bit backend may be running the emulated route."""
+    if doc.ceilings is None:
+        return ""
+    return "\n".join(
+        f"{dtype} matmul is emulated on this machine: native {si(c.native_flops_per_s, 'FLOP/s')} against "
+        f"{si(c.float32_route_flops_per_s, 'FLOP/s')} through float32 (the ceiling uses the faster route)."
+        for dtype, c in doc.ceilings.by_dtype.items()
+        if c.matmul_emulated
+    )
+
+
+def summary_section(doc: Results) -> str:
+    """``## Summary``: the answer per case, dtype and mode (see the module docstring); "" without results."""
+    groups: dict[tuple[str, str], list[Result]] = {}
+    for r in doc.results:
+        groups.setdefault(_key(r), []).append(r)
+    if not groups:
+        return ""
+    fusion = fusion_benefit(doc)
+    lines = []
+    for rows in groups.values():
+        lines.append(
+            f"- **{_label(rows[0])}**: parity {_parity(rows, doc.resolution)}. Fastest: {_fastest(rows)}. "
+            f"Fusion headroom: {_headroom(rows, fusion)}."
+        )
+    intro = (
+        "One line per case, dtype and mode. Parity: every backend against the float64 golden (details and the "
+        "gate's resolution below). Fastest: the quickest timed backend that passes or deviates and "
+        "is plausible; a speedup is a number only beyond the noise, by the paired test when the two were timed "
+        "together (interleaved), else by the unpaired rule, and the line says which. Fusion headroom, per "
+        "framework: the share of its own unfused baseline's profiled kernel time spent outside its GEMMs, the most "
+        "fusing the rest away could ever save, next to what each of its "
+        "fused backends saved over that baseline (where both pass or deviate); a saving beyond that share says "
+        "where the rest came from. Speed across frameworks is the timing table's, not a saving."
+    )
+    notes = _ceiling_notes(doc)
+    return "## Summary\n\n" + intro + "\n\n" + "\n".join(lines) + (f"\n\n{notes}" if notes else "")

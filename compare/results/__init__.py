@@ -1,0 +1,5 @@
+"""The results document: typed, frozen records of every cell, the environment and the tensor-parallel extras, with
+their JSON form."""
+
+#: The packages of ``compare`` this one may import (checked by ``tests/test_layers.py``).
+MAY_IMPORT: tuple[str, ...] = ("formats", "problem", "backends", "timing", "gate", "kernels", "cost")

@@ -1,0 +1,370 @@
+"""Results are data: one :class:`Result` per (backend, case, mode), plus the environment and the rest of a run, in a
+:class:`Results` document stored as ``results.json`` (``to_dict``/``from_dict``; :func:`read_json` validates and
+types a file)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compare.cost.records import Ceilings, Cost
+from compare.formats.atomic import write_text_atomic
+from compare.formats.jsonfields import (
+    FieldError,
+    Obj,
+    Setting,
+    flag,
+    integer,
+    integers,
+    mapping,
+    obj,
+    opt_mapping,
+    opt_text,
+    record_dict,
+    sub,
+    subs,
+    text,
+    texts,
+)
+from compare.gate.parity_record import ParityRecord
+from compare.gate.resolution import ResolutionRow
+from compare.kernels.summary import Kernels
+from compare.problem.cases import Case, InputError, Shape
+from compare.results.environment import Environment
+from compare.results.tp import TPInfo
+from compare.timing.timer import Timing, TimingConfig
+
+#: The version of the results document's layout, stored as its ``schema_version``. 2: the statistical parity gate
+#: (every check per tensor), the resolution table and the implausible flag. A file of another version is refused
+#: on load with a clear error (rerun, or rebuild the report with the fusion-compare that wrote it). Fields added
+#: since without changing what the others mean (a result's ``world_size`` and ``tp``, a parity's ``processes``)
+#: are optional: a reader of version 2 that does not know them ignores them.
+#: 3: the graded verdict (a tensor's and a result's ``tier``: pass, deviates, fail; the fail lines; the likely cause)
+#: and the ``deviates`` status; bounds from the machine-independent plain computation.
+#: 4: the ``implausible`` status, the verdict on fresh inputs (``parity.fresh``), interleaved timing (a timing's
+#: ``rounds`` and ``group``).
+SCHEMA_VERSION = 4
+#: ``ok``: every tensor passes; ``deviates``: a real, measured difference that an honest implementation can have (no
+#: tensor fails); ``parity-fail``: a tensor fails (a different function), on the golden or on fresh inputs;
+#: ``implausible``: it passes or deviates, but its fastest sample beats the machine's measured matmul ceiling (it
+#: cannot have done its FLOPs); ``error``; ``skipped``.
+STATUSES: tuple[str, ...] = ("ok", "deviates", "parity-fail", "implausible", "error", "skipped")
+
+
+def _shape_from_dict(d: Obj) -> Shape:
+    dims = [integer(d, k) for k in SHAPE_FIELDS]
+    try:
+        return Shape(*dims)
+    except InputError as exc:
+        raise FieldError("", str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Result:
+    """What happened to one backend on one case and mode. ``parity``/``timing`` are None where not measured;
+    ``kernels`` where not profiled; ``cost`` where the backend is not in the cost model.
+
+    ``threads`` are the thread settings the backend reported (free-form, merged into the environment); ``extras``
+    what else it or the harness recorded (free-form: ``traceback`` and ``profile_error`` from the harness, a
+    crashed sweep worker's ``exit_code``, ``signal`` and ``stderr_tail``, a backend's own notes). ``implausible``
+    says why the timing cannot be right ("" when it can). A tensor-parallel result has ``world_size`` > 1 and its
+    ``tp`` details."""
+
+    backend: str
+    model: str
+    dtype: str
+    shape: Shape
+    case: str
+    mode: str
+    status: str
+    reason: str = ""
+    note: str = ""
+    device: str = ""
+    parity: ParityRecord | None = None
+    timing: Timing | None = None
+    threads: dict[str, Setting] = field(default_factory=dict)
+    kernels: Kernels | None = None
+    cost: Cost | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    implausible: str = ""
+    world_size: int = 1
+    tp: TPInfo | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}; known: {', '.join(STATUSES)}")
+
+    @staticmethod
+    def for_case(backend: str, case: Case, mode: str, status: str, **kw: Any) -> Result:
+        return Result(backend, case.model, case.dtype, case.shape, case.name, mode, status, **kw)
+
+    @property
+    def label(self) -> str:
+        """The backend as tables show it: its name, with ``x<world size>`` for a tensor-parallel run."""
+        return self.backend if self.world_size == 1 else f"{self.backend} x{self.world_size}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, optional=("implausible", "world_size", "tp"))
+
+    @staticmethod
+    def from_dict(d: Obj) -> Result:
+        """The inverse of :meth:`to_dict`. A missing or mistyped field is a :class:`FieldError` naming it."""
+        status = text(d, "status")
+        if status not in STATUSES:
+            raise FieldError("status", f"is {status!r}, not one of {', '.join(STATUSES)}")
+        shape = sub(d, "shape", _shape_from_dict)
+        if shape is None:
+            raise FieldError("shape", "is missing")
+        return Result(
+            backend=text(d, "backend"),
+            model=text(d, "model"),
+            dtype=text(d, "dtype"),
+            shape=shape,
+            case=text(d, "case"),
+            mode=text(d, "mode"),
+            status=status,
+            reason=text(d, "reason", ""),
+            note=text(d, "note", ""),
+            device=text(d, "device", ""),
+            parity=sub(d, "parity", ParityRecord.from_dict),
+            timing=sub(d, "timing", Timing.from_dict),
+            threads=mapping(d, "threads"),
+            kernels=sub(d, "kernels", Kernels.from_dict),
+            cost=sub(d, "cost", Cost.from_dict),
+            extras=mapping(d, "extras"),
+            implausible=text(d, "implausible", ""),
+            world_size=integer(d, "world_size", 1),
+            tp=sub(d, "tp", TPInfo.from_dict),
+        )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A sweep's progress: grid cells, those done, and the sessions (starts) that wrote its file."""
+
+    cells: int
+    done: int
+    sessions: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> Progress:
+        return Progress(integer(d, "cells"), integer(d, "done"), integer(d, "sessions"))
+
+
+@dataclass(frozen=True)
+class Config:
+    """What a run was asked to do: the ``command`` line, the ``preset`` (None: none), the backends, dtypes and
+    modes, the world sizes of a tensor-parallel run (empty: 1), the shared timer's settings; for a sweep also its
+    ``grid`` (``compare.sweep.grid.grid_config``'s object:
+    model, dim, hidden, seq, tokens, dist, seed) and its ``progress``."""
+
+    command: str = ""
+    preset: str | None = None
+    grid: dict[str, Any] | None = None
+    backends: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ()
+    world_sizes: tuple[int, ...] = ()
+    timing: TimingConfig | None = None
+    progress: Progress | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, optional=("grid", "world_sizes", "progress"))
+
+    @staticmethod
+    def from_dict(d: Obj) -> Config:
+        return Config(
+            command=text(d, "command", ""),
+            preset=opt_text(d, "preset"),
+            backends=texts(d, "backends"),
+            dtypes=texts(d, "dtypes"),
+            modes=texts(d, "modes"),
+            timing=sub(d, "timing", TimingConfig.from_dict),
+            grid=opt_mapping(d, "grid"),
+            progress=sub(d, "progress", Progress.from_dict),
+            world_sizes=integers(d, "world_sizes"),
+        )
+
+
+@dataclass(frozen=True)
+class Results:
+    """A results document (``results.json``): when it was created, the run's config and environment, one
+    :class:`Result` per (backend, case, mode), the gate's resolution per case and tensor, this machine's measured
+    ceilings (None: not measured), and what a run may add: ``interrupted`` (Ctrl-C: only the finished cells),
+    ``shape_sweep`` (the compile-cost rows of ``compare.report.shapes``, schema in its docstring), ``gpu_build`` (the
+    GPU
+    build table, ``gpu_build.json``'s object as ``compare.gpu_build.table`` reads it) and ``plots`` (PNG paths
+    relative to the report)."""
+
+    schema_version: int = SCHEMA_VERSION
+    created: str = ""
+    config: Config = field(default_factory=Config)
+    environment: Environment = field(default_factory=Environment)
+    results: tuple[Result, ...] = ()
+    resolution: tuple[ResolutionRow, ...] = ()
+    ceilings: Ceilings | None = None
+    interrupted: bool = False
+    shape_sweep: tuple[dict[str, Any], ...] = ()
+    gpu_build: dict[str, Any] | None = None
+    plots: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, optional=("ceilings", "interrupted", "shape_sweep", "gpu_build", "plots"))
+
+    @staticmethod
+    def from_dict(d: Obj) -> Results:
+        """The inverse of :meth:`to_dict`. Only ``results`` is required here (:func:`validate` checks a file's
+        version and rows first); a bad field is a :class:`FieldError` naming it, and the row for a result's."""
+        rows = d.get("results")
+        if not isinstance(rows, list):
+            raise FieldError("results", "is missing" if rows is None else "is not a list")
+        results = []
+        for i, r in enumerate(rows):
+            try:
+                results.append(Result.from_dict(obj(r)))
+            except FieldError as exc:
+                who = f" ({r['backend']})" if isinstance(r, dict) and isinstance(r.get("backend"), str) else ""
+                raise FieldError(
+                    f"result #{i}{who} field {exc.where}" if exc.where else f"result #{i}{who}", exc.problem
+                ) from None
+        shape_sweep = tuple(dict(obj(r, f"shape_sweep[{i}]")) for i, r in enumerate(d.get("shape_sweep") or []))
+        return Results(
+            created=text(d, "created", ""),
+            config=sub(d, "config", Config.from_dict) or Config(),
+            environment=sub(d, "environment", Environment.from_dict) or Environment(),
+            results=tuple(results),
+            resolution=subs(d, "resolution", ResolutionRow.from_dict),
+            ceilings=sub(d, "ceilings", Ceilings.from_dict),
+            interrupted=flag(d, "interrupted", False),
+            shape_sweep=shape_sweep,
+            gpu_build=opt_mapping(d, "gpu_build"),
+            plots=texts(d, "plots"),
+            schema_version=integer(d, "schema_version", SCHEMA_VERSION),
+        )
+
+    def summary(self) -> str:
+        """Counts by status, e.g. ``3 ok, 1 skipped``."""
+        counts: dict[str, int] = {}
+        for r in self.results:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+
+def write_json(path: Path, doc: Results) -> None:
+    """Write a results document atomically (the previous file survives a failed write)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(doc.to_dict(), indent=1, sort_keys=False, allow_nan=True) + "\n")
+
+
+#: Fields every result row must have, with their type.
+ROW_FIELDS: tuple[tuple[str, type], ...] = (
+    ("backend", str),
+    ("case", str),
+    ("mode", str),
+    ("status", str),
+    ("dtype", str),
+    ("model", str),
+    ("shape", dict),
+)
+SHAPE_FIELDS: tuple[str, ...] = ("batch", "seq", "dim", "hidden")
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _row_problem(r: Any) -> str | None:
+    """What is wrong with one result row, or None. Only what the report, the diff and the plots rely on."""
+    if not isinstance(r, dict):
+        return f"is a {type(r).__name__}, not an object"
+    missing = [f for f, _ in ROW_FIELDS if f not in r]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    wrong = [f"{f} (not a {t.__name__})" for f, t in ROW_FIELDS if not isinstance(r[f], t)]
+    if wrong:
+        return f"has a bad {', '.join(wrong)}"
+    if r["status"] not in STATUSES:
+        return f"has an unknown status {r['status']!r} (known: {', '.join(STATUSES)})"
+    bad = [
+        k
+        for k in SHAPE_FIELDS
+        if not isinstance(r["shape"].get(k), int) or isinstance(r["shape"].get(k), bool) or r["shape"][k] <= 0
+    ]
+    if bad:
+        return f"has a shape without positive integer {', '.join(bad)}"
+    t = r.get("timing")
+    if t is not None:
+        if not isinstance(t, dict):
+            return "has a timing that is not an object"
+        if "median_s" not in t:
+            return "has a timing without median_s"
+        if not _number(t["median_s"]) or t["median_s"] <= 0:
+            return f"has a timing median_s that is not a finite positive number ({t['median_s']!r})"
+        if "iqr_s" not in t:
+            return "has a timing without iqr_s"
+        if not _number(t["iqr_s"]) or t["iqr_s"] < 0:
+            return f"has a timing iqr_s that is not a finite non-negative number ({t['iqr_s']!r})"
+        samples = t.get("samples_s")
+        if samples is not None and (not isinstance(samples, list) or not all(_number(x) and x > 0 for x in samples)):
+            return "has timing samples_s that are not a list of finite positive numbers"
+    p = r.get("parity")
+    if p is not None and not (isinstance(p, dict) and isinstance(p.get("tensors"), list)):
+        return "has a parity without a 'tensors' list"
+    return None
+
+
+def validate(doc: Any, source: str) -> dict[str, Any]:
+    """Return ``doc`` if it is a well-formed results document; else raise :class:`InputError` naming ``source``,
+    the row (index and backend) and the missing or bad field."""
+    if not isinstance(doc, dict) or "results" not in doc or "environment" not in doc:
+        raise InputError(f"results file {source} lacks 'environment' and 'results': not a fusion-compare results file")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        found = (
+            "no schema_version (an older fusion-compare wrote it)" if version is None else f"schema_version {version!r}"
+        )
+        raise InputError(
+            f"results file {source} has {found}; this fusion-compare reads schema_version {SCHEMA_VERSION}: "
+            f"rerun `python -m compare run` to measure it again"
+        )
+    if not isinstance(doc["results"], list):
+        raise InputError(f"results file {source}: 'results' is not a list")
+    if not isinstance(doc["environment"], dict):
+        raise InputError(f"results file {source}: 'environment' is not an object")
+    for i, r in enumerate(doc["results"]):
+        problem = _row_problem(r)
+        if problem:
+            who = f" ({r['backend']})" if isinstance(r, dict) and isinstance(r.get("backend"), str) else ""
+            raise InputError(f"results file {source}: result #{i}{who} {problem}")
+    return doc
+
+
+def load(doc: Any, source: str) -> Results:
+    """The typed document of parsed JSON ``doc``: :func:`validate` first, then :meth:`Results.from_dict`; any
+    problem is an :class:`InputError` naming ``source`` and, for a result, its row and field."""
+    try:
+        return Results.from_dict(validate(doc, source))
+    except FieldError as exc:
+        raise InputError(f"results file {source}: {exc}") from None
+
+
+def read_json(path: Path) -> Results:
+    """Read, :func:`validate` and type a ``results.json`` (UTF-8); any problem is an :class:`InputError` naming the
+    file."""
+    if not path.is_file():
+        raise InputError(f"results file {path} does not exist")
+    try:
+        text_ = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"results file {path} cannot be read: {exc}") from exc
+    try:
+        doc = json.loads(text_)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"results file {path} is not valid JSON: {exc}") from exc
+    return load(doc, str(path))

@@ -1,0 +1,242 @@
+"""What a run ran on: machine, versions, precision settings, and what decides its ceilings and its bits: the CPU's
+instruction sets, numpy's BLAS and the kernel it picked, and the environment variables that cap them. Versions come
+from package metadata, so collecting them imports no framework; the GPU name is read only if torch is already loaded
+by a backend (torch's own ATen CPU capability is the torch ceilings probe's to report, in ``Ceiling``)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from compare.formats.jsonfields import Obj, Setting, mapping, opt_integer, opt_text, record_dict, text, texts
+
+#: Distribution names (normalised: importlib.metadata treats - and _ alike).
+PACKAGES: tuple[str, ...] = ("numpy", "torch", "jax", "jaxlib", "flax", "triton", "jax_triton", "safetensors")
+
+#: The x86 instruction sets (``/proc/cpuinfo`` flag names) that decide the matmul ceilings and some bits: AVX2 and FMA
+#: (8-wide float32 FMA GEMM kernels; FMA also changes rounding), F16C (hardware float16 <-> float32 conversion),
+#: AVX-512F (16-wide kernels), AVX512-BF16 / AVX512-FP16 (native 16-bit dot products) and AMX (tile GEMMs in bf16/fp16).
+#: Without one of the 16-bit ones, torch's native bfloat16/float16 matmul is emulated (far below float32).
+ISA_FLAGS: tuple[str, ...] = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_fp16",
+)
+
+#: Environment variables that cap the instruction sets a library uses (so its kernels, its speed and its bits), each
+#: under the key the ``isa_caps`` field stores it: OpenBLAS's kernel, XLA's ``--xla_cpu_max_isa`` (inside
+#: ``XLA_FLAGS``), ATen's CPU dispatch and MKL's conditional bitwise reproducibility.
+ISA_CAP_VARS: tuple[str, ...] = ("OPENBLAS_CORETYPE", "xla_cpu_max_isa", "ATEN_CPU_CAPABILITY", "MKL_CBWR")
+
+#: What a library's kernel is when it cannot be read cheaply here.
+UNKNOWN = "unknown"
+
+
+def cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def cpu_isa_from_cpuinfo(cpuinfo: str) -> tuple[str, ...] | None:
+    """The :data:`ISA_FLAGS` a ``/proc/cpuinfo`` text lists in its first ``flags`` line, in :data:`ISA_FLAGS` order;
+    None when the text has no ``flags`` line (not x86 Linux: unknown). A pure function of the text."""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "flags":
+            present = set(value.split())
+            return tuple(f for f in ISA_FLAGS if f in present)
+    return None
+
+
+def cpu_isa() -> tuple[str, ...] | None:
+    """This CPU's :data:`ISA_FLAGS`, from ``/proc/cpuinfo`` where it exists; None elsewhere (unknown)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpu_isa_from_cpuinfo(cpuinfo.read_text(errors="replace")) if cpuinfo.is_file() else None
+
+
+def xla_max_isa(xla_flags: str) -> str:
+    """The value of ``--xla_cpu_max_isa`` in an ``XLA_FLAGS`` string (the last one wins, as XLA reads them), or
+    ``""``."""
+    found = re.findall(r"--xla_cpu_max_isa=(\S+)", xla_flags)
+    return found[-1] if found else ""
+
+
+def isa_caps(environ: Mapping[str, str]) -> dict[str, str]:
+    """Every :data:`ISA_CAP_VARS` cap as ``environ`` sets it (``""``: unset, the library picks the widest it can)."""
+    return {
+        "OPENBLAS_CORETYPE": environ.get("OPENBLAS_CORETYPE", ""),
+        "xla_cpu_max_isa": xla_max_isa(environ.get("XLA_FLAGS", "")),
+        "ATEN_CPU_CAPABILITY": environ.get("ATEN_CPU_CAPABILITY", ""),
+        "MKL_CBWR": environ.get("MKL_CBWR", ""),
+    }
+
+
+def _openblas_paths() -> list[str]:
+    """Paths of OpenBLAS libraries numpy may be running: the ones its wheel bundles next to it (``numpy.libs``,
+    ``numpy/.dylibs``) first, then any this process has loaded (Linux: ``/proc/self/maps``; a numpy linked to a
+    system OpenBLAS)."""
+    import numpy
+
+    root = Path(numpy.__file__).parent
+    dirs = (root.parent / "numpy.libs", root / ".dylibs")
+    bundled = [str(p) for d in dirs if d.is_dir() for p in d.glob("*openblas*")]
+    maps = Path("/proc/self/maps")
+    lines = maps.read_text(errors="replace").splitlines() if maps.is_file() else []
+    loaded = {ln.split()[-1] for ln in lines if "openblas" in ln and ln.split()[-1].startswith("/")}
+    return sorted(bundled) + sorted(loaded - set(bundled))
+
+
+def _openblas_core(path: str) -> str:
+    """The kernel (core type) the OpenBLAS library at ``path`` picked at load, by its ``get_corename`` (named with
+    the prefix and suffix of its build: ``openblas_get_corename``, ``scipy_openblas_get_corename64_``), or ``""``."""
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return ""
+    for prefix in ("scipy_openblas", "openblas"):
+        for suffix in ("64_", "", "_64"):
+            fn = getattr(lib, f"{prefix}_get_corename{suffix}", None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                name = fn()
+                return name.decode(errors="replace") if isinstance(name, bytes) else ""
+    return ""
+
+
+def numpy_blas() -> tuple[str, str]:
+    """numpy's BLAS (``name version`` from its build configuration) and the kernel it runs (OpenBLAS's core type, e.g.
+    ``Haswell``, ``SkylakeX``, ``Zen``), each :data:`UNKNOWN` where it cannot be read cheaply."""
+    import numpy
+
+    try:
+        blas = numpy.__config__.CONFIG["Build Dependencies"]["blas"]
+        name = f"{blas['name']} {blas.get('version', '')}".strip()
+    except (AttributeError, KeyError, TypeError):
+        name = UNKNOWN
+    if "openblas" not in name.lower():
+        return name, UNKNOWN
+    core = next((c for c in map(_openblas_core, _openblas_paths()) if c), "")
+    return name, core or UNKNOWN
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def gpu() -> str | None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
+    return None
+
+
+def available_memory_bytes() -> tuple[int, str] | None:
+    """Memory a new allocation can get without swapping, and where the number came from; None if unknown.
+
+    Linux's ``MemAvailable`` (``/proc/meminfo``) first, else ``os.sysconf``'s free physical pages (which leave out
+    reclaimable caches, so they understate it).
+    """
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemAvailable:"):
+                value, *unit = line.split(":", 1)[1].split()
+                return int(value) * (1024 if unit == ["kB"] else 1), "MemAvailable in /proc/meminfo"
+    names = getattr(os, "sysconf_names", {})
+    if "SC_AVPHYS_PAGES" in names and "SC_PAGE_SIZE" in names:
+        pages, size = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        if pages > 0 and size > 0:
+            return pages * size, "free physical pages (os.sysconf)"
+    return None
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The ``environment`` of a results document: platform, CPU model and logical cores, the GPU (None without one),
+    package versions (None: not installed), the thread settings and the precision settings the backends reported,
+    and ``TRITON_INTERPRET`` as it was set. What decides the ceilings and the bits: ``cpu_isa``, the
+    :data:`ISA_FLAGS` present (None: unknown, no ``/proc/cpuinfo``), numpy's ``blas`` and the kernel it picked
+    (``blas_core``), and ``isa_caps``, the :data:`ISA_CAP_VARS` as set (``""``: unset). An older document lacks
+    them: they take their defaults, and are left out of :meth:`to_dict` while they hold them."""
+
+    platform: str = ""
+    cpu: str = ""
+    cpu_count: int | None = None
+    gpu: str | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    threads: dict[str, Setting] = field(default_factory=dict)
+    precision: dict[str, Setting] = field(default_factory=dict)
+    triton_interpret: str = ""
+    cpu_isa: tuple[str, ...] | None = None
+    blas: str = ""
+    blas_core: str = ""
+    isa_caps: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, optional=("cpu_isa", "blas", "blas_core", "isa_caps"))
+
+    @staticmethod
+    def from_dict(d: Obj) -> Environment:
+        """The inverse of :meth:`to_dict`; an absent field takes its default."""
+        return Environment(
+            platform=text(d, "platform", ""),
+            cpu=text(d, "cpu", ""),
+            cpu_count=opt_integer(d, "cpu_count"),
+            gpu=opt_text(d, "gpu"),
+            versions=mapping(d, "versions"),
+            threads=mapping(d, "threads"),
+            precision=mapping(d, "precision"),
+            triton_interpret=opt_text(d, "triton_interpret") or "",
+            cpu_isa=None if d.get("cpu_isa") is None else texts(d, "cpu_isa"),
+            blas=text(d, "blas", ""),
+            blas_core=text(d, "blas_core", ""),
+            isa_caps=mapping(d, "isa_caps"),
+        )
+
+
+def collect(precision: Mapping[str, Setting], threads: Mapping[str, Setting]) -> dict[str, Any]:
+    """The ``environment`` object of ``results.json``, collected here and now (:func:`current` as JSON data)."""
+    return current(precision, threads).to_dict()
+
+
+def current(precision: Mapping[str, Setting], threads: Mapping[str, Setting]) -> Environment:
+    """The :class:`Environment` of a run, collected here and now."""
+    blas, blas_core = numpy_blas()
+    return Environment(
+        platform=platform.platform(),
+        cpu=cpu_model(),
+        cpu_count=os.cpu_count(),
+        gpu=gpu(),
+        versions=versions(),
+        threads=dict(threads),
+        precision=dict(precision),
+        triton_interpret=os.environ.get("TRITON_INTERPRET", ""),
+        cpu_isa=cpu_isa(),
+        blas=blas,
+        blas_core=blas_core,
+        isa_caps=isa_caps(os.environ),
+    )

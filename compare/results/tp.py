@@ -1,0 +1,70 @@
+"""What a tensor-parallel result stores beyond a single-process one (``result.tp`` in ``results.json``): how its
+process group was launched, the collectives one step issued, its collectives and its compute timed apart, and the
+set-up it paid. Written by the TP worker (``compare.run.tp_worker``); read by the report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from compare.backends.tp import Collective
+from compare.formats.jsonfields import Obj, integer, mapping, number, opt_mapping, record_dict, sub, subs, text, texts
+from compare.timing.timer import Timing
+
+
+def collective_from_dict(d: Obj) -> Collective:
+    """The inverse of :meth:`compare.backends.tp.Collective.to_dict`."""
+    return Collective(
+        text(d, "kind"), integer(d, "count"), integer(d, "bytes"), text(d, "source"), text(d, "detail", "")
+    )
+
+
+@dataclass(frozen=True)
+class TPInfo:
+    """A tensor-parallel cell: ``world_size`` ranks on ``nproc`` processes started by ``launch`` with
+    ``threads_per_process`` threads each, talking over ``transport``; the weights' ``layout``; the collectives one
+    step issued (per rank); the step's collectives alone (``comm``) and its compute alone (``compute``), timed by the
+    shared timer; seconds of set-up by name (``setup_s``); how many ranks' outputs were checked; and the
+    communication model's entry for the step (``comm_model``, ``compare.cost.comm``; None where not modelled), the
+    hosts the group ran on, and the group's measured all-reduce bandwidth (``bandwidth``: payload, ring bytes per
+    rank, bus bytes per second and the probe's timing, or ``error``; None where not probed)."""
+
+    world_size: int
+    nproc: int
+    launch: str
+    threads_per_process: int
+    transport: str
+    layout: str
+    collectives: tuple[Collective, ...] = ()
+    comm: Timing | None = None
+    compute: Timing | None = None
+    setup_s: dict[str, float] = field(default_factory=dict)
+    ranks_checked: int = 0
+    comm_model: dict[str, Any] | None = None
+    hosts: tuple[str, ...] = ()
+    bandwidth: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, optional=("comm_model", "hosts", "bandwidth"))
+
+    @staticmethod
+    def from_dict(d: Obj) -> TPInfo:
+        setup = mapping(d, "setup_s")
+        for k in setup:
+            number(setup, k)  # a FieldError names a set-up time that is not a number
+        return TPInfo(
+            world_size=integer(d, "world_size"),
+            nproc=integer(d, "nproc"),
+            launch=text(d, "launch"),
+            threads_per_process=integer(d, "threads_per_process"),
+            transport=text(d, "transport"),
+            layout=text(d, "layout"),
+            collectives=subs(d, "collectives", collective_from_dict),
+            comm=sub(d, "comm", Timing.from_dict),
+            compute=sub(d, "compute", Timing.from_dict),
+            setup_s=setup,
+            ranks_checked=integer(d, "ranks_checked", 0),
+            comm_model=opt_mapping(d, "comm_model"),
+            hosts=texts(d, "hosts"),
+            bandwidth=opt_mapping(d, "bandwidth"),
+        )

@@ -1,0 +1,124 @@
+"""What running one cell (backend, case, mode) needs, in one process or in a tensor-parallel worker group: the
+tensors each mode checks, the timing configuration, the plain same-dtype reference the gate measures against, and
+the cost model's entry for the cell."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from compare.backends.registry import DEFAULT_BASELINE, BackendSpec, Prepared
+from compare.cost import model as costmodel
+from compare.cost.records import Ceilings, Cost
+from compare.gate.parity import Parity, Plain, check_all, check_plain
+from compare.problem import datacache
+from compare.problem.cases import Case
+from compare.problem.golden import golden_for
+from compare.problem.reference import plain_run, round_to_dtype
+from compare.results.document import Result
+
+#: Which reference tensors each mode checks.
+MODE_TENSORS: dict[str, Callable[[str], bool]] = {
+    "fwd": lambda k: k == "y",
+    "bwd": lambda k: k != "y",
+    "fwd+bwd": lambda k: True,
+}
+
+
+#: A step that beats the measured matmul ceiling by more than this factor cannot have done its FLOPs.
+IMPLAUSIBLE_FACTOR = 1.2
+#: The statuses a plausibility check can overturn: a timing of a step that fails or errs is not a verdict on speed.
+_JUDGED_FAST = ("ok", "deviates")
+
+
+@functools.lru_cache(maxsize=4)
+def plain_reference(case: Case) -> Plain:
+    """The plain same-dtype emulation of ``case`` (outputs and gradients), the parity gate's yardstick, with its
+    envelope twin in float32 cases of a model with an activation (``compare.gate.parity.Plain``; in a 16-bit dtype a
+    float32 transcendental's few ulp are far below the dtype's rounding). The same bits on every machine.
+
+    Raises :class:`~compare.gate.parity.UnusableCase` when it (or the reference) is not finite in the case dtype."""
+    g = golden_for(case)
+    name = datacache.key("plain", case.to_dict())
+    cached = datacache.load(name)
+    if cached is not None:
+        unrounded = {k[len("unrounded.") :]: v for k, v in cached.items() if k.startswith("unrounded.")}
+        env = {k[len("envelope.") :]: v for k, v in cached.items() if k.startswith("envelope.")}
+        envelope: dict[str, np.ndarray] | None = env or None
+    else:
+        unrounded, envelope = plain_run(case.model, case.dtype, case.seed, g.x, g.params, g.dy)
+        saved = {f"unrounded.{k}": v for k, v in unrounded.items()}
+        datacache.save(name, saved | {f"envelope.{k}": v for k, v in (envelope or {}).items()})
+    plain = {k: round_to_dtype(v, case.dtype) for k, v in unrounded.items()}  # what final=True computes
+    check_plain(case.name, case.dtype, g.ref, plain)
+    return Plain(plain, envelope, unrounded)
+
+
+def model_cost(spec: BackendSpec, case: Case, mode: str) -> Cost | None:
+    """The cost model's entry (``compare.cost.model.cost``) for a result; None exactly when the backend's registry
+    line names no plan (it is not modelled). Any other problem is an error, not a silently missing row."""
+    if spec.plan is None:
+        return None
+    return costmodel.cost(case, spec.name, mode)
+
+
+def status_of(failures: list[str], deviations: list[str]) -> tuple[str, str]:
+    """A result's status and reason from the gate's fail-tier and deviates-tier findings (first call and last timed
+    call together): ``parity-fail`` with the failures, else ``deviates`` with the deviations, else ``ok``."""
+    if failures:
+        return "parity-fail", "; ".join(failures)
+    if deviations:
+        return "deviates", "; ".join(deviations)
+    return "ok", ""
+
+
+def judge(
+    prepared: Prepared, output: Any, ref: dict[str, np.ndarray], plain: dict[str, np.ndarray], dtype: str, who: str
+) -> Parity:
+    """The gate's verdict on one output of a step (``compare.gate.parity.check_all``); a step that returns other tensors
+    than the mode checks is an error naming ``who`` (the backend and mode)."""
+    got = prepared.to_numpy(output)
+    if set(got) != set(ref):
+        raise RuntimeError(f"{who} returned tensors {sorted(got)}; expected {sorted(ref)}")
+    return check_all(got, ref, plain, dtype)
+
+
+def min_flops(case: Case, mode: str) -> int:
+    """GEMM FLOPs any backend's step must do on ``case`` in ``mode``: the baseline's, which recomputes nothing."""
+    return costmodel.cost(case, DEFAULT_BASELINE, mode).flops
+
+
+def implausible(frac: float) -> str:
+    """Why a step is implausible (``frac``, the case's GEMM FLOPs over its fastest sample as a fraction of the measured
+    matmul ceiling, above ``IMPLAUSIBLE_FACTOR``: it cannot have done its FLOPs, e.g. it returns a stored answer),
+    or ``""``."""
+    if frac > IMPLAUSIBLE_FACTOR:
+        return (
+            f"implausible: {frac:.2f}x the matmul ceiling measured in this run (more than {IMPLAUSIBLE_FACTOR:g}x "
+            f"cannot be computing its FLOPs)"
+        )
+    return ""
+
+
+def against_ceilings(r: Result, ceil: Ceilings, min_step_flops: int | None, devices: int = 1) -> Result:
+    """``r`` with its roofline numbers (``cost.achieved``) and, where its timing implies more FLOP/s than ``devices``
+    of the machine's measured ceiling allow, the ``implausible`` reason and status (an ``ok`` or ``deviates`` step
+    only: it cannot have computed its answer). ``min_step_flops``: the FLOPs the whole step must do (every rank of a
+    tensor-parallel group together, whose ``devices`` are the devices it ran on). A TP row's cost is one rank's
+    share, so it gets no single-device roofline."""
+    k, t = ceil.get(r.dtype), r.timing
+    if k is None or t is None:
+        return r
+    if r.cost is not None and r.tp is None:
+        r = replace(r, cost=replace(r.cost, achieved=costmodel.roofline(r.cost, t.median_s, k)))
+    if min_step_flops:
+        # best against best: the step's fastest sample against the ceiling's (both the least disturbed by other load)
+        why = implausible(min_step_flops / t.min_s / (devices * k.flops_per_s))
+        r = replace(r, implausible=why)
+        if why and r.status in _JUDGED_FAST:
+            r = replace(r, status="implausible", reason="; ".join(x for x in (why, r.reason) if x))
+    return r

@@ -1,0 +1,110 @@
+"""Checks that run before anything is measured: a bad argument must cost seconds, not the measurements before it.
+
+``run`` and ``sweep`` call these after parsing their arguments and before the first backend runs: the output
+folder can be created and written (:func:`prepare_out_dir`) and is not in use by another run (:func:`lock_folder`),
+the cases fit in this machine's memory (:func:`check_memory`), and the committed golden files they use are intact
+(:func:`check_golden`). Each failure raises :class:`~compare.problem.cases.InputError` (or ``GoldenError``): exit status
+2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from compare.formats.markdown import si
+from compare.problem import golden
+from compare.problem.cases import Case, InputError
+from compare.results import environment
+
+LOCK_FILE = ".lock"
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def prepare_out_dir(path: Path, option: str = "--out") -> Path:
+    """Create the output folder ``path`` (with its parents) and prove a file can be written in it."""
+    try:
+        if path.exists() and not path.is_dir():
+            raise InputError(f"{option} {path} exists and is not a folder")
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create output folder {path} ({option}): {_reason(exc)}") from exc
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-") as f:
+            f.write(b"ok")
+            f.flush()
+    except OSError as exc:
+        raise InputError(f"cannot write in output folder {path} ({option}): {_reason(exc)}") from exc
+    return path
+
+
+def check_file_writable(path: Path, option: str = "--out") -> Path:
+    """Prove that the file ``path`` can be (re)written: its folder is prepared, and it is not itself a folder."""
+    if path.is_dir():
+        raise InputError(f"{option} {path} is a folder; give a file name")
+    prepare_out_dir(path.parent, option)
+    return path
+
+
+@contextlib.contextmanager
+def lock_folder(path: Path, what: str = "run") -> Iterator[None]:
+    """Hold an exclusive lock on ``<path>/.lock`` while inside: a second run into the same folder is refused.
+
+    The lock is released by the kernel when the process ends, however it ends; the file itself stays.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    lock = path / LOCK_FILE
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise InputError(f"cannot create the lock file {lock}: {_reason(exc)}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise InputError(
+                f"another {what} is writing {path} (it holds {lock}); wait for it or use another --out"
+            ) from exc
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_memory(cases: Iterable[Case], available: tuple[int, str] | None = None) -> None:
+    """Refuse a case whose :meth:`~compare.problem.cases.Case.estimated_bytes` exceed the memory available now.
+
+    Cases run one after another, so each is checked alone. Where the available memory cannot be read, nothing is
+    refused.
+    """
+    available = available if available is not None else environment.available_memory_bytes()
+    if available is None:
+        return
+    free, source = available
+    for case in cases:
+        need = case.estimated_bytes()
+        if need > free:
+            raise InputError(
+                f"case {case.name} needs at least {si(need, 'B')} ({need:,} bytes) of memory for its "
+                f"golden data, float64 reference and plain computation, but only {si(free, 'B')} "
+                f"({free:,} bytes) are available ({source}); choose smaller sizes"
+            )
+
+
+def check_golden(cases: Iterable[Case]) -> None:
+    """Verify the committed golden files the cases use (manifest readable, hashes matching) before measuring.
+
+    A truncated or edited ``MANIFEST.json`` or golden file raises ``GoldenError`` naming it (exit status 2).
+    """
+    for case in dict.fromkeys(cases):
+        if golden.is_committed(case):
+            golden.verify_file(f"{case.name}.safetensors")

@@ -1,0 +1,15 @@
+"""Sweeps: the grid, the append-only store, resume and retries, and the per-cell worker process."""
+
+#: The packages of ``compare`` this one may import (checked by ``tests/test_layers.py``).
+MAY_IMPORT: tuple[str, ...] = (
+    "formats",
+    "problem",
+    "backends",
+    "timing",
+    "gate",
+    "kernels",
+    "cost",
+    "results",
+    "run",
+    "report",
+)

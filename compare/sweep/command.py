@@ -1,0 +1,342 @@
+"""``python -m compare sweep``: run a grid of cells, one JSON line per finished cell, resumable after a crash.
+
+The grid is ``tokens x dtypes x modes x backends`` at a fixed model, ``dim`` and ``hidden`` (from ``--preset`` or
+``--model/--dim/--hidden``). Each token count ``T`` becomes the shape ``batch = T / seq, seq`` (``--seq``, default
+1, so ``batch = T``); ``T`` must be a multiple of ``--seq``. A *cell* is ``(backend, case, mode)`` and its key is
+``"backend|case name|mode"`` (the case name holds model, shape, dtype, distribution and seed).
+
+``<out>/results.jsonl`` is append-only. Every start of the sweep appends a ``header`` line (schema, time, config,
+environment); every finished cell is appended as one ``cell`` line (the result record, the precision settings its
+backend reported and the GPU it saw), written with a single ``write`` and flushed to disk (``fsync``) before the
+next cell starts. A restart with the same ``--out`` and the same grid skips every cell already in the file, so
+killing the sweep loses at most the cell in flight; a torn last line (the process died inside the write) is
+dropped. A different grid in the same folder is refused (bad input): one file holds one sweep. An exclusive lock
+on the file keeps a second sweep from writing it at the same time.
+
+:func:`load_sweep` turns the file, at any time, into a regular results document (the shape of
+``compare.run.harness.run``'s); at the end the sweep writes it as ``<out>/results.json`` with ``<out>/REPORT.md`` and
+plots under ``<out>/plots/``.
+
+Before the first cell, each start measures this machine's matmul and copy ceilings for the swept dtypes (in this
+process, stored in its header line and as the document's ``ceilings``: the first session's that measured them) and
+every single-device row is held to them as it is stored: a step whose fastest sample beats the matmul ceiling is
+``implausible`` (``compare.run.cell.against_ceilings``). ``--no-ceilings`` skips both.
+
+A backend that raises on a cell is an ``error`` result and the sweep goes on (``harness.run_one``). With
+``--isolate`` each cell runs in its own worker process (``python -m compare.sweep.command --worker CELL RESULT``), so a
+hard crash (segfault, the OOM killer, an abort) is recorded as an ``error`` naming the exit status or signal,
+and ``--cell-timeout`` turns a hang into an error too. The workers' scratch files live under ``<out>/.cells/``,
+removed when the sweep ends (however it ends) and, if a killed sweep left one, when the next one starts.
+``--retry-errors`` runs again, on a restart, the cells whose stored result is an ``error`` (the new line wins).
+
+Ctrl-C or SIGTERM stops the sweep: the worker in flight and everything it started are killed, what is done is
+written to ``results.json`` and ``REPORT.md``, and the exit status is 130 (rerun the same command to resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from compare.backends.registry import BackendSpec, spec
+from compare.formats.atomic import write_text_atomic
+from compare.problem.cases import (
+    MODELS,
+    PRESETS,
+    InputError,
+    check_finite,
+    check_name,
+    preset,
+)
+from compare.report import render as report
+from compare.results import document as results
+from compare.results import environment
+from compare.results.document import Results
+from compare.run import exitcodes, harness, preflight
+from compare.run.cell import against_ceilings, min_flops
+from compare.run.options import add_grid_args, check_grid_args
+from compare.run.progress import Display, progress_level
+from compare.sweep.grid import (
+    DEFAULT_TOKENS,
+    GRID_KEYS,
+    SHORT_DTYPE,
+    Cell,
+    cell_key,
+    cells_from_config,
+    grid_config,
+    result_key,
+)
+from compare.sweep.store import JSONL, SweepWriter, check_same_grid, done_keys, load_sweep, read_sweep
+from compare.sweep.worker import run_cell_inprocess, run_cell_isolated, worker_main
+
+#: Re-exported: the sweep's pieces live in sweep_grid, sweep_store and sweep_worker.
+__all__ = [
+    "DEFAULT_TOKENS",
+    "GRID_KEYS",
+    "JSONL",
+    "SHORT_DTYPE",
+    "Cell",
+    "SweepWriter",
+    "cell_key",
+    "cells_from_config",
+    "done_keys",
+    "grid_config",
+    "load_sweep",
+    "main",
+    "read_sweep",
+    "result_key",
+    "run_cell_inprocess",
+    "run_cell_isolated",
+    "run_sweep",
+    "worker_main",
+]
+
+#: The workers' scratch folder under a sweep's output folder.
+SCRATCH = ".cells"
+
+
+def run_sweep(
+    config: dict[str, Any],
+    out: Path,
+    specs: dict[str, BackendSpec],
+    *,
+    isolate: bool = False,
+    cell_timeout_s: float | None = None,
+    progress: Display | None = None,
+    retry_errors: bool = False,
+    ceilings: bool = False,
+) -> Results:
+    """Run every cell of ``config`` not yet in ``out/results.jsonl``, appending each as it finishes.
+
+    ``specs`` maps each backend name in the config to its spec; ``retry_errors`` runs stored ``error`` cells again.
+    ``ceilings``: measure this machine's matmul and copy ceilings for the swept dtypes once, here, before any cell
+    (``harness.measure_ceilings``; they go into this session's header line) and hold every single-device row to them
+    as it is stored (``compare.run.cell.against_ceilings``: its roofline numbers, and ``implausible`` where its fastest
+    sample beats the matmul ceiling); off, as ``compare run --no-ceilings``, the rows are stored as they come.
+    Returns :func:`load_sweep` of the file. The workers' scratch folder ``out/.cells`` is removed on the way out,
+    and a stale one (a killed sweep's) on the way in, once this sweep holds the file's lock.
+    """
+    path = out / JSONL
+    cfg = harness.TimingConfig(**config["timing"])
+    env = environment.collect({}, {})
+    cells = cells_from_config(config)
+    with SweepWriter(path) as w:
+        check_same_grid(path, config, env)
+        _remove_scratch(out)
+        try:
+            done = done_keys(path, retry_errors)
+            todo = [c for c in cells if c.key not in done]
+            ceil = None
+            if ceilings and todo:  # before any backend runs, as `compare run` does
+                if progress:
+                    progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
+                ceil = harness.measure_ceilings(config["dtypes"])
+            w.append(
+                {
+                    "type": "header",
+                    "schema_version": results.SCHEMA_VERSION,
+                    "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                    "config": config,
+                    "environment": env,
+                    "isolate": isolate,
+                    **({"ceilings": ceil.to_dict()} if ceil is not None else {}),
+                }
+            )
+            n_done = len(cells) - len(todo)
+            if progress:
+                progress.resume(n_done, len(cells))
+            if progress and n_done:
+                progress.message(f"resuming {path}: {n_done}/{len(cells)} cells already done", important=True)
+            if progress and retry_errors:
+                progress.message(
+                    f"retrying {len(done_keys(path)) - len(done)} cell(s) whose stored result is an error",
+                    important=True,
+                )
+            plain_cache: dict[str, Any] = {}
+            for cell in todo:
+                t0 = time.perf_counter()
+                s = specs[cell.backend]
+                if progress:
+                    progress.starting(cell.label())
+                if isolate:
+                    r, meta = run_cell_isolated(s, cell, cfg, out / SCRATCH, cell_timeout_s)
+                else:
+                    r, meta = run_cell_inprocess(s, cell, cfg, plain_cache)
+                if ceil is not None and r.tp is None:  # a single-device row: can its timing be right?
+                    r = against_ceilings(r, ceil, min_flops(cell.case, cell.mode))
+                wall = time.perf_counter() - t0
+                w.append({"type": "cell", "key": cell.key, "result": r.to_dict(), **meta, "wall_s": wall})
+                n_done += 1
+                if progress:
+                    progress.cell(f"{cell.label()} ({wall:.1f}s)", r.status, r.reason)
+        finally:
+            _remove_scratch(out)
+    return load_sweep(path)
+
+
+def _remove_scratch(out: Path) -> None:
+    """Remove the workers' scratch folder ``out/.cells`` if there is one."""
+    with contextlib.suppress(FileNotFoundError):  # none: nothing to clean
+        shutil.rmtree(out / SCRATCH)
+
+
+def finish(out: Path, doc: Results, plots: bool = True) -> Results:
+    """Write ``results.json``, plots (the document's ``plots``, paths relative to ``out``) and ``REPORT.md``."""
+    if plots:
+        from compare.report.plots import render_plots
+
+        try:
+            paths = render_plots(doc, out / "plots")
+        except Exception as exc:  # plots are a convenience: never lose the results over them
+            print(f"sweep: warning: no plots: {type(exc).__name__}: {exc}", file=sys.stderr)
+        else:
+            doc = dataclasses.replace(doc, plots=tuple(p.relative_to(out).as_posix() for p in paths))
+    results.write_json(out / "results.json", doc)
+    write_text_atomic(out / "REPORT.md", report.render(doc))
+    return doc
+
+
+# --- command line ---------------------------------------------------------------------------------------------
+
+
+def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
+    """The sweep config (grid, backends, dtypes, modes, timing) from parsed arguments; bad input raises, and so
+    does a grid whose largest case does not fit in memory."""
+
+    check_grid_args(a)
+    base = preset(a.preset) if a.preset else None
+    model = check_name("model", a.model, MODELS) if a.model else (base.model if base else None)
+    if model is None:
+        raise InputError(f"give --preset or --model; known models: {', '.join(MODELS)}")
+    dim = a.dim if a.dim is not None else (base.shape.dim if base else None)
+    hidden = a.hidden if a.hidden is not None else (base.shape.hidden if base else None)
+    missing = [n for n, v in (("--dim", dim), ("--hidden", hidden)) if v is None]
+    if dim is None or hidden is None:
+        raise InputError(f"without --preset, give every dimension; missing: {', '.join(missing)}")
+    grid = grid_config(model, dim, hidden, a.tokens, a.seq, base.dist if base else "normal", a.seed)
+    timing = asdict(dataclasses.replace(harness.TimingConfig(), budget_s=a.budget))
+    config = {
+        "command": "python -m compare " + shlex.join(getattr(a, "argv", None) or ["sweep"]),
+        "preset": a.preset,
+        "grid": grid,
+        "backends": list(a.backend),
+        "dtypes": list(a.dtype),
+        "modes": list(a.mode),
+        "timing": timing,
+    }
+    preflight.check_memory(dict.fromkeys(c.case for c in cells_from_config(config)))
+    return config
+
+
+def cmd_sweep(a: argparse.Namespace) -> int:
+    """Run (or resume) a sweep; write results.json, REPORT.md and plots. 0 if every cell is ok or skipped.
+
+    Everything is checked before the first cell: the arguments, the memory the largest case needs, the golden
+    files, the output folder. Ctrl-C or SIGTERM: the cell in flight is dropped, the rest written, status 130.
+    """
+    config = config_from_args(a)
+    if a.cell_timeout is not None:
+        check_finite("--cell-timeout", a.cell_timeout)
+        if not a.isolate:
+            raise InputError("--cell-timeout needs --isolate (only a worker process can be stopped)")
+    preflight.check_golden(dict.fromkeys(c.case for c in cells_from_config(config)))
+    out = preflight.prepare_out_dir(Path(a.out))
+    specs = {b: spec(b) for b in config["backends"]}
+    interrupted = False
+    try:
+        with exitcodes.terminate_as_interrupt(), Display(0, progress_level(a), title="sweep") as display:
+            doc = run_sweep(
+                config,
+                out,
+                specs,
+                isolate=a.isolate,
+                cell_timeout_s=a.cell_timeout,
+                progress=display,
+                retry_errors=a.retry_errors,
+                ceilings=not a.no_ceilings,
+            )
+    except KeyboardInterrupt as exc:
+        interrupted = True
+        why = "terminated" if isinstance(exc, exitcodes.Terminated) else "interrupted"
+        print(f"sweep: {why}; writing what is done (rerun the same command to resume)", file=sys.stderr)
+        doc = load_sweep(out / JSONL)
+    finish(out, doc, plots=not a.no_plots)
+    prog = doc.config.progress
+    done = f"{prog.done}/{prog.cells} cells" if prog else "no cells"
+    print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'}: {done} ({doc.summary()})")
+    if interrupted:
+        return exitcodes.INTERRUPTED
+    return exitcodes.of_statuses((r.status for r in doc.results), a.strict)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``sweep`` subcommand on an ``argparse`` subparsers object."""
+
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "sweep",
+        help="run a grid of token counts x dtypes x modes x backends; resumable (results.jsonl)",
+        description=__doc__,
+        epilog=exitcodes.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--preset", help=f"dim, hidden, model and distribution from: {', '.join(PRESETS)}")
+    p.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
+    p.add_argument("--dim", type=int, help="override the preset's dim")
+    p.add_argument("--hidden", type=int, help="override the preset's hidden")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_TOKENS),
+        help="token counts (default: %(default)s); each is batch x seq with batch = tokens / seq",
+    )
+    p.add_argument("--seq", type=int, default=1, help="sequence length of every case (default: 1, batch = tokens)")
+    add_grid_args(p, budget_help="seconds of timed samples per cell")
+    p.add_argument("--out", default="out/sweep", help="output folder; rerun with the same one to resume")
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run each cell in a worker process: a segfault or OOM kill is recorded, not fatal",
+    )
+    p.add_argument("--cell-timeout", type=float, help="with --isolate: seconds before a cell is killed")
+    p.add_argument(
+        "--retry-errors", action="store_true", help="on a restart, run again the cells whose stored result is an error"
+    )
+    p.add_argument("--no-plots", action="store_true", help="do not write plots")
+    p.add_argument(
+        "--no-ceilings",
+        action="store_true",
+        help="skip measuring this machine's matmul FLOP/s and copy bandwidth (roofline columns, implausible rows)",
+    )
+    p.set_defaults(fn=cmd_sweep)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m compare.sweep.command [sweep options]`` (same as ``python -m compare sweep``), or the worker."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:
+        if len(argv) != 3:
+            print("usage: python -m compare.sweep.command --worker CELL.json RESULT.json", file=sys.stderr)
+            return 2
+        return worker_main(Path(argv[1]), Path(argv[2]))
+    top = argparse.ArgumentParser(prog="python -m compare.sweep.command")
+    sub = top.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    a = top.parse_args(["sweep", *argv])
+    a.argv = ["sweep", *argv]  # as `python -m compare` sets it: the subcommand and its arguments
+    return exitcodes.exit_status(lambda: a.fn(a))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

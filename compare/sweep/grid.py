@@ -1,0 +1,97 @@
+"""A sweep's grid: ``tokens x dtypes x modes x backends`` at a fixed model, dim and hidden, as :class:`Cell` s with
+stable keys (``backend|case name|mode``). See ``compare.sweep.command`` for the command."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compare.problem.cases import (
+    MODELS,
+    Case,
+    InputError,
+    Shape,
+    check_name,
+    check_seed,
+)
+
+DEFAULT_TOKENS: tuple[int, ...] = (1, 16, 128, 1024)
+SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+#: Config keys that define the grid; a restart must match them exactly.
+GRID_KEYS: tuple[str, ...] = ("grid", "backends", "dtypes", "modes", "timing")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One unit of the sweep: a backend on a case in a mode."""
+
+    backend: str
+    case: Case
+    mode: str
+
+    @property
+    def key(self) -> str:
+        return cell_key(self.backend, self.case.name, self.mode)
+
+    def label(self) -> str:
+        dtype = SHORT_DTYPE.get(self.case.dtype, self.case.dtype)
+        return f"{self.backend} tokens={self.case.shape.tokens} {dtype} {self.mode}"
+
+
+def cell_key(backend: str, case_name: str, mode: str) -> str:
+    """The key a cell is stored and skipped under: ``backend|case name|mode``."""
+    return f"{backend}|{case_name}|{mode}"
+
+
+def result_key(r: dict[str, Any]) -> str:
+    return cell_key(r["backend"], r["case"], r["mode"])
+
+
+# --- the grid -------------------------------------------------------------------------------------------------
+
+
+def grid_config(
+    model: str,
+    dim: int,
+    hidden: int,
+    tokens: Sequence[int],
+    seq: int = 1,
+    dist: str = "normal",
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The ``grid`` part of a sweep's config (validated: a bad size raises :class:`InputError`)."""
+    check_name("model", model, MODELS)
+    check_seed(seed)
+    Shape(1, seq, dim, hidden)  # validates seq, dim, hidden (before seq divides anything)
+    if not tokens:
+        raise InputError("give at least one token count (--tokens)")
+    for t in tokens:
+        if not isinstance(t, int) or t <= 0:
+            raise InputError(f"token counts must be positive integers, got {t!r}")
+        if t % seq:
+            raise InputError(f"token count {t} is not a multiple of --seq {seq} (batch = tokens / seq)")
+    if len(set(tokens)) != len(tokens):
+        raise InputError(f"token counts repeat: {list(tokens)}")
+    return {
+        "model": model,
+        "dim": dim,
+        "hidden": hidden,
+        "seq": seq,
+        "tokens": list(tokens),
+        "dist": dist,
+        "seed": seed,
+    }
+
+
+def cells_from_config(config: dict[str, Any]) -> list[Cell]:
+    """Every cell of a sweep config, in run order: tokens, then dtype, then mode, then backend."""
+    g = config["grid"]
+    cells: list[Cell] = []
+    for t in g["tokens"]:
+        shape = Shape(t // g["seq"], g["seq"], g["dim"], g["hidden"])
+        for dtype in config["dtypes"]:
+            case = Case(g["model"], shape, dtype, g["dist"], g["seed"])
+            for mode in config["modes"]:
+                cells.extend(Cell(b, case, mode) for b in config["backends"])
+    return cells

@@ -1,0 +1,123 @@
+"""Running one sweep cell: here, or in a worker process (``python -m compare.sweep.command --worker CELL RESULT``) whose
+crash,
+signal or timeout becomes the cell's ``error`` result. See ``compare.sweep.command``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from compare.backends.registry import BackendSpec
+from compare.formats.atomic import write_text_atomic
+from compare.problem.cases import (
+    Case,
+)
+from compare.results import document as results
+from compare.results import environment
+from compare.run import harness
+from compare.sweep.grid import Cell
+
+#: Lines of a crashed worker's stderr kept in its error record.
+STDERR_TAIL_LINES = 20
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- running cells --------------------------------------------------------------------------------------------
+
+
+def _spec_dict(s: BackendSpec) -> dict[str, Any]:
+    return asdict(s)
+
+
+def run_cell_inprocess(
+    s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, plain_cache: dict[str, Any]
+) -> tuple[results.Result, dict[str, Any]]:
+    """Run one cell here; return (its result, ``{"precision": ..., "gpu": ...}`` as the backend left them)."""
+    if cell.case.name not in plain_cache:
+        plain_cache.clear()  # cells come case by case: keep one plain reference at a time
+        plain_cache[cell.case.name] = harness.plain_reference(cell.case)
+    precision: dict[str, Any] = {}
+    r = harness.run_one(s, cell.case, cell.mode, plain_cache[cell.case.name], cfg, precision)
+    return r, {"precision": precision, "gpu": environment.gpu()}
+
+
+def _signal_name(rc: int) -> str:
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return f"signal {-rc}"
+
+
+def _kill_group(p: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+
+
+def run_cell_isolated(
+    s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, scratch: Path, timeout_s: float | None = None
+) -> tuple[results.Result, dict[str, Any]]:
+    """Run one cell in a worker process; a crash, a signal or a timeout becomes an ``error`` result."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="cell-") as tmp:
+        cell_path, result_path = Path(tmp) / "cell.json", Path(tmp) / "result.json"
+        write_text_atomic(
+            cell_path,
+            json.dumps({"spec": _spec_dict(s), "case": cell.case.to_dict(), "mode": cell.mode, "timing": asdict(cfg)}),
+        )
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
+        cmd = [sys.executable, "-m", "compare.sweep.command", "--worker", str(cell_path), str(result_path)]
+        with tempfile.TemporaryFile() as err:
+            # its own session: a timeout or an interrupt kills the worker and anything it started (compile pools)
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
+            timed_out = False
+            try:
+                rc = p.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(p)
+                rc, timed_out = p.returncode, True
+            except BaseException:
+                _kill_group(p)
+                raise
+            err.seek(0)
+            tail = err.read().decode(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
+        if rc == 0 and not timed_out and result_path.is_file():
+            out = json.loads(result_path.read_text(encoding="utf-8"))
+            return results.Result.from_dict(out["result"]), out["meta"]
+    extras: dict[str, Any] = {"exit_code": rc, "stderr_tail": "\n".join(tail)}
+    if timed_out:
+        reason = f"worker process timed out after {timeout_s:g} s and was killed"
+    elif rc < 0:
+        extras["signal"] = _signal_name(rc)
+        hint = " (the OOM killer sends this when memory runs out)" if -rc == signal.SIGKILL else ""
+        reason = f"worker process killed by signal {extras['signal']}{hint}"
+    elif rc != 0:
+        reason = f"worker process exited with status {rc}"
+        last = next((x for x in reversed(tail) if x.strip()), "")
+        reason += f": {last.strip()}" if last else ""
+    else:
+        reason = "worker process exited with status 0 but wrote no result"
+    r = results.Result.for_case(s.name, cell.case, cell.mode, "error", reason=reason, extras=extras)
+    return r, {"precision": {}, "gpu": None}
+
+
+def worker_main(cell_path: Path, result_path: Path) -> int:
+    """Worker entry point: run the cell described in ``cell_path``, write the outcome to ``result_path``."""
+    d = json.loads(cell_path.read_text(encoding="utf-8"))
+    sd = d["spec"]
+    s = BackendSpec(
+        **{**sd, "models": tuple(sd["models"]), "modes": tuple(sd["modes"]), "sweep": tuple(sd.get("sweep") or ())}
+    )
+    case = Case.from_dict(d["case"])
+    cell = Cell(s.name, case, d["mode"])
+    result, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**d["timing"]), {})
+    write_text_atomic(result_path, json.dumps({"result": result.to_dict(), "meta": meta}, allow_nan=True))
+    return 0

@@ -1,0 +1,246 @@
+"""When is one timing really different from another? The one significance rule of every derived figure.
+
+``compare diff`` (old run against new), the speedups against the baseline in the report, the time fusion is
+measured to save, and the calls a compile takes to pay back all ask the same question of two timing records, and
+all answer it here, so that a difference inside the runs' own noise is never printed as a number.
+
+Each side's quartiles (q1, median, q3) come from its per-sample times ``timing["samples_s"]`` when it has at least
+two, else from ``median_s`` -/+ ``iqr_s``/2. With ``ratio = new median / old median`` and the combined relative
+spread ``noise = sqrt((old IQR / old median)^2 + (new IQR / new median)^2)``, the band is
+``tol = max(threshold, k * noise)`` (defaults: threshold 5%, k 1). ``new`` is **slower** only if all of these hold:
+
+1. ``ratio > 1 + tol``: slower by more than the threshold and more than the runs' own spread;
+2. ``new q1 > old q3``: the middle halves of the two sample sets do not overlap;
+3. when both sides have at least :data:`MIN_SAMPLES_FOR_TEST` samples: a one-sided Mann-Whitney U test says the
+   new samples tend to be larger with ``p < alpha`` (default 0.01); exact distribution for small tie-free samples,
+   else the normal approximation with tie and continuity corrections.
+
+**Faster** is the mirror image (``ratio < 1 / (1 + tol)``, ``new q3 < old q1``, the test the other way); anything
+else is **within noise**.
+
+**Paired** (both timings from one interleaved group, ``compare.timing.timer.measure_interleaved``): rules 2 and 3 are
+replaced by one exact test that respects the time structure. Each round gives one difference
+``d = log(new sample) - log(old sample)``; under "no difference" the random order within each round makes every
+``d`` as likely to have either sign whatever the load did over time, so the Wilcoxon signed-rank statistic's exact
+sign-flip distribution (:func:`signed_rank_greater`) gives the p-value: valid at the nominal rate under drift, bursts
+and bimodal samples, which Mann-Whitney on two separate windows is not (it takes time-correlated samples as
+independent). Rule 1 stays. Fewer than :data:`MIN_PAIRS` rounds can never reach ``alpha`` and are within noise.
+Timings of two runs (``compare diff``) or of separate windows (tensor-parallel groups, sweep cells) cannot be paired:
+they get the unpaired rule, and the verdict's ``design`` says which one was used.
+
+Pure Python: no framework, no report.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compare.problem.cases import InputError
+from compare.timing.timer import INTERLEAVED, Timing, quartiles
+
+#: A timing record: typed, or as stored (``Timing.to_dict``'s object, or just ``median_s`` and ``iqr_s``).
+TimingLike = Timing | Mapping[str, Any]
+
+
+def _timing(t: TimingLike) -> Timing:
+    return t if isinstance(t, Timing) else Timing.from_dict(t)
+
+
+THRESHOLD = 0.05
+NOISE_K = 1.0
+ALPHA = 0.01
+#: Below this many samples on either side, the rank test is skipped (rules 1 and 2 decide alone).
+MIN_SAMPLES_FOR_TEST = 5
+#: Largest sample sizes (each side) for which the exact U distribution is used when there are no ties.
+EXACT_MAX = 20
+#: The verdicts, from ``new``'s point of view.
+SLOWER, FASTER, WITHIN_NOISE = "slower", "faster", "within noise"
+#: The designs a verdict comes from: samples paired by round (one interleaved group) or two separate windows.
+PAIRED, UNPAIRED = "paired by round", "unpaired"
+#: Below this many common rounds the paired test is not run (2^-7 < 0.01: 8 rounds is the least that can reach it).
+MIN_PAIRS = 8
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Quartiles, extremes and samples of one side's timing, in seconds per call."""
+
+    q1: float
+    median: float
+    q3: float
+    samples: tuple[float, ...]
+
+    @property
+    def rel_iqr(self) -> float:
+        return (self.q3 - self.q1) / self.median if self.median > 0 else math.inf
+
+
+def spread(t: TimingLike) -> Spread:
+    """The :class:`Spread` of a timing record (samples when present, else median and IQR)."""
+    t = _timing(t)
+    samples = tuple(float(x) for x in t.samples_s)
+    if len(samples) >= 2:
+        q1, med, q3 = quartiles(sorted(samples))
+        return Spread(q1, med, q3, samples)
+    med, iqr = float(t.median_s), float(t.iqr_s or 0.0)
+    return Spread(med - iqr / 2, med, med + iqr / 2, samples)
+
+
+# --- Mann-Whitney U, by hand ---------------------------------------------------------------------------------
+
+
+def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
+    """Mid-ranks (1-based) of ``values`` and the sizes of their tie groups."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    ties = []
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        ties.append(j - i + 1)
+        i = j + 1
+    return ranks, ties
+
+
+@functools.cache
+def _u_counts(m: int, n: int) -> tuple[int, ...]:
+    """Number of orderings of ``m`` x's and ``n`` y's (no ties) with each value of U_x = #{(x, y): x > y}."""
+    if m == 0 or n == 0:
+        return (1,)
+    out = [0] * (m * n + 1)
+    for u, c in enumerate(_u_counts(m - 1, n)):  # the largest value is an x: it beats all n y's
+        out[u + n] += c
+    for u, c in enumerate(_u_counts(m, n - 1)):  # the largest value is a y
+        out[u] += c
+    return tuple(out)
+
+
+def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """One-sided Mann-Whitney U test that ``x`` tends to be larger than ``y``: returns (U_x, p-value).
+
+    Exact when both samples have at most :data:`EXACT_MAX` values and no value repeats; otherwise the normal
+    approximation with tie correction and continuity correction.
+    """
+    m, n = len(x), len(y)
+    if m == 0 or n == 0:
+        raise ValueError("Mann-Whitney U needs two non-empty samples")
+    ranks, ties = _ranks([*x, *y])
+    u = sum(ranks[:m]) - m * (m + 1) / 2
+    if m <= EXACT_MAX and n <= EXACT_MAX and all(t == 1 for t in ties):
+        counts = _u_counts(m, n)
+        return u, sum(counts[math.ceil(u - 1e-9) :]) / math.comb(m + n, m)
+    total = m + n
+    tie_term = sum(t**3 - t for t in ties) / (total * (total - 1))
+    var = m * n / 12 * ((total + 1) - tie_term)
+    if var <= 0:  # every value equal
+        return u, 1.0
+    z = (u - m * n / 2 - 0.5) / math.sqrt(var)
+    return u, 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@functools.cache
+def _sign_flip_counts(weights: tuple[int, ...]) -> tuple[int, ...]:
+    """For integer ``weights``: how many of the ``2^n`` sign assignments give each sum of the positive weights."""
+    counts = [1] + [0] * sum(weights)
+    for w in weights:
+        for total in range(len(counts) - 1, w - 1, -1):
+            counts[total] += counts[total - w]
+    return tuple(counts)
+
+
+def signed_rank_greater(d: Sequence[float]) -> tuple[float, float]:
+    """One-sided Wilcoxon signed-rank test that the differences ``d`` tend to be positive: (W+, p-value).
+
+    Exact for any ``n``: zeros are dropped, tied ``|d|`` get mid-ranks (doubled to integers), and the p-value is the
+    share of the ``2^n`` sign flips whose positive rank sum reaches the observed one."""
+    nz = [x for x in d if x != 0.0]
+    if not nz:
+        return 0.0, 1.0
+    ranks, _ = _ranks([abs(x) for x in nz])
+    weights = tuple(sorted(round(2 * r) for r in ranks))
+    w_plus = sum(round(2 * r) for r, x in zip(ranks, nz, strict=True) if x > 0)
+    counts = _sign_flip_counts(weights)
+    return w_plus / 2, sum(counts[w_plus:]) / 2 ** len(nz)
+
+
+def paired_differences(old: Timing, new: Timing) -> list[float] | None:
+    """``log(new) - log(old)`` of every round both timed, when both come from one interleaved group; else None."""
+    if old.design != INTERLEAVED or new.design != INTERLEAVED or not old.group or old.group != new.group:
+        return None
+    by_round = dict(zip(old.rounds, old.samples_s, strict=True))
+    return [
+        math.log(t) - math.log(by_round[r]) for r, t in zip(new.rounds, new.samples_s, strict=True) if r in by_round
+    ]
+
+
+# --- verdicts --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimingVerdict:
+    """How ``new`` compares with ``old``: ratio, the noise band, the rank test's p-values and the verdict."""
+
+    old: Spread
+    new: Spread
+    ratio: float
+    tol: float
+    p_slower: float | None
+    p_faster: float | None
+    verdict: str  # SLOWER, FASTER or WITHIN_NOISE
+    design: str = UNPAIRED  # PAIRED or UNPAIRED: which rule decided
+
+    @property
+    def regression(self) -> bool:
+        return self.verdict == SLOWER
+
+    @property
+    def significant(self) -> bool:
+        return self.verdict != WITHIN_NOISE
+
+
+def compare_timing(
+    old: TimingLike, new: TimingLike, threshold: float = THRESHOLD, k: float = NOISE_K, alpha: float = ALPHA
+) -> TimingVerdict:
+    """Apply the module's rule to two timing records (``median_s`` and ``iqr_s``, ``samples_s`` when present): the
+    paired rule when both come from one interleaved group, else the unpaired one."""
+    a, b = spread(old), spread(new)
+    if a.median <= 0 or b.median <= 0:
+        raise InputError(f"a timing median must be positive, got {a.median} and {b.median}")
+    ratio = b.median / a.median
+    tol = max(threshold, k * math.hypot(a.rel_iqr, b.rel_iqr))
+    p_slower = p_faster = None
+    d = paired_differences(_timing(old), _timing(new))
+    if d is not None:
+        if len(d) >= MIN_PAIRS:
+            p_slower, p_faster = signed_rank_greater(d)[1], signed_rank_greater([-x for x in d])[1]
+        if ratio > 1 + tol and p_slower is not None and p_slower < alpha:
+            verdict = SLOWER
+        elif ratio < 1 / (1 + tol) and p_faster is not None and p_faster < alpha:
+            verdict = FASTER
+        else:
+            verdict = WITHIN_NOISE
+        return TimingVerdict(a, b, ratio, tol, p_slower, p_faster, verdict, PAIRED)
+    if min(len(a.samples), len(b.samples)) >= MIN_SAMPLES_FOR_TEST:
+        p_slower = mann_whitney_greater(b.samples, a.samples)[1]
+        p_faster = mann_whitney_greater(a.samples, b.samples)[1]
+    if ratio > 1 + tol and b.q1 > a.q3 and (p_slower is None or p_slower < alpha):
+        verdict = SLOWER
+    elif ratio < 1 / (1 + tol) and b.q3 < a.q1 and (p_faster is None or p_faster < alpha):
+        verdict = FASTER
+    else:
+        verdict = WITHIN_NOISE
+    return TimingVerdict(a, b, ratio, tol, p_slower, p_faster, verdict)
+
+
+def speedup(baseline: TimingLike, timing: TimingLike) -> tuple[float, str]:
+    """``baseline median / this median`` and the verdict of ``timing`` against ``baseline`` ("faster": it is)."""
+    v = compare_timing(baseline, timing)
+    return 1.0 / v.ratio, v.verdict

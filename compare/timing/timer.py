@@ -1,0 +1,374 @@
+"""The shared timer: the only code in the project that times a backend.
+
+Protocol for one measurement of a zero-argument callable ``fn`` (which calls a compiled/jitted function with its
+inputs as arguments) and ``sync`` (which blocks until a pytree of outputs is complete on the device):
+
+1. first call: ``fn()`` then ``sync`` of its output, timed alone (compile + run for compiled backends);
+2. warm-up calls, each synced; the fastest one sizes the sample block;
+3. samples: each runs ``calls_per_sample`` calls in a row, keeps every output, then syncs all of them (so the
+   outputs are consumed and asynchronous work is inside the sample), and divides by the block size. A block is
+   sized to last at least ``min_sample_s`` (far above the clock's resolution);
+4. at least ``min_samples`` samples, more until ``budget_s`` of sampling has passed or ``max_samples``.
+
+Reported: median, IQR, min and max per call, ``n`` samples, the block size, and the first call apart.
+
+**Interleaved** (:func:`measure_interleaved`): the backends compared on one case, dtype and mode are timed together.
+Each is called first on its own (step 1); the warm-up calls then run in rounds, and they size the blocks, which
+backends of about the same speed share (:func:`shared_block_sizes`: two equally fast steps must run blocks of the
+same length for a round's two samples to be exchangeable); then every round runs one block of each, in an order
+drawn at random for that round, until every backend has ``min_samples`` samples and then until
+``budget_s`` per backend has passed (or ``max_samples`` rounds). A burst of load then lands on all of them alike,
+and because the order within a round is random, a round's pair of samples of two backends that are the same is as
+likely to come out one way as the other whatever the load does: the paired test of ``compare.timing.significance`` is
+exact under that design. Each sample records its round; the group has an identifier unique to the run
+(``Timing.group``), so samples of two runs are never paired.
+
+Across the processes of a tensor-parallel group (``agree``: an element-wise maximum over the processes), every
+decision is taken together and every figure is the slowest process's: the first call, the block size, whether to
+take another sample (so every process runs the same number of blocks and no collective is left unmatched) and each
+sample. The caller's ``sync`` ends with a barrier, so a block ends when the slowest process is done.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from compare.formats.jsonfields import Obj, integer, integers, number, numbers, text
+
+#: A result whose IQR is more than this fraction of its median is marked noisy.
+NOISY_IQR_FRACTION = 0.10
+CLOCK = time.perf_counter
+CLOCK_RESOLUTION_S = time.get_clock_info("perf_counter").resolution
+#: How a timing's samples were taken: in its own window of time, or in rounds with the other backends of its group.
+CONTIGUOUS, INTERLEAVED = "contiguous", "interleaved"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call seconds of one (backend, case, mode). ``samples_s`` are per-call times of each sample."""
+
+    median_s: float
+    iqr_s: float
+    min_s: float
+    max_s: float
+    n: int
+    calls_per_sample: int
+    first_call_s: float
+    warmup_calls: int
+    samples_s: tuple[float, ...]
+    #: ``contiguous`` (one window of time) or ``interleaved`` (rounds with the rest of ``group``)
+    design: str = CONTIGUOUS
+    #: interleaved only: the run-unique identifier of the group timed together, and each sample's round
+    group: str = ""
+    rounds: tuple[int, ...] = field(default=())
+
+    @property
+    def noisy(self) -> bool:
+        return self.iqr_s > NOISY_IQR_FRACTION * self.median_s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["samples_s"] = list(self.samples_s)
+        d["rounds"] = list(self.rounds)
+        d["noisy"] = self.noisy
+        if self.design == CONTIGUOUS:  # the layout of a contiguous timing is as it always was
+            for k in ("design", "group", "rounds"):
+                d.pop(k)
+        return d
+
+    @staticmethod
+    def from_dict(d: Obj) -> Timing:
+        """The inverse of :meth:`to_dict` (``noisy`` is derived, so it is not read). ``median_s`` and ``iqr_s`` are
+        required; a record that has only them (a shape-sweep row, an older file) gets ``min_s = max_s = median_s``,
+        ``n`` = its samples, one call per sample, no warm-up and a NaN first call."""
+        median = number(d, "median_s")
+        samples = numbers(d, "samples_s")
+        return Timing(
+            median_s=median,
+            iqr_s=number(d, "iqr_s"),
+            min_s=number(d, "min_s", median),
+            max_s=number(d, "max_s", median),
+            n=integer(d, "n", len(samples)),
+            calls_per_sample=integer(d, "calls_per_sample", 1),
+            first_call_s=number(d, "first_call_s", math.nan),
+            warmup_calls=integer(d, "warmup_calls", 0),
+            samples_s=samples,
+            design=text(d, "design", CONTIGUOUS),
+            group=text(d, "group", ""),
+            rounds=integers(d, "rounds"),
+        )
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """The shared timer's settings for a run (see :func:`measure`); stored in ``config.timing``."""
+
+    warmup: int = 3
+    #: 10: the paired test of ``compare.timing.significance`` can reach p < 0.01 only from 8 rounds on (2^-7 < 0.01)
+    min_samples: int = 10
+    max_samples: int = 100
+    budget_s: float = 1.0
+    min_sample_s: float = 2e-3
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> TimingConfig:
+        """The inverse of :meth:`to_dict`; an absent setting takes its default."""
+        base = TimingConfig()
+        return TimingConfig(
+            warmup=integer(d, "warmup", base.warmup),
+            min_samples=integer(d, "min_samples", base.min_samples),
+            max_samples=integer(d, "max_samples", base.max_samples),
+            budget_s=number(d, "budget_s", base.budget_s),
+            min_sample_s=number(d, "min_sample_s", base.min_sample_s),
+        )
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    """(q1, median, q3) with linear interpolation (``statistics.quantiles`` 'inclusive')."""
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def _run_block(fn: Callable[[], Any], sync: Callable[[Any], None], calls: int) -> tuple[float, Any]:
+    """Seconds for ``calls`` calls in a row and one sync of all their outputs; and the last output."""
+    t0 = CLOCK()
+    outs = [fn() for _ in range(calls)]
+    sync(outs)
+    return CLOCK() - t0, outs[-1]
+
+
+def first_call(fn: Callable[[], Any], sync: Callable[[Any], None]) -> tuple[float, Any]:
+    """Time the first call alone (compile + run for compiled backends); return (seconds, its output)."""
+    t0 = CLOCK()
+    out = fn()
+    sync([out])
+    return CLOCK() - t0, out
+
+
+def measure(
+    fn: Callable[[], Any],
+    sync: Callable[[Any], None],
+    *,
+    first_call_s: float | None = None,
+    warmup: int = 3,
+    min_samples: int = 5,
+    max_samples: int = 100,
+    budget_s: float = 1.0,
+    min_sample_s: float = 2e-3,
+    last_output: Callable[[Any], None] | None = None,
+    agree: Callable[[Sequence[float]], list[float]] | None = None,
+) -> Timing:
+    """Time ``fn`` following the module protocol. ``sync(outputs)`` must block until all are complete.
+
+    Pass ``first_call_s`` when the caller already made (and timed, with :func:`first_call`) the first call.
+    ``last_output``, when given, receives the output of the very last timed call, after the timing is done (the
+    harness checks its parity again: a backend must still be right after warm-up and replays). ``agree`` makes the
+    measurement collective over a group of processes (module docstring); every process must pass the same arguments.
+    """
+    if min_samples < 5:
+        raise ValueError(f"min_samples must be at least 5, got {min_samples}")
+    if warmup < 1:
+        raise ValueError(f"warmup must be at least 1 (it sizes the sample block), got {warmup}")
+    min_sample_s = max(min_sample_s, 1e4 * CLOCK_RESOLUTION_S)
+    together = agree if agree is not None else list
+    first = first_call(fn, sync)[0] if first_call_s is None else first_call_s
+    fastest = float("inf")
+    for _ in range(warmup):
+        fastest = min(fastest, _run_block(fn, sync, 1)[0])
+    first, fastest = together([first, fastest])
+    calls = max(1, math.ceil(min_sample_s / max(fastest, CLOCK_RESOLUTION_S)))
+    samples: list[float] = []
+    start = CLOCK()
+    last: Any = None
+    more = True
+    while more:
+        seconds, last = _run_block(fn, sync, calls)
+        samples.append(seconds / calls)
+        wanted = len(samples) < min_samples or (CLOCK() - start < budget_s and len(samples) < max_samples)
+        more = together([1.0 if wanted else 0.0])[0] > 0.0
+    samples = together(samples)
+    if last_output is not None:
+        last_output(last)
+    del last
+    q1, med, q3 = quartiles(samples)
+    return Timing(
+        median_s=med,
+        iqr_s=q3 - q1,
+        min_s=min(samples),
+        max_s=max(samples),
+        n=len(samples),
+        calls_per_sample=calls,
+        first_call_s=first,
+        warmup_calls=warmup,
+        samples_s=tuple(samples),
+    )
+
+
+@dataclass(frozen=True)
+class Entrant:
+    """One backend of an interleaved group: its step, its sync, and its first call's seconds (already made)."""
+
+    fn: Callable[[], Any]
+    sync: Callable[[Any], None]
+    first_call_s: float
+
+
+def new_group_id(label: str) -> str:
+    """A group identifier unique to this run (``label`` plus a random token): samples of two runs never pair."""
+    return f"{label}#{secrets.token_hex(4)}"
+
+
+def shared_block_sizes(needed: Sequence[int]) -> list[int]:
+    """Calls per block of each entrant of a group, from the calls each needs to fill ``min_sample_s``: entrants
+    whose needs lie within a factor of 2 of the largest of them share that largest one, and so on down.
+
+    Why: the paired test is exact only if a round's two samples of equally fast steps are exchangeable, and two
+    blocks of different lengths are not (under bursty load a short block is more often wholly fast or wholly slow;
+    the medians of the two then differ by the load's pattern, not the steps'). The needs are measured, so noisy (9
+    and 10 calls for the same step under a busy core); with blocks sized each on its own the A/A control called the
+    same backend different in 12 of 120 trials here, against a nominal 2%. Steps more than 2x apart in speed keep
+    their own sizes: no block is more than twice as long as its entrant needs."""
+    out = list(needed)
+    todo = sorted(range(len(out)), key=lambda i: -needed[i])
+    while todo:
+        top = needed[todo[0]]
+        share = [i for i in todo if 2 * needed[i] >= top]
+        for i in share:
+            out[i] = top
+        todo = [i for i in todo if i not in share]
+    return out
+
+
+def _shuffled(items: list[int], rng: random.Random) -> list[int]:
+    rng.shuffle(items)
+    return items
+
+
+def _sized_blocks(
+    entrants: Sequence[Entrant],
+    outcome: list[BaseException | None],
+    warm: list[float],
+    min_sample_s: float,
+    rng: random.Random,
+) -> list[int]:
+    """Each entrant's calls per block: blocks of 1, 2, 4, ... calls, in rounds, until one lasts ``min_sample_s`` and
+    its per-call time is within 30% of the fastest before it; that per-call time (the fastest seen) sizes the block,
+    and entrants of about the same speed then share a size (:func:`shared_block_sizes`). Single calls would not do:
+    under a busy core each call of a fast step can pay a thread's wake-up of about a block's length (here: all 8
+    single calls of a 0.2 ms step took over 2 ms, and its blocks were sized one call long against its twin's 13),
+    which a longer block pays once. A step whose fastest warm-up call (``warm``) and first sizing call were both over
+    10 blocks long is sized by them (a stall of that length was seen too, once in 48 trials). Costs about two blocks."""
+    n = len(entrants)
+    size, per_call, done = [1] * n, list(warm), [False] * n
+    while True:
+        todo = [i for i in range(n) if outcome[i] is None and not done[i]]
+        if not todo:
+            break
+        for i in _shuffled(todo, rng):
+            try:
+                seconds = _run_block(entrants[i].fn, entrants[i].sync, size[i])[0]
+            except Exception as exc:  # this entrant's failure, recorded as its outcome
+                outcome[i] = exc
+                continue
+            this = seconds / size[i]
+            # long enough, and the per-call time no longer falls much as blocks grow (a stall is amortised); a step
+            # far slower than a block is sized by one call
+            settled = this >= 0.7 * per_call[i] or min(seconds, warm[i]) >= 10 * min_sample_s
+            per_call[i] = min(per_call[i], this)
+            if seconds >= min_sample_s and settled:
+                done[i] = True
+            else:
+                size[i] *= 2
+    needed = [max(1, math.ceil(min_sample_s / max(t, CLOCK_RESOLUTION_S))) if math.isfinite(t) else 1 for t in per_call]
+    return shared_block_sizes(needed)
+
+
+def measure_interleaved(
+    entrants: Sequence[Entrant],
+    *,
+    group: str,
+    warmup: int = 3,
+    min_samples: int = 10,
+    max_samples: int = 100,
+    budget_s: float = 1.0,
+    min_sample_s: float = 2e-3,
+    seed: int = 0,
+) -> list[tuple[Timing, Any] | BaseException]:
+    """Time ``entrants`` together, in rounds (module docstring): per entrant, its :class:`Timing` (design
+    ``interleaved``, ``group``, each sample's round) and the output of its last timed call, or the exception its
+    step raised (it leaves the rotation; the others go on). ``seed`` draws the orders (any fixed value keeps the
+    test exact: what matters is that the order does not depend on the load). ``budget_s`` is per entrant."""
+    if min_samples < 5:
+        raise ValueError(f"min_samples must be at least 5, got {min_samples}")
+    if warmup < 1:
+        raise ValueError(f"warmup must be at least 1 (it sizes the sample block), got {warmup}")
+    min_sample_s = max(min_sample_s, 1e4 * CLOCK_RESOLUTION_S)
+    n = len(entrants)
+    outcome: list[BaseException | None] = [None] * n
+    rng = random.Random(seed)
+    warm = [math.inf] * n  # each entrant's fastest warm-up call
+    for _ in range(warmup):  # warm-up in rounds, so that what follows starts from a steady state for all
+        for i in _shuffled([i for i in range(n) if outcome[i] is None], rng):
+            try:
+                warm[i] = min(warm[i], _run_block(entrants[i].fn, entrants[i].sync, 1)[0])
+            except Exception as exc:  # this entrant's failure, recorded as its outcome
+                outcome[i] = exc
+    calls = _sized_blocks(entrants, outcome, warm, min_sample_s, rng)
+    samples: list[list[float]] = [[] for _ in range(n)]
+    rounds: list[list[int]] = [[] for _ in range(n)]
+    last: list[Any] = [None] * n
+    start = CLOCK()
+    r = 0
+    while True:
+        live = [i for i in range(n) if outcome[i] is None]
+        if not live:
+            break
+        short = any(len(samples[i]) < min_samples for i in live)
+        if not short and (CLOCK() - start >= budget_s * len(live) or r >= max_samples):
+            break
+        rng.shuffle(live)
+        for i in live:
+            e = entrants[i]
+            try:
+                seconds, last[i] = _run_block(e.fn, e.sync, calls[i])
+            except Exception as exc:
+                outcome[i], last[i] = exc, None
+                continue
+            samples[i].append(seconds / calls[i])
+            rounds[i].append(r)
+        r += 1
+    out: list[tuple[Timing, Any] | BaseException] = []
+    for i, e in enumerate(entrants):
+        err = outcome[i]
+        if err is not None:
+            out.append(err)
+            continue
+        q1, med, q3 = quartiles(samples[i])
+        t = Timing(
+            median_s=med,
+            iqr_s=q3 - q1,
+            min_s=min(samples[i]),
+            max_s=max(samples[i]),
+            n=len(samples[i]),
+            calls_per_sample=calls[i],
+            first_call_s=e.first_call_s,
+            warmup_calls=warmup,
+            samples_s=tuple(samples[i]),
+            design=INTERLEAVED,
+            group=group,
+            rounds=tuple(rounds[i]),
+        )
+        out.append((t, last[i]))
+    return out
