@@ -13,11 +13,14 @@ from dataclasses import replace
 
 import pytest
 
-from compare import exitcodes, timing
-from compare.cases import PRESETS
-from compare.harness import TimingConfig, run
-from compare.registry import BACKENDS, spec
-from compare.significance import (
+from compare.backends.registry import BACKENDS, spec
+from compare.problem.cases import PRESETS
+from compare.report.summary import summary_section
+from compare.results import environment
+from compare.run import exitcodes
+from compare.run.harness import TimingConfig, run
+from compare.timing import timer as timing
+from compare.timing.significance import (
     ALPHA,
     FASTER,
     PAIRED,
@@ -27,8 +30,7 @@ from compare.significance import (
     compare_timing,
     signed_rank_greater,
 )
-from compare.summary import summary_section
-from compare.timing import INTERLEAVED, Entrant, Timing, measure_interleaved, quartiles
+from compare.timing.timer import INTERLEAVED, Entrant, Timing, measure_interleaved, quartiles
 from tests import cheat_backends
 
 TINY = PRESETS["tiny"].case("float32")
@@ -293,8 +295,8 @@ def test_a_backend_that_cannot_run_on_new_inputs_is_an_error(cheats: list) -> No
 def test_a_step_faster_than_the_measured_ceiling_is_an_implausible_status(monkeypatch: pytest.MonkeyPatch) -> None:
     """A real backend against a ceiling set far too low (as a cheat's time would stand against a true one): the
     status is ``implausible``, it is a finding for the exit code, and the summary names no fastest among them."""
-    from compare import harness
-    from compare.cost_types import Ceilings
+    from compare.cost.records import Ceilings
+    from compare.run import harness
 
     real = harness.measure_ceilings
 
@@ -337,34 +339,57 @@ def _slow(seconds_per_gflop: float):  # type: ignore[no-untyped-def]
 BF16_TIMED = ("torch-eager", "torch-compile", "jax-xla", "jax-unfused")
 
 
-def test_no_real_bf16_backend_is_implausible_where_native_16_bit_matmul_is_slow(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The native bf16 route made 50x slower than float32 (an emulating CPU; this one may have native bf16): the
-    ceiling takes the float32 route, no real bf16 backend is implausible, and the summary says matmul is emulated.
-    The control: with the float32 route slowed as well, the same backends' times are implausible against the
-    ceiling (so the check can see them)."""
-    from compare import harness
+#: Instruction sets with which a CPU multiplies bf16 natively (``compare.results.environment.ISA_FLAGS``): there,
+#: torch's real bf16 steps run on them, whatever the probe is told, and can beat a float32-route ceiling.
+NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
+
+
+def _run_with_native_bf16_slowed(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    from compare.run import harness
     from torch_impl import ceilings
 
     monkeypatch.setattr(harness, "CEILING_PROBES", ("ceilings",))  # torch's routes alone (XLA's probe: below)
-    case = TINY.__class__(TINY.model, TINY.shape, "bfloat16", TINY.dist, TINY.seed)
-    specs = [spec(n) for n in BF16_TIMED]
-    cfg = TimingConfig(warmup=1, min_samples=10, budget_s=0.05)
     monkeypatch.setattr(ceilings, "native_matmul", _slow(1 / 0.5))  # 0.5 GFLOP/s
-    doc = run([case], specs, ["fwd"], cfg, ceilings=True)
+    case = TINY.__class__(TINY.model, TINY.shape, "bfloat16", TINY.dist, TINY.seed)
+    cfg = TimingConfig(warmup=1, min_samples=10, budget_s=0.05)
+    return case, cfg, run([case], [spec(n) for n in BF16_TIMED], ["fwd"], cfg, ceilings=True)
+
+
+def test_a_slow_native_bf16_route_makes_the_ceiling_the_float32_route_and_the_control_flags_every_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The native bf16 route made 50x slower than float32 (an emulating CPU): the ceiling takes the float32 route
+    and the summary says matmul is emulated. The control: with the float32 route slowed as well, every timed bf16
+    backend is implausible against the ceiling (so the check can see them)."""
+    from torch_impl import ceilings
+
+    case, cfg, doc = _run_with_native_bf16_slowed(monkeypatch)
     c = doc.ceilings.get("bfloat16") if doc.ceilings else None
     assert c is not None and c.matmul_emulated and c.route == "float32", c
+    assert "bfloat16 matmul is emulated on this machine" in summary_section(doc)
+
+    monkeypatch.setattr(ceilings, "float32_matmul", _slow(1 / 0.005))  # the control: no fast route left (5 MFLOP/s)
+    doc = run([case], [spec(n) for n in BF16_TIMED], ["fwd"], cfg, ceilings=True)
+    flagged = {r.backend for r in doc.results if r.status == "implausible"}
+    assert flagged == set(BF16_TIMED), [(r.backend, r.status, r.reason) for r in doc.results]
+
+
+@pytest.mark.skipif(
+    bool(set(environment.cpu_isa() or ()) & set(NATIVE_BF16)),
+    reason="this CPU multiplies bf16 natively: its real bf16 steps do not slow down with the probe, so an emulating "
+    "CPU cannot be simulated here (its float32 GEMMs can be slower than its native bf16 ones, e.g. under "
+    "MKL_CBWR=COMPATIBLE, and then a real step rightly beats a float32-route ceiling)",
+)
+def test_no_real_bf16_backend_is_implausible_where_native_16_bit_matmul_is_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a CPU without native bf16 matmul (its real bf16 steps emulate too), with the probe's native route slowed
+    50x: no real bf16 backend is implausible against the float32-route ceiling."""
+    _case, _cfg, doc = _run_with_native_bf16_slowed(monkeypatch)
     assert [(r.backend, r.status) for r in doc.results if r.status != "ok"] == [
         (r.backend, r.status) for r in doc.results if r.status == "deviates"
     ], [(r.backend, r.status, r.reason) for r in doc.results]
     assert all(not r.implausible for r in doc.results)
-    assert "bfloat16 matmul is emulated on this machine" in summary_section(doc)
-
-    monkeypatch.setattr(ceilings, "float32_matmul", _slow(1 / 0.005))  # the control: no fast route left (5 MFLOP/s)
-    doc = run([case], specs, ["fwd"], cfg, ceilings=True)
-    flagged = {r.backend for r in doc.results if r.status == "implausible"}
-    assert flagged == set(BF16_TIMED), [(r.backend, r.status, r.reason) for r in doc.results]
 
 
 def test_tensor_parallel_rows_are_checked_against_the_ceiling_of_their_hosts() -> None:
@@ -372,10 +397,10 @@ def test_tensor_parallel_rows_are_checked_against_the_ceiling_of_their_hosts() -
     plausible against their own run's ceilings and implausible against a ceiling a thousand times lower."""
     from pathlib import Path
 
-    from compare import harness
-    from compare.cases import PRESETS as P
-    from compare.cost_types import Ceilings
-    from compare.results import read_json
+    from compare.cost.records import Ceilings
+    from compare.problem.cases import PRESETS as P
+    from compare.results.document import read_json
+    from compare.run import harness
 
     doc = read_json(Path(__file__).resolve().parents[1] / "reports" / "cpu-tp" / "results.json")
     assert doc.ceilings is not None
@@ -396,7 +421,7 @@ def test_a_ceiling_is_the_higher_of_the_libraries_probes() -> None:
     """torch's GEMMs can be far slower than XLA's on the same machine (MKL_CBWR=COMPATIBLE: 31 against 182 GFLOP/s
     here), and a jax-xla step was then called faster than the machine: the ceiling takes the faster library's rate
     and copy bandwidth, and keeps torch's two 16-bit routes (so "emulated" still reads them)."""
-    from compare.cost_types import Ceiling
+    from compare.cost.records import Ceiling
 
     torch_c = Ceiling(
         50e9,
