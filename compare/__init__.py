@@ -80,11 +80,11 @@ def load_results(path: str | Path) -> Results:
     """A ``results.json`` (validated: an old, foreign or broken file raises :class:`InputError` naming the row and
     field), or a sweep's ``results.jsonl`` / its folder, as a typed results document."""
     from compare.results import document as results
-    from compare.sweep import command as sweep
+    from compare.sweep import store
 
     p = Path(path)
     if p.is_dir() or p.suffix == ".jsonl":
-        return sweep.load_sweep(p)
+        return store.load_sweep(p)
     return results.read_json(p)
 
 

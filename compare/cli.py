@@ -40,6 +40,7 @@ from compare.run.progress import Display, progress_level
 from compare.run.tp_launch import Job
 from compare.run.tp_worker import Cell
 from compare.sweep import command as sweep
+from compare.sweep import store
 
 
 def cmd_list(_: argparse.Namespace) -> int:
@@ -184,7 +185,7 @@ def _gpu_build_table(folder: Path) -> dict[str, Any] | None:
 def cmd_report(a: argparse.Namespace) -> int:
     """Rebuild REPORT.md from a results.json, a sweep's results.jsonl or its folder; measures nothing."""
     path = Path(a.results)
-    doc = sweep.load_sweep(path) if path.is_dir() or path.suffix == ".jsonl" else results.read_json(path)
+    doc = store.load_sweep(path) if path.is_dir() or path.suffix == ".jsonl" else results.read_json(path)
     out = Path(a.out) if a.out else (path if path.is_dir() else path.parent) / "REPORT.md"
     preflight.check_file_writable(out)
     write_text_atomic(out, report.render(doc))

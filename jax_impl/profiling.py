@@ -33,6 +33,7 @@ from typing import Any, Generic, TypeVar
 import jax
 
 from compare.kernels import summary as ks
+from compare.kernels.classify import classify
 
 #: Top-level opcodes that are neither work nor metadata.
 SKIPPED = frozenset(
@@ -196,7 +197,7 @@ def _fusion_kind(ins: Instruction, absorbed: list[str]) -> str:
     if not work or all(o in _DATA_MOVEMENT for o in work):
         return "copy"
     if len(work) == 1:
-        return ks.classify(work[0])
+        return classify(work[0])
     return "fused"
 
 
@@ -249,7 +250,7 @@ def hlo_kernel_table(module: HloModule) -> HloKernels:
             elif op in _GEMM_OPS:
                 name, kind = op, "gemm"
             else:
-                name, kind = op, ks.classify(op)
+                name, kind = op, classify(op)
             row = groups.setdefault((name, kind, tuple(absorbed)), {"count": 0, "first": ins.name, "sites": []})
             row["count"] += 1
             row["sites"].append(ins.name)

@@ -32,7 +32,7 @@ def main() -> int:
     import torch.nn.functional as F
 
     import torch_impl  # noqa: F401  (configures Triton before it is imported)
-    from compare.report.render import fmt_s, table
+    from compare.formats.markdown import fmt_s, table
     from compare.timing import timer as timing
 
     if not torch.cuda.is_available():

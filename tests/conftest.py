@@ -22,7 +22,9 @@ TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
 from compare.backends.registry import spec  # noqa: E402
 from compare.problem.cases import Case  # noqa: E402
 from compare.results.document import Result  # noqa: E402
-from compare.run.harness import TimingConfig, plain_reference, run_one  # noqa: E402
+from compare.run.cell import plain_reference  # noqa: E402
+from compare.run.harness import run_one  # noqa: E402
+from compare.timing.timer import TimingConfig  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -24,7 +24,9 @@ from compare.gate.resolution import ResolutionRow, lookup
 from compare.problem.cases import DTYPES, MODES, PRESETS, Case, committed_cases
 from compare.problem.golden import golden_for
 from compare.results.document import Result
-from compare.run.harness import MODE_TENSORS, TimingConfig, case_resolution, plain_reference, run_one
+from compare.run.cell import MODE_TENSORS, plain_reference
+from compare.run.harness import case_resolution, run_one
+from compare.timing.timer import TimingConfig
 from tests.conftest import explain
 from torch_impl import runner
 from torch_impl.models import build_module

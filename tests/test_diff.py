@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from compare.report import diff as diff_module
-from compare.report.diff import compare_timing, main, mann_whitney_greater
+from compare.report.diff import main
 from compare.results.document import SCHEMA_VERSION, Results
+from compare.timing.significance import compare_timing, mann_whitney_greater
 
 
 def diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, bool]:

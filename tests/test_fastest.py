@@ -18,7 +18,7 @@ from compare.problem.cases import PRESETS
 from compare.report.summary import summary_section
 from compare.results import environment
 from compare.run import exitcodes
-from compare.run.harness import TimingConfig, run
+from compare.run.harness import run
 from compare.timing import timer as timing
 from compare.timing.significance import (
     ALPHA,
@@ -30,7 +30,7 @@ from compare.timing.significance import (
     compare_timing,
     signed_rank_greater,
 )
-from compare.timing.timer import INTERLEAVED, Entrant, Timing, measure_interleaved, quartiles
+from compare.timing.timer import INTERLEAVED, Entrant, Timing, TimingConfig, measure_interleaved, quartiles
 from tests import cheat_backends
 
 TINY = PRESETS["tiny"].case("float32")

@@ -12,7 +12,8 @@ from compare.gate.parity import UnusableCase
 from compare.problem.cases import PRESETS
 from compare.problem.golden import golden_for
 from compare.problem.reference import round_to_dtype
-from compare.run.harness import TimingConfig, run
+from compare.run.harness import run
+from compare.timing.timer import TimingConfig
 
 ODD16 = PRESETS["odd"].case("float16", model="swiglu")
 

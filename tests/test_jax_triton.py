@@ -32,7 +32,9 @@ from compare.backends.registry import BACKENDS, Availability, BackendSpec, spec
 from compare.gate.parity import check_all
 from compare.problem.cases import PRESETS
 from compare.problem.golden import golden_for
-from compare.run.harness import MODE_TENSORS, TimingConfig, plain_reference, run_one
+from compare.run.cell import MODE_TENSORS, plain_reference
+from compare.run.harness import run_one
+from compare.timing.timer import TimingConfig
 from jax_impl import device as dev
 from jax_impl.interop import jax_to_torch, torch_to_jax
 from tests.conftest import TRITON_INTERPRETED

@@ -27,6 +27,9 @@ from typing import Any
 import pytest
 
 from compare.kernels import summary as ks
+from compare.kernels.classify import classify
+from compare.kernels.names import parse_fused_name
+from compare.kernels.shorten import SHORT_WIDTH, shorten
 from compare.problem.cases import PRESETS
 from compare.problem.golden import golden_for
 from compare.report import kernels as kernel_report
@@ -59,39 +62,37 @@ def _checked(s: dict[str, Any]) -> dict[str, Any]:
     ],
 )
 def test_absorbed_ops_parsed_from_inductor_names(name: str) -> None:
-    assert ks.parse_fused_name(name) == ["_unsafe_view", "gelu", "mul"]
-    assert ks.classify(name) == "fused"
+    assert parse_fused_name(name) == ["_unsafe_view", "gelu", "mul"]
+    assert classify(name) == "fused"
     entry = ks.kernel_entry(name, 1)
     assert entry["kind"] == "fused" and entry["absorbed"] == ["_unsafe_view", "gelu", "mul"]
 
 
 def test_absorbed_ops_multi_word_and_edge_cases() -> None:
-    assert ks.parse_fused_name("graph_0_cpp_fused__unsafe_view_gelu_gelu_backward_mul_view_0") == [
+    assert parse_fused_name("graph_0_cpp_fused__unsafe_view_gelu_gelu_backward_mul_view_0") == [
         "_unsafe_view",
         "gelu",
         "gelu_backward",
         "mul",
         "view",
     ]
-    assert ks.parse_fused_name("graph_0_cpp_fused_add_view_1") == ["add", "view"]
-    assert ks.parse_fused_name("triton_red_fused_native_layer_norm_0") == ["native_layer_norm"]
-    assert ks.parse_fused_name("cpp_fused_0") == []
-    assert ks.parse_fused_name("cpp_fused__made_up_op_3") == ["_made", "up", "op"]  # unknown: best effort
-    assert ks.parse_fused_name("aten::mm") is None
-    assert ks.parse_fused_name("ynn_fusion") is None
+    assert parse_fused_name("graph_0_cpp_fused_add_view_1") == ["add", "view"]
+    assert parse_fused_name("triton_red_fused_native_layer_norm_0") == ["native_layer_norm"]
+    assert parse_fused_name("cpp_fused_0") == []
+    assert parse_fused_name("cpp_fused__made_up_op_3") == ["_made", "up", "op"]  # unknown: best effort
+    assert parse_fused_name("aten::mm") is None
+    assert parse_fused_name("ynn_fusion") is None
 
 
 def test_classify() -> None:
-    assert [ks.classify(n) for n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")] == ["gemm"] * 4
-    assert [ks.classify(n) for n in ("aten::gelu", "aten::mul", "aten::add", "aten::gelu_backward")] == [
-        "elementwise"
-    ] * 4
-    assert ks.classify("aten::sum") == "reduction"
-    assert ks.classify("aten::copy_") == ks.classify("aten::to") == "copy"
-    assert ks.classify("triton_tem_fused_mm_0") == "gemm"  # an Inductor GEMM template
-    assert ks.classify("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn") == "gemm"
-    assert ks.classify("Memcpy HtoD (Pageable -> Device)") == "copy"
-    assert ks.classify("aten::made_up") == "other"
+    assert [classify(n) for n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")] == ["gemm"] * 4
+    assert [classify(n) for n in ("aten::gelu", "aten::mul", "aten::add", "aten::gelu_backward")] == ["elementwise"] * 4
+    assert classify("aten::sum") == "reduction"
+    assert classify("aten::copy_") == classify("aten::to") == "copy"
+    assert classify("triton_tem_fused_mm_0") == "gemm"  # an Inductor GEMM template
+    assert classify("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn") == "gemm"
+    assert classify("Memcpy HtoD (Pageable -> Device)") == "copy"
+    assert classify("aten::made_up") == "other"
 
 
 def test_shorten_keeps_meaningful_parts() -> None:
@@ -99,23 +100,23 @@ def test_shorten_keeps_meaningful_parts() -> None:
         "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8>"
         "(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8::Params)"
     )
-    short = ks.shorten(cutlass)
-    assert len(short) <= ks.SHORT_WIDTH and "..." in short
+    short = shorten(cutlass)
+    assert len(short) <= SHORT_WIDTH and "..." in short
     assert short.startswith("cutlass_80_") and short.endswith("_tn_align8")
     cublas = (
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off"
         "_kernel__5x_cublas"
     )
-    assert len(ks.shorten(cublas)) <= ks.SHORT_WIDTH and ks.shorten(cublas).startswith("sm90_xmma_gemm")
+    assert len(shorten(cublas)) <= SHORT_WIDTH and shorten(cublas).startswith("sm90_xmma_gemm")
     mul = (
         "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<c10::BFloat16, "
         "c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, "
         "3> >(int, at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, "
         "at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, 3>)"
     )
-    assert ks.shorten(mul) == "vectorized_elementwise_kernel<MulFunctor>"
-    assert ks.shorten("triton_poi_fused__unsafe_view_gelu_mul_0") == "triton_poi_fused__unsafe_view_gelu_mul_0"
-    assert ks.shorten("aten::mm") == "mm"
+    assert shorten(mul) == "vectorized_elementwise_kernel<MulFunctor>"
+    assert shorten("triton_poi_fused__unsafe_view_gelu_mul_0") == "triton_poi_fused__unsafe_view_gelu_mul_0"
+    assert shorten("aten::mm") == "mm"
 
 
 def _result(backend: str, mode: str, kernels: dict[str, Any] | None) -> dict[str, Any]:

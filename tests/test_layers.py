@@ -1,5 +1,7 @@
-"""Layers a test enforces: no import cycle anywhere in the four packages, counting imports inside functions too; and
-``triton_impl`` framework-neutral.
+"""Layers a test enforces: no import cycle anywhere in the four packages, counting imports inside functions too;
+``compare``'s packages importing only the packages their ``MAY_IMPORT`` names, and every module of it in a package;
+every project name imported from the module that defines it (no module passes names on, but ``compare``'s public
+surface); and ``triton_impl`` framework-neutral.
 
 A module-level graph of ``compare``, ``torch_impl``, ``jax_impl`` and ``triton_impl``: an edge for every ``import``
 or ``from ... import`` of another project module, wherever it stands (a lazy import inside a function is still a
@@ -219,6 +221,70 @@ def test_every_package_says_what_it_may_import_and_the_readme_map_is_generated()
     assert inside.split("<!-- end of module map -->", 1)[0].strip() == p.stdout.strip(), (
         "run `python scripts/module_map.py --write`"
     )
+
+
+# --- names imported from where they live ---------------------------------------------------------------------
+
+#: Folders whose modules may import project names (the four packages, and the tests and scripts that use them).
+IMPORTERS = (*PACKAGES, "tests", "scripts")
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """What a module defines itself: its functions, classes and assigned names (inside ``if``/``try`` too)."""
+    out: set[str] = set()
+    for node in tree.body:
+        for n in ast.walk(node) if isinstance(node, ast.If | ast.Try) else [node]:
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                out.add(n.name)
+            elif isinstance(n, ast.Assign):
+                out.update(x.id for t in n.targets for x in ast.walk(t) if isinstance(x, ast.Name))
+            elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+                out.add(n.target.id)
+    return out
+
+
+def borrowed_imports(root: Path = ROOT) -> list[str]:
+    """Every ``from M import name`` of a project module ``M`` that does not define ``name`` (nor has it as a
+    submodule): a name taken from a module that only passes it on. The public surface, ``from compare import``,
+    is the one allowed re-export."""
+    mods: dict[str, Path] = {}
+    for pkg in IMPORTERS:
+        for path in (root / pkg).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    trees = {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in mods.items()}
+    defined = {name: _top_level_names(tree) for name, tree in trees.items()}
+    bad = []
+    for name, tree in sorted(trees.items()):
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or node.level or node.module in (None, "compare"):
+                continue
+            if node.module not in mods or node.module.split(".")[0] not in PACKAGES:
+                continue
+            for a in node.names:
+                if f"{node.module}.{a.name}" not in mods and a.name not in defined[node.module]:
+                    bad.append(f"{mods[name].relative_to(root)}:{node.lineno} {node.module}.{a.name}")
+    return bad
+
+
+def test_names_are_imported_from_where_they_live() -> None:
+    assert borrowed_imports() == []
+
+
+def test_the_borrowed_import_check_finds_a_passed_on_name(tmp_path: Path) -> None:
+    """Negative control: a module that imports a name from a module that only imports it itself is reported; the
+    defining module, a submodule and the public surface are not."""
+    pkg = tmp_path / "compare"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from compare.low import thing\n")
+    (pkg / "low.py").write_text("def thing():\n    pass\nif True:\n    OTHER = 1\n")
+    (pkg / "mid.py").write_text("from compare.low import thing, OTHER\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "leaf.py").write_text("X = 1\n")
+    (pkg / "top.py").write_text(
+        "from compare.mid import thing\nfrom compare import thing as t\nfrom compare.sub import leaf\n"
+    )
+    assert borrowed_imports(tmp_path) == ["compare/top.py:1 compare.mid.thing"]
 
 
 def foreign_imports(source: str) -> list[str]:

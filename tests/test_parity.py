@@ -19,8 +19,9 @@ from compare.problem.cases import PRESETS, Case, committed_cases
 from compare.problem.golden import Golden, Problem, golden_for
 from compare.problem.reference import GELU_CUBIC, SQRT_2_OVER_PI, round_to_dtype
 from compare.run import harness
-from compare.run.cell import implausible
-from compare.run.harness import TimingConfig, plain_reference, run, run_one
+from compare.run.cell import implausible, plain_reference
+from compare.run.harness import run, run_one
+from compare.timing.timer import TimingConfig
 from tests.conftest import explain, parity_result
 from torch_impl import runner
 from torch_impl.models import GatedMLP, GeluMLP, SimpleGeGLUMLP, build_module

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from compare.problem.cases import Case, Shape
-from compare.report.shapes import case_for_tokens, payback_calls, shapes_section, with_payback
+from compare.problem.shape_cases import case_for_tokens
+from compare.report.shapes import payback_calls, shapes_section, with_payback
 from compare.results.document import Results
 
 pytest.importorskip("torch")

@@ -145,7 +145,7 @@ class Block:
 sys.meta_path.insert(0, Block())
 from compare.problem.cases import PRESETS
 from compare.problem.golden import golden_for
-from compare.run.harness import plain_reference
+from compare.run.cell import plain_reference
 from compare.gate.parity import check_all
 case = PRESETS['tiny'].case('bfloat16')
 g = golden_for(case)

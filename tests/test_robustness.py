@@ -33,6 +33,7 @@ from compare.results import document as results
 from compare.results.document import SCHEMA_VERSION, Results
 from compare.run import exitcodes, harness, preflight
 from compare.sweep import command as sweep
+from compare.sweep import store
 
 ROOT = Path(__file__).resolve().parent.parent
 #: A case whose golden data alone would need about 400 TB: refused by the memory check before anything runs.
@@ -507,12 +508,12 @@ def test_retry_errors_reruns_error_cells_and_the_new_line_wins(
     assert cli.main(args) == 1
     registry.register(BackendSpec("flaky", "torch", "torch_impl.backends.eager", "works now"))
     assert cli.main(args) == 1  # without the flag the stored error stands
-    assert sweep.load_sweep(out).results[0].status == "error"
+    assert store.load_sweep(out).results[0].status == "error"
     assert cli.main([*args, "--retry-errors"]) == 0
     assert "retrying 1 cell(s)" in capsys.readouterr().err
-    (r,) = sweep.load_sweep(out).results
+    (r,) = store.load_sweep(out).results
     assert r.status == "ok" and r.timing is not None and r.timing.n >= 5
-    lines = [json.loads(x) for x in (out / sweep.JSONL).read_text(encoding="utf-8").splitlines()]
+    lines = [json.loads(x) for x in (out / store.JSONL).read_text(encoding="utf-8").splitlines()]
     assert [x["result"]["status"] for x in lines if x["type"] == "cell"] == ["error", "ok"]
 
 
@@ -612,7 +613,7 @@ def test_sigterm_stops_an_isolated_sweep_and_its_worker(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the worker's process group outlived the sweep"
             time.sleep(0.05)
         assert not (out / ".cells").exists()
-        assert sweep.read_sweep(out)["config"]["progress"]["done"] == 0  # the cell in flight is not a result
+        assert store.read_sweep(out)["config"]["progress"]["done"] == 0  # the cell in flight is not a result
     finally:
         if p.poll() is None:
             p.kill()

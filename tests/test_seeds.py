@@ -12,7 +12,9 @@ import pytest
 
 from compare.backends.registry import BACKENDS, spec
 from compare.problem.cases import DTYPES, PRESETS
-from compare.run.harness import TimingConfig, plain_reference, run_one
+from compare.run.cell import plain_reference
+from compare.run.harness import run_one
+from compare.timing.timer import TimingConfig
 
 SEEDS = range(10)
 BACKENDS_SWEPT = ("torch-eager", "jax-xla")

@@ -26,16 +26,9 @@ from compare.backends.registry import Availability, BackendSpec, Prepared, spec
 from compare.cost.records import Ceiling, Ceilings
 from compare.results.document import SCHEMA_VERSION
 from compare.run import harness
-from compare.sweep.command import (
-    JSONL,
-    add_parser,
-    cells_from_config,
-    config_from_args,
-    load_sweep,
-    main,
-    read_sweep,
-    run_sweep,
-)
+from compare.sweep.command import add_parser, config_from_args, main, run_sweep
+from compare.sweep.grid import cells_from_config
+from compare.sweep.store import JSONL, load_sweep, read_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -24,9 +24,9 @@ from compare.backends.registry import Availability, BackendSpec, Prepared, spec
 from compare.backends.tp import Group, Launch, ring_bytes
 from compare.problem.cases import GLU_ACTIVATIONS, GLU_MODELS, PRESETS, TP_MODELS
 from compare.problem.golden import Problem
-from compare.run.harness import TimingConfig
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
+from compare.timing.timer import TimingConfig
 from jax_impl import tp_common, tp_runtime
 from tests.jax_tp_corrupt_backend import NAME as CORRUPT
 from tests.jax_tp_corrupt_backend import SPEC as CORRUPT_SPEC

@@ -22,9 +22,9 @@ from compare.problem.cases import PRESETS
 from compare.problem.golden import Problem, golden_for
 from compare.problem.reference import round_to_dtype
 from compare.run.cell import MODE_TENSORS
-from compare.run.harness import TimingConfig
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
+from compare.timing.timer import TimingConfig
 from tests.fake_tp_backend import NAME, SPEC
 
 MODES = ("fwd", "bwd", "fwd+bwd")

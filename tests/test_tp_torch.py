@@ -18,9 +18,9 @@ import torch.distributed as dist
 from compare.backends.registry import spec
 from compare.backends.tp import megatron_allreduces
 from compare.problem.cases import PRESETS
-from compare.run.harness import TimingConfig
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
+from compare.timing.timer import TimingConfig
 from tests.torch_tp_skip_backend import NAME as SKIP
 from tests.torch_tp_skip_backend import SPEC as SKIP_SPEC
 from torch_impl import tp_common as tc

@@ -32,7 +32,6 @@ tl = pytest.importorskip("triton.language")
 import torch_impl.ops.geglu as geglu_mod  # noqa: E402
 import torch_impl.ops.geglu_matmul as gm_mod  # noqa: E402
 from torch_impl.ops.geglu import (  # noqa: E402
-    ACTIVATIONS,
     GeGLUFunction,
     GLUFunction,
     geglu,
@@ -52,6 +51,7 @@ from torch_impl.ops.geglu_matmul import (  # noqa: E402
     matmul,
 )
 from triton_impl import env as _triton_env  # noqa: E402
+from triton_impl.geglu_kernels import ACTIVATIONS  # noqa: E402
 
 #: This process's one choice (made before triton was imported; see the module docstring).
 INTERPRETED = _triton_env.interpreted()

@@ -9,6 +9,7 @@ import dataclasses
 
 from compare.backends.registry import Availability, BackendSpec, Prepared
 from compare.backends.tp import Group
+from compare.problem.cases import TP_MODELS
 from compare.problem.golden import Problem
 from torch_impl import device as dev
 from torch_impl import tp_common as tc
@@ -20,7 +21,7 @@ SPEC = BackendSpec(
     "torch",
     "tests.torch_tp_skip_backend",
     "torch-tp-manual without its all-reduces (a negative control: must fail parity)",
-    models=tc.TP_MODELS,
+    models=TP_MODELS,
     runtime="torch_impl.tp_runtime",
 )
 

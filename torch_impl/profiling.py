@@ -25,6 +25,8 @@ from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from compare.kernels import summary as ks
+from compare.kernels.classify import classify
+from compare.kernels.names import parse_fused_name
 from torch_impl.ops._launch import PREFIX as LAUNCH_PREFIX
 from torch_impl.quiet_stderr import filtered_stderr
 
@@ -134,7 +136,7 @@ def is_metadata(name: str) -> bool:
 
 
 def _is_inductor_kernel(name: str) -> bool:
-    return ks.parse_fused_name(name) is not None or name.startswith(("triton_", "cpp_"))
+    return parse_fused_name(name) is not None or name.startswith(("triton_", "cpp_"))
 
 
 def _works(e: FunctionEvent, opaque: Collection[str]) -> bool:
@@ -236,7 +238,7 @@ def summarize_events(
     kernels = []
     for name, r in sorted(found.items(), key=lambda kv: kv[1]["first"]):
         # an opaque range is a custom kernel unless its name says what it is (a collective, counted as one too)
-        kind = "custom" if _opaque(name, opaque) and ks.classify(name) != "collective" else None
+        kind = "custom" if _opaque(name, opaque) and classify(name) != "collective" else None
         kernels.append(ks.kernel_entry(name, round(r["total"] / n), kind=kind, time_us=r["time"] / n))
     metadata = [
         {"name": k, "count": round(r["total"] / n)} for k, r in sorted(meta.items(), key=lambda kv: kv[1]["first"])

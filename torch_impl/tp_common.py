@@ -36,14 +36,13 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from compare.backends.registry import Availability, Prepared
 from compare.backends.tp import Collective, Group, TPParts
+from compare.problem.cases import TP_MODELS
 from compare.problem.golden import Problem
 from compare.problem.weights import linear_weight
 from torch_impl import device as dev
 from torch_impl import profiling
 from torch_impl.models import EAGER_ACT_MUL, ActMul, build_module, canonical_params
 
-#: The models run tensor-parallel (``linear`` has no column/row pair).
-TP_MODELS: tuple[str, ...] = ("geglu", "swiglu", "gelu-mlp")
 #: The dimension of each canonical parameter split over the ranks (torch ``(out, in)`` layout); None: whole.
 SHARD_DIM: dict[str, int | None] = {"gate": 0, "up": 0, "down": 1, "fc1": 0, "b1": 0, "fc2": 1, "b2": None}
 #: Profiler events of a collective (counted as one kernel each, nothing inside them): the functional collectives

@@ -4,7 +4,8 @@ types and their helpers are in ``compare.kernels.summary``)."""
 from __future__ import annotations
 
 from compare.formats.markdown import case_label
-from compare.kernels.summary import KINDS, Kernels, op_name
+from compare.kernels.names import op_name
+from compare.kernels.summary import KINDS, Kernels
 from compare.results.document import Results
 
 #: The most absorbed ops listed per fused kernel in the report (the JSON keeps them all).

@@ -27,8 +27,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from triton_impl.env import interpreted
-from triton_impl.geglu_kernels import ACTIVATIONS, BLOCK_SIZE, EXACT_BF16_CAST, FP_FUSION, INTERPRETED, NUM_WARPS
+from triton_impl.env import FP_FUSION, interpreted
+from triton_impl.geglu_kernels import ACTIVATIONS, BLOCK_SIZE, EXACT_BF16_CAST, INTERPRETED, NUM_WARPS
 from triton_impl.geglu_kernels import geglu_bwd_kernel as _geglu_bwd_kernel
 from triton_impl.geglu_kernels import geglu_fwd_kernel as _geglu_fwd_kernel
 
