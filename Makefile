@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 TORCH_CPU := torch==2.13.0
 REPORT_DIR ?= out/report
 
-.PHONY: setup test test-isa lint report report-cpu report-tp golden clean gpu-build test-triton36
+.PHONY: setup check check-tests test test-isa lint report report-cpu report-tp golden clean gpu-build test-triton36
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,16 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# The quick loop for every edit: lint, format, types and the quick tier of the tests (every test has a tier marker,
+# tests/conftest.py refuses one without; no compile at a new shape, no worker process). Under a minute on 2 cores.
+# The lint and the tests run side by side (one core each).
+CHECK_TESTS := quick and not standard and not slow and not compile and not gpu
+check: setup
+	$(MAKE) --no-print-directory -j2 lint check-tests
+
+check-tests: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m "$(CHECK_TESTS)"
 
 # pytest-xdist: two worker processes, each test module on one of them (its shared fixtures, such as a TP worker
 # group, start once); about 1.6x faster on 2 cores. PYTEST_WORKERS=0 runs in this process.

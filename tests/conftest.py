@@ -26,9 +26,19 @@ from compare.run.cell import plain_reference  # noqa: E402
 from compare.run.harness import run_one  # noqa: E402
 from compare.timing.timer import TimingConfig  # noqa: E402
 
+#: Every test's tier, one marker of these at least (the most severe one counts): ``quick`` runs in ``make check``
+#: (in-process, well under a second, no compile at a new shape, no worker process), ``standard`` and ``slow`` only in
+#: ``make test``. A module marks its tier once (``pytestmark``) and a heavier test of it marks its own.
+TIERS: tuple[str, ...] = ("quick", "standard", "slow")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``gpu``-marked tests skip, saying why, where torch sees no CUDA device (they run in the GPU check)."""
+    """Refuse a test without a tier (``make check`` selects by marker, so an unmarked test would silently leave
+    it); ``gpu``-marked tests skip, saying why, where torch sees no CUDA device (they run in the GPU check)."""
+    untiered = [item.nodeid for item in items if not any(t in item.keywords for t in TIERS)]
+    if untiered:
+        shown = "\n  ".join(untiered[:20]) + (f"\n  ... and {len(untiered) - 20} more" if len(untiered) > 20 else "")
+        raise pytest.UsageError(f"tests without a tier marker ({', '.join(TIERS)}):\n  {shown}")
     import torch
 
     if torch.cuda.is_available():

@@ -9,6 +9,8 @@ import pytest
 
 import compare
 
+pytestmark = pytest.mark.quick
+
 
 def test_run_load_and_render(tmp_path: Path) -> None:
     case = compare.PRESETS["tiny"].case("bfloat16")

@@ -26,6 +26,8 @@ from compare.results.environment import (
     xla_max_isa,
 )
 
+pytestmark = pytest.mark.quick
+
 GFLOP = 1e9
 
 #: A ceiling as an older document stored it: the native route only, none of the new fields.

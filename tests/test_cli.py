@@ -16,6 +16,8 @@ from compare.report import render as report
 from compare.results.document import Results
 from tests.conftest import TRITON_INTERPRETED
 
+pytestmark = pytest.mark.standard
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

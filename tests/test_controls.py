@@ -31,6 +31,8 @@ from tests.conftest import explain
 from torch_impl import runner
 from torch_impl.models import build_module
 
+pytestmark = pytest.mark.quick
+
 #: The MLP families' committed cases (``tiny`` and ``odd``, every dtype), per family.
 FAMILY_CASES = {
     m: [PRESETS[p].case(d, model=m) for p in ("tiny", "odd") for d in DTYPES] for m in ("geglu", "swiglu", "gelu-mlp")
@@ -252,6 +254,7 @@ def _expect_fail_or_below_resolution(name: str, case: Case, r: Result) -> None:
 CONTROL_PAIRS = [(n, c) for n in CONTROLS for c in MLP_CASES if not (n == "exact-erf-gelu" and c.model == "swiglu")]
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(("name", "case"), CONTROL_PAIRS, ids=[f"{n}-{c.name}" for n, c in CONTROL_PAIRS])
 def test_control_fails_unless_below_resolution(name: str, case: Case, mode: str) -> None:
@@ -276,6 +279,7 @@ MUST_FAIL: dict[str, tuple[str, ...]] = {
 }
 
 
+@pytest.mark.standard
 @pytest.mark.isa
 @pytest.mark.parametrize(("name", "case"), CONTROL_PAIRS, ids=[f"{n}-{c.name}" for n, c in CONTROL_PAIRS])
 def test_a_control_that_must_fail_fails(name: str, case: Case) -> None:
@@ -288,6 +292,7 @@ def test_a_control_that_must_fail_fails(name: str, case: Case) -> None:
         assert r.status in ("parity-fail", "deviates", "ok"), explain(r)
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.name)
 def test_one_percent_too_small_fails_every_tensor_of_every_committed_case(case: Case) -> None:
     """``y * 0.99`` (and every gradient * 0.99) fails on every committed case in every dtype: 1% is above every
@@ -300,12 +305,14 @@ def test_one_percent_too_small_fails_every_tensor_of_every_committed_case(case: 
         assert "scale" in t.failed, explain(r)
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize("case", [c for c in MLP_CASES if c.dtype != "bfloat16"], ids=lambda c: c.name)
 def test_a_tenth_of_a_percent_fails_in_float32_and_float16(case: Case) -> None:
     r = _run(case, "fwd+bwd", scaled(0.999))
     assert r.status == "parity-fail" and all(not t.passed for t in r.parity.tensors), explain(r)
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize("case", [c for c in MLP_CASES if c.dtype == "bfloat16"], ids=lambda c: c.name)
 def test_a_tenth_of_a_percent_in_bfloat16_changes_the_bits_and_is_judged_by_the_resolution(case: Case) -> None:
     """A 0.1% scale error made before the final rounding (as a backend makes it) changes many bf16 outputs (made after
@@ -322,6 +329,7 @@ def test_a_tenth_of_a_percent_in_bfloat16_changes_the_bits_and_is_judged_by_the_
     _expect_fail_or_below_resolution("scaled-0.999", case, r)
 
 
+@pytest.mark.standard
 def test_exact_gelu_is_caught_in_float32_and_not_resolvable_in_half_precision() -> None:
     """erf and tanh GELU differ by about 2e-4 relative (rms, float64): many float32 ulps, under one bf16/fp16 ulp."""
     for case in GEGLU_CASES:
@@ -335,6 +343,7 @@ def test_exact_gelu_is_caught_in_float32_and_not_resolvable_in_half_precision() 
             assert distinguishable == {False}, rows
 
 
+@pytest.mark.standard
 def test_exact_gelu_is_caught_in_float32_on_gpt2_mlp() -> None:
     """GPT-2's MLP: in float32 the erf GELU is distinguishable (and fails) on every tensor that depends on the GELU,
     that is every one but ``db2`` (the sum of ``dy``, which no activation touches: erf and tanh give it exactly)."""
@@ -368,6 +377,7 @@ ACT = {"geglu": lambda g: F.gelu(g, approximate="tanh"), "swiglu": F.silu}
 GLU_CASES = FAMILY_CASES["geglu"] + FAMILY_CASES["swiglu"]
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize("mode", ["bwd", "fwd+bwd"])
 @pytest.mark.parametrize("case", GLU_CASES, ids=lambda c: c.name)
 def test_a_backward_that_drops_the_activation_derivative_fails_exactly_where_it_should(case: Case, mode: str) -> None:
@@ -380,6 +390,7 @@ def test_a_backward_that_drops_the_activation_derivative_fails_exactly_where_it_
     assert verdict == {k: v for k, v in want.items() if k in verdict}, explain(r)
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize("case", GLU_CASES, ids=lambda c: c.name)
 def test_the_other_glu_activation_fails_every_tensor(case: Case) -> None:
     """SiLU on a GeGLU case, GeGLU's GELU on a SwiGLU case (a backend that ignores the model's activation): every
@@ -401,6 +412,7 @@ class _GeluWithoutDerivative(torch.autograd.Function):
         return da
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize("mode", ["bwd", "fwd+bwd"])
 @pytest.mark.parametrize("case", FAMILY_CASES["gelu-mlp"], ids=lambda c: c.name)
 def test_a_gpt2_mlp_backward_that_drops_gelu_derivative_fails_exactly_where_it_should(case: Case, mode: str) -> None:

@@ -19,6 +19,8 @@ from compare.report import cost as cost_report
 from compare.report.cost import fusion_benefit, fusion_section
 from compare.results.document import Result, Results
 
+pytestmark = pytest.mark.quick
+
 BLOG = PRESETS["blog-mlp"].case("bfloat16")  # 64 x 128 = 8192 tokens, dim 768, hidden 3072
 GEMM = 38_654_705_664  # 2 * 8192 * 768 * 3072: one blog-mlp GEMM
 ACT = 50_331_648  # one bf16 [8192, 3072] intermediate

@@ -15,6 +15,8 @@ from compare.report.diff import main
 from compare.results.document import SCHEMA_VERSION, Results
 from compare.timing.significance import compare_timing, mann_whitney_greater
 
+pytestmark = pytest.mark.quick
+
 
 def diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, bool]:
     """:func:`compare.report.diff.diff` of two hand-written documents, typed as a loaded file would be."""
@@ -173,6 +175,7 @@ def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "lacks case, mode, status, dtype" in capsys.readouterr().err
 
 
+@pytest.mark.standard
 def test_mann_whitney_exact_and_normal() -> None:
     u, p = mann_whitney_greater([6, 7, 8, 9, 10], [1, 2, 3, 4, 5])
     assert u == 25 and p == pytest.approx(1 / 252)

@@ -33,6 +33,8 @@ from compare.timing.significance import (
 from compare.timing.timer import INTERLEAVED, Entrant, Timing, TimingConfig, measure_interleaved, quartiles
 from tests import cheat_backends
 
+pytestmark = pytest.mark.quick
+
 TINY = PRESETS["tiny"].case("float32")
 
 
@@ -108,6 +110,7 @@ def _timings(machine: _Machine, bases: tuple[float, float], rounds: int, interle
     return out
 
 
+@pytest.mark.standard
 def test_aa_on_a_synthetic_loaded_machine_interleaved_holds_the_nominal_rate_and_separate_windows_do_not() -> None:
     """The A/A control in simulation (2000 trials, 20 rounds each, bursts of 40x and drift): the paired rule calls
     the same step different at no more than its nominal rate (2 x ALPHA: either direction); the unpaired rule on
@@ -225,6 +228,7 @@ def busy_core() -> Iterator[None]:
 AA_TRIALS = 24
 
 
+@pytest.mark.standard
 def test_aa_control_same_backend_twice_under_induced_load(twin: str, busy_core: None) -> None:
     """torch-eager and its twin, timed together on ``tiny`` 24 times with a busy process on one core: called
     significantly different in at most 2 trials (nominal 2%: more than 2 of 24 has probability 1.1%). Before,
@@ -252,6 +256,7 @@ def cheats() -> list:
     return [cheat_backends.spec(n) for n in cheat_backends.CHEATS]
 
 
+@pytest.mark.standard
 def test_the_three_cheats_fail_on_fresh_inputs_and_are_never_fastest(cheats: list) -> None:
     cfg = TimingConfig(warmup=1, min_samples=10, budget_s=0.05)
     doc = run([TINY], [spec("torch-eager"), *cheats], ["fwd", "fwd+bwd"], cfg, ceilings=True)
@@ -292,6 +297,7 @@ def test_a_backend_that_cannot_run_on_new_inputs_is_an_error(cheats: list) -> No
 # --- implausible is a status ----------------------------------------------------------------------------------
 
 
+@pytest.mark.standard
 def test_a_step_faster_than_the_measured_ceiling_is_an_implausible_status(monkeypatch: pytest.MonkeyPatch) -> None:
     """A real backend against a ceiling set far too low (as a cheat's time would stand against a true one): the
     status is ``implausible``, it is a finding for the exit code, and the summary names no fastest among them."""
@@ -355,6 +361,7 @@ def _run_with_native_bf16_slowed(monkeypatch: pytest.MonkeyPatch):  # type: igno
     return case, cfg, run([case], [spec(n) for n in BF16_TIMED], ["fwd"], cfg, ceilings=True)
 
 
+@pytest.mark.standard
 def test_a_slow_native_bf16_route_makes_the_ceiling_the_float32_route_and_the_control_flags_every_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -18,6 +18,8 @@ from compare.problem import fixedbits
 from compare.problem.cases import PRESETS
 from compare.problem.golden import GOLDEN_DIR, MANIFEST
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parent.parent
 #: OpenBLAS kernels every x86-64 CPU can run (each sums a float64 or float32 GEMM in its own order).
 CORETYPES = ("Haswell", "Sandybridge", "Nehalem")
@@ -147,6 +149,7 @@ def test_plain_reference_carries_its_twins() -> None:
     assert digest == hashlib.sha256(plain_reference(PRESETS["tiny"].case("bfloat16"))["y"].tobytes()).hexdigest()
 
 
+@pytest.mark.standard
 def test_the_disk_cache_returns_the_same_bits_and_recovers_from_a_bad_entry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,6 +15,8 @@ from compare.problem.reference import round_to_dtype
 from compare.run.harness import run
 from compare.timing.timer import TimingConfig
 
+pytestmark = pytest.mark.quick
+
 ODD16 = PRESETS["odd"].case("float16", model="swiglu")
 
 
@@ -65,6 +67,7 @@ def test_the_control_without_the_screen_is_unusable(blows_up_first: None, monkey
         fresh.reference(ODD16, params, inputs)
 
 
+@pytest.mark.standard
 def test_a_case_with_no_judgeable_draw_is_an_error_in_every_cell(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every sub-draw out of range: each cell of that case is an error naming the cause; the other case still runs."""
     real = fresh._in_range

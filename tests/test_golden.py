@@ -16,6 +16,8 @@ from compare.problem import golden as G
 from compare.problem.cases import PRESETS, committed_cases
 from compare.problem.reference import Arith, compute, round_to_dtype
 
+pytestmark = pytest.mark.quick
+
 
 def test_every_committed_file_matches_its_manifest() -> None:
     manifest = G.read_manifest()
@@ -35,6 +37,7 @@ def test_every_mlp_family_is_committed_on_tiny_and_odd_in_every_dtype() -> None:
                 assert (model, PRESETS[p].shape, dtype) in committed, (model, p, dtype)
 
 
+@pytest.mark.standard
 def test_regeneration_is_byte_identical(tmp_path: Path) -> None:
     G.write_all(tmp_path)
     for case in committed_cases():
@@ -66,6 +69,7 @@ def test_missing_file_says_how_to_regenerate(golden_copy: Path) -> None:
         G.load_file(case, golden_copy)
 
 
+@pytest.mark.standard
 def test_generation_is_a_pure_function_of_the_case() -> None:
     case = (
         PRESETS["cpu-mlp"]
@@ -88,6 +92,7 @@ def test_inputs_hold_dtype_values_and_two_distributions_are_committed() -> None:
     assert np.max(np.abs(heavy)) > 8  # a normal of this size would almost never reach 8
 
 
+@pytest.mark.standard
 def test_weights_are_scaled_by_fan_in() -> None:
     g = G.make_golden(PRESETS["tiny"].case("float32"))
     d, h = PRESETS["tiny"].shape.dim, PRESETS["tiny"].shape.hidden

@@ -35,6 +35,8 @@ from compare.gpu_build.table import (
     row_problems,
 )
 
+pytestmark = pytest.mark.standard
+
 ROOT = Path(__file__).resolve().parent.parent
 TABLE_DIR = ROOT / "reports" / "gpu-build"
 HAS_TORCH = importlib.util.find_spec("torch") is not None

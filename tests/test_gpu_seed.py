@@ -25,7 +25,7 @@ from compare.kernels import summary as ks
 from compare.problem.cases import PRESETS
 from compare.problem.golden import Problem
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.standard]
 
 CASE = PRESETS["blog-mlp"].case("bfloat16")
 

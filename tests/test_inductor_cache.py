@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.standard
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: One GeGLU forward at unit scale, eager and compiled; prints the ISA, the cache folder and the max difference

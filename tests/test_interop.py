@@ -10,6 +10,8 @@ import torch
 
 from jax_impl.interop import is_compact, jax_to_torch, shares_memory, torch_to_jax
 
+pytestmark = pytest.mark.quick
+
 DTYPES = [(torch.float32, jnp.float32), (torch.bfloat16, jnp.bfloat16), (torch.float16, jnp.float16)]
 IDS = ["fp32", "bf16", "fp16"]
 

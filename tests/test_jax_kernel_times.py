@@ -25,6 +25,8 @@ from compare.report.cost import kernel_time_split
 from compare.results.document import Result
 from jax_impl import profiling
 
+pytestmark = pytest.mark.quick
+
 TINY = PRESETS["tiny"]
 #: GEMM kernels per step of the tiny GeGLU MLP: gate, up, down; and the backward's two per projection.
 GEMMS = {"fwd": 3, "fwd+bwd": 9}
@@ -67,6 +69,7 @@ def _wall_us(p: Prepared, calls: int = 15) -> float:
     return statistics.median(times) * 1e6
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 def test_every_kernel_of_a_jitted_step_is_timed(mode: str) -> None:
@@ -78,6 +81,7 @@ def test_every_kernel_of_a_jitted_step_is_timed(mode: str) -> None:
     assert s["trace"] is None  # no trace folder asked for: the trace went to a temporary one
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 def test_kernel_times_add_up_to_about_the_steps_wall_time(mode: str) -> None:
@@ -91,6 +95,7 @@ def test_kernel_times_add_up_to_about_the_steps_wall_time(mode: str) -> None:
     assert 0 < gemm < total < SANE_FACTOR * wall
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 def test_the_fusion_table_can_split_a_jitted_steps_time() -> None:
     """``kernel_time_split`` (GEMM time, time outside GEMMs) is defined for jax-xla's profile, in seconds."""
@@ -102,6 +107,7 @@ def test_the_fusion_table_can_split_a_jitted_steps_time() -> None:
     assert 0 < outside_s < gemm_s + outside_s < 1.0
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 def test_a_kernel_missing_from_the_trace_leaves_every_time_empty(monkeypatch: pytest.MonkeyPatch) -> None:
     """The negative control: the same profile, with one kernel's events dropped from what the trace gives."""

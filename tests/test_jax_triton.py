@@ -41,6 +41,8 @@ from tests.conftest import TRITON_INTERPRETED
 from torch_impl.ops.geglu import geglu_backward, geglu_forward
 from triton_impl import geglu_kernels
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parents[1]
 ON_GPU = dev.platform() in jt.GPU_PLATFORMS
 TINY = PRESETS["tiny"]
@@ -100,6 +102,7 @@ def test_interpreted_kernels_are_refused(monkeypatch: pytest.MonkeyPatch) -> Non
     assert jt.BACKEND.availability() == Availability(False, jt.INTERPRETED_REASON, device="gpu")
 
 
+@pytest.mark.standard
 @pytest.mark.skipif(ON_GPU, reason="JAX has a GPU backend here")
 def test_backend_import_and_availability_import_nothing_heavy() -> None:
     """Importing the backend and asking for availability on CPU imports neither jax_triton, triton nor torch."""
@@ -156,6 +159,7 @@ def test_kernel_module_imports_without_torch() -> None:
     assert out.split() == ["False", str(TRITON_INTERPRETED)]
 
 
+@pytest.mark.standard
 def test_kernels_compile_for_cuda_with_jax_triton_convention(tmp_path: Path) -> None:
     """Ahead-of-time compile (no GPU needed) of both kernels for sm_90, the way jax-triton specialises them: one
     pointer per array argument, inputs then outputs (16-byte aligned), ``n_elements``/``BLOCK``/``EXACT_BF16``/``ACT``
@@ -312,6 +316,7 @@ def test_same_kernels_as_torch_triton_bit_for_bit(dtype: str, act: str) -> None:
         assert (c["num_warps"], c["enable_fp_fusion"]) == (geglu_kernels.NUM_WARPS, geglu_kernels.FP_FUSION)
 
 
+@pytest.mark.standard
 @needs_interpreter
 @pytest.mark.parametrize(
     ("model", "dtype", "mode"),

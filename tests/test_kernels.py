@@ -35,6 +35,8 @@ from compare.problem.golden import golden_for
 from compare.report import kernels as kernel_report
 from compare.results.document import Results
 
+pytestmark = pytest.mark.quick
+
 TINY = PRESETS["tiny"].case("float32")
 T, DIM, HIDDEN = TINY.shape.tokens, TINY.shape.dim, TINY.shape.hidden
 
@@ -310,6 +312,7 @@ def test_torch_eager_geglu_forward_backward() -> None:
         assert _by_name(s) == {"aten::mm": 9, "aten::gelu": 1, "aten::mul": 3, "aten::gelu_backward": 1, "aten::add": 1}
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 def test_torch_compile_geglu_forward_fuses_gelu_and_mul() -> None:
     s = _torch_summary("torch-compile", "fwd")
@@ -325,6 +328,7 @@ def test_torch_compile_geglu_forward_fuses_gelu_and_mul() -> None:
         assert _graph_counter_normalised(fused[0]["name"]) == "graph_<k>_cpp_fused__unsafe_view_gelu_mul_0"
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 def test_torch_compile_geglu_forward_backward() -> None:
     s = _torch_summary("torch-compile", "fwd+bwd")
@@ -347,6 +351,7 @@ def test_torch_triton_launch_is_one_kernel_beside_the_gemms() -> None:
         assert ks.count_by_kind(s) == {"gemm": 3, "custom": 1} and "interpreter" in s["notes"]
 
 
+@pytest.mark.standard
 def test_inductor_kernel_profile_flag_is_restored() -> None:
     """The test helper compiles with the flag on and restores it afterwards."""
     from torch_impl import profiling
@@ -473,6 +478,7 @@ def _is_gemm(k: dict[str, Any]) -> bool:
     )
 
 
+@pytest.mark.standard
 def test_jax_xla_geglu_forward_fuses_gelu_with_mul() -> None:
     s = _jax_summary("fwd")
     assert s["source"] == "xla-hlo" and s["device"] == "cpu"
@@ -483,6 +489,7 @@ def test_jax_xla_geglu_forward_fuses_gelu_with_mul() -> None:
     assert {m["name"] for m in s["metadata_ops"]} <= {"bitcast", "reshape"}
 
 
+@pytest.mark.standard
 def test_jax_xla_cost_matches_analytic_gemm_flops() -> None:
     cost = _jax_summary("fwd")["xla_cost"]
     gemm_flops = 2 * T * DIM * HIDDEN * 3
@@ -510,6 +517,7 @@ def test_jax_trace_written(tmp_path: Path) -> None:
     assert s["kernels_per_step"] == _jax_summary("fwd")["kernels_per_step"]
 
 
+@pytest.mark.standard
 def test_torch_triton_fused_forward_backward_counts_what_runs_inside_the_backward() -> None:
     """11 kernels per step: forward, the fused gate/up GEMM and the down GEMM; the down projection's backward, 2
     Triton GEMMs; the fused step's backward, 2 recompute GEMMs (g, u), the Triton GeGLU backward and 4 GEMMs (dx

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("compare", "torch_impl", "jax_impl", "triton_impl")
 #: Top-level packages ``triton_impl`` may import besides the standard library and itself.
@@ -124,6 +126,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@pytest.mark.standard
 def test_no_import_cycles_anywhere() -> None:
     assert cycles(import_graph()) == []
 
@@ -189,6 +192,7 @@ def test_compare_keeps_to_its_layers() -> None:
     assert layer_violations(import_graph(), layer_rules()) == []
 
 
+@pytest.mark.standard
 def test_the_layer_check_finds_planted_violations(tmp_path: Path) -> None:
     """Negative control on a copy of the tree: a module in a low package importing a high one, a package importing
     the command line, and a module outside any package are each reported; the unplanted copy has none."""
@@ -267,6 +271,7 @@ def borrowed_imports(root: Path = ROOT) -> list[str]:
     return bad
 
 
+@pytest.mark.standard
 def test_names_are_imported_from_where_they_live() -> None:
     assert borrowed_imports() == []
 
@@ -332,6 +337,7 @@ def test_the_triton_impl_rule_finds_a_framework_import() -> None:
     assert foreign_imports(source) == ["5: torch", "6: jax_impl", "7: compare.backends.registry", "9: jax.numpy"]
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize("mode", ["auto", "compile"])
 def test_triton_impl_imports_with_torch_and_jax_blocked(mode: str) -> None:
     """With torch, jax, flax, jax_triton, ``torch_impl`` and ``jax_impl`` made unimportable, every module of

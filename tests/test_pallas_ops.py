@@ -24,6 +24,8 @@ from jax import export
 
 from jax_impl.ops.geglu_pallas import ACTIVATIONS, SUPPORTED_DTYPES, geglu, geglu_reference, glu, glu_reference
 
+pytestmark = pytest.mark.quick
+
 # Odd shape (3 * 37 rows, 328 = 256 + 72 columns: ragged in both grid axes) and an aligned one.
 SHAPES = [(3 * 37, 328), (64, 256)]
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -143,6 +145,7 @@ def _assert_matches(name, kernel_out, plain_out, ref64, dtype):
 # ----------------------------------------------------------------------------- tests
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize("act", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -153,6 +156,7 @@ def test_forward_matches_float64(shape, dtype, act):
     _assert_matches(f"h ({act})", kernel_fwd(g, u), plain_fwd(g, u), ref, dtype)
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize("act", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -166,12 +170,14 @@ def test_vjp_matches_float64(shape, dtype, act):
     _assert_matches(f"du ({act})", k_du, p_du, ref_du, dtype)
 
 
+@pytest.mark.standard
 def test_geglu_is_glu_with_gelu_tanh():
     assert geglu is glu and geglu_reference is glu_reference
     g, u, _ = _inputs((3 * 37, 328), jnp.float32)
     np.testing.assert_array_equal(_kernel_fwd(g, u), _BY_ACT["gelu_tanh"][0](g, u))
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_each_activation_fails_the_others_reference(dtype):
     """The static ``act`` does switch the kernel: SiLU's output and gradient are far off GELU's reference and
@@ -197,6 +203,7 @@ def test_silu_extremes_are_finite_and_exact():
     np.testing.assert_array_equal(du, h)
 
 
+@pytest.mark.standard
 def test_grad_of_loss_under_jit():
     g, u, _ = _inputs((3 * 37, 328), jnp.float32, seed=1)
     loss = jax.jit(jax.grad(lambda g, u: jnp.sum(geglu(g, u) ** 2), argnums=(0, 1)))
@@ -207,6 +214,7 @@ def test_grad_of_loss_under_jit():
     assert _tol_ratio(du, ref_du, jnp.float32) <= 1.0
 
 
+@pytest.mark.standard
 def test_small_blocks_many_ragged_tiles():
     # 111 x 328 with 8 x 128 tiles: a 14 x 3 grid whose last row and column of tiles are partial.
     g, u, dh = _inputs((3 * 37, 328), jnp.float32, seed=2)

@@ -26,6 +26,8 @@ from tests.conftest import explain, parity_result
 from torch_impl import runner
 from torch_impl.models import GatedMLP, GeluMLP, SimpleGeGLUMLP, build_module
 
+pytestmark = pytest.mark.quick
+
 CASES = committed_cases()
 TINY = PRESETS["tiny"].case("float32")
 
@@ -114,6 +116,7 @@ def test_every_registered_backend_runs_here_or_needs_a_gpu(backend: str) -> None
     assert {"torch-eager", "jax-xla"} <= set(RUN_HERE)
 
 
+@pytest.mark.standard
 @pytest.mark.isa
 @pytest.mark.parametrize(("backend", "case"), PAIRS, ids=[f"{b}-{c.name}" for b, c in PAIRS])
 def test_forward_parity(backend: str, case: Case) -> None:
@@ -123,6 +126,7 @@ def test_forward_parity(backend: str, case: Case) -> None:
     assert [t.tensor for t in r.parity.tensors] == ["y"]
 
 
+@pytest.mark.standard
 @pytest.mark.isa
 @pytest.mark.parametrize(("backend", "case"), TRAIN_PAIRS, ids=[f"{b}-{c.name}" for b, c in TRAIN_PAIRS])
 def test_gradient_parity_fwd_bwd(backend: str, case: Case) -> None:
@@ -137,6 +141,7 @@ def test_gradient_parity_fwd_bwd(backend: str, case: Case) -> None:
 BWD_PAIRS = [(b, m) for b in RUN_HERE for m in ("geglu", "swiglu", "gelu-mlp") if m in BACKENDS[b].models]
 
 
+@pytest.mark.standard
 @pytest.mark.isa
 @pytest.mark.parametrize(("backend", "model"), BWD_PAIRS, ids=[f"{b}-{m}" for b, m in BWD_PAIRS])
 def test_gradient_parity_bwd_alone(backend: str, model: str) -> None:
@@ -267,6 +272,7 @@ def test_the_last_timed_output_is_checked_too() -> None:
     assert r.reason.startswith("last timed call: y:"), r.reason
 
 
+@pytest.mark.standard
 def test_a_replayed_answer_fails_on_fresh_inputs_and_is_flagged_implausible() -> None:
     """The answer rounded to the dtype passes every parity check on the golden inputs (it is as good as any
     correctly rounded result), but not on fresh ones, and it comes back faster than the matmul ceiling measured in
@@ -299,6 +305,7 @@ def test_a_replayed_answer_fails_on_fresh_inputs_and_is_flagged_implausible() ->
     assert implausible(1.19) == "" and implausible(1.21)
 
 
+@pytest.mark.standard
 def test_a_case_the_gate_cannot_judge_is_an_error_naming_the_tensor_and_the_others_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -327,6 +334,7 @@ def test_a_reference_beyond_the_dtype_is_refused() -> None:
     check_plain("c", "bfloat16", ref, {"y": np.array([1.0, 7e4])})  # bf16 has the range
 
 
+@pytest.mark.standard
 @pytest.mark.isa
 def test_the_jax_dbias_finding_in_numbers() -> None:
     """Finding 1 in numbers, on the committed cases: the bias gradients of 16-bit cases deviate on their rms (more
@@ -427,6 +435,7 @@ def _accurate_gelu() -> Any:
     return lambda v, approximate=True: accurate(v)
 
 
+@pytest.mark.standard
 def test_the_jax_gelu_mlp_findings_in_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The jax-xla findings on GPT-2's MLP, in numbers. Observed on XLA:CPU.
 

@@ -6,11 +6,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from compare.cost import model as costmodel
 from compare.cost.records import Ceiling
 from compare.problem.cases import Case, Shape
 from compare.report.plots import plots_section, render_plots
 from compare.results.document import SCHEMA_VERSION, Results
+
+pytestmark = pytest.mark.quick
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -69,6 +73,7 @@ def _doc(with_cost: bool) -> dict[str, Any]:
     }
 
 
+@pytest.mark.standard
 def test_plots_are_pngs_with_deterministic_names(tmp_path: Path) -> None:
     paths = render_plots(_typed(_doc(with_cost=True)), tmp_path / "plots")
     assert [p.name for p in paths] == [
@@ -108,6 +113,7 @@ def test_single_token_count_or_no_timing_gives_no_plots(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.standard
 def test_section_embeds_the_plots(tmp_path: Path) -> None:
     doc = _doc(with_cost=True)
     doc["plots"] = [p.relative_to(tmp_path).as_posix() for p in render_plots(_typed(doc), tmp_path / "plots")]
@@ -120,6 +126,7 @@ def test_section_embeds_the_plots(tmp_path: Path) -> None:
     assert plots_section(Results()) == ""
 
 
+@pytest.mark.standard
 def test_the_ceiling_plot_renders_from_a_real_run(tmp_path: Path) -> None:
     """A run that measures its ceilings stores the cost model's roofline numbers (``cost.achieved``) on every timed,
     modelled result, and the ceiling plot draws them: no hand-made keys on either side."""

@@ -8,6 +8,8 @@ import pytest
 
 from compare.run.progress import Display, eta, fmt_duration
 
+pytestmark = pytest.mark.quick
+
 
 def test_plain_lines_count_cells_and_estimate_the_time_left() -> None:
     out = io.StringIO()

@@ -21,6 +21,8 @@ from compare.problem.shape_cases import case_for_tokens
 from compare.report.shapes import payback_calls, shapes_section, with_payback
 from compare.results.document import Results
 
+pytestmark = pytest.mark.quick
+
 pytest.importorskip("torch")
 
 BASE = Case("geglu", Shape(1, 1, 64, 128), "float32")
@@ -54,6 +56,7 @@ def torch_static() -> tuple[list[dict[str, Any]], int]:
     return rows, cnt.frame_count
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 def test_torch_static_compile_recompiles_once_per_shape() -> None:
     rows, backend_calls = torch_static()
@@ -64,12 +67,14 @@ def test_torch_static_compile_recompiles_once_per_shape() -> None:
     assert "unique_graphs" in rows[0]["compile_counter"]
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 def test_torch_dynamic_compile_does_not_recompile_per_shape() -> None:
     rows = _backend("torch-compile").shape_sweep(make, TOKENS, dynamic=True, budget_s=BUDGET)
     assert compiles(rows) == [1, 1, 0]  # size 1 is specialised; 8 and 33 share one dynamic graph
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 def test_torch_static_past_the_recompile_limit_is_an_error_row() -> None:
     import torch._dynamo
@@ -95,6 +100,7 @@ def test_shape_generic_torch_backends_compile_nothing() -> None:
             assert compiles(tri)[0] >= 1 and all(r["timed"] for r in tri)
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 def test_a_recompile_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch._dynamo.utils import counters
@@ -113,6 +119,7 @@ def test_a_recompile_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatc
         _backend("torch-eager").shape_sweep(make, [8], budget_s=BUDGET)
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 def test_jax_jit_compiles_once_per_new_shape() -> None:
     pytest.importorskip("jax")
@@ -122,6 +129,7 @@ def test_jax_jit_compiles_once_per_new_shape() -> None:
     assert all(r["compile_s_reported"] > 0 for r in rows[:3]) and rows[3]["compile_s_reported"] == 0
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 def test_jax_compile_event_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     jax = pytest.importorskip("jax")
@@ -175,6 +183,7 @@ def test_payback_arithmetic() -> None:
     assert shapes_section(Results()) == ""
 
 
+@pytest.mark.standard
 def test_sweep_rows_render() -> None:
     rows, _ = torch_static()
     text = shapes_section(Results(shape_sweep=tuple(rows)))

@@ -15,6 +15,8 @@ from compare.backends import registry
 from compare.cli import main
 from tests import fake_backend
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -27,6 +29,7 @@ def fake() -> Iterator[str]:
         registry.unregister(fake_backend.NAME)
 
 
+@pytest.mark.standard
 @pytest.mark.compile
 def test_a_registered_backend_appears_everywhere(fake: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list"]) == 0

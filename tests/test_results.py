@@ -26,6 +26,8 @@ from compare.results.environment import Environment
 from compare.results.tp import TPInfo, collective_from_dict
 from compare.timing.timer import Timing, TimingConfig
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parent.parent
 CPU = ROOT / "reports" / "cpu"
 

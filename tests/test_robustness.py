@@ -35,6 +35,8 @@ from compare.run import exitcodes, harness, preflight
 from compare.sweep import command as sweep
 from compare.sweep import store
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parent.parent
 #: A case whose golden data alone would need about 400 TB: refused by the memory check before anything runs.
 HUGE_RUN = ["run", "--model", "geglu", "--batch", "100000000", "--dim", "100000", "--seq", "1", "--hidden", "8"]
@@ -485,6 +487,7 @@ def flaky() -> Iterator[None]:
     registry.BACKENDS.pop("flaky", None)
 
 
+@pytest.mark.standard
 def test_retry_errors_reruns_error_cells_and_the_new_line_wins(
     tmp_path: Path, flaky: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -517,6 +520,7 @@ def test_retry_errors_reruns_error_cells_and_the_new_line_wins(
     assert [x["result"]["status"] for x in lines if x["type"] == "cell"] == ["error", "ok"]
 
 
+@pytest.mark.standard
 def test_stale_scratch_is_removed_on_start(tmp_path: Path, flaky: None) -> None:
     out = tmp_path / "sweep"
     (out / ".cells" / "cell-stale").mkdir(parents=True)

@@ -16,6 +16,8 @@ from compare.run.cell import plain_reference
 from compare.run.harness import run_one
 from compare.timing.timer import TimingConfig
 
+pytestmark = pytest.mark.standard
+
 SEEDS = range(10)
 BACKENDS_SWEPT = ("torch-eager", "jax-xla")
 GRID = [(p, m, d) for p in ("tiny", "odd") for m in ("linear", "geglu", "swiglu", "gelu-mlp") for d in DTYPES]

@@ -14,6 +14,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from compare.cost.model import cost
 from compare.problem.cases import PRESETS
 from compare.report import render as report
@@ -21,6 +23,8 @@ from compare.report.cost import fusion_benefit, fusion_section
 from compare.report.shapes import shapes_section, with_payback
 from compare.results.document import Result, Results
 from compare.timing.timer import Timing
+
+pytestmark = pytest.mark.quick
 
 CASE = PRESETS["cpu-mlp"].case("float32")
 

@@ -15,6 +15,8 @@ from compare.report.render import render
 from compare.report.summary import summary_section
 from compare.results.document import Results
 
+pytestmark = pytest.mark.quick
+
 SHAPE = {"batch": 3, "seq": 37, "dim": 96, "hidden": 328}
 
 

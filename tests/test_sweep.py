@@ -30,6 +30,8 @@ from compare.sweep.command import add_parser, config_from_args, main, run_sweep
 from compare.sweep.grid import cells_from_config
 from compare.sweep.store import JSONL, load_sweep, read_sweep
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -84,6 +86,7 @@ def _keys(results: list[dict[str, object]]) -> list[str]:
     return [f"{r['backend']}|{r['case']}|{r['mode']}" for r in results]
 
 
+@pytest.mark.standard
 def test_killed_sweep_resumes_with_every_cell_exactly_once(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     args = [
@@ -142,6 +145,7 @@ def test_killed_sweep_resumes_with_every_cell_exactly_once(tmp_path: Path) -> No
     assert "## Timing" in (out / "REPORT.md").read_text()
 
 
+@pytest.mark.standard
 def test_raising_backend_is_an_error_and_the_sweep_goes_on(
     tmp_path: Path, test_backends: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -185,6 +189,7 @@ def test_raising_backend_is_an_error_and_the_sweep_goes_on(
     assert "4/4 cells already done" in capsys.readouterr().err
 
 
+@pytest.mark.standard
 def test_isolated_worker_crash_is_recorded_with_its_signal(tmp_path: Path, test_backends: None) -> None:
     out = tmp_path / "sweep"
     assert (
@@ -221,6 +226,7 @@ def test_isolated_worker_crash_is_recorded_with_its_signal(tmp_path: Path, test_
     assert not (out / ".cells").exists()  # scratch files cleaned up
 
 
+@pytest.mark.standard
 def test_isolated_hang_is_killed_after_the_cell_timeout(tmp_path: Path, test_backends: None) -> None:
     out = tmp_path / "sweep"
     t0 = time.monotonic()

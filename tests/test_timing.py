@@ -11,6 +11,8 @@ from compare.problem.cases import PRESETS
 from compare.problem.golden import golden_for
 from compare.timing import timer as timing
 
+pytestmark = pytest.mark.quick
+
 
 def _spin(seconds: float) -> float:
     end = time.perf_counter() + seconds
@@ -48,6 +50,7 @@ def test_bad_settings_are_refused() -> None:
         timing.measure(lambda: None, lambda o: None, warmup=0)
 
 
+@pytest.mark.standard
 def test_asynchronous_jax_work_is_measured_in_full() -> None:
     """JAX returns before the work is done (CPU too); the timer's sync puts the work inside the sample."""
     jax = pytest.importorskip("jax")

@@ -22,6 +22,8 @@ from compare.run.tp_launch import Job, free_port, run_job
 from compare.run.tp_worker import Cell
 from compare.timing.timer import TimingConfig
 
+pytestmark = pytest.mark.standard
+
 QUICK = TimingConfig(warmup=1, budget_s=0.05, max_samples=5)
 MODES = ("fwd", "fwd+bwd")
 #: Seconds a two-node run may take in all (start-up is most of it).

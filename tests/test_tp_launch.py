@@ -27,6 +27,8 @@ from compare.run.tp_worker import Cell
 from compare.timing.timer import TimingConfig
 from tests.fake_tp_backend import NAME, SPEC
 
+pytestmark = pytest.mark.quick
+
 MODES = ("fwd", "bwd", "fwd+bwd")
 QUICK = TimingConfig(warmup=1, budget_s=0.02, max_samples=5)
 
@@ -101,6 +103,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.standard
 def test_every_cell_runs_in_one_group(tmp_path: Path) -> None:
     rows = run_job(_job(), root=tmp_path)
     assert [(r["mode"], r["status"]) for r in rows] == [(m, "ok") for m in MODES]
@@ -110,6 +113,7 @@ def test_every_cell_runs_in_one_group(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("group-*"))) == 1, "the group started once for all its cells"
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize(
     ("fault", "says"),
     [
@@ -134,6 +138,7 @@ def test_a_failing_cell_is_an_error_and_the_others_survive(
     assert not [p for p in pids if _alive(p)], "a worker process was left behind"
 
 
+@pytest.mark.standard
 def test_two_runs_at_once_do_not_collide(tmp_path: Path) -> None:
     out: dict[str, list[dict[str, object]]] = {}
 
@@ -150,6 +155,7 @@ def test_two_runs_at_once_do_not_collide(tmp_path: Path) -> None:
     assert len(ports) == 2
 
 
+@pytest.mark.standard
 def test_every_cell_is_checked_on_fresh_inputs_and_the_cheat_fails_there(tmp_path: Path) -> None:
     """The honest fake passes on the job's fresh draw; the cheat (the golden answer stored) passes the first and the
     last timed call and fails on fresh inputs, every tensor, with the seed in its reason."""
@@ -178,6 +184,7 @@ def test_every_cell_is_checked_on_fresh_inputs_and_the_cheat_fails_there(tmp_pat
         assert [(p["passed"], p["tier"]) for p in parity["processes"]] == [(False, "fail")]
 
 
+@pytest.mark.standard
 def test_a_backend_without_fresh_is_an_error_and_its_group_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

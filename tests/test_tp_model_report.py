@@ -21,6 +21,8 @@ from compare.run import harness
 from compare.timing.timer import TimingConfig
 from tests.fake_tp_backend import NAME, SPEC
 
+pytestmark = pytest.mark.quick
+
 TINY = PRESETS["tiny"].case("float32")  # 3 x 37 tokens, dim 96: one [tokens, dim] tensor is 42,624 B in float32
 UNIT = 3 * 37 * 96
 
@@ -86,6 +88,7 @@ def test_not_collectives() -> None:
     assert [classify(n) for n in ("aten::mm", "reduce.1", "aten::sum")] == ["gemm", "reduction", "reduction"]
 
 
+@pytest.mark.standard
 def test_the_report_shows_the_tp_sections() -> None:
     register(SPEC)
     try:
@@ -102,6 +105,7 @@ def test_the_report_shows_the_tp_sections() -> None:
     assert "### Scaling" in text and "fair: same total threads" in text
 
 
+@pytest.mark.standard
 def test_world_size_one_runs_with_no_collective() -> None:
     """One rank holds the whole sum: Megatron issues no collective, and neither do the hand-written backends."""
     case = PRESETS["tiny"].case("float32", model="gelu-mlp")

@@ -25,6 +25,8 @@ from tests.torch_tp_skip_backend import NAME as SKIP
 from tests.torch_tp_skip_backend import SPEC as SKIP_SPEC
 from torch_impl import tp_common as tc
 
+pytestmark = pytest.mark.standard
+
 QUICK = TimingConfig(warmup=1, budget_s=0.02, max_samples=5)
 ITEMSIZE = {"float32": 4, "bfloat16": 2}
 #: (backend, model, dtype, mode): every torch TP backend, family, dtype and the modes with a backward.

@@ -19,6 +19,8 @@ import torch
 from tests.conftest import TRITON_INTERPRET_AT_START, TRITON_INTERPRETED
 from triton_impl import env as _triton_env
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MODULES = sorted(p for p in (ROOT / "tests").glob("test_*.py"))
 
@@ -62,6 +64,7 @@ def test_no_test_module_assigns_the_interpreter_variable() -> None:
     assert not offenders, offenders
 
 
+@pytest.mark.standard
 @pytest.mark.parametrize("forced", ["compile", "interpret"])
 def test_importing_every_test_module_leaves_the_choice_alone(forced: str) -> None:
     """In a fresh process whose choice is forced (``compile`` stands in for a CUDA machine), importing every test

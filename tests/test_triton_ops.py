@@ -53,6 +53,8 @@ from torch_impl.ops.geglu_matmul import (  # noqa: E402
 from triton_impl import env as _triton_env  # noqa: E402
 from triton_impl.geglu_kernels import ACTIVATIONS  # noqa: E402
 
+pytestmark = pytest.mark.quick
+
 #: This process's one choice (made before triton was imported; see the module docstring).
 INTERPRETED = _triton_env.interpreted()
 assert geglu_mod._INTERPRET is INTERPRETED and gm_mod._INTERPRET is INTERPRETED, "kernels built under another mode"

@@ -28,6 +28,8 @@ from jax_impl import dispatch_profile, profiling
 from jax_impl.backends.unfused import op_by_op
 from jax_impl.models import build_module
 
+pytestmark = pytest.mark.standard
+
 TINY = PRESETS["tiny"]
 #: The HLO opcodes of each model's activation (GELU's tanh form; SiLU's sigmoid, which XLA:CPU expands to
 #: 1 / (1 + exp(-s))).

@@ -14,6 +14,8 @@ from compare.problem.reference import compute
 from compare.run.cell import MODE_TENSORS, plain_reference
 from tests.variants import VARIANTS, Variant, variant_outputs
 
+pytestmark = pytest.mark.quick
+
 MLP_CASES = [c for c in committed_cases() if c.model != "linear"]
 PAIRS = [(v, c) for v in VARIANTS for c in MLP_CASES if c.dtype in v.dtypes]
 

@@ -10,7 +10,10 @@ from flax import nnx
 
 from compare.problem.weights import linear_weight
 
+pytestmark = pytest.mark.quick
 
+
+@pytest.mark.standard
 def test_mapping_on_a_non_square_weight() -> None:
     rng = np.random.default_rng(0)
     w = rng.standard_normal((5, 3)).astype(np.float32)  # (out=5, in=3)
