@@ -75,10 +75,12 @@ def parser_for_sweep() -> argparse.ArgumentParser:
 
 
 def _cell_lines(out: Path) -> list[dict[str, object]]:
+    """The cell lines of a sweep's store, complete ones only: read while the sweep runs, its last line may be half
+    written (what follows the last newline is left out)."""
     path = out / JSONL
     if not path.is_file():
         return []
-    lines = [x for x in path.read_text().splitlines() if x.strip()]
+    lines = [x for x in path.read_text().split("\n")[:-1] if x.strip()]
     return [json.loads(x) for x in lines if x.startswith('{"type": "cell"')]
 
 
