@@ -69,7 +69,9 @@ CHEATS = {
 
 def spec(name: str) -> BackendSpec:
     """A registry line for one cheat (``BackendSpec.load`` imports this module and reads ``CHEATS[name]``)."""
-    return _CheatSpec(name, "torch", "tests.cheat_backends", "a cheat: returns the stored answer")
+    return _CheatSpec(
+        name=name, framework="torch", target="tests.cheat_backends", about="a cheat: returns the stored answer"
+    )
 
 
 class _CheatSpec(BackendSpec):

@@ -13,7 +13,12 @@ from compare.problem.shape_cases import GoldenFactory
 NAME = "fake-eager"
 #: The one registry line a new backend needs.
 SPEC = BackendSpec(
-    NAME, "torch", "tests.fake_backend", "a test's stand-in for a new backend", plan="eager", sweep=({},)
+    name=NAME,
+    framework="torch",
+    target="tests.fake_backend",
+    about="a test's stand-in for a new backend",
+    plan="eager",
+    sweep=({},),
 )
 
 

@@ -22,10 +22,10 @@ from compare.problem.reference import Arith, compute
 
 NAME = "fake-tp"
 SPEC = BackendSpec(
-    NAME,
-    "numpy",
-    "tests.fake_tp_backend",
-    "a test's framework-free tensor-parallel backend",
+    name=NAME,
+    framework="numpy",
+    target="tests.fake_tp_backend",
+    about="a test's framework-free tensor-parallel backend",
     models=("geglu", "swiglu", "gelu-mlp"),
     runtime="tests.fake_tp_backend",
     comm="megatron",

@@ -22,7 +22,12 @@ NAME = "gated"
 GATE_ENV = "FUSION_COMPARE_TEST_GATE"
 DTYPE_ENV = "FUSION_COMPARE_TEST_GATE_DTYPE"
 WAIT_S = 300.0
-SPEC = BackendSpec(NAME, "torch", "tests.gated_backend", "torch-eager whose step waits for the test's release file")
+SPEC = BackendSpec(
+    name=NAME,
+    framework="torch",
+    target="tests.gated_backend",
+    about="torch-eager whose step waits for the test's release file",
+)
 
 
 def wait_for_release(gate: Path) -> None:

@@ -21,10 +21,10 @@ from jax_impl.backends.tp_shardmap import BACKEND as SHARDMAP
 
 NAME = "jax-tp-corrupt-device1"
 SPEC = BackendSpec(
-    NAME,
-    "jax",
-    "tests.jax_tp_corrupt_backend",
-    "jax-tp-shardmap with device 1's copy of y scaled after each step (a negative control: must fail parity)",
+    name=NAME,
+    framework="jax",
+    target="tests.jax_tp_corrupt_backend",
+    about="jax-tp-shardmap with device 1's copy of y scaled after each step (a negative control: must fail parity)",
     models=TP_MODELS,
     runtime="jax_impl.tp_runtime",
     launches=("devices", "processes"),

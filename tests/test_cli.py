@@ -115,8 +115,10 @@ def test_a_failing_backend_keeps_the_others(tmp_path: Path) -> None:
     from compare.problem.cases import PRESETS
     from compare.run import harness
 
-    broken = BackendSpec("broken", "torch", "tests.broken_backend_does_not_exist", "missing module")
-    raising = BackendSpec("raising", "torch", "tests.raising_backend", "raises in prepare")
+    broken = BackendSpec(
+        name="broken", framework="torch", target="tests.broken_backend_does_not_exist", about="missing module"
+    )
+    raising = BackendSpec(name="raising", framework="torch", target="tests.raising_backend", about="raises in prepare")
     from compare.backends.registry import spec
 
     doc = harness.run(

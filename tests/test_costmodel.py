@@ -131,7 +131,7 @@ def test_unknown_or_unmodelled_backend_is_refused_naming_what_is_allowed() -> No
         assert name in str(exc.value)
     with pytest.raises(InputError, match="only, not 'linear'"):
         cost(PRESETS["blog-linear"].case("float32"), "torch-triton", "fwd")
-    registry.register(registry.BackendSpec("unmodelled", "torch", "-", "no plan"))
+    registry.register(registry.BackendSpec(name="unmodelled", framework="torch", target="-", about="no plan"))
     try:
         with pytest.raises(InputError, match="no cost model for backend 'unmodelled'; modelled backends: torch-eager"):
             cost(BLOG, "unmodelled", "fwd")

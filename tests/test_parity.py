@@ -234,7 +234,7 @@ class _InlineSpec(BackendSpec):
 
 def test_prepare_is_given_inputs_and_weights_but_no_reference() -> None:
     spy = _Spy()
-    s = _InlineSpec("spy", "torch", "-", "records its argument", backend=spy)
+    s = _InlineSpec(name="spy", framework="torch", target="-", about="records its argument", backend=spy)
     r = run_one(s, TINY, "fwd+bwd", plain_reference(TINY), TimingConfig(), {}, time_it=False)
     assert r.status == "ok", explain(r)
     (problem,) = spy.seen
@@ -292,7 +292,7 @@ def test_a_replayed_answer_fails_on_fresh_inputs_and_is_flagged_implausible() ->
                 step=lambda: y, sync=lambda _: None, to_numpy=lambda t: {"y": t.double().numpy()}, fresh=lambda _: y
             )
 
-    s = _InlineSpec("rounded-answer", "torch", "-", "cheats", backend=Rounded())
+    s = _InlineSpec(name="rounded-answer", framework="torch", target="-", about="cheats", backend=Rounded())
     cfg = TimingConfig(warmup=1, budget_s=0.05)
     doc = run([TINY], [spec("torch-eager"), s], ["fwd"], cfg, ceilings=True)
     rows = {r.backend: r for r in doc.results}

@@ -162,3 +162,35 @@ print('ok')
 """
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", sorted(registry.BACKENDS))
+def test_each_entry_names_its_modules_object(name: str) -> None:
+    """A registry line and the object its target holds agree on the name (a copied backend file that kept its
+    source's name would otherwise report under the wrong row). Imports the target module only: no framework runs."""
+    s = registry.spec(name)
+    try:
+        backend = s.load()
+    except ImportError as exc:  # a framework this environment lacks
+        pytest.skip(f"cannot import {s.target}: {exc}")
+    assert backend.name == name, f"{s.target}.BACKEND.name is {backend.name!r}, its registry line says {name!r}"
+
+
+def test_an_entry_crosses_a_process_boundary_whole() -> None:
+    """Every field survives to_dict -> JSON -> from_dict, for every entry (the TP worker and the sweep worker
+    re-register what they are sent); an unknown field is refused, naming it."""
+    for s in registry.BACKENDS.values():
+        assert registry.BackendSpec.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    d = {**registry.spec("torch-eager").to_dict(), "colour": "red"}
+    with pytest.raises(ValueError, match="colour"):
+        registry.BackendSpec.from_dict(d)
+
+
+def test_the_framework_follows_from_the_target() -> None:
+    assert registry.spec("torch-compile").framework == "torch" and registry.spec("jax-xla").framework == "jax"
+    with pytest.raises(ValueError, match="is a torch module, not jax"):
+        registry.BackendSpec(name="x", target="torch_impl.backends.eager", about="", framework="jax")
+    with pytest.raises(ValueError, match="name its framework"):
+        registry.BackendSpec(name="x", target="elsewhere.backend", about="")
+    with pytest.raises(TypeError):  # keywords only: four positional strings are not an entry
+        registry.BackendSpec("x", "torch", "torch_impl.backends.eager", "")  # type: ignore[misc]

@@ -482,7 +482,9 @@ def flaky() -> Iterator[None]:
     """A backend named ``flaky``: raising (tests.raising_backend) until the test swaps in torch-eager's module."""
     from compare.backends import registry
 
-    registry.register(BackendSpec("flaky", "none", "tests.raising_backend", "raises, then works"))
+    registry.register(
+        BackendSpec(name="flaky", framework="none", target="tests.raising_backend", about="raises, then works")
+    )
     yield
     registry.BACKENDS.pop("flaky", None)
 
@@ -509,7 +511,7 @@ def test_retry_errors_reruns_error_cells_and_the_new_line_wins(
         str(out),
     ]
     assert cli.main(args) == 1
-    registry.register(BackendSpec("flaky", "torch", "torch_impl.backends.eager", "works now"))
+    registry.register(BackendSpec(name="flaky", target="torch_impl.backends.eager", about="works now"))
     assert cli.main(args) == 1  # without the flag the stored error stands
     assert store.load_sweep(out).results[0].status == "error"
     assert cli.main([*args, "--retry-errors"]) == 0
@@ -567,7 +569,7 @@ LAUNCH = """
 import sys
 from compare.backends import registry
 from compare.backends.registry import BackendSpec
-registry.register(BackendSpec("misbehaving", "none", "tests.test_sweep", "hangs in bwd"))
+registry.register(BackendSpec(name="misbehaving", framework="none", target="tests.test_sweep", about="hangs in bwd"))
 from compare.sweep.command import main
 raise SystemExit(main(sys.argv[1:]))
 """

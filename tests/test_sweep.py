@@ -57,8 +57,12 @@ BACKEND = MisbehavingBackend()
 def test_backends() -> Iterator[None]:
     """Register the test-only backends for the duration of a test."""
     added = [
-        BackendSpec("raising", "none", "tests.raising_backend", "raises MemoryError in prepare"),
-        BackendSpec("misbehaving", "none", "tests.test_sweep", "segfaults (fwd) or hangs (bwd)"),
+        BackendSpec(
+            name="raising", framework="none", target="tests.raising_backend", about="raises MemoryError in prepare"
+        ),
+        BackendSpec(
+            name="misbehaving", framework="none", target="tests.test_sweep", about="segfaults (fwd) or hangs (bwd)"
+        ),
     ]
     for s in added:
         registry.register(s)

@@ -52,10 +52,10 @@ GRADS = {
 
 SKIP = "jax-tp-shardmap-skip-psum"
 SKIP_SPEC = BackendSpec(
-    SKIP,
-    "jax",
-    "tests.test_tp_jax",  # the worker re-registers this line from the job file and imports BACKEND from here
-    "jax-tp-shardmap's compute-only twin as the step (a negative control: must fail parity)",
+    name=SKIP,
+    framework="jax",
+    target="tests.test_tp_jax",
+    about="jax-tp-shardmap's compute-only twin as the step (a negative control: must fail parity)",
     models=TP_MODELS,
     runtime=RUNTIME,
     launches=("devices", "processes"),

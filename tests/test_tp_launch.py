@@ -36,10 +36,12 @@ QUICK = TimingConfig(warmup=1, budget_s=0.02, max_samples=5)
 
 CHEAT = "fake-tp-cheat"
 CHEAT_SPEC = BackendSpec(
-    CHEAT,
-    "numpy",
-    "tests.test_tp_launch",
-    "returns the golden answer, rounded to the dtype, at every call (a negative control: must fail on fresh inputs)",
+    name=CHEAT,
+    framework="numpy",
+    target="tests.test_tp_launch",
+    about=(
+        "returns the golden answer, rounded to the dtype, at every call (a negative control: must fail on fresh inputs)"
+    ),
     models=SPEC.models,
     runtime=SPEC.runtime,
     comm="megatron",

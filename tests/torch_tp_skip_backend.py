@@ -17,10 +17,10 @@ from torch_impl.backends.tp_manual import BACKEND as MANUAL
 
 NAME = "torch-tp-skip-reduce"
 SPEC = BackendSpec(
-    NAME,
-    "torch",
-    "tests.torch_tp_skip_backend",
-    "torch-tp-manual without its all-reduces (a negative control: must fail parity)",
+    name=NAME,
+    framework="torch",
+    target="tests.torch_tp_skip_backend",
+    about="torch-tp-manual without its all-reduces (a negative control: must fail parity)",
     models=TP_MODELS,
     runtime="torch_impl.tp_runtime",
 )

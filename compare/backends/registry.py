@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -88,31 +88,41 @@ class TPBackend(Protocol):
     def prepare(self, problem: Problem, mode: str, group: Group) -> Prepared: ...
 
 
-@dataclass(frozen=True)
-class BackendSpec:
-    """Registry entry: everything the core knows about a backend, in one line.
+#: The framework a backend belongs to, by the top package of its target (a backend in any other package, such as a
+#: test's, names its framework with ``framework=``).
+FRAMEWORK_PACKAGES: dict[str, str] = {"torch_impl": "torch", "jax_impl": "jax"}
 
-    ``target`` is the module that holds the backend object (``BACKEND``), imported only when needed. ``models`` and
-    ``modes`` say what it implements. ``plan`` is its cost-model plan (``compare.cost.model.PLANS``: which
+
+@dataclass(frozen=True, kw_only=True)
+class BackendSpec:
+    """Registry entry: everything the core knows about a backend, in one line of keywords.
+
+    ``target`` is the module that holds the backend object (``BACKEND``, whose ``name`` must be this entry's),
+    imported only when needed; ``framework`` follows from its top package (:data:`FRAMEWORK_PACKAGES`). ``models``
+    and ``modes`` say what it implements. ``plan`` is its cost-model plan (``compare.cost.model.PLANS``: which
     intermediates it keeps out of memory, which GEMMs it fuses), None if it is not modelled (no cost rows then);
     ``assumption`` says where that plan is assumed rather than read off the framework. ``sweep`` lists the keyword
     variants with which it joins the compile-cost sweep (``compare.report.shapes``): the backend object then implements
     ``shape_sweep(make, tokens, *, budget_s, **variant) -> rows``, building its own compiled forward per shape and
-    reading its own recompile counter; empty means it does not join.
+    reading its own recompile counter; empty means it does not join. ``kernels`` names the modules of the Triton
+    kernels it launches: the GPU build (``compare gpu-build``) compiles exactly the kernels of the registered
+    backends' modules.
     """
 
     name: str
-    framework: str
     target: str
     about: str
+    #: Derived from ``target`` for the framework packages; given only for a backend outside them.
+    framework: str = ""
     models: tuple[str, ...] = MODELS
     modes: tuple[str, ...] = MODES
     plan: str | None = None
     assumption: str = ""
     sweep: tuple[dict[str, Any], ...] = ()
+    #: Modules of the Triton kernels the backend launches (each declares its build entries, ``GPU_BUILD``).
+    kernels: tuple[str, ...] = ()
     #: Tensor-parallel backends: the module of their worker runtime (``compare.backends.tp``); they run in worker
-    # processes
-    #: started by ``compare.run.tp_launch``, at the case's world size. Empty for single-device backends.
+    #: processes started by ``compare.run.tp_launch``, at the case's world size. Empty for single-device backends.
     runtime: str = ""
     #: Tensor-parallel backends: their communication plan (``compare.cost.comm.COMM_PLANS``), checked byte for byte
     #: against the collectives they report.
@@ -122,6 +132,36 @@ class BackendSpec:
     #: True for its framework's unfused baseline (one kernel per op, every intermediate in memory): what the fusion
     #: table measures the framework's other backends against (:func:`framework_baseline`). One per framework.
     baseline: bool = False
+
+    def __post_init__(self) -> None:
+        derived = FRAMEWORK_PACKAGES.get(self.target.split(".")[0])
+        if derived is not None:
+            if self.framework not in ("", derived):
+                raise ValueError(
+                    f"backend {self.name!r}: its target {self.target} is a {derived} module, not {self.framework}"
+                )
+            object.__setattr__(self, "framework", derived)
+        elif not self.framework:
+            raise ValueError(
+                f"backend {self.name!r}: its target {self.target} is outside the framework packages "
+                f"({', '.join(FRAMEWORK_PACKAGES)}): name its framework with framework="
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as JSON: how it crosses every process boundary (a worker re-registers it, since a test's or
+        an extension's backend exists only in the process that registered it)."""
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BackendSpec:
+        """The inverse of :meth:`to_dict`; an unknown key is an error (a worker of another version)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown registry fields {unknown}; known: {sorted(known)}")
+        tuples = {"models", "modes", "sweep", "kernels", "launches"}
+        values: dict[str, Any] = {k: (tuple(v) if k in tuples else v) for k, v in d.items()}
+        return cls(**values)
 
     def load(self) -> Backend:
         module = importlib.import_module(self.target)
@@ -139,44 +179,47 @@ BACKENDS: dict[str, BackendSpec] = {
     s.name: s
     for s in (
         BackendSpec(
-            "torch-eager",
-            "torch",
-            "torch_impl.backends.eager",
-            "PyTorch eager nn.Modules (the baseline)",
+            name="torch-eager",
+            target="torch_impl.backends.eager",
+            about="PyTorch eager nn.Modules (the baseline)",
             plan="eager",
             sweep=({},),
             baseline=True,
         ),
         BackendSpec(
-            "torch-compile",
-            "torch",
-            "torch_impl.backends.compiled",
-            "torch.compile (Inductor: fused C++ on CPU, Triton on GPU)",
+            name="torch-compile",
+            target="torch_impl.backends.compiled",
+            about="torch.compile (Inductor: fused C++ on CPU, Triton on GPU)",
             plan="fused-ew",
             sweep=({"dynamic": False}, {"dynamic": True}),
         ),
         BackendSpec(
-            "torch-triton",
-            "torch",
-            "torch_impl.backends.triton_geglu",
-            "eager GEMMs + a hand-written Triton kernel for act(g) * u (GELU-tanh or SiLU, a compile-time parameter)",
+            name="torch-triton",
+            target="torch_impl.backends.triton_geglu",
+            kernels=("triton_impl.geglu_kernels",),
+            about=(
+                "eager GEMMs + a hand-written Triton kernel for act(g) * u (GELU-tanh or SiLU, a compile-time "
+                "parameter)"
+            ),
             models=GLU_MODELS,
             plan="fused-ew",
             sweep=({},),
         ),
         BackendSpec(
-            "torch-triton-fused",
-            "torch",
-            "torch_impl.backends.triton_fused",
-            "one Triton GEMM for act(x Wg^T) * (x Wu^T), activation in the epilogue (g, u never stored) + a down GEMM",
+            name="torch-triton-fused",
+            target="torch_impl.backends.triton_fused",
+            kernels=("triton_impl.geglu_matmul_kernels",),
+            about=(
+                "one Triton GEMM for act(x Wg^T) * (x Wu^T), activation in the epilogue (g, u never stored) + a "
+                "down GEMM"
+            ),
             models=GLU_MODELS,
             plan="fused-gemm",
         ),
         BackendSpec(
-            "jax-xla",
-            "jax",
-            "jax_impl.backends.xla",
-            "flax.nnx modules under jax.jit (XLA fusion)",
+            name="jax-xla",
+            target="jax_impl.backends.xla",
+            about="flax.nnx modules under jax.jit (XLA fusion)",
             plan="fused-ew",
             sweep=({},),
             assumption=(
@@ -186,11 +229,12 @@ BACKENDS: dict[str, BackendSpec] = {
             ),
         ),
         BackendSpec(
-            "jax-unfused",
-            "jax",
-            "jax_impl.backends.unfused",
-            "the jax-xla module with each op (linear, activation, mul) its own jitted computation, called from Python "
-            "and differentiated by jax.vjp outside any jit (JAX's unfused baseline)",
+            name="jax-unfused",
+            target="jax_impl.backends.unfused",
+            about=(
+                "the jax-xla module with each op (linear, activation, mul) its own jitted computation, called from "
+                "Python and differentiated by jax.vjp outside any jit (JAX's unfused baseline)"
+            ),
             plan="eager",
             baseline=True,
             assumption=(
@@ -201,10 +245,9 @@ BACKENDS: dict[str, BackendSpec] = {
             ),
         ),
         BackendSpec(
-            "jax-pallas",
-            "jax",
-            "jax_impl.backends.pallas",
-            "nnx module under jax.jit with the gated activation step as a Pallas kernel (custom VJP)",
+            name="jax-pallas",
+            target="jax_impl.backends.pallas",
+            about="nnx module under jax.jit with the gated activation step as a Pallas kernel (custom VJP)",
             models=GLU_MODELS,
             plan="fused-ew",
             assumption=(
@@ -212,59 +255,60 @@ BACKENDS: dict[str, BackendSpec] = {
             ),
         ),
         BackendSpec(
-            "jax-triton",
-            "jax",
-            "jax_impl.backends.triton",
-            "nnx module with torch-triton's very Triton kernel called through jax_triton",
+            name="jax-triton",
+            target="jax_impl.backends.triton",
+            kernels=("triton_impl.geglu_kernels",),
+            about="nnx module with torch-triton's very Triton kernel called through jax_triton",
             models=GLU_MODELS,
             plan="fused-ew",
             assumption="as torch-triton: XLA dots around a Triton elementwise kernel; residuals g, u",
         ),
         BackendSpec(
-            "torch-tp",
-            "torch",
-            "torch_impl.backends.tp_dtensor",
-            "DTensor tensor parallelism: ColwiseParallel gate/up (fc1), RowwiseParallel down (fc2), eager",
+            name="torch-tp",
+            target="torch_impl.backends.tp_dtensor",
+            about="DTensor tensor parallelism: ColwiseParallel gate/up (fc1), RowwiseParallel down (fc2), eager",
             models=TP_MODELS,
             plan="eager",
             runtime="torch_impl.tp_runtime",
             comm="megatron",
         ),
         BackendSpec(
-            "torch-tp-compile",
-            "torch",
-            "torch_impl.backends.tp_compile",
-            "torch-tp's DTensor module under torch.compile (Inductor)",
+            name="torch-tp-compile",
+            target="torch_impl.backends.tp_compile",
+            about="torch-tp's DTensor module under torch.compile (Inductor)",
             models=TP_MODELS,
             plan="fused-ew",
             runtime="torch_impl.tp_runtime",
             comm="megatron",
         ),
         BackendSpec(
-            "torch-tp-manual",
-            "torch",
-            "torch_impl.backends.tp_manual",
-            "hand-written Megatron TP: local weight slices, one dist.all_reduce of y forward and one of dx backward",
+            name="torch-tp-manual",
+            target="torch_impl.backends.tp_manual",
+            about=(
+                "hand-written Megatron TP: local weight slices, one dist.all_reduce of y forward and one of dx backward"
+            ),
             models=TP_MODELS,
             plan="eager",
             runtime="torch_impl.tp_runtime",
             comm="megatron",
         ),
         BackendSpec(
-            "torch-tp-triton",
-            "torch",
-            "torch_impl.backends.tp_triton",
-            "torch-tp's DTensor plan with torch-triton's act(g) * u Triton kernel on the local slices",
+            name="torch-tp-triton",
+            target="torch_impl.backends.tp_triton",
+            kernels=("triton_impl.geglu_kernels",),
+            about="torch-tp's DTensor plan with torch-triton's act(g) * u Triton kernel on the local slices",
             models=GLU_MODELS,
             plan="fused-ew",
             runtime="torch_impl.tp_runtime",
             comm="megatron",
         ),
         BackendSpec(
-            "jax-tp",
-            "jax",
-            "jax_impl.backends.tp_sharded",
-            "the flax.nnx module with partitioned params under jax.jit: XLA's SPMD partitioner places the collectives",
+            name="jax-tp",
+            target="jax_impl.backends.tp_sharded",
+            about=(
+                "the flax.nnx module with partitioned params under jax.jit: XLA's SPMD partitioner places the "
+                "collectives"
+            ),
             models=TP_MODELS,
             plan="fused-ew",
             runtime="jax_impl.tp_runtime",
@@ -272,11 +316,12 @@ BACKENDS: dict[str, BackendSpec] = {
             launches=("devices", "processes"),
         ),
         BackendSpec(
-            "jax-tp-shardmap",
-            "jax",
-            "jax_impl.backends.tp_shardmap",
-            "hand-written Megatron TP in jax.shard_map: explicit psum of y and of dx; the Pallas act(g) * u kernel per "
-            "shard for GeGLU/SwiGLU",
+            name="jax-tp-shardmap",
+            target="jax_impl.backends.tp_shardmap",
+            about=(
+                "hand-written Megatron TP in jax.shard_map: explicit psum of y and of dx; the Pallas act(g) * u "
+                "kernel per shard for GeGLU/SwiGLU"
+            ),
             models=TP_MODELS,
             plan="fused-ew",
             runtime="jax_impl.tp_runtime",

@@ -33,7 +33,7 @@ from typing import Any
 from compare.backends.registry import BackendSpec
 from compare.gate.fresh import new_seed
 from compare.results.document import Result
-from compare.run.tp_worker import Cell, spec_to_dict
+from compare.run.tp_worker import Cell
 from compare.timing.timer import TimingConfig
 
 #: Seconds a group may take from launch to every process ready (imports, rendezvous).
@@ -136,7 +136,7 @@ def job_doc(job: Job, cells: Sequence[Cell], out: Path, addr: str = "127.0.0.1",
         "timeout_s": job.timeout_s,
         "addr": addr,
         "port": port,
-        "specs": [spec_to_dict(s) for s in job.specs],
+        "specs": [s.to_dict() for s in job.specs],
         "cells": [{"index": c.index, "backend": c.backend, "case": c.case.to_dict(), "mode": c.mode} for c in cells],
         "timing": asdict(job.timing),
         "profile": job.profile,

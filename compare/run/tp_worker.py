@@ -67,39 +67,6 @@ class Cell:
     mode: str
 
 
-def spec_to_dict(s: BackendSpec) -> dict[str, Any]:
-    """A registry line as JSON (a worker process re-registers it: tests' backends exist only in their process)."""
-    return {
-        "name": s.name,
-        "framework": s.framework,
-        "target": s.target,
-        "about": s.about,
-        "models": list(s.models),
-        "modes": list(s.modes),
-        "plan": s.plan,
-        "assumption": s.assumption,
-        "runtime": s.runtime,
-        "comm": s.comm,
-        "launches": list(s.launches),
-    }
-
-
-def spec_from_dict(d: dict[str, Any]) -> BackendSpec:
-    return BackendSpec(
-        d["name"],
-        d["framework"],
-        d["target"],
-        d["about"],
-        models=tuple(d["models"]),
-        modes=tuple(d["modes"]),
-        plan=d["plan"],
-        assumption=d["assumption"],
-        runtime=d["runtime"],
-        comm=d["comm"],
-        launches=tuple(d["launches"]),
-    )
-
-
 class Events:
     """This process's event file (line-buffered, flushed at every event: the launcher reads it while we run)."""
 
@@ -388,7 +355,7 @@ def main(argv: list[str]) -> int:
     out = Path(job["out"]) if job.get("out") else Path(argv[0]).parent  # a multi-host job: beside its file
     events = Events(out / f"rank{rank}.jsonl")
     for d in job["specs"]:
-        register(spec_from_dict(d))
+        register(BackendSpec.from_dict(d))
     launch = Launch(
         world_size=job["world_size"],
         nproc=job["nproc"],
@@ -423,7 +390,7 @@ def main(argv: list[str]) -> int:
 
         try:
             doc = run_cell(
-                spec_from_dict(next(d for d in job["specs"] if d["name"] == cell.backend)),
+                BackendSpec.from_dict(next(d for d in job["specs"] if d["name"] == cell.backend)),
                 cell,
                 group,
                 launch,

@@ -33,10 +33,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # --- running cells --------------------------------------------------------------------------------------------
 
 
-def _spec_dict(s: BackendSpec) -> dict[str, Any]:
-    return asdict(s)
-
-
 def run_cell_inprocess(
     s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, plain_cache: dict[str, Any]
 ) -> tuple[results.Result, dict[str, Any]]:
@@ -71,7 +67,7 @@ def run_cell_isolated(
         cell_path, result_path = Path(tmp) / "cell.json", Path(tmp) / "result.json"
         write_text_atomic(
             cell_path,
-            json.dumps({"spec": _spec_dict(s), "case": cell.case.to_dict(), "mode": cell.mode, "timing": asdict(cfg)}),
+            json.dumps({"spec": s.to_dict(), "case": cell.case.to_dict(), "mode": cell.mode, "timing": asdict(cfg)}),
         )
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
         cmd = [sys.executable, "-m", "compare.sweep.command", "--worker", str(cell_path), str(result_path)]
@@ -112,10 +108,7 @@ def run_cell_isolated(
 def worker_main(cell_path: Path, result_path: Path) -> int:
     """Worker entry point: run the cell described in ``cell_path``, write the outcome to ``result_path``."""
     d = json.loads(cell_path.read_text(encoding="utf-8"))
-    sd = d["spec"]
-    s = BackendSpec(
-        **{**sd, "models": tuple(sd["models"]), "modes": tuple(sd["modes"]), "sweep": tuple(sd.get("sweep") or ())}
-    )
+    s = BackendSpec.from_dict(d["spec"])
     case = Case.from_dict(d["case"])
     cell = Cell(s.name, case, d["mode"])
     result, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**d["timing"]), {})

@@ -1,0 +1,139 @@
+"""Child process groups: start a worker in its own session, watch it, end it and everything it started, and keep
+the tail of what it wrote to stderr. The one place the tool starts a worker process (sweep cells under
+``--isolate``, tensor-parallel ranks, GPU-build compile workers).
+
+A child runs in a new session (``start_new_session=True``), so its process group is its own: ending the group ends
+its compile pools, ptxas runs and gloo helpers too, and a signal sent to the tool's own group (Ctrl-C) reaches the
+child only through :meth:`Child.end`. Its stderr goes to a file (a pipe would block a chatty child once the pipe's
+64 KiB buffer fills while nobody reads it); :meth:`Child.tail` reads its last lines back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+#: How long a child gets after SIGTERM before its group is killed (:meth:`Child.end`).
+TERM_GRACE_S = 5.0
+#: Lines of a child's stderr kept in an error record.
+TAIL_LINES = 20
+
+
+@dataclass
+class Child:
+    """One started worker: its process (the leader of its own process group) and the file its stderr goes to."""
+
+    proc: subprocess.Popen[bytes]
+    err: IO[bytes]
+    started: float
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        """Its exit status (negative: killed by that signal), None while it runs."""
+        return self.proc.poll()
+
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        """Wait at most ``timeout_s`` (None: for ever); its exit status, None if it still runs then."""
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def end(self, grace_s: float = TERM_GRACE_S) -> int:
+        """End the child's whole process group: SIGTERM, ``grace_s`` to exit, then SIGKILL (the group may outlive
+        its leader, so it is killed even when the leader has exited). Returns the leader's exit status."""
+        end_all([self], grace_s)
+        rc = self.proc.returncode
+        assert rc is not None
+        return rc
+
+    def tail(self, lines: int = TAIL_LINES) -> str:
+        """The last ``lines`` non-blank lines of its stderr so far, joined by newlines."""
+        with contextlib.suppress(OSError, ValueError):
+            self.err.flush()
+            self.err.seek(0)
+            text = self.err.read().decode("utf-8", errors="replace")
+            self.err.seek(0, os.SEEK_END)
+            kept = [line.rstrip() for line in text.splitlines() if line.strip()]
+            return "\n".join(kept[-lines:])
+        return ""
+
+    def close(self) -> None:
+        """Close its stderr file (ending the group first if it still runs)."""
+        if self.proc.poll() is None:
+            self.end()
+        self.err.close()
+
+
+def start(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+    stdout: Path | None = None,
+    stderr: Path | None = None,
+) -> Child:
+    """Start ``cmd`` in its own session, stdin closed. ``stdout`` and ``stderr`` name files to write (stdout is
+    discarded when None; stderr goes to an anonymous temporary file when None); :meth:`Child.tail` reads stderr."""
+    err: IO[bytes] = stderr.open("w+b") if stderr is not None else tempfile.TemporaryFile()  # noqa: SIM115
+    out_file = stdout.open("wb") if stdout is not None else None  # the child holds its own copy
+    try:
+        proc = subprocess.Popen(
+            list(cmd),
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out_file if out_file is not None else subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    except BaseException:
+        err.close()
+        raise
+    finally:
+        if out_file is not None:
+            out_file.close()
+    return Child(proc, err, time.time())
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def end_all(children: Sequence[Child], grace_s: float = TERM_GRACE_S) -> None:
+    """End every child's process group, politely then not: SIGTERM to each group still led by a live process, one
+    shared ``grace_s`` for all of them to exit, then SIGKILL to every group and a wait for every leader."""
+    for c in children:
+        if c.proc.poll() is None:
+            _signal_group(c.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for c in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for c in children:
+        _signal_group(c.pid, signal.SIGKILL)
+        c.proc.wait()
+
+
+def describe_exit(rc: int) -> str:
+    """How a process ended, in words: ``exited with status 3``, ``was killed by signal SIGKILL (...)``."""
+    if rc >= 0:
+        return f"exited with status {rc}"
+    try:
+        name = signal.Signals(-rc).name
+    except ValueError:
+        name = f"signal {-rc}"
+    hint = " (the OOM killer sends this when memory runs out)" if -rc == signal.SIGKILL else ""
+    return f"was killed by signal {name}{hint}"
