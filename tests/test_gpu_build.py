@@ -40,7 +40,7 @@ pytestmark = pytest.mark.standard
 ROOT = Path(__file__).resolve().parent.parent
 TABLE_DIR = ROOT / "reports" / "gpu-build"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
-NEEDS_TORCH = "needs torch (imports the torch launcher torch_impl.ops.geglu_matmul); runs in the main venv"
+NEEDS_TORCH = "needs torch (imports the torch launcher torch_impl.ops.glu_matmul); runs in the main venv"
 GEMMS = ("_geglu_matmul_kernel", "_matmul_kernel")
 ELEMENTWISE = ("_geglu_fwd_kernel", "_geglu_bwd_kernel")
 SUBPROCESS_TIMEOUT_S = 600
@@ -163,7 +163,7 @@ def test_the_mode_switch_is_the_one_triton_impl_reads():
 def test_output_span_past_int32_is_refused_before_allocating():
     import torch
 
-    from torch_impl.ops import geglu_matmul as gm
+    from torch_impl.ops import glu_matmul as gm
 
     # 700,000 tokens x 3072 = 2,150,400,000 output elements > 2**31; the inputs (537.6M and 2.4M elements) fit.
     # Meta tensors: no memory is allocated, and the check runs before the output would be.

@@ -38,8 +38,8 @@ from compare.timing.timer import TimingConfig
 from jax_impl import device as dev
 from jax_impl.interop import jax_to_torch, torch_to_jax
 from tests.conftest import TRITON_INTERPRETED
-from torch_impl.ops.geglu import geglu_backward, geglu_forward
-from triton_impl import geglu_kernels
+from torch_impl.ops.glu import geglu_backward, geglu_forward
+from triton_impl import glu_kernels
 
 pytestmark = pytest.mark.quick
 
@@ -95,7 +95,7 @@ def test_missing_jax_triton_is_the_reason(monkeypatch: pytest.MonkeyPatch) -> No
         jt.BACKEND.prepare(golden_for(TINY.case("float32")).problem, "fwd")
 
 
-@pytest.mark.skipif(not geglu_kernels.INTERPRETED, reason="the kernels are compiled GPU kernels here")
+@pytest.mark.skipif(not glu_kernels.INTERPRETED, reason="the kernels are compiled GPU kernels here")
 def test_interpreted_kernels_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dev, "platform", lambda: "gpu")
     monkeypatch.setitem(sys.modules, "jax_triton", types.ModuleType("jax_triton"))
@@ -139,12 +139,12 @@ def test_importing_jax_triton_keeps_triton_cache_dir(monkeypatch: pytest.MonkeyP
 
 
 def test_kernel_file_is_torch_free() -> None:
-    """triton_impl.geglu_kernels (with triton_impl.env) imports triton and never torch; compiled (the mode a GPU
+    """triton_impl.glu_kernels (with triton_impl.env) imports triton and never torch; compiled (the mode a GPU
     machine chooses, forced here) its kernels are real JITFunctions."""
     out = _python(
         """
         import sys
-        import triton_impl.geglu_kernels as k
+        import triton_impl.glu_kernels as k
         print("torch" in sys.modules, "triton" in sys.modules, type(k.geglu_fwd_kernel).__name__)
     """,
         {"FUSION_COMPARE_TRITON": "compile"},
@@ -155,7 +155,7 @@ def test_kernel_file_is_torch_free() -> None:
 def test_kernel_module_imports_without_torch() -> None:
     """The normal import, as jax-triton does it (the choice left to the kernel module: auto): no torch is imported
     to make it, and it is the choice this process made."""
-    out = _python("import sys, triton_impl.geglu_kernels as k; print('torch' in sys.modules, k.INTERPRETED)")
+    out = _python("import sys, triton_impl.glu_kernels as k; print('torch' in sys.modules, k.INTERPRETED)")
     assert out.split() == ["False", str(TRITON_INTERPRETED)]
 
 
@@ -170,7 +170,7 @@ def test_kernels_compile_for_cuda_with_jax_triton_convention(tmp_path: Path) -> 
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
-        from triton_impl import geglu_kernels as k
+        from triton_impl import glu_kernels as k
 
         for fn, n_ptr in ((k.geglu_fwd_kernel, 3), (k.geglu_bwd_kernel, 5)):
             for dt in ("fp32", "bf16", "fp16"):
@@ -265,7 +265,7 @@ class InterpretedTritonCall:
 
 
 needs_interpreter = pytest.mark.skipif(
-    not geglu_kernels.INTERPRETED, reason="the stand-in runs the kernels in Triton's interpreter"
+    not glu_kernels.INTERPRETED, reason="the stand-in runs the kernels in Triton's interpreter"
 )
 
 
@@ -279,7 +279,7 @@ def test_same_kernels_as_torch_triton_bit_for_bit(dtype: str, act: str) -> None:
     """act_mul and its VJP equal torch-triton's glu_forward / glu_backward exactly, for both activations: on a GPU
     through the real jax_triton.triton_call (CUDA tensors shared with JAX by DLPack), elsewhere through the
     interpreted stand-in."""
-    if geglu_kernels.INTERPRETED:
+    if glu_kernels.INTERPRETED:
         call: InterpretedTritonCall | None = InterpretedTritonCall()
         device = torch.device("cpu")
     elif _real_jax_triton():
@@ -303,17 +303,17 @@ def test_same_kernels_as_torch_triton_bit_for_bit(dtype: str, act: str) -> None:
         return
     n = g.numel()
     fwd, bwd = call.calls[0], call.calls[-1]
-    assert (fwd["kernel"], bwd["kernel"]) == (geglu_kernels.geglu_fwd_kernel, geglu_kernels.geglu_bwd_kernel)
+    assert (fwd["kernel"], bwd["kernel"]) == (glu_kernels.geglu_fwd_kernel, glu_kernels.geglu_bwd_kernel)
     assert len(fwd["args"]) == 2 and len(bwd["args"]) == 3 and len(bwd["out_shape"]) == 2
     for c in (fwd, bwd):
-        assert c["grid"] == (-(-n // geglu_kernels.BLOCK_SIZE),)
+        assert c["grid"] == (-(-n // glu_kernels.BLOCK_SIZE),)
         assert c["constexprs"] == {
             "n_elements": n,
-            "BLOCK": geglu_kernels.BLOCK_SIZE,
-            "EXACT_BF16": geglu_kernels.EXACT_BF16_CAST,
+            "BLOCK": glu_kernels.BLOCK_SIZE,
+            "EXACT_BF16": glu_kernels.EXACT_BF16_CAST,
             "ACT": act,
         }
-        assert (c["num_warps"], c["enable_fp_fusion"]) == (geglu_kernels.NUM_WARPS, geglu_kernels.FP_FUSION)
+        assert (c["num_warps"], c["enable_fp_fusion"]) == (glu_kernels.NUM_WARPS, glu_kernels.FP_FUSION)
 
 
 @pytest.mark.standard

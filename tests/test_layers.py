@@ -323,7 +323,7 @@ def test_triton_impl_imports_no_framework() -> None:
         if (bad := foreign_imports(path.read_text(encoding="utf-8")))
     }
     assert not offenders, offenders
-    assert {"triton_impl.env", "triton_impl.geglu_kernels", "triton_impl.geglu_matmul_kernels"} <= set(_modules())
+    assert {"triton_impl.env", "triton_impl.glu_kernels", "triton_impl.glu_matmul_kernels"} <= set(_modules())
 
 
 def test_the_triton_impl_rule_finds_a_framework_import() -> None:
@@ -354,10 +354,10 @@ import triton_impl
 assert 'triton' not in sys.modules  # the package itself imports nothing, and decides nothing
 from triton_impl import env
 interpret = env.choose()
-from triton_impl import geglu_kernels, geglu_matmul_kernels, gpu_build
-assert geglu_kernels.INTERPRETED is geglu_matmul_kernels.INTERPRETED is interpret
-kinds = {{type(k).__name__ for k in (geglu_kernels.geglu_fwd_kernel, geglu_kernels.geglu_bwd_kernel,
-                                     geglu_matmul_kernels.geglu_matmul_kernel, geglu_matmul_kernels.matmul_kernel)}}
+from triton_impl import glu_kernels, glu_matmul_kernels, gpu_build
+assert glu_kernels.INTERPRETED is glu_matmul_kernels.INTERPRETED is interpret
+kinds = {{type(k).__name__ for k in (glu_kernels.geglu_fwd_kernel, glu_kernels.geglu_bwd_kernel,
+                                     glu_matmul_kernels.geglu_matmul_kernel, glu_matmul_kernels.matmul_kernel)}}
 assert kinds == {{'InterpretedFunction' if interpret else 'JITFunction'}}, kinds
 if not interpret:
     assert sorted(gpu_build.describe()['kernels']) == ['geglu_bwd', 'geglu_fwd', 'geglu_matmul', 'matmul']

@@ -1,4 +1,4 @@
-"""Checks for the Pallas gated-MLP kernel in ``jax_impl.ops.geglu_pallas`` with both activations (``act``:
+"""Checks for the Pallas gated-MLP kernel in ``jax_impl.ops.glu_pallas`` with both activations (``act``:
 GeGLU's ``gelu_tanh`` and SwiGLU's ``silu``, a static argument).
 
 Every value is judged against a float64 numpy reference computed from the exact low-precision
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from jax import export
 
-from jax_impl.ops.geglu_pallas import ACTIVATIONS, SUPPORTED_DTYPES, geglu, geglu_reference, glu, glu_reference
+from jax_impl.ops.glu_pallas import ACTIVATIONS, SUPPORTED_DTYPES, geglu, geglu_reference, glu, glu_reference
 
 pytestmark = pytest.mark.quick
 

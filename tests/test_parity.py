@@ -420,7 +420,7 @@ def _accurate_gelu() -> Any:
     import jax
     import jax.numpy as jnp
 
-    from jax_impl.ops.geglu_pallas import _gelu_tanh_and_grad_f32
+    from jax_impl.ops.glu_pallas import _gelu_tanh_and_grad_f32
 
     gelu = jax.nn.gelu
 

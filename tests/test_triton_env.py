@@ -99,7 +99,7 @@ def test_a_subprocess_makes_the_same_choice_as_this_process() -> None:
     assert inherited == str(TRITON_INTERPRET_AT_START)
 
 
-@pytest.mark.parametrize("chooser", ["torch_impl", "triton_impl.geglu_kernels", "triton_impl.geglu_matmul_kernels"])
+@pytest.mark.parametrize("chooser", ["torch_impl", "triton_impl.glu_kernels", "triton_impl.glu_matmul_kernels"])
 def test_a_late_interpreter_choice_is_refused(chooser: str) -> None:
     """Choosing the interpreter after triton was imported would leave compiled kernels behind: refused, by the
     framework package that chooses on import and by each kernel module (which chooses before it imports triton)."""
@@ -118,13 +118,13 @@ def test_a_choice_once_made_does_not_change(made: str) -> None:
     code = (
         "import os\nfrom triton_impl import env\nfirst = env.choose()\n"
         f"os.environ['TRITON_INTERPRET'] = {other!r}\n"
-        "try:\n    import triton_impl.geglu_kernels\nexcept RuntimeError as exc:\n    print(first, 'refused:', exc)"
+        "try:\n    import triton_impl.glu_kernels\nexcept RuntimeError as exc:\n    print(first, 'refused:', exc)"
     )
     out = _python(code, {_triton_env.MODE_ENV: made})
     assert out.startswith(f"{made == 'interpret'} refused: Triton was chosen to {made} in this process")
 
 
-@pytest.mark.parametrize("chooser", ["torch_impl", "triton_impl.geglu_kernels"])
+@pytest.mark.parametrize("chooser", ["torch_impl", "triton_impl.glu_kernels"])
 def test_an_unknown_mode_is_refused(chooser: str) -> None:
     out = _python(
         f"try:\n    import {chooser}\nexcept ValueError as exc:\n    print(exc)", {_triton_env.MODE_ENV: "sometimes"}

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-import torch_impl.ops.geglu as geglu_mod  # noqa: E402
-import torch_impl.ops.geglu_matmul as gm_mod  # noqa: E402
-from torch_impl.ops.geglu import (  # noqa: E402
+import torch_impl.ops.glu as geglu_mod  # noqa: E402
+import torch_impl.ops.glu_matmul as gm_mod  # noqa: E402
+from torch_impl.ops.glu import (  # noqa: E402
     GeGLUFunction,
     GLUFunction,
     geglu,
@@ -41,7 +41,7 @@ from torch_impl.ops.geglu import (  # noqa: E402
     glu_backward,
     glu_forward,
 )
-from torch_impl.ops.geglu_matmul import (  # noqa: E402
+from torch_impl.ops.glu_matmul import (  # noqa: E402
     GeGLUMatmulFunction,
     GLUMatmulFunction,
     fused_geglu,
@@ -51,7 +51,7 @@ from torch_impl.ops.geglu_matmul import (  # noqa: E402
     matmul,
 )
 from triton_impl import env as _triton_env  # noqa: E402
-from triton_impl.geglu_kernels import ACTIVATIONS  # noqa: E402
+from triton_impl.glu_kernels import ACTIVATIONS  # noqa: E402
 
 pytestmark = pytest.mark.quick
 

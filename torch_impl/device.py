@@ -87,7 +87,7 @@ def triton_availability() -> Any:
     return Availability(ok, reason, timed=not interpreted, device=str(device()))
 
 
-def require_triton_geglu(backend: str, model: str) -> Any:
+def require_triton_glu(backend: str, model: str) -> Any:
     """Check a Triton gated-MLP backend can run ``model`` (a GLU family: GeGLU, SwiGLU) here; return its
     availability, else raise saying why."""
     from compare.problem.cases import GLU_MODELS

@@ -8,9 +8,9 @@ table renderer ``compare.gpu_build.table``), never torch, jax, ``torch_impl`` or
 
 * :mod:`triton_impl.env`: :func:`~triton_impl.env.choose`, the process's one choice between compiled GPU kernels
   and Triton's CPU interpreter (``TRITON_INTERPRET``), and ``FP_FUSION``. Imports no triton.
-* :mod:`triton_impl.geglu_kernels`: the elementwise ``act(g) * u`` kernels (forward, backward) and the shared fp32
+* :mod:`triton_impl.glu_kernels`: the elementwise ``act(g) * u`` kernels (forward, backward) and the shared fp32
   activation math, with their launch constants.
-* :mod:`triton_impl.geglu_matmul_kernels`: the GEMM with the activation in its epilogue, the plain GEMM, their
+* :mod:`triton_impl.glu_matmul_kernels`: the GEMM with the activation in its epilogue, the plain GEMM, their
   autotune lists (each entry with its GPU build numbers) and interpreter tiles.
 * :mod:`triton_impl.gpu_build`: compiles every kernel for sm_90/sm_80 without a GPU (``python -m compare
   gpu-build``); runs where only triton is installed.

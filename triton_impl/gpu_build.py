@@ -14,7 +14,7 @@ gpu-build`` and :func:`compare.gpu_build.command.run` do). Without the switch, i
 without
 CUDA chooses the interpreter (:func:`triton_impl.env.choose`); ``TRITON_INTERPRET=0`` works too.
 
-Framework-free: the kernel modules (``triton_impl/geglu_kernels.py``, ``triton_impl/geglu_matmul_kernels.py``) and
+Framework-free: the kernel modules (``triton_impl/glu_kernels.py``, ``triton_impl/glu_matmul_kernels.py``) and
 this module import triton and no framework, so the build runs where only triton is installed (``make
 test-triton36``) and compiles the very modules the backends launch.
 
@@ -135,16 +135,16 @@ def _gemm_ints(prefix: tuple[str, str, str], a_k_contiguous: bool, b_k_contiguou
 
 _ELEMENTWISE = {"h = gelu(g) * u (flat, contiguous)": {"n_elements": _M * _N}}
 KERNELS: tuple[KernelSpec, ...] = (
-    KernelSpec("geglu_fwd", "geglu_kernels.py", "_geglu_fwd_kernel", None, _ELEMENTWISE),
-    KernelSpec("geglu_bwd", "geglu_kernels.py", "_geglu_bwd_kernel", None,
+    KernelSpec("geglu_fwd", "glu_kernels.py", "_geglu_fwd_kernel", None, _ELEMENTWISE),
+    KernelSpec("geglu_bwd", "glu_kernels.py", "_geglu_bwd_kernel", None,
                {"dg, du (flat, contiguous)": {"n_elements": _M * _N}}),
     KernelSpec(
-        "geglu_matmul", "geglu_matmul_kernels.py", "_geglu_matmul_kernel", "GEGLU_MATMUL_CONFIGS",
+        "geglu_matmul", "glu_matmul_kernels.py", "_geglu_matmul_kernel", "GEGLU_MATMUL_CONFIGS",
         # x [M, K], w_gate/w_up [N, K] contiguous (the only launch: the backward recomputes with torch)
         {"x @ W^T": {**_gemm_ints(("x", "wg", "h"), True, True), "stride_wun": _K, "stride_wuk": 1}},
     ),
     KernelSpec(
-        "matmul", "geglu_matmul_kernels.py", "_matmul_kernel", "MATMUL_CONFIGS",
+        "matmul", "glu_matmul_kernels.py", "_matmul_kernel", "MATMUL_CONFIGS",
         {
             # LinearFunction.forward: matmul(x, w), both K-contiguous
             "x @ W^T": _gemm_ints(("a", "b", "c"), True, True),
@@ -156,7 +156,7 @@ KERNELS: tuple[KernelSpec, ...] = (
     ),
 )  # fmt: skip
 _BY_ID = {k.id: k for k in KERNELS}
-_KERNEL_FILES = ("geglu_kernels.py", "geglu_matmul_kernels.py")
+_KERNEL_FILES = ("glu_kernels.py", "glu_matmul_kernels.py")
 # Seconds a worker gets to start (import triton and the kernels) before its compile budget starts counting.
 _WORKER_STARTUP_S = 60.0
 # Triton's default for CUDA; the elementwise launches do not set it (and have no loop to pipeline).
@@ -256,7 +256,7 @@ def _load() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     from triton.runtime.jit import JITFunction
 
     modules = {f: importlib.import_module(f"triton_impl.{Path(f).stem}") for f in _KERNEL_FILES}
-    kernels_mod = modules["geglu_kernels.py"]
+    kernels_mod = modules["glu_kernels.py"]
     if kernels_mod.INTERPRETED:
         raise RuntimeError(_COMPILED_MODE_HELP)
     fns: dict[str, Any] = {}

@@ -195,8 +195,8 @@ BACKENDS: dict[str, BackendSpec] = {
         ),
         BackendSpec(
             name="torch-triton",
-            target="torch_impl.backends.triton_geglu",
-            kernels=("triton_impl.geglu_kernels",),
+            target="torch_impl.backends.triton_glu",
+            kernels=("triton_impl.glu_kernels",),
             about=(
                 "eager GEMMs + a hand-written Triton kernel for act(g) * u (GELU-tanh or SiLU, a compile-time "
                 "parameter)"
@@ -208,7 +208,7 @@ BACKENDS: dict[str, BackendSpec] = {
         BackendSpec(
             name="torch-triton-fused",
             target="torch_impl.backends.triton_fused",
-            kernels=("triton_impl.geglu_matmul_kernels",),
+            kernels=("triton_impl.glu_matmul_kernels",),
             about=(
                 "one Triton GEMM for act(x Wg^T) * (x Wu^T), activation in the epilogue (g, u never stored) + a "
                 "down GEMM"
@@ -257,7 +257,7 @@ BACKENDS: dict[str, BackendSpec] = {
         BackendSpec(
             name="jax-triton",
             target="jax_impl.backends.triton",
-            kernels=("triton_impl.geglu_kernels",),
+            kernels=("triton_impl.glu_kernels",),
             about="nnx module with torch-triton's very Triton kernel called through jax_triton",
             models=GLU_MODELS,
             plan="fused-ew",
@@ -295,7 +295,7 @@ BACKENDS: dict[str, BackendSpec] = {
         BackendSpec(
             name="torch-tp-triton",
             target="torch_impl.backends.tp_triton",
-            kernels=("triton_impl.geglu_kernels",),
+            kernels=("triton_impl.glu_kernels",),
             about="torch-tp's DTensor plan with torch-triton's act(g) * u Triton kernel on the local slices",
             models=GLU_MODELS,
             plan="fused-ew",

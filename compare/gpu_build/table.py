@@ -198,7 +198,7 @@ def findings(
     """Rows of ``data`` for ``arch`` and ``dtypes`` whose origin is in ``origins`` and that have a problem.
 
     The autotune rule of the project: ``findings(data)`` (16-bit autotune configs on sm_90) must be empty, or each
-    remaining config carries a comment with its numbers in ``triton_impl/geglu_matmul_kernels.py``.
+    remaining config carries a comment with its numbers in ``triton_impl/glu_matmul_kernels.py``.
     """
     origins = set(origins)
     out = []

@@ -23,7 +23,7 @@ def _on_gpu() -> bool:
 def pallas_act_mul(act: str = "gelu_tanh") -> ActMul:
     """``act_mul(g, u) = act(g) * u`` for ``[..., hidden]`` activations, flattened to 2-D ``[tokens, hidden]`` for
     the kernel; ``act`` is ``"gelu_tanh"`` (GeGLU) or ``"silu"`` (SwiGLU)."""
-    from jax_impl.ops.geglu_pallas import glu
+    from jax_impl.ops.glu_pallas import glu
 
     def act_mul(g: jax.Array, u: jax.Array) -> jax.Array:
         lead = g.shape[:-1]

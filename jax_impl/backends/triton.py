@@ -1,5 +1,5 @@
 """``jax-triton``: the nnx gated MLP (GeGLU, SwiGLU) under ``jax.jit`` with ``act(g) * u`` computed by the *same*
-Triton kernels as ``torch-triton`` (``triton_impl.geglu_kernels``), launched from JAX through
+Triton kernels as ``torch-triton`` (``triton_impl.glu_kernels``), launched from JAX through
 ``jax_triton.triton_call``, the activation the kernels' compile-time ``ACT`` (picked from the case's model).
 
 ``act_mul`` is a ``jax.custom_vjp``: the forward launches ``geglu_fwd_kernel`` and saves only ``(g, u)``; the
@@ -40,7 +40,7 @@ SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(j
 NOT_GPU_REASON = "jax-triton runs Triton kernels on GPU only: JAX's default backend here is {platform!r}"
 INTERPRETED_REASON = (
     "the Triton kernels were decorated for Triton's interpreter (TRITON_INTERPRET=1 when "
-    "triton_impl.geglu_kernels was imported), which jax-triton cannot launch"
+    "triton_impl.glu_kernels was imported), which jax-triton cannot launch"
 )
 
 
@@ -53,9 +53,9 @@ def _choose() -> bool:
 
 def _kernels() -> ModuleType:
     """The shared Triton kernel module (imports triton on first use; the import makes the choice if not made)."""
-    from triton_impl import geglu_kernels
+    from triton_impl import glu_kernels
 
-    return geglu_kernels
+    return glu_kernels
 
 
 def _import_jax_triton() -> ModuleType:
@@ -183,7 +183,7 @@ class JaxTritonBackend:
             kernels = _kernels()
         except ImportError as exc:
             return Availability(
-                False, f"cannot import the Triton kernels (triton_impl.geglu_kernels): {exc}", device=platform
+                False, f"cannot import the Triton kernels (triton_impl.glu_kernels): {exc}", device=platform
             )
         if kernels.INTERPRETED:
             return Availability(False, INTERPRETED_REASON, device=platform)

@@ -10,7 +10,7 @@ from compare.problem.cases import GLU_MODELS
 from compare.problem.golden import Problem
 from torch_impl import device as dev
 from torch_impl import tp_common as tc
-from torch_impl.backends.triton_geglu import INTERPRETED_NOTE, triton_act_mul
+from torch_impl.backends.triton_glu import INTERPRETED_NOTE, triton_act_mul
 
 
 class TritonTPBackend:
@@ -21,7 +21,7 @@ class TritonTPBackend:
 
     def prepare(self, problem: Problem, mode: str, group: Group) -> Prepared:
         tc.check_case(self.name, problem, group.world_size, GLU_MODELS)
-        avail = dev.require_triton_geglu(self.name, problem.case.model)
+        avail = dev.require_triton_glu(self.name, problem.case.model)
         act_mul = triton_act_mul(problem.case.model)
         module, setup_s = tc.dtensor_module(problem, group, act_mul)
         return tc.prepared(

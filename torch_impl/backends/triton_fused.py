@@ -12,7 +12,7 @@ from compare.problem.cases import GLU_ACTIVATIONS
 from compare.problem.golden import Problem
 from torch_impl import device as dev
 from torch_impl import runner
-from torch_impl.backends.triton_geglu import INTERPRETED_NOTE
+from torch_impl.backends.triton_glu import INTERPRETED_NOTE
 from torch_impl.models import build_module
 
 
@@ -23,8 +23,8 @@ class TritonFusedBackend:
         return dev.triton_availability()
 
     def prepare(self, problem: Problem, mode: str) -> Prepared:
-        avail = dev.require_triton_geglu(self.name, problem.case.model)
-        from torch_impl.ops.geglu_matmul import fused_glu, triton_linear
+        avail = dev.require_triton_glu(self.name, problem.case.model)
+        from torch_impl.ops.glu_matmul import fused_glu, triton_linear
 
         act = GLU_ACTIVATIONS[problem.case.model]
         m = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])

@@ -13,7 +13,7 @@ kernels as their compile-time ``ACT``:
 The GeGLU names (``geglu_forward``, ``geglu_backward``, ``GeGLUFunction``, ``geglu``) are the same functions
 (default ``act="gelu_tanh"``), kept for their callers.
 
-The ``@triton.jit`` kernels themselves live in :mod:`triton_impl.geglu_kernels` (no torch import there, so JAX
+The ``@triton.jit`` kernels themselves live in :mod:`triton_impl.glu_kernels` (no torch import there, so JAX
 launches the same kernels through jax-triton); this module launches them on torch tensors.
 
 All math runs in float32 inside the kernels; results are cast back to the input dtype.
@@ -28,9 +28,9 @@ import torch
 import triton
 
 from triton_impl.env import FP_FUSION, interpreted
-from triton_impl.geglu_kernels import ACTIVATIONS, BLOCK_SIZE, EXACT_BF16_CAST, INTERPRETED, NUM_WARPS
-from triton_impl.geglu_kernels import geglu_bwd_kernel as _geglu_bwd_kernel
-from triton_impl.geglu_kernels import geglu_fwd_kernel as _geglu_fwd_kernel
+from triton_impl.glu_kernels import ACTIVATIONS, BLOCK_SIZE, EXACT_BF16_CAST, INTERPRETED, NUM_WARPS
+from triton_impl.glu_kernels import geglu_bwd_kernel as _geglu_bwd_kernel
+from triton_impl.glu_kernels import geglu_fwd_kernel as _geglu_fwd_kernel
 
 from ._launch import launch
 
@@ -52,7 +52,7 @@ __all__ = [
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 
 # The kernels and their launch constants (BLOCK_SIZE, NUM_WARPS, EXACT_BF16_CAST: fixed at import time, interpreter
-# or GPU) live in the framework-free triton_impl.geglu_kernels, which JAX launches too; this module adds the torch
+# or GPU) live in the framework-free triton_impl.glu_kernels, which JAX launches too; this module adds the torch
 # launch on tensors and autograd.
 _INTERPRET: bool = INTERPRETED
 _LAUNCH_OPTS: dict = {"num_warps": NUM_WARPS, "enable_fp_fusion": FP_FUSION}

@@ -23,7 +23,7 @@ INTERPRETED_NOTE = "Triton interpreter (TRITON_INTERPRET=1) on CPU: parity only,
 def triton_act_mul(model: str) -> ActMul:
     """``act_mul(g, u) = act(g) * u`` of the GLU ``model`` through the Triton kernels (differentiable), ``act`` its
     activation (``compare.problem.cases.GLU_ACTIVATIONS``); ``g, u, h: [..., hidden]``."""
-    from torch_impl.ops.geglu import glu
+    from torch_impl.ops.glu import glu
 
     act = GLU_ACTIVATIONS[model]
 
@@ -40,7 +40,7 @@ class TritonGeGLUBackend:
         return dev.triton_availability()
 
     def prepare(self, problem: Problem, mode: str) -> Prepared:
-        avail = dev.require_triton_geglu(self.name, problem.case.model)
+        avail = dev.require_triton_glu(self.name, problem.case.model)
         module = build_module(
             problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype], act_mul=triton_act_mul(problem.case.model)
         )

@@ -2,7 +2,7 @@
 a compile-time parameter: ``ACT = "gelu_tanh"`` (GeGLU) or ``"silu"`` (SwiGLU).
 
 This module imports only ``triton``, ``triton.language`` and :mod:`triton_impl.env`, so every framework launches
-the very same ``@triton.jit`` functions: ``torch_impl.ops.geglu`` launches them on torch tensors
+the very same ``@triton.jit`` functions: ``torch_impl.ops.glu`` launches them on torch tensors
 (``kernel[grid](...)``), ``jax_impl.backends.triton`` on JAX arrays through ``jax_triton.triton_call``.
 
 Kernels (1-D grid of ``cdiv(n_elements, BLOCK)`` programs over flattened, contiguous, row-major buffers of any
@@ -17,7 +17,7 @@ The kernels keep their GeGLU names (``_geglu_fwd_kernel``, ``_geglu_bwd_kernel``
 traces and the GPU build table (``reports/gpu-build``) know them by. One kernel per direction serves both
 activations: ``ACT`` is a ``tl.constexpr``, so each value compiles to its own specialisation with the other branch
 compiled out. :func:`activation` and :func:`activation_and_grad` are the shared fp32 math (the fused GEMM's
-epilogue in :mod:`triton_impl.geglu_matmul_kernels` uses :func:`activation` too); :data:`ACTIVATIONS` lists the
+epilogue in :mod:`triton_impl.glu_matmul_kernels` uses :func:`activation` too); :data:`ACTIVATIONS` lists the
 values.
 
 Output pointers come before ``n_elements``. jax-triton appends the output buffers after every positional

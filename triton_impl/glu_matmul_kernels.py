@@ -3,7 +3,7 @@
 
 For ``y = down(act(gate(x)) * up(x))`` (bias-free linears, weights in torch's ``(out, in)`` layout; ``act`` =
 ``"gelu_tanh"`` for GeGLU or ``"silu"`` for SwiGLU, the kernel's compile-time ``ACT``, the same constexpr as the
-elementwise kernels' in :mod:`triton_impl.geglu_kernels`):
+elementwise kernels' in :mod:`triton_impl.glu_kernels`):
 
 * :data:`geglu_matmul_kernel` ``(x [M, K], w_gate [N, K], w_up [N, K]) -> h [M, N]`` -- both projections computed
   tile by tile from the same loaded ``x`` tile into two fp32 accumulators; ``act(g) * u`` is applied in the
@@ -13,7 +13,7 @@ elementwise kernels' in :mod:`triton_impl.geglu_kernels`):
 Both take any strides (a transposed view is a stride swap) and a 1-D grid of ``cdiv(M, BLOCK_M) * cdiv(N,
 BLOCK_N)`` programs. :data:`geglu_matmul_launch` and :data:`matmul_launch` are what a launcher calls: autotuned
 over :data:`GEGLU_MATMUL_CONFIGS` / :data:`MATMUL_CONFIGS` on a GPU, the plain kernels under the interpreter (where
-the launcher passes :data:`INTERP_CONFIG` or :data:`INTERP_LARGE_CONFIG`). ``torch_impl.ops.geglu_matmul`` launches
+the launcher passes :data:`INTERP_CONFIG` or :data:`INTERP_LARGE_CONFIG`). ``torch_impl.ops.glu_matmul`` launches
 them on torch tensors with autograd. The kernels keep their names ``_geglu_matmul_kernel`` and ``_matmul_kernel``
 (profiler traces, the GPU build table).
 
@@ -45,7 +45,7 @@ INTERPRETED: bool = env.choose()  # before `import triton`: decorating a kernel 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .geglu_kernels import activation, cast_out  # noqa: E402
+from .glu_kernels import activation, cast_out  # noqa: E402
 
 __all__ = [
     "GEGLU_MATMUL_CONFIGS",

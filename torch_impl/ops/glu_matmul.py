@@ -1,5 +1,5 @@
 """Fused gate/up GEMM with a gated-activation epilogue (GeGLU, SwiGLU), plus a plain GEMM: the torch launchers and
-autograd of the Triton GEMMs in :mod:`triton_impl.geglu_matmul_kernels`.
+autograd of the Triton GEMMs in :mod:`triton_impl.glu_matmul_kernels`.
 
 For the gated MLP block ``y = down(act(gate(x)) * up(x))`` (bias-free linears, torch weight layout ``(out, in)``;
 ``act`` = ``"gelu_tanh"`` for GeGLU or ``"silu"`` for SwiGLU, the kernel's compile-time ``ACT``, the same
@@ -13,12 +13,12 @@ constexpr as the elementwise kernels') this module provides:
   rules, used for the down projection.
 * :class:`GLUMatmulFunction` / :func:`fused_glu` -- autograd wrapper around the fused
   kernel; the backward recomputes ``g`` and ``u`` with torch matmuls and uses the Triton
-  elementwise :func:`~torch_impl.ops.geglu.glu_backward` kernel with the same activation.
+  elementwise :func:`~torch_impl.ops.glu.glu_backward` kernel with the same activation.
 
 The GeGLU names (``geglu_matmul``, ``GeGLUMatmulFunction``, ``fused_geglu``) are the same functions (default
 ``act="gelu_tanh"``), kept for their callers.
 
-The kernels, their cost model, autotune lists and precision rules are in :mod:`triton_impl.geglu_matmul_kernels`
+The kernels, their cost model, autotune lists and precision rules are in :mod:`triton_impl.glu_matmul_kernels`
 (no torch there); this module checks shapes, allocates outputs, picks the interpreter tiles, launches, and adds
 autograd. Under the interpreter bf16/fp16 tiles are upcast to fp32 before the dot (``UPCAST``: triton issue 11584).
 """
@@ -31,7 +31,7 @@ import torch
 import triton
 
 from triton_impl.env import FP_FUSION
-from triton_impl.geglu_matmul_kernels import (
+from triton_impl.glu_matmul_kernels import (
     INTERP_CONFIG,
     INTERP_LARGE_CONFIG,
     INTERP_LARGE_MNK,
@@ -42,7 +42,7 @@ from triton_impl.geglu_matmul_kernels import (
 )
 
 from ._launch import launch
-from .geglu import EXACT_BF16_CAST, SUPPORTED_DTYPES, check_act, glu_backward
+from .glu import EXACT_BF16_CAST, SUPPORTED_DTYPES, check_act, glu_backward
 
 __all__ = [
     "GLUMatmulFunction",
@@ -202,7 +202,7 @@ class GLUMatmulFunction(torch.autograd.Function):
     Forward: the fused Triton kernel; saves x, w_gate, w_up only (no ``[M, N]`` activations).
     Backward (recompute): ``g = x @ w_gate.T`` and ``u = x @ w_up.T`` are recomputed with torch
     matmuls (``4 * M * N * K`` extra FLOPs instead of storing ``2 * M * N`` activations), then
-    the Triton :func:`~torch_impl.ops.geglu.glu_backward` kernel (same ``act``) gives dg, du, and
+    the Triton :func:`~torch_impl.ops.glu.glu_backward` kernel (same ``act``) gives dg, du, and
     ``dx = dg @ w_gate + du @ w_up``, ``dW_gate = dg.T @ x``, ``dW_up = du.T @ x``.
     """
 
