@@ -36,7 +36,8 @@ check-tests: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "$(CHECK_TESTS)"
 
 # pytest-xdist: two worker processes, each test module on one of them (its shared fixtures, such as a TP worker
-# group, start once); about 1.6x faster on 2 cores. PYTEST_WORKERS=0 runs in this process.
+# group, start once), each with one thread per pool (tests/conftest.py: ONE_THREAD_ENV; N workers of N threads on N
+# cores starve each other). PYTEST_WORKERS=0 runs in this process, with the default thread counts.
 PYTEST_WORKERS ?= 2
 test: setup lint test-triton36
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
@@ -48,7 +49,7 @@ test: setup lint test-triton36
 # the disk cache of generated data off (every reference and plain computation made afresh under those kernels).
 test-isa: setup
 	OPENBLAS_CORETYPE=Sandybridge XLA_FLAGS=--xla_cpu_max_isa=AVX ATEN_CPU_CAPABILITY=avx2 FUSION_COMPARE_CACHE=off \
-		$(PY) -m pytest -q -m isa -p no:cacheprovider
+		$(PY) -m pytest -q -m isa -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
 
 # Compile every Triton kernel, autotune config and dtype for sm_90 and sm_80 without a GPU: registers, spills,
 # shared memory, tensor-core instructions, occupancy. Writes the committed table (cached: a rerun is quick).

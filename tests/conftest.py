@@ -32,6 +32,32 @@ from compare.timing.timer import TimingConfig  # noqa: E402
 TIERS: tuple[str, ...] = ("quick", "standard", "slow")
 
 
+#: What each of several test worker processes (``pytest -n N``) gets, unless the caller set it: one thread for
+#: OpenMP's pool (torch's), OpenBLAS's, MKL's and XLA's Eigen pool (XLA's dots still size theirs by the CPUs). N
+#: workers of the default thread count on N cores oversubscribe them, and OpenMP's spin-waiting threads then starve
+#: the other workers: on 2 cores, ``-n 2`` ran tests/test_controls.py in 142 and 163 s with the default pools, in 33
+#: and 30 s with one thread each (while other work shared the machine). The TP launcher sets its workers' own
+#: counts; a test that needs a count sets it itself.
+ONE_THREAD_ENV: dict[str, str] = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+ONE_THREAD_XLA_FLAGS: tuple[str, ...] = ("--xla_cpu_multi_thread_eigen=false",)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the controller of a run with several workers (pytest-xdist starts them after this hook, with this
+    environment), one thread per pool (:data:`ONE_THREAD_ENV`), keeping whatever the caller set (such as the
+    capped instruction sets in ``XLA_FLAGS``)."""
+    workers = getattr(config.option, "numprocesses", None)
+    if not workers or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    for name, value in ONE_THREAD_ENV.items():
+        os.environ.setdefault(name, value)
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    for flag in ONE_THREAD_XLA_FLAGS:
+        if not any(f.split("=")[0] == flag.split("=")[0] for f in flags):
+            flags.append(flag)
+    os.environ["XLA_FLAGS"] = " ".join(flags)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse a test without a tier (``make check`` selects by marker, so an unmarked test would silently leave
     it); ``gpu``-marked tests skip, saying why, where torch sees no CUDA device (they run in the GPU check)."""
