@@ -62,10 +62,6 @@ class GatedMLP(nnx.Module):
         return self.down(self.act_mul(self.gate(x), self.up(x)))
 
 
-#: The name the GeGLU module had (the gated MLP with its default activation).
-GeGLUMLP = GatedMLP
-
-
 class GeluMLP(nnx.Module):
     """GPT-2's MLP: ``y = fc2(gelu_tanh(fc1(x)))`` with biased linears; ``x, y [..., dim]``, hidden
     ``[..., hidden]``; GELU's tanh form asked for explicitly (``approximate=True``)."""

@@ -1,8 +1,9 @@
 """Compile cost and shape generality of ``jax.jit``: one jitted nnx module, many token counts.
 
 :func:`shape_sweep` builds the case's ``flax.nnx`` module once, jits its apply function once (state and inputs as
-arguments, as ``jax_impl.runner`` does) and calls it on the inputs of each token count in turn. Per shape it records
-(row schema in ``compare.report.shapes``):
+arguments, as ``jax_impl.runner`` does) and calls it on the inputs of each token count in turn, through the
+framework-neutral loop ``compare.timing.compile_sweep.run``; this module gives it jax's part (the step over each
+shape's inputs, the compile counter). Per shape it records (row schema in ``compare.report.shapes``):
 
 - ``compiles``: the growth of the jitted function's own executable cache, ``jitted._cache_size()`` (one entry per
   input signature it compiled for); cross-checked by ``backend_compiles``, the number of
@@ -25,13 +26,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-from compare.problem.cases import check_name
-from compare.problem.golden import Problem
-from compare.problem.shape_cases import GoldenFactory, row_fields, sweep_goldens
-from compare.timing import timer as timing
+from compare.problem.golden import Golden, Problem
+from compare.problem.shape_cases import GoldenFactory
+from compare.timing import compile_sweep
 from jax_impl import device as dev
 
-SWEEP_MODES: tuple[str, ...] = ("fwd", "fwd+bwd")
 CACHE_COUNTER = "jitted._cache_size() (the jitted function's compiled-executable cache)"
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 #: JAX's own compile-phase duration events, summed into ``compile_s_reported``.
@@ -67,6 +66,38 @@ def _cache_size(jitted: Any) -> int:
     return int(jitted._cache_size())
 
 
+class _JitCounter:
+    """``jitted._cache_size()``, with the ``jax.monitoring`` events of the current window (``events``, fed by
+    :func:`_listen`): the :class:`~compare.timing.compile_sweep.CompileCounter` of a jax sweep."""
+
+    description = CACHE_COUNTER
+
+    def __init__(self, jitted: Any, events: list[tuple[str, float]]) -> None:
+        self._jitted = jitted
+        self._events = events
+
+    def start(self) -> None:
+        self._events.clear()
+
+    def count(self) -> int:
+        return _cache_size(self._jitted)
+
+    def _backend_compiles(self) -> int:
+        return sum(e == BACKEND_COMPILE_EVENT for e, _ in self._events)
+
+    def first_call_fields(self) -> dict[str, Any]:
+        """``backend_compiles`` (backend-compile events) and ``compile_s_reported`` (JAX's own trace, lowering and
+        backend-compile seconds) of the first call."""
+        return {
+            "backend_compiles": self._backend_compiles(),
+            "compile_s_reported": sum(d for e, d in self._events if e in COMPILE_EVENTS),
+        }
+
+    def moved(self, since: int) -> str:
+        grew, fired = self.count() - since, self._backend_compiles()
+        return f"cache +{grew}, {fired} backend compile events" if grew or fired else ""
+
+
 def shape_sweep(
     make: GoldenFactory,
     tokens: Sequence[int],
@@ -77,18 +108,16 @@ def shape_sweep(
     budget_s: float = 0.2,
 ) -> list[dict[str, Any]]:
     """Call one ``jax.jit`` of a backend's nnx module (``build(problem)``, the backend's own) on each token count in
-    turn; one row per shape, under the backend's ``name``.
+    turn; one row per shape, under the backend's ``name`` (the loop is ``compare.timing.compile_sweep.run``).
 
-    ``make(tokens)`` returns the :class:`~compare.problem.cases.Case` or :class:`~compare.problem.golden.Golden` of that
-    token
-    count (same model, dtype, dim and hidden for all); weights come from the first, ``x [batch, seq, dim]`` and
-    ``dy`` from each. ``mode`` is ``fwd`` (``y = apply(state, x)``) or ``fwd+bwd`` (``jax.vjp`` in the same jit).
+    ``make(tokens)`` returns the :class:`~compare.problem.cases.Case` or :class:`~compare.problem.golden.Golden` of
+    that token count (same model, dtype, dim and hidden for all); weights come from the first, ``x [batch, seq,
+    dim]`` and ``dy`` from each. ``mode`` is ``fwd`` (``y = apply(state, x)``) or ``fwd+bwd`` (``jax.vjp`` in the
+    same jit). A first call that raises ends the sweep.
     """
-    check_name("mode", mode, SWEEP_MODES)
-    goldens = sweep_goldens(make, tokens)
-    case0 = goldens[0].case
+    goldens = compile_sweep.goldens(make, tokens, mode)
     dev.pin_precision()
-    dtype = dev.JAX_DTYPES[case0.dtype]
+    dtype = dev.JAX_DTYPES[goldens[0].case.dtype]
     graphdef, state = nnx.split(build(goldens[0].problem))
 
     def apply(st: Any, xx: jax.Array) -> jax.Array:
@@ -99,59 +128,31 @@ def shape_sweep(
         return y, vjp(g)
 
     jitted = jax.jit(apply) if mode == "fwd" else jax.jit(fwd_bwd)
-    rows = []
+
+    def step_for(gold: Golden) -> tuple[compile_sweep.Step, compile_sweep.Sync]:
+        """The jitted step on this shape's ``x`` (and ``dy``), converted and on the device before the count starts
+        (the conversions compile too)."""
+        x = jax.device_put(np.asarray(gold.x)).astype(dtype)
+        dy = jax.device_put(np.asarray(gold.dy)).astype(dtype)
+        jax.block_until_ready((x, dy))
+        if mode == "fwd":
+            return lambda: jitted(state, x), dev.sync
+        return lambda: jitted(state, x, dy), dev.sync
+
     events = _listen()
     try:
-        for gold in goldens:
-            c = gold.case
-            x = jax.device_put(np.asarray(gold.x)).astype(dtype)
-            dy = jax.device_put(np.asarray(gold.dy)).astype(dtype)
-            jax.block_until_ready((x, dy))  # the conversions compile too: before the count starts
-            step: Callable[[], Any]
-            if mode == "fwd":
-
-                def step(x: jax.Array = x) -> Any:
-                    return jitted(state, x)
-            else:
-
-                def step(x: jax.Array = x, dy: jax.Array = dy) -> Any:
-                    return jitted(state, x, dy)
-
-            events.clear()
-            before = _cache_size(jitted)
-            first_s, out = timing.first_call(step, dev.sync)
-            del out
-            after = _cache_size(jitted)
-            first_events = list(events)
-            events.clear()
-            t = timing.measure(step, dev.sync, first_call_s=first_s, budget_s=budget_s)
-            grew, fired = _cache_size(jitted) - after, sum(e == BACKEND_COMPILE_EVENT for e, _ in events)
-            if grew or fired:
-                raise RuntimeError(
-                    f"jax.jit compiled during the timed samples at {c.shape.tokens} tokens (cache "
-                    f"+{grew}, {fired} backend compile events): the timing would measure compiles"
-                )
-            rows.append(
-                {
-                    "backend": name,
-                    "framework": "jax",
-                    "dynamic": False,
-                    **row_fields(c),
-                    "mode": mode,
-                    "device": dev.platform(),
-                    "compiles": after - before,
-                    "compile_counter": CACHE_COUNTER,
-                    "backend_compiles": sum(e == BACKEND_COMPILE_EVENT for e, _ in first_events),
-                    "compile_s_reported": sum(d for e, d in first_events if e in COMPILE_EVENTS),
-                    "first_call_s": first_s,
-                    "median_s": t.median_s,
-                    "iqr_s": t.iqr_s,
-                    "timed": True,
-                    "generic": False,
-                    "note": "jax.jit specialises on every input shape",
-                    "error": "",
-                }
-            )
+        return compile_sweep.run(
+            goldens,
+            backend=name,
+            framework="jax",
+            device=dev.platform(),
+            step_for=step_for,
+            counter=_JitCounter(jitted, events),
+            mode=mode,
+            budget_s=budget_s,
+            dynamic=False,
+            generic=False,
+            note="jax.jit specialises on every input shape",
+        )
     finally:
         _ACTIVE.remove(events)
-    return rows

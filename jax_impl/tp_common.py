@@ -1,11 +1,11 @@
 """What the JAX tensor-parallel backends share: the mesh, placing arrays on it, reading them back, the explicit
-per-shard step (``jax.shard_map``), its comm-only and compute-only twins, and the collectives read off XLA's
-compiled HLO.
+per-shard step (``jax.shard_map``), and its comm-only twin (replaying the all-reduces ``jax_impl.collectives`` reads
+off XLA's compiled HLO) and compute-only twin.
 
 Layout (Megatron, ``compare.backends.tp``), flax ``[in, out]`` kernels on a 1-D mesh axis ``"tp"``:
-``gate``/``up``/``fc1``
-(and ``b1``) split by output columns, ``P(None, "tp")``; ``down``/``fc2`` by input rows, ``P("tp", None)``; ``b2``,
-``x`` and ``dy`` replicated, ``P()``. World size must divide ``hidden`` (JAX refuses uneven shards).
+``gate``/``up``/``fc1`` (and ``b1``) split by output columns, ``P(None, "tp")``; ``down``/``fc2`` by input rows,
+``P("tp", None)``; ``b2``, ``x`` and ``dy`` replicated, ``P()``. World size must divide ``hidden`` (JAX refuses
+uneven shards).
 
 Arrays are built with ``jax.make_array_from_callback`` from the full numpy array every process holds, so the same
 code places them in one process with N devices and in N processes with one device each; :func:`to_host` reads any
@@ -25,8 +25,6 @@ mesh axis) and runs only the backward per step.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,20 +36,17 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from compare.backends.registry import Prepared
-from compare.backends.tp import Collective, DeviceCopy, TPParts
+from compare.backends.tp import DeviceCopy, TPParts
 from compare.problem.cases import GLU_MODELS
 from compare.problem.golden import Problem
 from compare.problem.weights import linear_weight
 from jax_impl import device as dev
 from jax_impl import profiling
+from jax_impl.collectives import count_collectives, hlo_collectives
 from jax_impl.models import ActMul
 
 #: The mesh axis the hidden dimension is split over.
 AXIS = "tp"
-#: HLO collectives counted per step (``-start`` is the async form of the same op; its ``-done`` is not counted).
-COLLECTIVES: tuple[str, ...] = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
-_ITEMSIZE = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
-_ARRAY = re.compile(r"\b(?P<t>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 
 
 def on_gpu() -> bool:
@@ -337,56 +332,7 @@ def step_to_numpy(mode: str) -> Callable[[Any], dict[str, np.ndarray]]:
     return lambda out: grads_to_numpy(*out)
 
 
-# ---- collectives: counted from the compiled HLO, and replayed alone ---------------------------------------------
-
-
-def _arrays(text: str) -> list[tuple[str, tuple[int, ...]]]:
-    return [(m["t"], tuple(int(d) for d in m["dims"].split(",") if d)) for m in _ARRAY.finditer(text)]
-
-
-def _nbytes(arrays: Sequence[tuple[str, tuple[int, ...]]]) -> int:
-    return sum(_ITEMSIZE.get(t, 4) * math.prod(dims) for t, dims in arrays)
-
-
-def _fmt(arrays: Sequence[tuple[str, tuple[int, ...]]]) -> str:
-    names = [f"{t}[{','.join(map(str, d))}]" for t, d in arrays]
-    if len(names) > 1 and len(set(names)) == 1:
-        return f"{len(names)} x {names[0]}"
-    return " + ".join(names)
-
-
-def hlo_collectives(hlo_text: str) -> list[dict[str, Any]]:
-    """Every collective op of a compiled HLO module: ``{"kind", "operands": [(type, dims), ...]}``, in order.
-
-    All-reduce operands are read off the op's result shape (the same as its operands'; a tuple when XLA's combiner
-    merged several); other kinds off the operand list."""
-    module = profiling.parse_hlo(hlo_text)
-    found = []
-    for instructions in module.computations.values():
-        for ins in instructions:
-            kind = ins.opcode.removesuffix("-start")
-            if kind not in COLLECTIVES:
-                continue
-            operands = _arrays(ins.shape) if kind == "all-reduce" else _arrays(ins.rest.split(")", 1)[0])
-            found.append({"kind": kind, "operands": operands})
-    return found
-
-
-def count_collectives(hlo_text: str) -> list[Collective]:
-    """The collectives of one step, per kind: ops, payload bytes (summed over every operand), what was merged."""
-    by_kind: dict[str, list[list[tuple[str, tuple[int, ...]]]]] = {}
-    for op in hlo_collectives(hlo_text):
-        by_kind.setdefault(op["kind"], []).append(op["operands"])
-    out = []
-    for kind, ops in by_kind.items():
-        parts = []
-        for operands in ops:
-            what = _fmt(operands)
-            parts.append(f"one tuple {kind} of {what}" if len(operands) > 1 else f"one {kind} of {what}")
-        out.append(
-            Collective(kind, len(ops), sum(_nbytes(o) for o in ops), source="compiled HLO", detail="; ".join(parts))
-        )
-    return out
+# ---- collectives: replayed alone (counted off the compiled HLO by jax_impl.collectives) ------------------------
 
 
 def psum_program(mesh: Mesh, ops: Sequence[Sequence[tuple[str, tuple[int, ...]]]]) -> Callable[[], Any]:

@@ -3,7 +3,7 @@
     python scripts/kernel_bandwidth.py [--tokens 8192] [--hidden 3072] [--dtype bfloat16] [--out DIR]
 
 Times, through the shared timer, on ``g, u [tokens, hidden]``: the hand-written Triton kernel
-(``torch_impl.ops.glu.geglu_forward``: reads g and u, writes h = 3 * tokens * hidden * itemsize bytes),
+(``torch_impl.ops.glu.glu_forward``: reads g and u, writes h = 3 * tokens * hidden * itemsize bytes),
 Inductor's fused kernel for the same expression, eager's two kernels (GELU, then mul: 5 tensor passes), and a
 ``copy_`` of one [tokens, hidden] tensor (2 passes) as the ceiling. CUDA only: under the Triton interpreter
 nothing is timed.
@@ -38,7 +38,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("error: needs a CUDA device; the Triton interpreter is for parity, never for timing", file=sys.stderr)
         return 2
-    from torch_impl.ops.glu import geglu_forward
+    from torch_impl.ops.glu import glu_forward
 
     dt = getattr(torch, a.dtype)
     g = torch.randn(a.tokens, a.hidden, device="cuda", dtype=dt)
@@ -52,7 +52,7 @@ def main() -> int:
     compiled = torch.compile(lambda g, u: F.gelu(g, approximate="tanh") * u, dynamic=False)
     candidates = {
         "copy_ (ceiling)": (lambda: dst.copy_(g), 2 * nbytes),
-        "torch-triton geglu_forward": (lambda: geglu_forward(g, u), 3 * nbytes),
+        "torch-triton glu_forward": (lambda: glu_forward(g, u), 3 * nbytes),
         "torch.compile fused gelu*mul": (lambda: compiled(g, u), 3 * nbytes),
         "eager gelu then mul": (lambda: F.gelu(g, approximate="tanh") * u, 5 * nbytes),
     }

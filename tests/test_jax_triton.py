@@ -38,7 +38,7 @@ from compare.timing.timer import TimingConfig
 from jax_impl import device as dev
 from jax_impl.interop import jax_to_torch, torch_to_jax
 from tests.conftest import TRITON_INTERPRETED
-from torch_impl.ops.glu import geglu_backward, geglu_forward
+from torch_impl.ops.glu import glu_backward, glu_forward
 from triton_impl import glu_kernels
 
 pytestmark = pytest.mark.quick
@@ -293,10 +293,10 @@ def test_same_kernels_as_torch_triton_bit_for_bit(dtype: str, act: str) -> None:
     jg, ju, jdh = (torch_to_jax(t) for t in (g, u, dh))
 
     h = act_mul(jg, ju)
-    assert torch.equal(jax_to_torch(h), geglu_forward(g, u, act))
+    assert torch.equal(jax_to_torch(h), glu_forward(g, u, act))
     h2, vjp = jax.vjp(act_mul, jg, ju)
     dg, du = vjp(jdh)
-    want_dg, want_du = geglu_backward(dh, g, u, act)
+    want_dg, want_du = glu_backward(dh, g, u, act)
     assert torch.equal(jax_to_torch(h2), jax_to_torch(h))
     assert torch.equal(jax_to_torch(dg), want_dg) and torch.equal(jax_to_torch(du), want_du)
     if call is None:

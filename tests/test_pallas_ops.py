@@ -4,7 +4,7 @@ GeGLU's ``gelu_tanh`` and SwiGLU's ``silu``, a static argument).
 Every value is judged against a float64 numpy reference computed from the exact low-precision
 inputs (so input rounding is not counted as kernel error), with a dtype-keyed tolerance
 table. On top of the absolute bar, the kernel's error must be no worse than 2x the error of
-the plain ``jax.numpy`` reference (``geglu_reference``) run at the same dtype. A negative
+the plain ``jax.numpy`` reference (``glu_reference``) run at the same dtype. A negative
 control checks that the float32 bar is tight enough to reject an exact-erf GELU, and each activation's kernel fails
 the other's reference.
 
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from jax import export
 
-from jax_impl.ops.glu_pallas import ACTIVATIONS, SUPPORTED_DTYPES, geglu, geglu_reference, glu, glu_reference
+from jax_impl.ops.glu_pallas import ACTIVATIONS, SUPPORTED_DTYPES, glu, glu_reference
 
 pytestmark = pytest.mark.quick
 
@@ -77,8 +77,8 @@ def _ref_bwd_f64(g, u, dh, act: str = "gelu_tanh") -> tuple[np.ndarray, np.ndarr
 
 # ----------------------------------------------------------------------------- jitted callables
 
-_kernel_fwd = jax.jit(geglu)
-_plain_fwd = jax.jit(geglu_reference)
+_kernel_fwd = jax.jit(glu)
+_plain_fwd = jax.jit(glu_reference)
 
 
 def _pullback(fn, g, u, dh):
@@ -91,8 +91,8 @@ def _vjp_of(fn):
     return jax.jit(lambda g, u, dh: _pullback(fn, g, u, dh))
 
 
-_kernel_bwd = _vjp_of(geglu)
-_plain_bwd = _vjp_of(geglu_reference)
+_kernel_bwd = _vjp_of(glu)
+_plain_bwd = _vjp_of(glu_reference)
 #: Per activation: (kernel forward, plain forward, kernel vjp, plain vjp), all jitted.
 _BY_ACT = {
     act: (
@@ -171,8 +171,8 @@ def test_vjp_matches_float64(shape, dtype, act):
 
 
 @pytest.mark.standard
-def test_geglu_is_glu_with_gelu_tanh():
-    assert geglu is glu and geglu_reference is glu_reference
+def test_default_activation_is_gelu_tanh():
+    """Without ``act`` the kernel is GeGLU's (the tanh-form GELU), bit for bit."""
     g, u, _ = _inputs((3 * 37, 328), jnp.float32)
     np.testing.assert_array_equal(_kernel_fwd(g, u), _BY_ACT["gelu_tanh"][0](g, u))
 
@@ -206,7 +206,7 @@ def test_silu_extremes_are_finite_and_exact():
 @pytest.mark.standard
 def test_grad_of_loss_under_jit():
     g, u, _ = _inputs((3 * 37, 328), jnp.float32, seed=1)
-    loss = jax.jit(jax.grad(lambda g, u: jnp.sum(geglu(g, u) ** 2), argnums=(0, 1)))
+    loss = jax.jit(jax.grad(lambda g, u: jnp.sum(glu(g, u) ** 2), argnums=(0, 1)))
     dg, du = loss(g, u)
     h = _ref_fwd_f64(g, u)
     ref_dg, ref_du = _ref_bwd_f64(g, u, 2.0 * h)
@@ -220,7 +220,7 @@ def test_small_blocks_many_ragged_tiles():
     g, u, dh = _inputs((3 * 37, 328), jnp.float32, seed=2)
 
     def small_block_geglu(a, b):
-        return geglu(a, b, block_shape=(8, 128))
+        return glu(a, b, block_shape=(8, 128))
 
     h, (dg, du) = jax.jit(lambda g, u, dh: (small_block_geglu(g, u), _pullback(small_block_geglu, g, u, dh)))(g, u, dh)
     ref_dg, ref_du = _ref_bwd_f64(g, u, dh)
@@ -290,7 +290,7 @@ def test_negative_control_erf_gelu_fails_float32_check():
 @pytest.mark.parametrize("interpret", [None, True, False])
 def test_interpret_flag_reaches_pallas_call(interpret):
     g = jnp.ones((4, 4), jnp.float32)
-    jaxpr = str(jax.make_jaxpr(lambda a, b: geglu(a, b, interpret=interpret))(g, g))
+    jaxpr = str(jax.make_jaxpr(lambda a, b: glu(a, b, interpret=interpret))(g, g))
     expected = (jax.default_backend() != "gpu") if interpret is None else interpret
     assert f"interpret={expected}" in jaxpr
 
@@ -301,7 +301,7 @@ def test_supported_dtypes_table_matches():
 
 def test_empty_input():
     g = jnp.zeros((0, 5), jnp.float32)
-    assert geglu(g, g).shape == (0, 5)
+    assert glu(g, g).shape == (0, 5)
 
 
 @pytest.mark.parametrize(
@@ -320,4 +320,4 @@ def test_empty_input():
 )
 def test_validation_errors(g, u, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        geglu(g, u, **kwargs)
+        glu(g, u, **kwargs)

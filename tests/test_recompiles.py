@@ -106,7 +106,6 @@ def test_a_recompile_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatc
     from torch._dynamo.utils import counters
 
     from compare.timing import timer as timing
-    from torch_impl import recompiles
 
     real = timing.measure
 
@@ -114,7 +113,7 @@ def test_a_recompile_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatc
         counters["stats"]["unique_graphs"] += 1  # what a recompiling sample would do to Dynamo's counter
         return real(*args, **kw)
 
-    monkeypatch.setattr(recompiles.timing, "measure", measure_that_recompiles)
+    monkeypatch.setattr(timing, "measure", measure_that_recompiles)
     with pytest.raises(RuntimeError, match="during the timed samples"):
         _backend("torch-eager").shape_sweep(make, [8], budget_s=BUDGET)
 
@@ -142,9 +141,84 @@ def test_jax_compile_event_inside_the_timed_loop_raises(monkeypatch: pytest.Monk
         jax.monitoring.record_event_duration_secs(recompiles.BACKEND_COMPILE_EVENT, 0.0)  # as a compile reports it
         return real(*args, **kw)
 
-    monkeypatch.setattr(recompiles.timing, "measure", measure_that_compiles)
+    monkeypatch.setattr(timing, "measure", measure_that_compiles)
     with pytest.raises(RuntimeError, match="during the timed samples"):
         _backend("jax-xla").shape_sweep(make, [8], budget_s=BUDGET)
+
+
+class _FakeCounter:
+    """A compile counter over ``box[0]``, which the fake steps below raise when they "compile"."""
+
+    description = "box[0] (a fake compiler's builds)"
+
+    def __init__(self, box: list[int]) -> None:
+        self.box = box
+
+    def start(self) -> None:
+        pass
+
+    def count(self) -> int:
+        return self.box[0]
+
+    def first_call_fields(self) -> dict[str, Any]:
+        return {"builds_so_far": self.box[0]}
+
+    def moved(self, since: int) -> str:
+        return f"{self.box[0] - since} more build(s)" if self.box[0] > since else ""
+
+
+def _fake_steps(box: list[int], *, every_call: bool = False, fail_at: int | None = None) -> Any:
+    """``step_for`` of a fake backend: each shape's step builds once (``every_call``: on every call), and raises at
+    ``fail_at`` tokens."""
+
+    def step_for(g: Any) -> tuple[Any, Any]:
+        built = [False]
+
+        def step() -> int:
+            if g.case.shape.tokens == fail_at:
+                raise ValueError("cannot build\nsecond line")
+            if every_call or not built[0]:
+                box[0] += 1
+                built[0] = True
+            return 0
+
+        return step, lambda out: None
+
+    return step_for
+
+
+def test_the_framework_neutral_loop() -> None:
+    """``compare.timing.compile_sweep.run`` on a fake framework: compiles per shape from the counter, its extra
+    fields after ``compile_counter``, a kept first-call error, an untimed sweep, and a build while timed raising."""
+    from compare.timing import compile_sweep
+
+    goldens = compile_sweep.goldens(make, TOKENS, "fwd")
+    common: dict[str, Any] = dict(
+        backend="fake", framework="none", device="cpu", mode="fwd", budget_s=BUDGET, dynamic=None, generic=True
+    )
+    box = [0]
+    rows = compile_sweep.run(
+        goldens, step_for=_fake_steps(box, fail_at=8), counter=_FakeCounter(box), keep_errors=True,
+        error_note=" (a note)", **common,
+    )  # fmt: skip
+    assert [r["compiles"] for r in rows] == [1, None, 1] and [r["tokens"] for r in rows] == TOKENS
+    assert rows[1]["error"] == "ValueError: cannot build (a note)" and rows[1]["median_s"] is None
+    assert rows[0]["median_s"] > 0 and rows[0]["builds_so_far"] == 1 and "builds_so_far" not in rows[1]
+    assert list(rows[0]) == [
+        "backend", "framework", "dynamic", "tokens", "model", "dim", "hidden", "dtype", "mode", "device",
+        "compiles", "compile_counter", "builds_so_far", "first_call_s", "median_s", "iqr_s",
+        "timed", "generic", "note", "error",
+    ]  # fmt: skip
+    untimed = compile_sweep.run(
+        goldens, step_for=_fake_steps(box), counter=_FakeCounter(box), **{**common, "timed": False}
+    )
+    assert [(r["compiles"], r["first_call_s"], r["timed"]) for r in untimed] == [(1, None, False)] * 3
+    with pytest.raises(ValueError, match="cannot build"):  # without keep_errors a first call's error propagates
+        compile_sweep.run(goldens, step_for=_fake_steps(box, fail_at=8), counter=_FakeCounter(box), **common)
+    with pytest.raises(RuntimeError, match=r"during the timed samples at 1 tokens \(\d+ more build"):
+        compile_sweep.run(goldens, step_for=_fake_steps(box, every_call=True), counter=_FakeCounter(box), **common)
+    with pytest.raises(ValueError, match="mode"):
+        compile_sweep.goldens(make, TOKENS, "bwd")
 
 
 def test_payback_arithmetic() -> None:

@@ -27,6 +27,7 @@ from compare.problem.golden import Problem
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
 from compare.timing.timer import TimingConfig
+from jax_impl import collectives as jax_collectives
 from jax_impl import tp_common, tp_runtime
 from tests.jax_tp_corrupt_backend import NAME as CORRUPT
 from tests.jax_tp_corrupt_backend import SPEC as CORRUPT_SPEC
@@ -360,7 +361,7 @@ ENTRY %main (p: f32[2,3]) -> bf16[4] {
   ROOT %ag = bf16[4]{0} all-gather(bf16[2]{0} %x), dimensions={0}
 }
 """
-    got = {c.kind: (c.count, c.bytes, c.detail) for c in tp_common.count_collectives(hlo)}
+    got = {c.kind: (c.count, c.bytes, c.detail) for c in jax_collectives.count_collectives(hlo)}
     assert got == {
         "all-reduce": (1, 48, "one tuple all-reduce of 2 x f32[2,3]"),
         "all-gather": (1, 4, "one all-gather of bf16[2]"),

@@ -23,6 +23,7 @@ from compare.run.tp_worker import Cell
 from compare.timing.timer import TimingConfig
 from tests.torch_tp_skip_backend import NAME as SKIP
 from tests.torch_tp_skip_backend import SPEC as SKIP_SPEC
+from torch_impl import collectives as counting
 from torch_impl import tp_common as tc
 
 pytestmark = pytest.mark.standard
@@ -164,21 +165,23 @@ def test_the_comm_only_twin_replays_the_counted_calls(one_rank: None) -> None:
 
     counts: list[int] = []
 
-    def count() -> tc.Counted:
+    def count() -> counting.Counted:
         counts.append(1)
-        return tc.count_eager(step)
+        return counting.count_eager(step)
 
     collectives, comm_only = tc.counted_twins(count, cpu)
     want = (
-        tc.Call("all-reduce", 64, torch.float32),
-        tc.Call("all-gather", 16, torch.bfloat16),
-        tc.Call("all-reduce", 16, torch.float32),
+        counting.Call("all-reduce", 64, torch.float32),
+        counting.Call("all-gather", 16, torch.bfloat16),
+        counting.Call("all-reduce", 16, torch.float32),
     )
     comm_only()  # its first call builds it from the count (one step, counted)
-    assert tc.count_eager(comm_only).calls == want
+    assert counting.count_eager(comm_only).calls == want
     assert [(c.kind, c.count, c.bytes) for c in collectives()] == [("all-reduce", 2, 80), ("all-gather", 1, 16)]
     assert counts == [1], "one count, reported and replayed"
-    every = (*want, tc.Call("reduce-scatter", 8, torch.float32), tc.Call("all-to-all", 8, torch.float32))
-    assert tc.count_eager(tc.replay((*every, tc.Call("broadcast", 4, torch.float32)), cpu)).calls[:-1] == every
+    every = (*want, counting.Call("reduce-scatter", 8, torch.float32), counting.Call("all-to-all", 8, torch.float32))
+    assert (
+        counting.count_eager(tc.replay((*every, counting.Call("broadcast", 4, torch.float32)), cpu)).calls[:-1] == every
+    )
     with pytest.raises(ValueError, match="cannot replay a counted 'gather'"):
-        tc.replay([tc.Call("gather", 4, torch.float32)], cpu)
+        tc.replay([counting.Call("gather", 4, torch.float32)], cpu)

@@ -29,27 +29,10 @@ import torch.nn.functional as F
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-import torch_impl.ops.glu as geglu_mod  # noqa: E402
+import torch_impl.ops.glu as glu_mod  # noqa: E402
 import torch_impl.ops.glu_matmul as gm_mod  # noqa: E402
-from torch_impl.ops.glu import (  # noqa: E402
-    GeGLUFunction,
-    GLUFunction,
-    geglu,
-    geglu_backward,
-    geglu_forward,
-    glu,
-    glu_backward,
-    glu_forward,
-)
-from torch_impl.ops.glu_matmul import (  # noqa: E402
-    GeGLUMatmulFunction,
-    GLUMatmulFunction,
-    fused_geglu,
-    fused_glu,
-    geglu_matmul,
-    glu_matmul,
-    matmul,
-)
+from torch_impl.ops.glu import GLUFunction, glu, glu_backward, glu_forward  # noqa: E402
+from torch_impl.ops.glu_matmul import GLUMatmulFunction, fused_glu, glu_matmul, matmul  # noqa: E402
 from triton_impl import env as _triton_env  # noqa: E402
 from triton_impl.glu_kernels import ACTIVATIONS  # noqa: E402
 
@@ -57,7 +40,7 @@ pytestmark = pytest.mark.quick
 
 #: This process's one choice (made before triton was imported; see the module docstring).
 INTERPRETED = _triton_env.interpreted()
-assert geglu_mod._INTERPRET is INTERPRETED and gm_mod._INTERPRET is INTERPRETED, "kernels built under another mode"
+assert glu_mod._INTERPRET is INTERPRETED and gm_mod._INTERPRET is INTERPRETED, "kernels built under another mode"
 #: Where the kernels' tensors live: CUDA when compiled, CPU under the interpreter.
 DEVICE = "cpu" if INTERPRETED else "cuda"
 
@@ -210,12 +193,11 @@ class TestTritonOpsCompiled:
         assert_close(uk.grad, u64.grad, ut.grad, dtype, f"glu {act} du")
         assert isinstance(h.grad_fn, GLUFunction._backward_cls)  # the graph node is ours
 
-    def test_geglu_names_are_the_glu_functions_with_gelu_tanh(self) -> None:
-        assert (geglu_forward, geglu_backward, GeGLUFunction, geglu) == (glu_forward, glu_backward, GLUFunction, glu)
-        assert (geglu_matmul, GeGLUMatmulFunction, fused_geglu) == (glu_matmul, GLUMatmulFunction, fused_glu)
+    def test_default_activation_is_gelu_tanh(self) -> None:
+        """Without ``act`` the elementwise kernel is GeGLU's (the tanh-form GELU), bit for bit."""
         g = _randn(37, 41, seed=11, dtype=torch.float32, scale=2.0)
         u = _randn(37, 41, seed=12, dtype=torch.float32)
-        assert torch.equal(geglu_forward(g, u), glu_forward(g, u, "gelu_tanh"))
+        assert torch.equal(glu_forward(g, u), glu_forward(g, u, "gelu_tanh"))
 
     @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
     def test_each_activation_fails_the_others_reference(self, dtype: torch.dtype) -> None:
@@ -263,11 +245,11 @@ class TestTritonOpsCompiled:
 
     def test_geglu_empty_and_noncontiguous(self) -> None:
         e = torch.empty(0, 5, device=DEVICE)
-        assert geglu_forward(e, e).shape == (0, 5)
+        assert glu_forward(e, e).shape == (0, 5)
         g = _randn(40, 33, seed=9, dtype=torch.float32).T  # non-contiguous view
         u = _randn(40, 33, seed=10, dtype=torch.float32).T
         ref = _geglu_ref(g.double(), u.double())
-        assert_close(geglu_forward(g, u), ref, _geglu_ref(g, u), torch.float32, "geglu_forward (transposed)")
+        assert_close(glu_forward(g, u), ref, _geglu_ref(g, u), torch.float32, "glu_forward (transposed)")
 
     @pytest.mark.parametrize("act", ACTS)
     @pytest.mark.parametrize("shape", GEMM_SHAPES, ids=GEMM_IDS)
@@ -295,7 +277,7 @@ class TestTritonOpsCompiled:
         wg_t = w_gate.T.contiguous().T  # same values, column-major strides
         assert not wg_t.is_contiguous()
         ref = _geglu_mm_ref(x.double(), w_gate.double(), w_up.double())
-        assert_close(geglu_matmul(x, wg_t, w_up), ref, _geglu_mm_ref(x, w_gate, w_up), torch.float32, "strided")
+        assert_close(glu_matmul(x, wg_t, w_up), ref, _geglu_mm_ref(x, w_gate, w_up), torch.float32, "strided")
         assert_close(matmul(x, wg_t), x.double() @ w_gate.double().T, x @ w_gate.T, torch.float32, "strided mm")
 
     @pytest.mark.parametrize("act", ACTS)
@@ -328,7 +310,7 @@ class TestTritonOpsCompiled:
         # rounded once to bf16: only near-ties may differ (fp32 math differs in the last bits).
         g = _randn(123, 457, seed=70, dtype=torch.bfloat16, scale=2.0)
         u = _randn(123, 457, seed=71, dtype=torch.bfloat16)
-        h = geglu_forward(g, u)
+        h = glu_forward(g, u)
         expected = _geglu_ref(g.float(), u.float()).bfloat16()
         assert (h != expected).float().mean().item() < 1e-3
         a = _randn(70, 96, seed=72, dtype=torch.bfloat16)
@@ -341,19 +323,19 @@ class TestTritonOpsCompiled:
     def test_validation_errors(self) -> None:
         f32 = torch.zeros(4, 8)
         with pytest.raises(ValueError, match="same shape"):
-            geglu_forward(f32, torch.zeros(4, 9))
+            glu_forward(f32, torch.zeros(4, 9))
         with pytest.raises(ValueError, match="same dtype"):
-            geglu_forward(f32, f32.half())
+            glu_forward(f32, f32.half())
         with pytest.raises(ValueError, match=r"unsupported dtype torch\.float64.*allowed: torch\.float32"):
-            geglu_forward(f32.double(), f32.double())
+            glu_forward(f32.double(), f32.double())
         with pytest.raises(ValueError, match=r"unsupported dtype torch\.int32"):
-            geglu_backward(*(torch.zeros(3, dtype=torch.int32),) * 3)
+            glu_backward(*(torch.zeros(3, dtype=torch.int32),) * 3)
         with pytest.raises(ValueError, match=r"w_gate must have shape \[N, K\] with K"):
-            geglu_matmul(f32, torch.zeros(5, 7), torch.zeros(5, 7))
+            glu_matmul(f32, torch.zeros(5, 7), torch.zeros(5, 7))
         with pytest.raises(ValueError, match="w_up and w_gate must have the same shape"):
-            geglu_matmul(f32, torch.zeros(5, 8), torch.zeros(6, 8))
+            glu_matmul(f32, torch.zeros(5, 8), torch.zeros(6, 8))
         with pytest.raises(ValueError, match="dtype of x"):
-            fused_geglu(f32, torch.zeros(5, 8), torch.zeros(5, 8).bfloat16())
+            fused_glu(f32, torch.zeros(5, 8), torch.zeros(5, 8).bfloat16())
         with pytest.raises(ValueError, match=r"unsupported dtype torch\.float64"):
             matmul(f32.double(), torch.zeros(5, 8).double())
 
@@ -363,7 +345,7 @@ class TestTritonOpsCompiled:
         assert _triton_env.interpreted() is False
         monkeypatch.delenv("TRITON_INTERPRET")
         assert _triton_env.interpreted() is False
-        assert geglu_mod.interpreted is _triton_env.interpreted
+        assert glu_mod.interpreted is _triton_env.interpreted
 
     def test_negative_control_erf_gelu_fails_fp32(self) -> None:
         g = _randn(257, 333, seed=60, dtype=torch.float32, scale=2.0)
@@ -379,7 +361,7 @@ class TestTritonOpsCompiled:
         torch_out = _geglu_ref(g, u)
         ok, msg = _compare(h_erf, ref, torch_out, torch.float32)
         assert not ok, f"erf GELU should fail the tanh-GELU fp32 check, but passed: {msg}"
-        assert_close(geglu_forward(g, u), ref, torch_out, torch.float32, "geglu_forward (control inputs)")
+        assert_close(glu_forward(g, u), ref, torch_out, torch.float32, "glu_forward (control inputs)")
 
 
 class TestTritonOpsInterpreted(TestTritonOpsCompiled):

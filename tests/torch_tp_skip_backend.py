@@ -11,6 +11,7 @@ from compare.backends.registry import Availability, BackendSpec, Prepared
 from compare.backends.tp import Group
 from compare.problem.cases import TP_MODELS
 from compare.problem.golden import Problem
+from torch_impl import collectives as counting
 from torch_impl import device as dev
 from torch_impl import tp_common as tc
 from torch_impl.backends.tp_manual import BACKEND as MANUAL
@@ -36,7 +37,7 @@ class SkipReduce:
         p = MANUAL.prepare(problem, mode, group)
         assert p.tp is not None
         skip = tc.local_twin(problem, mode, group)
-        collectives, comm = tc.counted_twins(lambda: tc.count_eager(skip.run), dev.device())
+        collectives, comm = tc.counted_twins(lambda: counting.count_eager(skip.run), dev.device())
         tp = dataclasses.replace(p.tp, collectives=collectives, comm_only=comm)
         return dataclasses.replace(p, step=skip.run, fresh=skip.fresh, tp=tp)
 

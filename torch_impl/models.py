@@ -54,10 +54,6 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.act_mul(self.gate_proj(x), self.up_proj(x)))
 
 
-#: The seed's name for the gated MLP (GeGLU by default).
-SimpleGeGLUMLP = GatedMLP
-
-
 class GeluMLP(nn.Module):
     """GPT-2's MLP: ``y = fc2(gelu_tanh(fc1(x)))`` with biased linears; ``x, y [..., dim]``, hidden
     ``[..., hidden]`` (each linear one addmm; GELU's tanh form, GPT-2's ``gelu_new``)."""

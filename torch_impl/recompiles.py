@@ -2,7 +2,9 @@
 
 :func:`shape_sweep` runs one backend's step, built once by the backend itself (its ``shape_sweep`` method passes
 its own ``build``: a ``torch.compile``-d module, the plain module, the module with the Triton kernel), on the inputs
-of each token count in turn. Per shape it records (row schema in ``compare.report.shapes``):
+of each token count in turn, through the framework-neutral loop ``compare.timing.compile_sweep.run``; this module
+gives it torch's part (the step over each shape's inputs, the compile counter). Per shape it records (row schema in
+``compare.report.shapes``):
 
 - ``compiles``: the compilations this shape's first call caused, read from the framework's own counters:
   ``torch._dynamo.utils.counters["stats"]["unique_graphs"]`` (Dynamo adds one per graph it compiles; in torch 2.13
@@ -10,9 +12,8 @@ of each token count in turn. Per shape it records (row schema in ``compare.repor
   ``counters["frames"]`` stays empty) plus, for ``torch-triton``, Triton's ``knobs.runtime.jit_post_compile_hook``
   (fires once per kernel specialisation Triton builds; never under the CPU interpreter, which compiles nothing);
 - ``first_call_s`` (compile + run, ``compare.timing.timer.first_call``) and the steady state
-(``compare.timing.timer.measure``).
-  If either counter moves during the timed samples the sweep raises: a timed loop that recompiles measures
-  compiles, not steps.
+  (``compare.timing.timer.measure``). If either counter moves during the timed samples the sweep raises: a timed
+  loop that recompiles measures compiles, not steps.
 
 What torch 2.13 does (observed on CPU, geglu 64 -> 128, tokens 1, 8, 33, fwd):
 
@@ -40,13 +41,11 @@ import torch._dynamo
 from torch import nn
 from torch._dynamo.utils import counters
 
-from compare.problem.cases import check_name
-from compare.problem.golden import Problem
-from compare.problem.shape_cases import GoldenFactory, row_fields, sweep_goldens
-from compare.timing import timer as timing
+from compare.problem.golden import Golden, Problem
+from compare.problem.shape_cases import GoldenFactory
+from compare.timing import compile_sweep
 from torch_impl import runner
 
-SWEEP_MODES: tuple[str, ...] = ("fwd", "fwd+bwd")
 DYNAMO_COUNTER = "torch._dynamo.utils.counters['stats']['unique_graphs'] (one per graph Dynamo compiles)"
 TRITON_COUNTER = "triton.knobs.runtime.jit_post_compile_hook (one per Triton kernel specialisation built)"
 
@@ -99,6 +98,28 @@ def _cold_caches(cold: bool) -> Iterator[None]:
 Build = Callable[[Problem], tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]]
 
 
+class _TorchCounter:
+    """Dynamo's graph count plus Triton's JIT compiles (``triton_box[0]``, from :func:`triton_compiles`): the
+    :class:`~compare.timing.compile_sweep.CompileCounter` of a torch sweep. It has no events to forget."""
+
+    def __init__(self, description: str, triton_box: list[int]) -> None:
+        self.description = description
+        self._triton = triton_box
+
+    def start(self) -> None:
+        """Nothing to forget: the count is read as a difference."""
+
+    def count(self) -> int:
+        return dynamo_graphs() + self._triton[0]
+
+    def first_call_fields(self) -> dict[str, Any]:
+        return {}
+
+    def moved(self, since: int) -> str:
+        n = self.count() - since
+        return f"{n} more compile(s)" if n else ""
+
+
 def shape_sweep(
     make: GoldenFactory,
     tokens: Sequence[int],
@@ -114,67 +135,42 @@ def shape_sweep(
     budget_s: float = 0.2,
     cold: bool = True,
 ) -> list[dict[str, Any]]:
-    """Call one backend's step on each token count in turn; one row per shape (schema in ``compare.report.shapes``).
+    """Call one backend's step on each token count in turn; one row per shape (schema in ``compare.report.shapes``;
+    the loop is ``compare.timing.compile_sweep.run``).
 
     The backend supplies ``build`` (its own module and forward, e.g. a ``torch.compile``-d module) and says what
     it is: ``compiled`` (a compiler specialises it per shape: ``dynamic`` is recorded and Inductor's on-disk
     caches are off when ``cold``) or shape-generic; ``count_triton`` adds Triton's JIT hook to the counter;
     ``timed=False`` (an interpreted backend) records compiles only. ``make(tokens)`` returns the
     :class:`~compare.problem.cases.Case` (its golden data is loaded or generated) or the
-    :class:`~compare.problem.golden.Golden` of
-    that token count; every case must share model, dtype, dim and hidden. The module's weights come from the
-    first; each shape's ``x`` (``[batch, seq, dim]``) and ``dy`` from its own. ``budget_s`` is the timer's
-    sampling budget per shape.
+    :class:`~compare.problem.golden.Golden` of that token count; every case must share model, dtype, dim and
+    hidden. The module's weights come from the first; each shape's ``x`` (``[batch, seq, dim]``) and ``dy`` from
+    its own. ``budget_s`` is the timer's sampling budget per shape. A first call that raises (e.g.
+    ``FailOnRecompileLimitHit`` past the recompile limit: a finding) is its row's ``error``.
     """
-    check_name("mode", mode, SWEEP_MODES)
-    goldens = sweep_goldens(make, tokens)
+    goldens = compile_sweep.goldens(make, tokens, mode)
     module, forward = build(goldens[0].problem)
-    device = next(module.parameters()).device
-    counter = f"{DYNAMO_COUNTER} + {TRITON_COUNTER}" if count_triton else DYNAMO_COUNTER
-    backend = name
+    description = f"{DYNAMO_COUNTER} + {TRITON_COUNTER}" if count_triton else DYNAMO_COUNTER
+    limit = f" (torch._dynamo.config.recompile_limit = {torch._dynamo.config.recompile_limit})" if compiled else ""
 
-    rows = []
+    def step_for(g: Golden) -> tuple[compile_sweep.Step, compile_sweep.Sync]:
+        prepared = runner.prepare(g.problem, mode, module, forward, timed=timed, note=note)
+        return prepared.step, prepared.sync
+
     with _cold_caches(cold and compiled), triton_compiles(count_triton) as tbox:
-        for g in goldens:
-            c = g.case
-            row: dict[str, Any] = {
-                "backend": backend,
-                "framework": "torch",
-                "dynamic": dynamic if compiled else None,
-                **row_fields(c),
-                "mode": mode,
-                "device": str(device),
-                "compiles": None,
-                "compile_counter": counter,
-                "first_call_s": None,
-                "median_s": None,
-                "iqr_s": None,
-                "timed": timed,
-                "generic": not compiled,
-                "note": note,
-                "error": "",
-            }
-            rows.append(row)
-            prepared = runner.prepare(g.problem, mode, module, forward, timed=timed, note=note)
-            before = dynamo_graphs() + tbox[0]
-            try:
-                first_s, out = timing.first_call(prepared.step, prepared.sync)
-            except Exception as exc:  # e.g. FailOnRecompileLimitHit past the recompile limit: a finding, kept
-                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
-                if compiled:
-                    row["error"] += f" (torch._dynamo.config.recompile_limit = {torch._dynamo.config.recompile_limit})"
-                continue
-            del out
-            after_first = dynamo_graphs() + tbox[0]
-            row["compiles"] = after_first - before
-            if not timed:
-                continue
-            t = timing.measure(prepared.step, prepared.sync, first_call_s=first_s, budget_s=budget_s)
-            moved = dynamo_graphs() + tbox[0] - after_first
-            if moved:
-                raise RuntimeError(
-                    f"{backend} (dynamic={dynamic}) compiled {moved} more time(s) during the timed "
-                    f"samples at {c.shape.tokens} tokens: the timing would measure compiles"
-                )
-            row.update(first_call_s=first_s, median_s=t.median_s, iqr_s=t.iqr_s)
-    return rows
+        return compile_sweep.run(
+            goldens,
+            backend=name,
+            framework="torch",
+            device=str(next(module.parameters()).device),
+            step_for=step_for,
+            counter=_TorchCounter(description, tbox),
+            mode=mode,
+            budget_s=budget_s,
+            dynamic=dynamic if compiled else None,
+            generic=not compiled,
+            timed=timed,
+            note=note,
+            keep_errors=True,
+            error_note=limit,
+        )

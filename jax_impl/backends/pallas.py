@@ -33,10 +33,6 @@ def pallas_act_mul(act: str = "gelu_tanh") -> ActMul:
     return act_mul
 
 
-#: GeGLU's ``act_mul`` through the Pallas kernel.
-pallas_geglu = pallas_act_mul("gelu_tanh")
-
-
 class PallasBackend:
     name = "jax-pallas"
 

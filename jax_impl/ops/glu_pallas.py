@@ -4,8 +4,7 @@ kernel with a Pallas backward.
 This is the elementwise middle of the gated MLP block ``y = down(act(gate(x)) * up(x))``:
 ``g = gate(x)`` and ``u = up(x)`` come in as two ``[M, N]`` arrays and ``h`` goes out to ``down``.
 The activation is a static argument (``act``, one of :data:`ACTIVATIONS`): each value traces its own kernel, the
-other activation's code is not in it. :func:`glu` is the entry point; ``geglu`` (and ``geglu_reference``) are the
-same functions under their GeGLU names (default ``act="gelu_tanh"``).
+other activation's code is not in it. :func:`glu` is the entry point (default ``act="gelu_tanh"``, GeGLU's).
 
 Layout
     One ``pl.pallas_call`` over a 2-D grid of ``(block_m, block_n)`` tiles,
@@ -39,7 +38,7 @@ GELU
     sigmoid(2z)`` and ``0.25 * (1 - tanh(z)**2) = sigmoid(2z) * sigmoid(-2z)``, using
     ``e = exp(-2|z|)``. Written literally with ``tanh``, ``1 + t`` and ``1 - t**2`` cancel to
     zero in float32 once ``x < ~-4.5`` (``tanh`` rounds to -1): e.g. at ``x = -4.92`` the true
-    ``gelu'`` is ~-1.3e-5 and the literal form returns 0. ``geglu_reference`` (and
+    ``gelu'`` is ~-1.3e-5 and the literal form returns 0. ``glu_reference`` (and
     ``jax.nn.gelu``) keep the literal form and that error.
 
 SiLU
@@ -67,7 +66,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["ACTIVATIONS", "DEFAULT_BLOCK_SHAPE", "SUPPORTED_DTYPES", "geglu", "geglu_reference", "glu", "glu_reference"]
+__all__ = ["ACTIVATIONS", "DEFAULT_BLOCK_SHAPE", "SUPPORTED_DTYPES", "glu", "glu_reference"]
 
 #: The activations the kernels take (their static ``act``): GeGLU's tanh-form GELU and SwiGLU's SiLU.
 ACTIVATIONS: tuple[str, ...] = ("gelu_tanh", "silu")
@@ -118,14 +117,10 @@ def glu_reference(g: jax.Array, u: jax.Array, act: str = "gelu_tanh") -> jax.Arr
     return jax.nn.gelu(g, approximate=True) * u
 
 
-#: The GeGLU name of :func:`glu_reference` (its default activation is GeGLU's).
-geglu_reference = glu_reference
-
-
 def _check_act(act: object) -> None:
     """Raise ValueError unless ``act`` is one of :data:`ACTIVATIONS`."""
     if act not in ACTIVATIONS:
-        raise ValueError(f"geglu: act must be one of {', '.join(ACTIVATIONS)}, got {act!r}")
+        raise ValueError(f"glu: act must be one of {', '.join(ACTIVATIONS)}, got {act!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,26 +333,26 @@ def _validate(g, u, act, interpret, block_shape) -> None:
     for name, x in (("g", g), ("u", u)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise ValueError(
-                f"geglu: {name} must be an array with .shape and .dtype (jax.Array or numpy array), "
+                f"glu: {name} must be an array with .shape and .dtype (jax.Array or numpy array), "
                 f"got {type(x).__name__}"
             )
         if len(x.shape) != 2:
             raise ValueError(
-                f"geglu: {name} must be 2-D [M, N], got {len(x.shape)}-D with shape {tuple(x.shape)}; "
+                f"glu: {name} must be 2-D [M, N], got {len(x.shape)}-D with shape {tuple(x.shape)}; "
                 "reshape leading dimensions into M first"
             )
         if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
             allowed = ", ".join(d.name for d in SUPPORTED_DTYPES)
-            raise ValueError(f"geglu: {name} has dtype {jnp.dtype(x.dtype).name}; allowed: {allowed}")
+            raise ValueError(f"glu: {name} has dtype {jnp.dtype(x.dtype).name}; allowed: {allowed}")
     if tuple(g.shape) != tuple(u.shape):
-        raise ValueError(f"geglu: g and u must have the same shape, got g {tuple(g.shape)} and u {tuple(u.shape)}")
+        raise ValueError(f"glu: g and u must have the same shape, got g {tuple(g.shape)} and u {tuple(u.shape)}")
     if jnp.dtype(g.dtype) != jnp.dtype(u.dtype):
         raise ValueError(
-            f"geglu: g and u must have the same dtype, got g {jnp.dtype(g.dtype).name} and "
+            f"glu: g and u must have the same dtype, got g {jnp.dtype(g.dtype).name} and "
             f"u {jnp.dtype(u.dtype).name}; cast one of them first"
         )
     if interpret is not None and not isinstance(interpret, bool):
-        raise ValueError(f"geglu: interpret must be True, False or None, got {interpret!r}")
+        raise ValueError(f"glu: interpret must be True, False or None, got {interpret!r}")
     if block_shape is not None:
         ok = (
             isinstance(block_shape, tuple | list)
@@ -366,7 +361,7 @@ def _validate(g, u, act, interpret, block_shape) -> None:
         )
         if not ok:
             raise ValueError(
-                "geglu: block_shape must be None or a pair of positive powers of two (block_m, block_n) "
+                "glu: block_shape must be None or a pair of positive powers of two (block_m, block_n) "
                 f"(the Triton lowering requires power-of-two blocks), got {block_shape!r}"
             )
 
@@ -414,7 +409,3 @@ def glu(
             min(DEFAULT_BLOCK_SHAPE[1], _next_power_of_2(n)),
         )
     return _glu(g, u, act, interpret, tuple(block_shape))
-
-
-#: The GeGLU name of :func:`glu` (its default activation is GeGLU's).
-geglu = glu

@@ -16,8 +16,8 @@ import torch
 from compare.backends.registry import Prepared
 from compare.backends.tp import Group
 from compare.problem.golden import Problem
+from torch_impl import collectives, profiling
 from torch_impl import device as dev
-from torch_impl import profiling
 from torch_impl import tp_common as tc
 
 
@@ -66,7 +66,7 @@ class CompiledTPBackend(tc.TorchTPBackend):
             group,
             step,
             compute_only=tc.lazy(compute_only),
-            count=lambda: tc.count_profiled(step.run, dtype),
+            count=lambda: collectives.count_profiled(step.run, dtype),
             setup_s=setup_s,
             layout=tc.dtensor_layout(problem, group) + "; torch.compile (Inductor, dynamic=False)",
             note="first call includes Inductor compile; the compute-only twin compiles on its first call",

@@ -33,7 +33,7 @@ def triton_act_mul(model: str) -> ActMul:
     return act_mul
 
 
-class TritonGeGLUBackend:
+class TritonGLUBackend:
     name = "torch-triton"
 
     def availability(self) -> Availability:
@@ -76,4 +76,4 @@ class TritonGeGLUBackend:
         )
 
 
-BACKEND = TritonGeGLUBackend()
+BACKEND = TritonGLUBackend()

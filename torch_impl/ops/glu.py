@@ -10,9 +10,6 @@ kernels as their compile-time ``ACT``:
 * :class:`GLUFunction` / :func:`glu` -- autograd wrapper that saves ``g`` and ``u`` only
   and recomputes ``act(g)`` and ``act'(g)`` in the backward kernel.
 
-The GeGLU names (``geglu_forward``, ``geglu_backward``, ``GeGLUFunction``, ``geglu``) are the same functions
-(default ``act="gelu_tanh"``), kept for their callers.
-
 The ``@triton.jit`` kernels themselves live in :mod:`triton_impl.glu_kernels` (no torch import there, so JAX
 launches the same kernels through jax-triton); this module launches them on torch tensors.
 
@@ -38,11 +35,7 @@ __all__ = [
     "ACTIVATIONS",
     "SUPPORTED_DTYPES",
     "GLUFunction",
-    "GeGLUFunction",
     "check_act",
-    "geglu",
-    "geglu_backward",
-    "geglu_forward",
     "glu",
     "glu_backward",
     "glu_forward",
@@ -177,10 +170,3 @@ class GLUFunction(torch.autograd.Function):
 def glu(g: torch.Tensor, u: torch.Tensor, act: str = "gelu_tanh") -> torch.Tensor:
     """Differentiable h = act(g) * u (shape of ``g``) via :class:`GLUFunction`."""
     return GLUFunction.apply(g, u, act)
-
-
-# The GeGLU names: the same functions with their default activation, gelu_tanh.
-geglu_forward = glu_forward
-geglu_backward = glu_backward
-GeGLUFunction = GLUFunction
-geglu = glu

@@ -15,9 +15,6 @@ constexpr as the elementwise kernels') this module provides:
   kernel; the backward recomputes ``g`` and ``u`` with torch matmuls and uses the Triton
   elementwise :func:`~torch_impl.ops.glu.glu_backward` kernel with the same activation.
 
-The GeGLU names (``geglu_matmul``, ``GeGLUMatmulFunction``, ``fused_geglu``) are the same functions (default
-``act="gelu_tanh"``), kept for their callers.
-
 The kernels, their cost model, autotune lists and precision rules are in :mod:`triton_impl.glu_matmul_kernels`
 (no torch there); this module checks shapes, allocates outputs, picks the interpreter tiles, launches, and adds
 autograd. Under the interpreter bf16/fp16 tiles are upcast to fp32 before the dot (``UPCAST``: triton issue 11584).
@@ -46,11 +43,8 @@ from .glu import EXACT_BF16_CAST, SUPPORTED_DTYPES, check_act, glu_backward
 
 __all__ = [
     "GLUMatmulFunction",
-    "GeGLUMatmulFunction",
     "LinearFunction",
-    "fused_geglu",
     "fused_glu",
-    "geglu_matmul",
     "glu_matmul",
     "matmul",
     "triton_linear",
@@ -244,12 +238,6 @@ def fused_glu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, act: st
     lead, K = x.shape[:-1], x.shape[-1]
     h = GLUMatmulFunction.apply(x.reshape(math.prod(lead), K), w_gate, w_up, act)
     return h.reshape(*lead, w_gate.shape[0])
-
-
-# The GeGLU names: the same functions with their default activation, gelu_tanh.
-geglu_matmul = glu_matmul
-GeGLUMatmulFunction = GLUMatmulFunction
-fused_geglu = fused_glu
 
 
 class LinearFunction(torch.autograd.Function):
