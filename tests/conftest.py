@@ -33,29 +33,28 @@ TIERS: tuple[str, ...] = ("quick", "standard", "slow")
 
 
 #: What each of several test worker processes (``pytest -n N``) gets, unless the caller set it: one thread for
-#: OpenMP's pool (torch's), OpenBLAS's, MKL's and XLA's Eigen pool (XLA's dots still size theirs by the CPUs). N
-#: workers of the default thread count on N cores oversubscribe them, and OpenMP's spin-waiting threads then starve
-#: the other workers: on 2 cores, ``-n 2`` ran tests/test_controls.py in 142 and 163 s with the default pools, in 33
-#: and 30 s with one thread each (while other work shared the machine). The TP launcher sets its workers' own
-#: counts; a test that needs a count sets it itself.
+#: OpenMP's pool (torch's), OpenBLAS's and MKL's. N workers of the default thread count on N cores oversubscribe
+#: them, and OpenMP's spin-waiting threads then starve the other workers: on 2 cores, ``-n 2`` ran
+#: tests/test_controls.py in 142 and 163 s with the default pools, in 33 and 30 s with one thread each (while other
+#: work shared the machine). XLA keeps its pools: with its Eigen pool off a jitted call runs to completion before
+#: it returns, and the timer's test of JAX's asynchronous dispatch would see no asynchrony. The TP launcher sets
+#: its workers' own counts; a test that needs a count sets it itself.
 ONE_THREAD_ENV: dict[str, str] = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-ONE_THREAD_XLA_FLAGS: tuple[str, ...] = ("--xla_cpu_multi_thread_eigen=false",)
+#: Test modules whose tests pytest-xdist spreads over its workers one by one (``--dist loadgroup``): they share
+#: nothing costly between tests (each parity cell is its own compile) and are the longest. Every other module's
+#: tests stay together on one worker (an ``xdist_group`` per module), so that what they share (a TP worker group,
+#: a compiled build, a module-scoped run) starts once.
+SPREAD_MODULES: tuple[str, ...] = ("test_parity.py", "test_seeds.py", "test_controls.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """In the controller of a run with several workers (pytest-xdist starts them after this hook, with this
-    environment), one thread per pool (:data:`ONE_THREAD_ENV`), keeping whatever the caller set (such as the
-    capped instruction sets in ``XLA_FLAGS``)."""
+    environment), one thread per pool (:data:`ONE_THREAD_ENV`), keeping whatever the caller set."""
     workers = getattr(config.option, "numprocesses", None)
     if not workers or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     for name, value in ONE_THREAD_ENV.items():
         os.environ.setdefault(name, value)
-    flags = os.environ.get("XLA_FLAGS", "").split()
-    for flag in ONE_THREAD_XLA_FLAGS:
-        if not any(f.split("=")[0] == flag.split("=")[0] for f in flags):
-            flags.append(flag)
-    os.environ["XLA_FLAGS"] = " ".join(flags)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -65,6 +64,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if untiered:
         shown = "\n  ".join(untiered[:20]) + (f"\n  ... and {len(untiered) - 20} more" if len(untiered) > 20 else "")
         raise pytest.UsageError(f"tests without a tier marker ({', '.join(TIERS)}):\n  {shown}")
+    for item in items:
+        if item.path.name not in SPREAD_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
     import torch
 
     if torch.cuda.is_available():
