@@ -54,6 +54,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from compare.backends.registry import BACKENDS, BackendSpec, spec
 from compare.cost.records import Achieved, Ceiling, Cost, CostTensor
 from compare.problem.cases import MODES, Case, InputError, check_name
 
@@ -310,23 +311,22 @@ def _saved(kernels_fwd: list[Kernel], kernels_bwd: list[Kernel]) -> list[str]:
     return out
 
 
-def check_backend(backend: str, model: str | None = None) -> str:
-    """Return the plan of ``backend`` from its registry line; an unknown backend, one without a plan (not modelled)
-    or one that does not implement ``model`` raises :class:`InputError` naming what is allowed."""
-    from compare.backends.registry import BACKENDS, spec
-
-    s = spec(backend)
+def check_backend(backend: str | BackendSpec, model: str | None = None) -> str:
+    """Return the plan of ``backend`` (its registry line, or the name of one); an unknown backend, one without a
+    plan (not modelled) or one that does not implement ``model`` raises :class:`InputError` naming what is allowed."""
+    s = spec(backend) if isinstance(backend, str) else backend
     if s.plan is None:
         modelled = [b.name for b in BACKENDS.values() if b.plan is not None]
-        raise InputError(f"no cost model for backend {backend!r}; modelled backends: {', '.join(modelled)}")
+        raise InputError(f"no cost model for backend {s.name!r}; modelled backends: {', '.join(modelled)}")
     check_name("plan", s.plan, PLANS)
     if model is not None and model not in s.models:
-        raise InputError(f"backend {backend!r} implements model(s) {', '.join(s.models)} only, not {model!r}")
+        raise InputError(f"backend {s.name!r} implements model(s) {', '.join(s.models)} only, not {model!r}")
     return s.plan
 
 
-def cost(case: Case, backend: str, mode: str) -> Cost:
-    """The modelled cost of one step of ``backend`` on ``case`` in ``mode`` (see the module docstring).
+def cost(case: Case, backend: str | BackendSpec, mode: str) -> Cost:
+    """The modelled cost of one step of ``backend`` (its registry line, or the name of one) on ``case`` in ``mode``
+    (see the module docstring).
 
     Returns a :class:`~compare.cost.records.Cost`: ``flops`` (GEMM FLOPs), ``ew_flops``, ``bytes`` (all traffic),
     ``tensors`` (each ``name, shape, bytes`` (its size), ``role, reads, writes``), ``intermediate_bytes`` (traffic
@@ -334,7 +334,8 @@ def cost(case: Case, backend: str, mode: str) -> Cost:
     read by the backward), ``arithmetic_intensity`` (FLOP per byte), ``model_kernels`` (kernel names) and
     ``model_kernels_per_step``, ``plan`` and ``assumption``; no ``achieved`` (:func:`roofline` makes it).
     """
-    plan = check_backend(backend, case.model)
+    s = spec(backend) if isinstance(backend, str) else backend
+    plan = check_backend(s, case.model)
     check_name("mode", mode, MODES)
     itemsize = ITEMSIZE[case.dtype]
     kernels = _model_kernels(case, plan, mode)
@@ -355,7 +356,7 @@ def cost(case: Case, backend: str, mode: str) -> Cost:
     inter = [t for t in tensors if t.role == "intermediate"]
     flops = sum(k.flops for k in kernels)
     return Cost(
-        backend=backend,
+        backend=s.name,
         plan=plan,
         mode=mode,
         dtype=case.dtype,
@@ -369,14 +370,8 @@ def cost(case: Case, backend: str, mode: str) -> Cost:
         saved=tuple(n for n in saved if n in counts),
         model_kernels=tuple(k.name for k in kernels),
         model_kernels_per_step=len(kernels),
-        assumption=_assumption(backend),
+        assumption=s.assumption,
     )
-
-
-def _assumption(backend: str) -> str:
-    from compare.backends.registry import spec
-
-    return spec(backend).assumption
 
 
 def roofline(cost: Cost, median_s: float, ceiling: Ceiling) -> Achieved:
