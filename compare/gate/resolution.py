@@ -15,7 +15,7 @@ answered on the golden data with the very same gate:
   gate: does it leave the pass tier? If not, the two GELU forms are *not distinguishable* at that dtype and case,
   and a pass says nothing about which one a backend uses.
 
-Rows are data (:class:`ResolutionRow`, a results document's ``resolution``); :func:`resolution_section` renders
+Rows are data (:class:`ResolutionRow`, a results document's ``resolution``); ``compare.report.resolution`` renders
 them.
 """
 
@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from compare.formats.jsonfields import Obj, integer, opt_flag, opt_number, record_dict, text, texts
-from compare.formats.markdown import table
 from compare.gate.parity import PlainStats, check_tensor, plain_stats
 from compare.problem.reference import GELU_MODELS, Arith, compute, round_to_dtype
 
@@ -166,54 +165,3 @@ def resolution_rows(
 def lookup(rows: Iterable[ResolutionRow], case_name: str, tensor: str) -> ResolutionRow | None:
     """The row of ``case_name`` and ``tensor``, or None."""
     return next((r for r in rows if r.case == case_name and r.tensor == tensor), None)
-
-
-def _pct(s: float | None, note: str) -> str:
-    if s is None:
-        return f"none ({note})"
-    text = f"{s:.2g}" if s < 1e-4 else f"{s * 100:.2g}%"
-    return f"< {text}" if note == "below" else f">= {text}"
-
-
-def resolution_section(rows: Iterable[ResolutionRow]) -> str:
-    """Markdown: what a pass means, per case, dtype and tensor (a results document's ``resolution``)."""
-    rows = list(rows)
-    if not rows:
-        return ""
-    body = []
-    for r in rows:
-        if r.erf_distinguishable is None:
-            erf = "- (no GELU)"
-        elif r.erf_distinguishable:
-            erf = f"distinguishable (fails: {', '.join(r.erf_failed)})"
-        else:
-            erf = "**not distinguishable**"
-        body.append(
-            [
-                r.label,
-                r.dtype,
-                r.tensor,
-                f"{r.n:,}",
-                _pct(r.scale_resolution, r.note),
-                erf,
-                "-" if r.erf_rel_rms is None else f"{r.erf_rel_rms:.2g}",
-            ]
-        )
-    head = [
-        "case",
-        "dtype",
-        "tensor",
-        "elements",
-        "catches a scale error of",
-        "erf vs tanh GELU",
-        "erf vs tanh, relative rms difference (float64)",
-    ]
-    intro = (
-        "What a pass means. Measured with the gate itself on the golden data (numpy): the smallest relative "
-        "scale error that takes a tensor out of the pass tier, made as a backend makes it (the plain "
-        "computation's output before its last rounding, made too small by that fraction, then rounded to the "
-        "dtype), found by bisection; and whether the plain computation with the exact (erf) GELU, instead of the "
-        "tanh form, leaves the pass tier. A smaller scale error, or the other GELU form where it is not "
-        "distinguishable, can pass."
-    )
-    return "## What a pass means: the gate's resolution\n\n" + intro + "\n\n" + table(head, body)

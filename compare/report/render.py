@@ -7,12 +7,12 @@ from collections.abc import Callable, Sequence
 
 from compare.backends.registry import DEFAULT_BASELINE
 from compare.formats.markdown import case_label, fmt_e, fmt_s, table
-from compare.gate.resolution import resolution_section
 from compare.gpu_build.table import render_markdown
 from compare.kernels.summary import Kernels
 from compare.report.cost import cost_section, fusion_section
 from compare.report.kernels import kernel_section
 from compare.report.plots import plots_section
+from compare.report.resolution import resolution_section
 from compare.report.shapes import shapes_section
 from compare.report.summary import summary_section
 from compare.report.tp import tp_section
