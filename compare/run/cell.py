@@ -1,17 +1,17 @@
 """What running one cell (backend, case, mode) needs, in one process or in a tensor-parallel worker group: the
-tensors each mode checks, the timing configuration, the plain same-dtype reference the gate measures against, and
-the cost model's entry for the cell."""
+tensors each mode checks, the plain same-dtype reference the gate measures against, the gate's verdict on one
+output and the status the findings make, the cost model's entry for the cell, and the plausibility of its timing
+against the measured ceilings. The stages that use them, once for every runner, are ``compare.run.pipeline``'s."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
-from compare.backends.registry import DEFAULT_BASELINE, BackendSpec, Prepared
+from compare.backends.registry import DEFAULT_BASELINE, BackendSpec
 from compare.cost import model as costmodel
 from compare.cost.records import Ceilings, Cost
 from compare.gate.parity import Parity, Plain, check_all, check_plain
@@ -63,7 +63,7 @@ def model_cost(spec: BackendSpec, case: Case, mode: str) -> Cost | None:
     line names no plan (it is not modelled). Any other problem is an error, not a silently missing row."""
     if spec.plan is None:
         return None
-    return costmodel.cost(case, spec.name, mode)
+    return costmodel.cost(case, spec, mode)
 
 
 def status_of(failures: list[str], deviations: list[str]) -> tuple[str, str]:
@@ -77,11 +77,11 @@ def status_of(failures: list[str], deviations: list[str]) -> tuple[str, str]:
 
 
 def judge(
-    prepared: Prepared, output: Any, ref: dict[str, np.ndarray], plain: dict[str, np.ndarray], dtype: str, who: str
+    got: dict[str, np.ndarray], ref: dict[str, np.ndarray], plain: dict[str, np.ndarray], dtype: str, who: str
 ) -> Parity:
-    """The gate's verdict on one output of a step (``compare.gate.parity.check_all``); a step that returns other tensors
-    than the mode checks is an error naming ``who`` (the backend and mode)."""
-    got = prepared.to_numpy(output)
+    """The gate's verdict (``compare.gate.parity.check_all``) on one output of a step, read as named float64 arrays
+    (``Prepared.to_numpy``); a step that returns other tensors than the mode checks (``ref``'s) is an error naming
+    ``who`` (the backend and mode)."""
     if set(got) != set(ref):
         raise RuntimeError(f"{who} returned tensors {sorted(got)}; expected {sorted(ref)}")
     return check_all(got, ref, plain, dtype)

@@ -62,9 +62,10 @@ class Child:
         """The last ``lines`` non-blank lines of its stderr so far, joined by newlines."""
         with contextlib.suppress(OSError, ValueError):
             self.err.flush()
-            self.err.seek(0)
-            text = self.err.read().decode("utf-8", errors="replace")
-            self.err.seek(0, os.SEEK_END)
+            # pread, not seek + read: the child's stderr shares this file's offset, and moving it while the child
+            # writes would put its next lines over the first ones
+            fd = self.err.fileno()
+            text = os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", errors="replace")
             kept = [line.rstrip() for line in text.splitlines() if line.strip()]
             return "\n".join(kept[-lines:])
         return ""
@@ -127,13 +128,21 @@ def end_all(children: Sequence[Child], grace_s: float = TERM_GRACE_S) -> None:
         c.proc.wait()
 
 
+def signal_name(rc: int) -> str:
+    """The signal that ended a process whose exit status ``rc`` is negative: ``SIGSEGV``, or ``signal 77``."""
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return f"signal {-rc}"
+
+
+def killed_by(rc: int) -> str:
+    """How a process whose exit status ``rc`` is negative ended, in words: ``killed by signal SIGKILL (...)``, with
+    the OOM killer's hint for SIGKILL."""
+    hint = " (the OOM killer sends this when memory runs out)" if -rc == signal.SIGKILL else ""
+    return f"killed by signal {signal_name(rc)}{hint}"
+
+
 def describe_exit(rc: int) -> str:
     """How a process ended, in words: ``exited with status 3``, ``was killed by signal SIGKILL (...)``."""
-    if rc >= 0:
-        return f"exited with status {rc}"
-    try:
-        name = signal.Signals(-rc).name
-    except ValueError:
-        name = f"signal {-rc}"
-    hint = " (the OOM killer sends this when memory runs out)" if -rc == signal.SIGKILL else ""
-    return f"was killed by signal {name}{hint}"
+    return f"exited with status {rc}" if rc >= 0 else f"was {killed_by(rc)}"

@@ -12,13 +12,17 @@ at run time (``compare.gate.fresh``), and released. Only when every step of the 
 reference computed and the fresh outputs judged: a backend that computed its answer from the golden data it could
 derive from its :class:`~compare.problem.golden.Problem` fails there. A timing that implies more FLOP/s than
 ``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measured in the same run makes the result ``implausible``.
+
+Each stage of a cell (skip, refuse a step without ``fresh``, first call and its verdict, the last timed call's
+verdict, the fresh step, its verdict, the status and the result) is ``compare.run.pipeline``'s, the same code the
+tensor-parallel worker (``compare.run.tp_worker``) runs; what is this module's own is the order across a case's
+backends and modes, the interleaved timing, the profile's trace folder and the fresh reference made once per case.
 """
 
 from __future__ import annotations
 
 import datetime
 import math
-import os
 import traceback
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -31,16 +35,15 @@ import numpy as np
 from compare.backends.registry import BackendSpec, Prepared, probe
 from compare.cost.records import Ceilings
 from compare.gate import fresh, resolution
-from compare.gate.parity import Parity, Plain, UnusableCase, check_all
-from compare.gate.parity_record import ParityRecord
+from compare.gate.parity import Plain, UnusableCase
 from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
 from compare.problem.cases import Case
 from compare.problem.golden import golden_for
 from compare.results import environment
 from compare.results.document import Config, Result, Results
-from compare.run import cell
-from compare.run.cell import MODE_TENSORS, model_cost, plain_reference
+from compare.run import cell, pipeline
+from compare.run.cell import MODE_TENSORS, plain_reference
 from compare.run.progress import Display
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
@@ -55,8 +58,9 @@ def _summarise_error(exc: BaseException) -> tuple[str, str]:
 
 @dataclass
 class _Cell:
-    """One (backend, case, mode) on its way through the pipeline: started (prepared, first call judged), timed with
-    its group, its last timed output and its fresh-input output judged; ``done`` once it is a result."""
+    """One (backend, case, mode) on its way through the pipeline (``compare.run.pipeline``): started (prepared, first
+    call judged), timed with its group, its last timed output and its fresh-input output judged; ``done`` once it is
+    a result. A single-device step has one device copy: each verdict list holds one ``(device, verdict)``."""
 
     spec: BackendSpec
     case: Case
@@ -64,14 +68,15 @@ class _Cell:
     done: Result | None = None
     prepared: Prepared | None = None
     first_s: float = math.nan
-    parity: Parity | None = None
-    again: Parity | None = None
+    first: pipeline.Judged = field(default_factory=list)
+    again: pipeline.Judged | None = None
     timing: Timing | None = None
     kernels: Kernels | None = None
     extras: dict[str, Any] = field(default_factory=dict)
-    fresh_out: dict[str, np.ndarray] | None = None
+    fresh_run: pipeline.FreshRun | None = None
+    by_device: bool = False
     #: what the result keeps of its Prepared once the step is released
-    kept: dict[str, Any] = field(default_factory=dict)
+    kept: pipeline.Kept = field(default_factory=pipeline.Kept)
 
     @property
     def label(self) -> str:
@@ -86,7 +91,7 @@ class _Cell:
         self.prepared = None
 
     def who(self) -> str:
-        return f"{self.spec.name} in mode {self.mode}"
+        return pipeline.who(self.spec, self.mode)
 
 
 def _start(
@@ -95,34 +100,25 @@ def _start(
     precision: dict[str, Any],
     prepare: Callable[[], Prepared] | None = None,
 ) -> None:
-    """Skip, or prepare the step, make its first call (timed alone: compile + run) and judge it."""
+    """Skip (``pipeline.skipped``), or prepare the step, refuse it without ``fresh`` (``pipeline.no_fresh``), make its
+    first call (timed alone: compile + run) and judge it (``pipeline.first_call``)."""
     spec, case, mode = c.spec, c.case, c.mode
-    if case.model not in spec.models:
-        reason = f"implements {', '.join(spec.models)} only, not {case.model}"
-        c.done = Result.for_case(spec.name, case, mode, "skipped", reason=reason)
-        return
-    if mode not in spec.modes:
-        reason = f"supports modes {', '.join(spec.modes)} only, not {mode}"
-        c.done = Result.for_case(spec.name, case, mode, "skipped", reason=reason)
-        return
     try:
-        avail = spec.availability()
-        if not avail.ok:
-            c.done = Result.for_case(spec.name, case, mode, "skipped", reason=avail.reason, device=avail.device)
+        c.done = pipeline.skipped(spec, case, mode)
+        if c.done is not None:
             return
         golden = golden_for(case)
-        c.prepared = prepared = prepare() if prepare else spec.load().prepare(golden.problem, mode)
+        prepared = prepare() if prepare else spec.load().prepare(golden.problem, mode)
         precision.update(prepared.precision)
-        c.first_s, out = timing.first_call(prepared.step, prepared.sync)
-        c.parity = _judge(c, out, golden.ref, plain)
+        c.done = pipeline.no_fresh(spec, case, mode, prepared)
+        if c.done is not None:
+            return
+        c.prepared = prepared
+        c.first_s, c.first = pipeline.first_call(
+            prepared, prepared.sync, pipeline.checked(mode, golden.ref), plain, case.dtype, c.who()
+        )
     except Exception as exc:  # a backend's failure is a result, not the end of the run
         c.fail(exc)
-
-
-def _judge(c: _Cell, output: Any, ref: dict[str, np.ndarray], plain: dict[str, np.ndarray]) -> Parity:
-    assert c.prepared is not None
-    want = MODE_TENSORS[c.mode]
-    return cell.judge(c.prepared, output, {k: v for k, v in ref.items() if want(k)}, plain, c.case.dtype, c.who())
 
 
 def _time(cells: Sequence[_Cell], cfg: TimingConfig, plain: dict[str, np.ndarray]) -> None:
@@ -135,80 +131,49 @@ def _time(cells: Sequence[_Cell], cfg: TimingConfig, plain: dict[str, np.ndarray
     group = timing.new_group_id(f"{c0.case.name}/{c0.mode}")
     entrants = [timing.Entrant(c.prepared.step, c.prepared.sync, c.first_s) for c in timed if c.prepared is not None]
     outcomes = timing.measure_interleaved(entrants, group=group, seed=zlib.crc32(group.encode()), **cfg.to_dict())
-    ref = golden_for(c0.case).ref
+    ref = pipeline.checked(c0.mode, golden_for(c0.case).ref)
     for c, got in zip(timed, outcomes, strict=True):
         if isinstance(got, BaseException):
             c.fail(got)
             continue
         c.timing, last = got
         try:
-            c.again = _judge(c, last, ref, plain)
+            assert c.prepared is not None
+            c.again = pipeline.judge_copies(c.prepared, last, ref, plain, c.case.dtype, c.who())
         except Exception as exc:
             c.fail(exc)
 
 
 def _finish_steps(c: _Cell, inputs: dict[str, np.ndarray], profile: bool, trace_dir: Path | None) -> None:
-    """The profile (when asked) and the step on fresh inputs (``Prepared.fresh``); then the step is released."""
+    """The profile (when asked) and the step on fresh inputs (``pipeline.fresh_step``); then the step is released."""
     p = c.prepared
     if c.done is not None or p is None:
         return
-    c.extras = dict(p.extras)
-    c.kept = {"note": p.note, "device": p.device, "threads": p.threads}
-    if profile and p.profile is not None:
+    c.kept, c.by_device = pipeline.Kept.of(p), pipeline.named(p)
+    if profile:
         trace = trace_dir / f"{c.spec.name}-{c.case.name}-{c.mode}" if trace_dir else None
         try:
-            kernels = Kernels.from_dict(p.profile(trace))
-            if kernels.trace and trace_dir is not None:  # relative to the output folder, for links
-                kernels = replace(kernels, trace=os.path.relpath(kernels.trace, trace_dir.parent))
-            c.kernels = kernels
+            c.kernels = pipeline.profile(p, trace, trace_dir.parent if trace_dir is not None else None)
         except Exception as exc:  # the profile is extra information: keep the parity and timing results
             c.extras["profile_error"] = _summarise_error(exc)[0]
     try:
-        if p.fresh is None:
-            raise RuntimeError(
-                f"{c.spec.name} cannot run its step on new inputs (its Prepared has no fresh): the check that it "
-                "computes its answer from its inputs cannot be made"
-            )
-        out = p.fresh(inputs)
-        p.sync([out])
-        c.fresh_out = fresh.compact(p.to_numpy(out))
-        del out
+        c.fresh_run = pipeline.fresh_step(p, p.sync, inputs, c.who())
     except Exception as exc:
         c.fail(exc)
     c.prepared = None  # release the step (its weights, compiled code) before the next backend's
 
 
 def _verdict(c: _Cell, seed: int, reference: tuple[dict[str, np.ndarray], Plain] | None) -> Result:
-    """The cell's result: the first call's, last timed call's and fresh inputs' verdicts, its timing and profile."""
+    """The cell's result (``pipeline.result``): the first call's, last timed call's and fresh inputs' verdicts of its
+    one copy (``pipeline.verdicts``), its timing and profile."""
     if c.done is not None:
         return c.done
-    assert c.parity is not None and c.fresh_out is not None and reference is not None
-    ref, plain = reference
-    got = {k: v.astype(np.float64) for k, v in c.fresh_out.items()}
-    if set(got) - set(ref):
-        raise RuntimeError(f"{c.who()} returned tensors {sorted(got)} on fresh inputs; known: {sorted(ref)}")
-    check = fresh.FreshCheck.of(seed, check_all(got, {k: ref[k] for k in got}, plain, c.case.dtype))
-    failures, deviations = c.parity.failures(), c.parity.deviations()
-    if c.again is not None:
-        failures += [f"last timed call: {f}" for f in c.again.failures()]
-        deviations += [f"last timed call: {f}" for f in c.again.deviations()]
-    failures += check.reasons
-    status, reason = cell.status_of(failures, deviations)
-    return Result.for_case(
-        c.spec.name,
-        c.case,
-        c.mode,
-        status,
-        reason=reason,
-        note=c.kept.get("note", ""),
-        device=c.kept.get("device", ""),
-        parity=ParityRecord.of(c.parity, c.again, check),
-        timing=c.timing,
-        threads=c.kept.get("threads", {}),
-        kernels=c.kernels,
-        extras=c.extras,
-        cost=model_cost(c.spec, c.case, c.mode),
-    )
+    assert c.fresh_run is not None and reference is not None
+    checks = pipeline.judge_fresh(c.fresh_run, reference, c.case.dtype, c.mode, seed, c.who(), c.by_device)
+    copies = pipeline.verdicts(c.first, c.again, checks)
+    record = pipeline.parity_record(copies, pipeline.worst_fresh(checks))
+    found = pipeline.findings(copies, c.by_device)
+    return pipeline.result(c.spec, c.case, c.mode, found, c.kept, record, c.timing, c.kernels, c.extras)
 
 
 def _settle(case: Case, cells: Sequence[_Cell], seed: int, inputs: dict[str, np.ndarray]) -> list[Result]:
@@ -321,14 +286,14 @@ def run(
         ceil = measure_ceilings(dict.fromkeys(c.dtype for c in cases))
     precision: dict[str, Any] = {}
     threads: dict[str, Any] = {}
-    results: list[dict[str, Any]] = []
+    results: list[Result] = []
     res_rows: list[ResolutionRow] = []
     flops: dict[int, tuple[int, int]] = {}  # result index -> (the FLOPs its step must do at the least, its devices)
     interrupted = False
 
     def record(res: Result, ws: int = 1, label: str = "") -> None:
         threads.update(res.threads)
-        results.append({**res.to_dict(), "world_size": ws})
+        results.append(replace(res, world_size=ws))
         if res.tp is None:
             flops[len(results) - 1] = (cell.min_flops(_case_of(res, cases), res.mode), 1)
         if progress:
@@ -384,7 +349,7 @@ def run(
             results += _run_tp_job(runtime, how, ws, tp_cells, cfg, profile, tp_logs, progress)
     except KeyboardInterrupt:  # keep what is done; the caller writes it and says so
         interrupted = True
-    typed = [Result.from_dict(r) for r in results]
+    typed = results
     if ceil is not None:
         checked = [_plausible(r, ceil, flops.get(i), cases) for i, r in enumerate(typed)]
         if any(r.status == "implausible" for r in checked) and not interrupted:
@@ -432,8 +397,9 @@ def _run_tp_job(
     profile: bool,
     logs: Path | None,
     progress: Display | None,
-) -> list[dict[str, Any]]:
-    """The cells of one worker group (``compare.run.tp_launch``), each as its result document."""
+) -> list[Result]:
+    """The cells of one worker group (``compare.run.tp_launch``), each as its result (read from the document the
+    group's process 0 wrote)."""
     job = Job(
         runtime,
         how,
@@ -455,7 +421,7 @@ def _run_tp_job(
             label = f"{doc['backend']} {doc['case']} {doc['mode']} x{world_size}"
             progress.cell(label, doc["status"], doc["reason"])
 
-    return run_job(job, root=logs, on_result=told)
+    return [Result.from_dict(doc) for doc in run_job(job, root=logs, on_result=told)]
 
 
 def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[str]) -> list[ResolutionRow]:

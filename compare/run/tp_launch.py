@@ -16,12 +16,9 @@ importing a framework, forming the group) and run all of its cells in order (``c
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +30,7 @@ from typing import Any
 from compare.backends.registry import BackendSpec
 from compare.gate.fresh import new_seed
 from compare.results.document import Result
+from compare.run import child
 from compare.run.tp_worker import Cell
 from compare.timing.timer import TimingConfig
 
@@ -44,6 +42,8 @@ CELL_TIMEOUT_S = 300.0
 COLLECTIVE_TIMEOUT_S = 60.0
 #: Seconds between SIGTERM and SIGKILL when a group is ended.
 KILL_GRACE_S = 3.0
+#: Lines of a silent failed process's stderr kept in its cell's reason.
+TAIL_LINES = 3
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
@@ -94,7 +94,7 @@ class Job:
 class _Attempt:
     """One start of a job's processes over some of its cells."""
 
-    procs: list[subprocess.Popen[bytes]]
+    procs: list[child.Child]
     folder: Path
     launched: float
     offsets: dict[int, int] = field(default_factory=dict)
@@ -149,20 +149,21 @@ def _start(job: Job, cells: Sequence[Cell], root: Path) -> _Attempt:
     folder = Path(tempfile.mkdtemp(prefix="group-", dir=root))
     port = free_port()
     (folder / "job.json").write_text(json.dumps(job_doc(job, cells, folder, port=port)), encoding="utf-8")
-    procs = []
+    procs: list[child.Child] = []
     launched = time.time()
-    for rank in range(job.nproc):
-        with (folder / f"rank{rank}.out").open("wb") as out, (folder / f"rank{rank}.err").open("wb") as err:
+    try:
+        for rank in range(job.nproc):  # each in its own process group (compare.run.child): its end ends its children
             procs.append(
-                subprocess.Popen(
+                child.start(
                     [sys.executable, "-m", "compare.run.tp_worker", str(folder / "job.json"), str(rank)],
                     env=_worker_env(job, rank, port),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,  # its own process group: ending it ends its children too
+                    stdout=folder / f"rank{rank}.out",
+                    stderr=folder / f"rank{rank}.err",
                 )
             )
+    except BaseException:  # a start failed: end the ranks already started
+        _end(procs)
+        raise
     return _Attempt(procs, folder, launched, last_event=time.time())
 
 
@@ -190,28 +191,14 @@ def _read_events(a: _Attempt) -> None:
                     a.errors[rank] = ev
 
 
-def _tail(path: Path, lines: int = 3) -> str:
+def _end(procs: Sequence[child.Child]) -> None:
+    """End every process and its process group (compile workers, gloo threads' children), politely then not
+    (``compare.run.child.end_all``, :data:`KILL_GRACE_S`), and close their stderr files."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return " | ".join(line.strip() for line in text[-lines:] if line.strip())
-
-
-def end_group(procs: Sequence[subprocess.Popen[bytes]], grace_s: float = KILL_GRACE_S) -> None:
-    """End every process (and its process group: compile workers, gloo threads' children), politely then not."""
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.time() + grace_s
-    for p in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(timeout=max(0.0, deadline - time.time()))
-    for p in procs:
-        with contextlib.suppress(ProcessLookupError):  # the group may outlive its leader
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
+        child.end_all(procs, KILL_GRACE_S)
+    finally:
+        for p in procs:
+            p.close()
 
 
 def _failure(job: Job, a: _Attempt) -> str | None:
@@ -226,8 +213,8 @@ def _failure(job: Job, a: _Attempt) -> str | None:
         if rank in a.errors:
             spoken.append(f"process {rank}: {a.errors[rank]['reason']}")
             continue
-        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
-        tail = _tail(a.folder / f"rank{rank}.err")
+        how = child.describe_exit(rc)
+        tail = " | ".join(p.tail(TAIL_LINES).splitlines())
         silent.append(f"process {rank} of {len(a.procs)} {how}" + (f" (stderr: {tail})" if tail else ""))
     if silent or spoken:
         return "; ".join(silent + spoken)
@@ -288,7 +275,7 @@ def run_job(
                     break
                 time.sleep(poll_s)
         finally:
-            end_group(a.procs)
+            _end(a.procs)
         collect(a)
         left = [c for c in left if c.index not in results]
         if not left:

@@ -3,8 +3,7 @@
 Started by :mod:`compare.run.tp_launch` (or, across machines, by ``torchrun``: then ``RANK`` comes from the environment
 and the rendezvous from ``MASTER_ADDR``/``MASTER_PORT``). It joins the group through the backend's runtime module
 (``compare.backends.tp``), runs every cell of the job in order on every process and writes events, one JSON object per
-line,
-to ``<out>/rank<R>.jsonl``:
+line, to ``<out>/rank<R>.jsonl``:
 
 - ``{"event": "ready", "t": <wall clock>, "init_s": ...}`` once the group is formed;
 - ``{"event": "start", "cell": i}`` before a cell, ``{"event": "stage", "cell": i, "stage": ...}`` as a long stage
@@ -14,10 +13,11 @@ to ``<out>/rank<R>.jsonl``:
   with status 3 (its peers may be blocked in a collective: the launcher ends the group and restarts it for the cells
   left, so one failing cell never costs the others).
 
-Only the shared timer times: each sample is the slowest process's (``timing.measure(agree=group.max_all)``, every
-block ended by a barrier). After timing, every cell's step runs once more on fresh inputs (``compare.gate.fresh``), of
-the
-job's seed, which the parent drew at run time: a step that returns a stored answer fails there.
+Every stage of a cell that is not the group's own (the verdicts, the fresh step, the status and the result) is
+``compare.run.pipeline``'s, the code the in-process harness runs. Only the shared timer times: each sample is the
+slowest process's (``timing.measure(agree=group.max_all)``, every block ended by a barrier). After timing, every
+cell's step runs once more on fresh inputs (``compare.gate.fresh``), of the job's seed, which the parent drew at run
+time: a step that returns a stored answer fails there.
 """
 
 from __future__ import annotations
@@ -36,20 +36,19 @@ from typing import IO, Any, cast
 
 import numpy as np
 
-from compare.backends.registry import BackendSpec, Prepared, TPBackend, register
+from compare.backends.registry import BackendSpec, TPBackend, register
 from compare.backends.tp import PROBE_BYTES, Group, Launch, ring_bytes
 from compare.cost.comm import comm_cost, shard
 from compare.gate import fresh
 from compare.gate.fresh import FreshCheck
-from compare.gate.parity import Parity, Plain, worst_tier
-from compare.gate.parity_record import ParityRecord, ProcessVerdict
-from compare.kernels.summary import Kernels
+from compare.gate.parity import Plain, worst_tier
+from compare.gate.parity_record import CopyVerdict, ProcessVerdict
 from compare.problem.cases import Case
 from compare.problem.golden import golden_for
 from compare.results import environment
-from compare.results.document import Result
 from compare.results.tp import TPInfo
-from compare.run.cell import MODE_TENSORS, judge, model_cost, plain_reference, status_of
+from compare.run import pipeline
+from compare.run.cell import plain_reference
 from compare.timing import timer as timing
 from compare.timing.timer import TimingConfig
 
@@ -114,41 +113,6 @@ def probe_bandwidth(group: Group, cfg: TimingConfig) -> dict[str, Any]:
     }
 
 
-def read_copies(prepared: Prepared, output: Any, who: str) -> list[tuple[str, dict[str, np.ndarray]]]:
-    """``(device, tensors)`` of every device's copy of ``output`` that this process holds (``TPParts.copies``; one
-    copy, ``to_numpy``'s on ``Prepared.device``, when the backend has none). Every process makes the same calls
-    (reading a copy may gather)."""
-    tp = prepared.tp
-    if tp is None or tp.copies is None:
-        return [(prepared.device, prepared.to_numpy(output))]
-    copies = tp.copies(output)
-    if not copies:
-        raise RuntimeError(f"{who}: the backend's TPParts.copies returned no device copy to judge")
-    return [(c.device, c.tensors) for c in copies]
-
-
-def judge_copies(
-    prepared: Prepared, output: Any, ref: dict[str, np.ndarray], plain: dict[str, np.ndarray], dtype: str, who: str
-) -> list[tuple[str, Parity]]:
-    """``(device, verdict)`` of the gate (``compare.run.cell.judge``) on every device's copy of ``output`` that this
-    process holds (:func:`read_copies`)."""
-    return judge_read(prepared, read_copies(prepared, output, who), ref, plain, dtype, who)
-
-
-def judge_read(
-    prepared: Prepared,
-    copies: list[tuple[str, dict[str, np.ndarray]]],
-    ref: dict[str, np.ndarray],
-    plain: dict[str, np.ndarray],
-    dtype: str,
-    who: str,
-) -> list[tuple[str, Parity]]:
-    """``(device, verdict)`` of the gate on copies already read (:func:`read_copies`)."""
-    as_read = replace(prepared, to_numpy=dict)  # a copy's tensors are numpy already
-    many = prepared.tp is not None and prepared.tp.copies is not None
-    return [(d, judge(as_read, t, ref, plain, dtype, f"{who} on {d}" if many else who)) for d, t in copies]
-
-
 #: This process's fresh reference (:func:`fresh_reference`): ``(case, seed) -> (reference, plain)``, one case kept.
 _FRESH: dict[tuple[Case, int], tuple[dict[str, np.ndarray], Plain]] = {}
 
@@ -166,12 +130,6 @@ def fresh_reference(case: Case, seed: int, params: dict[str, np.ndarray]) -> tup
     return _FRESH[key]
 
 
-def _worst(checks: list[FreshCheck]) -> FreshCheck:
-    """The first of the worst tier among ``checks`` (non-empty)."""
-    tier = worst_tier(c.tier for c in checks)
-    return next(c for c in checks if c.tier == tier)
-
-
 def run_cell(
     spec: BackendSpec,
     cell: Cell,
@@ -185,44 +143,38 @@ def run_cell(
     fresh_seed: int,
     stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any] | None:
-    """Parity of every device's copy on every process (:func:`judge_copies`), then timing (full step, its
-    collectives alone, its compute alone) of one cell, then the step once on fresh inputs (``Prepared.fresh``, the
-    draw of ``fresh_seed``: ``compare.gate.fresh``), every copy of it judged against the fresh reference, computed only
-    after that step returned (:func:`fresh_reference`). A fail-tier finding on fresh inputs makes the result
-    ``parity-fail`` (a deviation there is recorded only); the record keeps the worst copy's verdict (``fresh``).
+    """One cell through the stages of ``compare.run.pipeline``, in step with every process of the group: parity of
+    every device's copy on every process (``pipeline.first_call``), then timing (full step, its collectives alone,
+    its compute alone) and the last timed call's copies judged, then the step once on fresh inputs
+    (``pipeline.fresh_step``, the draw of ``fresh_seed``: ``compare.gate.fresh``), every copy of it judged against
+    the fresh reference, computed only after that step returned (:func:`fresh_reference`). Each process's verdicts
+    (per copy: ``pipeline.CopyVerdicts``) are gathered on process 0, which merges them into the result
+    (``pipeline.result``): a fail-tier finding of any copy, on any call, makes it ``parity-fail`` (a deviation on fresh
+    inputs is recorded only); the record keeps this process's worst copy's numbers and the worst fresh verdict.
 
     ``stage(name)`` is told as a long stage begins (``"timing"``, ``"fresh inputs"``, ``"fresh reference"``): the
     launcher takes it as progress. Returns the merged result's dict on process 0, None elsewhere. Raises on a backend
     failure (see module doc); a backend whose ``Prepared`` has no ``fresh`` is an ``error`` result naming it, judged
-    on nothing."""
+    on nothing (``pipeline.no_fresh``)."""
     case, mode = cell.case, cell.mode
     golden = golden_for(case)
     plain = plain_reference(case)
-    want = MODE_TENSORS[mode]
-    ref = {k: v for k, v in golden.ref.items() if want(k)}
+    ref = pipeline.checked(mode, golden.ref)
     backend = cast(TPBackend, spec.load())  # a registry line with a runtime names a TP backend
     prepared = backend.prepare(golden.problem, mode, group)
     tp = prepared.tp
     if tp is None:
         raise RuntimeError(f"{spec.name} is registered with a runtime but its Prepared has no tp parts")
-    if prepared.fresh is None:  # every process holds the same backend: all of them return here, no collective left
-        if group.rank != 0:
-            return None
-        why = (
-            f"{spec.name} in mode {mode}: its Prepared has no fresh (a step on inputs it has never seen): it cannot "
-            "be checked to compute its answer from its inputs"
-        )
-        res = Result.for_case(spec.name, case, mode, "error", reason=why, note=prepared.note, device=prepared.device)
-        return replace(res, world_size=launch.world_size).to_dict()
+    refused = pipeline.no_fresh(spec, case, mode, prepared)
+    if refused is not None:  # every process holds the same backend: all of them return here, no collective left
+        return replace(refused, world_size=launch.world_size).to_dict() if group.rank == 0 else None
 
     def sync(outputs: Any) -> None:
         prepared.sync(outputs)
         group.barrier()
 
-    who = f"{spec.name} in mode {mode}"
-    first_s, out = timing.first_call(prepared.step, sync)
-    verdicts = judge_copies(prepared, out, ref, plain, case.dtype, who)
-    del out
+    who = pipeline.who(spec, mode)
+    first_s, verdicts = pipeline.first_call(prepared, sync, ref, plain, case.dtype, who)
 
     def measure(fn: Any, first: float | None = None, last_output: Any = None) -> timing.Timing:
         return timing.measure(
@@ -242,54 +194,30 @@ def run_cell(
         tim = measure(prepared.step, first_s, last.append)
         comm = measure(tp.comm_only)
         compute = measure(tp.compute_only)
-    agains = judge_copies(prepared, last.pop(), ref, plain, case.dtype, who) if last else None
+    agains = pipeline.judge_copies(prepared, last.pop(), ref, plain, case.dtype, who) if last else None
     # fresh inputs: every process steps together (the step may issue collectives), reads its copies, and only then
     # does the reference of that draw exist in this process
     told("fresh inputs")
-    t0 = time.perf_counter()
-    out = prepared.fresh(fresh.draw(case, fresh_seed, golden.params))
-    sync([out])
-    t1 = time.perf_counter()
-    fresh_read = [(d, fresh.compact(t)) for d, t in read_copies(prepared, out, f"{who} on fresh inputs")]
-    del out
+    ran = pipeline.fresh_step(prepared, sync, fresh.draw(case, fresh_seed, golden.params), who)
     told("fresh reference")
-    t2 = time.perf_counter()
-    fresh_ref, fresh_plain = fresh_reference(case, fresh_seed, golden.params)
-    t3 = time.perf_counter()
-    fresh_ref = {k: v for k, v in fresh_ref.items() if want(k)}
-    fresh_checks = [
-        FreshCheck.of(fresh_seed, p)
-        for _, p in judge_read(prepared, fresh_read, fresh_ref, fresh_plain, case.dtype, f"{who} on fresh inputs")
-    ]
-    del fresh_read
-    fresh_s = {"step": t1 - t0, "read": t2 - t1, "reference": t3 - t2, "judge": time.perf_counter() - t3}
+    t0 = time.perf_counter()
+    reference = fresh_reference(case, fresh_seed, golden.params)
+    t1 = time.perf_counter()
+    checks = pipeline.judge_fresh(ran, reference, case.dtype, mode, fresh_seed, who, pipeline.named(prepared))
+    fresh_s = {"step": ran.step_s, "read": ran.read_s, "reference": t1 - t0, "judge": time.perf_counter() - t1}
+    del ran
     collectives = [c.to_dict() for c in tp.collectives()]
-    kernels = prepared.profile(None) if profile and prepared.profile is not None else None
-    # one verdict per device copy: the first call's and, when timed, the last timed call's and a failure on fresh
-    # inputs, of the same device
-    copies: list[dict[str, Any]] = []
-    mine_failures: list[str] = []
-    mine_deviations: list[str] = []
-    for i, (device, first) in enumerate(verdicts):
-        later = agains[i][1] if agains is not None else None
-        new = fresh_checks[i]
-        tiers = [first.tier, *([later.tier] if later else []), *(["fail"] if new.reasons else [])]
-        tier = worst_tier(tiers)
-        copies.append({"device": device, "passed": tier == "pass", "tier": tier})
-        mine_failures += [f"device {device}: {f}" for f in first.failures()]
-        mine_failures += [f"device {device}: last timed call: {f}" for f in (later.failures() if later else [])]
-        mine_failures += [f"device {device}: {f}" for f in new.reasons]
-        mine_deviations += [f"device {device}: {f}" for f in first.deviations()]
-        mine_deviations += [f"device {device}: last timed call: {f}" for f in (later.deviations() if later else [])]
+    kernels = pipeline.profile(prepared) if profile else None
+    copies = pipeline.verdicts(verdicts, agains, checks)
+    mine_failures, mine_deviations = pipeline.findings(copies, by_device=True)
     mine = {
         "rank": group.rank,
-        "passed": all(c["passed"] for c in copies),
-        "tier": worst_tier(c["tier"] for c in copies),
+        "tier": worst_tier(c.tier for c in copies),
         "failures": mine_failures,
         "deviations": mine_deviations,
-        "copies": copies,
+        "copies": [c.record().to_dict() for c in copies],
         "collectives": collectives,
-        "fresh": _worst(fresh_checks).to_dict(),
+        "fresh": pipeline.worst_fresh(checks).to_dict(),
         "host": socket.gethostname(),
     }
     everyone = group.gather(mine)
@@ -297,14 +225,10 @@ def run_cell(
         return None
     failures = [f"process {r['rank']}, {f}" for r in everyone for f in r["failures"]]
     deviations = [f"process {r['rank']}, {f}" for r in everyone for f in r["deviations"]]
-    # the stored numbers are this process's worst copy's (a failing one, else a deviating one, else its first); the
-    # fresh verdict is the worst copy's of every process
-    worst = worst_tier(c["tier"] for c in copies)
-    shown = next((i for i, c in enumerate(copies) if c["tier"] == worst), 0)
-    parity, again = verdicts[shown][1], (agains[shown][1] if agains is not None else None)
-    record = ParityRecord.of(parity, again, _worst([FreshCheck.from_dict(r["fresh"]) for r in everyone]))
+    # the stored numbers are this process's worst copy's; the fresh verdict is the worst copy's of every process
+    record = pipeline.parity_record(copies, pipeline.worst_fresh([FreshCheck.from_dict(r["fresh"]) for r in everyone]))
     processes = [
-        ProcessVerdict.from_dict({"rank": r["rank"], "passed": r["passed"], "tier": r["tier"], "copies": r["copies"]})
+        ProcessVerdict(r["rank"], r["tier"] == "pass", r["tier"], tuple(CopyVerdict.from_dict(c) for c in r["copies"]))
         for r in everyone
     ]
     tp_doc = {
@@ -328,23 +252,19 @@ def run_cell(
     disagree = [r["rank"] for r in everyone if r["collectives"] != collectives]
     if disagree:
         failures.append(f"processes {disagree} counted other collectives than process 0")
-    status, reason = status_of(failures, deviations)
-    result = Result.for_case(
-        spec.name,
+    result = pipeline.result(
+        spec,
         case,
         mode,
-        status,
-        reason=reason,
-        note=prepared.note,
-        device=prepared.device,
-        parity=replace(record, processes=tuple(processes)),
-        timing=tim,
-        threads=prepared.threads,
-        kernels=Kernels.from_dict(kernels) if kernels else None,
+        (failures, deviations),
+        pipeline.Kept.of(prepared),
+        replace(record, processes=tuple(processes)),
+        tim,
+        kernels,
         # process 0's seconds of the fresh-input check: the step, reading its copies, the reference (0 when cached
         # from an earlier cell of the case) and the gate
-        extras={**prepared.extras, "fresh_check_s": fresh_s},
-        cost=model_cost(spec, shard(case, launch.world_size), mode),  # one rank's share
+        extras={"fresh_check_s": fresh_s},
+        cost_case=shard(case, launch.world_size),  # one rank's share
     )
     return replace(result, world_size=launch.world_size, tp=TPInfo.from_dict(tp_doc)).to_dict()
 

@@ -1,14 +1,11 @@
-"""Running one sweep cell: here, or in a worker process (``python -m compare.sweep.command --worker CELL RESULT``) whose
-crash,
-signal or timeout becomes the cell's ``error`` result. See ``compare.sweep.command``."""
+"""Running one sweep cell: here (``compare.run.harness.run_one``), or in a worker process (``python -m
+compare.sweep.command --worker CELL RESULT``, started through ``compare.run.child``) whose crash, signal or timeout
+becomes the cell's ``error`` result. See ``compare.sweep.command``."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict
@@ -17,16 +14,12 @@ from typing import Any
 
 from compare.backends.registry import BackendSpec
 from compare.formats.atomic import write_text_atomic
-from compare.problem.cases import (
-    Case,
-)
+from compare.problem.cases import Case
 from compare.results import document as results
 from compare.results import environment
-from compare.run import harness
+from compare.run import child, harness
 from compare.sweep.grid import Cell
 
-#: Lines of a crashed worker's stderr kept in its error record.
-STDERR_TAIL_LINES = 20
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,23 +38,12 @@ def run_cell_inprocess(
     return r, {"precision": precision, "gpu": environment.gpu()}
 
 
-def _signal_name(rc: int) -> str:
-    try:
-        return signal.Signals(-rc).name
-    except ValueError:
-        return f"signal {-rc}"
-
-
-def _kill_group(p: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
-
-
 def run_cell_isolated(
     s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, scratch: Path, timeout_s: float | None = None
 ) -> tuple[results.Result, dict[str, Any]]:
-    """Run one cell in a worker process; a crash, a signal or a timeout becomes an ``error`` result."""
+    """Run one cell in a worker process (``compare.run.child``: its own process group, ended with everything it
+    started on a timeout or an interrupt); a crash, a signal or a timeout becomes an ``error`` result with the exit
+    status, the signal and the tail of its stderr in ``extras``."""
     scratch.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=scratch, prefix="cell-") as tmp:
         cell_path, result_path = Path(tmp) / "cell.json", Path(tmp) / "result.json"
@@ -71,33 +53,26 @@ def run_cell_isolated(
         )
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
         cmd = [sys.executable, "-m", "compare.sweep.command", "--worker", str(cell_path), str(result_path)]
-        with tempfile.TemporaryFile() as err:
-            # its own session: a timeout or an interrupt kills the worker and anything it started (compile pools)
-            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
-            timed_out = False
-            try:
-                rc = p.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(p)
-                rc, timed_out = p.returncode, True
-            except BaseException:
-                _kill_group(p)
-                raise
-            err.seek(0)
-            tail = err.read().decode(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
-        if rc == 0 and not timed_out and result_path.is_file():
+        worker = child.start(cmd, env=env)
+        try:
+            waited = worker.wait(timeout_s)
+            timed_out = waited is None
+            rc = worker.end() if waited is None else waited
+            tail = worker.tail()  # compare.run.child.TAIL_LINES lines
+        finally:
+            worker.close()  # ends the group first when the wait was interrupted
+        if not timed_out and rc == 0 and result_path.is_file():
             out = json.loads(result_path.read_text(encoding="utf-8"))
             return results.Result.from_dict(out["result"]), out["meta"]
-    extras: dict[str, Any] = {"exit_code": rc, "stderr_tail": "\n".join(tail)}
+    extras: dict[str, Any] = {"exit_code": rc, "stderr_tail": tail}
     if timed_out:
         reason = f"worker process timed out after {timeout_s:g} s and was killed"
     elif rc < 0:
-        extras["signal"] = _signal_name(rc)
-        hint = " (the OOM killer sends this when memory runs out)" if -rc == signal.SIGKILL else ""
-        reason = f"worker process killed by signal {extras['signal']}{hint}"
+        extras["signal"] = child.signal_name(rc)
+        reason = f"worker process {child.killed_by(rc)}"
     elif rc != 0:
-        reason = f"worker process exited with status {rc}"
-        last = next((x for x in reversed(tail) if x.strip()), "")
+        reason = f"worker process {child.describe_exit(rc)}"
+        last = tail.splitlines()[-1] if tail else ""
         reason += f": {last.strip()}" if last else ""
     else:
         reason = "worker process exited with status 0 but wrote no result"
