@@ -37,8 +37,9 @@ from typing import Any
 from compare.formats.atomic import write_text_atomic
 from compare.formats.markdown import case_label, fmt_s, table
 from compare.problem.cases import check_finite
+from compare.results import document as results
 from compare.results.document import Result, Results
-from compare.run import exitcodes
+from compare.run import exitcodes, preflight
 from compare.timing.significance import (
     ALPHA,
     MIN_SAMPLES_FOR_TEST,
@@ -206,9 +207,6 @@ def diff(
 
 def cmd_diff(a: argparse.Namespace) -> int:
     """Print (or write) the diff; 1 if it found a regression, else 0. Missing or bad files raise InputError."""
-    from compare.results import document as results
-    from compare.run import preflight
-
     check_finite("--threshold", a.threshold, zero_ok=True)
     check_finite("--k", a.k)
     check_finite("--alpha", a.alpha, at_most=1.0)

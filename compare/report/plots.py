@@ -24,6 +24,7 @@ from typing import Any
 
 from compare.backends.registry import DEFAULT_BASELINE
 from compare.cost.records import Achieved
+from compare.problem.cases import DTYPES, MODES
 from compare.results.document import Result, Results
 from compare.timing import significance
 from compare.timing.timer import Timing
@@ -67,8 +68,6 @@ def _ordered(xs: Iterable[str], order: Iterable[str]) -> list[str]:
 
 
 def _panels(rs: list[Result]) -> list[tuple[str, str]]:
-    from compare.problem.cases import DTYPES, MODES
-
     dtypes = _ordered((r.dtype for r in rs), DTYPES)
     modes = _ordered((r.mode for r in rs), MODES)
     return [(d, m) for d in dtypes for m in modes]

@@ -18,6 +18,7 @@ from compare.report.summary import summary_section
 from compare.report.tp import tp_section
 from compare.results.document import Result, Results
 from compare.results.environment import ISA_FLAGS, Environment
+from compare.timing.significance import PAIRED, WITHIN_NOISE, compare_timing
 
 Row = list[str]
 Rows = Sequence[Result]
@@ -138,8 +139,6 @@ def speedup_cell(results: Rows, r: Result) -> str:
     """``r``'s speedup against the baseline on the same case and mode, e.g. ``1.52x``, only where the two timings
     differ beyond noise (:func:`compare.timing.significance.compare_timing`, the rule of ``compare diff``); else
     ``within noise``. ``baseline`` for the baseline itself, ``-`` where the baseline was not timed."""
-    from compare.timing.significance import PAIRED, WITHIN_NOISE, compare_timing
-
     base = _baseline(results, r)
     if base is None or base.timing is None or r.timing is None:
         return "-"
