@@ -35,13 +35,13 @@ check: setup
 check-tests: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "$(CHECK_TESTS)"
 
-# pytest-xdist: two worker processes; the tests of the three longest modules spread over both, every other module on
-# one of them (its shared fixtures, such as a TP worker group, start once: tests/conftest.py, SPREAD_MODULES); each
-# worker with one thread per pool (tests/conftest.py: ONE_THREAD_ENV; N workers of N threads on N
+# pytest-xdist: two worker processes, each test module on one of them (its shared fixtures, such as a TP worker
+# group, start once; the long parity and seed sweeps are split into modules by framework and preset), each worker
+# with one thread per pool (tests/conftest.py: ONE_THREAD_ENV; N workers of N threads on N
 # cores starve each other). PYTEST_WORKERS=0 runs in this process, with the default thread counts.
 PYTEST_WORKERS ?= 2
 test: setup lint test-triton36
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 	$(MAKE) --no-print-directory test-isa
 
 # Another CPU computes other bits: OpenBLAS and XLA pick their kernels (and with them the summation order) by the
@@ -50,7 +50,7 @@ test: setup lint test-triton36
 # the disk cache of generated data off (every reference and plain computation made afresh under those kernels).
 test-isa: setup
 	OPENBLAS_CORETYPE=Sandybridge XLA_FLAGS=--xla_cpu_max_isa=AVX ATEN_CPU_CAPABILITY=avx2 FUSION_COMPARE_CACHE=off \
-		$(PY) -m pytest -q -m isa -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup
+		$(PY) -m pytest -q -m isa -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
 
 # Compile every Triton kernel, autotune config and dtype for sm_90 and sm_80 without a GPU: registers, spills,
 # shared memory, tensor-core instructions, occupancy. Writes the committed table (cached: a rerun is quick).

@@ -40,11 +40,6 @@ TIERS: tuple[str, ...] = ("quick", "standard", "slow")
 #: it returns, and the timer's test of JAX's asynchronous dispatch would see no asynchrony. The TP launcher sets
 #: its workers' own counts; a test that needs a count sets it itself.
 ONE_THREAD_ENV: dict[str, str] = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-#: Test modules whose tests pytest-xdist spreads over its workers one by one (``--dist loadgroup``): they share
-#: nothing costly between tests (each parity cell is its own compile) and are the longest. Every other module's
-#: tests stay together on one worker (an ``xdist_group`` per module), so that what they share (a TP worker group,
-#: a compiled build, a module-scoped run) starts once.
-SPREAD_MODULES: tuple[str, ...] = ("test_parity.py", "test_seeds.py", "test_controls.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,9 +59,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if untiered:
         shown = "\n  ".join(untiered[:20]) + (f"\n  ... and {len(untiered) - 20} more" if len(untiered) > 20 else "")
         raise pytest.UsageError(f"tests without a tier marker ({', '.join(TIERS)}):\n  {shown}")
-    for item in items:
-        if item.path.name not in SPREAD_MODULES:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
     import torch
 
     if torch.cuda.is_available():

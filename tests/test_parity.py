@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 from compare.backends.registry import BACKENDS, Availability, BackendSpec, Prepared, spec
 from compare.gate.parity import UnusableCase, check_plain, check_tensor
 from compare.problem import fixedbits
-from compare.problem.cases import PRESETS, Case, committed_cases
+from compare.problem.cases import PRESETS, Case
 from compare.problem.golden import Golden, Problem, golden_for
 from compare.problem.reference import GELU_CUBIC, SQRT_2_OVER_PI, round_to_dtype
 from compare.run import harness
@@ -23,88 +24,27 @@ from compare.run.cell import implausible, plain_reference
 from compare.run.harness import run, run_one
 from compare.timing.timer import TimingConfig
 from tests.conftest import explain, parity_result
+from tests.parity_backends import (
+    CASES,
+    GPU_ONLY,
+    GROUPS,
+    PAIRS,
+    RUN_HERE,
+    TOKEN_SUM_IN_LOW_DTYPE,
+    XLA_FLOAT32_TRANSCENDENTAL,
+    jax_platform,
+    known_deviations,
+)
 from torch_impl import runner
 from torch_impl.models import GatedMLP, GeluMLP, build_module
 
 pytestmark = pytest.mark.quick
 
-CASES = committed_cases()
 TINY = PRESETS["tiny"].case("float32")
 
 
 def _id(c: Case) -> str:
     return c.name
-
-
-#: Registered backends that say they can run here (read from the registry: a backend added there is tested here).
-#: Tensor-parallel backends (a registry line with a ``runtime``) run in worker groups, not in this process: their
-#: parity is tested through the launcher (``test_tp_torch``, and the JAX side's own).
-RUN_HERE = [name for name, s in BACKENDS.items() if s.availability().ok and not s.runtime]
-#: The only reason a registered backend may give for not running on a machine with torch and jax installed.
-GPU_ONLY = "GPU only"
-#: Every (backend, committed case) pair the backend implements.
-PAIRS = [(b, c) for b in RUN_HERE for c in CASES if c.model in BACKENDS[b].models]
-TRAIN_PAIRS = PAIRS
-#: Real findings, pinned by cause and tier (``deviates``: a real, measured difference an honest implementation can
-#: have; never ``fail``). Observed on XLA:CPU; on another JAX platform (a GPU) nothing is known yet and every tensor
-#: must pass: a deviation there is a new finding to look at.
-#:
-#: 1. Token sums in the low dtype. JAX's transpose of a bias broadcast (a bias gradient: a sum over every token)
-#:    reduces in bf16/fp16 itself, where a plain computation (and jnp.sum) accumulates in float32: the rms error is
-#:    1.1 to 2.6 times the pass line (2.5x the plain computation's) on a hundred tokens, on every seed
-#:    (tests/test_seeds.py), and grows with the token count. ``dbias`` of every 16-bit linear case, ``db1`` and
-#:    ``db2`` of every 16-bit GPT-2 MLP case. Must deviate.
-TOKEN_SUM_IN_LOW_DTYPE = "token sum accumulated in the low dtype"
-#: 2. XLA:CPU's float32 transcendentals. With its instruction set capped (``--xla_cpu_max_isa=AVX``, as CI reruns
-#:    these tests) XLA's float32 tanh is less accurate than with AVX2/AVX-512, and on the heavy-tailed ``odd`` inputs
-#:    the gradients behind GELU's ill-conditioned derivative (``1 - tanh^2`` near tanh = -1) deviate (within what a
-#:    float32 tanh 4 ulp off gives); with AVX2 they pass. May deviate, ISA-dependent: the one place a tier differs
-#:    between CPUs.
-XLA_FLOAT32_TRANSCENDENTAL: dict[str, set[str]] = {"geglu": {"dx", "dgate"}, "gelu-mlp": {"dx", "dfc1"}}
-
-
-def known_deviations(backend: str, case: Case) -> tuple[set[str], set[str]]:
-    """(must, may): the tensors of a committed case (fwd+bwd) that must deviate, and that may, on this platform."""
-    if backend not in ("jax-xla", "jax-unfused") or _jax_platform() != "cpu":  # the unfused one: the same module
-        return set(), set()
-    must: set[str] = set()
-    if case.dtype != "float32":
-        must = {"linear": {"dbias"}, "gelu-mlp": {"db1", "db2"}}.get(case.model, set())
-    may = (
-        XLA_FLOAT32_TRANSCENDENTAL.get(case.model, set())
-        if case.dtype == "float32" and case.dist != "normal"
-        else set()
-    )
-    return must, may
-
-
-def _check_findings(r: Any, case: Case, names: list[str] | None = None) -> None:
-    """``r`` never fails; exactly the pinned tensors deviate (those that may, may), for the pinned cause."""
-    assert r.status in ("ok", "deviates"), explain(r)
-    must, may = known_deviations(r.backend, case)
-    if names is not None:
-        must, may = must & set(names), may & set(names)
-    deviating = {t.tensor: t for t in r.parity.tensors if t.tier == "deviates"}
-    assert must <= set(deviating) <= must | may, explain(r)
-    for name in must:
-        assert TOKEN_SUM_IN_LOW_DTYPE in deviating[name].cause, deviating[name].cause
-    assert r.status == ("deviates" if deviating else "ok"), explain(r)
-
-
-#: The gradients each model returns after ``y``, in the order a backend reports them.
-GRADIENTS = {
-    "linear": ["dx", "dweight", "dbias"],
-    "geglu": ["dx", "dgate", "dup", "ddown"],
-    "swiglu": ["dx", "dgate", "dup", "ddown"],
-    "gelu-mlp": ["dx", "dfc1", "db1", "dfc2", "db2"],
-}
-
-
-@functools.cache
-def _jax_platform() -> str:
-    from jax_impl import device
-
-    return device.platform()
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
@@ -116,39 +56,14 @@ def test_every_registered_backend_runs_here_or_needs_a_gpu(backend: str) -> None
     assert {"torch-eager", "jax-xla"} <= set(RUN_HERE)
 
 
-@pytest.mark.standard
-@pytest.mark.isa
-@pytest.mark.parametrize(("backend", "case"), PAIRS, ids=[f"{b}-{c.name}" for b, c in PAIRS])
-def test_forward_parity(backend: str, case: Case) -> None:
-    r = parity_result(backend, case, "fwd")
-    assert r.status == "ok", explain(r)
-    assert r.parity is not None and r.parity.passed
-    assert [t.tensor for t in r.parity.tensors] == ["y"]
-
-
-@pytest.mark.standard
-@pytest.mark.isa
-@pytest.mark.parametrize(("backend", "case"), TRAIN_PAIRS, ids=[f"{b}-{c.name}" for b, c in TRAIN_PAIRS])
-def test_gradient_parity_fwd_bwd(backend: str, case: Case) -> None:
-    """Output and every gradient (dx and each weight, db for linear) against the golden gradients."""
-    r = parity_result(backend, case, "fwd+bwd")
-    names = [t.tensor for t in r.parity.tensors]
-    _check_findings(r, case)
-    assert names == ["y", *GRADIENTS[case.model]]
-
-
-#: (backend, model) pairs for the backward alone, on tiny in bf16: every MLP family a backend implements.
-BWD_PAIRS = [(b, m) for b in RUN_HERE for m in ("geglu", "swiglu", "gelu-mlp") if m in BACKENDS[b].models]
-
-
-@pytest.mark.standard
-@pytest.mark.isa
-@pytest.mark.parametrize(("backend", "model"), BWD_PAIRS, ids=[f"{b}-{m}" for b, m in BWD_PAIRS])
-def test_gradient_parity_bwd_alone(backend: str, model: str) -> None:
-    case = PRESETS["tiny"].case("bfloat16", model=model)
-    r = parity_result(backend, case, "bwd")
-    _check_findings(r, case, GRADIENTS[model])
-    assert [t.tensor for t in r.parity.tensors] == GRADIENTS[model]
+def test_the_parity_groups_cover_every_backend_that_runs_here_once() -> None:
+    """Each backend that runs here is in exactly one group of ``tests/parity_backends.py`` (one module each), and
+    every group but ``other`` has a module of its own."""
+    for b in RUN_HERE:
+        assert sum(g(b) for g in GROUPS.values()) == 1, b
+    for group in GROUPS:
+        if group != "other":
+            assert (Path(__file__).parent / f"test_parity_{group.replace('-', '_')}.py").is_file(), group
 
 
 def test_the_new_families_are_committed_and_paired_with_every_backend_that_implements_them() -> None:
@@ -338,7 +253,7 @@ def test_a_reference_beyond_the_dtype_is_refused() -> None:
 def test_the_jax_dbias_finding_in_numbers() -> None:
     """Finding 1 in numbers, on the committed cases: the bias gradients of 16-bit cases deviate on their rms (more
     than 2.5x the plain computation's, far below the fail line), with no bias of their own; nothing else deviates."""
-    if _jax_platform() != "cpu":
+    if jax_platform() != "cpu":
         pytest.skip("an XLA:CPU observation; on this JAX platform the gradient parity test expects a pass")
     for case in [c for c in CASES if c.model in ("linear", "gelu-mlp") and c.dtype != "float32"]:
         r = parity_result("jax-xla", case, "fwd+bwd")
@@ -387,7 +302,7 @@ def test_the_jax_bf16_gelu_finding_in_numbers() -> None:
     constants rounded to bf16 (its jaxpr, every platform; the test above); a numpy emulation of that chain reproduces
     the slope, and the same chain with the constants in fp32 is biased the other way. How a platform lowers the bf16
     ops decides the size: the numbers are XLA:CPU's, which keeps every intermediate in bf16."""
-    if _jax_platform() != "cpu":
+    if jax_platform() != "cpu":
         pytest.skip("the numbers are XLA:CPU's lowering (every intermediate in bf16); the cause is checked above")
     case = PRESETS["cpu-mlp"].case("bfloat16")
     plain = plain_reference(case)
@@ -446,7 +361,7 @@ def test_the_jax_gelu_mlp_findings_in_numbers(monkeypatch: pytest.MonkeyPatch) -
     2. With an accurate GELU derivative in its place, the same backend passes everything in float32, and only bias
        gradients (finding 1: token sums in the low dtype) deviate, only in bf16/fp16.
     """
-    if _jax_platform() != "cpu":
+    if jax_platform() != "cpu":
         pytest.skip("an XLA:CPU observation; on this JAX platform the gradient parity test expects a pass")
     import jax
 
