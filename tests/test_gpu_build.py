@@ -1,9 +1,11 @@
 """GPU-ready without a GPU: the Triton kernels compile for sm_90, bf16/fp16 GEMMs use wgmma, and no bf16/fp16
 autotune config spills or exceeds shared memory on sm_90.
 
-Compiles run in ``python -m triton_impl.gpu_build`` subprocesses (this process may have chosen Triton's interpreter),
-cached in the user's cache folder, so a rerun takes seconds; a cold run compiles 58 kernels (~35 s on 2 cores). The
-full sweep (every dtype, sm_90 and sm_80) is ``make gpu-build``, not a test: its committed output,
+The kernels are those the registry's backends name (``BackendSpec.kernels``), each module declaring its builds
+(``GPU_BUILD``): the tests read the same list, through the triton side's ``--describe``. Compiles run in
+``python -m triton_impl.gpu_build.worker`` subprocesses (this process may have chosen Triton's interpreter), cached
+in the user's cache folder, so a rerun takes seconds; a cold run compiles 58 kernels (~35 s on 2 cores). The full
+sweep (every dtype, sm_90 and sm_80) is ``make gpu-build``, not a test: its committed output,
 ``reports/gpu-build/gpu_build.json``, is checked here to be current and clean.
 
 Torch-free: this module imports neither torch nor triton, so it also runs in a bare Triton venv (``make
@@ -17,23 +19,27 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from compare.gpu_build import command as gpu_build
+from compare.backends import registry
+from compare.gpu_build import bridge, command, table
+from compare.gpu_build import build as gpu_build
+from compare.gpu_build.plan import plan
 from compare.gpu_build.table import (
     ARCHS,
     SCHEMA_VERSION,
     SIXTEEN_BIT,
     findings,
+    make_row,
     occupancy,
-    parse_ptxas_log,
-    parse_res_usage,
     render_markdown,
     row_problems,
 )
+from triton_impl.gpu_build.compiler import parse_ptxas_log, parse_res_usage, tensor_core_instructions
 
 pytestmark = pytest.mark.standard
 
@@ -41,28 +47,36 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLE_DIR = ROOT / "reports" / "gpu-build"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 NEEDS_TORCH = "needs torch (imports the torch launcher torch_impl.ops.glu_matmul); runs in the main venv"
-GEMMS = ("_geglu_matmul_kernel", "_matmul_kernel")
-ELEMENTWISE = ("_geglu_fwd_kernel", "_geglu_bwd_kernel")
-SUBPROCESS_TIMEOUT_S = 600
+ALL_DTYPES = ("float32", *SIXTEEN_BIT)
 
 
-def _build(out: Path, *args: str) -> dict[str, Any]:
-    """Run ``triton_impl.gpu_build --out OUT ARGS`` in compiled mode; return its gpu_build.json."""
-    proc = gpu_build.run(["--out", str(out), "--jobs", "2", *args], timeout=SUBPROCESS_TIMEOUT_S, capture=True)
-    assert proc.returncode == 0, f"gpu_build exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+def _build(out: Path, **options: Any) -> dict[str, Any]:
+    """Build (``compare.gpu_build.build``, two workers) and write ``out``; return its gpu_build.json."""
+    gpu_build.write_outputs(gpu_build.build(jobs=2, **options), out)
     return json.loads((out / "gpu_build.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def catalogue() -> dict[str, Any]:
+    """The triton side's catalogue of the registry's kernel modules (``--describe``: no compile)."""
+    return bridge.describe(bridge.kernel_modules())
+
+
+def _functions(catalogue: dict[str, Any], gemm: bool) -> set[str]:
+    """The kernels' function names: the autotuned GEMMs, or the fixed-launch (elementwise) ones."""
+    return {k["function"] for k in catalogue["kernels"].values() if (k["autotune_list"] is not None) is gemm}
 
 
 @pytest.fixture(scope="module")
 def sixteen_bit_sm90(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every bf16/fp16 autotune config (and elementwise launch) of every kernel and launch, built for sm_90."""
-    return _build(tmp_path_factory.mktemp("gpu16"), "--arch", "sm_90", "--dtype", *SIXTEEN_BIT)
+    return _build(tmp_path_factory.mktemp("gpu16"), archs=["sm_90"], dtypes=list(SIXTEEN_BIT))
 
 
 @pytest.fixture(scope="module")
 def fp32_sm90(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One config per kernel and launch (the smallest tile) in float32, built for sm_90."""
-    return _build(tmp_path_factory.mktemp("gpu32"), "--arch", "sm_90", "--dtype", "float32", "--quick")
+    return _build(tmp_path_factory.mktemp("gpu32"), archs=["sm_90"], dtypes=["float32"], quick=True)
 
 
 def _label(row: dict[str, Any]) -> str:
@@ -73,21 +87,23 @@ def _label(row: dict[str, Any]) -> str:
 # Compiles (subprocesses)
 
 
-def test_every_kernel_compiles_for_sm90_in_every_dtype(sixteen_bit_sm90, fp32_sm90):
+def test_every_kernel_compiles_for_sm90_in_every_dtype(catalogue, sixteen_bit_sm90, fp32_sm90):
     rows = sixteen_bit_sm90["rows"] + fp32_sm90["rows"]
     failed = [f"{_label(r)}: {r['error']}" for r in rows if not r["ok"]]
     assert not failed, "\n".join(failed)
     built = {(r["kernel"], r["dtype"]) for r in rows}
-    assert built == {(k, d) for k in GEMMS + ELEMENTWISE for d in ("float32", *SIXTEEN_BIT)}
+    assert built == {(k["function"], d) for k in catalogue["kernels"].values() for d in ALL_DTYPES}
     for r in rows:
         assert 0 < r["registers"] <= 255, _label(r)
         assert r["shared_bytes"] <= ARCHS["sm_90"].smem_per_block or r["dtype"] == "float32", _label(r)
         assert r["occupancy"]["warps"] > 0 or r["dtype"] == "float32", _label(r)
 
 
-def test_sixteen_bit_gemms_use_wgmma_and_fp32_stays_ieee(sixteen_bit_sm90, fp32_sm90):
+def test_sixteen_bit_gemms_use_wgmma_and_fp32_stays_ieee(catalogue, sixteen_bit_sm90, fp32_sm90):
+    gemms = _functions(catalogue, gemm=True)
+    assert gemms, "no autotuned GEMM among the registry's kernels"
     for r in sixteen_bit_sm90["rows"] + fp32_sm90["rows"]:
-        if r["kernel"] in GEMMS and r["dtype"] in SIXTEEN_BIT:
+        if r["kernel"] in gemms and r["dtype"] in SIXTEEN_BIT:
             assert r["tensor_cores"] == "wgmma" and r["tensor_core_instructions"] > 0, _label(r)
         else:  # elementwise kernels have no dot; fp32 dots use input_precision="ieee" (no TF32 tensor cores)
             assert r["tensor_cores"] == "none", _label(r)
@@ -104,55 +120,122 @@ def test_no_sixteen_bit_autotune_config_spills_or_overflows_shared_memory_on_sm9
     assert not bad, "\n".join(f"{_label(r)}: {'; '.join(p)}" for r, p in bad)
 
 
-def test_committed_table_is_current_and_clean(sixteen_bit_sm90):
-    """reports/gpu-build is what `make gpu-build` writes for this checkout's kernels and autotune lists."""
+def test_committed_table_is_current_and_clean(catalogue):
+    """reports/gpu-build is what `make gpu-build` writes for this checkout's registry, kernels and autotune lists."""
     table = json.loads((TABLE_DIR / "gpu_build.json").read_text(encoding="utf-8"))
     stale = "reports/gpu-build is stale: run `make gpu-build` and commit it"
-    for kid, now in sixteen_bit_sm90["kernels"].items():
+    assert table["modules"] == catalogue["modules"], stale
+    assert list(table["kernels"]) == list(catalogue["kernels"]), stale
+    for kid, now in catalogue["kernels"].items():
         then = table["kernels"][kid]
-        assert then["source_hash"] == now["source_hash"], f"{kid} source changed; {stale}"
-        assert then["configs"] == now["configs"], f"{kid} configs changed; {stale}"
-        assert then["launches"] == now["launches"], f"{kid} launches changed; {stale}"
-    assert {r["arch"] for r in table["rows"]} == {"sm_90", "sm_80"}
-    assert {r["dtype"] for r in table["rows"]} == {"float32", *SIXTEEN_BIT}
+        for field in ("source_hash", "configs", "launches", "launch_args", "fixed", "file"):
+            assert then[field] == now[field], f"{kid} {field} changed; {stale}"
+    want = plan(catalogue, ["sm_90", "sm_80"])  # every job make gpu-build builds, with its key
+    assert [(r["kernel_id"], r["launch"], r["config"], r["dtype"], r["arch"]) for r in table["rows"]] == [
+        (j.kernel_id, j.launch, j.config, j.dtype, j.arch) for j in want
+    ], stale
     assert all(r["ok"] for r in table["rows"]), [_label(r) for r in table["rows"] if not r["ok"]]
     assert not findings(table)
     assert (TABLE_DIR / "GPU_BUILD.md").read_text(encoding="utf-8") == render_markdown(table), stale
 
 
-def test_a_config_that_does_not_compile_is_an_error_row(tmp_path):
+def test_a_config_that_does_not_compile_is_an_error_row(tmp_path, catalogue):
     # tl.arange needs a power-of-2 range: BLOCK=1000 fails in Triton's front end, in every Triton version.
-    data = _build(tmp_path, "--arch", "sm_90", "--kernel", "geglu_fwd", "--dtype", "float32", "--no-cache",
-                  "--config", 'geglu_fwd={"BLOCK": 1000, "num_warps": 4}')  # fmt: skip
+    kid = next(kid for kid, k in catalogue["kernels"].items() if "BLOCK" in k["configs"][0])
+    data = _build(tmp_path, archs=["sm_90"], kernel_ids=[kid], dtypes=["float32"], use_cache=False,
+                  overrides={kid: [{"BLOCK": 1000, "num_warps": 4}]})  # fmt: skip
     (row,) = data["rows"]
-    assert row["origin"] == "override" and row["config"]["BLOCK"] == 1000
+    assert row["origin"] == "override" and row["config"] == {"BLOCK": 1000, "num_warps": 4, "num_stages": 3}
     assert row["ok"] is False
     assert "power of 2" in row["error"], row["error"]
     assert "registers" not in row
-    assert "does not compile" in render_markdown(data) or "**error**" in render_markdown(data)
+    assert "**error**: " in render_markdown(data)
+    assert gpu_build.check_failures(data) == []  # an override is asked for, not part of the product
 
 
-def test_the_build_reads_the_kernel_modules_the_backends_launch():
-    """``--describe`` (no compile) loads the framework-free kernel modules themselves, in compiled mode, whether or
-    not torch is installed: every kernel is a function of the ``triton_impl`` file it names, with its autotune list
-    (GEMMs) or its one launch (elementwise)."""
-    proc = gpu_build.run(["--describe"], timeout=SUBPROCESS_TIMEOUT_S, capture=True)
-    assert proc.returncode == 0, proc.stderr
-    kernels = json.loads(proc.stdout)["kernels"]
-    assert {k["function"] for k in kernels.values()} == set(GEMMS + ELEMENTWISE)
-    for kid, k in kernels.items():
-        assert k["file"].startswith("triton_impl/"), kid
+def test_the_build_reads_the_kernel_modules_the_backends_launch(catalogue):
+    """``--describe`` (no compile) loads the modules the registry names, in compiled mode, whether or not torch is
+    installed: every kernel is a function of the ``triton_impl`` file it names, with its autotune list (GEMMs) or
+    its one launch (elementwise), and every module named declares at least one."""
+    assert catalogue["modules"] == sorted({m for s in registry.BACKENDS.values() for m in s.kernels})
+    assert {k["module"] for k in catalogue["kernels"].values()} == set(catalogue["modules"])
+    for kid, k in catalogue["kernels"].items():
+        assert k["file"] == k["module"].replace(".", "/") + ".py" and k["file"].startswith("triton_impl/"), kid
         assert f"def {k['function']}(" in (ROOT / k["file"]).read_text(encoding="utf-8"), kid
-        assert k["configs"] and all("num_warps" in c for c in k["configs"]), kid
-        assert (k["autotune_list"] is not None) is (k["function"] in GEMMS), kid
+        assert k["configs"] and all("num_warps" in c and "num_stages" in c for c in k["configs"]), kid
+        assert list(k["launch_args"]) == k["launches"], kid
+    assert _functions(catalogue, gemm=True) and _functions(catalogue, gemm=False)
+
+
+_TOY_MODULE = '''
+"""A throwaway kernel module of a throwaway backend: y = 2 x over a flat buffer."""
+from triton_impl import env
+
+INTERPRETED = env.choose()
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from triton_impl.gpu_build.entry import BuildEntry, flat_ints  # noqa: E402
+
+
+@triton.jit
+def _twice(x):
+    return 2.0 * x
+
+
+@triton.jit
+def _toy_double_kernel(x_ptr, y_ptr, n_elements, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_elements
+    tl.store(y_ptr + offs, _twice(tl.load(x_ptr + offs, mask=mask)), mask=mask)
+
+
+GPU_BUILD = (BuildEntry("toy_double", "_toy_double_kernel", {"y = 2 x": flat_ints()},
+                        config={"BLOCK": 256, "num_warps": 4}),)
+'''
+
+
+def test_a_new_backend_with_its_own_kernel_module_is_in_the_build(tmp_path, monkeypatch):
+    """The registry is the only list: a backend registered with a kernel module of its own (outside the project)
+    puts that module's GPU_BUILD in the catalogue, and its kernel builds, with no other edit."""
+    pkg = tmp_path / "toy_kernels_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "double.py").write_text(textwrap.dedent(_TOY_MODULE))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the workers' environment is built from this process's
+    spec = registry.BackendSpec(
+        name="toy-triton", target="toy_kernels_pkg.backend", framework="torch", about="a throwaway backend",
+        kernels=("toy_kernels_pkg.double",),
+    )  # fmt: skip
+    registry.register(spec)
+    try:
+        modules = bridge.kernel_modules()
+        assert "toy_kernels_pkg.double" in modules
+        catalogue = bridge.describe(modules)
+        toy = catalogue["kernels"]["toy_double"]
+        assert (toy["function"], toy["file"], toy["launches"]) == (
+            "_toy_double_kernel",
+            "toy_kernels_pkg/double.py",
+            ["y = 2 x"],
+        )
+        assert toy["configs"] == [{"BLOCK": 256, "num_warps": 4, "num_stages": 3}]
+        data = _build(tmp_path / "out", archs=["sm_90"], kernel_ids=["toy_double"], dtypes=["float16"],
+                      use_cache=False, modules=modules)  # fmt: skip
+    finally:
+        registry.unregister(spec.name)
+    assert "toy_kernels_pkg.double" not in bridge.kernel_modules()
+    (row,) = data["rows"]
+    assert row["ok"], row["error"]
+    assert (row["kernel"], row["origin"], row["tensor_cores"]) == ("_toy_double_kernel", "fixed", "none")
 
 
 def test_the_mode_switch_is_the_one_triton_impl_reads():
-    """compare.gpu_build.command names the switch as a string (the core imports no backend package): it must be the one
-    ``triton_impl.env`` reads (importing that module imports no triton)."""
+    """compare.gpu_build.bridge names the switch as a string (the core imports no backend package): it must be the
+    one ``triton_impl.env`` reads (importing that module imports no triton)."""
     from triton_impl import env
 
-    assert gpu_build.TRITON_MODE_ENV == env.MODE_ENV
+    assert bridge.TRITON_MODE_ENV == env.MODE_ENV
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -170,11 +253,11 @@ def test_output_span_past_int32_is_refused_before_allocating():
     x = torch.empty((700_000, 768), dtype=torch.bfloat16, device="meta")
     w = torch.empty((3072, 768), dtype=torch.bfloat16, device="meta")
     with pytest.raises(ValueError, match=r"^h of shape \(700000, 3072\) spans 2150400000 elements.*2147483648"):
-        gm.geglu_matmul(x, w, w)
+        gm.glu_matmul(x, w, w)
     with pytest.raises(ValueError, match=r"^c of shape \(700000, 3072\) spans"):
         gm.matmul(x, w)
     with pytest.raises(ValueError, match=r"^h of shape \(700000, 3072\)"):
-        gm.fused_geglu(x.reshape(100, 7000, 768), w, w)
+        gm.fused_glu(x.reshape(100, 7000, 768), w, w)
     # The boundary: a contiguous [M, N] output is addressable iff M * N <= 2**31.
     gm._check_int32_span("h", (524_288, 4096), (4096, 1))  # 2**31 elements: last offset 2**31 - 1
     with pytest.raises(ValueError, match="spans 2147487744 elements"):
@@ -237,6 +320,10 @@ def test_parse_tool_output():
     assert parse_res_usage(res) == {"REG": 109, "STACK": 0, "SHARED": 1024, "LOCAL": 0}
     with pytest.raises(ValueError, match="no 'REG"):
         parse_res_usage("cuobjdump info : File 'x' does not contain device code")
+    ptx = "\twgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {...};\n\t@%p1 wgmma.mma_async.sync x;\n"
+    assert tensor_core_instructions(ptx) == ("wgmma", 2)
+    assert tensor_core_instructions("\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {...};\n") == ("mma", 1)
+    assert tensor_core_instructions("\tld.global.v4.b32 {...};\n") == ("none", 0)
 
 
 def _row(**kw: Any) -> dict[str, Any]:
@@ -302,13 +389,74 @@ def test_render_markdown_is_a_readable_pure_function_of_the_json():
         render_markdown({"schema": 0, "rows": []})
 
 
-def test_cli_forwards_its_options_to_the_build():
-    ns = argparse.Namespace(arch=["sm_90"], out="out/x", jobs=3, dtype=["bfloat16"], kernel=None, cache_dir=None,
-                            no_cache=True, timeout=10.0)  # fmt: skip
-    args = gpu_build._forwarded(ns)
-    assert args[:2] == ["--arch", "sm_90"] and "--check" in args and "--no-cache" in args
-    assert args[args.index("--out") + 1] == str((Path("out/x")).resolve())
-    assert args[args.index("--dtype") + 1] == "bfloat16"
-    env = gpu_build.compiled_mode_env({"TRITON_INTERPRET": "1", "PYTHONPATH": "elsewhere"})
-    assert "TRITON_INTERPRET" not in env and env[gpu_build.TRITON_MODE_ENV] == "compile"
+def test_a_row_is_made_from_its_build_record():
+    """The compare side adds the hardware arithmetic to what the compiler allocated; a job with no record is an
+    error row that says why."""
+    job = {"function": "_matmul_kernel", "kernel_id": "matmul", "launch": "x @ W^T", "origin": "autotune",
+           "config": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+           "dtype": "bfloat16", "arch": "sm_90"}  # fmt: skip
+    record = {"key": "k", "ok": True, "error": None, "registers": 109, "stack_frame": 0, "spill_stores": 0,
+              "spill_loads": 0, "local_bytes": 0, "static_shared": 1024, "dynamic_shared": 131_072,
+              "shared_bytes": 132_096, "tensor_cores": "wgmma", "tensor_core_instructions": 16,
+              "compile_s": 2.5}  # fmt: skip
+    got = make_row(job, record)
+    assert got["config_label"] == "128x128x64 w8 s4" and got["shared_limit"] == 232_448
+    assert got["occupancy"] == occupancy(ARCHS["sm_90"], 109, 8, 132_096) and row_problems(got) == []
+    committed = json.loads((TABLE_DIR / "gpu_build.json").read_text(encoding="utf-8"))["rows"]
+    assert list(got) == list(next(r for r in committed if r["ok"]))  # the committed table's fields, in order
+    failed = make_row(job, None, "the worker was killed by signal SIGKILL")
+    assert failed["ok"] is False and failed["error"] == "not built: the worker was killed by signal SIGKILL"
+    assert row_problems(failed) == ["does not compile: not built: the worker was killed by signal SIGKILL"]
+    assert table.config_label({"BLOCK": 1024, "num_warps": 4, "num_stages": 3}) == "BLOCK=1024 w4 s3"
+
+
+def _jobs(n: int) -> list[Any]:
+    from compare.gpu_build.plan import Job
+
+    config = {"BLOCK": 1024, "num_warps": 4, "num_stages": 3}
+    return [Job(f"k{i}", "toy", "_toy", "flat", config, "fixed", "float32", "sm_90") for i in range(n)]
+
+
+def test_a_worker_that_dies_names_why(tmp_path):
+    """A worker that dies before its first record (here: a kernel module that does not exist) fails its whole chunk
+    with its exit status and the tail of its stderr, and does not start again."""
+    from compare.gpu_build import pool
+
+    got: list[dict[str, Any]] = []
+    failed = pool.run(_jobs(3), ["no_such_kernel_module"], got.append, n_workers=2, compile_timeout_s=60,
+                      triton_cache=tmp_path)  # fmt: skip
+    assert not got and set(failed) == {"k0", "k1", "k2"}
+    for reason in failed.values():
+        assert reason.startswith("the worker exited with status 1: "), reason
+        assert "ModuleNotFoundError: No module named 'no_such_kernel_module'" in reason, reason
+
+
+def test_a_worker_past_its_compile_timeout_is_stopped(tmp_path, monkeypatch):
+    """A worker that writes no record within the compile timeout is ended; the job it was on fails with that
+    reason and the rest of its chunk runs in a fresh worker (here each hangs again)."""
+    from compare.gpu_build import pool
+
+    (tmp_path / "sleepy_kernels.py").write_text("import time\n\ntime.sleep(600)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(pool, "STARTUP_S", 0.0)
+    failed = pool.run(_jobs(2), ["sleepy_kernels"], lambda r: None, n_workers=1, compile_timeout_s=1.0,
+                      triton_cache=tmp_path)  # fmt: skip
+    assert set(failed) == {"k0", "k1"}
+    assert all(r.startswith("no build within 1 s, so the worker was stopped") for r in failed.values()), failed
+
+
+def test_cli_passes_its_options_to_the_build():
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    a = parser.parse_args(["gpu-build", "--arch", "sm_90", "--out", "out/x", "--jobs", "3", "--dtype", "bfloat16",
+                           "--no-cache", "--config", 'matmul={"BLOCK_M": 64, "num_warps": 4}',
+                           "--cache-dir", "c"])  # fmt: skip
+    options = command.build_options(a)
+    assert options["archs"] == ["sm_90"] and options["dtypes"] == ["bfloat16"] and options["jobs"] == 3
+    assert options["use_cache"] is False and options["cache_dir"] == Path("c").resolve()
+    assert options["overrides"] == {"matmul": [{"BLOCK_M": 64, "num_warps": 4}]}
+    with pytest.raises(SystemExit):  # argparse refuses a config without num_warps (exit status 2)
+        parser.parse_args(["gpu-build", "--config", 'matmul={"BLOCK_M": 64}'])
+    env = bridge.compiled_mode_env({"TRITON_INTERPRET": "1", "PYTHONPATH": "elsewhere"})
+    assert "TRITON_INTERPRET" not in env and env[bridge.TRITON_MODE_ENV] == "compile"
     assert env["PYTHONPATH"].split(":")[0] == str(ROOT)

@@ -9,12 +9,14 @@ dependency, only a later one). Package ``__init__`` files importing their own su
 other rule (``compare/`` imports no framework package, and works with torch and jax blocked) is in
 ``tests/test_registry.py``.
 
-``triton_impl`` holds the Triton kernels both frameworks launch and the one interpreter choice: it imports the
-standard library, triton, numpy and itself, and from the core only the triton-free GPU build table renderer; never
-torch, jax, flax, jax_triton, ``torch_impl``, ``jax_impl`` or the rest of ``compare``. Checked on the source (every
-import statement, anywhere in a file) and by importing every module of it with the frameworks blocked.
+``triton_impl`` holds the Triton kernels both frameworks launch, the one interpreter choice and the triton side of
+the GPU build: it imports the standard library, triton, numpy and itself; never torch, jax, flax, jax_triton,
+``torch_impl``, ``jax_impl`` or ``compare`` (the GPU build's compare side talks to it through processes). Checked on
+the source (every import statement, anywhere in a file) and by importing every module of it with the frameworks
+blocked.
 
-Torch-free itself (the standard library only), so ``make test-triton36`` runs it in the bare Triton venv too.
+Torch-free itself (the standard library, and numpy through the registry it reads for the kernel modules), so
+``make test-triton36`` runs it in the bare Triton venv too.
 """
 
 from __future__ import annotations
@@ -33,8 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("compare", "torch_impl", "jax_impl", "triton_impl")
 #: Top-level packages ``triton_impl`` may import besides the standard library and itself.
 TRITON_IMPL_THIRD_PARTY = ("triton", "numpy")
-#: Core modules ``triton_impl`` may import (the build tool renders its table with it; no framework, no triton).
-TRITON_IMPL_FROM_COMPARE = ("compare.gpu_build.table",)
 #: What importing ``triton_impl`` must never bring in.
 FRAMEWORKS = ("torch", "jax", "jaxlib", "flax", "jax_triton", "torch_impl", "jax_impl")
 
@@ -305,37 +305,41 @@ def foreign_imports(source: str) -> list[str]:
             continue
         for m in mods:
             top = m.split(".")[0]
-            ok = (
-                top in sys.stdlib_module_names
-                or top in (*TRITON_IMPL_THIRD_PARTY, "triton_impl")
-                or any(m == c or m.startswith(c + ".") for c in TRITON_IMPL_FROM_COMPARE)
-            )
-            if not ok:
+            if top not in sys.stdlib_module_names and top not in (*TRITON_IMPL_THIRD_PARTY, "triton_impl"):
                 bad.append(f"{node.lineno}: {m}")
     return bad
 
 
 def test_triton_impl_imports_no_framework() -> None:
-    """Every module of ``triton_impl``: the standard library, triton, numpy, itself, the table renderer; nothing
-    else, anywhere in the file."""
+    """Every module of ``triton_impl``: the standard library, triton, numpy, itself; nothing else, anywhere in the
+    file."""
     offenders = {
         str(path.relative_to(ROOT)): bad
         for path in sorted((ROOT / "triton_impl").rglob("*.py"))
         if (bad := foreign_imports(path.read_text(encoding="utf-8")))
     }
     assert not offenders, offenders
-    assert {"triton_impl.env", "triton_impl.glu_kernels", "triton_impl.glu_matmul_kernels"} <= set(_modules())
+    from compare.backends.registry import BACKENDS
+
+    kernel_modules = {m for s in BACKENDS.values() for m in s.kernels}
+    assert kernel_modules and {"triton_impl.env", *kernel_modules} <= set(_modules())
 
 
 def test_the_triton_impl_rule_finds_a_framework_import() -> None:
     """Negative control: framework, backend-package and core imports are reported, wherever they stand; the
-    standard library, triton, relative imports and the table renderer are not."""
+    standard library, triton and relative imports are not."""
     source = (
         "import os\nimport triton.language as tl\nfrom . import env\nfrom compare.gpu_build.table import ARCHS\n"
         "import torch\nfrom jax_impl import device\nfrom compare.backends.registry import spec\n"
         "def f():\n    import jax.numpy\n"
     )
-    assert foreign_imports(source) == ["5: torch", "6: jax_impl", "7: compare.backends.registry", "9: jax.numpy"]
+    assert foreign_imports(source) == [
+        "4: compare.gpu_build.table",
+        "5: torch",
+        "6: jax_impl",
+        "7: compare.backends.registry",
+        "9: jax.numpy",
+    ]
 
 
 @pytest.mark.standard
@@ -343,7 +347,11 @@ def test_the_triton_impl_rule_finds_a_framework_import() -> None:
 def test_triton_impl_imports_with_torch_and_jax_blocked(mode: str) -> None:
     """With torch, jax, flax, jax_triton, ``torch_impl`` and ``jax_impl`` made unimportable, every module of
     ``triton_impl`` imports, the interpreter choice is made (``auto``: by asking the CUDA driver; ``compile``:
-    forced, as the GPU build runs), the kernels are of the kind chosen, and the GPU build reads them (compiled)."""
+    forced, as the GPU build runs), the kernels are of the kind chosen, and the GPU build's catalogue reads the
+    registry's kernel modules (compiled); no module of ``compare`` is imported on the way."""
+    from compare.backends.registry import BACKENDS
+
+    modules = sorted({m for s in BACKENDS.values() for m in s.kernels})
     code = f"""
 import sys
 class Block:
@@ -355,13 +363,17 @@ import triton_impl
 assert 'triton' not in sys.modules  # the package itself imports nothing, and decides nothing
 from triton_impl import env
 interpret = env.choose()
-from triton_impl import glu_kernels, glu_matmul_kernels, gpu_build
+import triton_impl.gpu_build
+from triton_impl import glu_kernels, glu_matmul_kernels
+from triton_impl.gpu_build import catalogue, compiler, entry, sources, worker
 assert glu_kernels.INTERPRETED is glu_matmul_kernels.INTERPRETED is interpret
-kinds = {{type(k).__name__ for k in (glu_kernels.geglu_fwd_kernel, glu_kernels.geglu_bwd_kernel,
-                                     glu_matmul_kernels.geglu_matmul_kernel, glu_matmul_kernels.matmul_kernel)}}
+kinds = {{type(k).__name__ for k in (glu_kernels._geglu_fwd_kernel, glu_kernels._geglu_bwd_kernel,
+                                     glu_matmul_kernels._geglu_matmul_kernel, glu_matmul_kernels._matmul_kernel)}}
 assert kinds == {{'InterpretedFunction' if interpret else 'JITFunction'}}, kinds
 if not interpret:
-    assert sorted(gpu_build.describe()['kernels']) == ['geglu_bwd', 'geglu_fwd', 'geglu_matmul', 'matmul']
+    declared = [e.id for m in {modules!r} for e in sys.modules[m].GPU_BUILD]
+    assert list(catalogue.describe({modules!r})['kernels']) == declared, declared
+assert not [m for m in sys.modules if m.split('.')[0] == 'compare'], 'triton_impl imported compare'
 print(interpret, sorted({{m.split('.')[0] for m in sys.modules}} & set({FRAMEWORKS!r})))
 """
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FUSION_COMPARE_TRITON")}

@@ -1,8 +1,8 @@
 """The hand-written Triton kernels both frameworks launch, and the one choice of how Triton runs them.
 
-Framework-neutral: this package imports ``triton`` and the standard library (the build tool also the triton-free
-table renderer ``compare.gpu_build.table``), never torch, jax, ``torch_impl`` or ``jax_impl``
-(``tests/test_layers.py`` checks the imports and imports every module here with torch and jax blocked).
+Framework-neutral: this package imports ``triton``, numpy and the standard library, never torch, jax,
+``torch_impl``, ``jax_impl`` or ``compare`` (``tests/test_layers.py`` checks the imports and imports every module
+here with torch and jax blocked).
 ``torch_impl.ops`` launches the kernels on torch tensors, ``jax_impl.backends.triton`` on JAX arrays through
 ``jax_triton.triton_call``; neither keeps a kernel of its own.
 
@@ -12,8 +12,13 @@ table renderer ``compare.gpu_build.table``), never torch, jax, ``torch_impl`` or
   activation math, with their launch constants.
 * :mod:`triton_impl.glu_matmul_kernels`: the GEMM with the activation in its epilogue, the plain GEMM, their
   autotune lists (each entry with its GPU build numbers) and interpreter tiles.
-* :mod:`triton_impl.gpu_build`: compiles every kernel for sm_90/sm_80 without a GPU (``python -m compare
-  gpu-build``); runs where only triton is installed.
+* :mod:`triton_impl.gpu_build`: the triton side of the GPU build (``python -m compare gpu-build``): the catalogue
+  of the kernel modules it is given, source hashes, one compile for sm_90/sm_80 without a GPU and its ``ptxas`` /
+  ``cuobjdump`` numbers, and the worker process the compare side starts; runs where only triton is installed.
+
+Each kernel module declares what the GPU build compiles of it, beside its kernels: ``GPU_BUILD``, a tuple of
+:class:`triton_impl.gpu_build.entry.BuildEntry`. The modules built are the ones the registry's backends name
+(``BackendSpec.kernels``), so a new kernel module needs no list edited here.
 
 The interpreter choice, by design made once and before any kernel exists: ``@triton.jit`` decides, when it decorates
 a function, whether it becomes a compiled kernel or an interpreted one, by reading ``TRITON_INTERPRET``; a process

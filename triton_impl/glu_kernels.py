@@ -31,6 +31,8 @@ GELU uses the tanh form ``0.5 * g * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3)))`
 Whether the kernels are compiled GPU kernels or interpreted (``TRITON_INTERPRET=1``) is the process's one choice
 (:func:`triton_impl.env.choose`), made by the first statement below if it was not made before, and in any case
 before triton is imported; the launch constants below follow it.
+
+:data:`GPU_BUILD` declares what the GPU build (:mod:`triton_impl.gpu_build`) compiles of this module.
 """
 
 from __future__ import annotations
@@ -44,12 +46,14 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from .env import FP_FUSION  # noqa: E402
+from .gpu_build.entry import BuildEntry, flat_ints  # noqa: E402
 
 __all__ = [
     "ACTIVATIONS",
     "BLOCK_SIZE",
     "EXACT_BF16_CAST",
     "FP_FUSION",
+    "GPU_BUILD",
     "INTERPRETED",
     "NUM_WARPS",
     "activation",
@@ -224,5 +228,17 @@ def _geglu_bwd_kernel(
 
 
 # Public handles. The functions keep their original names, which are the kernel names in profiler traces.
+# jax_impl.backends.triton launches them by these names (getattr), tests/test_jax_triton.py checks them.
 geglu_fwd_kernel = _geglu_fwd_kernel
 geglu_bwd_kernel = _geglu_bwd_kernel
+
+# What the GPU build compiles of this module (triton_impl.gpu_build): each kernel at its one GPU launch config over
+# a flat contiguous buffer. Built as GeGLU's (ACT="gelu_tanh"); SwiGLU's "silu" specialisation is not in the table.
+_GPU_FIXED = {"EXACT_BF16": EXACT_BF16_CAST, "ACT": "gelu_tanh"}
+_GPU_CONFIG = {"BLOCK": BLOCK_SIZE, "num_warps": NUM_WARPS}
+GPU_BUILD: tuple[BuildEntry, ...] = (
+    BuildEntry("geglu_fwd", "_geglu_fwd_kernel", {"h = gelu(g) * u (flat, contiguous)": flat_ints()},
+               config=_GPU_CONFIG, fixed=_GPU_FIXED, enable_fp_fusion=FP_FUSION),
+    BuildEntry("geglu_bwd", "_geglu_bwd_kernel", {"dg, du (flat, contiguous)": flat_ints()},
+               config=_GPU_CONFIG, fixed=_GPU_FIXED, enable_fp_fusion=FP_FUSION),
+)  # fmt: skip

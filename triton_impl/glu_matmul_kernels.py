@@ -5,10 +5,10 @@ For ``y = down(act(gate(x)) * up(x))`` (bias-free linears, weights in torch's ``
 ``"gelu_tanh"`` for GeGLU or ``"silu"`` for SwiGLU, the kernel's compile-time ``ACT``, the same constexpr as the
 elementwise kernels' in :mod:`triton_impl.glu_kernels`):
 
-* :data:`geglu_matmul_kernel` ``(x [M, K], w_gate [N, K], w_up [N, K]) -> h [M, N]`` -- both projections computed
+* :func:`_geglu_matmul_kernel` ``(x [M, K], w_gate [N, K], w_up [N, K]) -> h [M, N]`` -- both projections computed
   tile by tile from the same loaded ``x`` tile into two fp32 accumulators; ``act(g) * u`` is applied in the
   epilogue and only ``h`` is written. ``g`` and ``u`` never reach memory.
-* :data:`matmul_kernel` ``(a [M, K], b [N, K]) -> a @ b.T [M, N]`` -- plain GEMM with the same tiling rules.
+* :func:`_matmul_kernel` ``(a [M, K], b [N, K]) -> a @ b.T [M, N]`` -- plain GEMM with the same tiling rules.
 
 Both take any strides (a transposed view is a stride swap) and a 1-D grid of ``cdiv(M, BLOCK_M) * cdiv(N,
 BLOCK_N)`` programs. :data:`geglu_matmul_launch` and :data:`matmul_launch` are what a launcher calls: autotuned
@@ -32,7 +32,8 @@ Precision: fp32 accumulation for every input dtype; fp32 inputs use ``input_prec
 on GPU the dots stay native bf16/fp16 with fp32 accumulation.
 
 Compiled or interpreted is the process's one choice (:func:`triton_impl.env.choose`), made by the first statement
-below if it was not made before, and in any case before triton is imported.
+below if it was not made before, and in any case before triton is imported. :data:`GPU_BUILD` declares what the
+GPU build (:mod:`triton_impl.gpu_build`) compiles of this module.
 """
 
 from __future__ import annotations
@@ -45,19 +46,20 @@ INTERPRETED: bool = env.choose()  # before `import triton`: decorating a kernel 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .glu_kernels import activation, cast_out  # noqa: E402
+from .env import FP_FUSION  # noqa: E402
+from .glu_kernels import EXACT_BF16_CAST, activation, cast_out  # noqa: E402
+from .gpu_build.entry import BuildEntry, K, gemm_ints  # noqa: E402
 
 __all__ = [
     "GEGLU_MATMUL_CONFIGS",
+    "GPU_BUILD",
     "INTERPRETED",
     "INTERP_CONFIG",
     "INTERP_LARGE_CONFIG",
     "INTERP_LARGE_MNK",
     "INTERP_NUM_WARPS",
     "MATMUL_CONFIGS",
-    "geglu_matmul_kernel",
     "geglu_matmul_launch",
-    "matmul_kernel",
     "matmul_launch",
 ]
 
@@ -244,6 +246,25 @@ else:
     geglu_matmul_launch = triton.autotune(configs=GEGLU_MATMUL_CONFIGS, key=["M", "N", "K"])(_geglu_matmul_kernel)
     matmul_launch = triton.autotune(configs=MATMUL_CONFIGS, key=["M", "N", "K"])(_matmul_kernel)
 
-# Public handles. The functions keep their original names, which are the kernel names in profiler traces.
-geglu_matmul_kernel = _geglu_matmul_kernel
-matmul_kernel = _matmul_kernel
+# What the GPU build compiles of this module (triton_impl.gpu_build): every autotune config, at each launch with its
+# own specialisation. The fused GEMM is launched once, on x [M, K] and w_gate/w_up [N, K] contiguous (its backward
+# recomputes with torch); the plain GEMM by LinearFunction forward (x @ W^T, both K-contiguous) and backward
+# (dx = matmul(dy, w.T): b a transposed view; dW = matmul(dy.T, x.T): both transposed views). Built as GeGLU's
+# (ACT="gelu_tanh"); UPCAST is the interpreter's, False on a GPU.
+_GPU_FIXED = {"UPCAST": False, "EXACT_BF16": EXACT_BF16_CAST}
+GPU_BUILD: tuple[BuildEntry, ...] = (
+    BuildEntry(
+        "geglu_matmul", "_geglu_matmul_kernel",
+        {"x @ W^T": {**gemm_ints(("x", "wg", "h"), True, True), "stride_wun": K, "stride_wuk": 1}},
+        autotune_list="GEGLU_MATMUL_CONFIGS", fixed={**_GPU_FIXED, "ACT": "gelu_tanh"}, enable_fp_fusion=FP_FUSION,
+    ),
+    BuildEntry(
+        "matmul", "_matmul_kernel",
+        {
+            "x @ W^T": gemm_ints(("a", "b", "c"), True, True),
+            "dx = dy @ W": gemm_ints(("a", "b", "c"), True, False),
+            "dW = dy^T @ x": gemm_ints(("a", "b", "c"), False, False),
+        },
+        autotune_list="MATMUL_CONFIGS", fixed=_GPU_FIXED, enable_fp_fusion=FP_FUSION,
+    ),
+)  # fmt: skip

@@ -1,28 +1,30 @@
-"""The GPU build table: per-architecture limits, occupancy arithmetic and the markdown rendering of ``gpu_build.json``.
+"""The GPU build table: per-architecture limits, occupancy arithmetic, a row from a build record, and the markdown
+rendering of ``gpu_build.json``.
 
-``triton_impl.gpu_build`` compiles every hand-written Triton kernel for NVIDIA targets with Triton's own compiler and
-its bundled ``ptxas``/``cuobjdump`` -- no GPU needed -- and writes ``gpu_build.json``: one row per (kernel, launch,
-config, dtype, arch). This module is the torch-free, triton-free half: it knows the hardware limits, reads the
-``ptxas -v`` and ``cuobjdump -res-usage`` text, turns registers and shared memory into resident warps per SM, finds
-the rows that break the autotune rule, and renders the table as a self-contained markdown section
-(``GPU_BUILD.md``). Everything here is a pure function of its arguments.
+``triton_impl.gpu_build`` compiles every Triton kernel the registered backends launch for NVIDIA targets with
+Triton's own compiler and its bundled ``ptxas``/``cuobjdump`` -- no GPU needed -- and returns one build record per
+(kernel, launch, config, dtype, arch): what the compiler allocated. This module is the torch-free, triton-free half:
+it knows the hardware limits, turns a record into a row of ``gpu_build.json`` (:func:`make_row`: shared memory
+against the per-block limit, registers and shared memory into resident warps per SM), finds the rows that break
+the autotune rule, and renders the table as a self-contained markdown section (``GPU_BUILD.md``). Everything here
+is a pure function of its arguments.
 
 A row (``data["rows"][i]``) has: ``kernel`` (the Triton function's name, as in profiler traces), ``kernel_id``,
 ``launch`` (which of the product's launches; its argument layout decides Triton's specialisation), ``config``
 (``BLOCK_*``/``GROUP_M`` constants plus ``num_warps``/``num_stages``), ``config_label``, ``origin`` (``autotune``:
 an entry of the kernel's autotune list; ``fixed``: the one launch config of an elementwise kernel; ``override``:
 asked for on the command line), ``dtype``, ``arch``, ``ok``, ``error`` (the compiler's message when ``ok`` is
-false) and, when ok: ``registers`` (per thread), ``spill_stores``/``spill_loads``/``stack_frame`` (bytes per
-thread, from ``ptxas -v``), ``local_bytes``/``static_shared`` (from ``cuobjdump -res-usage``), ``dynamic_shared``
-(Triton's metadata), ``shared_bytes`` (static + dynamic, per block), ``shared_limit``, ``tensor_cores``
-(``wgmma``/``mma``/``none``) with ``tensor_core_instructions`` (count in the PTX), ``occupancy`` (see
-:func:`occupancy`) and ``compile_s``.
+false, or why the build produced no record) and, when ok: ``registers`` (per thread),
+``spill_stores``/``spill_loads``/``stack_frame`` (bytes per thread, from ``ptxas -v``), ``local_bytes``/
+``static_shared`` (from ``cuobjdump -res-usage``), ``dynamic_shared`` (Triton's metadata), ``shared_bytes`` (static
++ dynamic, per block), ``shared_limit``, ``tensor_cores`` (``wgmma``/``mma``/``none``) with
+``tensor_core_instructions`` (count in the PTX), ``occupancy`` (see :func:`occupancy`); and ``compile_s`` when a
+compile ran.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,10 +36,10 @@ __all__ = [
     "SCHEMA_VERSION",
     "SIXTEEN_BIT",
     "ArchLimits",
+    "config_label",
     "findings",
+    "make_row",
     "occupancy",
-    "parse_ptxas_log",
-    "parse_res_usage",
     "render_markdown",
     "row_problems",
 ]
@@ -142,35 +144,54 @@ def occupancy(arch: ArchLimits, registers: int, num_warps: int, shared_bytes: in
     }
 
 
-_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_PTXAS_REGS = re.compile(r"Used (\d+) registers")
-_RES_USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+#: The fields of a build record (``triton_impl.gpu_build.compiler.build``) that a row carries over, in order.
+_MEASURED = (
+    "registers", "stack_frame", "spill_stores", "spill_loads", "local_bytes", "static_shared", "dynamic_shared",
+    "shared_bytes",
+)  # fmt: skip
 
 
-def parse_ptxas_log(log: str) -> dict[str, int] | None:
-    """``ptxas -v`` output -> ``{"registers", "stack_frame", "spill_stores", "spill_loads"}`` (bytes per thread).
+def config_label(config: Mapping[str, Any]) -> str:
+    """``128x128x64 w8 s3`` for a GEMM config (`` g4`` after the tile when ``GROUP_M`` is not 8), ``BLOCK=1024 w4
+    s3`` for an elementwise one."""
+    if "BLOCK_M" in config:
+        tile = f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}"
+        if config.get("GROUP_M", 8) != 8:
+            tile += f" g{config['GROUP_M']}"
+    else:
+        tile = " ".join(f"{k}={v}" for k, v in config.items() if k not in ("num_warps", "num_stages"))
+    return f"{tile} w{config['num_warps']} s{config['num_stages']}"
 
-    Example line pair: ``560 bytes stack frame, 556 bytes spill stores, 556 bytes spill loads`` and
-    ``ptxas info    : Used 255 registers, used 1 barriers, ...``. None when the log has no such lines.
+
+def make_row(job: Mapping[str, Any], record: Mapping[str, Any] | None, reason: str = "") -> dict[str, Any]:
+    """The ``gpu_build.json`` row of one job from its build record (see the module docstring for the fields).
+
+    Args:
+        job: ``function``, ``kernel_id``, ``launch``, ``config``, ``origin``, ``dtype``, ``arch`` (a key of
+            :data:`ARCHS`).
+        record: the worker's record (``ok``, ``error``, ``compile_s`` and the measured fields when ok); None when
+            the job produced none.
+        reason: with ``record`` None, why not (a worker that died, a timeout): the row's error is ``not built: ...``.
     """
-    frame = _PTXAS_FRAME.search(log)
-    regs = _PTXAS_REGS.search(log)
-    if frame is None or regs is None:
-        return None
-    return {
-        "registers": int(regs.group(1)),
-        "stack_frame": int(frame.group(1)),
-        "spill_stores": int(frame.group(2)),
-        "spill_loads": int(frame.group(3)),
-    }
-
-
-def parse_res_usage(text: str) -> dict[str, int]:
-    """``cuobjdump -res-usage`` output -> ``{"REG", "STACK", "SHARED", "LOCAL"}`` of the (single) kernel."""
-    m = _RES_USAGE.search(text)
-    if m is None:
-        raise ValueError(f"no 'REG:.. STACK:.. SHARED:.. LOCAL:..' line in cuobjdump output: {text[-500:]!r}")
-    return dict(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, m.groups()), strict=True))
+    out: dict[str, Any] = {
+        "kernel": job["function"], "kernel_id": job["kernel_id"], "launch": job["launch"], "config": job["config"],
+        "config_label": config_label(job["config"]), "origin": job["origin"], "dtype": job["dtype"],
+        "arch": job["arch"], "ok": False,
+    }  # fmt: skip
+    if record is None:
+        out["error"] = f"not built: {reason or 'no build record'}"
+        return out
+    out["error"] = record["error"]
+    if record["ok"]:
+        arch = ARCHS[job["arch"]]
+        out.update({k: record[k] for k in _MEASURED}, ok=True, shared_limit=arch.smem_per_block)
+        out.update(
+            tensor_cores=record["tensor_cores"],
+            tensor_core_instructions=record["tensor_core_instructions"],
+            occupancy=occupancy(arch, record["registers"], job["config"]["num_warps"], record["shared_bytes"]),
+        )
+    out["compile_s"] = record["compile_s"]
+    return out
 
 
 def row_problems(row: Mapping[str, Any]) -> list[str]:
@@ -198,7 +219,7 @@ def findings(
     """Rows of ``data`` for ``arch`` and ``dtypes`` whose origin is in ``origins`` and that have a problem.
 
     The autotune rule of the project: ``findings(data)`` (16-bit autotune configs on sm_90) must be empty, or each
-    remaining config carries a comment with its numbers in ``triton_impl/glu_matmul_kernels.py``.
+    remaining config carries a comment with its numbers beside its autotune list (its kernel module).
     """
     origins = set(origins)
     out = []
