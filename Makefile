@@ -48,11 +48,10 @@ test: setup lint test-triton36
 # instruction sets present, and ATen its vectorised loops. A parity verdict on a committed case must not depend on
 # that, so the `isa` tests run again with OpenBLAS's Sandybridge kernels, XLA capped at AVX and ATen at AVX2, and
 # the disk cache of generated data off (every reference and plain computation made afresh under those kernels).
-# In this process, two threads: its compiles sit in few modules, so two workers ran it slower (3 min 20 s against
-# 2 min 52 s here).
+# On two workers, as the main pass (on clean clones here: 3 min 20 s on two workers, 3 min 45 s in one process).
 test-isa: setup
 	OPENBLAS_CORETYPE=Sandybridge XLA_FLAGS=--xla_cpu_max_isa=AVX ATEN_CPU_CAPABILITY=avx2 FUSION_COMPARE_CACHE=off \
-		$(PY) -m pytest -q -m isa -p no:cacheprovider
+		$(PY) -m pytest -q -m isa -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
 
 # Compile every Triton kernel, autotune config and dtype for sm_90 and sm_80 without a GPU: registers, spills,
 # shared memory, tensor-core instructions, occupancy. Writes the committed table (cached: a rerun is quick).
