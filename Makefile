@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 TORCH_CPU := torch==2.13.0
 REPORT_DIR ?= out/report
 
-.PHONY: setup check check-tests test test-isa lint report report-cpu report-tp golden clean gpu-build test-triton36
+.PHONY: setup check check-tests test test-slow test-isa ci lint report report-cpu report-tp golden clean gpu-build test-triton36
 
 setup: $(VENV)/.installed
 
@@ -35,14 +35,24 @@ check: setup
 check-tests: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "$(CHECK_TESTS)"
 
-# pytest-xdist: two worker processes, each test module on one of them (its shared fixtures, such as a TP worker
-# group, start once; the long parity and seed sweeps are split into modules by framework and preset), each worker
-# with one thread per pool (tests/conftest.py: ONE_THREAD_ENV; N workers of N threads on N
-# cores starve each other). PYTEST_WORKERS=0 runs in this process, with the default thread counts.
+# The test loop for a change: lint, the sm_90 compile tests under triton 3.6.0 and the quick and standard tiers of
+# pytest (every test but the `slow` tier), in under 6 minutes on 2 cores. pytest-xdist: two worker processes, each
+# test module on one of them (its shared fixtures, such as a TP worker group, start once; the long parity and seed
+# sweeps are split into modules by framework and preset), each worker with one thread per pool (tests/conftest.py:
+# ONE_THREAD_ENV; N workers of N threads on N cores starve each other). PYTEST_WORKERS=0 runs in this process, with
+# the default thread counts.
 PYTEST_WORKERS ?= 2
+PYTEST_PAR := -n $(PYTEST_WORKERS) --dist loadfile
 test: setup lint test-triton36
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
-	$(MAKE) --no-print-directory test-isa
+	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow"
+
+# The slow tier: the tests that take more than about 10 s each here (seed sweeps, multi-host groups, the Inductor
+# cache under two ISAs, the GPU check's dry run).
+test-slow: setup
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PAR) -m slow
+
+# What CI runs (.ci/run): everything. `make test`, the slow tier, and the `isa` pass under capped instruction sets.
+ci: test test-slow test-isa
 
 # Another CPU computes other bits: OpenBLAS and XLA pick their kernels (and with them the summation order) by the
 # instruction sets present, and ATen its vectorised loops. A parity verdict on a committed case must not depend on
@@ -51,7 +61,7 @@ test: setup lint test-triton36
 # On two workers, as the main pass (on clean clones here: 3 min 20 s on two workers, 3 min 45 s in one process).
 test-isa: setup
 	OPENBLAS_CORETYPE=Sandybridge XLA_FLAGS=--xla_cpu_max_isa=AVX ATEN_CPU_CAPABILITY=avx2 FUSION_COMPARE_CACHE=off \
-		$(PY) -m pytest -q -m isa -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
+		$(PY) -m pytest -q -m isa -p no:cacheprovider $(PYTEST_PAR)
 
 # Compile every Triton kernel, autotune config and dtype for sm_90 and sm_80 without a GPU: registers, spills,
 # shared memory, tensor-core instructions, occupancy. Writes the committed table (cached: a rerun is quick).

@@ -27,8 +27,9 @@ from compare.run.harness import run_one  # noqa: E402
 from compare.timing.timer import TimingConfig  # noqa: E402
 
 #: Every test's tier, one marker of these at least (the most severe one counts): ``quick`` runs in ``make check``
-#: (in-process, well under a second, no compile at a new shape, no worker process), ``standard`` and ``slow`` only in
-#: ``make test``. A module marks its tier once (``pytestmark``) and a heavier test of it marks its own.
+#: (in-process, well under a second, no compile at a new shape, no worker process), ``standard`` in ``make test``,
+#: ``slow`` (more than about 10 s) in ``make test-slow``; ``make ci`` runs them all. A module marks its tier once
+#: (``pytestmark``) and a heavier test of it marks its own.
 TIERS: tuple[str, ...] = ("quick", "standard", "slow")
 
 
@@ -52,9 +53,30 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault(name, value)
 
 
+#: The test modules that take longest on 2 cores (measured), longest first: collected first, so that pytest-xdist,
+#: which hands each worker one module at a time in collection order, starts them first and the short ones fill the
+#: gaps (longest first keeps the last module to finish short). A stale list costs minutes, never a result.
+LONG_FIRST: tuple[str, ...] = (
+    "test_faults",
+    "test_parity_jax",
+    "test_parity_torch_compile",
+    "test_parity_torch",
+    "test_controls",
+    "test_tp_jax",
+    "test_tp_torch",
+    "test_tp_launch",
+    "test_cli",
+    "test_pallas_ops",
+    "test_triton_env",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse a test without a tier (``make check`` selects by marker, so an unmarked test would silently leave
-    it); ``gpu``-marked tests skip, saying why, where torch sees no CUDA device (they run in the GPU check)."""
+    it); put the :data:`LONG_FIRST` modules first (a stable sort: each module's tests keep their order);
+    ``gpu``-marked tests skip, saying why, where torch sees no CUDA device (they run in the GPU check)."""
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
     untiered = [item.nodeid for item in items if not any(t in item.keywords for t in TIERS)]
     if untiered:
         shown = "\n  ".join(untiered[:20]) + (f"\n  ... and {len(untiered) - 20} more" if len(untiered) > 20 else "")

@@ -228,7 +228,7 @@ def busy_core() -> Iterator[None]:
 AA_TRIALS = 24
 
 
-@pytest.mark.standard
+@pytest.mark.slow
 def test_aa_control_same_backend_twice_under_induced_load(twin: str, busy_core: None) -> None:
     """torch-eager and its twin, timed together on ``tiny`` 24 times with a busy process on one core: called
     significantly different in at most 2 trials (nominal 2%: more than 2 of 24 has probability 1.1%). Before,
@@ -361,7 +361,7 @@ def _run_with_native_bf16_slowed(monkeypatch: pytest.MonkeyPatch):  # type: igno
     return case, cfg, run([case], [spec(n) for n in BF16_TIMED], ["fwd"], cfg, ceilings=True)
 
 
-@pytest.mark.standard
+@pytest.mark.slow
 def test_a_slow_native_bf16_route_makes_the_ceiling_the_float32_route_and_the_control_flags_every_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -77,6 +77,7 @@ def test_keyed_caches_are_right_under_two_isas_and_a_shared_one_is_not(tmp_path:
     assert wrong > 0.1, f"torch no longer serves another ISA's cached code wrongly (max error {wrong})"
 
 
+@pytest.mark.slow
 def test_a_users_cache_folder_is_kept(tmp_path: Path) -> None:
     mine = str(tmp_path / "mine")
     theirs = _probe(tmp_path, "keyed-only", None, cache_dir=mine)

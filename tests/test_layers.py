@@ -293,6 +293,43 @@ def test_the_borrowed_import_check_finds_a_passed_on_name(tmp_path: Path) -> Non
     assert borrowed_imports(tmp_path) == ["compare/top.py:1 compare.mid.thing"]
 
 
+def passed_on_exports(root: Path = ROOT) -> list[str]:
+    """Every name in a module's ``__all__`` that the module does not define itself (it imports it): a re-export
+    list. ``compare/__init__.py``, the public surface, is the one module allowed one."""
+    bad = []
+    for pkg in PACKAGES:
+        for path in sorted((root / pkg).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel == "compare/__init__.py":
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            exported: list[str] = []
+            for node in tree.body:
+                if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+                ):
+                    exported = [e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant)]
+            own = _top_level_names(tree)
+            bad += [f"{rel}: __all__ passes on {n}" for n in exported if n not in own]
+    return bad
+
+
+@pytest.mark.standard
+def test_no_module_but_the_public_surface_passes_names_on() -> None:
+    assert passed_on_exports() == []
+
+
+def test_the_re_export_check_finds_a_passed_on_name(tmp_path: Path) -> None:
+    """Negative control: an ``__all__`` naming an imported name is reported, one naming the module's own is not,
+    and the public surface may pass names on."""
+    pkg = tmp_path / "compare" / "sub"
+    pkg.mkdir(parents=True)
+    (tmp_path / "compare" / "__init__.py").write_text('from compare.sub.low import thing\n__all__ = ["thing"]\n')
+    (pkg / "low.py").write_text('__all__ = ["thing"]\n\n\ndef thing():\n    pass\n')
+    (pkg / "mid.py").write_text('from compare.sub.low import thing\n\nX = 1\n__all__ = ["X", "thing"]\n')
+    assert passed_on_exports(tmp_path) == ["compare/sub/mid.py: __all__ passes on thing"]
+
+
 def foreign_imports(source: str) -> list[str]:
     """The imports of a ``triton_impl`` module's ``source`` that break its rule (see the module docstring)."""
     bad = []

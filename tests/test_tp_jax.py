@@ -32,7 +32,7 @@ from jax_impl import tp_common, tp_runtime
 from tests.jax_tp_corrupt_backend import NAME as CORRUPT
 from tests.jax_tp_corrupt_backend import SPEC as CORRUPT_SPEC
 
-pytestmark = pytest.mark.standard
+pytestmark = pytest.mark.slow  # two worker groups start once per module: about a minute
 
 Key = tuple[str, str, str, str]
 Rows = dict[Key, dict[str, Any]]

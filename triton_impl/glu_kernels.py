@@ -52,7 +52,6 @@ __all__ = [
     "ACTIVATIONS",
     "BLOCK_SIZE",
     "EXACT_BF16_CAST",
-    "FP_FUSION",
     "GPU_BUILD",
     "INTERPRETED",
     "NUM_WARPS",

@@ -1,6 +1,6 @@
 """Kernels per step: the summary every profiler adapter returns, as JSON data and as typed records (the report section
 is ``compare.report.kernels``; names are parsed by ``compare.kernels.names``, shortened by ``compare.kernels.shorten``
-and classified by ``compare.kernels.classify``, all re-exported here).
+and classified by ``compare.kernels.classify``).
 
 Framework-agnostic (imports neither torch nor jax). ``torch_impl.profiling`` fills a summary from
 ``torch.profiler``; ``jax_impl.profiling`` fills one from XLA's optimized HLO, both with :func:`kernel_entry` and
@@ -48,25 +48,19 @@ from compare.formats.jsonfields import (
     texts,
 )
 from compare.kernels.classify import classify
-from compare.kernels.names import MULTI_WORD_OPS, op_name, parse_fused_name
-from compare.kernels.shorten import SHORT_WIDTH, shorten
+from compare.kernels.names import parse_fused_name
+from compare.kernels.shorten import shorten
 
 __all__ = [
     "KINDS",
-    "MULTI_WORD_OPS",
-    "SHORT_WIDTH",
     "SOURCES",
     "KernelEntry",
     "Kernels",
     "MetadataOp",
     "check_summary",
-    "classify",
     "count_by_kind",
     "describe",
     "kernel_entry",
-    "op_name",
-    "parse_fused_name",
-    "shorten",
     "summary",
 ]
 

@@ -45,29 +45,8 @@ from compare.timing.significance import (
     MIN_SAMPLES_FOR_TEST,
     NOISE_K,
     THRESHOLD,
-    Spread,
-    TimingVerdict,
     compare_timing,
-    mann_whitney_greater,
-    spread,
 )
-
-#: The significance machinery moved to :mod:`compare.timing.significance`; these names stay importable from here.
-__all__ = [
-    "ALPHA",
-    "MIN_SAMPLES_FOR_TEST",
-    "NOISE_K",
-    "THRESHOLD",
-    "Spread",
-    "TimingVerdict",
-    "add_parser",
-    "cmd_diff",
-    "compare_timing",
-    "diff",
-    "main",
-    "mann_whitney_greater",
-    "spread",
-]
 
 Key = tuple[str, str, str]
 

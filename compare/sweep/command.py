@@ -68,38 +68,11 @@ from compare.run.options import add_grid_args, check_grid_args
 from compare.run.progress import Display, progress_level
 from compare.sweep.grid import (
     DEFAULT_TOKENS,
-    GRID_KEYS,
-    SHORT_DTYPE,
-    Cell,
-    cell_key,
     cells_from_config,
     grid_config,
-    result_key,
 )
-from compare.sweep.store import JSONL, SweepWriter, check_same_grid, done_keys, load_sweep, read_sweep
+from compare.sweep.store import JSONL, SweepWriter, check_same_grid, done_keys, load_sweep
 from compare.sweep.worker import run_cell_inprocess, run_cell_isolated, worker_main
-
-#: Re-exported: the sweep's pieces live in sweep_grid, sweep_store and sweep_worker.
-__all__ = [
-    "DEFAULT_TOKENS",
-    "GRID_KEYS",
-    "JSONL",
-    "SHORT_DTYPE",
-    "Cell",
-    "SweepWriter",
-    "cell_key",
-    "cells_from_config",
-    "done_keys",
-    "grid_config",
-    "load_sweep",
-    "main",
-    "read_sweep",
-    "result_key",
-    "run_cell_inprocess",
-    "run_cell_isolated",
-    "run_sweep",
-    "worker_main",
-]
 
 #: The workers' scratch folder under a sweep's output folder.
 SCRATCH = ".cells"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from triton_impl.env import FP_FUSION, interpreted
+from triton_impl.env import FP_FUSION
 from triton_impl.glu_kernels import ACTIVATIONS, BLOCK_SIZE, EXACT_BF16_CAST, INTERPRETED, NUM_WARPS
 from triton_impl.glu_kernels import geglu_bwd_kernel as _geglu_bwd_kernel
 from triton_impl.glu_kernels import geglu_fwd_kernel as _geglu_fwd_kernel
@@ -32,14 +32,12 @@ from triton_impl.glu_kernels import geglu_fwd_kernel as _geglu_fwd_kernel
 from ._launch import launch
 
 __all__ = [
-    "ACTIVATIONS",
     "SUPPORTED_DTYPES",
     "GLUFunction",
     "check_act",
     "glu",
     "glu_backward",
     "glu_forward",
-    "interpreted",
 ]
 
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
