@@ -15,15 +15,45 @@ Everything else lives in the submodules (``compare.gate.parity``, ``compare.timi
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from compare.backends.registry import BACKENDS, BackendSpec, register, spec
-from compare.gate.parity import Parity, TensorParity, check_all
-from compare.problem.cases import DTYPES, MODELS, MODES, PRESETS, Case, InputError, Shape, preset
-from compare.problem.golden import Golden, Problem, golden_for
-from compare.results.document import Result, Results
-from compare.timing.timer import Timing, measure
+if TYPE_CHECKING:
+    from compare.backends.registry import BACKENDS, BackendSpec, register, spec
+    from compare.gate.parity import Parity, TensorParity, check_all
+    from compare.problem.cases import DTYPES, MODELS, MODES, PRESETS, Case, InputError, Shape, preset
+    from compare.problem.golden import Golden, Problem, golden_for
+    from compare.results.document import Result, Results
+    from compare.timing.timer import Timing, measure
+
+#: Where each name of the surface lives. Imported on first use (PEP 562), so ``import compare`` itself is quick and
+#: ``python -m compare`` sets its signal handlers (``compare.run.stop``) before anything heavy loads.
+_HOMES: dict[str, str] = {
+    **dict.fromkeys(("BACKENDS", "BackendSpec", "register", "spec"), "compare.backends.registry"),
+    **dict.fromkeys(("Parity", "TensorParity", "check_all"), "compare.gate.parity"),
+    **dict.fromkeys(
+        ("DTYPES", "MODELS", "MODES", "PRESETS", "Case", "InputError", "Shape", "preset"), "compare.problem.cases"
+    ),
+    **dict.fromkeys(("Golden", "Problem", "golden_for"), "compare.problem.golden"),
+    **dict.fromkeys(("Result", "Results"), "compare.results.document"),
+    **dict.fromkeys(("Timing", "measure"), "compare.timing.timer"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'compare' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
+
 
 __all__ = [
     "BACKENDS",
@@ -69,6 +99,7 @@ def run_cases(
     with ``parity`` (every tensor: ``y [batch, seq, out]`` and, in ``bwd`` modes, ``dx`` and each weight gradient
     ``d<param> [out, in]``), ``timing`` (seconds per call) and ``cost``. A failing backend is an ``error`` result;
     the others still run."""
+    from compare.backends.registry import spec
     from compare.run import harness
 
     specs = [spec(b) for b in backends]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import shlex
@@ -34,13 +35,14 @@ from compare.problem.cases import (
 from compare.report import diff, shapes
 from compare.report import render as report
 from compare.results import document as results
-from compare.run import exitcodes, harness, preflight, tp_hosts
-from compare.run.options import add_grid_args, check_grid_args
+from compare.run import exitcodes, harness, preflight, stop, tp_hosts
+from compare.run.options import add_grid_args, check_grid_args, check_inputs, out_arg
 from compare.run.progress import Display, progress_level
+from compare.run.store import CELLS, RunStore, cell_key, is_store, never_fewer, read_store
 from compare.run.tp_launch import Job
 from compare.run.tp_worker import Cell
 from compare.sweep import command as sweep
-from compare.sweep import store
+from compare.sweep import store as sweep_store
 
 
 def cmd_list(_: argparse.Namespace) -> int:
@@ -75,6 +77,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     """Check every argument, the memory the cases need, the golden files and the output folder; then measure and
     write results.json and REPORT.md (atomically). Interrupted (Ctrl-C, SIGTERM), it saves what finished: 130."""
     check_grid_args(a)
+    check_inputs(a, cases_from_args(a))
     cases = cases_from_args(a)
     specs = [spec(b) for b in a.backend]
     modes = [check_name("mode", m, MODES) for m in a.mode]
@@ -104,51 +107,92 @@ def cmd_run(a: argparse.Namespace) -> int:
         "modes": modes,
         "world_sizes": world_sizes,
     }
-    with preflight.lock_folder(out), exitcodes.terminate_as_interrupt():
-        doc = _measure(a, cases, specs, modes, cfg, config, out)
+    with preflight.lock_folder(out, shlex.join(a.argv)), stop.on_signals():
+        return _run_locked(a, _Plan(cases, specs, modes, cfg, config, out))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What ``run`` measures, every part of it checked: the cases, backends and modes, the timer's settings, the
+    config the results document records, and the (locked) output folder."""
+
+    cases: list[Case]
+    specs: list[Any]
+    modes: list[str]
+    cfg: harness.TimingConfig
+    config: dict[str, Any]
+    out: Path
+
+
+def _run_locked(a: argparse.Namespace, plan: _Plan) -> int:
+    """``cmd_run`` once the folder is locked and the signals set a flag: measure into the store (``cells.jsonl``),
+    then write results.json and REPORT.md from the document, never replacing an earlier run's results.json with
+    fewer cells when interrupted (the interrupted run's document then goes to ``results.interrupted.json``)."""
+    out = plan.out
+    try:
+        store = RunStore(out, plan.config)
+    except OSError as exc:
+        raise InputError(f"cannot write the store {out / CELLS}: {exc.strerror or exc}") from exc
+    with store:
+        try:
+            doc = _measure(a, plan, store)
+        except OSError as exc:  # the store could not take a cell: the disk is full (or gone)
+            raise exitcodes.WriteFailed(
+                f"cannot append to {store.path} ({exc.strerror or exc}): its {store.cells} finished cells are kept; "
+                f"free space and run `python -m compare report {out}` to write results.json and REPORT.md"
+            ) from exc
+        if not doc.interrupted:
+            with contextlib.suppress(OSError):  # the end mark only tells a rebuild the run finished
+                store.end()
     build = _gpu_build_table(Path(a.gpu_build)) if a.gpu_build else None
     if build is not None:
         doc = dataclasses.replace(doc, gpu_build=build)
     interrupted = doc.interrupted
-    if not a.no_plots and not interrupted:
-        from compare.report.plots import render_plots
+    target, report_path = out / "results.json", out / "REPORT.md"
+    if interrupted and never_fewer(target, doc) is None:
+        target, report_path = out / "results.interrupted.json", out / "REPORT.interrupted.md"
+        print(f"kept the earlier run's {out / 'results.json'}: it holds cells this interrupted run did not reach",
+              file=sys.stderr)  # fmt: skip
+    try:
+        if not a.no_plots and not interrupted:
+            from compare.report.plots import render_plots
 
-        plots = render_plots(doc, out / "plots")
-        doc = dataclasses.replace(doc, plots=tuple(p.relative_to(out).as_posix() for p in plots))
-    results.write_json(out / "results.json", doc)
-    write_text_atomic(out / "REPORT.md", report.render(doc))
+            plots = render_plots(doc, out / "plots")
+            doc = dataclasses.replace(doc, plots=tuple(p.relative_to(out).as_posix() for p in plots))
+        results.write_json(target, doc)
+        write_text_atomic(report_path, report.render(doc))
+    except OSError as exc:
+        raise exitcodes.WriteFailed(
+            f"cannot write {target.name} and {report_path.name} in {out} ({exc.strerror or exc}): the "
+            f"{store.cells} finished cells are in {store.path}; free space and run `python -m compare report {out}`"
+        ) from exc
     if interrupted:
         print(
-            f"interrupted: saved {len(doc.results)} finished cells to {out / 'results.json'} and {out / 'REPORT.md'}",
+            f"interrupted: saved {len(doc.results)} finished cells to {target} and {report_path} "
+            f"({stop.requested() or 'Ctrl-C'}; the store {store.path} holds {store.cells})",
             file=sys.stderr,
         )
         return exitcodes.INTERRUPTED
-    print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'} ({doc.summary()})")
+    print(f"wrote {target} and {report_path} ({doc.summary()})")
     return exitcodes.of_statuses((r.status for r in doc.results), a.strict)
 
 
-def _measure(
-    a: argparse.Namespace,
-    cases: list[Case],
-    specs: list[Any],
-    modes: list[str],
-    cfg: harness.TimingConfig,
-    config: dict[str, Any],
-    out: Path,
-) -> results.Results:
-    """The measurements of ``run``: the harness, then the shape sweep unless the harness was interrupted.
+def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Results:
+    """The measurements of ``run``: the harness, then the shape sweep unless the harness was interrupted; every
+    finished cell goes into ``store`` as it finishes.
 
     ``harness.run`` returns the finished results with ``interrupted`` set when interrupted; an interrupt
     during the shape sweep keeps the harness's results and drops the sweep's.
     """
-    cells = len(cases) * len(modes) * len(specs) * len(a.world_size)
+    cases, out = plan.cases, plan.out
+    cells = len(cases) * len(plan.modes) * len(plan.specs) * len(a.world_size)
     with Display(cells, progress_level(a), title="run") as display:
         doc = harness.run(
             cases,
-            specs,
-            modes,
-            cfg,
-            config,
+            plan.specs,
+            plan.modes,
+            plan.cfg,
+            plan.config,
             progress=display,
             profile=a.profile or a.trace,
             trace_dir=out / "traces" if a.trace else None,
@@ -156,6 +200,7 @@ def _measure(
             world_sizes=[int(w) for w in a.world_size],
             tp_launch=a.tp_launch,
             tp_logs=out / "tp-logs",
+            store=store,
         )
         if a.shape_sweep and not doc.interrupted:
             try:
@@ -163,6 +208,7 @@ def _measure(
                     cases, a.shape_sweep, a.budget, lambda s: display.message(s, important=True)
                 )
                 doc = dataclasses.replace(doc, shape_sweep=tuple(rows))
+                store.shape_sweep(rows)
             except KeyboardInterrupt:
                 doc = dataclasses.replace(doc, interrupted=True)
     return doc
@@ -183,19 +229,54 @@ def _gpu_build_table(folder: Path) -> dict[str, Any] | None:
 
 
 def cmd_report(a: argparse.Namespace) -> int:
-    """Rebuild REPORT.md from a results.json, a sweep's results.jsonl or its folder; measures nothing."""
+    """Rebuild REPORT.md from a results.json, a sweep's results.jsonl, a run's cells.jsonl or a folder holding
+    them; measures nothing. A folder whose store holds cells its results.json lacks (a run or sweep killed before
+    it wrote its summary, a full disk) gets its results.json rebuilt from the store too; an earlier run's
+    results.json holding cells the store lacks is kept, and the store's document goes to results.interrupted.json
+    with REPORT.interrupted.md."""
     path = Path(a.results)
-    doc = store.load_sweep(path) if path.is_dir() or path.suffix == ".jsonl" else results.read_json(path)
-    out = Path(a.out) if a.out else (path if path.is_dir() else path.parent) / "REPORT.md"
+    folder = path if path.is_dir() else path.parent
+    default_out = folder / "REPORT.md"
+    out = Path(a.out) if a.out else default_out
     preflight.check_file_writable(out)
-    write_text_atomic(out, report.render(doc))
+    with preflight.lock_folder(out.parent, shlex.join(a.argv)):
+        doc, rebuilt = _report_source(path)
+        if rebuilt is not None:
+            results.write_json(rebuilt, doc)
+            print(f"wrote {rebuilt} (rebuilt from the store: {doc.summary()})")
+            if rebuilt.name == "results.interrupted.json" and not a.out:
+                out = folder / "REPORT.interrupted.md"
+        write_text_atomic(out, report.render(doc))
     print(f"wrote {out}")
     return exitcodes.OK
+
+
+def _report_source(path: Path) -> tuple[results.Results, Path | None]:
+    """The document ``report`` renders, and the results file to rebuild from a store first (None: none)."""
+    if path.is_dir():
+        if (path / sweep_store.JSONL).is_file():
+            doc = sweep_store.load_sweep(path)
+            return doc, path / "results.json" if never_fewer(path / "results.json", doc) is doc else None
+        if (path / CELLS).is_file() and is_store(path / CELLS):
+            stored = read_store(path / CELLS)
+            target = path / "results.json"
+            if target.is_file():
+                old = results.read_json(target)
+                if not {cell_key(r) for r in stored.results} - {cell_key(r) for r in old.results}:
+                    return old, None  # it holds every stored cell: the run's own summary
+                if never_fewer(target, stored) is None:
+                    return stored, path / "results.interrupted.json"
+            return stored, target
+        return results.read_json(path / "results.json"), None
+    if path.suffix == ".jsonl":
+        return (read_store(path), None) if is_store(path) else (sweep_store.load_sweep(path), None)
+    return results.read_json(path), None
 
 
 def cmd_tp_job(a: argparse.Namespace) -> int:
     """Write a multi-host tensor-parallel job (``compare.run.tp_hosts``) and print the command for each host."""
     check_grid_args(a)
+    check_inputs(a, cases_from_args(a))
     cases = cases_from_args(a)
     specs = [spec(b) for b in a.backend]
     plain = [s.name for s in specs if not s.runtime]
@@ -221,7 +302,10 @@ def cmd_tp_job(a: argparse.Namespace) -> int:
         harness.TimingConfig(budget_s=a.budget),
         threads_total=a.threads * a.world_size,
     )
-    for line in tp_hosts.write_job(job, Path(a.out), a.addr, a.port):
+    folder = preflight.prepare_out_dir(Path(a.out))
+    with preflight.lock_folder(folder, shlex.join(a.argv)):
+        lines = tp_hosts.write_job(job, folder, a.addr, a.port)
+    for line in lines:
         print(line)
     return exitcodes.OK
 
@@ -229,10 +313,13 @@ def cmd_tp_job(a: argparse.Namespace) -> int:
 def cmd_tp_collect(a: argparse.Namespace) -> int:
     """results.json and REPORT.md of a multi-host job, from process 0's events."""
     folder = Path(a.folder)
-    doc = results.load(tp_hosts.collect(folder), str(folder / "rank0.jsonl"))
     out = preflight.prepare_out_dir(Path(a.out) if a.out else folder)
-    results.write_json(out / "results.json", doc)
-    write_text_atomic(out / "REPORT.md", report.render(doc))
+    with preflight.lock_folder(folder, shlex.join(a.argv)), contextlib.ExitStack() as locks:
+        if out.resolve() != folder.resolve():
+            locks.enter_context(preflight.lock_folder(out, shlex.join(a.argv)))
+        doc = results.load(tp_hosts.collect(folder), str(folder / "rank0.jsonl"))
+        results.write_json(out / "results.json", doc)
+        write_text_atomic(out / "REPORT.md", report.render(doc))
     print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'} ({doc.summary()})")
     return exitcodes.of_statuses(r.status for r in doc.results)
 
@@ -312,7 +399,7 @@ def parser() -> argparse.ArgumentParser:
     prof.set_defaults(fn=cmd_run, trace=True, profile=True)
     rep = _sub(sub, "report", help="rebuild REPORT.md from a results.json (measures nothing)")
     rep.add_argument("results")
-    rep.add_argument("--out", help="where to write (default: REPORT.md beside the results)")
+    rep.add_argument("--out", type=out_arg, help="where to write (default: REPORT.md beside the results)")
     rep.set_defaults(fn=cmd_report)
     job = _sub(sub, "tp-job", help="write a tensor-parallel job to run across hosts; print each host's command")
     _add_case_args(job)
@@ -325,7 +412,7 @@ def parser() -> argparse.ArgumentParser:
     job.set_defaults(fn=cmd_tp_job)
     col = _sub(sub, "tp-collect", help="results.json and REPORT.md of a tp-job, on process 0's host")
     col.add_argument("folder", help="the job folder")
-    col.add_argument("--out", help="where to write (default: the job folder)")
+    col.add_argument("--out", type=out_arg, help="where to write (default: the job folder)")
     col.set_defaults(fn=cmd_tp_collect)
     sweep.add_parser(sub)
     diff.add_parser(sub)

@@ -469,7 +469,8 @@ def test_a_second_run_into_the_same_folder_is_refused(
     out.mkdir()
     with preflight.lock_folder(out):
         assert cli.main(["run", *TINY, "--out", str(out)]) == 2
-    assert f"another run is writing {out}" in _one_line_error(capsys.readouterr().err)
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"{out} is in use by another command (pid {os.getpid()}: python -m compare run)" in line, line
     with preflight.lock_folder(out):  # released when the first one ends
         pass
 
@@ -613,7 +614,7 @@ def test_sigterm_stops_an_isolated_sweep_and_its_worker(tmp_path: Path) -> None:
         rc = p.wait(timeout=60)
         err = p.stderr.read().decode() if p.stderr else ""
         assert rc == 130, err
-        assert "Traceback" not in err and "sweep: terminated" in err
+        assert "Traceback" not in err and "sweep: stopped by SIGTERM" in err
         deadline = time.monotonic() + 30
         while _group_alive(worker):
             assert time.monotonic() < deadline, "the worker's process group outlived the sweep"
@@ -647,37 +648,25 @@ raise SystemExit(main(sys.argv[1:]))
 
 @pytest.mark.skipif(os.name != "posix", reason="signals")
 @pytest.mark.slow
-def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> None:
+@pytest.mark.parametrize("second", [False, True], ids=["released", "second-signal"])
+def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path, second: bool) -> None:
     """End to end: SIGINT while the second case is in flight (the gated backend's bfloat16 step waits for a release
-    file the test never writes, so the run cannot end first); the run writes the first case's two finished cells
-    (a case's cells finish together: they are timed together and judged on fresh inputs together), says so and
-    exits 130 without a traceback."""
+    file). The signal sets a flag (``compare.run.stop``): the run says it stops after the cell in flight, and
+
+    - ``released``: the test then releases the step; the run gives the cells in flight up at the next check (they
+      would be timed next) and writes the two finished ones, exit 130;
+    - ``second-signal``: a second SIGINT ends the run at once (130, no summary written); the store holds the first
+      case's two cells (a case's cells of one mode finish together: they are timed together), and
+      ``compare report DIR`` rebuilds results.json from it.
+
+    No traceback either way."""
     from tests import gated_backend
 
     out, gate, log = tmp_path / "o", tmp_path / "gate", tmp_path / "stderr.txt"
     gate.mkdir()
-    cmd = [
-        sys.executable,
-        "-c",
-        GATED_RUN,
-        "run",
-        "--preset",
-        "tiny",
-        "--backend",
-        "torch-eager",
-        gated_backend.NAME,
-        "--dtype",
-        "float32",
-        "bfloat16",
-        "--mode",
-        "fwd",
-        "--budget",
-        "0.05",
-        "--no-ceilings",
-        "--no-plots",
-        "--out",
-        str(out),
-    ]
+    cmd = [sys.executable, "-c", GATED_RUN, "run", "--preset", "tiny", "--backend", "torch-eager", gated_backend.NAME]
+    cmd += ["--dtype", "float32", "bfloat16", "--mode", "fwd", "--budget", "0.05", "--no-ceilings", "--no-plots"]
+    cmd += ["--out", str(out)]
     env = {**os.environ, gated_backend.GATE_ENV: str(gate), gated_backend.DTYPE_ENV: "bfloat16"}
     with log.open("wb") as stderr:
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
@@ -687,6 +676,13 @@ def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> No
             assert p.poll() is None and time.monotonic() < deadline, log.read_text(encoding="utf-8")
             time.sleep(0.05)
         p.send_signal(signal.SIGINT)
+        while "stopping after the cell in flight" not in log.read_text(encoding="utf-8"):
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text(encoding="utf-8")
+            time.sleep(0.05)
+        if second:
+            p.send_signal(signal.SIGINT)
+        else:
+            (gate / "release").touch()
         p.wait(timeout=60)
     finally:
         if p.poll() is None:
@@ -696,13 +692,18 @@ def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path) -> No
     assert p.returncode == 130, text
     name = PRESETS["tiny"].case("float32").name
     assert "Traceback" not in text and f"[2/4] gated {name} fwd -> ok" in text, text
+    first_case = [("torch-eager", "float32", "ok"), ("gated", "float32", "ok")]
+    if second:
+        assert not (out / "results.json").exists()
+        assert cli.main(["report", str(out)]) == 0
+        doc = results.read_json(out / "results.json")
+        assert doc.interrupted is True
+        assert [(r.backend, r.dtype, r.status) for r in doc.results] == first_case
+        return
     assert f"interrupted: saved 2 finished cells to {out / 'results.json'}" in text
     doc = results.read_json(out / "results.json")
     assert doc.interrupted is True
-    assert [(r.backend, r.dtype, r.status) for r in doc.results] == [
-        ("torch-eager", "float32", "ok"),
-        ("gated", "float32", "ok"),
-    ]
+    assert [(r.backend, r.dtype, r.status) for r in doc.results] == first_case
 
 
 def test_a_results_file_of_another_schema_version_is_refused(

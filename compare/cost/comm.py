@@ -81,10 +81,17 @@ class CommCost:
         return asdict(self)
 
 
+def check_world_size_value(world_size: int, option: str = "world size") -> int:
+    """Return ``world_size`` if it is a positive integer (1: one device); else an InputError naming ``option``. The one
+    rule every world size is held to, wherever it comes from (``run``, ``tp-job``, a job file)."""
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise InputError(f"{option} must be a positive integer (1 or more; 1 is one device), got {world_size!r}")
+    return world_size
+
+
 def check_world_size(case: Case, world_size: int) -> int:
     """Return ``world_size`` if it is a positive integer that divides ``case``'s hidden width; else InputError."""
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise InputError(f"world size must be a positive integer, got {world_size!r}")
+    check_world_size_value(world_size)
     if case.shape.hidden % world_size:
         divisors = [d for d in range(1, min(case.shape.hidden, 64) + 1) if case.shape.hidden % d == 0]
         raise InputError(

@@ -54,7 +54,9 @@ float32 intermediates) never fail, in every dtype and mode; the negative control
 
 NaN or Inf in the backend's tensor fails. A reference whose scale is tiny next to the dtype's ``atol``
 (``max|y_ref| < 100 * atol``) is refused as degenerate (it could not tell a right answer from zeros), and so is a
-case whose plain computation is not finite or whose reference overflows the dtype (:func:`check_plain`).
+case whose plain computation is not finite or whose reference overflows the dtype (:func:`check_plain`). A case with a
+tensor of fewer than :data:`MIN_TERMS` elements has no standard error at all: it is refused before anything runs
+(:func:`check_judgeable`).
 
 What the gate cannot see: an error below the plain computation's own noise at this case's size (how small that is
 per case, dtype and tensor is measured by ``compare.gate.resolution`` and printed in the report); a wrong value in a few
@@ -72,6 +74,7 @@ from typing import Any
 import numpy as np
 
 from compare.formats.jsonfields import Obj, flag, integer, integers, number, text, texts
+from compare.problem.cases import Case, InputError
 from compare.problem.reference import SIGNIFICAND_BITS, round_to_dtype
 
 #: ``torch.testing.assert_close`` default ``atol`` per dtype: the scale below which a reference is degenerate.
@@ -111,6 +114,10 @@ DTYPE_MAX: dict[str, float] = {
     "float16": 65504.0,
 }
 CHECKS: tuple[str, ...] = ("max", "rms", "shift", "scale", "dtype")
+#: Fewest terms a sample variance needs (``g / (g - 1)``): over fewer elements (or clusters: rows, columns) the
+#: clustered variance is 0, so a tensor of fewer elements has shift and scale standard errors of 0 and every bias
+#: lies infinitely many of them from noise (a pass line of 0). :func:`check_judgeable` refuses such a case up front.
+MIN_TERMS = 2
 
 
 class DegenerateGolden(ValueError):
@@ -244,7 +251,7 @@ def _matrix(a: np.ndarray) -> np.ndarray:
 
 def _cluster_sum_var(sums: np.ndarray) -> float:
     g = sums.size
-    return g / (g - 1) * float(np.sum((sums - sums.mean()) ** 2)) if g >= 2 else 0.0
+    return g / (g - 1) * float(np.sum((sums - sums.mean()) ** 2)) if g >= MIN_TERMS else 0.0
 
 
 def _clustered_var(contrib: np.ndarray) -> float:
@@ -252,9 +259,34 @@ def _clustered_var(contrib: np.ndarray) -> float:
     are shared: every element independent, rows as clusters, columns as clusters, and both at once (Cameron,
     Gelbach and Miller's two-way estimate ``V_rows + V_cols - V_elements``); the largest is used."""
     v_el = _cluster_sum_var(contrib.ravel())
-    v_rows = _cluster_sum_var(contrib.sum(axis=1)) if contrib.shape[0] >= 2 else 0.0
-    v_cols = _cluster_sum_var(contrib.sum(axis=0)) if contrib.shape[1] >= 2 else 0.0
+    v_rows = _cluster_sum_var(contrib.sum(axis=1)) if contrib.shape[0] >= MIN_TERMS else 0.0
+    v_cols = _cluster_sum_var(contrib.sum(axis=0)) if contrib.shape[1] >= MIN_TERMS else 0.0
     return max(v_el, v_rows, v_cols, v_rows + v_cols - v_el)
+
+
+def judged_shapes(case: Case) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor the gate can judge on ``case``, by the names ``compare.problem.reference`` gives
+    them: the output ``y``, and the gradients ``dx`` and ``d<weight>`` of each weight (``Case.weight_shapes``)."""
+    shapes: dict[str, tuple[int, ...]] = {"y": case.output_shape(), "dx": case.input_shape()}
+    shapes.update({f"d{k}": shape for k, shape in case.weight_shapes().items()})
+    return shapes
+
+
+def check_judgeable(case: Case, tensors: Iterable[str] | None = None) -> Case:
+    """Return ``case`` if each of its ``tensors`` the gate judges (default: every one, :func:`judged_shapes`) has at
+    least :data:`MIN_TERMS` elements; else raise an :class:`~compare.problem.cases.InputError` naming the case, the
+    tensor and the smallest size allowed (the gate's verdict on a smaller one would be meaningless)."""
+    shapes = judged_shapes(case)
+    for name in shapes if tensors is None else tensors:
+        n = math.prod(shapes[name])
+        if n < MIN_TERMS:
+            raise InputError(
+                f"case {case.name} is too small for the parity gate: its tensor {name!r} has shape "
+                f"{list(shapes[name])}, {n} element{'' if n == 1 else 's'}; every tensor the gate judges needs at "
+                f"least {MIN_TERMS} elements (a standard error needs {MIN_TERMS} terms: with fewer, any bias is "
+                "infinitely many standard errors from noise); use a larger shape"
+            )
+    return case
 
 
 def _shift(e: np.ndarray) -> tuple[float, float]:

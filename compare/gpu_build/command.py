@@ -24,7 +24,7 @@ from compare.gpu_build.build import build, check_failures, write_outputs
 from compare.gpu_build.cache import default_folder
 from compare.gpu_build.table import ARCHS
 from compare.problem.cases import InputError
-from compare.run import exitcodes
+from compare.run import exitcodes, stop
 
 __all__ = ["DEFAULT_TIMEOUT_S", "add_parser", "build_options", "cmd_gpu_build"]
 
@@ -105,7 +105,7 @@ def build_options(a: argparse.Namespace) -> dict[str, Any]:
 def cmd_gpu_build(a: argparse.Namespace) -> int:
     """Build, write ``gpu_build.json``/``GPU_BUILD.md``; exit 1 when a config fails or breaks the autotune rule."""
     options = build_options(a)
-    with exitcodes.terminate_as_interrupt():  # SIGTERM unwinds as Ctrl-C does: the pool ends its workers
+    with stop.on_signals():  # SIGINT and SIGTERM stop the pool between looks at its workers, which it then ends
         data = build(**options)
     json_path, md_path = write_outputs(data, Path(a.out))
     n_err = sum(not r["ok"] for r in data["rows"])

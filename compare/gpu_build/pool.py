@@ -28,7 +28,7 @@ from typing import Any
 from compare.formats.atomic import write_text_atomic
 from compare.gpu_build.bridge import worker
 from compare.gpu_build.plan import Job
-from compare.run import child
+from compare.run import child, stop
 
 __all__ = ["POLL_S", "STARTUP_S", "run"]
 
@@ -108,6 +108,7 @@ def run(
                 while queue and len(running) < max(1, n_workers):
                     running.append(start(queue.pop(0)))
                 time.sleep(POLL_S)
+                stop.check()  # a signal asked to stop: the workers are ended below
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"the GPU build ran past its deadline with {len(running)} worker(s) running")
                 for w in list(running):

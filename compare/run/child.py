@@ -4,27 +4,57 @@ the tail of what it wrote to stderr. The one place the tool starts a worker proc
 
 A child runs in a new session (``start_new_session=True``), so its process group is its own: ending the group ends
 its compile pools, ptxas runs and gloo helpers too, and a signal sent to the tool's own group (Ctrl-C) reaches the
-child only through :meth:`Child.end`. Its stderr goes to a file (a pipe would block a chatty child once the pipe's
-64 KiB buffer fills while nobody reads it); :meth:`Child.tail` reads its last lines back.
+child only through :meth:`Child.end`. On Linux a worker also dies with the tool (a parent-death signal, SIGKILL, that
+the worker asks for first thing: :func:`die_with_parent`): a tool killed with SIGKILL, which can end nothing itself,
+leaves no worker running. Every child is tracked by ``compare.run.stop``, which kills the groups still running on a
+second signal. Its stderr goes to a file (a pipe would block a chatty child once the pipe's 64 KiB buffer fills
+while nobody reads it); :meth:`Child.tail` reads its last lines back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from compare.run import stop
 
 #: How long a child gets after SIGTERM before its group is killed (:meth:`Child.end`).
 TERM_GRACE_S = 5.0
 #: Lines of a child's stderr kept in an error record.
 TAIL_LINES = 20
+#: ``prctl(PR_SET_PDEATHSIG)``'s option number (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+#: Set in every child's environment to the pid of the process that started it (:func:`die_with_parent`).
+PARENT_ENV = "FUSION_COMPARE_PARENT_PID"
+
+
+def die_with_parent() -> None:
+    """In a worker started by :func:`start`: ask Linux to SIGKILL this process when its parent dies
+    (``prctl(PR_SET_PDEATHSIG)``), and exit at once if the parent is already gone (it died before the request was
+    made). Elsewhere, or outside such a worker, nothing. Set in the child itself, not between fork and exec in the
+    parent (a ``preexec_fn`` runs the parent's at-fork handlers, which break in a process with JAX's threads)."""
+    parent = os.environ.pop(PARENT_ENV, None)  # not inherited by what this worker starts itself
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != int(parent):
+        os._exit(1)
 
 
 @dataclass
@@ -43,12 +73,24 @@ class Child:
         """Its exit status (negative: killed by that signal), None while it runs."""
         return self.proc.poll()
 
-    def wait(self, timeout_s: float | None = None) -> int | None:
-        """Wait at most ``timeout_s`` (None: for ever); its exit status, None if it still runs then."""
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
+    def wait(
+        self, timeout_s: float | None = None, check: Callable[[], None] | None = None, poll_s: float = 0.1
+    ) -> int | None:
+        """Wait at most ``timeout_s`` (None: for ever); its exit status, None if it still runs then. ``check`` is
+        called every ``poll_s`` while waiting (``compare.run.stop.check``: it raises to give the wait up)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            step = poll_s if check is not None else None
+            if deadline is not None:
+                left = max(0.0, deadline - time.monotonic())
+                step = left if step is None else min(step, left)
+            try:
+                return self.proc.wait(timeout=step)
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+            if check is not None:
+                check()
 
     def end(self, grace_s: float = TERM_GRACE_S) -> int:
         """End the child's whole process group: SIGTERM, ``grace_s`` to exit, then SIGKILL (the group may outlive
@@ -92,7 +134,7 @@ def start(
     try:
         proc = subprocess.Popen(
             list(cmd),
-            env=dict(env) if env is not None else None,
+            env={**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())},
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=out_file if out_file is not None else subprocess.DEVNULL,
@@ -105,6 +147,7 @@ def start(
     finally:
         if out_file is not None:
             out_file.close()
+    stop.track(proc)
     return Child(proc, err, time.time())
 
 

@@ -6,23 +6,21 @@ bad input (2) is refused before anything is measured; anything unexpected is an 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import sys
-import threading
 import traceback
-from collections.abc import Callable, Iterable, Iterator
-from types import FrameType
+from collections.abc import Callable, Iterable
 
 from compare.problem.cases import InputError
 from compare.problem.golden import GoldenError
+from compare.run import stop
 
 OK = 0
 FINDING = 1
 BAD_INPUT = 2
 INTERNAL_ERROR = 3
-INTERRUPTED = 130
+WRITE_FAILED = 4
+INTERRUPTED = stop.INTERRUPTED
 
 #: Set to a non-empty value to see the traceback of an internal error.
 DEBUG_ENV = "FUSION_COMPARE_DEBUG"
@@ -35,7 +33,10 @@ EPILOG = f"""exit status:
   {BAD_INPUT}    bad input: a bad option, a missing, unreadable or invalid file, an output folder that cannot be
        written, a case too large for this machine's memory; nothing was measured
   {INTERNAL_ERROR}    internal error: a bug or an unexpected failure ({DEBUG_ENV}=1 shows the traceback)
-  {INTERRUPTED}  interrupted (Ctrl-C; SIGTERM for run and sweep): the cells finished so far are saved"""
+  {WRITE_FAILED}    the results could not be written (a full disk): every finished cell is in the folder's store
+       (cells.jsonl, results.jsonl); free space and `python -m compare report DIR` rebuilds the rest
+  {INTERRUPTED}  interrupted (Ctrl-C or SIGTERM: the cell in flight is given up, every finished one is saved; a
+       second signal stops at once, with the store intact)"""
 
 
 def of_statuses(statuses: Iterable[str], strict: bool = False) -> int:
@@ -45,29 +46,9 @@ def of_statuses(statuses: Iterable[str], strict: bool = False) -> int:
     return OK if all(s in clean for s in statuses) else FINDING
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the program was, so that it unwinds exactly as after Ctrl-C (workers killed, partial
-    results saved)."""
-
-
-@contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """While inside, SIGTERM raises :class:`Terminated`; the previous handler is restored on the way out.
-
-    Only the main thread can install signal handlers; elsewhere this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise Terminated(f"received {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+class WriteFailed(Exception):
+    """The results could not be written (``OSError`` underneath, typically ENOSPC); the message says what is kept
+    and how to rebuild the rest: exit status :data:`WRITE_FAILED`."""
 
 
 def exit_status(fn: Callable[[], int]) -> int:
@@ -78,6 +59,9 @@ def exit_status(fn: Callable[[], int]) -> int:
     except (InputError, GoldenError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return BAD_INPUT
+    except WriteFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return WRITE_FAILED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return INTERRUPTED

@@ -8,9 +8,11 @@ The pipeline of one case (:func:`run`): for each mode, every backend is prepared
 timed ones are then timed together, interleaved (``compare.timing.timer.measure_interleaved``: load drift hits them
 alike, and the comparisons between them are paired by round); each one's last timed output is judged again (a
 replayed stale answer fails); each is profiled when asked and then run once on fresh inputs drawn from a seed made
-at run time (``compare.gate.fresh``), and released. Only when every step of the case has returned is the fresh draw's
-reference computed and the fresh outputs judged: a backend that computed its answer from the golden data it could
-derive from its :class:`~compare.problem.golden.Problem` fails there. A timing that implies more FLOP/s than
+at run time (``compare.gate.fresh``), and released. Only when every step of the case and mode has returned is the
+fresh draw's reference computed (once per case, kept for its later modes; no step is ever given it) and the fresh
+outputs judged: a backend that computed its answer from the golden data it could derive from its
+:class:`~compare.problem.golden.Problem` fails there. The cells of a case and mode then settle together and are
+stored at once (``compare.run.store``). A timing that implies more FLOP/s than
 ``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measured in the same run makes the result ``implausible``.
 
 Each stage of a cell (skip, refuse a step without ``fresh``, first call and its verdict, the last timed call's
@@ -22,6 +24,7 @@ backends and modes, the interleaved timing, the profile's trace folder and the f
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 import traceback
 import zlib
@@ -42,9 +45,10 @@ from compare.problem.cases import Case
 from compare.problem.golden import golden_for
 from compare.results import environment
 from compare.results.document import Config, Result, Results
-from compare.run import cell, pipeline
+from compare.run import cell, pipeline, stop
 from compare.run.cell import MODE_TENSORS, plain_reference
 from compare.run.progress import Display
+from compare.run.store import RunStore
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
 from compare.timing import timer as timing
@@ -176,13 +180,39 @@ def _verdict(c: _Cell, seed: int, reference: tuple[dict[str, np.ndarray], Plain]
     return pipeline.result(c.spec, c.case, c.mode, found, c.kept, record, c.timing, c.kernels, c.extras)
 
 
-def _settle(case: Case, cells: Sequence[_Cell], seed: int, inputs: dict[str, np.ndarray]) -> list[Result]:
-    """Every cell's result, once every step has returned: the fresh draw's reference is computed only now."""
+class _FreshReference:
+    """The float64 reference of a case's fresh inputs, made once, the first time a mode's cells settle (after their
+    steps have returned: no step is given it, and none of those can have seen it), with the backward when any mode
+    of the run needs it; kept for the case's later modes. An input the dtype cannot represent is an
+    ``UnusableCase``, raised every time it is asked for."""
+
+    def __init__(self, case: Case, inputs: dict[str, np.ndarray], backward: bool) -> None:
+        self.case, self.inputs, self.backward = case, inputs, backward
+        self.made = False
+        self._value: tuple[dict[str, np.ndarray], Plain] | UnusableCase | None = None
+
+    def get(self) -> tuple[dict[str, np.ndarray], Plain]:
+        if not self.made:
+            try:
+                self._value = fresh.reference(self.case, golden_for(self.case).params, self.inputs, self.backward)
+            except UnusableCase as exc:
+                self._value = exc
+            self.made = True
+        if isinstance(self._value, UnusableCase):
+            raise self._value
+        assert self._value is not None
+        return self._value
+
+
+def _settle(
+    case: Case, cells: Sequence[_Cell], seed: int, inputs: dict[str, np.ndarray], fresh_ref: _FreshReference
+) -> list[Result]:
+    """Every cell's result, once every step of ``cells`` has returned: the fresh draw's reference is asked for only
+    now."""
     reference = None
     if any(c.done is None for c in cells):
         try:
-            backward = any(c.mode != "fwd" for c in cells if c.done is None)
-            reference = fresh.reference(case, golden_for(case).params, inputs, backward)
+            reference = fresh_ref.get()
         except UnusableCase as exc:  # a draw the dtype cannot represent: no cell can be judged on it
             for c in cells:
                 if c.done is None:
@@ -224,7 +254,7 @@ def run_one(
     seed = fresh.new_seed()
     inputs = fresh.draw(case, seed, golden_for(case).params)
     _finish_steps(c, inputs, profile, trace_dir)
-    return _settle(case, [c], seed, inputs)[0]
+    return _settle(case, [c], seed, inputs, _FreshReference(case, inputs, mode != "fwd"))[0]
 
 
 #: The ceiling probes (``compare.backends.registry.PROBES``), each a library's own GEMMs, in the order they are measured
@@ -267,6 +297,7 @@ def run(
     world_sizes: Sequence[int] = (1,),
     tp_launch: str | None = None,
     tp_logs: Path | None = None,
+    store: RunStore | None = None,
 ) -> Results:
     """Run every (case, backend, mode, world size); return the results document (``compare.results.document.Results``).
 
@@ -275,32 +306,44 @@ def run(
     runtime, launch and world size for all of its cells, launched as ``tp_launch`` where the backend supports it
     (else its first launch), with the processes' logs under ``tp_logs``.
     ``progress`` (a :class:`~compare.run.progress.Display`, already entered) is told as each cell starts and ends.
-    Ctrl-C stops the run between or inside cells: the document then holds every finished cell and
-    ``interrupted`` (the caller writes it and says so)."""
+    ``store`` (``compare.run.store``) gets every finished cell the moment its verdict is known: a case's cells of one
+    mode settle together (they are timed together), a tensor-parallel cell as its group reports it.
+    A stop (Ctrl-C, SIGTERM: ``compare.run.stop``; a ``KeyboardInterrupt``) ends the run between cells: the
+    document then holds every finished cell and ``interrupted`` (the caller writes it and says so)."""
     cases, specs, modes = list(cases), list(specs), list(modes)
     jobs: dict[tuple[str, str, int], list[tuple[Cell, BackendSpec]]] = {}
     ceil = None
-    if ceilings:  # this machine's matmul FLOP/s and copy bandwidth per dtype, before any backend runs
-        if progress:
-            progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
-        ceil = measure_ceilings(dict.fromkeys(c.dtype for c in cases))
     precision: dict[str, Any] = {}
     threads: dict[str, Any] = {}
-    results: list[Result] = []
+    raw: list[Result] = []  # as measured
+    results: list[Result] = []  # as stored: held to the ceilings measured first
     res_rows: list[ResolutionRow] = []
     flops: dict[int, tuple[int, int]] = {}  # result index -> (the FLOPs its step must do at the least, its devices)
     interrupted = False
 
     def record(res: Result, ws: int = 1, label: str = "") -> None:
         threads.update(res.threads)
-        results.append(replace(res, world_size=ws))
+        res = replace(res, world_size=ws)
         if res.tp is None:
-            flops[len(results) - 1] = (cell.min_flops(_case_of(res, cases), res.mode), 1)
+            flops[len(raw)] = (cell.min_flops(_case_of(res, cases), res.mode), 1)
+        raw.append(res)
+        held = res if ceil is None else _plausible(res, ceil, flops.get(len(raw) - 1), cases)
+        results.append(held)
+        if store is not None:
+            store.cell(held, precision)
         if progress:
-            progress.cell(label or f"{res.backend} {res.case} {res.mode}", res.status, res.reason)
+            suffix = f" x{ws}" if res.tp is not None else ""
+            progress.cell(label or f"{res.backend} {res.case} {res.mode}{suffix}", res.status, res.reason)
 
     try:
+        if ceilings:  # this machine's matmul FLOP/s and copy bandwidth per dtype, before any backend runs
+            if progress:
+                progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
+            ceil = measure_ceilings(dict.fromkeys(c.dtype for c in cases))
+            if ceil is not None and store is not None:
+                store.ceilings(ceil)
         for case in cases:
+            stop.check()
             try:
                 plain = plain_reference(case)
             except UnusableCase as exc:  # nothing can be judged on this case: say so in every cell, go on
@@ -308,7 +351,10 @@ def run(
                     for spec in specs:
                         record(Result.for_case(spec.name, case, mode, "error", reason=str(exc)))
                 continue
-            res_rows += case_resolution(case, plain, modes)
+            rows = case_resolution(case, plain, modes)
+            res_rows += rows
+            if store is not None:
+                store.resolution(rows)
             seed = fresh.new_seed()  # drawn now: no backend of this run can have seen these inputs
             try:
                 inputs = fresh.draw(case, seed, golden_for(case).params)
@@ -317,7 +363,8 @@ def run(
                     for spec in specs:
                         record(Result.for_case(spec.name, case, mode, "error", reason=f"fresh inputs: {exc}"))
                 continue
-            started: list[_Cell] = []
+            backward = any(m != "fwd" for m in modes)
+            reference = _FreshReference(case, inputs, backward)
             for mode in modes:
                 group: list[_Cell] = []
                 for spec in specs:
@@ -330,38 +377,37 @@ def run(
                             reason = f"a single-device backend: world size {ws} is for tensor-parallel backends"
                             record(Result.for_case(spec.name, case, mode, "skipped", reason=reason), ws)
                         else:
+                            stop.check()
                             c = _Cell(spec, case, mode)
                             if progress:
                                 progress.starting(c.label)
                             _start(c, plain, precision)
                             group.append(c)
+                stop.check()
                 if progress and group:
                     progress.starting(f"timing {len(group)} backends of {case.name} {mode} together")
                 _time(group, cfg, plain)
                 for c in group:
                     _finish_steps(c, inputs, profile, trace_dir)
-                started += group
-            if started and progress:
-                progress.starting(f"{case.name}: the reference of the fresh inputs")
-            for res in _settle(case, started, seed, inputs):
-                record(res)
+                if group and progress and not reference.made:
+                    progress.starting(f"{case.name}: the reference of the fresh inputs")
+                for res in _settle(case, group, seed, inputs, reference):
+                    record(res)
         for (runtime, how, ws), tp_cells in jobs.items():
-            results += _run_tp_job(runtime, how, ws, tp_cells, cfg, profile, tp_logs, progress)
+            stop.check()
+            _run_tp_job(runtime, how, ws, tp_cells, cfg, profile, tp_logs, progress, functools.partial(record, ws=ws))
     except KeyboardInterrupt:  # keep what is done; the caller writes it and says so
         interrupted = True
     typed = results
-    if ceil is not None:
-        checked = [_plausible(r, ceil, flops.get(i), cases) for i, r in enumerate(typed)]
-        if any(r.status == "implausible" for r in checked) and not interrupted:
-            # A ceiling is a peak: a probe that ran while other work held the cores reads low, and real steps timed
-            # later would look faster than the machine. Before calling a step implausible, probe again and keep
-            # each dtype's higher ceiling.
-            if progress:
-                progress.message("a step beat the ceilings: measuring them again", important=True)
-            again = measure_ceilings(dict.fromkeys(c.dtype for c in cases))
-            ceil = ceil if again is None else ceil.peak(again)
-            checked = [_plausible(r, ceil, flops.get(i), cases) for i, r in enumerate(typed)]
-        typed = checked
+    if ceil is not None and any(r.status == "implausible" for r in typed) and not interrupted:
+        # A ceiling is a peak: a probe that ran while other work held the cores reads low, and real steps timed
+        # later would look faster than the machine. Before calling a step implausible, probe again and keep
+        # each dtype's higher ceiling.
+        if progress:
+            progress.message("a step beat the ceilings: measuring them again", important=True)
+        again = measure_ceilings(dict.fromkeys(c.dtype for c in cases))
+        ceil = ceil if again is None else ceil.peak(again)
+        typed = [_plausible(r, ceil, flops.get(i), cases) for i, r in enumerate(raw)]
     return Results(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         config=replace(Config.from_dict(config or {}), timing=timing.TimingConfig.from_dict(asdict(cfg))),
@@ -397,9 +443,10 @@ def _run_tp_job(
     profile: bool,
     logs: Path | None,
     progress: Display | None,
-) -> list[Result]:
-    """The cells of one worker group (``compare.run.tp_launch``), each as its result (read from the document the
-    group's process 0 wrote)."""
+    record: Callable[[Result], None],
+) -> None:
+    """The cells of one worker group (``compare.run.tp_launch``), each given to ``record`` as its result the moment
+    the group's process 0 reports it (an interrupt ends the group and keeps those already recorded)."""
     job = Job(
         runtime,
         how,
@@ -415,13 +462,7 @@ def _run_tp_job(
             f"{job.threads} thread(s), {len(cells)} cells",
             important=True,
         )
-
-    def told(doc: dict[str, Any]) -> None:
-        if progress:
-            label = f"{doc['backend']} {doc['case']} {doc['mode']} x{world_size}"
-            progress.cell(label, doc["status"], doc["reason"])
-
-    return [Result.from_dict(doc) for doc in run_job(job, root=logs, on_result=told)]
+    run_job(job, root=logs, on_result=lambda doc: record(Result.from_dict(doc)))
 
 
 def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[str]) -> list[ResolutionRow]:

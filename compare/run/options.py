@@ -1,12 +1,27 @@
 """The grid options shared by ``run``, ``profile`` and ``sweep`` (dtypes, backends, modes, seed, budget, how much
-to print), and their checks. One definition, used by ``compare.cli`` and ``compare.sweep.command`` alike."""
+to print), and their checks. One definition, used by ``compare.cli`` and ``compare.sweep.command`` alike; and the
+inputs every measuring command refuses at the door (:func:`check_inputs`), before anything is measured or written."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 
 from compare.backends.registry import BACKENDS, spec
-from compare.problem.cases import DTYPES, MODES, check_finite, check_name, check_seed, check_unique
+from compare.cost.comm import check_world_size_value
+from compare.gate.parity import check_judgeable, judged_shapes
+from compare.problem.cases import (
+    DTYPES,
+    MODES,
+    Case,
+    InputError,
+    check_finite,
+    check_name,
+    check_seed,
+    check_unique,
+)
+from compare.run.cell import MODE_TENSORS
+from compare.run.tp_hosts import check_addr, check_port
 
 
 def add_grid_args(p: argparse.ArgumentParser, budget_help: str) -> None:
@@ -52,3 +67,45 @@ def default_backends(world_sizes: list[int]) -> list[str]:
     """Every single-device backend, or, when a world size above 1 is asked for, every tensor-parallel one."""
     parallel = max(world_sizes) > 1
     return [name for name, s in BACKENDS.items() if bool(s.runtime) == parallel]
+
+
+def check_out(value: str, option: str = "--out") -> str:
+    """Return ``value`` if it names a path; an empty (or blank) one raises InputError: ``Path("")`` is the current
+    folder, so it would silently write there. The current folder, wanted, is ``.``."""
+    if not value.strip():
+        raise InputError(
+            f"{option} must be a non-empty path, got {value!r}: an empty one names no file or folder (the current "
+            "folder is .)"
+        )
+    return value
+
+
+def out_arg(value: str) -> str:
+    """:func:`check_out` as an ``argparse`` ``type=`` (argparse prints an ArgumentTypeError's message as it is)."""
+    try:
+        return check_out(value)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def check_cases_judgeable(cases: Iterable[Case], modes: Iterable[str]) -> None:
+    """Every case big enough for the parity gate in every mode: each tensor that one of ``modes`` checks
+    (``compare.run.cell.MODE_TENSORS``) holds the gate's minimum (``compare.gate.parity.check_judgeable``)."""
+    modes = [check_name("mode", m, MODES) for m in modes]
+    for c in cases:
+        check_judgeable(c, [k for k in judged_shapes(c) if any(MODE_TENSORS[m](k) for m in modes)])
+
+
+def check_inputs(a: argparse.Namespace, cases: Iterable[Case]) -> None:
+    """What ``run``, ``profile``, ``tp-job`` and ``sweep`` refuse before anything is measured or written (after
+    :func:`check_grid_args`; bad input raises InputError): a ``--world-size`` below 1 (where the command has one), an
+    empty ``--out``, a case too small for the parity gate in one of ``--mode``, and (``tp-job``) a rendezvous
+    ``--addr`` that is no host or a ``--port`` that is no TCP port (``compare.run.tp_hosts``)."""
+    sizes = getattr(a, "world_size", None)
+    for w in sizes if isinstance(sizes, list) else [] if sizes is None else [sizes]:
+        check_world_size_value(w, "--world-size")
+    check_out(a.out, "--out")
+    check_cases_judgeable(cases, a.mode)
+    if getattr(a, "addr", None) is not None:
+        check_addr(a.addr)
+        check_port(a.port)

@@ -1,7 +1,7 @@
 """Checks that run before anything is measured: a bad argument must cost seconds, not the measurements before it.
 
 ``run`` and ``sweep`` call these after parsing their arguments and before the first backend runs: the output
-folder can be created and written (:func:`prepare_out_dir`) and is not in use by another run (:func:`lock_folder`),
+folder can be created and written (:func:`prepare_out_dir`) and is not in use by another command (:func:`lock_folder`),
 the cases fit in this machine's memory (:func:`check_memory`), and the committed golden files they use are intact
 (:func:`check_golden`). Each failure raises :class:`~compare.problem.cases.InputError` (or ``GoldenError``): exit status
 2.
@@ -53,8 +53,11 @@ def check_file_writable(path: Path, option: str = "--out") -> Path:
 
 
 @contextlib.contextmanager
-def lock_folder(path: Path, what: str = "run") -> Iterator[None]:
-    """Hold an exclusive lock on ``<path>/.lock`` while inside: a second run into the same folder is refused.
+def lock_folder(path: Path, command: str = "run") -> Iterator[None]:
+    """Hold the output folder's one lock, ``<path>/.lock``, while inside: every command that writes a folder
+    (``run``, ``sweep``, ``tp-job``, ``tp-collect``, ``report``) takes it for its whole run, so a second one into
+    the same folder is refused (bad input), naming the holder's pid and command line, which the holder writes into
+    the file once it holds the lock.
 
     The lock is released by the kernel when the process ends, however it ends; the file itself stays.
     """
@@ -72,9 +75,13 @@ def lock_folder(path: Path, what: str = "run") -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", errors="replace").strip() or "a process starting up"
             raise InputError(
-                f"another {what} is writing {path} (it holds {lock}); wait for it or use another --out"
+                f"{path} is in use by another command ({holder}); wait for it or use another --out"
             ) from exc
+        with contextlib.suppress(OSError):  # who holds it, for the message above; a full disk must not stop the run
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}: python -m compare {command}\n".encode(), 0)
         yield
     finally:
         os.close(fd)

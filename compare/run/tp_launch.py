@@ -30,7 +30,7 @@ from typing import Any
 from compare.backends.registry import BackendSpec
 from compare.gate.fresh import new_seed
 from compare.results.document import Result
-from compare.run import child
+from compare.run import child, stop
 from compare.run.tp_worker import Cell
 from compare.timing.timer import TimingConfig
 
@@ -273,6 +273,7 @@ def run_job(
                 reason = _failure(job, a)
                 if reason:
                     break
+                stop.check()  # a stop asked for by a signal: the finally ends the group
                 time.sleep(poll_s)
         finally:
             _end(a.procs)

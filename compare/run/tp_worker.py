@@ -5,7 +5,8 @@ and the rendezvous from ``MASTER_ADDR``/``MASTER_PORT``). It joins the group thr
 (``compare.backends.tp``), runs every cell of the job in order on every process and writes events, one JSON object per
 line, to ``<out>/rank<R>.jsonl``:
 
-- ``{"event": "ready", "t": <wall clock>, "init_s": ...}`` once the group is formed;
+- ``{"event": "ready", "t": <wall clock>, "init_s": ..., "job_id": ...}`` once the group is formed (``job_id``: the
+  job file's, for a multi-host job: ``tp-collect`` refuses events of another job);
 - ``{"event": "start", "cell": i}`` before a cell, ``{"event": "stage", "cell": i, "stage": ...}`` as a long stage
   of it begins (timing, the fresh-input check), ``{"event": "done", "cell": i, "result": {...}}`` after it (process 0
   writes the merged result: parity judged on every process, timing of the slowest);
@@ -47,7 +48,7 @@ from compare.problem.cases import Case
 from compare.problem.golden import golden_for
 from compare.results import environment
 from compare.results.tp import TPInfo
-from compare.run import pipeline
+from compare.run import child, pipeline
 from compare.run.cell import plain_reference
 from compare.timing import timer as timing
 from compare.timing.timer import TimingConfig
@@ -270,6 +271,7 @@ def run_cell(
 
 
 def main(argv: list[str]) -> int:
+    child.die_with_parent()
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     rank = int(argv[1]) if len(argv) > 1 else int(os.environ["RANK"])
     out = Path(job["out"]) if job.get("out") else Path(argv[0]).parent  # a multi-host job: beside its file
@@ -292,7 +294,13 @@ def main(argv: list[str]) -> int:
     group: Group = runtime.init(launch)
     init_s = time.time() - t0
     events.write(
-        event="ready", t=time.time(), init_s=init_s, cpus=cpus, pid=os.getpid(), environment=environment.collect({}, {})
+        event="ready",
+        t=time.time(),
+        init_s=init_s,
+        cpus=cpus,
+        pid=os.getpid(),
+        job_id=job.get("job_id"),
+        environment=environment.collect({}, {}),
     )
     cfg = TimingConfig(**job["timing"])
     bandwidth = None

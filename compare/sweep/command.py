@@ -50,6 +50,7 @@ from typing import Any
 
 from compare.backends.registry import BackendSpec, spec
 from compare.formats.atomic import write_text_atomic
+from compare.formats.jsonl import Appender
 from compare.problem.cases import (
     MODELS,
     PRESETS,
@@ -62,16 +63,16 @@ from compare.report import render as report
 from compare.results import document as results
 from compare.results import environment
 from compare.results.document import Results
-from compare.run import exitcodes, harness, preflight
+from compare.run import exitcodes, harness, preflight, stop
 from compare.run.cell import against_ceilings, min_flops
-from compare.run.options import add_grid_args, check_grid_args
+from compare.run.options import add_grid_args, check_grid_args, check_inputs
 from compare.run.progress import Display, progress_level
 from compare.sweep.grid import (
     DEFAULT_TOKENS,
     cells_from_config,
     grid_config,
 )
-from compare.sweep.store import JSONL, SweepWriter, check_same_grid, done_keys, load_sweep
+from compare.sweep.store import JSONL, check_same_grid, done_keys, load_sweep
 from compare.sweep.worker import run_cell_inprocess, run_cell_isolated, worker_main
 
 #: The workers' scratch folder under a sweep's output folder.
@@ -103,7 +104,7 @@ def run_sweep(
     cfg = harness.TimingConfig(**config["timing"])
     env = environment.collect({}, {})
     cells = cells_from_config(config)
-    with SweepWriter(path) as w:
+    with Appender(path) as w:
         check_same_grid(path, config, env)
         _remove_scratch(out)
         try:
@@ -137,6 +138,7 @@ def run_sweep(
                 )
             plain_cache: dict[str, Any] = {}
             for cell in todo:
+                stop.check()  # a signal asked to stop: the cell in flight was the last
                 t0 = time.perf_counter()
                 s = specs[cell.backend]
                 if progress:
@@ -148,7 +150,13 @@ def run_sweep(
                 if ceil is not None and r.tp is None:  # a single-device row: can its timing be right?
                     r = against_ceilings(r, ceil, min_flops(cell.case, cell.mode))
                 wall = time.perf_counter() - t0
-                w.append({"type": "cell", "key": cell.key, "result": r.to_dict(), **meta, "wall_s": wall})
+                try:
+                    w.append({"type": "cell", "key": cell.key, "result": r.to_dict(), **meta, "wall_s": wall})
+                except OSError as exc:
+                    raise exitcodes.WriteFailed(
+                        f"cannot append to {path} ({exc.strerror or exc}): the {n_done - (len(cells) - len(todo))} "
+                        f"cells of this session before it are stored; free space and rerun the same command to resume"
+                    ) from exc
                 n_done += 1
                 if progress:
                     progress.cell(f"{cell.label()} ({wall:.1f}s)", r.status, r.reason)
@@ -207,6 +215,7 @@ def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
         "modes": list(a.mode),
         "timing": timing,
     }
+    check_inputs(a, dict.fromkeys(c.case for c in cells_from_config(config)))
     preflight.check_memory(dict.fromkeys(c.case for c in cells_from_config(config)))
     return config
 
@@ -224,10 +233,16 @@ def cmd_sweep(a: argparse.Namespace) -> int:
             raise InputError("--cell-timeout needs --isolate (only a worker process can be stopped)")
     preflight.check_golden(dict.fromkeys(c.case for c in cells_from_config(config)))
     out = preflight.prepare_out_dir(Path(a.out))
+    with preflight.lock_folder(out, shlex.join(getattr(a, "argv", None) or ["sweep"])), stop.on_signals():
+        return _sweep_locked(a, config, out)
+
+
+def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path) -> int:
+    """``cmd_sweep`` once the folder is locked and the signals set a flag."""
     specs = {b: spec(b) for b in config["backends"]}
     interrupted = False
     try:
-        with exitcodes.terminate_as_interrupt(), Display(0, progress_level(a), title="sweep") as display:
+        with Display(0, progress_level(a), title="sweep") as display:
             doc = run_sweep(
                 config,
                 out,
@@ -238,12 +253,18 @@ def cmd_sweep(a: argparse.Namespace) -> int:
                 retry_errors=a.retry_errors,
                 ceilings=not a.no_ceilings,
             )
-    except KeyboardInterrupt as exc:
+    except KeyboardInterrupt:
         interrupted = True
-        why = "terminated" if isinstance(exc, exitcodes.Terminated) else "interrupted"
-        print(f"sweep: {why}; writing what is done (rerun the same command to resume)", file=sys.stderr)
+        why = stop.requested() or "an interrupt"
+        print(f"sweep: stopped by {why}; writing what is done (rerun the same command to resume)", file=sys.stderr)
         doc = load_sweep(out / JSONL)
-    finish(out, doc, plots=not a.no_plots)
+    try:
+        finish(out, doc, plots=not a.no_plots)
+    except OSError as exc:
+        raise exitcodes.WriteFailed(
+            f"cannot write the summary in {out} ({exc.strerror or exc}): every finished cell is in {out / JSONL}; "
+            f"free space and run `python -m compare report {out}`"
+        ) from exc
     prog = doc.config.progress
     done = f"{prog.done}/{prog.cells} cells" if prog else "no cells"
     print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'}: {done} ({doc.summary()})")

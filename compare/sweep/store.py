@@ -4,13 +4,11 @@ with a single ``write`` and ``fsync``, under an exclusive lock; readable at any 
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from compare.formats.jsonl import read_records
 from compare.problem.cases import InputError
 from compare.results.document import Results, load
 from compare.sweep.grid import GRID_KEYS, cells_from_config, result_key
@@ -22,28 +20,19 @@ JSONL = "results.jsonl"
 
 
 def _parse_lines(path: Path) -> list[dict[str, Any]]:
-    """Every complete line of a sweep file; a torn (unterminated, unparsable) last line is ignored."""
+    """Every complete line of a sweep file (``compare.formats.jsonl.read_records``: a torn last line is ignored),
+    each a header or a cell line, the first a header."""
     if not path.is_file():
         raise InputError(f"sweep file {path} does not exist")
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    tail = lines.pop()  # b"" when the file ends with a newline, else a torn last line
+    try:
+        records = read_records(path)
+    except ValueError as exc:
+        raise InputError(f"sweep file {path} {exc}") from exc
     out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"sweep file {path} line {i} is not valid JSON: {exc}") from exc
+    for i, rec in enumerate(records, 1):
         if not isinstance(rec, dict) or rec.get("type") not in ("header", "cell"):
-            raise InputError(f"sweep file {path} line {i} is neither a header nor a cell line")
+            raise InputError(f"sweep file {path} record {i} is neither a header nor a cell line")
         out.append(rec)
-    if tail.strip():
-        with contextlib.suppress(json.JSONDecodeError):  # complete JSON without its newline still counts
-            rec = json.loads(tail)
-            if isinstance(rec, dict) and rec.get("type") in ("header", "cell"):
-                out.append(rec)
     if not out or out[0]["type"] != "header":
         raise InputError(f"sweep file {path} does not start with a header line: not a fusion-compare sweep")
     return out
@@ -113,58 +102,6 @@ def done_keys(path: Path, retry_errors: bool = False) -> set[str]:
         return set()
     last = {result_key(x["result"]): x["result"] for x in _parse_lines(path) if x["type"] == "cell"}
     return {k for k, r in last.items() if not (retry_errors and r.get("status") == "error")}
-
-
-class SweepWriter:
-    """Appends lines to a sweep file: one ``write`` per line, then ``fsync``; holds an exclusive lock on it."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            self._lock()
-            self._drop_torn_tail()
-        except BaseException:
-            os.close(self.fd)
-            raise
-
-    def _lock(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no lock
-            return
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise InputError(f"another sweep is writing {self.path}; wait for it or use another --out") from exc
-
-    def _drop_torn_tail(self) -> None:
-        size = os.fstat(self.fd).st_size
-        if size == 0:
-            return
-        data = self.path.read_bytes()
-        if data.endswith(b"\n"):
-            return
-        keep = data.rfind(b"\n") + 1
-        os.ftruncate(self.fd, keep)
-        print(f"sweep: dropped a torn last line ({len(data) - keep} bytes) from {self.path}", file=sys.stderr)
-
-    def append(self, record: dict[str, Any]) -> None:
-        data = (json.dumps(record, allow_nan=True) + "\n").encode()
-        while data:
-            n = os.write(self.fd, data)
-            data = data[n:]
-        os.fsync(self.fd)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-    def __enter__(self) -> SweepWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def check_same_grid(path: Path, config: dict[str, Any], env: dict[str, Any]) -> None:

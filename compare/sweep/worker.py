@@ -17,7 +17,7 @@ from compare.formats.atomic import write_text_atomic
 from compare.problem.cases import Case
 from compare.results import document as results
 from compare.results import environment
-from compare.run import child, harness
+from compare.run import child, harness, stop
 from compare.sweep.grid import Cell
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def run_cell_isolated(
         cmd = [sys.executable, "-m", "compare.sweep.command", "--worker", str(cell_path), str(result_path)]
         worker = child.start(cmd, env=env)
         try:
-            waited = worker.wait(timeout_s)
+            waited = worker.wait(timeout_s, check=stop.check)
             timed_out = waited is None
             rc = worker.end() if waited is None else waited
             tail = worker.tail()  # compare.run.child.TAIL_LINES lines
@@ -82,6 +82,7 @@ def run_cell_isolated(
 
 def worker_main(cell_path: Path, result_path: Path) -> int:
     """Worker entry point: run the cell described in ``cell_path``, write the outcome to ``result_path``."""
+    child.die_with_parent()
     d = json.loads(cell_path.read_text(encoding="utf-8"))
     s = BackendSpec.from_dict(d["spec"])
     case = Case.from_dict(d["case"])

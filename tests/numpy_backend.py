@@ -1,0 +1,52 @@
+"""A test-only single-device backend with no framework: the plain same-dtype computation in numpy
+(``compare.problem.reference``), honest (it computes every answer, also on fresh inputs), so a process that runs it
+starts in well under a second. ``FUSION_COMPARE_TEST_STEP_S`` makes every step sleep that long first, so a test can
+land a signal inside a cell. The fault-injection suite (``tests/faults.py``) runs it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from compare.backends.registry import Availability, BackendSpec, Prepared
+from compare.problem.golden import Problem
+from compare.problem.reference import Arith, compute
+
+NAME = "numpy-plain"
+STEP_ENV = "FUSION_COMPARE_TEST_STEP_S"
+SPEC = BackendSpec(
+    name=NAME,
+    framework="numpy",
+    target="tests.numpy_backend",
+    about="a test's framework-free backend: the plain computation in numpy",
+    models=("linear", "geglu", "swiglu", "gelu-mlp"),
+)
+
+
+class NumpyPlain:
+    name = NAME
+
+    def availability(self) -> Availability:
+        return Availability(True)
+
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        case = problem.case
+        pause = float(os.environ.get(STEP_ENV, "0") or 0)
+
+        def step_on(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            if pause:
+                time.sleep(pause)
+            dy = inputs["dy"] if mode != "fwd" else None
+            out = compute(case.model, inputs["x"], problem.params, dy, Arith.plain(case.dtype))
+            keep = {"fwd": {"y"}, "bwd": set(out) - {"y"}, "fwd+bwd": set(out)}[mode]
+            return {k: v for k, v in out.items() if k in keep}
+
+        def step() -> dict[str, np.ndarray]:
+            return step_on(problem.inputs)
+
+        return Prepared(step=step, sync=lambda outs: None, to_numpy=lambda out: dict(out), fresh=step_on)
+
+
+BACKEND = NumpyPlain()
