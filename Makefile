@@ -7,10 +7,13 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 TORCH_CPU := torch==2.13.0
 REPORT_DIR ?= out/report
+# The second, torch-free environment with the GPU machine's Triton (test-triton36 below).
+T36 := .venv-t36
 
-.PHONY: setup check check-tests test test-slow test-isa ci lint report report-cpu report-tp golden clean gpu-build test-triton36
+.PHONY: setup check check-tests test test-main test-slow test-isa ci lint report report-cpu report-tp golden clean gpu-build test-triton36
 
-setup: $(VENV)/.installed
+# Both environments: the project's, and the bare Triton 3.6.0 one the sm_90 compile tests also run in.
+setup: $(VENV)/.installed $(T36)/.installed
 
 # constraints/cpu.txt pins every package CI tested (refresh it with `pip freeze` after an upgrade).
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
@@ -43,7 +46,12 @@ check-tests: setup
 # the default thread counts.
 PYTEST_WORKERS ?= 2
 PYTEST_PAR := -n $(PYTEST_WORKERS) --dist loadfile
-test: setup lint test-triton36
+# The lint, the triton 3.6.0 tests and pytest run side by side (make -j3; their few lines among pytest's dots): the
+# lint and the small triton run fill the gaps the two pytest workers leave.
+test: setup
+	$(MAKE) --no-print-directory -j3 lint test-triton36 test-main
+
+test-main: setup
 	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow"
 
 # The slow tier: the tests that take more than about 10 s each here (seed sweeps, multi-host groups, the Inductor
@@ -71,7 +79,6 @@ gpu-build: setup
 # The GPU machine's Triton (3.6.0) compiles the kernels for sm_90 too: the compile tests in a second, torch-free
 # environment (tests/conftest.py imports torch, hence --noconftest), with the layer tests, which import every module
 # of the framework-neutral triton_impl there (only triton, numpy and pytest installed).
-T36 := .venv-t36
 $(T36)/.installed:
 	$(PYTHON) -m venv $(T36)
 	$(T36)/bin/python -m pip install -q --upgrade pip
