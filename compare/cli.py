@@ -262,9 +262,10 @@ def _report_source(path: Path) -> tuple[results.Results, Path | None]:
             target = path / "results.json"
             if target.is_file():
                 old = results.read_json(target)
-                if not {cell_key(r) for r in stored.results} - {cell_key(r) for r in old.results}:
+                mine, theirs = {cell_key(r) for r in stored.results}, {cell_key(r) for r in old.results}
+                if not mine - theirs:
                     return old, None  # it holds every stored cell: the run's own summary
-                if never_fewer(target, stored) is None:
+                if theirs - mine:  # an earlier run's cells the store lacks: never replaced by fewer (never_fewer)
                     return stored, path / "results.interrupted.json"
             return stored, target
         return results.read_json(path / "results.json"), None
