@@ -36,6 +36,7 @@ from compare.report import diff, shapes
 from compare.report import render as report
 from compare.results import document as results
 from compare.run import exitcodes, harness, preflight, stop, tp_hosts
+from compare.run.budget import Budget
 from compare.run.options import add_grid_args, check_grid_args, check_inputs, out_arg
 from compare.run.progress import Display, progress_level
 from compare.run.store import CELLS, RunStore, cell_key, is_store, never_fewer, read_store
@@ -43,6 +44,7 @@ from compare.run.tp_launch import Job
 from compare.run.tp_worker import Cell
 from compare.sweep import command as sweep
 from compare.sweep import store as sweep_store
+from compare.timing import nvml
 
 
 def cmd_list(_: argparse.Namespace) -> int:
@@ -186,7 +188,15 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
     """
     cases, out = plan.cases, plan.out
     cells = len(cases) * len(plan.modes) * len(plan.specs) * len(a.world_size)
-    with Display(cells, progress_level(a), title="run") as display:
+    budget = Budget(a.time_budget) if a.time_budget is not None else None
+    deadline = budget.deadline() if budget is not None else None
+    device = nvml.open_device()  # GPU telemetry over every timed window, where NVML sees a GPU
+    if isinstance(device, nvml.Unavailable):
+        watch, telemetry = None, f"no GPU telemetry: {device.reason}"
+    else:
+        opened = device
+        watch, telemetry = (lambda: nvml.NvmlWatch(opened)), f"NVML on {device.name()}"
+    with Display(cells, progress_level(a), title="run", deadline=deadline) as display:
         doc = harness.run(
             cases,
             plan.specs,
@@ -201,16 +211,25 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
             tp_launch=a.tp_launch,
             tp_logs=out / "tp-logs",
             store=store,
+            cache=a.cache,
+            budget=budget,
+            reuse_parity=not a.no_parity_cache,
+            watch=watch,
+            cuda_graphs=a.cuda_graphs,
         )
+        doc = dataclasses.replace(doc, telemetry=telemetry)
         if a.shape_sweep and not doc.interrupted:
+            tokens, per_shape = list(a.shape_sweep), a.budget
+            if budget is not None:
+                tokens, per_shape = shapes.budgeted_sweep(cases, tokens, a.budget, budget)
             try:
-                rows = shapes.run_shape_sweep(
-                    cases, a.shape_sweep, a.budget, lambda s: display.message(s, important=True)
-                )
+                rows = shapes.run_shape_sweep(cases, tokens, per_shape, lambda s: display.message(s, important=True))
                 doc = dataclasses.replace(doc, shape_sweep=tuple(rows))
                 store.shape_sweep(rows)
             except KeyboardInterrupt:
                 doc = dataclasses.replace(doc, interrupted=True)
+        if budget is not None:
+            doc = dataclasses.replace(doc, budget=budget.record())
     return doc
 
 
@@ -371,6 +390,12 @@ def _add_run_args(r: argparse.ArgumentParser) -> None:
         "(default: each backend's first; JAX: devices, N CPU devices in one process)",
     )
     r.add_argument("--profile", action="store_true", help="count kernels and fusions per step (profiler / HLO)")
+    r.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="replay torch steps on CUDA from a CUDA graph (launch overhead out; each row says whether it was "
+        "captured); JAX steps keep XLA's own command buffers",
+    )
     r.add_argument(
         "--trace", action="store_true", help="also write a Chrome/Perfetto trace per backend (implies --profile)"
     )

@@ -16,7 +16,11 @@
    (``hlo_op``) of every kernel it runs, so a kernel's ``time_us`` is its events' total duration per replay. If any
    kernel has no event (a platform whose trace names kernels otherwise, a kernel inside a ``call``), no kernel gets a
    time: a partial table would misstate the split between GEMMs and the rest. The trace is read as
-   ``profiling.profile_jit`` reads a jitted step's (``profiling.traced`` and ``profiling.kernel_times``).
+   ``profiling.profile_jit`` reads a jitted step's (``profiling.traced_run`` and ``profiling.kernel_times``);
+4. its ``kernel_time`` likewise (``profiling.traced_kernel_time``): the union of the programs' kernel events per
+   replay, and the mean replay (its ``profiling.STEP_NAME`` range) as the profiled step. A replay dispatches the
+   programs from Python one after another as the step does, so its wall time includes that dispatch. None unless
+   every kernel was timed.
 
 What it cannot see: Python's dispatch overhead between the programs (no kernel: it is in the timed median, not here),
 and a program the real step dispatches that its traced jaxpr does not show (a test counts the real step's
@@ -140,16 +144,19 @@ def profile_dispatched(
                 rows[key] = rows.get(key, 0) + kern["count"]
                 if len(kernels) == 1:
                     p.rows[ins.name] = key
-    trace, events = profiling.traced(lambda: replay(progs, closed, args), REPLAYS, trace_dir)
-    sites = (((p.module, name), key) for p in progs for name, key in p.rows.items())
-    timing = profiling.kernel_times(rows, sites, events, REPLAYS)
+    run = profiling.traced_run(lambda: replay(progs, closed, args), REPLAYS, trace_dir)
+    sites = [((p.module, name), key) for p in progs for name, key in p.rows.items()]
+    timing = profiling.kernel_times(rows, sites, run.events, REPLAYS)
     kernels = []
     for key, count in rows.items():
         name, kind, absorbed = key
         time_us = None if timing.times is None else timing.times[key]
         kernels.append(ks.kernel_entry(name, count, kind=kind, absorbed=list(absorbed), time_us=time_us))
+    kernel_time, kt_note = profiling.traced_kernel_time(kernels, (site for site, _ in sites), run, REPLAYS)
     notes = [f"{len(progs)} XLA programs dispatched per step (one per op, forward or backward)"]
     notes.append(timing.note(f"{REPLAYS} replays of those programs"))
+    if kt_note:
+        notes.append(kt_note)
     if fusions:
         notes.append("XLA fusion kinds: " + ", ".join(f"{k} x{n}" for k, n in fusions.items()))
     s = ks.summary(
@@ -157,8 +164,9 @@ def profile_dispatched(
         jax.default_backend(),
         kernels,
         [{"name": k, "count": v} for k, v in meta.items()],
-        trace=trace,
+        trace=run.trace,
         notes="; ".join(notes),
+        kernel_time=kernel_time,
     )
     s["xla_cost"] = _sum_costs([profiling.xla_cost(p.compiled) for p in progs])
     return s

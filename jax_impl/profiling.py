@@ -17,6 +17,13 @@ Kernel times come from a trace, not the HLO: :func:`profile_jit` runs the real s
 (:func:`traced`). XLA's trace names the program (``hlo_module``) and the instruction (``hlo_op``) of every kernel it
 runs, so each kernel row of the table gets its events' total duration per step (:func:`kernel_times`), or, if any
 row has no event, no row gets a time. ``dispatch_profile`` times its replayed programs with the same two functions.
+
+The summary's ``kernel_time`` (``compare.kernels.busy.KernelTime``, source ``"XLA trace"``) comes from the same
+trace: the union of the table's kernel events' [ts, ts + dur] intervals over the traced steps, per step (XLA:CPU
+runs independent kernels at once on its pool, so the union can be shorter than the events' sum), beside the
+profiled step's wall time. :func:`traced_run` wraps each traced step in a ``jax.profiler.TraceAnnotation`` named
+:data:`STEP_NAME`, and that range's mean length is the profiled step; where the trace holds no such range for every
+step, ``profiled_step_us`` is None. It is filled only when :func:`kernel_times` timed every kernel.
 """
 
 from __future__ import annotations
@@ -83,6 +90,10 @@ _MODULE_NAME = re.compile(r"^HloModule\s+(?P<n>[^\s,]+)", re.MULTILINE)
 
 #: Steps :func:`profile_jit` records under ``jax.profiler.trace`` for the kernel times, after one warm-up step.
 TRACED_STEPS = 3
+#: The ``jax.profiler.TraceAnnotation`` around each traced step (the name torch's profiler range has).
+STEP_NAME = "fusion_compare_step"
+#: ``KernelTime.source`` of a time read off XLA's trace.
+KERNEL_TIME_SOURCE = "XLA trace"
 #: How XLA's trace names the instruction a kernel event ran: (``hlo_module``, ``hlo_op``).
 Site = tuple[str, str]
 K = TypeVar("K", bound=Hashable)
@@ -309,37 +320,85 @@ def _find_trace(trace_dir: Path) -> str | None:
     return None
 
 
-def trace_events(trace_file: str | None) -> dict[Site, list[float]]:
-    """Durations (us) of the kernel events of a Chrome trace (``.trace.json.gz``), by (``hlo_module``, ``hlo_op``);
-    {} without one."""
+#: A trace event's [start, end] in microseconds (``ts``, ``ts + dur``).
+Interval = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class TraceIntervals:
+    """What a Chrome trace says about time (:func:`trace_intervals`), in microseconds on the trace's clock."""
+
+    #: (``hlo_module``, ``hlo_op``) -> the intervals of its kernel events, in the trace's order
+    kernels: dict[Site, list[Interval]]
+    #: the :data:`STEP_NAME` ranges, in the trace's order
+    steps: list[Interval]
+
+
+def trace_intervals(trace_file: str | None) -> TraceIntervals:
+    """The kernel events of a Chrome trace (``.trace.json.gz``) as intervals, by (``hlo_module``, ``hlo_op``), and
+    its :data:`STEP_NAME` ranges; nothing without a Chrome trace (an ``.xplane.pb`` alone, or no file)."""
+    kernels: dict[Site, list[Interval]] = {}
+    steps: list[Interval] = []
     if trace_file is None or not trace_file.endswith(".trace.json.gz"):
-        return {}
+        return TraceIntervals(kernels, steps)
     with gzip.open(trace_file, "rt", encoding="utf-8") as f:
         doc = json.load(f)
-    out: dict[Site, list[float]] = {}
     for e in doc.get("traceEvents", []):
+        if e.get("ph") != "X":
+            continue
+        ts = float(e.get("ts", 0.0))
+        span = (ts, ts + float(e.get("dur", 0.0)))
         a = e.get("args") or {}
-        if e.get("ph") == "X" and "hlo_module" in a and "hlo_op" in a:
-            out.setdefault((str(a["hlo_module"]), str(a["hlo_op"])), []).append(float(e.get("dur", 0.0)))
-    return out
+        if "hlo_module" in a and "hlo_op" in a:
+            kernels.setdefault((str(a["hlo_module"]), str(a["hlo_op"])), []).append(span)
+        elif e.get("name") == STEP_NAME:
+            steps.append(span)
+    return TraceIntervals(kernels, steps)
 
 
-def traced(
-    run: Callable[[], Any], runs: int, trace_dir: Path | None = None
-) -> tuple[str | None, dict[Site, list[float]]]:
-    """``run()`` once to warm up, then ``runs`` times under ``jax.profiler.trace``, each waited for; returns the
-    trace file (kept under ``trace_dir``; None without one, the trace then goes to a temporary folder) and its
-    kernel events (:func:`trace_events`)."""
-    jax.block_until_ready(run())
+def trace_events(trace_file: str | None) -> dict[Site, list[float]]:
+    """Durations (us) of the kernel events of a Chrome trace (``.trace.json.gz``), by (``hlo_module``, ``hlo_op``);
+    {} without one (:func:`trace_intervals`' kernel events, each as its length)."""
+    return {site: [b - a for a, b in spans] for site, spans in trace_intervals(trace_file).kernels.items()}
+
+
+@dataclass(frozen=True)
+class TracedRun:
+    """A traced run (:func:`traced_run`): the trace file, its kernel events' durations (:func:`trace_events`, what
+    :func:`kernel_times` reads) and its intervals (:func:`trace_intervals`, for the busy time)."""
+
+    #: the trace file, kept under the caller's ``trace_dir``; None without one (the trace went to a temporary folder)
+    trace: str | None
+    events: dict[Site, list[float]]
+    intervals: TraceIntervals
+
+
+def traced_run(run: Callable[[], Any], runs: int, trace_dir: Path | None = None, warm_up: bool = True) -> TracedRun:
+    """``run()`` once to warm up (unless ``warm_up`` is False), then ``runs`` times under ``jax.profiler.trace``,
+    each waited for inside a :data:`STEP_NAME` annotation; the trace is kept under ``trace_dir`` (else it goes to a
+    temporary folder)."""
+    if warm_up:
+        jax.block_until_ready(run())
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(trace_dir) if trace_dir is not None else Path(tmp)
         where.mkdir(parents=True, exist_ok=True)
         with jax.profiler.trace(str(where)):
             for _ in range(runs):
-                jax.block_until_ready(run())
+                with jax.profiler.TraceAnnotation(STEP_NAME):
+                    jax.block_until_ready(run())
         trace = _find_trace(where)
+        # read twice (durations, then intervals): the durations go through trace_events, the one reader of them
         events = trace_events(trace)
-    return (trace if trace_dir is not None else None), events
+        intervals = trace_intervals(trace)
+    return TracedRun(trace if trace_dir is not None else None, events, intervals)
+
+
+def traced(
+    run: Callable[[], Any], runs: int, trace_dir: Path | None = None
+) -> tuple[str | None, dict[Site, list[float]]]:
+    """The trace file and the kernel events' durations of :func:`traced_run`."""
+    r = traced_run(run, runs, trace_dir)
+    return r.trace, r.events
 
 
 @dataclass(frozen=True)
@@ -381,8 +440,29 @@ def kernel_times(
     return KernelTimes(times if timed else None, seen, expected)
 
 
+def traced_kernel_time(
+    kernels: list[dict[str, Any]], sites: Iterable[Site], run: TracedRun, runs: int
+) -> tuple[dict[str, Any] | None, str]:
+    """The summary's ``kernel_time`` of ``kernels`` (the timed rows, ``time_us`` None where untimed) from a traced
+    run of ``runs`` steps: the union of the events of the table's instructions (``sites``) per step, and the mean
+    :data:`STEP_NAME` range as the profiled step (None unless there is one per step), with a note for the summary
+    ("" when there is nothing to say). None when a row has no time (``compare.kernels.summary.kernel_time_entry``):
+    the note of :meth:`KernelTimes.note` already says why."""
+    spans = [span for site in sites for span in run.intervals.kernels.get(site, [])]
+    steps = run.intervals.steps
+    step_us = sum(b - a for a, b in steps) / runs if len(steps) == runs else None
+    kt = ks.kernel_time_entry(kernels, spans, runs, step_us, KERNEL_TIME_SOURCE)
+    if kt is not None and step_us is None:
+        return kt, f"no profiled step time: {len(steps)} '{STEP_NAME}' ranges in the trace for {runs} steps"
+    return kt, ""
+
+
 def profile_jit(
-    jitted: Callable[..., Any], args: tuple[Any, ...], step: Callable[[], Any], trace_dir: Path | None = None
+    jitted: Callable[..., Any],
+    args: tuple[Any, ...],
+    step: Callable[[], Any],
+    trace_dir: Path | None = None,
+    timed: bool = True,
 ) -> dict[str, Any]:
     """The kernel summary of ``jitted(*args)`` (counts and ``time_us`` per call), from its optimized HLO and a trace.
 
@@ -392,22 +472,33 @@ def profile_jit(
     each kernel's ``time_us`` is its events' total duration per step, as ``torch.profiler``'s is (on CPU, XLA may
     run independent kernels at once, so the times can add up to more than the step's wall time). With
     ``trace_dir`` the trace is kept there (``"trace"``). ``"xla_cost"`` holds XLA's flops / bytes accessed
-    estimate for one call.
+    estimate for one call. ``"kernel_time"``: the kernels' events merged per step, beside the profiled step's wall
+    time (module docstring); None unless every kernel was timed. ``timed=False`` (an interpreted, parity-only step
+    that costs seconds: Pallas's ``interpret=True``) traces one step and no warm-up: its counts are the compiled
+    program's, and its times are the interpreter's, not a kernel's.
     """
     compiled = jitted.lower(*args).compile()  # type: ignore[attr-defined]  # a jax.jit-wrapped callable
     module = parse_hlo(compiled.as_text())
     table = hlo_kernel_table(module)
-    trace, events = traced(step, TRACED_STEPS, trace_dir)
-    timing = kernel_times(
-        {i: k["count"] for i, k in enumerate(table.kernels)},
-        (((module.name, name), i) for name, i in table.sites.items()),
-        events,
-        TRACED_STEPS,
-    )
+    steps = TRACED_STEPS if timed else 1
+    run = traced_run(step, steps, trace_dir, warm_up=timed)
+    sites = [((module.name, name), i) for name, i in table.sites.items()]
+    timing = kernel_times({i: k["count"] for i, k in enumerate(table.kernels)}, sites, run.events, steps)
     kernels = [{**k, "time_us": None if timing.times is None else timing.times[i]} for i, k in enumerate(table.kernels)]
-    notes = [timing.note(f"{TRACED_STEPS} steps")]
+    kernel_time, kt_note = traced_kernel_time(kernels, (site for site, _ in sites), run, steps)
+    notes = [timing.note(f"{steps} step{'s' if steps > 1 else ''}")]
+    if kt_note:
+        notes.append(kt_note)
     if table.fusions:
         notes.append("XLA fusion kinds: " + ", ".join(f"{k} x{n}" for k, n in table.fusions.items()))
-    s = ks.summary("xla-hlo", jax.default_backend(), kernels, table.metadata_ops, trace=trace, notes="; ".join(notes))
+    s = ks.summary(
+        "xla-hlo",
+        jax.default_backend(),
+        kernels,
+        table.metadata_ops,
+        trace=run.trace,
+        notes="; ".join(notes),
+        kernel_time=kernel_time,
+    )
     s["xla_cost"] = xla_cost(compiled)
     return s

@@ -131,8 +131,10 @@ def prepare(
         device=f"{dev.platform()}",
         threads=dev.threads(),
         precision=precision,
-        profile=lambda path: (profiling.profile_jit if outer_jit else dispatch_profile.profile_dispatched)(
-            jitted, args, step, path
+        profile=lambda path: (
+            profiling.profile_jit(jitted, args, step, path, timed=timed)
+            if outer_jit
+            else dispatch_profile.profile_dispatched(jitted, args, step, path)
         ),
         fresh=fresh,
     )

@@ -3,6 +3,7 @@ script itself is tested before a GPU is lent (a broken step would otherwise cost
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,8 +33,15 @@ def test_the_dry_run_passes_every_step_it_can_run(tmp_path: Path) -> None:
         "tests": "ok",
         "report": "ok",
         "bandwidth": "skipped: needs CUDA (dry run)",
+        "gpu-timing": "ok",
+        "graphs-report": "ok",
     }, steps
     assert (tmp_path / "gpu-build" / "gpu_build.json").is_file()
+    # the GPU timing modes' CPU-side paths: a scripted NVML device's telemetry, a capture refused without CUDA
+    timing = json.loads((tmp_path / "gpu-timing" / "gpu_timing.json").read_text(encoding="utf-8"))
+    assert timing["ok"] is True and timing["mode"] == "fake" and timing["telemetry"], timing
+    graphs = (tmp_path / "graphs" / "REPORT.md").read_text(encoding="utf-8")
+    assert "CUDA graph: not captured: no CUDA device" in graphs and "cold median" in graphs
     assert (tmp_path / "report" / "REPORT.md").is_file()
     assert "XLA_PYTHON_CLIENT_PREALLOCATE" in SCRIPT.read_text(encoding="utf-8")
 
@@ -49,7 +57,7 @@ def test_a_failing_step_is_recorded_and_the_rest_still_run(tmp_path: Path) -> No
     )
     assert p.returncode == 1, p.stdout
     steps = (tmp_path / "out" / "steps.md").read_text(encoding="utf-8")
-    for name in ("gpu-build", "tests", "report"):
+    for name in ("gpu-build", "tests", "report", "gpu-timing", "graphs-report"):
         assert f"| {name} | failed (exit 3) |" in steps, steps
 
 

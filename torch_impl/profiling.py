@@ -10,6 +10,12 @@ What counts as a kernel:
 
 View-like ops that launch nothing (``aten::t``, ``aten::transpose``, ``aten::view``, ``aten::as_strided``...) are
 counted apart as ``metadata_ops``. Counts are per step: the total over the active steps divided by their number.
+
+The summary's ``kernel_time`` (``compare.kernels.busy.KernelTime``): the union of the counted kernels' [start, end]
+intervals per step (CPU: the ops' ranges, which are leaves of the op tree, so nothing nests, but an op on another
+thread can overlap; CUDA: the device activities, which overlap across streams), their summed time, overall and per
+kind, and the profiled step's wall time, the mean length of the ``STEP_NAME`` ranges (each ends with the step's
+sync, so on CUDA it covers the device work too).
 """
 
 from __future__ import annotations
@@ -184,7 +190,8 @@ def summarize_events(
     """The kernel summary of profiler events recorded over whole steps, each inside a ``STEP_NAME`` range.
 
     Counts are totals over the steps divided by the number of ``STEP_NAME`` ranges on the CPU; ``time_us`` is the
-    kernel's time per step (CPU: the op's CPU time; CUDA: its device time).
+    kernel's time per step (CPU: the op's CPU time; CUDA: its device time). ``kernel_time``: the counted kernels'
+    intervals merged, per step, beside the mean ``STEP_NAME`` range (module docstring); None without a kernel.
     """
     evs = list(events)
     steps = [e for e in evs if e.name == STEP_NAME and e.device_type == torch.autograd.DeviceType.CPU]
@@ -203,6 +210,8 @@ def summarize_events(
     ]
     found: dict[str, dict[str, Any]] = {}
     meta: dict[str, dict[str, Any]] = {}
+    #: [start, end] (us) of every counted kernel launch, all steps together: their union is the busy time
+    intervals: list[tuple[float, float]] = []
 
     def add(table: dict[str, dict[str, Any]], name: str, start: float, time_us: float) -> None:
         row = table.setdefault(name, {"total": 0, "first": start, "time": 0.0})
@@ -222,6 +231,7 @@ def summarize_events(
             and (_opaque(e.name, opaque) or _atomic(e.name) or not any(_works(d, opaque) for d in _descendants(e)))
         ):
             add(found, e.name, e.time_range.start, e.cpu_time_total)
+            intervals.append((e.time_range.start, e.time_range.end))
     if cuda:
         for e in evs:
             if e.device_type == torch.autograd.DeviceType.CPU or e.name == STEP_NAME:
@@ -230,6 +240,7 @@ def summarize_events(
             if (act and act not in _DEVICE_ACTIVITIES) or (not act and e.is_user_annotation):
                 continue
             add(found, e.name, e.time_range.start, e.time_range.end - e.time_range.start)
+            intervals.append((e.time_range.start, e.time_range.end))
 
     notes = []
     uneven = sorted(k for k, r in {**found, **meta}.items() if r["total"] % n)
@@ -255,7 +266,23 @@ def summarize_events(
                 "Triton interpreter: each launch runs in Python and shows only as its launch range "
                 "(triton::<kernel>), counted as one custom kernel"
             )
-    return ks.summary("torch.profiler", device, kernels, metadata, trace=trace, notes="; ".join(notes), steps=n)
+    kernel_time = ks.kernel_time_entry(
+        kernels,
+        intervals,
+        n,
+        sum(b - a for a, b in spans) / n,
+        "torch.profiler CUDA kernels" if cuda else "torch.profiler CPU ops",
+    )
+    return ks.summary(
+        "torch.profiler",
+        device,
+        kernels,
+        metadata,
+        trace=trace,
+        notes="; ".join(notes),
+        steps=n,
+        kernel_time=kernel_time,
+    )
 
 
 def profile_step(

@@ -13,7 +13,7 @@ elementwise kernels' in :mod:`triton_impl.glu_kernels`):
 Both take any strides (a transposed view is a stride swap) and a 1-D grid of ``cdiv(M, BLOCK_M) * cdiv(N,
 BLOCK_N)`` programs. :data:`geglu_matmul_launch` and :data:`matmul_launch` are what a launcher calls: autotuned
 over :data:`GEGLU_MATMUL_CONFIGS` / :data:`MATMUL_CONFIGS` on a GPU, the plain kernels under the interpreter (where
-the launcher passes :data:`INTERP_CONFIG` or :data:`INTERP_LARGE_CONFIG`). ``torch_impl.ops.glu_matmul`` launches
+the launcher passes :func:`interp_config`'s tiles). ``torch_impl.ops.glu_matmul`` launches
 them on torch tensors with autograd. The kernels keep their names ``_geglu_matmul_kernel`` and ``_matmul_kernel``
 (profiler traces, the GPU build table).
 
@@ -60,6 +60,7 @@ __all__ = [
     "INTERP_NUM_WARPS",
     "MATMUL_CONFIGS",
     "geglu_matmul_launch",
+    "interp_config",
     "matmul_launch",
 ]
 
@@ -67,11 +68,34 @@ __all__ = [
 # i.e. interpret, every config). num_warps is ignored by the interpreter.
 INTERP_CONFIG: dict[str, int] = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
 # Large problems (M * N * K above this) use big tiles under the interpreter: each tile op costs a Python-level
-# step, so 128 x 256 x 128 tiles run a 1024 x 3072 x 768 GEMM ~25x faster than 32 x 64 x 32 (3.5 s vs 83 s here).
-# Small problems (the tests) keep the small tiles, so masking and the K loop are exercised.
+# step, and every load gathers its tile element by element through a pointer array, so the elements gathered,
+# M * K * cdiv(N, BN) + 2 * N * K * cdiv(M, BM), set the time. At 1024 x 3072 x 768 (cpu-mlp's fused GEMM) the
+# 32 x 64 x 32 tiles took 83 s, 128 x 256 x 128 2.2 s and 512 x 1024 x 256 0.43 s (float32, one call, on a
+# 2-core Xeon): :func:`interp_config` takes tiles up to :data:`INTERP_LARGE_CONFIG`, each no larger than its
+# dimension rounded up to a power of 2 (a tile mostly masked computes its masked lanes too). Small problems (the
+# tests) keep the small tiles, so masking and the K loop are exercised.
 INTERP_LARGE_MNK = 1 << 24
-INTERP_LARGE_CONFIG: dict[str, int] = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8}
+INTERP_LARGE_CONFIG: dict[str, int] = {"BLOCK_M": 512, "BLOCK_N": 1024, "BLOCK_K": 256, "GROUP_M": 8}
 INTERP_NUM_WARPS = 4
+
+
+def interp_config(M: int, N: int, K: int) -> dict[str, int]:
+    """The interpreter's tiles for an ``[M, K] x [K, N]`` GEMM: :data:`INTERP_CONFIG` up to
+    :data:`INTERP_LARGE_MNK` multiply-adds, above it :data:`INTERP_LARGE_CONFIG`'s tiles capped at each dimension's
+    next power of 2 (at least 16, ``tl.dot``'s smallest)."""
+    if M * N * K <= INTERP_LARGE_MNK:
+        return dict(INTERP_CONFIG)
+
+    def cap(block: int, dim: int) -> int:
+        return max(16, min(block, 1 << max(0, dim - 1).bit_length()))
+
+    big = INTERP_LARGE_CONFIG
+    return {
+        "BLOCK_M": cap(big["BLOCK_M"], M),
+        "BLOCK_N": cap(big["BLOCK_N"], N),
+        "BLOCK_K": cap(big["BLOCK_K"], K),
+        "GROUP_M": big["GROUP_M"],
+    }
 
 
 def _cfg(bm: int, bn: int, bk: int, stages: int, warps: int) -> triton.Config:

@@ -26,12 +26,23 @@ A kernel summary is a JSON-able dict; every count is **per step** (one call of `
       "notes": str,
       "steps": int | None,                 # steps a profiler recorded (None: read off a compiled program)
       "xla_cost": {"flops", "bytes_accessed", "transcendentals": float | None, "error"?: str},  # JAX only
+      "kernel_time": {                     # optional; absent or None where not measured (a kernel without a time)
+        "busy_us": float,                  # the kernels' intervals merged (overlaps once), per step
+        "summed_us": float,                # the kernels' time_us added up
+        "by_kind_us": {kind: float},       # time_us added up per kind present, in KINDS order
+        "profiled_step_us": float | None,  # wall time of one profiled step (None: no step boundary in the trace)
+        "source": str} | None,             # "torch.profiler CPU ops", "torch.profiler CUDA kernels", "XLA trace"
     }
+
+``kernel_time`` is ``compare.kernels.busy.KernelTime`` (what it means, and the split of a step's wall time into
+GEMMs, fused and unfused kernels and framework overhead: :func:`compare.kernels.busy.split`); a summary fills it
+with :func:`kernel_time_entry`. Summaries and result files written before it existed have no such field and load
+as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +54,12 @@ from compare.formats.jsonfields import (
     opt_number,
     opt_text,
     record_dict,
+    sub,
     subs,
     text,
     texts,
 )
+from compare.kernels.busy import KernelTime, merged_us
 from compare.kernels.classify import classify
 from compare.kernels.names import parse_fused_name
 from compare.kernels.shorten import shorten
@@ -61,6 +74,7 @@ __all__ = [
     "count_by_kind",
     "describe",
     "kernel_entry",
+    "kernel_time_entry",
     "summary",
 ]
 
@@ -113,7 +127,8 @@ class MetadataOp:
 @dataclass(frozen=True)
 class Kernels:
     """A result's kernel summary (the module docstring's schema). ``xla_cost`` is XLA's ``cost_analysis()`` of the
-    compiled step (JAX backends), None elsewhere."""
+    compiled step (JAX backends), None elsewhere; ``kernel_time`` the step's merged kernel time, None where it was
+    not measured."""
 
     source: str
     device: str
@@ -124,6 +139,7 @@ class Kernels:
     notes: str = ""
     steps: int | None = None
     xla_cost: dict[str, Any] | None = None
+    kernel_time: KernelTime | None = None
 
     def count_by_kind(self) -> dict[str, int]:
         """Kernels per step of each kind present, e.g. ``{"gemm": 3, "fused": 1}``, in ``KINDS`` order."""
@@ -140,10 +156,15 @@ class Kernels:
             absorbed = f"  absorbed: {' '.join(k.absorbed)}" if k.absorbed else ""
             lines.append(f"  {k.count:3d} x {k.kind:11s} {k.name}{absorbed}{t}")
         meta = ", ".join(f"{m.name} x{m.count}" for m in self.metadata_ops) or "none"
-        return "\n".join([*lines, "  metadata ops: " + meta])
+        lines.append("  metadata ops: " + meta)
+        kt = self.kernel_time
+        if kt is not None:
+            step = "" if kt.profiled_step_us is None else f", profiled step {kt.profiled_step_us:.1f} us"
+            lines.append(f"  kernel time ({kt.source}): busy {kt.busy_us:.1f} us, summed {kt.summed_us:.1f} us{step}")
+        return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("xla_cost",))
+        return record_dict(self, optional=("xla_cost", "kernel_time"))
 
     @staticmethod
     def from_dict(d: Obj) -> Kernels:
@@ -159,6 +180,7 @@ class Kernels:
             notes=text(d, "notes", ""),
             steps=opt_integer(d, "steps"),
             xla_cost=opt_mapping(d, "xla_cost"),
+            kernel_time=sub(d, "kernel_time", KernelTime.from_dict),
         )
 
 
@@ -182,6 +204,34 @@ def kernel_entry(
     return entry.to_dict()
 
 
+def kernel_time_entry(
+    kernels: Sequence[Mapping[str, Any]],
+    intervals_us: Iterable[tuple[float, float]],
+    steps: int,
+    profiled_step_us: float | None,
+    source: str,
+) -> dict[str, Any] | None:
+    """The ``kernel_time`` of a summary whose ``kernels`` (its rows, times per step) were measured over ``steps``
+    recorded steps, each of their launches over ``intervals_us`` (``[start, end]`` in microseconds, all steps
+    together): the union of the intervals per step, the rows' times summed, overall and per kind. None where there
+    is nothing to split: no kernel, or a kernel without a time (a partial table would misstate the split)."""
+    if steps < 1:
+        raise ValueError(f"kernel time over {steps} steps")
+    if not kernels or any(k["time_us"] is None for k in kernels):
+        return None
+    unknown = sorted({str(k["kind"]) for k in kernels} - set(KINDS))
+    if unknown:
+        raise ValueError(f"unknown kernel kinds {unknown}; known: {', '.join(KINDS)}")
+    by_kind = {kind: [float(k["time_us"]) for k in kernels if k["kind"] == kind] for kind in KINDS}
+    return KernelTime(
+        busy_us=merged_us(intervals_us) / steps,
+        summed_us=sum(float(k["time_us"]) for k in kernels),
+        by_kind_us={kind: sum(times) for kind, times in by_kind.items() if times},
+        profiled_step_us=profiled_step_us,
+        source=source,
+    ).to_dict()
+
+
 def summary(
     source: str,
     device: str,
@@ -190,9 +240,11 @@ def summary(
     trace: str | None = None,
     notes: str = "",
     steps: int | None = None,
+    kernel_time: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A kernel summary dict (schema in the module docstring); ``kernels_per_step`` is the sum of counts;
-    ``steps`` is how many steps a profiler recorded (None where the count is read off a compiled program)."""
+    ``steps`` is how many steps a profiler recorded (None where the count is read off a compiled program);
+    ``kernel_time`` the step's merged kernel time (:func:`kernel_time_entry`), None where not measured."""
     if source not in SOURCES:
         raise ValueError(f"unknown kernel summary source {source!r}; known: {', '.join(SOURCES)}")
     return {
@@ -204,6 +256,7 @@ def summary(
         "trace": trace,
         "notes": notes,
         "steps": steps,
+        "kernel_time": kernel_time,
     }
 
 
@@ -224,6 +277,14 @@ def check_summary(s: dict[str, Any]) -> None:
     for m in s["metadata_ops"]:
         if not isinstance(m.get("name"), str) or not isinstance(m.get("count"), int):
             raise ValueError(f"bad metadata op entry {m}")
+    kt = s.get("kernel_time")
+    if kt is not None:  # optional: summaries written before it existed have none
+        t = KernelTime.from_dict(kt)  # a FieldError (a ValueError) names a missing or mistyped field
+        unknown = sorted(set(t.by_kind_us) - set(KINDS))
+        if unknown:
+            raise ValueError(f"kernel_time.by_kind_us has unknown kinds {unknown}")
+        if t.busy_us < 0 or t.summed_us < 0:
+            raise ValueError(f"negative kernel time {kt}")
 
 
 def count_by_kind(s: dict[str, Any]) -> dict[str, int]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from compare.formats.atomic import write_bytes_atomic
+from compare.formats.atomic import write_bytes_atomic, write_text_atomic
 
 ENV = "FUSION_COMPARE_CACHE"
 #: The modules whose source decides the cached values (a change to any of them is a new key).
@@ -86,4 +86,42 @@ def save(name: str, tensors: dict[str, np.ndarray]) -> None:
         d.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(d / f"{name}.safetensors", st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()}))
     except OSError:  # the cache is an optimisation: the caller already holds the values
+        return
+
+
+def source_digest(paths: list[str]) -> str:
+    """A sha256 of the source of the modules ``paths`` (relative to the project root, files or folders: every
+    ``.py`` below a folder, in sorted order), for a key whose value depends on more than :data:`SOURCES`."""
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for rel in paths:
+        p = root / rel
+        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
+        for f in files:
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def load_json(name: str) -> Any:
+    """The JSON value of entry ``name``, or None (cache off, no entry, or one that cannot be read or parsed)."""
+    d = folder()
+    if d is None:
+        return None
+    path = d / f"{name}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):  # absent, truncated or foreign: a miss
+        return None
+
+
+def save_json(name: str, value: Any) -> None:
+    """Write entry ``name`` as JSON (atomically); a cache that cannot be written is left as it is."""
+    d = folder()
+    if d is None:
+        return
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(d / f"{name}.json", json.dumps(value, sort_keys=True, allow_nan=True))
+    except OSError:  # the cache is an optimisation: the caller already holds the value
         return

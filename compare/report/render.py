@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from compare.backends.registry import DEFAULT_BASELINE
 from compare.formats.markdown import case_label, fmt_e, fmt_s, table
 from compare.gpu_build.table import render_markdown
+from compare.kernels import busy
 from compare.kernels.summary import Kernels
 from compare.report.cost import cost_section, fusion_section
 from compare.report.kernels import kernel_section
@@ -18,6 +19,9 @@ from compare.report.summary import summary_section
 from compare.report.tp import tp_section
 from compare.results.document import Result, Results
 from compare.results.environment import ISA_FLAGS, Environment
+from compare.timing import nvml
+from compare.timing.budgets import BudgetRecord
+from compare.timing.caches import ColdSetup
 from compare.timing.significance import PAIRED, WITHIN_NOISE, compare_timing
 
 Row = list[str]
@@ -149,14 +153,68 @@ def speedup_cell(results: Rows, r: Result) -> str:
     return (WITHIN_NOISE if v.verdict == WITHIN_NOISE else f"{1 / v.ratio:.2f}x") + mark
 
 
-def timing_section(results: Rows) -> str:
+def _cold_cells(r: Result) -> list[str]:
+    """The cold median, its IQR and the cold/warm ratio (``within noise`` where the two do not differ beyond it, by
+    the unpaired rule: they are timed in separate rounds); ``-`` where no cold timing was made."""
+    c, t = r.cold, r.timing
+    if c is None or t is None:
+        return ["-", "-", "-"]
+    v = compare_timing(t, c)
+    ratio = WITHIN_NOISE if v.verdict == WITHIN_NOISE else f"{v.ratio:.2f}x"
+    return [fmt_s(c.median_s), fmt_s(c.iqr_s) + f" (n {c.n})", ratio]
+
+
+def _kernel_cells(r: Result) -> list[str]:
+    """Kernel time per step (overlaps merged), its split (GEMM / fused / unfused elementwise / collective / other,
+    as shares of it) and the framework overhead (warm wall minus kernel time); ``-`` where the profile has no
+    times. A kernel time above the wall time beyond the margin is marked (the profiler's cost, or load)."""
+    k = r.kernels.kernel_time if r.kernels is not None else None
+    t = r.timing
+    if k is None or t is None:
+        return ["-", "-", "-"]
+    sp = busy.split(k, t.median_s)
+    parts = [
+        f"{name} {sp[name + '_share']:.0%}"
+        for name in ("gemm", "fused", "unfused", "collective", "other")
+        if sp[name + "_share"] >= 0.005
+    ]
+    mark = "" if k.consistent(t.median_s) else f" (> wall by more than {busy.CONSISTENT_MARGIN:.0%})"
+    over = sp["overhead_s"]
+    return [fmt_s(sp["busy_s"]) + mark, ", ".join(parts) or "-", ("-" if over < 0 else "") + fmt_s(abs(over))]
+
+
+def _device_notes(r: Result) -> list[str]:
+    """A row's CUDA-graph outcome and its warm window's GPU telemetry (``compare.timing.nvml``): clocks, power,
+    energy per call, and **throttled** with the reasons where NVML saw a slowdown."""
+    out = []
+    if isinstance(r.extras.get("cuda_graph"), str):
+        out.append("CUDA graph: " + r.extras["cuda_graph"])
+    tele = r.extras.get("telemetry")
+    if isinstance(tele, dict):
+        t = nvml.Telemetry.from_dict(tele)
+        parts = [f"{t.samples} NVML samples"]
+        if t.sm_clock_mhz is not None:
+            parts.append(f"SM clock {t.sm_clock_mhz.median:.0f} MHz")
+        if t.power_w is not None:
+            parts.append(f"{t.power_w.median:.0f} W")
+        if t.energy_per_call_j is not None:
+            parts.append(f"{t.energy_per_call_j:.3g} J/call" + ("" if t.energy_reliable else " (unreliable)"))
+        if t.throttled:
+            parts.append("**throttled**: " + ", ".join(t.throttle_reasons))
+        out.append("; ".join(parts))
+    return out
+
+
+def timing_section(
+    results: Rows, cold: ColdSetup | None = None, budget: BudgetRecord | None = None, telemetry: str = ""
+) -> str:
     rows = []
     for r in results:
         t = r.timing
         if t is None:
             continue
         speedup = speedup_cell(results, r)
-        flags = [x for x in ("noisy (IQR > 10% of median)" if t.noisy else "", r.note) if x]
+        flags = [x for x in ("noisy (IQR > 10% of median)" if t.noisy else "", r.note, *_device_notes(r)) if x]
         rows.append(
             [
                 r.label,
@@ -168,6 +226,8 @@ def timing_section(results: Rows) -> str:
                 fmt_s(t.min_s),
                 f"{t.n} x {t.calls_per_sample}",
                 t.design,
+                *_cold_cells(r),
+                *_kernel_cells(r),
                 fmt_s(t.first_call_s),
                 speedup,
                 "; ".join(flags),
@@ -178,11 +238,17 @@ def timing_section(results: Rows) -> str:
         "case",
         "dtype",
         "mode",
-        "median",
+        "warm median",
         "IQR",
         "min",
         "n x calls",
         "design",
+        "cold median",
+        "cold IQR",
+        "cold / warm",
+        "kernel time",
+        "kernel time split",
+        "overhead",
         "first call",
         "vs eager",
         "notes",
@@ -195,14 +261,55 @@ def timing_section(results: Rows) -> str:
         f"(`compare.timing.significance`: median ratio outside the band of both IQRs and, for an interleaved pair, an "
         f"exact signed-rank test on the rounds' paired log ratios, which stays at its nominal rate under any load; "
         f"a pair timed in separate windows, e.g. a tensor-parallel group's rows, is marked 'unpaired' and gets "
-        f"the rule of `compare diff`: quartiles apart and a Mann-Whitney test); else 'within noise'."
+        f"the rule of `compare diff`: quartiles apart and a Mann-Whitney test); else 'within noise'. "
+        f"Warm: the caches hold what the previous call left there. Cold: each sample is one call right after a "
+        f"flush of the last-level cache (its own time left out), in rounds in a random order too; 'cold / warm' is "
+        f"the ratio of the medians, by the unpaired rule. Kernel time: the profiled step's kernels with overlapping "
+        f"intervals merged (`compare.kernels.busy`), split by kind as shares of it; overhead: the warm median minus "
+        f"it (what the framework spends outside kernels: dispatch, Python, allocation; negative where the profiled "
+        f"kernels took longer than the unprofiled step)."
     )
+    notes = []
+    if cold is not None:
+        where = (
+            f"a level-{cold.cache.level} cache of {cold.cache.bytes / 2**20:.0f} MiB ({cold.cache.source})"
+            if cold.cache is not None
+            else "no cache size listed by the OS"
+        )
+        notes.append(
+            f"Cold caches ('{cold.mode}'): {where}; the flush is {cold.flush_about} ({cold.flush_bytes / 2**20:.0f} "
+            f"MiB, {fmt_s(cold.flush_s)} each, outside every sample). On a VM the cache is the host's, shared with its "
+            f"other guests."
+        )
+    else:
+        notes.append("Cold caches: not measured in this run (`--cache warm`).")
+    if telemetry:
+        notes.append(f"GPU telemetry: {telemetry}.")
+    if budget is not None:
+        over = f", {budget.overrun_s:.0f} s over it (parity is never cut)" if budget.overrun_s > 0 else ""
+        cuts = "".join(f"\n  - {c}" for c in budget.cuts) or "\n  - nothing was cut"
+        notes.append(f"Time budget: {budget.total_s:.0f} s, measurements took {budget.spent_s:.0f} s{over}. Cut:{cuts}")
     untimed = [
-        f"- {r.label} ({case_label(r)}, {r.dtype}, {r.mode}): not timed: {r.note}"
+        f"- {r.label} ({case_label(r)}, {r.dtype}, {r.mode}): not timed: {r.note or r.reason}"
         for r in results
         if r.status in ("ok", "deviates", "parity-fail", "implausible") and r.timing is None
     ]
-    return "## Timing\n\n" + intro + "\n\n" + table(head, rows) + ("\n\n" + "\n".join(untimed) if untimed else "")
+    cached = [
+        f"- {r.label} ({case_label(r)}, {r.dtype}, {r.mode}): parity reused from the interpreted-parity cache "
+        f"(made {r.extras['parity_cache'].get('created', '?')}; same kernel sources, case, versions and CPU)"
+        for r in results
+        if isinstance(r.extras.get("parity_cache"), dict)
+    ]
+    tail = "\n\n".join(x for x in ("\n".join(untimed), "\n".join(cached)) if x)
+    return (
+        "## Timing\n\n"
+        + intro
+        + "\n\n"
+        + "\n\n".join(notes)
+        + "\n\n"
+        + table(head, rows)
+        + ("\n\n" + tail if tail else "")
+    )
 
 
 def modes_section(results: Rows) -> str:
@@ -329,7 +436,7 @@ SECTIONS: list[Callable[[Results], str]] = [
     lambda d: environment_section(d.environment),
     lambda d: parity_section(d.results),
     lambda d: resolution_section(d.resolution),
-    lambda d: timing_section(d.results),
+    lambda d: timing_section(d.results, d.cold, d.budget, d.telemetry),
     lambda d: modes_section(d.results),
     lambda d: tp_section(d.results),
     kernel_section,

@@ -223,3 +223,29 @@ def run_shape_sweep(
                 sweep_fn = getattr(backend, "shape_sweep")  # noqa: B009
                 rows += sweep_fn(make, tokens, budget_s=budget_s, **variant)
     return with_payback(rows)
+
+
+def budgeted_sweep(cases: list[Case], tokens: list[int], per_shape_s: float, budget: Any) -> tuple[list[int], float]:
+    """The token counts and the sampling seconds per shape that keep a run's time budget (``compare.run.budget``:
+    the sweep's share, never more than is left), each cut said to ``budget``: the sampling per shape is cut to what
+    the share gives each (cases x variants x tokens; a shape's compile and warm-up cost about twice its samples), and
+    when even that is under the timer's floor (0.01 s), or the run is already past its share's start, only the
+    smallest and largest token counts run."""
+    from compare.backends.registry import BACKENDS
+
+    variants = sum(len(s.sweep) for s in BACKENDS.values() if s.sweep and any(c.model in s.models for c in cases))
+    share = budget.part("shape_sweep")
+    runs = max(1, len(cases) * variants * len(tokens))
+    each = share / (3 * runs)
+    kept = list(tokens)
+    if len(kept) > 2 and (each < 0.01 or budget.left() < share):
+        kept = [min(kept), max(kept)]
+        budget.cut(
+            f"compile-cost sweep: tokens {kept} of {tokens} (its share of the budget: {share:.3g} s, "
+            f"{budget.left():.3g} s left)"
+        )
+        each = share / (3 * max(1, len(cases) * variants * len(kept)))
+    if each < per_shape_s:
+        budget.cut(f"compile-cost sweep: {each:.3g} s of samples per shape instead of {per_shape_s:.3g} s")
+        return kept, max(each, 0.01)
+    return kept, per_shape_s

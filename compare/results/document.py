@@ -35,6 +35,8 @@ from compare.kernels.summary import Kernels
 from compare.problem.cases import Case, InputError, Shape
 from compare.results.environment import Environment
 from compare.results.tp import TPInfo
+from compare.timing.budgets import BudgetRecord
+from compare.timing.caches import ColdSetup
 from compare.timing.timer import Timing, TimingConfig
 
 #: The version of the results document's layout, stored as its ``schema_version``. 2: the statistical parity gate
@@ -85,6 +87,8 @@ class Result:
     device: str = ""
     parity: ParityRecord | None = None
     timing: Timing | None = None
+    #: the cold-cache timing (``compare.timing.timer.measure_cold``), None where not measured
+    cold: Timing | None = None
     threads: dict[str, Setting] = field(default_factory=dict)
     kernels: Kernels | None = None
     cost: Cost | None = None
@@ -107,7 +111,7 @@ class Result:
         return self.backend if self.world_size == 1 else f"{self.backend} x{self.world_size}"
 
     def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("implausible", "world_size", "tp"))
+        return record_dict(self, optional=("implausible", "world_size", "tp", "cold"))
 
     @staticmethod
     def from_dict(d: Obj) -> Result:
@@ -131,6 +135,7 @@ class Result:
             device=text(d, "device", ""),
             parity=sub(d, "parity", ParityRecord.from_dict),
             timing=sub(d, "timing", Timing.from_dict),
+            cold=sub(d, "cold", Timing.from_dict),
             threads=mapping(d, "threads"),
             kernels=sub(d, "kernels", Kernels.from_dict),
             cost=sub(d, "cost", Cost.from_dict),
@@ -213,9 +218,18 @@ class Results:
     shape_sweep: tuple[dict[str, Any], ...] = ()
     gpu_build: dict[str, Any] | None = None
     plots: tuple[str, ...] = ()
+    #: the time budget the run kept and what it cut (None: no budget)
+    budget: BudgetRecord | None = None
+    #: how cold timings were made: the cache sized, the flush (None: warm only)
+    cold: ColdSetup | None = None
+    #: device telemetry over the timed windows: the device NVML watched, or why none was ("": not asked)
+    telemetry: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("ceilings", "interrupted", "shape_sweep", "gpu_build", "plots"))
+        return record_dict(
+            self,
+            optional=("ceilings", "interrupted", "shape_sweep", "gpu_build", "plots", "budget", "cold", "telemetry"),
+        )
 
     @staticmethod
     def from_dict(d: Obj) -> Results:
@@ -245,6 +259,9 @@ class Results:
             shape_sweep=shape_sweep,
             gpu_build=opt_mapping(d, "gpu_build"),
             plots=texts(d, "plots"),
+            budget=sub(d, "budget", BudgetRecord.from_dict),
+            cold=sub(d, "cold", ColdSetup.from_dict),
+            telemetry=text(d, "telemetry", ""),
             schema_version=integer(d, "schema_version", SCHEMA_VERSION),
         )
 

@@ -36,21 +36,24 @@ _JUDGED_FAST = ("ok", "deviates")
 
 
 @functools.lru_cache(maxsize=4)
-def plain_reference(case: Case) -> Plain:
-    """The plain same-dtype emulation of ``case`` (outputs and gradients), the parity gate's yardstick, with its
-    envelope twin in float32 cases of a model with an activation (``compare.gate.parity.Plain``; in a 16-bit dtype a
-    float32 transcendental's few ulp are far below the dtype's rounding). The same bits on every machine.
+def plain_reference(case: Case, backward: bool = True) -> Plain:
+    """The plain same-dtype emulation of ``case`` (its output, and with ``backward`` its gradients), the parity gate's
+    yardstick, with its envelope twin in float32 cases of a model with an activation (``compare.gate.parity.Plain``;
+    in a 16-bit dtype a float32 transcendental's few ulp are far below the dtype's rounding). The same bits on every
+    machine. A run of ``fwd`` alone needs only ``y``: the backward is two thirds of the work (on ``cpu-mlp`` float32,
+    17 s of 24 s here), so it is left out when no mode needs it (a separate cache entry).
 
     Raises :class:`~compare.gate.parity.UnusableCase` when it (or the reference) is not finite in the case dtype."""
     g = golden_for(case)
-    name = datacache.key("plain", case.to_dict())
+    name = datacache.key("plain" if backward else "plain-fwd", case.to_dict())
     cached = datacache.load(name)
     if cached is not None:
         unrounded = {k[len("unrounded.") :]: v for k, v in cached.items() if k.startswith("unrounded.")}
         env = {k[len("envelope.") :]: v for k, v in cached.items() if k.startswith("envelope.")}
         envelope: dict[str, np.ndarray] | None = env or None
     else:
-        unrounded, envelope = plain_run(case.model, case.dtype, case.seed, g.x, g.params, g.dy)
+        dy = g.dy if backward else None
+        unrounded, envelope = plain_run(case.model, case.dtype, case.seed, g.x, g.params, dy)
         saved = {f"unrounded.{k}": v for k, v in unrounded.items()}
         datacache.save(name, saved | {f"envelope.{k}": v for k, v in (envelope or {}).items()})
     plain = {k: round_to_dtype(v, case.dtype) for k, v in unrounded.items()}  # what final=True computes

@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import functools
 import math
+import os
 import traceback
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -37,20 +38,24 @@ import numpy as np
 
 from compare.backends.registry import BackendSpec, Prepared, probe
 from compare.cost.records import Ceilings
+from compare.formats.jsonfields import FieldError
 from compare.gate import fresh, resolution
 from compare.gate.parity import Plain, UnusableCase
 from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
-from compare.problem.cases import Case
+from compare.problem import datacache
+from compare.problem.cases import Case, check_name
 from compare.problem.golden import golden_for
 from compare.results import environment
 from compare.results.document import Config, Result, Results
-from compare.run import cell, pipeline, stop
+from compare.run import budget, cell, parity_cache, pipeline, stop
+from compare.run.budget import Budget
 from compare.run.cell import MODE_TENSORS, plain_reference
 from compare.run.progress import Display
 from compare.run.store import RunStore
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
+from compare.timing import caches
 from compare.timing import timer as timing
 from compare.timing.timer import Timing, TimingConfig
 
@@ -75,10 +80,13 @@ class _Cell:
     first: pipeline.Judged = field(default_factory=list)
     again: pipeline.Judged | None = None
     timing: Timing | None = None
+    cold: Timing | None = None
     kernels: Kernels | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     fresh_run: pipeline.FreshRun | None = None
     by_device: bool = False
+    #: an interpreted (parity-only) backend's cell: its verdict is kept in ``compare.run.parity_cache``
+    interpreted: bool = False
     #: what the result keeps of its Prepared once the step is released
     kept: pipeline.Kept = field(default_factory=pipeline.Kept)
 
@@ -103,14 +111,22 @@ def _start(
     plain: dict[str, np.ndarray],
     precision: dict[str, Any],
     prepare: Callable[[], Prepared] | None = None,
+    reuse: bool = False,
+    cuda_graphs: bool = False,
 ) -> None:
     """Skip (``pipeline.skipped``), or prepare the step, refuse it without ``fresh`` (``pipeline.no_fresh``), make its
-    first call (timed alone: compile + run) and judge it (``pipeline.first_call``)."""
+    first call (timed alone: compile + run) and judge it (``pipeline.first_call``). With ``reuse`` an interpreted
+    backend's cell is first looked up in ``compare.run.parity_cache`` (``c.interpreted`` says it is one)."""
     spec, case, mode = c.spec, c.case, c.mode
     try:
         c.done = pipeline.skipped(spec, case, mode)
         if c.done is not None:
             return
+        c.interpreted = not spec.availability().timed
+        if reuse and c.interpreted and prepare is None:
+            c.done = parity_cache.lookup(spec, case, mode)
+            if c.done is not None:
+                return
         golden = golden_for(case)
         prepared = prepare() if prepare else spec.load().prepare(golden.problem, mode)
         precision.update(prepared.precision)
@@ -121,31 +137,179 @@ def _start(
         c.first_s, c.first = pipeline.first_call(
             prepared, prepared.sync, pipeline.checked(mode, golden.ref), plain, case.dtype, c.who()
         )
+        if cuda_graphs and prepared.timed:
+            c.extras["cuda_graph"] = _graphed(c, prepared)
     except Exception as exc:  # a backend's failure is a result, not the end of the run
         c.fail(exc)
 
 
-def _time(cells: Sequence[_Cell], cfg: TimingConfig, plain: dict[str, np.ndarray]) -> None:
+def _graphed(c: _Cell, prepared: Prepared) -> str:
+    """``--cuda-graphs``: a torch step on a CUDA device captured in a CUDA graph (``torch_impl.cuda_graphs``, the
+    ``cuda-graphs`` probe); from then on the cell times, checks and profiles the graph's replay. Returns what
+    happened, for the row: captured, or why not (no CUDA device, a step that cannot be captured). JAX steps: XLA
+    decides (its command buffers, ``--xla_gpu_enable_command_buffer`` in ``XLA_FLAGS``), said as such."""
+    if c.spec.framework == "jax":
+        flags = os.environ.get("XLA_FLAGS", "")
+        return "XLA's own choice: command buffers per XLA's defaults" + (f" and XLA_FLAGS={flags}" if flags else "")
+    if c.spec.framework != "torch":
+        return f"not captured: CUDA graphs are for torch steps, not {c.spec.framework}"
+    if not prepared.device.startswith("cuda"):
+        return f"not captured: no CUDA device (the step runs on {prepared.device})"
+    got = probe("cuda-graphs").capture(prepared.step)
+    if hasattr(got, "replay"):
+        prepared.step = got.replay
+        return "captured: " + got.note
+    return "not captured: " + got.reason
+
+
+@dataclass
+class _Timer:
+    """How a run times its groups: the timer's settings, the cache mode (``compare.timing.caches.CACHE_MODES``) and
+    its flush (None: warm only), the budget (None: none) and its groups left, and a factory of device watches
+    (``compare.timing.timer.Watch``; None: none)."""
+
+    cfg: TimingConfig
+    cache: str = "warm"
+    flush: caches.Flush | None = None
+    budget: Budget | None = None
+    groups_left: int = 1
+    watch: Callable[[], timing.Watch | None] | None = None
+
+    @property
+    def warm(self) -> bool:
+        return self.cache in ("warm", "both")
+
+    @property
+    def cold(self) -> bool:
+        return self.cache in ("cold", "both") and self.flush is not None
+
+
+def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingConfig, float, list[_Cell], list[_Cell]]:
+    """The group's timer settings under the budget, the cold samples' budget per entrant, the cells it times, and
+    those it times cold (``_Timer``; every cut said to the budget). Without a budget: the run's settings, all cells,
+    and all of them cold when the cache mode asks for it.
+
+    The group gets its part of the timing share (``compare.run.budget``), split between the warm samples (two
+    thirds, when both are asked for) and the cold. A step whose first call says that warm-up and the minimum samples
+    cannot fit its part is given fewer (down to ``budget.MIN_SAMPLES`` and one warm-up call); one that cannot fit even
+    those, or one cold sample per entrant, is not timed beyond its first call (its parity is still judged)."""
+    cfg, cells = how.cfg, list(timed)
+    cold_cells = list(cells) if how.cold else []
+    if how.budget is None:
+        return cfg, cfg.budget_s / 2, cells, cold_cells
+    b = how.budget
+    part = b.part("timing", how.groups_left)
+    warm_part = part * (0.5 if how.cold and how.warm else 1.0) if how.warm else 0.0
+    cold_part = part - warm_part
+    per = warm_part / max(1, len(cells))
+    # a step's steady time, from one more call (the first call's time includes its compile): it warms up, too
+    step_s: dict[int, float] = {}
+    for c in cells:
+        assert c.prepared is not None
+        try:
+            step_s[id(c)] = timing.first_call(c.prepared.step, c.prepared.sync)[0]
+        except Exception as exc:  # this step's failure, recorded as its result
+            c.fail(exc)
+    cells = [c for c in cells if c.done is None]
+    cold_cells = [c for c in cold_cells if c.done is None]
+    # what the floor costs a step: warm-up, two sizing blocks and the minimum samples, one call each at the least
+    floor_calls = 1 + 2 + budget.MIN_SAMPLES
+    keep = [c for c in cells if step_s[id(c)] * floor_calls <= max(per, 1e-9) * len(cells)] if how.warm else cells
+    for c in cells:
+        if c not in keep:
+            b.cut(
+                f"{c.label}: not timed beyond its first calls ({step_s[id(c)]:.3g} s a step): the budget gave its "
+                f"group {warm_part:.3g} s of warm samples, too little for {floor_calls} calls"
+            )
+    cells = keep
+    want = cfg.warmup + 2 + cfg.min_samples
+    slowest = max((step_s[id(c)] for c in cells), default=0.0)
+    new = cfg
+    if cells and how.warm and slowest * want * len(cells) > warm_part:
+        new = replace(cfg, warmup=1, min_samples=budget.MIN_SAMPLES, budget_s=0.0)
+        b.cut(
+            f"{label}: {budget.MIN_SAMPLES} samples and 1 warm-up call instead of {cfg.min_samples} and "
+            f"{cfg.warmup} (its slowest step takes {slowest:.3g} s; the group's part: {warm_part:.3g} s)"
+        )
+    elif how.warm:
+        budget_s = min(cfg.budget_s, per)
+        if budget_s < cfg.budget_s:
+            b.cut(f"{label}: {budget_s:.3g} s of samples per backend instead of {cfg.budget_s:.3g} s")
+        new = replace(cfg, budget_s=budget_s)
+    cold_per = cold_part / max(1, len(cold_cells))
+    flush_s = caches.time_flush(how.flush, 1) if how.cold and how.flush is not None and cold_cells else 0.0
+    cold_keep = [c for c in cold_cells if (step_s[id(c)] + flush_s) * budget.MIN_SAMPLES <= cold_per]
+    for c in cold_cells:
+        if c not in cold_keep:
+            b.cut(
+                f"{c.label}: no cold samples ({budget.MIN_SAMPLES} of {step_s[id(c)]:.3g} s a step, each after a "
+                f"{flush_s:.3g} s flush, exceed its {cold_per:.3g} s of the group's cold samples)"
+            )
+    return new, cold_per, cells, cold_keep
+
+
+def _time(cells: Sequence[_Cell], how: _Timer, plain: dict[str, np.ndarray]) -> None:
     """Time the started, timed cells of one case and mode together (``compare.timing.timer.measure_interleaved``), then
-    judge each one's last timed output (a replayed stale answer fails there)."""
+    judge each one's last timed output (a replayed stale answer fails there); then, when the cache mode asks for it,
+    their cold samples (``compare.timing.timer.measure_cold``), after warm-up, in rounds of single flushed calls."""
     timed = [c for c in cells if c.done is None and c.prepared is not None and c.prepared.timed]
     if not timed:
         return
     c0 = timed[0]
-    group = timing.new_group_id(f"{c0.case.name}/{c0.mode}")
-    entrants = [timing.Entrant(c.prepared.step, c.prepared.sync, c.first_s) for c in timed if c.prepared is not None]
-    outcomes = timing.measure_interleaved(entrants, group=group, seed=zlib.crc32(group.encode()), **cfg.to_dict())
+    label = f"{c0.case.name} {c0.mode}"
+    cfg, cold_budget, timed, cold = _budgeted(timed, how, label)
     ref = pipeline.checked(c0.mode, golden_for(c0.case).ref)
-    for c, got in zip(timed, outcomes, strict=True):
-        if isinstance(got, BaseException):
-            c.fail(got)
-            continue
-        c.timing, last = got
+    group = timing.new_group_id(f"{c0.case.name}/{c0.mode}")
+    if how.warm and timed:
+        watch = how.watch() if how.watch is not None else None
+        entrants = [timing.Entrant(c.prepared.step, c.prepared.sync, c.first_s) for c in timed if c.prepared]
         try:
-            assert c.prepared is not None
-            c.again = pipeline.judge_copies(c.prepared, last, ref, plain, c.case.dtype, c.who())
-        except Exception as exc:
-            c.fail(exc)
+            outcomes = timing.measure_interleaved(
+                entrants, group=group, seed=zlib.crc32(group.encode()), watch=watch, **cfg.to_dict()
+            )
+        finally:  # the watch's sampling thread ends with the timing, whatever ended it
+            seen = watch.stop() if watch is not None else []
+        seen = seen or [None] * len(timed)
+        for c, got, tele in zip(timed, outcomes, seen, strict=True):
+            if isinstance(got, BaseException):
+                c.fail(got)
+                continue
+            c.timing, last = got
+            if tele is not None:
+                c.extras["telemetry"] = tele
+            try:
+                assert c.prepared is not None
+                c.again = pipeline.judge_copies(c.prepared, last, ref, plain, c.case.dtype, c.who())
+            except Exception as exc:
+                c.fail(exc)
+    cold = [c for c in cold if c.done is None and c.prepared is not None]
+    if cold and how.flush is not None:
+        if not how.warm:  # warm-up before the first cold sample: the first calls compiled, now the caches are hot
+            for c in cold:
+                assert c.prepared is not None
+                timing.first_call(c.prepared.step, c.prepared.sync)
+        watch = how.watch() if how.watch is not None else None
+        entrants = [timing.Entrant(c.prepared.step, c.prepared.sync, c.first_s) for c in cold if c.prepared]
+        try:
+            got_cold = timing.measure_cold(
+                entrants,
+                how.flush,
+                group=group + "/cold",
+                min_samples=budget.MIN_SAMPLES,
+                budget_s=cold_budget,
+                seed=zlib.crc32(group.encode()) + 1,
+                watch=watch,
+            )
+        finally:
+            seen = watch.stop() if watch is not None else []
+        seen = seen or [None] * len(cold)
+        for c, t, tele in zip(cold, got_cold, seen, strict=True):
+            if isinstance(t, BaseException):
+                c.fail(t)
+                continue
+            c.cold = t
+            if tele is not None:
+                c.extras["telemetry_cold"] = tele
 
 
 def _finish_steps(c: _Cell, inputs: dict[str, np.ndarray], profile: bool, trace_dir: Path | None) -> None:
@@ -177,7 +341,7 @@ def _verdict(c: _Cell, seed: int, reference: tuple[dict[str, np.ndarray], Plain]
     copies = pipeline.verdicts(c.first, c.again, checks)
     record = pipeline.parity_record(copies, pipeline.worst_fresh(checks))
     found = pipeline.findings(copies, c.by_device)
-    return pipeline.result(c.spec, c.case, c.mode, found, c.kept, record, c.timing, c.kernels, c.extras)
+    return pipeline.result(c.spec, c.case, c.mode, found, c.kept, record, c.timing, c.kernels, c.extras, cold=c.cold)
 
 
 class _FreshReference:
@@ -250,7 +414,7 @@ def run_one(
     c = _Cell(spec, case, mode)
     _start(c, plain, precision, prepare)
     if time_it:
-        _time([c], cfg, plain)
+        _time([c], _Timer(cfg), plain)
     seed = fresh.new_seed()
     inputs = fresh.draw(case, seed, golden_for(case).params)
     _finish_steps(c, inputs, profile, trace_dir)
@@ -298,6 +462,11 @@ def run(
     tp_launch: str | None = None,
     tp_logs: Path | None = None,
     store: RunStore | None = None,
+    cache: str = "warm",
+    budget: Budget | None = None,
+    reuse_parity: bool = False,
+    watch: Callable[[], timing.Watch | None] | None = None,
+    cuda_graphs: bool = False,
 ) -> Results:
     """Run every (case, backend, mode, world size); return the results document (``compare.results.document.Results``).
 
@@ -309,8 +478,21 @@ def run(
     ``store`` (``compare.run.store``) gets every finished cell the moment its verdict is known: a case's cells of one
     mode settle together (they are timed together), a tensor-parallel cell as its group reports it.
     A stop (Ctrl-C, SIGTERM: ``compare.run.stop``; a ``KeyboardInterrupt``) ends the run between cells: the
-    document then holds every finished cell and ``interrupted`` (the caller writes it and says so)."""
+    document then holds every finished cell and ``interrupted`` (the caller writes it and says so).
+    ``cache`` (``compare.timing.caches.CACHE_MODES``): warm samples, cold ones (each call after a flush of the
+    last-level cache, :func:`cold_flush`) or both; ``budget`` (``compare.run.budget``) the time the run keeps, its cuts
+    in the document; ``reuse_parity`` looks interpreted cells up in ``compare.run.parity_cache`` (every interpreted
+    verdict is kept there); ``watch`` makes a device watch per timed group (``compare.timing.timer.Watch``)."""
     cases, specs, modes = list(cases), list(specs), list(modes)
+    spec_of = {sp.name: sp for sp in specs}
+    check_name("cache mode", cache, list(caches.CACHE_MODES))
+    cold_setup = None
+    timer = _Timer(cfg, cache, budget=budget, groups_left=max(1, len(cases) * len(modes)), watch=watch)
+    if cache != "warm":
+        size, flush = cold_flush()
+        timer.flush = flush
+        cold_setup = caches.ColdSetup(cache, size, flush.bytes, flush.about, caches.time_flush(flush))
+    interpreted: set[tuple[str, str, str]] = set()  # (backend, case, mode) of this run's own interpreted verdicts
     jobs: dict[tuple[str, str, int], list[tuple[Cell, BackendSpec]]] = {}
     ceil = None
     precision: dict[str, Any] = {}
@@ -331,6 +513,8 @@ def run(
         results.append(held)
         if store is not None:
             store.cell(held, precision)
+        if (res.backend, res.case, res.mode) in interpreted:
+            parity_cache.save(spec_of[res.backend], _case_of(res, cases), res.mode, res)
         if progress:
             suffix = f" x{ws}" if res.tp is not None else ""
             progress.cell(label or f"{res.backend} {res.case} {res.mode}{suffix}", res.status, res.reason)
@@ -339,13 +523,18 @@ def run(
         if ceilings:  # this machine's matmul FLOP/s and copy bandwidth per dtype, before any backend runs
             if progress:
                 progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
-            ceil = measure_ceilings(dict.fromkeys(c.dtype for c in cases))
+            dtypes = list(dict.fromkeys(c.dtype for c in cases))
+            probe_s = None
+            if budget is not None:  # each dtype and probe its part of the ceilings' share
+                probe_s = budget.part("ceilings", len(dtypes) * len(CEILING_PROBES))
+                budget.cut(f"ceilings: {probe_s:.2g} s per dtype and probe (the probes' own default when unbudgeted)")
+            ceil = measure_ceilings(dtypes, probe_s)
             if ceil is not None and store is not None:
                 store.ceilings(ceil)
         for case in cases:
             stop.check()
             try:
-                plain = plain_reference(case)
+                plain = plain_reference(case, backward=any(m != "fwd" for m in modes))
             except UnusableCase as exc:  # nothing can be judged on this case: say so in every cell, go on
                 for mode in modes:
                     for spec in specs:
@@ -381,12 +570,15 @@ def run(
                             c = _Cell(spec, case, mode)
                             if progress:
                                 progress.starting(c.label)
-                            _start(c, plain, precision)
+                            _start(c, plain, precision, reuse=reuse_parity, cuda_graphs=cuda_graphs)
+                            if c.interpreted and c.done is None:
+                                interpreted.add((spec.name, case.name, mode))
                             group.append(c)
                 stop.check()
                 if progress and group:
                     progress.starting(f"timing {len(group)} backends of {case.name} {mode} together")
-                _time(group, cfg, plain)
+                _time(group, timer, plain)
+                timer.groups_left = max(1, timer.groups_left - 1)
                 for c in group:
                     _finish_steps(c, inputs, profile, trace_dir)
                 if group and progress and not reference.made:
@@ -416,7 +608,24 @@ def run(
         resolution=tuple(res_rows),
         ceilings=ceil,
         interrupted=interrupted,
+        budget=budget.record() if budget is not None else None,
+        cold=cold_setup,
     )
+
+
+def cold_flush() -> tuple[caches.CacheSize | None, caches.Flush]:
+    """The last-level cache of the device the timed steps run on and a flush that evicts it: the ``flush`` probe's
+    (``compare.backends.registry.PROBES``: a GPU's L2 and a device buffer, when torch sees one), else this CPU's
+    (``compare.timing.caches``: the OS's figure, a host buffer)."""
+    try:
+        device = probe("flush").device_flush()
+    except ImportError:  # no torch here: the CPU's caches are the only ones a step can run in
+        device = None
+    if device is not None:
+        size, flush = device
+        return size, flush
+    size = caches.cpu_last_level()
+    return size, caches.HostFlush(caches.flush_bytes(size))
 
 
 def _case_of(r: Result, cases: Sequence[Case]) -> Case:
@@ -472,6 +681,19 @@ def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[st
     wanted = [k for k in order if k in g.ref and any(MODE_TENSORS[m](k) for m in modes)]
     s = case.shape
     label = f"{case.model} {s.batch}x{s.seq}x{s.dim}->{s.hidden}"
-    return resolution.resolution_rows(
+    # a pure function of the case's golden data and the gate's code (seconds on a large case): cached on disk
+    name = datacache.key(
+        "resolution",
+        {"case": case.to_dict(), "tensors": wanted, "gate": datacache.source_digest(["compare/gate"])},
+    )
+    cached = datacache.load_json(name)
+    if isinstance(cached, list):
+        try:
+            return [ResolutionRow.from_dict(r) for r in cached]
+        except (FieldError, TypeError, ValueError):  # an entry of another layout: a miss, computed again below
+            pass
+    rows = resolution.resolution_rows(
         case.name, case.model, label, case.dtype, (g.x, g.params, g.dy), g.ref, plain, wanted
     )
+    datacache.save_json(name, [r.to_dict() for r in rows])
+    return rows

@@ -22,9 +22,10 @@ from compare.problem.cases import (
 )
 from compare.run.cell import MODE_TENSORS
 from compare.run.tp_hosts import check_addr, check_port
+from compare.timing.caches import CACHE_MODES
 
 
-def add_grid_args(p: argparse.ArgumentParser, budget_help: str) -> None:
+def add_grid_args(p: argparse.ArgumentParser, budget_help: str, cache_default: str = "both") -> None:
     """Dtypes, backends, modes, seed and timing budget: the options shared by ``run``, ``profile`` and ``sweep``."""
     p.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
     # resolved by check_grid_args from the registry as it is then (a backend registered by a test is seen)
@@ -38,6 +39,25 @@ def add_grid_args(p: argparse.ArgumentParser, budget_help: str) -> None:
     p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
     p.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
     p.add_argument("--budget", type=float, default=1.0, help=budget_help)
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds the whole command keeps: the ceilings, the timed samples and the compile-cost sweep share them, "
+        "and every cut is stated in the report (parity is never cut; default: no budget)",
+    )
+    p.add_argument(
+        "--cache",
+        default=cache_default,
+        help=f"cache state of the timings: {', '.join(CACHE_MODES)} (cold: each call after a flush of the "
+        "last-level cache, its time left out; default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-parity-cache",
+        action="store_true",
+        help="interpret the interpreted (parity-only) backends again instead of reusing their cached verdicts",
+    )
     p.add_argument(
         "--strict",
         action="store_true",
@@ -53,6 +73,9 @@ def check_grid_args(a: argparse.Namespace) -> None:
     """The options :func:`add_grid_args` defines, checked before anything runs (bad input raises InputError)."""
     check_seed(a.seed)
     check_finite("--budget", a.budget)
+    if a.time_budget is not None:
+        check_finite("--time-budget", a.time_budget)
+    check_name("--cache", a.cache, list(CACHE_MODES))
     if a.backend is None:
         sizes = getattr(a, "world_size", None) or [1]
         a.backend = default_backends(sizes if isinstance(sizes, list) else [sizes])

@@ -282,11 +282,12 @@ def result(
     kernels: Kernels | None = None,
     extras: dict[str, Any] | None = None,
     cost_case: Case | None = None,
+    cold: Timing | None = None,
 ) -> Result:
     """The cell's result: its status and reason from ``findings`` (``(failures, deviations)`` of every copy,
     ``compare.run.cell.status_of``), what it kept of its step, its ``parity`` record, timing, kernels, ``extras``
-    (over the step's own) and the cost model's entry for ``cost_case`` (default ``case``; one rank's share of a
-    tensor-parallel step)."""
+    (over the step's own), its cold-cache timing (``cold``) and the cost model's entry for ``cost_case`` (default
+    ``case``; one rank's share of a tensor-parallel step)."""
     status, reason = status_of(*findings)
     return Result.for_case(
         spec.name,
@@ -298,6 +299,7 @@ def result(
         device=kept.device,
         parity=parity,
         timing=timed,
+        cold=cold,
         threads=kept.threads,
         kernels=kernels,
         extras={**kept.extras, **(extras or {})},

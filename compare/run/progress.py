@@ -31,11 +31,17 @@ def fmt_duration(seconds: float) -> str:
     return f"{m}m{s:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m"
 
 
-def eta(done: int, total: int, elapsed: float) -> float | None:
-    """Seconds left at the mean pace so far; None before the first cell is done."""
+def eta(done: int, total: int, elapsed: float, until_deadline: float | None = None) -> float | None:
+    """Seconds left at the mean pace so far; None before the first cell is done. With a time budget
+    (``until_deadline``: seconds to its end, ``compare.run.budget``) the run is planned to end by then, and cells
+    finish in groups (a case's cells of one mode settle together: the first group's pace over-states the rest by the
+    cells still to come), so the estimate is the smaller of the two while the deadline is ahead."""
     if done <= 0 or total <= done:
         return None if done <= 0 else 0.0
-    return elapsed / done * (total - done)
+    pace = elapsed / done * (total - done)
+    if until_deadline is not None and until_deadline > 0:
+        return min(pace, until_deadline)
+    return pace
 
 
 class Display:
@@ -48,6 +54,7 @@ class Display:
         stream: TextIO | None = None,
         live: bool | None = None,
         title: str = "cells",
+        deadline: float | None = None,
     ) -> None:
         if level not in LEVELS:
             raise ValueError(f"unknown progress level {level!r}; known: {', '.join(LEVELS)}")
@@ -55,6 +62,8 @@ class Display:
         self.stream = stream if stream is not None else sys.stderr
         self.live = (self.stream.isatty() and level != "quiet") if live is None else live
         self.done = 0
+        #: the ``time.monotonic`` value at which the run's time budget ends (None: no budget)
+        self.deadline = deadline
         self._base = 0  # cells already done before this session (a resumed sweep): not part of the pace
         self.start = time.monotonic()
         self._rich: Any = None
@@ -122,7 +131,8 @@ class Display:
         """A cell finished with ``status``."""
         self.done += 1
         elapsed = time.monotonic() - self.start
-        left = eta(self.done - self._base, self.total - self._base, elapsed)
+        until = None if self.deadline is None else self.deadline - time.monotonic()
+        left = eta(self.done - self._base, self.total - self._base, elapsed, until)
         line = f"[{self.done}/{self.total}] {label} -> {status}  (elapsed {fmt_duration(elapsed)}" + (
             f", about {fmt_duration(left)} left)" if left else ")"
         )

@@ -64,6 +64,7 @@ from compare.results import document as results
 from compare.results import environment
 from compare.results.document import Results
 from compare.run import exitcodes, harness, preflight, stop
+from compare.run.budget import Budget
 from compare.run.cell import against_ceilings, min_flops
 from compare.run.options import add_grid_args, check_grid_args, check_inputs
 from compare.run.progress import Display, progress_level
@@ -89,6 +90,7 @@ def run_sweep(
     progress: Display | None = None,
     retry_errors: bool = False,
     ceilings: bool = False,
+    budget: Budget | None = None,
 ) -> Results:
     """Run every cell of ``config`` not yet in ``out/results.jsonl``, appending each as it finishes.
 
@@ -97,7 +99,9 @@ def run_sweep(
     (``harness.measure_ceilings``; they go into this session's header line) and hold every single-device row to them
     as it is stored (``compare.run.cell.against_ceilings``: its roofline numbers, and ``implausible`` where its fastest
     sample beats the matmul ceiling); off, as ``compare run --no-ceilings``, the rows are stored as they come.
-    Returns :func:`load_sweep` of the file. The workers' scratch folder ``out/.cells`` is removed on the way out,
+    ``budget`` (``compare.run.budget``): no cell starts once it is spent; the cells left are said as its cut and
+    wait for a rerun of the same command (it resumes them). Returns :func:`load_sweep` of the file. The workers'
+    scratch folder ``out/.cells`` is removed on the way out,
     and a stale one (a killed sweep's) on the way in, once this sweep holds the file's lock.
     """
     path = out / JSONL
@@ -137,8 +141,16 @@ def run_sweep(
                     important=True,
                 )
             plain_cache: dict[str, Any] = {}
-            for cell in todo:
+            for i, cell in enumerate(todo):
                 stop.check()  # a signal asked to stop: the cell in flight was the last
+                if budget is not None and budget.left() <= 0:
+                    budget.cut(
+                        f"sweep: {len(todo) - i} of {len(cells)} cells not started, the {budget.total_s:g} s budget "
+                        "being spent; rerun the same command to resume them"
+                    )
+                    if progress:
+                        progress.message(budget.cuts[-1], important=True)
+                    break
                 t0 = time.perf_counter()
                 s = specs[cell.backend]
                 if progress:
@@ -227,6 +239,11 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     files, the output folder. Ctrl-C or SIGTERM: the cell in flight is dropped, the rest written, status 130.
     """
     config = config_from_args(a)
+    if a.cache != "warm":
+        raise InputError(
+            f"--cache {a.cache}: a sweep times warm caches only (each cell on its own); cold samples are "
+            "`python -m compare run --cache cold` or `both`"
+        )
     if a.cell_timeout is not None:
         check_finite("--cell-timeout", a.cell_timeout)
         if not a.isolate:
@@ -240,6 +257,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path) -> int:
     """``cmd_sweep`` once the folder is locked and the signals set a flag."""
     specs = {b: spec(b) for b in config["backends"]}
+    budget = Budget(a.time_budget) if a.time_budget is not None else None
     interrupted = False
     try:
         with Display(0, progress_level(a), title="sweep") as display:
@@ -252,7 +270,10 @@ def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path) -> i
                 progress=display,
                 retry_errors=a.retry_errors,
                 ceilings=not a.no_ceilings,
+                budget=budget,
             )
+        if budget is not None:
+            doc = dataclasses.replace(doc, budget=budget.record())
     except KeyboardInterrupt:
         interrupted = True
         why = stop.requested() or "an interrupt"
@@ -295,7 +316,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="token counts (default: %(default)s); each is batch x seq with batch = tokens / seq",
     )
     p.add_argument("--seq", type=int, default=1, help="sequence length of every case (default: 1, batch = tokens)")
-    add_grid_args(p, budget_help="seconds of timed samples per cell")
+    add_grid_args(p, budget_help="seconds of timed samples per cell", cache_default="warm")
     p.add_argument("--out", default="out/sweep", help="output folder; rerun with the same one to resume")
     p.add_argument(
         "--isolate",

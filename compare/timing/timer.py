@@ -38,7 +38,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from compare.formats.jsonfields import Obj, integer, integers, number, numbers, text
 
@@ -46,8 +46,21 @@ from compare.formats.jsonfields import Obj, integer, integers, number, numbers, 
 NOISY_IQR_FRACTION = 0.10
 CLOCK = time.perf_counter
 CLOCK_RESOLUTION_S = time.get_clock_info("perf_counter").resolution
-#: How a timing's samples were taken: in its own window of time, or in rounds with the other backends of its group.
-CONTIGUOUS, INTERLEAVED = "contiguous", "interleaved"
+#: How a timing's samples were taken: in its own window of time, in rounds with the other backends of its group
+#: (warm caches), or in rounds of single calls each after a cache flush (``cold``, :func:`measure_cold`).
+CONTIGUOUS, INTERLEAVED, COLD = "contiguous", "interleaved", "cold"
+
+
+class Watch(Protocol):
+    """Told of every timed block of an interleaved or cold timing (``compare.timing.nvml``'s device telemetry): the
+    entrant, its block's ``perf_counter`` start and end, and its calls; ``stop`` returns one JSON record per
+    entrant (None for one without a block). Its own work must not run inside a block (a sampling thread does)."""
+
+    def start(self, entrants: int) -> None: ...
+
+    def block(self, entrant: int, start_s: float, end_s: float, calls: int) -> None: ...
+
+    def stop(self) -> list[dict[str, Any] | None]: ...
 
 
 @dataclass(frozen=True)
@@ -141,12 +154,19 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def _run_block(fn: Callable[[], Any], sync: Callable[[Any], None], calls: int) -> tuple[float, Any]:
-    """Seconds for ``calls`` calls in a row and one sync of all their outputs; and the last output."""
+def _timed_block(fn: Callable[[], Any], sync: Callable[[Any], None], calls: int) -> tuple[float, float, Any]:
+    """``calls`` calls in a row and one sync of all their outputs: the clock at its start and end, and the last
+    output."""
     t0 = CLOCK()
     outs = [fn() for _ in range(calls)]
     sync(outs)
-    return CLOCK() - t0, outs[-1]
+    return t0, CLOCK(), outs[-1]
+
+
+def _run_block(fn: Callable[[], Any], sync: Callable[[Any], None], calls: int) -> tuple[float, Any]:
+    """Seconds for ``calls`` calls in a row and one sync of all their outputs; and the last output."""
+    t0, t1, last = _timed_block(fn, sync, calls)
+    return t1 - t0, last
 
 
 def first_call(fn: Callable[[], Any], sync: Callable[[Any], None]) -> tuple[float, Any]:
@@ -295,6 +315,27 @@ def _sized_blocks(
     return shared_block_sizes(needed)
 
 
+def _in_rounds(
+    samples: list[float], rounds: list[int], calls: int, first_s: float, warmup: int, design: str, group: str
+) -> Timing:
+    """The :class:`Timing` of one entrant of a group timed in rounds (interleaved or cold)."""
+    q1, med, q3 = quartiles(samples)
+    return Timing(
+        median_s=med,
+        iqr_s=q3 - q1,
+        min_s=min(samples),
+        max_s=max(samples),
+        n=len(samples),
+        calls_per_sample=calls,
+        first_call_s=first_s,
+        warmup_calls=warmup,
+        samples_s=tuple(samples),
+        design=design,
+        group=group,
+        rounds=tuple(rounds),
+    )
+
+
 def measure_interleaved(
     entrants: Sequence[Entrant],
     *,
@@ -305,11 +346,13 @@ def measure_interleaved(
     budget_s: float = 1.0,
     min_sample_s: float = 2e-3,
     seed: int = 0,
+    watch: Watch | None = None,
 ) -> list[tuple[Timing, Any] | BaseException]:
     """Time ``entrants`` together, in rounds (module docstring): per entrant, its :class:`Timing` (design
     ``interleaved``, ``group``, each sample's round) and the output of its last timed call, or the exception its
     step raised (it leaves the rotation; the others go on). ``seed`` draws the orders (any fixed value keeps the
-    test exact: what matters is that the order does not depend on the load). ``budget_s`` is per entrant."""
+    test exact: what matters is that the order does not depend on the load). ``budget_s`` is per entrant.
+    ``watch`` (:class:`Watch`) is told of every timed block; the caller reads its records with ``watch.stop()``."""
     if min_samples < 5:
         raise ValueError(f"min_samples must be at least 5, got {min_samples}")
     if warmup < 1:
@@ -331,6 +374,8 @@ def measure_interleaved(
     last: list[Any] = [None] * n
     start = CLOCK()
     r = 0
+    if watch is not None:
+        watch.start(n)
     while True:
         live = [i for i in range(n) if outcome[i] is None]
         if not live:
@@ -342,12 +387,14 @@ def measure_interleaved(
         for i in live:
             e = entrants[i]
             try:
-                seconds, last[i] = _run_block(e.fn, e.sync, calls[i])
+                t0, t1, last[i] = _timed_block(e.fn, e.sync, calls[i])
             except Exception as exc:
                 outcome[i], last[i] = exc, None
                 continue
-            samples[i].append(seconds / calls[i])
+            samples[i].append((t1 - t0) / calls[i])
             rounds[i].append(r)
+            if watch is not None:
+                watch.block(i, t0, t1, calls[i])
         r += 1
     out: list[tuple[Timing, Any] | BaseException] = []
     for i, e in enumerate(entrants):
@@ -355,20 +402,69 @@ def measure_interleaved(
         if err is not None:
             out.append(err)
             continue
-        q1, med, q3 = quartiles(samples[i])
-        t = Timing(
-            median_s=med,
-            iqr_s=q3 - q1,
-            min_s=min(samples[i]),
-            max_s=max(samples[i]),
-            n=len(samples[i]),
-            calls_per_sample=calls[i],
-            first_call_s=e.first_call_s,
-            warmup_calls=warmup,
-            samples_s=tuple(samples[i]),
-            design=INTERLEAVED,
-            group=group,
-            rounds=tuple(rounds[i]),
-        )
+        t = _in_rounds(samples[i], rounds[i], calls[i], e.first_call_s, warmup, INTERLEAVED, group)
         out.append((t, last[i]))
     return out
+
+
+def measure_cold(
+    entrants: Sequence[Entrant],
+    flush: Callable[[], None],
+    *,
+    group: str,
+    min_samples: int = 5,
+    max_samples: int = 50,
+    budget_s: float = 1.0,
+    seed: int = 0,
+    watch: Watch | None = None,
+) -> list[Timing | BaseException]:
+    """Cold-cache timings of ``entrants`` (already warmed up: call this after :func:`measure_interleaved`), in rounds
+    as there: each round runs every entrant once, in an order drawn for the round, and each sample is **one** call
+    right after ``flush()`` (``compare.timing.caches``: it evicts the last-level cache and syncs; its time is outside
+    the sample), synced on its own. A block of several calls would time the second call warm, so a cold sample is one
+    call, and a step much shorter than a sync is dominated by it (the warm timing amortises it over its block).
+
+    At least ``min_samples`` rounds, then more while the rounds' time (flushes included) stays under ``budget_s`` per
+    entrant and under ``max_samples``. Per entrant its :class:`Timing` (design ``cold``, ``group``, each sample's
+    round; ``first_call_s`` its entrant's, ``warmup_calls`` 0: the warm timing before it warmed it up), or the
+    exception its step raised."""
+    if min_samples < 1:
+        raise ValueError(f"min_samples must be at least 1, got {min_samples}")
+    n = len(entrants)
+    outcome: list[BaseException | None] = [None] * n
+    samples: list[list[float]] = [[] for _ in range(n)]
+    rounds: list[list[int]] = [[] for _ in range(n)]
+    rng = random.Random(seed)
+    start = CLOCK()
+    r = 0
+    if watch is not None:
+        watch.start(n)
+    while True:
+        live = [i for i in range(n) if outcome[i] is None]
+        if not live:
+            break
+        enough = all(len(samples[i]) >= min_samples for i in live)
+        if enough and (CLOCK() - start >= budget_s * len(live) or r >= max_samples):
+            break
+        for i in _shuffled(live, rng):
+            e = entrants[i]
+            try:
+                flush()
+                t0, t1, out = _timed_block(e.fn, e.sync, 1)
+                del out
+            except Exception as exc:  # this entrant's failure (or the flush's, named by its type), recorded
+                outcome[i] = exc
+                continue
+            samples[i].append(t1 - t0)
+            rounds[i].append(r)
+            if watch is not None:
+                watch.block(i, t0, t1, 1)
+        r += 1
+    out_: list[Timing | BaseException] = []
+    for i, e in enumerate(entrants):
+        err = outcome[i]
+        if err is not None:
+            out_.append(err)
+            continue
+        out_.append(_in_rounds(samples[i], rounds[i], 1, e.first_call_s, 0, COLD, group))
+    return out_

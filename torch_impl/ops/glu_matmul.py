@@ -29,12 +29,10 @@ import triton
 
 from triton_impl.env import FP_FUSION
 from triton_impl.glu_matmul_kernels import (
-    INTERP_CONFIG,
-    INTERP_LARGE_CONFIG,
-    INTERP_LARGE_MNK,
     INTERP_NUM_WARPS,
     INTERPRETED,
     geglu_matmul_launch,
+    interp_config,
     matmul_launch,
 )
 
@@ -119,8 +117,7 @@ def _launch_kwargs(dtype: torch.dtype, M: int, N: int, K: int) -> dict:
         "enable_fp_fusion": FP_FUSION,
     }
     if _INTERPRET:
-        cfg = INTERP_LARGE_CONFIG if M * N * K > INTERP_LARGE_MNK else INTERP_CONFIG
-        kw.update(cfg, num_warps=INTERP_NUM_WARPS)
+        kw.update(interp_config(M, N, K), num_warps=INTERP_NUM_WARPS)
     return kw
 
 

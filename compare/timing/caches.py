@@ -1,0 +1,156 @@
+"""Cold caches: how large the last-level cache is, and a flush that evicts it between two timed calls.
+
+A warm-cache timing flatters exactly the memory-bound steps fusion is about: after the first call a working set
+smaller than the last-level cache (``cpu-mlp``'s float32 weights are 28 MiB; an H200's L2 is 50 MB, ``blog-mlp``'s
+bf16 weights 14 MB) is read from the cache, not from memory. The cold timing (``compare.timing.timer.measure_cold``)
+runs a :class:`Flush` before every timed call and leaves its time out.
+
+The size comes from the device: on CPU the largest unified or data cache the OS lists for CPU 0
+(``/sys/devices/system/cpu/cpu0/cache/index*/``, else ``os.sysconf``'s ``SC_LEVEL{3,2}_CACHE_SIZE``); on a GPU
+the framework's adapter reads L2 from the device properties and hands its own flush (a device buffer written by a
+kernel), since a host buffer does not touch a GPU's L2. The flush writes :data:`FLUSH_MULTIPLE` times the cache:
+one pass the size of the cache does not evict all of it (set-associative caches with adaptive replacement keep
+some old lines), several do.
+
+What it cannot see: a VM's cache is the host socket's and shared with its other guests (the size read here is the
+socket's, so the cold figure is an upper bound on a quiet host's cold time and warm figures can be colder than
+their name under a noisy neighbour); the flush evicts the CPU's caches, not a NUMA node's or a TLB's warmth
+beyond what its pages displace. Standard library and numpy only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from compare.formats.jsonfields import Obj, integer, number, record_dict, text
+
+#: Bytes a flush writes, as a multiple of the last-level cache.
+FLUSH_MULTIPLE = 3
+#: The smallest flush, whatever the cache reads (a machine that lists no cache still gets one that evicts an L2).
+MIN_FLUSH_BYTES = 64 * 2**20
+#: The cache modes of ``--cache``: warm only, cold only, or both (the report's timing table has a column each).
+CACHE_MODES: tuple[str, ...] = ("warm", "cold", "both")
+_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+@dataclass(frozen=True)
+class CacheSize:
+    """A device's last-level cache: its ``level`` (3 for an L3, 2 for a GPU's L2), ``bytes`` and where the figure
+    was read (``source``)."""
+
+    level: int
+    bytes: int
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> CacheSize:
+        return CacheSize(integer(d, "level"), integer(d, "bytes"), text(d, "source"))
+
+
+def _sysfs_size(raw: str) -> int:
+    """``"491520K"`` -> bytes (sysfs writes K, M or a plain number of bytes)."""
+    raw = raw.strip()
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(raw[-1:].upper(), 1)
+    return int(raw[:-1] if scale > 1 else raw) * scale
+
+
+def cpu_last_level(sysfs: Path = _SYSFS) -> CacheSize | None:
+    """The CPU's last-level cache as the OS lists it (the highest level that holds data); None where nothing is
+    listed (then :func:`flush_bytes` falls back to :data:`MIN_FLUSH_BYTES`)."""
+    best: CacheSize | None = None
+    if sysfs.is_dir():
+        for index in sorted(sysfs.glob("index*")):
+            try:
+                kind = (index / "type").read_text().strip()
+                level = int((index / "level").read_text())
+                size = _sysfs_size((index / "size").read_text())
+            except (OSError, ValueError):  # an entry that cannot be read is not a cache we can size
+                continue
+            if kind in ("Unified", "Data") and (best is None or level > best.level):
+                best = CacheSize(level, size, f"{index}/size")
+    if best is not None:
+        return best
+    for level in (3, 2):
+        name = f"SC_LEVEL{level}_CACHE_SIZE"
+        try:
+            size = os.sysconf(name)
+        except (ValueError, OSError):  # not defined on this platform
+            continue
+        if size > 0:
+            return CacheSize(level, size, f"os.sysconf({name})")
+    return None
+
+
+def flush_bytes(cache: CacheSize | None) -> int:
+    """Bytes a flush writes: :data:`FLUSH_MULTIPLE` x the cache, at least :data:`MIN_FLUSH_BYTES`."""
+    return max(MIN_FLUSH_BYTES, FLUSH_MULTIPLE * (cache.bytes if cache is not None else 0))
+
+
+class Flush(Protocol):
+    """Evicts the device's last-level cache when called, and returns only once that is done (it syncs itself)."""
+
+    #: bytes it writes per call, and what it is (for the report)
+    bytes: int
+    about: str
+
+    def __call__(self) -> None: ...
+
+
+class HostFlush:
+    """A host buffer of ``nbytes`` read and written by one pass per call (``buf += 1`` on int64: each line is loaded
+    and dirtied, where a plain fill may use streaming stores that bypass the cache). Its pages are touched once here,
+    so the first timed flush does not pay the page faults."""
+
+    def __init__(self, nbytes: int) -> None:
+        self._buf = np.zeros(max(1, nbytes // 8), dtype=np.int64)
+        self._buf += 1
+        self.bytes = int(self._buf.nbytes)
+        self.about = f"a {self.bytes / 2**20:.0f} MiB host buffer read and written before each call"
+
+    def __call__(self) -> None:
+        self._buf += 1
+
+
+@dataclass(frozen=True)
+class ColdSetup:
+    """How cold timings were made (``results.json``'s ``cold``): the cache mode asked for, the cache that was sized
+    (None: the OS lists none), the bytes and kind of the flush, and its median seconds (left out of every sample)."""
+
+    mode: str
+    cache: CacheSize | None
+    flush_bytes: int
+    flush_about: str
+    flush_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> ColdSetup:
+        raw = d.get("cache")
+        return ColdSetup(
+            mode=text(d, "mode"),
+            cache=CacheSize.from_dict(raw) if isinstance(raw, dict) else None,
+            flush_bytes=integer(d, "flush_bytes"),
+            flush_about=text(d, "flush_about"),
+            flush_s=number(d, "flush_s"),
+        )
+
+
+def time_flush(flush: Flush, calls: int = 3) -> float:
+    """Median seconds of ``calls`` flushes (what each cold sample leaves out)."""
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        flush()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]

@@ -1,0 +1,284 @@
+"""Cold-cache timing, the run's time budget, the interpreted-parity cache and the ETA (issue: the timer of the
+field). Fakes stand in for a cache: a flush that sets a flag, a step that is slower while the flag is set; the
+negative controls are a flush that evicts nothing and a step that ignores it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from compare.backends.registry import Availability, BackendSpec, Prepared, register, unregister
+from compare.problem import datacache
+from compare.problem.cases import PRESETS, InputError
+from compare.problem.golden import Problem
+from compare.report.render import render
+from compare.report.shapes import budgeted_sweep
+from compare.results.document import Results
+from compare.run import harness, parity_cache
+from compare.run.budget import FLOOR, SHARES, Budget
+from compare.run.progress import eta
+from compare.timing import caches
+from compare.timing import timer as timing
+from compare.timing.budgets import BudgetRecord
+from tests.numpy_backend import NumpyPlain
+
+pytestmark = pytest.mark.quick
+
+
+class _Cache:
+    """A pretend last-level cache: ``flush`` empties it, a step fills it; a step on an empty cache pays ``miss_s``."""
+
+    def __init__(self, miss_s: float, evicts: bool = True) -> None:
+        self.warm, self.miss_s, self.evicts, self.flushes = False, miss_s, evicts, 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        time.sleep(0.003)  # a flush's own time, which no sample may include
+        if self.evicts:
+            self.warm = False
+
+    def step(self) -> int:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < (0.0007 if self.warm else 0.0007 + self.miss_s):
+            pass
+        self.warm = True
+        return 1
+
+
+def _cold_of(cache: _Cache) -> timing.Timing:
+    (got,) = timing.measure_cold(
+        [timing.Entrant(cache.step, lambda outs: None, 0.0)], cache.flush, group="g", min_samples=7, budget_s=0.0
+    )
+    assert isinstance(got, timing.Timing)
+    return got
+
+
+def test_a_cold_sample_is_one_call_after_a_flush_whose_time_is_left_out() -> None:
+    cache = _Cache(miss_s=0.004)
+    t = _cold_of(cache)
+    assert t.design == timing.COLD and t.calls_per_sample == 1 and t.n == 7 and cache.flushes == 7
+    # every sample paid the miss, none the flush's 3 ms on top
+    assert 0.0045 < t.median_s < 0.0075, t.median_s
+
+
+def test_control_a_flush_that_evicts_nothing_gives_warm_times() -> None:
+    cache = _Cache(miss_s=0.004, evicts=False)
+    cache.warm = True
+    t = _cold_of(cache)
+    assert t.median_s < 0.003, t.median_s  # the same timer: without an eviction the samples are warm
+
+
+def test_cold_rounds_keep_every_entrant_and_a_failing_step_is_its_own_error() -> None:
+    cache = _Cache(miss_s=0.0)
+
+    def broken() -> int:
+        raise RuntimeError("boom")
+
+    got = timing.measure_cold(
+        [timing.Entrant(cache.step, lambda o: None, 0.0), timing.Entrant(broken, lambda o: None, 0.0)],
+        cache.flush,
+        group="g",
+        min_samples=5,
+        budget_s=0.0,
+    )
+    assert isinstance(got[0], timing.Timing) and got[0].n == 5 and isinstance(got[1], RuntimeError)
+
+
+def test_the_last_level_cache_is_read_from_the_os_listing(tmp_path: Path) -> None:
+    for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"),
+                                             (3, "Unified", "491520K")]):  # fmt: skip
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    got = caches.cpu_last_level(tmp_path)
+    assert got is not None and (got.level, got.bytes) == (3, 491520 * 1024)
+    assert caches.flush_bytes(got) == caches.FLUSH_MULTIPLE * 491520 * 1024
+    assert caches.flush_bytes(None) == caches.MIN_FLUSH_BYTES
+    # this machine lists one too, and the record round-trips
+    here = caches.cpu_last_level()
+    assert here is None or caches.CacheSize.from_dict(here.to_dict()) == here
+
+
+def test_the_host_flush_writes_its_whole_buffer() -> None:
+    f = caches.HostFlush(3 * 2**20 + 5)
+    before = int(f._buf.sum())
+    f()
+    assert int(f._buf.sum()) == before + f._buf.size and f.bytes >= 3 * 2**20
+
+
+def test_budget_parts_floor_and_cuts() -> None:
+    b = Budget(100.0)
+    assert b.part("timing", 4) == pytest.approx(SHARES["timing"] * 100 / 4, rel=1e-3)
+    b.start -= 1000  # long past its end: a phase still gets its floor
+    assert b.part("timing", 4) == pytest.approx(FLOOR * SHARES["timing"] * 100 / 4)
+    b.cut("x")
+    b.cut("x")
+    rec = b.record()
+    assert rec.cuts == ("x",) and rec.overrun_s > 0 and BudgetRecord.from_dict(rec.to_dict()) == rec
+    with pytest.raises(ValueError, match="positive"):
+        Budget(0.0)
+
+
+def test_a_short_budget_cuts_the_sweep_to_its_ends_and_says_so() -> None:
+    case = PRESETS["tiny"].case("float32")
+    b = Budget(1.0)
+    tokens, per_shape = budgeted_sweep([case], [1, 8, 64, 512], 1.0, b)
+    assert tokens == [1, 512] and per_shape < 1.0
+    assert any("tokens [1, 512]" in c for c in b.cuts) and any("per shape" in c for c in b.cuts)
+    roomy = Budget(1e6)
+    assert budgeted_sweep([case], [1, 8, 64], 0.2, roomy) == ([1, 8, 64], 0.2) and roomy.cuts == []
+
+
+def test_eta_takes_the_deadline_when_the_pace_overstates() -> None:
+    assert eta(1, 16, 60.0) == pytest.approx(900.0)
+    assert eta(1, 16, 60.0, until_deadline=20.0) == 20.0
+    assert eta(8, 16, 60.0, until_deadline=-5.0) == pytest.approx(60.0)  # past the deadline: the pace again
+
+
+class _Interpreted(NumpyPlain):
+    """The numpy backend, declared interpreted (parity only): its cells go through the parity cache."""
+
+    name = "numpy-interpreted"
+    calls = 0
+
+    def availability(self) -> Availability:
+        return Availability(True, timed=False)
+
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        _Interpreted.calls += 1
+        return replace(super().prepare(problem, mode), timed=False)
+
+
+BACKEND = _Interpreted()
+SPEC = BackendSpec(name="numpy-interpreted", framework="numpy", target=__name__, about="a test's interpreted backend")
+
+
+@pytest.fixture
+def interpreted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    monkeypatch.setenv(datacache.ENV, str(tmp_path / "cache"))
+    register(SPEC)
+    yield SPEC
+    unregister(SPEC.name)
+
+
+def _run(spec: BackendSpec, reuse: bool = True, **kw: Any) -> Results:
+    case = PRESETS["tiny"].case("float32")
+    return harness.run([case], [spec], ["fwd"], ceilings=False, reuse_parity=reuse, **kw)
+
+
+@pytest.mark.standard
+def test_an_interpreted_verdict_is_reused_on_the_same_code_and_missed_on_another(
+    interpreted: BackendSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _Interpreted.calls = 0
+    first = _run(interpreted).results[0]
+    assert first.status == "ok" and "parity_cache" not in first.extras and _Interpreted.calls == 1
+    again = _run(interpreted).results[0]
+    assert _Interpreted.calls == 1, "a hit must not prepare the step again"
+    assert again.extras["parity_cache"]["key"] == parity_cache.key(interpreted, PRESETS["tiny"].case("float32"), "fwd")
+    assert again.parity == first.parity and again.status == first.status
+    report = render(Results(results=(again,)))
+    assert "parity reused from the interpreted-parity cache" in report
+    # a changed kernel source is another key: the cell runs again
+    real = datacache.source_digest
+    monkeypatch.setattr(datacache, "source_digest", lambda paths: real(paths) + "-edited")
+    third = _run(interpreted).results[0]
+    assert _Interpreted.calls == 2 and "parity_cache" not in third.extras
+    # the run's own flag turns reuse off
+    monkeypatch.setattr(datacache, "source_digest", real)
+    assert "parity_cache" not in _run(interpreted, reuse=False).results[0].extras and _Interpreted.calls == 3
+
+
+@pytest.mark.standard
+def test_an_error_is_not_cached(interpreted: BackendSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: Any, problem: Problem, mode: str) -> Prepared:
+        raise RuntimeError("transient")
+
+    monkeypatch.setattr(_Interpreted, "prepare", broken)
+    assert _run(interpreted).results[0].status == "error"
+    monkeypatch.undo()
+    monkeypatch.setenv(datacache.ENV, datacache.os.environ.get(datacache.ENV, "off"))
+    case = PRESETS["tiny"].case("float32")
+    assert parity_cache.lookup(interpreted, case, "fwd") is None
+
+
+@pytest.mark.standard
+def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts() -> None:
+    from tests.numpy_backend import SPEC as NUMPY
+
+    register(NUMPY)
+    try:
+        doc = _run(NUMPY, cache="both", budget=Budget(8.0))
+    finally:
+        unregister(NUMPY.name)
+    (r,) = doc.results
+    assert r.status == "ok" and r.timing is not None and r.cold is not None
+    assert r.timing.design == timing.INTERLEAVED and r.cold.design == timing.COLD and r.cold.n >= 5
+    assert doc.cold is not None and doc.cold.flush_bytes >= caches.MIN_FLUSH_BYTES
+    assert doc.budget is not None and doc.budget.total_s == 8.0
+    again = Results.from_dict(doc.to_dict())
+    assert again.cold == doc.cold and again.budget == doc.budget and again.results[0].cold == r.cold
+    text = render(doc)
+    assert "cold median" in text and "Cold caches ('both')" in text and "Time budget: 8 s" in text
+
+
+def test_a_bad_cache_mode_is_refused_by_name() -> None:
+    with pytest.raises(InputError, match="cache mode"):
+        harness.run([PRESETS["tiny"].case("float32")], [], ["fwd"], cache="lukewarm")
+
+
+def test_the_kernel_time_cells_mark_a_profile_slower_than_the_step() -> None:
+    from compare.kernels.busy import KernelTime
+    from compare.kernels.summary import Kernels
+    from compare.report.render import _kernel_cells
+    from compare.results.document import Result
+
+    t = timing.Timing(1e-3, 1e-5, 1e-3, 1e-3, 5, 1, 0.1, 1, (1e-3,) * 5)
+    k = Kernels("torch.profiler", "cpu", 2, kernel_time=KernelTime(800.0, 800.0, {"gemm": 600.0, "elementwise": 200.0}))
+    base = Result("b", "geglu", "float32", PRESETS["tiny"].shape, "c", "fwd", "ok", timing=t, kernels=k)
+    busy, split, over = _kernel_cells(base)
+    assert busy == "800 us" and split == "gemm 75%, unfused 25%" and over == "200 us"
+    slow = replace(k, kernel_time=KernelTime(1300.0, 1300.0, {"gemm": 1300.0}))
+    busy, _, over = _kernel_cells(replace(base, kernels=slow))
+    assert "> wall" in busy and over.startswith("-")
+    assert _kernel_cells(replace(base, kernels=None)) == ["-", "-", "-"]
+    assert np.isfinite(t.median_s)
+
+
+@pytest.mark.standard
+@pytest.mark.parametrize("throttle", [0x40, 0])
+def test_a_throttled_window_is_marked_in_the_timing_table_and_a_quiet_one_is_not(throttle: int) -> None:
+    from compare.timing import nvml
+    from tests.numpy_backend import SPEC as NUMPY
+
+    device = nvml.ScriptedDevice([nvml.Phase(0.0, 1977, 2619, 431.5, 67, throttle)], name="Scripted H200")
+    register(NUMPY)
+    try:
+        doc = _run(NUMPY, cache="warm", watch=lambda: nvml.NvmlWatch(device, period_s=0.002))
+    finally:
+        unregister(NUMPY.name)
+    (r,) = doc.results
+    tele = nvml.Telemetry.from_dict(r.extras["telemetry"])
+    assert tele.samples > 0 and tele.sm_clock_mhz is not None and tele.sm_clock_mhz.median == 1977
+    assert tele.throttled == bool(throttle)
+    text = render(doc)
+    assert ("**throttled**: HwThermalSlowdown" in text) == bool(throttle) and "SM clock 1977 MHz" in text
+
+
+@pytest.mark.standard
+def test_cuda_graphs_on_a_machine_without_cuda_say_why_not() -> None:
+    from compare.backends.registry import spec
+
+    doc = harness.run(
+        [PRESETS["tiny"].case("float32")], [spec("torch-eager")], ["fwd"], ceilings=False, cuda_graphs=True
+    )
+    (r,) = doc.results
+    assert r.status == "ok" and r.extras["cuda_graph"].startswith("not captured: no CUDA device")
+    assert "CUDA graph: not captured" in render(doc)
