@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import importlib
 import json
 import os
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BackendSpec
@@ -54,12 +56,12 @@ _KIND = "interpreted-parity"
 
 def key(spec: BackendSpec, case: Case, mode: str) -> str:
     """The cache entry's name for one interpreted cell (module docstring: what it holds)."""
-    package = spec.target.split(".")[0]
     what = {
         "backend": spec.to_dict(),
         "case": case.to_dict(),
         "mode": mode,
-        "source": datacache.source_digest(["compare", package, "triton_impl"]),
+        "source": datacache.source_digest(["compare", "triton_impl"]),
+        "package": _package_digest(spec.target.split(".")[0]),
         "versions": environment.versions(),
         "cpu": environment.cpu_model(),
         "isa": list(environment.cpu_isa() or ()),
@@ -67,6 +69,19 @@ def key(spec: BackendSpec, case: Case, mode: str) -> str:
     }
     digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
     return f"{_KIND}-{spec.name}-{digest}"
+
+
+def _package_digest(package: str) -> str:
+    """A sha256 of every ``.py`` file of the backend's top package, wherever it was imported from (a framework
+    package of this project, a test's, an extension's outside it)."""
+    module = importlib.import_module(package)
+    roots = [Path(p) for p in getattr(module, "__path__", [])] or [Path(str(module.__file__)).parent]
+    h = hashlib.sha256()
+    for root in roots:
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def lookup(spec: BackendSpec, case: Case, mode: str) -> Result | None:
