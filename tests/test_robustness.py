@@ -725,3 +725,28 @@ def test_a_results_file_of_another_schema_version_is_refused(
         assert cli.main(["report", str(path), "--out", str(tmp_path / "R.md")]) == exitcodes.BAD_INPUT
         err = capsys.readouterr().err
         assert f"this fusion-compare reads schema_version {SCHEMA_VERSION}" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("writes", [True, False])
+def test_a_command_refused_while_the_holder_is_still_writing_its_line_names_the_holder(
+    tmp_path: Path, writes: bool
+) -> None:
+    """Two commands started at one moment: the loser can find the lock taken and its file still empty (the holder
+    writes its line right after taking the lock). It reads again briefly, so it names the holder; a holder that
+    never writes is 'a process starting up'."""
+    import fcntl
+    import threading
+
+    from compare.run import preflight
+
+    fd = os.open(tmp_path / preflight.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if writes:
+            threading.Timer(0.05, lambda: os.pwrite(fd, b"pid 4243: python -m compare run\n", 0)).start()
+        with pytest.raises(InputError) as err, preflight.lock_folder(tmp_path, "run"):
+            pass
+        assert ("pid 4243: python -m compare run" if writes else "a process starting up") in str(err.value)
+    finally:
+        os.close(fd)

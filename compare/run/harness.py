@@ -171,6 +171,8 @@ class _Timer:
     cfg: TimingConfig
     cache: str = "warm"
     flush: caches.Flush | None = None
+    #: the flush's median seconds (``caches.time_flush``, measured once per run)
+    flush_s: float = 0.0
     budget: Budget | None = None
     groups_left: int = 1
     watch: Callable[[], timing.Watch | None] | None = None
@@ -189,10 +191,12 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
     those it times cold (``_Timer``; every cut said to the budget). Without a budget: the run's settings, all cells,
     and all of them cold when the cache mode asks for it.
 
-    The group gets its part of the timing share (``compare.run.budget``), split between the warm samples (two
-    thirds, when both are asked for) and the cold. A step whose first call says that warm-up and the minimum samples
-    cannot fit its part is given fewer (down to ``budget.MIN_SAMPLES`` and one warm-up call); one that cannot fit even
-    those, or one cold sample per entrant, is not timed beyond its first call (its parity is still judged)."""
+    The group gets its part of the timing share (``compare.run.budget``), split between the warm samples (half,
+    when both are asked for) and the cold. A step's time is read from one more call (its first call's includes the
+    compile). A group whose slowest step cannot fit warm-up and the minimum samples in its part is given fewer (down
+    to ``budget.MIN_SAMPLES`` and one warm-up call); a step that cannot fit even those is not timed beyond its first
+    calls, and one that cannot fit ``budget.MIN_SAMPLES`` flushed calls gets no cold samples (its parity is still
+    judged)."""
     cfg, cells = how.cfg, list(timed)
     cold_cells = list(cells) if how.cold else []
     if how.budget is None:
@@ -237,7 +241,7 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
             b.cut(f"{label}: {budget_s:.3g} s of samples per backend instead of {cfg.budget_s:.3g} s")
         new = replace(cfg, budget_s=budget_s)
     cold_per = cold_part / max(1, len(cold_cells))
-    flush_s = caches.time_flush(how.flush, 1) if how.cold and how.flush is not None and cold_cells else 0.0
+    flush_s = how.flush_s if how.cold else 0.0
     cold_keep = [c for c in cold_cells if (step_s[id(c)] + flush_s) * budget.MIN_SAMPLES <= cold_per]
     for c in cold_cells:
         if c not in cold_keep:
@@ -246,6 +250,23 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
                 f"{flush_s:.3g} s flush, exceed its {cold_per:.3g} s of the group's cold samples)"
             )
     return new, cold_per, cells, cold_keep
+
+
+def _watched(
+    cells: Sequence[_Cell],
+    how: _Timer,
+    measure: Callable[[list[timing.Entrant], timing.Watch | None], list[Any]],
+) -> tuple[list[Any], list[dict[str, Any] | None]]:
+    """``measure`` (a timer function) on the cells' steps under a fresh device watch (``how.watch``; none without
+    one): its outcomes, and per cell the watch's telemetry record (None where there is none). The watch's sampling
+    thread ends with the timing, whatever ended it."""
+    watch = how.watch() if how.watch is not None else None
+    entrants = [timing.Entrant(c.prepared.step, c.prepared.sync, c.first_s) for c in cells if c.prepared]
+    try:
+        outcomes = measure(entrants, watch)
+    finally:
+        seen = watch.stop() if watch is not None else []
+    return outcomes, seen or [None] * len(cells)
 
 
 def _time(cells: Sequence[_Cell], how: _Timer, plain: dict[str, np.ndarray]) -> None:
@@ -260,16 +281,13 @@ def _time(cells: Sequence[_Cell], how: _Timer, plain: dict[str, np.ndarray]) -> 
     cfg, cold_budget, timed, cold = _budgeted(timed, how, label)
     ref = pipeline.checked(c0.mode, golden_for(c0.case).ref)
     group = timing.new_group_id(f"{c0.case.name}/{c0.mode}")
+    seed = zlib.crc32(group.encode())
     if how.warm and timed:
-        watch = how.watch() if how.watch is not None else None
-        entrants = [timing.Entrant(c.prepared.step, c.prepared.sync, c.first_s) for c in timed if c.prepared]
-        try:
-            outcomes = timing.measure_interleaved(
-                entrants, group=group, seed=zlib.crc32(group.encode()), watch=watch, **cfg.to_dict()
-            )
-        finally:  # the watch's sampling thread ends with the timing, whatever ended it
-            seen = watch.stop() if watch is not None else []
-        seen = seen or [None] * len(timed)
+
+        def warm(entrants: list[timing.Entrant], watch: timing.Watch | None) -> list[Any]:
+            return list(timing.measure_interleaved(entrants, group=group, seed=seed, watch=watch, **cfg.to_dict()))
+
+        outcomes, seen = _watched(timed, how, warm)
         for c, got, tele in zip(timed, outcomes, seen, strict=True):
             if isinstance(got, BaseException):
                 c.fail(got)
@@ -288,21 +306,22 @@ def _time(cells: Sequence[_Cell], how: _Timer, plain: dict[str, np.ndarray]) -> 
             for c in cold:
                 assert c.prepared is not None
                 timing.first_call(c.prepared.step, c.prepared.sync)
-        watch = how.watch() if how.watch is not None else None
-        entrants = [timing.Entrant(c.prepared.step, c.prepared.sync, c.first_s) for c in cold if c.prepared]
-        try:
-            got_cold = timing.measure_cold(
-                entrants,
-                how.flush,
-                group=group + "/cold",
-                min_samples=budget.MIN_SAMPLES,
-                budget_s=cold_budget,
-                seed=zlib.crc32(group.encode()) + 1,
-                watch=watch,
+        flush = how.flush
+
+        def cold_rounds(entrants: list[timing.Entrant], watch: timing.Watch | None) -> list[Any]:
+            return list(
+                timing.measure_cold(
+                    entrants,
+                    flush,
+                    group=group + "/cold",
+                    min_samples=budget.MIN_SAMPLES,
+                    budget_s=cold_budget,
+                    seed=seed + 1,
+                    watch=watch,
+                )
             )
-        finally:
-            seen = watch.stop() if watch is not None else []
-        seen = seen or [None] * len(cold)
+
+        got_cold, seen = _watched(cold, how, cold_rounds)
         for c, t, tele in zip(cold, got_cold, seen, strict=True):
             if isinstance(t, BaseException):
                 c.fail(t)
@@ -490,8 +509,8 @@ def run(
     timer = _Timer(cfg, cache, budget=budget, groups_left=max(1, len(cases) * len(modes)), watch=watch)
     if cache != "warm":
         size, flush = cold_flush()
-        timer.flush = flush
-        cold_setup = caches.ColdSetup(cache, size, flush.bytes, flush.about, caches.time_flush(flush))
+        timer.flush, timer.flush_s = flush, caches.time_flush(flush)
+        cold_setup = caches.ColdSetup(cache, size, flush.bytes, flush.about, timer.flush_s)
     interpreted: set[tuple[str, str, str]] = set()  # (backend, case, mode) of this run's own interpreted verdicts
     jobs: dict[tuple[str, str, int], list[tuple[Cell, BackendSpec]]] = {}
     ceil = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -52,6 +53,17 @@ def check_file_writable(path: Path, option: str = "--out") -> Path:
     return path
 
 
+def _holder(fd: int, wait_s: float = 0.5) -> str:
+    """The holder's line of a lock file held by another process. The holder writes it right after it takes the lock,
+    so a command started at the same moment can find the file still empty: it reads again for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        line = os.pread(fd, 4096, 0).decode("utf-8", errors="replace").strip()
+        if line or time.monotonic() >= deadline:
+            return line
+        time.sleep(0.01)
+
+
 @contextlib.contextmanager
 def lock_folder(path: Path, command: str = "run") -> Iterator[None]:
     """Hold the output folder's one lock, ``<path>/.lock``, while inside: every command that writes a folder
@@ -75,7 +87,7 @@ def lock_folder(path: Path, command: str = "run") -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
-            holder = os.pread(fd, 4096, 0).decode("utf-8", errors="replace").strip() or "a process starting up"
+            holder = _holder(fd) or "a process starting up"
             raise InputError(
                 f"{path} is in use by another command ({holder}); wait for it or use another --out"
             ) from exc
