@@ -197,6 +197,12 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
         opened = device
         watch, telemetry = (lambda: nvml.NvmlWatch(opened)), f"NVML on {device.name()}"
     with Display(cells, progress_level(a), title="run", deadline=deadline) as display:
+        if not any(s.runtime for s in plan.specs):  # one group per case and mode (tensor-parallel jobs are not)
+            left = budget
+            display.plan(
+                len(cases) * len(plan.modes),
+                (lambda: left.part("shape_sweep")) if left is not None and a.shape_sweep else None,
+            )
         doc = harness.run(
             cases,
             plan.specs,

@@ -282,3 +282,22 @@ def test_cuda_graphs_on_a_machine_without_cuda_say_why_not() -> None:
     (r,) = doc.results
     assert r.status == "ok" and r.extras["cuda_graph"].startswith("not captured: no CUDA device")
     assert "CUDA graph: not captured" in render(doc)
+
+
+def test_the_eta_of_cells_that_finish_in_groups_reads_the_groups_pace() -> None:
+    import io
+
+    from compare.run.progress import Display, group_eta
+
+    assert group_eta(0, 2, 10.0, 5.0) is None
+    assert group_eta(1, 2, 30.0, 7.0) == pytest.approx(37.0)  # one more group like the first, then the sweep
+    assert group_eta(2, 2, 60.0, 7.0) == pytest.approx(7.0)
+    out = io.StringIO()
+    with Display(16, stream=out, live=False) as d:
+        d.plan(2, lambda: 7.0)
+        d.groups_begin()
+        d._groups_start = d.start - 30.0  # the first group took 30 s
+        d.group_done()
+        d.cell("a", "ok")
+    # the cell pace would say 15 x 30 s; the groups' pace says one more group and the sweep
+    assert "about 37" in out.getvalue(), out.getvalue()

@@ -550,6 +550,8 @@ def run(
             ceil = measure_ceilings(dtypes, probe_s)
             if ceil is not None and store is not None:
                 store.ceilings(ceil)
+        if progress:
+            progress.groups_begin()
         for case in cases:
             stop.check()
             try:
@@ -602,7 +604,10 @@ def run(
                     _finish_steps(c, inputs, profile, trace_dir)
                 if group and progress and not reference.made:
                     progress.starting(f"{case.name}: the reference of the fresh inputs")
-                for res in _settle(case, group, seed, inputs, reference):
+                settled = _settle(case, group, seed, inputs, reference)
+                if progress:
+                    progress.group_done()
+                for res in settled:
                     record(res)
         for (runtime, how, ws), tp_cells in jobs.items():
             stop.check()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 LEVELS: tuple[str, ...] = ("quiet", "normal", "verbose")
@@ -44,6 +45,17 @@ def eta(done: int, total: int, elapsed: float, until_deadline: float | None = No
     return pace
 
 
+def group_eta(done: int, total: int, elapsed: float, tail_s: float) -> float | None:
+    """Seconds left when cells finish in groups (a case's cells of one mode settle together): the mean seconds per
+    group so far (from the first group's start) times the groups left, plus ``tail_s`` for what follows the groups
+    (the compile-cost sweep's part of the budget); None before the first group is done. Each group of a run is one
+    case and mode, with its own golden data, plain computation and compiles, so groups are alike where cells are
+    not."""
+    if done <= 0:
+        return None
+    return elapsed / done * max(0, total - done) + tail_s
+
+
 class Display:
     """Progress of ``total`` cells. Use as a context manager; call :meth:`cell` as each one finishes."""
 
@@ -65,6 +77,10 @@ class Display:
         #: the ``time.monotonic`` value at which the run's time budget ends (None: no budget)
         self.deadline = deadline
         self._base = 0  # cells already done before this session (a resumed sweep): not part of the pace
+        #: groups of cells (``plan``): how many, done, when the first started, the seconds expected after the last
+        self._groups: tuple[int, Callable[[], float]] | None = None
+        self._groups_done = 0
+        self._groups_start: float | None = None
         self.start = time.monotonic()
         self._rich: Any = None
         self._task: Any = None
@@ -107,6 +123,27 @@ class Display:
         if self._rich is not None:
             self._rich.update(self._task, total=total, completed=done)
 
+    def plan(self, groups: int, tail_s: Callable[[], float] | None = None) -> None:
+        """The cells finish in ``groups`` groups (:func:`group_eta`), followed by about ``tail_s()`` seconds of other
+        work (asked each time: a budget's part shrinks as the run falls behind); the ETA then reads the groups'
+        pace. Call :meth:`groups_begin` when the first group starts and :meth:`group_done` before a group's cells
+        are reported."""
+        self._groups = (groups, tail_s or (lambda: 0.0))
+
+    def groups_begin(self) -> None:
+        if self._groups_start is None:
+            self._groups_start = time.monotonic()
+
+    def group_done(self) -> None:
+        self._groups_done += 1
+
+    def _left(self, elapsed: float) -> float | None:
+        if self._groups is not None and self._groups_start is not None and self._groups_done > 0:
+            total, tail = self._groups
+            return group_eta(self._groups_done, total, time.monotonic() - self._groups_start, tail())
+        until = None if self.deadline is None else self.deadline - time.monotonic()
+        return eta(self.done - self._base, self.total - self._base, elapsed, until)
+
     def _print(self, text: str) -> None:
         if self._rich is not None:
             self._rich.console.print(text, markup=False, highlight=False)
@@ -131,8 +168,7 @@ class Display:
         """A cell finished with ``status``."""
         self.done += 1
         elapsed = time.monotonic() - self.start
-        until = None if self.deadline is None else self.deadline - time.monotonic()
-        left = eta(self.done - self._base, self.total - self._base, elapsed, until)
+        left = self._left(elapsed)
         line = f"[{self.done}/{self.total}] {label} -> {status}  (elapsed {fmt_duration(elapsed)}" + (
             f", about {fmt_duration(left)} left)" if left else ")"
         )
