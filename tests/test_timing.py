@@ -21,6 +21,9 @@ def _spin(seconds: float) -> float:
     return seconds
 
 
+# the machine to itself (make test-quiet): beside other tests on both cores whole samples are stolen (CI here: a
+# 2 ms loop's samples at 2, 6 and 10 ms, median 3.2 ms; a 50 us loop's at 116 us), which is load, not the timer
+@pytest.mark.quiet
 @pytest.mark.parametrize("cost", [50e-6, 2e-3])
 def test_busy_loop_of_known_cost_is_measured_within_10_percent(cost: float) -> None:
     t = timing.measure(lambda: _spin(cost), lambda outs: None, budget_s=0.2)
