@@ -162,16 +162,49 @@ def test_the_disk_cache_returns_the_same_bits_and_recovers_from_a_bad_entry(
     case = PRESETS["odd"].case("float32", model="gelu-mlp", seed=5)
     first, p1 = golden._generated(case), plain_reference.__wrapped__(case)
     entries = sorted((tmp_path / "cache").iterdir())
-    assert [e.name.split("-")[0] for e in entries] == ["golden", "plain"]
+    assert [e.name.split("-")[0] for e in entries] == ["plain", "reference"]
+    ref_entry = entries[1]
     again, p2 = golden._generated(case), plain_reference.__wrapped__(case)
     for k in first.ref:
         assert np.array_equal(first.ref[k], again.ref[k]) and np.array_equal(p1[k], p2[k])
         assert p1.envelope is not None and p2.envelope is not None
         assert np.array_equal(p1.envelope[k], p2.envelope[k])
-    entries[0].write_bytes(entries[0].read_bytes()[:100])  # truncated
-    assert datacache.load(entries[0].name.removesuffix(".safetensors")) is None
+    ref_entry.write_bytes(ref_entry.read_bytes()[:100])  # truncated
+    assert datacache.load(ref_entry.name.removesuffix(".safetensors")) is None
     fresh = golden._generated(case)
     assert all(np.array_equal(fresh.ref[k], first.ref[k]) for k in first.ref)
-    assert datacache.load(entries[0].name.removesuffix(".safetensors")) is not None
+    assert datacache.load(ref_entry.name.removesuffix(".safetensors")) is not None
     monkeypatch.setenv(datacache.ENV, "off")
-    assert datacache.folder() is None and datacache.load(entries[0].name.removesuffix(".safetensors")) is None
+    assert datacache.folder() is None and datacache.load(ref_entry.name.removesuffix(".safetensors")) is None
+
+
+@pytest.mark.standard
+def test_a_generated_reference_is_computed_as_read_and_equals_the_whole_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A generated case's reference (``compare.problem.golden.LazyReference``): its keys cost nothing, reading ``y``
+    computes the forward alone, a gradient the whole; every value is :func:`make_golden`'s, bit for bit, for every
+    model. The control: counting ``compute``'s calls sees the forward-only call and the whole one."""
+    from compare.problem import datacache, golden
+
+    monkeypatch.setenv(datacache.ENV, str(tmp_path / "cache"))
+    calls: list[bool] = []
+    real = golden.compute
+
+    def counted(model, x, params, dy, ar, *a, **k):  # type: ignore[no-untyped-def]
+        calls.append(dy is not None)
+        return real(model, x, params, dy, ar, *a, **k)
+
+    for model in ("linear", "geglu", "swiglu", "gelu-mlp"):
+        case = PRESETS["odd"].case("bfloat16", model=model, seed=7)
+        whole = golden.make_golden(case)
+        monkeypatch.setattr(golden, "compute", counted)
+        calls.clear()
+        lazy = golden._generated(case)
+        assert sorted(lazy.ref) == sorted(whole.ref) and calls == []  # the names, nothing computed
+        assert np.array_equal(lazy.ref["y"], whole.ref["y"]) and calls == [False]  # the forward alone
+        assert all(np.array_equal(lazy.ref[k], whole.ref[k]) for k in whole.ref) and calls == [False, True]
+        assert np.array_equal(golden._generated(case).ref["dx"], whole.ref["dx"]) and calls == [False, True]  # cached
+        with pytest.raises(KeyError):
+            lazy.ref["dnope"]
+        monkeypatch.setattr(golden, "compute", real)

@@ -22,7 +22,7 @@ them.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -132,7 +132,7 @@ def resolution_rows(
     label: str,
     dtype: str,
     golden_inputs: tuple[np.ndarray, dict[str, np.ndarray], np.ndarray],
-    ref: dict[str, np.ndarray],
+    ref: Mapping[str, np.ndarray],
     plain: dict[str, np.ndarray],
     tensors: Iterable[str],
 ) -> list[ResolutionRow]:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import zlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +64,7 @@ class Golden(Problem):
     """The data of one case: the :class:`Problem` (inputs and weights) plus ``ref``, the float64 reference output
     ``y`` and gradients ``dx``, ``d<param>``. Only the harness and the gate hold one; backends get ``.problem``."""
 
-    ref: dict[str, np.ndarray]
+    ref: Mapping[str, np.ndarray]
 
     @property
     def problem(self) -> Problem:
@@ -93,8 +94,9 @@ def draw_input(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> n
 _READS_X: tuple[str, ...] = ("gate", "up", "weight", "bias", "fc1", "b1")
 
 
-def make_golden(case: Case) -> Golden:
-    """Generate the golden data of ``case`` (deterministic; see the module docstring)."""
+def make_problem(case: Case) -> Problem:
+    """The inputs and weights of ``case``'s golden data, without its reference (deterministic: the draws of
+    :func:`make_golden`, a fraction of a second where the reference takes tens of seconds on a large case)."""
     rng = _rng(case)
     x = round_to_dtype(draw_input(rng, case.input_shape(), case.dist), case.dtype)
     params = {}
@@ -102,8 +104,67 @@ def make_golden(case: Case) -> Golden:
         fan_in = case.shape.dim if name in _READS_X else case.shape.hidden
         params[name] = round_to_dtype(rng.standard_normal(shape) / np.sqrt(fan_in), case.dtype)
     dy = round_to_dtype(rng.standard_normal(case.output_shape()), case.dtype)
-    ref = compute(case.model, x, params, dy, Arith.exact())
-    return Golden(case=case, inputs={"x": x, "dy": dy}, params=params, ref=ref)
+    return Problem(case=case, inputs={"x": x, "dy": dy}, params=params)
+
+
+def make_golden(case: Case) -> Golden:
+    """Generate the golden data of ``case`` (deterministic; see the module docstring), its whole reference now."""
+    p = make_problem(case)
+    ref = compute(case.model, p.x, p.params, p.dy, Arith.exact())
+    return Golden(case=case, inputs=p.inputs, params=p.params, ref=ref)
+
+
+def reference_names(case: Case) -> tuple[str, ...]:
+    """The tensors of ``case``'s reference: the output ``y``, then ``dx`` and ``d<param>`` per weight."""
+    return ("y", "dx", *(f"d{p}" for p in case.weight_shapes()))
+
+
+class LazyReference(Mapping[str, np.ndarray]):
+    """The float64 reference of a generated case, computed on first use and kept in the disk cache
+    (``compare.problem.datacache``): the output alone while only ``y`` is read (a forward-only run, a compile-cost
+    sweep that reads none of it), everything once a gradient is (on ``cpu-mlp`` the backward is about three quarters
+    of the reference's time). The keys are known without computing anything; the values are those of
+    :func:`make_golden`'s reference, bit for bit (the same ``compute`` on the same inputs)."""
+
+    def __init__(self, p: Problem) -> None:
+        self._p = p
+        self._names = reference_names(p.case)
+        self._fwd: dict[str, np.ndarray] | None = None
+        self._all: dict[str, np.ndarray] | None = None
+
+    def _computed(self, backward: bool) -> dict[str, np.ndarray]:
+        case = self._p.case
+        what = {"case": _case_meta(case), "generator_version": GENERATOR_VERSION}
+        name = datacache.key("reference" if backward else "reference-fwd", what)
+        cached = datacache.load(name)
+        if cached is not None:
+            return cached
+        ref = compute(case.model, self._p.x, self._p.params, self._p.dy if backward else None, Arith.exact())
+        datacache.save(name, {k: np.ascontiguousarray(v) for k, v in ref.items()})
+        return ref
+
+    def prefetch(self, backward: bool) -> None:
+        """Compute now what a run will read: with ``backward`` the whole reference at once (reading ``y`` first
+        would compute the forward twice)."""
+        if backward and self._all is None:
+            self._all = self._computed(backward=True)
+
+    def __getitem__(self, k: str) -> np.ndarray:
+        if k not in self._names:
+            raise KeyError(k)
+        if self._all is None and k == "y":
+            if self._fwd is None:
+                self._fwd = self._computed(backward=False)
+            return self._fwd["y"]
+        if self._all is None:
+            self._all = self._computed(backward=True)
+        return self._all[k]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def _to_tensors(golden: Golden) -> dict[str, np.ndarray]:
@@ -204,17 +265,18 @@ def is_committed(case: Case) -> bool:
 
 
 def _generated(case: Case) -> Golden:
-    """``make_golden(case)``, through the disk cache of data that is a pure function of the case
-    (``compare.problem.datacache``: a large case takes tens of seconds, and every process of a worker group needs
-    it)."""
-    name = datacache.key("golden", {"case": _case_meta(case), "generator_version": GENERATOR_VERSION})
-    cached = datacache.load(name)
-    if cached is not None:
-        group = {p: {k.split(".", 1)[1]: v for k, v in cached.items() if k.startswith(p + ".")} for p in PARTS}
-        return Golden(case=case, inputs=group["input"], params=group["param"], ref=group["ref"])
-    g = make_golden(case)
-    datacache.save(name, _to_tensors(g))
-    return g
+    """``make_golden(case)`` with its reference computed as it is read (:class:`LazyReference`, through the disk
+    cache of data that is a pure function of the case: a large case's reference takes tens of seconds, and every
+    process of a worker group needs it); the inputs and weights are drawn again (a fraction of a second)."""
+    p = make_problem(case)
+    return Golden(case=case, inputs=p.inputs, params=p.params, ref=LazyReference(p))
+
+
+def prefetch_reference(golden: Golden, backward: bool) -> None:
+    """Have ``golden``'s whole reference computed at once when a run will read its gradients (``backward``): a
+    generated case's :class:`LazyReference` then computes it once; a committed file's is already read."""
+    if isinstance(golden.ref, LazyReference):
+        golden.ref.prefetch(backward)
 
 
 #: The tensor groups of a golden file: ``input.x``, ``param.gate``, ``ref.y``, ...

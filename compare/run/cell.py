@@ -17,7 +17,7 @@ from compare.cost.records import Ceilings, Cost
 from compare.gate.parity import Parity, Plain, check_all, check_plain
 from compare.problem import datacache
 from compare.problem.cases import Case
-from compare.problem.golden import golden_for
+from compare.problem.golden import golden_for, prefetch_reference
 from compare.problem.reference import plain_run, round_to_dtype
 from compare.results.document import Result
 
@@ -45,6 +45,7 @@ def plain_reference(case: Case, backward: bool = True) -> Plain:
 
     Raises :class:`~compare.gate.parity.UnusableCase` when it (or the reference) is not finite in the case dtype."""
     g = golden_for(case)
+    prefetch_reference(g, backward)
     name = datacache.key("plain" if backward else "plain-fwd", case.to_dict())
     cached = datacache.load(name)
     if cached is not None:

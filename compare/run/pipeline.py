@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -57,10 +57,11 @@ def who(spec: BackendSpec, mode: str) -> str:
     return f"{spec.name} in mode {mode}"
 
 
-def checked(mode: str, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The tensors of ``tensors`` (a reference: ``y`` and every gradient) that ``mode`` checks."""
+def checked(mode: str, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The tensors of ``tensors`` (a reference: ``y`` and every gradient) that ``mode`` checks, read by name only (a
+    lazy reference computes no gradient a forward-only mode does not check)."""
     want = MODE_TENSORS[mode]
-    return {k: v for k, v in tensors.items() if want(k)}
+    return {k: tensors[k] for k in tensors if want(k)}
 
 
 def skipped(spec: BackendSpec, case: Case, mode: str) -> Result | None:
