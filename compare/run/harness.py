@@ -191,21 +191,18 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
     those it times cold (``_Timer``; every cut said to the budget). Without a budget: the run's settings, all cells,
     and all of them cold when the cache mode asks for it.
 
-    The group gets its part of the timing share (``compare.run.budget``), split between the warm samples (half,
-    when both are asked for) and the cold. A step's time is read from one more call (its first call's includes the
-    compile). A group whose slowest step cannot fit warm-up and the minimum samples in its part is given fewer (down
-    to ``budget.MIN_SAMPLES`` and one warm-up call); a step that cannot fit even those is not timed beyond its first
-    calls, and one that cannot fit ``budget.MIN_SAMPLES`` flushed calls gets no cold samples (its parity is still
-    judged)."""
+    The group gets its part of the timing share (``compare.run.budget``), split between the warm samples and the
+    cold (:func:`_split`: each kind's floor first, then halves). A step's time is read from one more call (its
+    first call's includes the compile). A group whose slowest step cannot fit warm-up and the minimum samples in its
+    part is given fewer (down to ``budget.MIN_SAMPLES`` and one warm-up call); a step that cannot fit even those is
+    not timed beyond its first calls, and one that cannot fit ``budget.MIN_SAMPLES`` flushed calls gets no cold
+    samples (its parity is still judged)."""
     cfg, cells = how.cfg, list(timed)
     cold_cells = list(cells) if how.cold else []
     if how.budget is None:
         return cfg, cfg.budget_s / 2, cells, cold_cells
     b = how.budget
     part = b.part("timing", how.groups_left)
-    warm_part = part * (0.5 if how.cold and how.warm else 1.0) if how.warm else 0.0
-    cold_part = part - warm_part
-    per = warm_part / max(1, len(cells))
     # a step's steady time, from one more call (the first call's time includes its compile): it warms up, too
     step_s: dict[int, float] = {}
     for c in cells:
@@ -218,6 +215,13 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
     cold_cells = [c for c in cold_cells if c.done is None]
     # what the floor costs a step: warm-up, two sizing blocks and the minimum samples, one call each at the least
     floor_calls = 1 + 2 + budget.MIN_SAMPLES
+    flush_s = how.flush_s if how.cold else 0.0
+    warm_part, cold_part = _split(
+        part,
+        sum(step_s[id(c)] for c in cells) * floor_calls if how.warm else 0.0,
+        sum(step_s[id(c)] + flush_s for c in cold_cells) * budget.MIN_SAMPLES,
+    )
+    per = warm_part / max(1, len(cells))
     keep = [c for c in cells if step_s[id(c)] * floor_calls <= max(per, 1e-9) * len(cells)] if how.warm else cells
     for c in cells:
         if c not in keep:
@@ -241,7 +245,6 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
             b.cut(f"{label}: {budget_s:.3g} s of samples per backend instead of {cfg.budget_s:.3g} s")
         new = replace(cfg, budget_s=budget_s)
     cold_per = cold_part / max(1, len(cold_cells))
-    flush_s = how.flush_s if how.cold else 0.0
     cold_keep = [c for c in cold_cells if (step_s[id(c)] + flush_s) * budget.MIN_SAMPLES <= cold_per]
     for c in cold_cells:
         if c not in cold_keep:
@@ -250,6 +253,23 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
                 f"{flush_s:.3g} s flush, exceed its {cold_per:.3g} s of the group's cold samples)"
             )
     return new, cold_per, cells, cold_keep
+
+
+def _split(part: float, warm_min: float, cold_min: float) -> tuple[float, float]:
+    """A group's part of the timing share split between its warm and its cold samples: each first gets what its
+    floor costs (``warm_min``: warm-up, sizing blocks and the minimum samples of every step; ``cold_min``: the
+    minimum cold samples, each after a flush), the rest in halves; a part too small for both floors is split in
+    their proportion. A cold sample pays for its flush (on a CPU with a large last-level cache many times the step),
+    so halves alone left every step of a large case without cold samples. With one kind only, it gets the part."""
+    if not cold_min:
+        return part, 0.0
+    if not warm_min:
+        return 0.0, part
+    if part >= warm_min + cold_min:
+        extra = (part - warm_min - cold_min) / 2
+        return warm_min + extra, cold_min + extra
+    warm = part * warm_min / (warm_min + cold_min)
+    return warm, part - warm
 
 
 def _watched(
