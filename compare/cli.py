@@ -225,11 +225,11 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
         )
         doc = dataclasses.replace(doc, telemetry=telemetry)
         if a.shape_sweep and not doc.interrupted:
-            tokens, per_shape = list(a.shape_sweep), a.budget
+            swept, tokens, per_shape = cases, list(a.shape_sweep), a.budget
             if budget is not None:
-                tokens, per_shape = shapes.budgeted_sweep(cases, tokens, a.budget, budget)
+                swept, tokens, per_shape = shapes.budgeted_sweep(cases, tokens, a.budget, budget)
             try:
-                rows = shapes.run_shape_sweep(cases, tokens, per_shape, lambda s: display.message(s, important=True))
+                rows = shapes.run_shape_sweep(swept, tokens, per_shape, lambda s: display.message(s, important=True))
                 doc = dataclasses.replace(doc, shape_sweep=tuple(rows))
                 store.shape_sweep(rows)
             except KeyboardInterrupt:

@@ -129,11 +129,24 @@ def test_budget_parts_floor_and_cuts() -> None:
 def test_a_short_budget_cuts_the_sweep_to_its_ends_and_says_so() -> None:
     case = PRESETS["tiny"].case("float32")
     b = Budget(1.0)
-    tokens, per_shape = budgeted_sweep([case], [1, 8, 64, 512], 1.0, b)
-    assert tokens == [1, 512] and per_shape < 1.0
+    swept, tokens, per_shape = budgeted_sweep([case], [1, 8, 64, 512], 1.0, b)
+    assert swept == [case] and tokens == [1, 512] and per_shape < 1.0
     assert any("tokens [1, 512]" in c for c in b.cuts) and any("per shape" in c for c in b.cuts)
     roomy = Budget(1e6)
-    assert budgeted_sweep([case], [1, 8, 64], 0.2, roomy) == ([1, 8, 64], 0.2) and roomy.cuts == []
+    assert budgeted_sweep([case], [1, 8, 64], 0.2, roomy) == ([case], [1, 8, 64], 0.2) and roomy.cuts == []
+
+
+def test_a_late_sweep_keeps_one_dtype_per_shape_and_says_so() -> None:
+    """A run past the sweep's share (its parity and compiles overran the budget) sweeps the first dtype of each
+    model and shape; the control: on time, every dtype is swept."""
+    f32, bf16 = PRESETS["tiny"].case("float32"), PRESETS["tiny"].case("bfloat16")
+    odd = PRESETS["odd"].case("bfloat16")
+    late = Budget(10.0, start=time.monotonic() - 9.0)
+    swept, tokens, _ = budgeted_sweep([f32, bf16, odd], [1, 8, 64], 0.2, late)
+    assert swept == [f32, odd] and tokens == [1, 64]
+    assert any("one dtype per model and shape" in c and "left out geglu 96->328 bfloat16 " in c for c in late.cuts)
+    on_time = Budget(1e6)
+    assert budgeted_sweep([f32, bf16], [1, 8], 0.2, on_time)[0] == [f32, bf16] and on_time.cuts == []
 
 
 def test_eta_takes_the_deadline_when_the_pace_overstates() -> None:

@@ -225,27 +225,50 @@ def run_shape_sweep(
     return with_payback(rows)
 
 
-def budgeted_sweep(cases: list[Case], tokens: list[int], per_shape_s: float, budget: Any) -> tuple[list[int], float]:
-    """The token counts and the sampling seconds per shape that keep a run's time budget (``compare.run.budget``:
-    the sweep's share, never more than is left), each cut said to ``budget``: the sampling per shape is cut to what
-    the share gives each (cases x variants x tokens; a shape's compile and warm-up cost about twice its samples), and
-    when even that is under the timer's floor (0.01 s), or the run is already past its share's start, only the
-    smallest and largest token counts run."""
+def budgeted_sweep(
+    cases: list[Case], tokens: list[int], per_shape_s: float, budget: Any
+) -> tuple[list[Case], list[int], float]:
+    """The cases, token counts and sampling seconds per shape that keep a run's time budget (``compare.run.budget``:
+    the sweep's share, never more than is left), each cut said to ``budget``. When the run is already past its
+    share's start (what parity and the compiles before it cost overran the budget), the sweep keeps the first dtype
+    of each model and shape (compiles, not samples, are most of its time: each dtype is another compile per shape and
+    variant) and only the smallest and largest token counts; the sampling per shape is cut to what the share gives
+    each (cases x variants x tokens; a shape's compile and warm-up cost about twice its samples), and when even that
+    is under the timer's floor (0.01 s), the token counts are cut to the ends too."""
     from compare.backends.registry import BACKENDS
 
-    variants = sum(len(s.sweep) for s in BACKENDS.values() if s.sweep and any(c.model in s.models for c in cases))
+    def variants_of(chosen: list[Case]) -> int:
+        return sum(len(s.sweep) for s in BACKENDS.values() if s.sweep and any(c.model in s.models for c in chosen))
+
     share = budget.part("shape_sweep")
-    runs = max(1, len(cases) * variants * len(tokens))
+    late = budget.left() < share
+    kept_cases = list(cases)
+    if late:
+        first: dict[tuple[str, Any], Case] = {}
+        for c in cases:
+            first.setdefault((c.model, c.shape), c)
+        kept_cases = list(first.values())
+        if len(kept_cases) < len(cases):
+
+            def named(cs: list[Case]) -> str:
+                return ", ".join(f"{c.model} {c.shape.dim}->{c.shape.hidden} {c.dtype}" for c in cs)
+
+            budget.cut(
+                f"compile-cost sweep: one dtype per model and shape, {named(kept_cases)}; left out "
+                f"{named([c for c in cases if c not in kept_cases])} (the run was past the sweep's share, "
+                f"{share:.3g} s, with {budget.left():.3g} s left)"
+            )
+    runs = max(1, len(kept_cases) * variants_of(kept_cases) * len(tokens))
     each = share / (3 * runs)
     kept = list(tokens)
-    if len(kept) > 2 and (each < 0.01 or budget.left() < share):
+    if len(kept) > 2 and (each < 0.01 or late):
         kept = [min(kept), max(kept)]
         budget.cut(
             f"compile-cost sweep: tokens {kept} of {tokens} (its share of the budget: {share:.3g} s, "
             f"{budget.left():.3g} s left)"
         )
-        each = share / (3 * max(1, len(cases) * variants * len(kept)))
+        each = share / (3 * max(1, len(kept_cases) * variants_of(kept_cases) * len(kept)))
     if each < per_shape_s:
         budget.cut(f"compile-cost sweep: {each:.3g} s of samples per shape instead of {per_shape_s:.3g} s")
-        return kept, max(each, 0.01)
-    return kept, per_shape_s
+        return kept_cases, kept, max(each, 0.01)
+    return kept_cases, kept, per_shape_s
