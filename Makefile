@@ -10,10 +10,20 @@ REPORT_DIR ?= out/report
 # The second, torch-free environment with the GPU machine's Triton (test-triton36 below).
 T36 := .venv-t36
 
-.PHONY: setup check check-tests test test-main test-slow test-isa test-quiet ci lint report report-cpu report-tp golden clean gpu-build test-triton36
+.PHONY: setup env data check check-tests test test-main test-slow test-isa test-quiet ci lint report report-cpu report-tp golden clean gpu-build test-triton36
 
-# Both environments: the project's, and the bare Triton 3.6.0 one the sm_90 compile tests also run in.
-setup: $(VENV)/.installed $(T36)/.installed
+# Both environments, and the default report's data: what `make report` needs before it measures.
+setup: env data
+
+# Both environments: the project's, and the bare Triton 3.6.0 one the sm_90 compile tests also run in. The test
+# targets need only these.
+env: $(VENV)/.installed $(T36)/.installed
+
+# The golden reference, plain computation and gate resolution of the default report's cases, computed once into the
+# disk cache of data that is a pure function of the case (python -m compare prepare; deterministic, measures nothing;
+# about 40 s on 2 cores the first time, a second when cached).
+data: $(VENV)/.installed
+	$(PY) -m compare prepare --preset cpu-mlp --dtype float32 bfloat16
 
 # constraints/cpu.txt pins every package CI tested (refresh it with `pip freeze` after an upgrade).
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
@@ -23,7 +33,7 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PY) -m pip install -q -c constraints/cpu.txt -e '.[triton,test]'
 	touch $@
 
-lint: setup
+lint: env
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -32,10 +42,10 @@ lint: setup
 # tests/conftest.py refuses one without; no compile at a new shape, no worker process). Under a minute on 2 cores.
 # The lint and the tests run side by side (one core each).
 CHECK_TESTS := quick and not standard and not slow and not compile and not gpu and not quiet
-check: setup
+check: env
 	$(MAKE) --no-print-directory -j2 lint check-tests
 
-check-tests: setup
+check-tests: env
 	$(PY) -m pytest -q -p no:cacheprovider -m "$(CHECK_TESTS)"
 
 # The test loop for a change: lint, the sm_90 compile tests under triton 3.6.0 and the quick and standard tiers of
@@ -48,21 +58,21 @@ PYTEST_WORKERS ?= 2
 PYTEST_PAR := -n $(PYTEST_WORKERS) --dist loadfile
 # The lint, the triton 3.6.0 tests and pytest run side by side (make -j3; their few lines among pytest's dots): the
 # lint and the small triton run fill the gaps the two pytest workers leave.
-test: setup
+test: env
 	$(MAKE) --no-print-directory -j3 lint test-triton36 test-main
 
-test-main: setup
+test-main: env
 	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow and not quiet"
 
 # The slow tier: the tests that take more than about 10 s each here (seed sweeps, multi-host groups, the Inductor
 # cache under two ISAs, the GPU check's dry run).
-test-slow: setup
+test-slow: env
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PAR) -m "slow and not quiet"
 
 # The tests that judge the timer's accuracy (tests/test_timer_agreement.py, the known-cost busy loops of
 # tests/test_timing.py): in one process, with nothing else running (beside one busy core the JAX comparison swung
 # to 1.17x, beside the other tests a 2 ms loop read 3.2 ms; alone they hold within 3% and 10%).
-test-quiet: setup
+test-quiet: env
 	$(PY) -m pytest -q -p no:cacheprovider -m quiet
 
 # What CI runs (.ci/run): everything. `make test`, the slow tier, and the `isa` pass under capped instruction sets.
@@ -73,13 +83,13 @@ ci: test test-slow test-isa test-quiet
 # that, so the `isa` tests run again with OpenBLAS's Sandybridge kernels, XLA capped at AVX and ATen at AVX2, and
 # the disk cache of generated data off (every reference and plain computation made afresh under those kernels).
 # On two workers, as the main pass (on clean clones here: 3 min 20 s on two workers, 3 min 45 s in one process).
-test-isa: setup
+test-isa: env
 	OPENBLAS_CORETYPE=Sandybridge XLA_FLAGS=--xla_cpu_max_isa=AVX ATEN_CPU_CAPABILITY=avx2 FUSION_COMPARE_CACHE=off \
 		$(PY) -m pytest -q -m isa -p no:cacheprovider $(PYTEST_PAR)
 
 # Compile every Triton kernel, autotune config and dtype for sm_90 and sm_80 without a GPU: registers, spills,
 # shared memory, tensor-core instructions, occupancy. Writes the committed table (cached: a rerun is quick).
-gpu-build: setup
+gpu-build: env
 	$(PY) -m compare gpu-build --arch sm_90 sm_80 --out reports/gpu-build
 
 # The GPU machine's Triton (3.6.0) compiles the kernels for sm_90 too: the compile tests in a second, torch-free
@@ -123,7 +133,7 @@ report-tp: setup
 		jax-tp jax-tp-shardmap --dtype float32 --mode fwd fwd+bwd --profile --out reports/cpu-tp; \
 		rc=$$?; [ $$rc -le 1 ] || exit $$rc
 
-golden: setup
+golden: env
 	$(PY) scripts/make_golden.py
 
 clean:

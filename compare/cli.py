@@ -253,6 +253,35 @@ def _gpu_build_table(folder: Path) -> dict[str, Any] | None:
     return data
 
 
+def cmd_prepare(a: argparse.Namespace) -> int:
+    """Compute, and keep in the disk cache of data that is a pure function of the case (``compare.problem.datacache``),
+    what a run computes first for each case: the golden reference, the plain computation and the gate's resolution,
+    for the modes given (the same functions and cache entries as ``run``'s). Deterministic, the same bits on every
+    machine; it measures nothing. On ``cpu-mlp`` each dtype takes tens of seconds on a 2-core CPU: ``make setup`` runs
+    it for the default report's cases, so that ``make report`` spends its time measuring."""
+    import time
+
+    from compare.problem import datacache
+    from compare.run.cell import plain_reference
+
+    cases = cases_from_args(a)
+    modes = check_unique("mode", [check_name("mode", m, MODES) for m in a.mode])
+    if datacache.folder() is None:
+        raise InputError(
+            f"the data cache is off (${datacache.ENV}=off): there is nowhere to keep what prepare computes"
+        )
+    preflight.check_memory(cases)
+    backward = any(m != "fwd" for m in modes)
+    for case in cases:
+        stop.check()
+        t0 = time.monotonic()
+        plain = plain_reference(case, backward=backward)
+        harness.case_resolution(case, plain, modes)
+        print(f"prepared {case.name} ({', '.join(modes)}) in {time.monotonic() - t0:.1f} s", flush=True)
+    print(f"data cache: {datacache.folder()}")
+    return exitcodes.OK
+
+
 def cmd_report(a: argparse.Namespace) -> int:
     """Rebuild REPORT.md from a results.json, a sweep's results.jsonl, a run's cells.jsonl or a folder holding
     them; measures nothing. A folder whose store holds cells its results.json lacks (a run or sweep killed before
@@ -429,6 +458,16 @@ def parser() -> argparse.ArgumentParser:
     prof = _sub(sub, "profile", help="like run, plus kernel counts and a Chrome/Perfetto trace per backend")
     _add_run_args(prof)
     prof.set_defaults(fn=cmd_run, trace=True, profile=True)
+    prep = _sub(
+        sub,
+        "prepare",
+        help="compute and cache the golden reference, plain computation and gate resolution (measures nothing)",
+    )
+    _add_case_args(prep)
+    prep.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
+    prep.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
+    prep.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
+    prep.set_defaults(fn=cmd_prepare)
     rep = _sub(sub, "report", help="rebuild REPORT.md from a results.json (measures nothing)")
     rep.add_argument("results")
     rep.add_argument("--out", type=out_arg, help="where to write (default: REPORT.md beside the results)")

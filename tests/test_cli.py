@@ -194,3 +194,38 @@ def test_a_deviation_exits_0_and_1_under_strict(tmp_path: Path) -> None:
     summary = (tmp_path / "a" / "REPORT.md").read_text()
     assert "deviates: jax-xla" in summary and "token sum accumulated in the low dtype" in summary
     assert main([*args, "--strict", "--out", str(tmp_path / "b")]) == 1
+
+
+def test_prepare_fills_the_data_cache_that_run_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prepare`` computes a case's reference, plain computation and resolution into the data cache, under the very
+    keys a run reads: after it, neither the plain computation nor the reference is computed again (the control: with
+    an empty cache the plain computation runs). A second prepare is a hit; bad input and a cache that is off are
+    refused (exit 2)."""
+    from compare.problem import datacache, golden
+    from compare.problem.cases import PRESETS
+    from compare.run import cell
+
+    monkeypatch.setenv(datacache.ENV, str(tmp_path / "cache"))
+    argv = ["prepare", "--model", "geglu", "--batch", "2", "--seq", "5", "--dim", "24", "--hidden", "40"]
+    assert main([*argv, "--dtype", "float32", "bfloat16", "--mode", "fwd", "fwd+bwd"]) == 0
+    kinds = sorted(p.name.split("-")[0] for p in (tmp_path / "cache").iterdir())
+    assert kinds == ["plain"] * 2 + ["reference"] * 2 + ["resolution"] * 2
+
+    def computed(*a: object, **k: object) -> None:
+        raise AssertionError("computed again")
+
+    case = PRESETS["tiny"].case("bfloat16", model="geglu")
+    case = type(case)(case.model, type(case.shape)(2, 5, 24, 40), "bfloat16", case.dist, 0)
+    monkeypatch.setattr(cell, "plain_run", computed)
+    monkeypatch.setattr(golden, "compute", computed)
+    golden.golden_for.cache_clear()
+    plain = cell.plain_reference.__wrapped__(case)  # type: ignore[attr-defined]
+    assert set(plain) == set(golden.golden_for(case).ref)  # every gradient read, none computed
+    assert main([*argv, "--dtype", "bfloat16", "--mode", "fwd+bwd"]) == 0
+    monkeypatch.setenv(datacache.ENV, str(tmp_path / "empty"))
+    golden.golden_for.cache_clear()
+    with pytest.raises(AssertionError, match="computed again"):
+        cell.plain_reference.__wrapped__(case)  # type: ignore[attr-defined]
+    assert main([*argv, "--mode", "fwdx"]) == 2
+    monkeypatch.setenv(datacache.ENV, "off")
+    assert main(argv) == 2
