@@ -58,8 +58,16 @@ class GatedMLP(nnx.Module):
         self.down = _linear(hidden, dim, dtype, rngs, bias=False)
         self.act_mul = act_mul
 
+    def heads(self, x: jax.Array) -> tuple[jax.Array, ...]:
+        """The GEMM outputs the activation reads: ``(g, u)``."""
+        return self.gate(x), self.up(x)
+
+    def tail(self, g: jax.Array, u: jax.Array) -> jax.Array:
+        """The activation and the GEMM that reads it: ``down(act(g) * u)``."""
+        return self.down(self.act_mul(g, u))
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down(self.act_mul(self.gate(x), self.up(x)))
+        return self.tail(*self.heads(x))
 
 
 class GeluMLP(nnx.Module):
@@ -70,8 +78,16 @@ class GeluMLP(nnx.Module):
         self.fc1 = _linear(dim, hidden, dtype, rngs, bias=True)
         self.fc2 = _linear(hidden, dim, dtype, rngs, bias=True)
 
+    def heads(self, x: jax.Array) -> tuple[jax.Array, ...]:
+        """The GEMM output the activation reads: ``(f,)``, ``f = fc1(x)``."""
+        return (self.fc1(x),)
+
+    def tail(self, f: jax.Array) -> jax.Array:
+        """The activation and the GEMM that reads it: ``fc2(gelu_tanh(f))``."""
+        return self.fc2(jax.nn.gelu(f, approximate=True))
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.fc2(jax.nn.gelu(self.fc1(x), approximate=True))
+        return self.tail(*self.heads(x))
 
 
 def _param(module: nnx.Module, path: tuple[str | None, str]) -> nnx.Param:

@@ -5,7 +5,7 @@
 #   bash scripts/gpu_check.sh            # on the GPU machine: writes reports/gpu/
 #   bash scripts/gpu_check.sh --dry-run  # on any machine: every step that can run without CUDA, small, on CPU
 #
-# Steps (caps add up to 560 s, under 10 minutes):
+# Steps (caps add up to 600 s, 10 minutes):
 #   1 environment      versions, GPU, driver (10 s)
 #   2 gpu-build        every Triton kernel and autotune config compiled for sm_90 (+ sm_80) with its register,
 #                      spill and shared-memory bill: catches a broken kernel before device time is spent (90 s)
@@ -20,6 +20,11 @@
 #                      NVML device and without CUDA (NotCaptured)
 #   7 graphs-report    tiny bf16 fwd, torch-eager and torch-compile replayed from CUDA graphs, cold and warm, with
 #                      the telemetry in the timing table (60 s); needs CUDA
+#   8 gemm-fusion      jax-xla-gemm-fusion, blog-mlp bf16 fwd and fwd+bwd, profiled, in a process started with its
+#                      XLA flags (XLA reads them once per process; the plain jax-xla is the report step's) (40 s);
+#                      dry run: the same command, tiny, where the backend says it needs a GPU
+#
+# The report step runs every backend, torch-compile-max-autotune too: its compile autotunes every GEMM.
 #
 # It installs nothing: the python on PATH (or $PYTHON) must already have torch with CUDA, triton, jax[cuda], flax,
 # safetensors, matplotlib and pytest (jax-triton for the jax-triton backend). JAX is told not to preallocate 75% of
@@ -31,12 +36,14 @@ DRY=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$arg'; allowed: --dry-run" >&2; exit 2 ;;
   esac
 done
 
 PY=${PYTHON:-python3}
+# jax-xla-gemm-fusion's flags (jax_impl/backends/xla_gemm_fusion.py: FLAGS), for the process of its step only
+GEMM_FUSION_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=true --xla_gpu_triton_gemm_any=true"
 if [ "$DRY" = 1 ]; then
   OUT_DIR=${OUT_DIR:-$(mktemp -d)}
 else
@@ -109,6 +116,9 @@ if [ "$DRY" = 1 ]; then
   step graphs-report 60 graphs.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd \
     --backend torch-eager --cuda-graphs --cache both --budget 0.05 --no-plots --no-parity-cache \
     --out "$OUT_DIR/graphs"
+  step gemm-fusion 40 gemm_fusion.log env XLA_FLAGS="$GEMM_FUSION_FLAGS" "$PY" -m compare run --preset tiny \
+    --dtype bfloat16 --mode fwd fwd+bwd --backend jax-xla-gemm-fusion --profile --budget 0.05 --no-plots \
+    --out "$OUT_DIR/gemm-fusion"
 else
   step gpu-build 90 gpu_build.log "$PY" -m compare gpu-build --arch sm_90 sm_80 --out "$OUT_DIR/gpu-build"
   step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests
@@ -118,6 +128,9 @@ else
   step gpu-timing 30 gpu_timing.log "$PY" scripts/gpu_timing_check.py --out "$OUT_DIR/gpu-timing"
   step graphs-report 60 graphs.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd \
     --backend torch-eager torch-compile --cuda-graphs --cache both --budget 0.2 --no-plots --out "$OUT_DIR/graphs"
+  step gemm-fusion 40 gemm_fusion.log env XLA_FLAGS="$GEMM_FUSION_FLAGS" "$PY" -m compare run --preset blog-mlp \
+    --dtype bfloat16 --mode fwd fwd+bwd --backend jax-xla-gemm-fusion --profile --budget 0.2 --no-plots \
+    --out "$OUT_DIR/gemm-fusion"
 fi
 
 echo "== steps"

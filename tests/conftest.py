@@ -57,6 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
 #: which hands each worker one module at a time in collection order, starts them first and the short ones fill the
 #: gaps (longest first keeps the last module to finish short). A stale list costs minutes, never a result.
 LONG_FIRST: tuple[str, ...] = (
+    "test_parity_torch_compile_max_autotune",  # slow tier only: 7 min with cold Inductor caches
     "test_faults",
     "test_parity_jax",
     "test_parity_torch_compile",

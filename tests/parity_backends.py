@@ -1,9 +1,10 @@
 """What the backend x committed-case parity tests share: which backends run here, which tensors must (or may)
 deviate and why, and the three tests themselves, made per group of backends (:func:`backend_parity_tests`).
 
-The tests live in one module per group (``test_parity_torch_compile.py``, ``test_parity_torch.py``,
-``test_parity_jax.py``) so that pytest-xdist, which keeps a module on one worker, runs the groups side by side;
-``tests/test_parity.py`` checks that the groups cover every backend that runs here, once.
+The tests live in one module per group (``test_parity_torch_compile.py``,
+``test_parity_torch_compile_max_autotune.py``, ``test_parity_torch.py``, ``test_parity_jax.py``) so that
+pytest-xdist, which keeps a module on one worker, runs the groups side by side; ``tests/test_parity.py`` checks
+that the groups cover every backend that runs here, once.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ XLA_FLOAT32_TRANSCENDENTAL: dict[str, set[str]] = {"geglu": {"dx", "dgate"}, "ge
 
 
 def known_deviations(backend: str, case: Case) -> tuple[set[str], set[str]]:
-    """(must, may): the tensors of a committed case (fwd+bwd) that must deviate, and that may, on this platform."""
-    if backend not in ("jax-xla", "jax-unfused") or jax_platform() != "cpu":  # the unfused one: the same module
+    """(must, may): the tensors of a committed case (fwd+bwd) that must deviate, and that may, on this platform.
+    A recomputation variant (``remat_of``) computes its twin's arithmetic, so it has its twin's findings."""
+    twin = BACKENDS[backend].remat_of if backend in BACKENDS and BACKENDS[backend].remat_of else backend
+    if twin not in ("jax-xla", "jax-unfused") or jax_platform() != "cpu":  # the unfused one: the same module
         return set(), set()
     must: set[str] = set()
     if case.dtype != "float32":
@@ -97,7 +100,8 @@ BWD_PAIRS = [(b, m) for b in RUN_HERE for m in ("geglu", "swiglu", "gelu-mlp") i
 #: The groups of backends, one test module each (a backend of a framework not named here falls in ``other``).
 GROUPS: dict[str, Callable[[str], bool]] = {
     "torch-compile": lambda b: b == "torch-compile",
-    "torch": lambda b: BACKENDS[b].framework == "torch" and b != "torch-compile",
+    "torch-compile-max-autotune": lambda b: b == "torch-compile-max-autotune",
+    "torch": lambda b: BACKENDS[b].framework == "torch" and b not in ("torch-compile", "torch-compile-max-autotune"),
     "jax": lambda b: BACKENDS[b].framework == "jax",
     "other": lambda b: BACKENDS[b].framework not in ("torch", "jax"),
 }

@@ -312,3 +312,34 @@ def test_gpt2_mlp_only_where_implemented() -> None:
             cost(GPT2_MLP, backend, "fwd")
     for backend in ("torch-eager", "torch-compile", "jax-xla", "jax-unfused"):
         assert cost(GPT2_MLP, backend, "fwd+bwd").flops == 6 * GEMM
+
+
+def test_remat_plans_by_hand() -> None:
+    """The recomputation plans: the base plan's forward; the backward first recomputes the tail (eager-remat: GELU,
+    mul and the down GEMM, as non-reentrant checkpointing reruns its region; fused-ew-remat: the fused act*mul
+    alone), so only g and u are kept, and the recomputed GEMM's FLOPs are paid once more."""
+    for remat, base in (("torch-eager-remat", "torch-eager"), ("jax-xla-remat", "jax-xla")):
+        assert registry.spec(remat).remat_of == base
+        fwd, base_fwd = cost(BLOG, remat, "fwd"), cost(BLOG, base, "fwd")
+        assert replace(fwd, backend="", plan="", assumption="") == replace(base_fwd, backend="", plan="", assumption="")
+        assert list(cost(BLOG, remat, "fwd+bwd").saved) == ["g", "u"]
+    eager, remat = cost(BLOG, "torch-eager", "bwd"), cost(BLOG, "torch-eager-remat", "bwd")
+    assert remat.model_kernels[:3] == ("recompute gelu (g -> a)", "recompute mul (a * u -> h)", "recompute down GEMM")
+    assert remat.model_kernels[3:] == eager.model_kernels
+    assert remat.flops == eager.flops + GEMM  # the down GEMM once more, its output dropped
+    # GELU reads g, writes a; mul reads a, u, writes h; down reads h and its weight, writes y once more
+    assert remat.bytes - eager.bytes == 6 * ACT + W + X
+    xla, xla_remat = cost(BLOG, "jax-xla", "bwd"), cost(BLOG, "jax-xla-remat", "bwd")
+    assert xla_remat.model_kernels == ("recompute fused gelu*mul (g, u -> h)", *xla.model_kernels)
+    assert xla_remat.flops == xla.flops and xla_remat.bytes == xla.bytes + 3 * ACT  # g, u read; h written
+    for model_case in (GPT2_MLP, SWIGLU):
+        for remat in ("torch-eager-remat", "jax-xla-remat"):
+            c = cost(model_case, remat, "fwd+bwd")
+            assert list(c.saved) == (["f"] if model_case is GPT2_MLP else ["g", "u"]), (remat, c.saved)
+    assert cost(GPT2_MLP, "torch-eager-remat", "bwd").model_kernels[:2] == (
+        "recompute gelu (f -> a)",
+        "recompute fc2 addmm (a fc2^T + b2 -> y)",
+    )
+    assert cost(GPT2_MLP, "jax-xla-remat", "bwd").model_kernels[0] == "recompute gelu (f -> a)"
+    with pytest.raises(InputError, match="implements model"):
+        cost(PRESETS["blog-linear"].case("float32"), "torch-eager-remat", "fwd")

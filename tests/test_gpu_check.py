@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from jax_impl.backends.xla_gemm_fusion import FLAGS
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
@@ -35,6 +37,7 @@ def test_the_dry_run_passes_every_step_it_can_run(tmp_path: Path) -> None:
         "bandwidth": "skipped: needs CUDA (dry run)",
         "gpu-timing": "ok",
         "graphs-report": "ok",
+        "gemm-fusion": "ok",
     }, steps
     assert (tmp_path / "gpu-build" / "gpu_build.json").is_file()
     # the GPU timing modes' CPU-side paths: a scripted NVML device's telemetry, a capture refused without CUDA
@@ -43,6 +46,10 @@ def test_the_dry_run_passes_every_step_it_can_run(tmp_path: Path) -> None:
     graphs = (tmp_path / "graphs" / "REPORT.md").read_text(encoding="utf-8")
     assert "CUDA graph: not captured: no CUDA device" in graphs and "cold median" in graphs
     assert (tmp_path / "report" / "REPORT.md").is_file()
+    # the GEMM-fusion variant's process: started with its flags, it says it needs a GPU (a skip, not a pass)
+    fusion = (tmp_path / "gemm-fusion" / "REPORT.md").read_text(encoding="utf-8")
+    assert "| jax-xla-gemm-fusion |" in fusion and "skipped | GPU only: XLA's GPU GEMM-fusion flags" in fusion
+    assert all(flag in SCRIPT.read_text(encoding="utf-8") for flag in FLAGS)
     assert "XLA_PYTHON_CLIENT_PREALLOCATE" in SCRIPT.read_text(encoding="utf-8")
 
 
@@ -57,7 +64,7 @@ def test_a_failing_step_is_recorded_and_the_rest_still_run(tmp_path: Path) -> No
     )
     assert p.returncode == 1, p.stdout
     steps = (tmp_path / "out" / "steps.md").read_text(encoding="utf-8")
-    for name in ("gpu-build", "tests", "report", "gpu-timing", "graphs-report"):
+    for name in ("gpu-build", "tests", "report", "gpu-timing", "graphs-report", "gemm-fusion"):
         assert f"| {name} | failed (exit 3) |" in steps, steps
 
 

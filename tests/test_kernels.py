@@ -92,6 +92,12 @@ def test_classify() -> None:
     assert classify("aten::sum") == "reduction"
     assert classify("aten::copy_") == classify("aten::to") == "copy"
     assert classify("triton_tem_fused_mm_0") == "gemm"  # an Inductor GEMM template
+    # Inductor's C++ GEMM template with the activation in its epilogue, named after the ops it absorbed: a GEMM
+    assert classify("graph_0_cpp_fused_gelu_mm_mul_0") == "gemm"
+    assert classify("graph_0_cpp_fused__unsafe_view_gelu_mul_0") == "fused"  # the elementwise fusion beside it
+    # a bias add Inductor split off an addmm into the pointwise kernel after it: no GEMM inside
+    assert classify("triton_poi_fused_addmm_gelu_0") == classify("cpp_fused_addmm_gelu_0") == "fused"
+    assert classify("inductor::_mm_plus_mm") == "gemm"  # max-autotune's dx = dg W_gate + du W_up
     assert classify("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn") == "gemm"
     assert classify("Memcpy HtoD (Pageable -> Device)") == "copy"
     assert classify("aten::made_up") == "other"

@@ -67,10 +67,18 @@ def test_the_parity_groups_cover_every_backend_that_runs_here_once() -> None:
 
 
 def test_the_new_families_are_committed_and_paired_with_every_backend_that_implements_them() -> None:
-    """SwiGLU runs on every backend that runs GeGLU here; GPT-2's MLP at least on torch-eager, torch-compile,
-    jax-xla and jax-unfused; the others skip it with a reason (``run_one`` on a model outside the registry's
-    ``models``)."""
-    gelu_mlp = {"torch-eager", "torch-compile", "jax-xla", "jax-unfused"}
+    """SwiGLU runs on every backend that runs GeGLU here; GPT-2's MLP on torch-eager, torch-compile and its
+    max-autotune twin, jax-xla, jax-unfused and the recomputation variants; the others skip it with a reason
+    (``run_one`` on a model outside the registry's ``models``)."""
+    gelu_mlp = {
+        "torch-eager",
+        "torch-compile",
+        "torch-compile-max-autotune",
+        "torch-eager-remat",
+        "jax-xla",
+        "jax-xla-remat",
+        "jax-unfused",
+    }
     for model, want in (("swiglu", set(RUN_HERE)), ("gelu-mlp", gelu_mlp)):
         cases = [c for c in CASES if c.model == model]
         assert {(c.shape, c.dtype) for c in cases} == {

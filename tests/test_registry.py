@@ -186,6 +186,20 @@ def test_an_entry_crosses_a_process_boundary_whole() -> None:
         registry.BackendSpec.from_dict(d)
 
 
+def test_a_remat_variant_names_a_registered_twin_it_recomputes() -> None:
+    """``remat_of`` names a registered backend of the same framework that implements every model the variant does,
+    and the variant's plan is a recomputation plan over its twin's (``compare.cost.model.REMAT_PLANS``)."""
+    from compare.cost.model import REMAT_PLANS
+
+    remats = {s.name: s.remat_of for s in registry.BACKENDS.values() if s.remat_of}
+    assert remats == {"torch-eager-remat": "torch-eager", "jax-xla-remat": "jax-xla"}
+    for name, twin_name in remats.items():
+        s, twin = registry.spec(name), registry.spec(twin_name)
+        assert s.framework == twin.framework and set(s.models) <= set(twin.models), name
+        assert s.plan is not None and REMAT_PLANS[s.plan] == twin.plan, name
+        assert "linear" not in s.models  # nothing to recompute
+
+
 def test_the_framework_follows_from_the_target() -> None:
     assert registry.spec("torch-compile").framework == "torch" and registry.spec("jax-xla").framework == "jax"
     with pytest.raises(ValueError, match="is a torch module, not jax"):

@@ -50,8 +50,16 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
         self.act_mul = act_mul
 
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The GEMM outputs the activation reads: ``(g, u)``."""
+        return self.gate_proj(x), self.up_proj(x)
+
+    def tail(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """The activation and the GEMM that reads it: ``down(act(g) * u)``."""
+        return self.down_proj(self.act_mul(g, u))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_mul(self.gate_proj(x), self.up_proj(x)))
+        return self.tail(*self.heads(x))
 
 
 class GeluMLP(nn.Module):
@@ -63,8 +71,16 @@ class GeluMLP(nn.Module):
         self.fc1 = nn.Linear(dim, hidden, bias=True)
         self.fc2 = nn.Linear(hidden, dim, bias=True)
 
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The GEMM output the activation reads: ``(f,)``, ``f = fc1(x)``."""
+        return (self.fc1(x),)
+
+    def tail(self, f: torch.Tensor) -> torch.Tensor:
+        """The activation and the GEMM that reads it: ``fc2(gelu_tanh(f))``."""
+        return self.fc2(F.gelu(f, approximate="tanh"))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+        return self.tail(*self.heads(x))
 
 
 def build_module(

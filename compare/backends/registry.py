@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from compare.backends.tp import Group, TPParts
-from compare.problem.cases import GLU_MODELS, MODELS, MODES, TP_MODELS, check_name
+from compare.problem.cases import GLU_MODELS, MODELS, MODES, REMAT_MODELS, TP_MODELS, check_name
 
 if TYPE_CHECKING:
     from compare.problem.golden import Problem
@@ -106,7 +106,8 @@ class BackendSpec:
     ``shape_sweep(make, tokens, *, budget_s, **variant) -> rows``, building its own compiled forward per shape and
     reading its own recompile counter; empty means it does not join. ``kernels`` names the modules of the Triton
     kernels it launches: the GPU build (``compare gpu-build``) compiles exactly the kernels of the registered
-    backends' modules.
+    backends' modules. ``remat_of`` names the plain twin of a recomputation (activation checkpointing) variant: the
+    same computation, keeping less for the backward and recomputing the rest there.
     """
 
     name: str
@@ -132,6 +133,9 @@ class BackendSpec:
     #: True for its framework's unfused baseline (one kernel per op, every intermediate in memory): what the fusion
     #: table measures the framework's other backends against (:func:`framework_baseline`). One per framework.
     baseline: bool = False
+    #: A recomputation variant (``torch.utils.checkpoint``, ``jax.checkpoint``): the name of its plain twin, the
+    #: backend that computes the same and keeps more for the backward (what the memory report compares it with).
+    remat_of: str = ""
 
     def __post_init__(self) -> None:
         derived = FRAMEWORK_PACKAGES.get(self.target.split(".")[0])
@@ -187,11 +191,36 @@ BACKENDS: dict[str, BackendSpec] = {
             baseline=True,
         ),
         BackendSpec(
+            name="torch-eager-remat",
+            target="torch_impl.backends.eager_remat",
+            about=(
+                "torch-eager with torch.utils.checkpoint (non-reentrant) around the activation and the GEMM that "
+                "reads it: only the GEMM outputs the activation reads are kept, the rest recomputed in the backward"
+            ),
+            models=REMAT_MODELS,
+            plan="eager-remat",
+            remat_of="torch-eager",
+        ),
+        BackendSpec(
             name="torch-compile",
             target="torch_impl.backends.compiled",
-            about="torch.compile (Inductor: fused C++ on CPU, Triton on GPU)",
+            about="torch.compile (Inductor: fused C++ on CPU, Triton on GPU); twin: torch-compile-max-autotune",
             plan="fused-ew",
             sweep=({"dynamic": False}, {"dynamic": True}),
+        ),
+        BackendSpec(
+            name="torch-compile-max-autotune",
+            target="torch_impl.backends.compiled_max_autotune",
+            about=(
+                "torch.compile mode=max-autotune-no-cudagraphs (Inductor autotunes its GEMMs, templates included: "
+                "the kernel table shows whether one absorbed the activation); twin of torch-compile"
+            ),
+            plan="fused-ew",
+            sweep=({"dynamic": False},),
+            assumption=(
+                "torch-compile's plan: Inductor may pick a GEMM template with the activation in its epilogue "
+                "(then fused-gemm's forward); the kernel table says which it chose"
+            ),
         ),
         BackendSpec(
             name="torch-triton",
@@ -227,6 +256,31 @@ BACKENDS: dict[str, BackendSpec] = {
                 "as torch-compile does; the HLO decides (cross-checked against XLA's cost_analysis "
                 "in the report)"
             ),
+        ),
+        BackendSpec(
+            name="jax-xla-remat",
+            target="jax_impl.backends.xla_remat",
+            about=(
+                "jax-xla's forward under jax.checkpoint with the named policy save_only_these_names: only the GEMM "
+                "outputs the activation reads are kept, the activation (and mul) recomputed in the backward"
+            ),
+            models=REMAT_MODELS,
+            plan="fused-ew-remat",
+            remat_of="jax-xla",
+            assumption=(
+                "assumed: XLA fuses the recomputed activation into one loop fusion as jax-xla's forward does; the "
+                "residuals are read off jax (saved_residuals), the fusions off the HLO"
+            ),
+        ),
+        BackendSpec(
+            name="jax-xla-gemm-fusion",
+            target="jax_impl.backends.xla_gemm_fusion",
+            about=(
+                "jax-xla with XLA's GPU GEMM-fusion flags set (Triton GEMMs with fused epilogues, autotuned), "
+                "in a process of its own (XLA reads its flags once); GPU only"
+            ),
+            plan="fused-ew",
+            assumption="jax-xla's plan: XLA may fuse the activation into a Triton GEMM's epilogue; the HLO says",
         ),
         BackendSpec(
             name="jax-unfused",

@@ -13,18 +13,29 @@ The model
 GeGLU, ``T`` tokens, ``D`` = dim, ``H`` = hidden, ``s`` = itemsize; ``g = gate(x)``, ``u = up(x)``,
 ``a = gelu_tanh(g)``, ``h = a * u``, ``y = down(h)``, all ``[T, H]`` except ``x, y [T, D]``.
 
-==============  ==============================================  =================================
-plan            forward kernels                                 saved for the backward
-==============  ==============================================  =================================
-``eager``       gate GEMM, up GEMM, GELU (g -> a),              g, u, a, h (GELU saves its input,
-                mul (a, u -> h), down GEMM: 5                   mul both inputs, down its input)
-``fused-ew``    gate GEMM, up GEMM, one fused elementwise       g, u, h; the backward kernel
-                kernel (g, u -> h; ``a`` never reaches          recomputes gelu(g) from g
-                memory), down GEMM: 4
-``fused-gemm``  one kernel computes the gate and up tiles       x (an input), h; the backward
-                from x and writes only h (g, u never            recomputes g and u with two GEMMs
-                written), down GEMM: 2                          (``4 * T * D * H`` more FLOPs)
-==============  ==============================================  =================================
+====================  ==============================================  =================================
+plan                  forward kernels                                 saved for the backward
+====================  ==============================================  =================================
+``eager``             gate GEMM, up GEMM, GELU (g -> a),              g, u, a, h (GELU saves its input,
+                      mul (a, u -> h), down GEMM: 5                   mul both inputs, down its input)
+``fused-ew``          gate GEMM, up GEMM, one fused elementwise       g, u, h; the backward kernel
+                      kernel (g, u -> h; ``a`` never reaches          recomputes gelu(g) from g
+                      memory), down GEMM: 4
+``fused-gemm``        one kernel computes the gate and up tiles       x (an input), h; the backward
+                      from x and writes only h (g, u never            recomputes g and u with two GEMMs
+                      written), down GEMM: 2                          (``4 * T * D * H`` more FLOPs)
+``eager-remat``       ``eager``'s 5                                   g, u (``torch.utils.checkpoint``
+                                                                      around the activation and the down
+                                                                      GEMM); the backward first reruns
+                                                                      GELU, mul and the down GEMM (its
+                                                                      output dropped): 3 more kernels
+``fused-ew-remat``    ``fused-ew``'s 4                                g, u (``jax.checkpoint``, named
+                                                                      policy); the backward first
+                                                                      recomputes h with the fused kernel
+====================  ==============================================  =================================
+
+GPT-2's MLP under the recomputation plans keeps only ``f = fc1(x) + b1``: ``eager-remat`` reruns GELU and the fc2
+addmm, ``fused-ew-remat`` GELU alone, before the backward.
 
 Which backend follows which plan is the backend's registry line (``compare.backends.registry``: ``plan=``), with its
 ``assumption`` where the plan is assumed rather than read off the framework; a backend with no plan has no cost
@@ -61,8 +72,13 @@ from compare.problem.cases import MODES, Case, InputError, check_name
 #: Bytes per element of each case dtype.
 ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
+#: The recomputation plans (activation checkpointing; see the module docstring), each over the plan whose kernels it
+#: runs: the forward is that plan's, and the backward first recomputes the activation from the GEMM outputs it reads.
+REMAT_PLANS: dict[str, str] = {"eager-remat": "eager", "fused-ew-remat": "fused-ew"}
 #: The plans (see the module docstring) a backend's registry line may name.
-PLANS: tuple[str, ...] = ("eager", "fused-ew", "fused-gemm")
+PLANS: tuple[str, ...] = ("eager", "fused-ew", "fused-gemm", *REMAT_PLANS)
+#: The GEMM outputs an activation reads (GLU: g, u; GPT-2's MLP: f): what a recomputation plan keeps.
+PRE_ACTIVATION: frozenset[str] = frozenset({"g", "u", "f"})
 
 #: Elementwise FLOPs per element (tanh counted as one): gelu_tanh(g) = 0.5 g (1 + tanh(k (g + c g^3))) is 9.
 GELU_FLOPS = 9
@@ -288,10 +304,30 @@ def _gelu_mlp_kernels(case: Case, plan: str, mode: str) -> list[Kernel]:
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
 
 
+def _remat_kernels(case: Case, plan: str, mode: str) -> list[Kernel]:
+    """A recomputation plan (:data:`REMAT_PLANS`): its base plan's forward; its backward first recomputes the forward's
+    tail, the kernels after the last one that writes a GEMM output the activation reads (:data:`PRE_ACTIVATION`),
+    then runs the base plan's backward. ``eager-remat`` recomputes the whole tail, its GEMM included (non-reentrant
+    ``torch.utils.checkpoint`` reruns its region up to the last tensor it saved, and the down GEMM's input is saved
+    by the GEMM itself: the GEMM reruns and its output is dropped); ``fused-ew-remat`` only the tail's elementwise
+    kernels (``jax.checkpoint`` recomputes what the backward reads, the activation's output)."""
+    base = REMAT_PLANS[plan]
+    fwd = _model_kernels(case, base, "fwd")
+    last = max(i for i, k in enumerate(fwd) if PRE_ACTIVATION & set(k.writes))
+    tail = [k for k in fwd[last + 1 :] if plan == "eager-remat" or k.flops == 0]
+    recompute = [Kernel(f"recompute {k.name}", k.reads, k.writes, k.flops, k.ew_flops) for k in tail]
+    bwd = recompute + _model_kernels(case, base, "bwd")
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
+
+
 def _model_kernels(case: Case, plan: str, mode: str) -> list[Kernel]:
     """The kernels of one step of ``case.model`` under ``plan`` in ``mode``."""
     if case.model == "linear":
+        if plan in REMAT_PLANS:
+            raise InputError(f"plan {plan!r} recomputes an activation; model 'linear' has none")
         return _linear_kernels(case, mode)
+    if plan in REMAT_PLANS:
+        return _remat_kernels(case, plan, mode)
     if case.model == "gelu-mlp":
         return _gelu_mlp_kernels(case, plan, mode)
     return _glu_kernels(case, plan, mode)

@@ -169,6 +169,14 @@ _COLLECTIVE_RE = re.compile(
     r"(\.\d+)?$",
     re.IGNORECASE,
 )
+#: Ops whose presence among a fused kernel's absorbed ops (an HLO fusion's, or those an Inductor kernel's name lists)
+#: makes it a GEMM with a fused prologue or epilogue: an XLA dot fusion, Inductor's C++ GEMM template
+#: (``cpp_fused_gelu_mm_mul_0``: the template names its kernel after every op it absorbed). Not ``addmm``: Inductor
+#: on a GPU splits an addmm feeding a pointwise op into mm plus a bias add fused into the pointwise kernel, whose name
+#: then lists ``addmm``; nor Inductor's Triton pointwise and reduction kernels (``triton_poi_``, ``triton_red_``,
+#: ``triton_per_``), which never hold a GEMM.
+_GEMM_ABSORBED = frozenset({"dot", "convolution", "mm", "bmm", "_mm_plus_mm"})
+_NO_GEMM_PREFIX = ("triton_poi_", "triton_red_", "triton_per_")
 _TORCH_OP = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(?:\.\w+)?$")
 
 
@@ -176,14 +184,17 @@ def classify(name: str, absorbed: Sequence[str] = ()) -> str:
     """The kind of a kernel from its name (a torch op, a CUDA kernel, an Inductor kernel or an HLO opcode).
 
     GEMMs (``mm``/``addmm``/``bmm``/``linear``, cuBLAS/CUTLASS/``nvjet`` names, HLO ``dot``, Inductor GEMM
-    templates) are ``gemm``; Inductor ``cpp_fused``/``triton_*`` kernels and anything named ``fused`` are ``fused``;
+    templates, a fused kernel that absorbed a GEMM op: its epilogue fused) are ``gemm``; Inductor
+    ``cpp_fused``/``triton_*`` kernels and anything named ``fused`` are ``fused``;
     ``gelu``/``mul``/``add``-like ops ``elementwise``; ``sum``-like ``reduction``; ``copy_``/``to``/memcpy ``copy``;
     all-reduces and other collectives (torch c10d, gloo, NCCL, XLA) and their waits ``collective``.
     """
     if _COLLECTIVE_RE.search(name):
         return "collective"
     op = op_name(name)
-    if _GEMM_RE.search(op) or _GEMM_RE.search(name) or {"dot", "convolution"} & set(absorbed):
+    fused_ops = set(absorbed) | set(parse_fused_name(name) or ())
+    template = bool(_GEMM_ABSORBED & fused_ops) and not op.startswith(_NO_GEMM_PREFIX)
+    if _GEMM_RE.search(op) or _GEMM_RE.search(name) or template:
         return "gemm"
     if parse_fused_name(name) is not None or _FUSED_RE.search(name) or op.startswith("triton_"):
         return "fused"

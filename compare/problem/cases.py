@@ -27,6 +27,9 @@ GLU_MODELS: tuple[str, ...] = ("geglu", "swiglu")
 #: The families with a tensor-parallel layout (Megatron: a column-parallel layer feeding a row-parallel one);
 #: ``linear`` has none.
 TP_MODELS: tuple[str, ...] = ("geglu", "swiglu", "gelu-mlp")
+#: The families with an activation between two GEMMs, what a recomputation (activation checkpointing) variant can
+#: recompute; ``linear`` has none.
+REMAT_MODELS: tuple[str, ...] = ("geglu", "swiglu", "gelu-mlp")
 #: The activation of each GLU family, by the name the hand-written kernels take (their ``ACT`` parameter).
 GLU_ACTIVATIONS: dict[str, str] = {"geglu": "gelu_tanh", "swiglu": "silu"}
 #: What each model computes, one line each (``python -m compare list``).

@@ -1,4 +1,7 @@
-"""``torch-compile``: ``torch.compile`` of the eager module (Inductor; ``dynamic=False``: shape-specialised)."""
+"""``torch-compile``: ``torch.compile`` of the eager module (Inductor; ``dynamic=False``: shape-specialised).
+
+:class:`CompileBackend` takes ``torch.compile``'s ``mode``: ``torch_impl.backends.compiled_max_autotune`` is the same
+backend with ``max-autotune-no-cudagraphs``."""
 
 from __future__ import annotations
 
@@ -17,7 +20,11 @@ from torch_impl.models import build_module
 
 
 class CompileBackend:
-    name = "torch-compile"
+    """``torch.compile(module, mode=mode, dynamic=False, fullgraph=True)``; ``mode`` None is Inductor's default."""
+
+    def __init__(self, name: str = "torch-compile", mode: str | None = None) -> None:
+        self.name = name
+        self.mode = mode
 
     def availability(self) -> Availability:
         return Availability(True, device=str(dev.device()))
@@ -30,8 +37,10 @@ class CompileBackend:
         # Inductor's C++ kernels appear in torch.profiler only with this set before compiling (cheap check per call)
         profiling.enable_inductor_kernel_profile()
         cache = dev.key_inductor_cache()  # before the first compile: another ISA's cached code is wrong here
-        compiled = torch.compile(module, dynamic=False, fullgraph=True)
+        compiled = torch.compile(module, mode=self.mode, dynamic=False, fullgraph=True)
         note = "first call includes Inductor compile (its on-disk FX graph cache may be warm)"
+        if self.mode is not None:
+            note += f"; mode={self.mode}"
         if mode != "bwd":
             prepared = runner.prepare(problem, mode, module, compiled, note=note)
         else:
@@ -60,7 +69,9 @@ class CompileBackend:
         def build(problem: Problem) -> tuple[torch.nn.Module, Any]:
             module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
             torch._dynamo.reset()  # this sweep's compiles only: no graphs of the module's forward left from before
-            return module, torch.compile(module, dynamic=dynamic, fullgraph=True, backend=compile_backend)
+            return module, torch.compile(
+                module, mode=self.mode, dynamic=dynamic, fullgraph=True, backend=compile_backend
+            )
 
         return recompiles.shape_sweep(
             make, tokens, name=self.name, build=build, compiled=True, dynamic=dynamic, mode=mode, budget_s=budget_s
