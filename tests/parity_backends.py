@@ -107,16 +107,20 @@ GROUPS: dict[str, Callable[[str], bool]] = {
 }
 
 
-def backend_parity_tests(group: str) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
+def backend_parity_tests(
+    group: str, cases: Callable[[Case], bool] | None = None, isa: bool = True
+) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
     """The forward, forward+backward and backward-alone parity tests of the backends of ``group``
     (:data:`GROUPS`) on every committed case they implement (bwd alone: tiny bf16, every MLP family), against the
-    float64 golden; a module binds them to test names."""
+    float64 golden; a module binds them to test names. ``cases`` keeps fewer committed cases (a group whose every
+    case is a long compile), ``isa=False`` leaves the group out of the capped-ISA pass."""
     mine = GROUPS[group]
-    pairs = [(b, c) for b, c in PAIRS if mine(b)]
+    pairs = [(b, c) for b, c in PAIRS if mine(b) and (cases is None or cases(c))]
     bwd_pairs = [(b, m) for b, m in BWD_PAIRS if mine(b)]
+    isa_mark = pytest.mark.isa if isa else pytest.mark.standard  # standard twice is standard once
 
     @pytest.mark.standard
-    @pytest.mark.isa
+    @isa_mark
     @pytest.mark.parametrize(("backend", "case"), pairs, ids=[f"{b}-{c.name}" for b, c in pairs])
     def forward(backend: str, case: Case) -> None:
         r = parity_result(backend, case, "fwd")
@@ -125,7 +129,7 @@ def backend_parity_tests(group: str) -> tuple[Callable[..., None], Callable[...,
         assert [t.tensor for t in r.parity.tensors] == ["y"]
 
     @pytest.mark.standard
-    @pytest.mark.isa
+    @isa_mark
     @pytest.mark.parametrize(("backend", "case"), pairs, ids=[f"{b}-{c.name}" for b, c in pairs])
     def fwd_bwd(backend: str, case: Case) -> None:
         """Output and every gradient (dx and each weight, db for linear) against the golden gradients."""
@@ -135,7 +139,7 @@ def backend_parity_tests(group: str) -> tuple[Callable[..., None], Callable[...,
         assert names == ["y", *GRADIENTS[case.model]]
 
     @pytest.mark.standard
-    @pytest.mark.isa
+    @isa_mark
     @pytest.mark.parametrize(("backend", "model"), bwd_pairs, ids=[f"{b}-{m}" for b, m in bwd_pairs])
     def bwd_alone(backend: str, model: str) -> None:
         case = PRESETS["tiny"].case("bfloat16", model=model)
