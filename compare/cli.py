@@ -8,6 +8,7 @@ import dataclasses
 import json
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -225,11 +226,19 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
         )
         doc = dataclasses.replace(doc, telemetry=telemetry)
         if a.shape_sweep and not doc.interrupted:
-            swept, tokens, per_shape = cases, list(a.shape_sweep), a.budget
+            swept, tokens, per_shape, deadline = cases, list(a.shape_sweep), a.budget, None
             if budget is not None:
-                swept, tokens, per_shape = shapes.budgeted_sweep(cases, tokens, a.budget, budget)
+                swept, tokens, per_shape, share = shapes.budgeted_sweep(cases, tokens, a.budget, budget)
+                deadline = time.monotonic() + share
             try:
-                rows = shapes.run_shape_sweep(swept, tokens, per_shape, lambda s: display.message(s, important=True))
+                rows = shapes.run_shape_sweep(
+                    swept,
+                    tokens,
+                    per_shape,
+                    lambda s: display.message(s, important=True),
+                    deadline=deadline,
+                    cut=budget.cut if budget is not None else None,
+                )
                 doc = dataclasses.replace(doc, shape_sweep=tuple(rows))
                 store.shape_sweep(rows)
             except KeyboardInterrupt:

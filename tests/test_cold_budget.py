@@ -129,11 +129,11 @@ def test_budget_parts_floor_and_cuts() -> None:
 def test_a_short_budget_cuts_the_sweep_to_its_ends_and_says_so() -> None:
     case = PRESETS["tiny"].case("float32")
     b = Budget(1.0)
-    swept, tokens, per_shape = budgeted_sweep([case], [1, 8, 64, 512], 1.0, b)
+    swept, tokens, per_shape, _ = budgeted_sweep([case], [1, 8, 64, 512], 1.0, b)
     assert swept == [case] and tokens == [1, 512] and per_shape < 1.0
     assert any("tokens [1, 512]" in c for c in b.cuts) and any("per shape" in c for c in b.cuts)
     roomy = Budget(1e6)
-    assert budgeted_sweep([case], [1, 8, 64], 0.2, roomy) == ([case], [1, 8, 64], 0.2) and roomy.cuts == []
+    assert budgeted_sweep([case], [1, 8, 64], 0.2, roomy)[:3] == ([case], [1, 8, 64], 0.2) and roomy.cuts == []
 
 
 def test_a_late_sweep_keeps_one_dtype_per_shape_and_says_so() -> None:
@@ -142,7 +142,7 @@ def test_a_late_sweep_keeps_one_dtype_per_shape_and_says_so() -> None:
     f32, bf16 = PRESETS["tiny"].case("float32"), PRESETS["tiny"].case("bfloat16")
     odd = PRESETS["odd"].case("bfloat16")
     late = Budget(10.0, start=time.monotonic() - 9.0)
-    swept, tokens, _ = budgeted_sweep([f32, bf16, odd], [1, 8, 64], 0.2, late)
+    swept, tokens, _, _ = budgeted_sweep([f32, bf16, odd], [1, 8, 64], 0.2, late)
     assert swept == [f32, odd] and tokens == [1, 64]
     assert any("one dtype per model and shape" in c and "left out geglu 96->328 bfloat16 " in c for c in late.cuts)
     on_time = Budget(1e6)
@@ -328,3 +328,41 @@ def test_a_groups_part_gives_each_kind_its_floor_before_halves() -> None:
     warm, cold = harness._split(1.75, warm_min, cold_min)
     assert warm + cold == pytest.approx(1.75) and cold / warm == pytest.approx(cold_min / warm_min)
     assert harness._split(3.0, 0.0, cold_min) == (0.0, 3.0) and harness._split(3.0, warm_min, 0.0) == (3.0, 0.0)
+
+
+def test_no_sweep_variant_starts_past_the_sweeps_deadline_and_each_is_said() -> None:
+    """``run_shape_sweep`` with a deadline already passed starts nothing and names every variant it left out; the
+    control: without one, the same backend's variant runs."""
+    from compare.backends.registry import BackendSpec
+
+    ran: list[dict[str, Any]] = []
+
+    class _Swept:
+        name = "test-swept"
+
+        def availability(self) -> Availability:
+            return Availability(True)
+
+        def shape_sweep(self, make: Any, tokens: Any, *, budget_s: float, **variant: Any) -> list[dict[str, Any]]:
+            ran.append(variant)
+            return []
+
+    spec = BackendSpec(
+        name="test-swept", target="tests.test_cold_budget", framework="numpy", about="x", sweep=({"dynamic": False},)
+    )
+    case = PRESETS["tiny"].case("float32")
+    cuts: list[str] = []
+    import compare.report.shapes as shapes_mod
+
+    orig = BackendSpec.load
+    try:
+        BackendSpec.load = lambda self: _Swept()  # type: ignore[method-assign]
+        shapes_mod.run_shape_sweep([case], [1, 2], 0.01, lambda s: None, [spec], time.monotonic() - 1, cuts.append)
+        assert ran == [] and cuts == [
+            "compile-cost sweep: test-swept (dynamic=False) at float32 left out (the sweep's share of the budget "
+            "was spent)"
+        ]
+        shapes_mod.run_shape_sweep([case], [1, 2], 0.01, lambda s: None, [spec], None, cuts.append)
+        assert ran == [{"dynamic": False}] and len(cuts) == 1
+    finally:
+        BackendSpec.load = orig  # type: ignore[method-assign]

@@ -20,6 +20,7 @@ only when it is), and :func:`shapes_section` renders ``doc["shape_sweep"]`` as m
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -195,11 +196,15 @@ def run_shape_sweep(
     budget_s: float,
     progress: Callable[[str], None],
     specs: Iterable[BackendSpec] | None = None,
+    deadline: float | None = None,
+    cut: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Compile cost per token count at each case's dim, hidden and dtype, mode fwd, for every backend whose registry
     line joins the sweep (``BackendSpec.sweep``: one run per variant, e.g. ``dynamic=False`` then ``True``) and that
     implements the case's model and can run here. Each backend builds its own compiled forward and reads its own
-    recompile counter (its ``shape_sweep`` method); rows are schema'd in the module docstring."""
+    recompile counter (its ``shape_sweep`` method); rows are schema'd in the module docstring. With a ``deadline``
+    (``time.monotonic``: the end of the sweep's share of a run's budget) no variant starts after it, and each one left
+    out is said to ``cut`` (a variant's compiles are not cut once started)."""
     from compare.backends.registry import BACKENDS
 
     rows: list[dict[str, Any]] = []
@@ -219,6 +224,14 @@ def run_shape_sweep(
                 continue
             backend = s.load()
             for variant in s.sweep:
+                if deadline is not None and time.monotonic() >= deadline:
+                    if cut is not None:
+                        shown = ", ".join(f"{k}={v}" for k, v in variant.items())
+                        cut(
+                            f"compile-cost sweep: {s.name}{f' ({shown})' if shown else ''} at {base.dtype} left out "
+                            f"(the sweep's share of the budget was spent)"
+                        )
+                    continue
                 # an optional method of the Backend protocol: a backend whose registry line has ``sweep`` defines it
                 sweep_fn = getattr(backend, "shape_sweep")  # noqa: B009
                 rows += sweep_fn(make, tokens, budget_s=budget_s, **variant)
@@ -227,14 +240,14 @@ def run_shape_sweep(
 
 def budgeted_sweep(
     cases: list[Case], tokens: list[int], per_shape_s: float, budget: Any
-) -> tuple[list[Case], list[int], float]:
-    """The cases, token counts and sampling seconds per shape that keep a run's time budget (``compare.run.budget``:
-    the sweep's share, never more than is left), each cut said to ``budget``. When the run is already past its
-    share's start (what parity and the compiles before it cost overran the budget), the sweep keeps the first dtype
-    of each model and shape (compiles, not samples, are most of its time: each dtype is another compile per shape and
-    variant) and only the smallest and largest token counts; the sampling per shape is cut to what the share gives
-    each (cases x variants x tokens; a shape's compile and warm-up cost about twice its samples), and when even that
-    is under the timer's floor (0.01 s), the token counts are cut to the ends too."""
+) -> tuple[list[Case], list[int], float, float]:
+    """The cases, token counts, sampling seconds per shape and the seconds of its share that keep a run's time
+    budget (``compare.run.budget``: the sweep's share, never more than is left), each cut said to ``budget``. When the
+    run is already past its share's start (what parity and the compiles before it cost overran the budget), the sweep
+    keeps the first dtype of each model and shape (compiles, not samples, are most of its time: each dtype is another
+    compile per shape and variant) and only the smallest and largest token counts; the sampling per shape is cut to
+    what the share gives each (cases x variants x tokens; a shape's compile and warm-up cost about twice its
+    samples), and when even that is under the timer's floor (0.01 s), the token counts are cut to the ends too."""
     from compare.backends.registry import BACKENDS
 
     def variants_of(chosen: list[Case]) -> int:
@@ -270,5 +283,5 @@ def budgeted_sweep(
         each = share / (3 * max(1, len(kept_cases) * variants_of(kept_cases) * len(kept)))
     if each < per_shape_s:
         budget.cut(f"compile-cost sweep: {each:.3g} s of samples per shape instead of {per_shape_s:.3g} s")
-        return kept_cases, kept, max(each, 0.01)
-    return kept_cases, kept, per_shape_s
+        return kept_cases, kept, max(each, 0.01), share
+    return kept_cases, kept, per_shape_s, share
