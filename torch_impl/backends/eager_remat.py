@@ -4,8 +4,8 @@ the activation and the GEMM that reads it (GeGLU/SwiGLU: ``down(act(g) * u)``; G
 The forward keeps only the checkpoint's inputs, the GEMM outputs the activation reads (``g, u``; ``f``), besides
 ``x``; the backward first reruns the whole tail (the activation, the GLU's mul and the down GEMM, whose output is
 dropped: non-reentrant checkpointing reruns its region up to the last tensor the region saved, and the down GEMM's
-input is saved by the GEMM itself), 3 more kernels per fwd+bwd step for a GLU, 2 for GPT-2's MLP, as profiled. The cost model's ``eager-remat`` plan. ``linear`` has no
-activation to recompute (the registry's ``models``)."""
+input is saved by the GEMM itself), 3 more kernels per fwd+bwd step for a GLU, 2 for GPT-2's MLP, as profiled. The
+cost model's ``eager-remat`` plan. ``linear`` has no activation to recompute (the registry's ``models``)."""
 
 from __future__ import annotations
 
