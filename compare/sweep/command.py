@@ -327,8 +327,6 @@ def engine_options(a: argparse.Namespace) -> EngineOptions:
     e = engine(a.engine)
     if a.cell_timeout is not None:
         check_finite("--cell-timeout", a.cell_timeout)
-        if a.cell_timeout <= 0:
-            raise InputError(f"--cell-timeout must be a positive number of seconds, got {a.cell_timeout:g}")
         if e.name == "local" and not a.isolate:
             raise InputError("--cell-timeout needs --isolate (only a worker process can be stopped) or --engine ray")
     if e.name == "local":
@@ -348,8 +346,6 @@ def engine_options(a: argparse.Namespace) -> EngineOptions:
         raise InputError(f"--retries must be 0 or more (attempts after a lost worker or node), got {a.retries}")
     cpus = 1.0 if a.cpus_per_cell is None else a.cpus_per_cell
     check_finite("--cpus-per-cell", cpus)
-    if cpus <= 0:
-        raise InputError(f"--cpus-per-cell must be a positive number of CPUs, got {cpus:g}")
     return EngineOptions(
         address=None if a.address is None else check_address(a.address),
         retries=1 if a.retries is None else a.retries,
