@@ -5,7 +5,7 @@
 #   bash scripts/gpu_check.sh            # on the GPU machine: writes reports/gpu/
 #   bash scripts/gpu_check.sh --dry-run  # on any machine: every step that can run without CUDA, small, on CPU
 #
-# Steps (caps add up to 560 s, under 10 minutes):
+# Steps (caps add up to 620 s, about 10 minutes):
 #   1 environment      versions, GPU, driver (10 s)
 #   2 gpu-build        every Triton kernel and autotune config compiled for sm_90 (+ sm_80) with its register,
 #                      spill and shared-memory bill: catches a broken kernel before device time is spent (90 s)
@@ -20,6 +20,9 @@
 #                      NVML device and without CUDA (NotCaptured)
 #   7 graphs-report    tiny bf16 fwd, torch-eager and torch-compile replayed from CUDA graphs, cold and warm, with
 #                      the telemetry in the timing table (60 s); needs CUDA
+#   8 ray-sweep        a two-cell sweep on a local Ray instance (--engine ray): tiny bf16, torch-eager and jax-xla,
+#                      each cell a Ray task asking for the GPU, rows labelled with the node (60 s); needs ray
+#                      (pip install -e '.[cluster]'); dry run: torch-eager in fp32 and bf16 on CPU
 #
 # It installs nothing: the python on PATH (or $PYTHON) must already have torch with CUDA, triton, jax[cuda], flax,
 # safetensors, matplotlib and pytest (jax-triton for the jax-triton backend). JAX is told not to preallocate 75% of
@@ -31,7 +34,7 @@ DRY=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$arg'; allowed: --dry-run" >&2; exit 2 ;;
   esac
 done
@@ -109,6 +112,8 @@ if [ "$DRY" = 1 ]; then
   step graphs-report 60 graphs.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd \
     --backend torch-eager --cuda-graphs --cache both --budget 0.05 --no-plots --no-parity-cache \
     --out "$OUT_DIR/graphs"
+  step ray-sweep 60 ray_sweep.log "$PY" -m compare sweep --preset tiny --tokens 16 --dtype float32 bfloat16 \
+    --backend torch-eager --engine ray --budget 0.05 --no-plots --no-ceilings --out "$OUT_DIR/ray-sweep"
 else
   step gpu-build 90 gpu_build.log "$PY" -m compare gpu-build --arch sm_90 sm_80 --out "$OUT_DIR/gpu-build"
   step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests
@@ -118,6 +123,8 @@ else
   step gpu-timing 30 gpu_timing.log "$PY" scripts/gpu_timing_check.py --out "$OUT_DIR/gpu-timing"
   step graphs-report 60 graphs.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd \
     --backend torch-eager torch-compile --cuda-graphs --cache both --budget 0.2 --no-plots --out "$OUT_DIR/graphs"
+  step ray-sweep 60 ray_sweep.log "$PY" -m compare sweep --preset tiny --tokens 16 --dtype bfloat16 \
+    --backend torch-eager jax-xla --engine ray --budget 0.2 --no-plots --out "$OUT_DIR/ray-sweep"
 fi
 
 echo "== steps"

@@ -58,6 +58,7 @@ def pytest_configure(config: pytest.Config) -> None:
 #: gaps (longest first keeps the last module to finish short). A stale list costs minutes, never a result.
 LONG_FIRST: tuple[str, ...] = (
     "test_faults",
+    "test_ray_sweep",
     "test_parity_jax",
     "test_parity_torch_compile",
     "test_parity_torch",

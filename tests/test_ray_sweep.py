@@ -90,6 +90,7 @@ def cluster() -> Iterator[Cluster]:
     try:
         c.add_node(num_cpus=1, object_store_memory=STORE)
         c.wait_for_nodes()
+        assert _processes_of(session), "the control: the running cluster's processes are found by their session"
         print(f"two-node cluster up in {time.perf_counter() - t0:.1f} s")
         yield c
     finally:
@@ -379,3 +380,26 @@ def test_engine_ray_without_ray_says_how_to_install_it(
     assert main([*TINY, "--backend", "torch-eager", "--engine", "ray", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--engine ray needs the ray package" in err and "pip install -e '.[cluster]'" in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", [False, True], ids=["ends", "driver-killed"])
+def test_a_local_instance_outlives_neither_the_sweep_nor_a_killed_driver(
+    numpy_plain: Path, tmp_path: Path, kill: bool
+) -> None:
+    """Without --address the driver starts a local Ray instance: after the sweep ends, and after a SIGKILL of the
+    driver mid-sweep, no process of that instance's session is left (ended within 30 s)."""
+    out = tmp_path / "sweep"
+    env = {numpy_backend.STEP_ENV: "0.05" if kill else "0", numpy_backend.MARK_ENV: str(numpy_plain)}
+    args = [*TINY, "--backend", "numpy-plain", "--dtype", "float32", "bfloat16", "--engine", "ray"]
+    p = _start_driver(out, env, *args)
+    if kill:
+        _wait_for("cell in flight", lambda: list(numpy_plain.iterdir()), p)
+        p.send_signal(signal.SIGKILL)
+    rc, err = _finish(p)
+    assert rc == (-signal.SIGKILL if kill else 0), err[-3000:]
+    session = json.loads((out / JSONL).read_text().splitlines()[0])["engine"]["session_dir"]
+    assert session and Path(session).name.startswith("session_"), session
+    assert not _wait_gone(session), (
+        f"processes of the sweep's local Ray instance left running: {_processes_of(session)}"
+    )

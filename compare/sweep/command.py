@@ -29,6 +29,12 @@ and ``--cell-timeout`` turns a hang into an error too. The workers' scratch file
 removed when the sweep ends (however it ends) and, if a killed sweep left one, when the next one starts.
 ``--retry-errors`` runs again, on a restart, the cells whose stored result is an ``error`` (the new line wins).
 
+``--engine ray`` (``compare.sweep.engines``; ``compare.cluster.ray_engine``) runs each cell as a Ray task on a cluster
+(``--address HOST:PORT`` or ``auto``; none: a local Ray instance, shut down at the end) and appends each outcome to
+the same file as it arrives; a lost worker or node is an attempt stored as an ``error`` line marked ``retrying`` (not
+counted as done) before the cell runs again, up to ``--retries`` times. Every cell line's result carries the node that
+measured it (``node``), on either engine.
+
 Ctrl-C or SIGTERM stops the sweep: the worker in flight and everything it started are killed, what is done is
 written to ``results.json`` and ``REPORT.md``, and the exit status is 130 (rerun the same command to resume).
 """
