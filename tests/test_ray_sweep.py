@@ -277,6 +277,39 @@ def test_a_killed_driver_resumes_from_the_store_without_duplicates(
     )
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_ctrl_c_stops_the_sweep_and_ends_the_cells_in_flight(
+    cluster: Cluster, numpy_plain: Path, tmp_path: Path
+) -> None:
+    """SIGINT to the driver (Ray's own SIGTERM handler replaced by the tool's again): exit 130, what finished is in
+    results.json, the cells in flight are not stored, and no Ray worker that ran a cell outlives the driver (the one
+    in flight force-cancelled, the others ended with the driver's job)."""
+    out = tmp_path / "sweep"
+    env = {numpy_backend.STEP_ENV: "0.2", numpy_backend.MARK_ENV: str(numpy_plain)}
+    args = [*TINY[:-2], "--budget", "0.5", "--tokens", "37", "74", "111", "--backend", "numpy-plain"]
+    p = _start_driver(out, env, *args, "--dtype", "float32", "--engine", "ray", "--address", cluster.address)
+    _wait_for("cell in flight", lambda: sorted(numpy_plain.iterdir()), p)
+    p.send_signal(signal.SIGINT)
+    rc, err = _finish(p)
+    assert rc == 130, err[-3000:]
+    assert "stopped by SIGINT" in err
+    doc = json.loads((out / "results.json").read_text())
+    assert len(doc["results"]) == len(_lines(out)) < 3 and not [x for x in _lines(out) if x.get("retrying")]
+    pids = {int(m.name.rsplit(".", 1)[1]) for m in numpy_plain.iterdir()}
+    assert pids and _alive(os.getpid())  # the control: a running process reads alive
+    deadline = time.monotonic() + 30
+    while [pid for pid in pids if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if _alive(pid)], f"Ray workers of the stopped sweep still running: {pids}"
+
+
 def test_a_hanging_cell_is_ended_at_the_cell_timeout(cluster: Cluster, tmp_path: Path) -> None:
     """tests/test_sweep.py's misbehaving backend hangs in bwd: the Ray worker is killed at --cell-timeout, the row is
     an error saying so, not retried."""
@@ -388,7 +421,8 @@ def test_a_local_instance_outlives_neither_the_sweep_nor_a_killed_driver(
     numpy_plain: Path, tmp_path: Path, kill: bool
 ) -> None:
     """Without --address the driver starts a local Ray instance: after the sweep ends, and after a SIGKILL of the
-    driver mid-sweep, no process of that instance's session is left (ended within 30 s)."""
+    driver mid-sweep, no process of that instance's session is left (within 60 s; Ray's processes notice the killed
+    driver themselves, which took about 20 s here)."""
     out = tmp_path / "sweep"
     env = {numpy_backend.STEP_ENV: "0.05" if kill else "0", numpy_backend.MARK_ENV: str(numpy_plain)}
     args = [*TINY, "--backend", "numpy-plain", "--dtype", "float32", "bfloat16", "--engine", "ray"]
