@@ -14,7 +14,9 @@ from compare.report import render
 from compare.report.cost import fusion_benefit
 from compare.report.render import speedup_cell
 from compare.results.document import Results, read_json
-from compare.results.environment import Node
+from compare.results.environment import Node, node
+from compare.timing.nvml import driver_version
+from tests.fake_nvml import FakeLibNvml
 
 pytestmark = pytest.mark.quick
 
@@ -62,3 +64,23 @@ def test_two_machine_types_group_the_timings_and_compare_nothing_across_them() -
     assert xla_rows and [f for f in fusion_benefit(doc) if f["backend"] == "jax-xla"] == xla_rows
     mixed = _on(_doc(), {"jax-unfused"})
     assert not [f for f in fusion_benefit(mixed) if f["backend"] == "jax-xla"], "a saving across two machine types"
+
+
+def test_a_node_record_names_this_machine_and_round_trips() -> None:
+    here = node("n-1")
+    assert here.host and here.cpu and here.node_id == "n-1" and here.versions["numpy"]
+    assert Node.from_dict(here.to_dict()) == here and Node.from_dict(B.to_dict()) == B
+    assert A.machine_type() != B.machine_type() and A.machine_type() == dataclasses.replace(A, host="a2").machine_type()
+
+
+def test_the_gpu_driver_version_is_read_through_nvml_or_none() -> None:
+    lib = FakeLibNvml(driver="580.95.05")
+    assert driver_version(load=lib.loader()) == "580.95.05"
+    assert lib.log == ["nvmlInit_v2", "nvmlSystemGetDriverVersion", "nvmlShutdown"]
+    assert driver_version(load=FakeLibNvml(codes={"nvmlSystemGetDriverVersion": 3}).loader()) is None
+    assert driver_version(load=FakeLibNvml(missing=["nvmlSystemGetDriverVersion"]).loader()) is None
+
+    def no_library(name: str) -> object:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    assert driver_version(load=no_library) is None
