@@ -421,9 +421,19 @@ def traces_section(results: Rows) -> str:
     return "## Traces\n\n" + intro + "\n\n" + "\n".join(rows)
 
 
+def _earlier_attempts(r: Result) -> str:
+    """A sweep row that ran again after its worker or node was lost (``compare.cluster.ray_engine``): its attempt and
+    the causes of the earlier ones; ``""`` for a row measured at its first attempt."""
+    earlier = r.extras.get("earlier_attempts")
+    if not isinstance(earlier, list) or not earlier:
+        return ""
+    return f"attempt {r.extras.get('attempt', len(earlier) + 1)}, after: " + "; ".join(map(str, earlier))
+
+
 def problems_section(results: Rows) -> str:
-    """Every result that is not a clean pass: skipped, failed, errors, and timings flagged implausible."""
-    bad = [r for r in results if r.status != "ok" or r.implausible]
+    """Every result that is not a clean pass: skipped, failed, errors, timings flagged implausible, and cells that
+    ran again after their worker or node was lost."""
+    bad = [r for r in results if r.status != "ok" or r.implausible or _earlier_attempts(r)]
     if not bad:
         return "## Skipped, failed and implausible\n\nNone: every backend ran and passed parity."
     rows = [
@@ -433,7 +443,7 @@ def problems_section(results: Rows) -> str:
             r.dtype,
             r.mode,
             r.status + (" (timing implausible)" if r.implausible else ""),
-            "; ".join(x for x in (r.reason, r.implausible) if x).replace("|", "\\|"),
+            "; ".join(x for x in (r.reason, r.implausible, _earlier_attempts(r)) if x).replace("|", "\\|"),
         ]
         for r in bad
     ]
