@@ -30,7 +30,7 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints/cpu.txt $(TORCH_CPU)
-	$(PY) -m pip install -q -c constraints/cpu.txt -e '.[triton,test]'
+	$(PY) -m pip install -q -c constraints/cpu.txt -e '.[triton,test,cluster]'
 	touch $@
 
 lint: env

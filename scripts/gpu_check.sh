@@ -5,7 +5,7 @@
 #   bash scripts/gpu_check.sh            # on the GPU machine: writes reports/gpu/
 #   bash scripts/gpu_check.sh --dry-run  # on any machine: every step that can run without CUDA, small, on CPU
 #
-# Steps (caps add up to 600 s, 10 minutes):
+# Steps (caps add up to 660 s, 11 minutes):
 #   1 environment      versions, GPU, driver (10 s)
 #   2 gpu-build        every Triton kernel and autotune config compiled for sm_90 (+ sm_80) with its register,
 #                      spill and shared-memory bill: catches a broken kernel before device time is spent (90 s)
@@ -23,6 +23,9 @@
 #   8 gemm-fusion      jax-xla-gemm-fusion, blog-mlp bf16 fwd and fwd+bwd, profiled, in a process started with its
 #                      XLA flags (XLA reads them once per process; the plain jax-xla is the report step's) (40 s);
 #                      dry run: the same command, tiny, where the backend says it needs a GPU
+#   9 ray-sweep        a two-cell sweep on a local Ray instance (--engine ray): tiny bf16, torch-eager and jax-xla,
+#                      each cell a Ray task asking for the GPU, rows labelled with the node (60 s); needs ray
+#                      (pip install -e '.[cluster]'); dry run: torch-eager in fp32 and bf16 on CPU
 #
 # The report step runs every backend, torch-compile-max-autotune too: its compile autotunes every GEMM.
 #
@@ -36,7 +39,7 @@ DRY=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$arg'; allowed: --dry-run" >&2; exit 2 ;;
   esac
 done
@@ -119,6 +122,8 @@ if [ "$DRY" = 1 ]; then
   step gemm-fusion 40 gemm_fusion.log env XLA_FLAGS="$GEMM_FUSION_FLAGS" "$PY" -m compare run --preset tiny \
     --dtype bfloat16 --mode fwd fwd+bwd --backend jax-xla-gemm-fusion --profile --budget 0.05 --no-plots \
     --out "$OUT_DIR/gemm-fusion"
+  step ray-sweep 60 ray_sweep.log "$PY" -m compare sweep --preset tiny --tokens 16 --dtype float32 bfloat16 \
+    --backend torch-eager --engine ray --budget 0.05 --no-plots --no-ceilings --out "$OUT_DIR/ray-sweep"
 else
   step gpu-build 90 gpu_build.log "$PY" -m compare gpu-build --arch sm_90 sm_80 --out "$OUT_DIR/gpu-build"
   step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests
@@ -131,6 +136,8 @@ else
   step gemm-fusion 40 gemm_fusion.log env XLA_FLAGS="$GEMM_FUSION_FLAGS" "$PY" -m compare run --preset blog-mlp \
     --dtype bfloat16 --mode fwd fwd+bwd --backend jax-xla-gemm-fusion --profile --budget 0.2 --no-plots \
     --out "$OUT_DIR/gemm-fusion"
+  step ray-sweep 60 ray_sweep.log "$PY" -m compare sweep --preset tiny --tokens 16 --dtype bfloat16 \
+    --backend torch-eager jax-xla --engine ray --budget 0.2 --no-plots --out "$OUT_DIR/ray-sweep"
 fi
 
 echo "== steps"

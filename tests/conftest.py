@@ -59,6 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
 LONG_FIRST: tuple[str, ...] = (
     "test_parity_torch_compile_max_autotune",  # slow tier only: 7 min with cold Inductor caches
     "test_faults",
+    "test_ray_sweep",
     "test_parity_jax",
     "test_parity_torch_compile",
     "test_parity_torch",

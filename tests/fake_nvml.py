@@ -95,7 +95,8 @@ class _Fn:
 class FakeLibNvml:
     """The NVML C library, faked for ``open_device(load=...)``. ``codes``: function -> the code it returns instead
     of success; ``missing``: functions the library lacks. Values: a device named ``name`` at ``handle``, SM and
-    memory clocks, power (mW), temperature, throttle bitmask and energy counter (mJ). ``log``: every call's name."""
+    memory clocks, power (mW), temperature, throttle bitmask, energy counter (mJ) and the driver's version.
+    ``log``: every call's name."""
 
     def __init__(
         self,
@@ -109,12 +110,13 @@ class FakeLibNvml:
         temperature_c: int = 47,
         throttle: int = 0x41,
         energy_mj: int = 8_675_309,
+        driver: str = "580.95.05",
     ) -> None:
         self.codes = dict(codes or {})
         self.log: list[str] = []
         self._values = {NVML_CLOCK_SM: sm_mhz, NVML_CLOCK_MEM: mem_mhz}
         self._name, self._power, self._temp = name, power_mw, temperature_c
-        self._throttle, self._energy = throttle, energy_mj
+        self._throttle, self._energy, self._driver = throttle, energy_mj, driver
         fns: dict[str, Callable[..., int]] = {
             "nvmlInit_v2": lambda: 0,
             "nvmlShutdown": lambda: 0,
@@ -126,6 +128,7 @@ class FakeLibNvml:
             "nvmlDeviceGetCurrentClocksThrottleReasons": lambda h, out: self._put(out, self._throttle),
             "nvmlDeviceGetCurrentClocksEventReasons": lambda h, out: self._put(out, self._throttle),
             "nvmlDeviceGetTotalEnergyConsumption": lambda h, out: self._put(out, self._energy),
+            "nvmlSystemGetDriverVersion": self._driver_of,
         }
         self._fns = {name: _Fn(self._logged(name, fn)) for name, fn in fns.items() if name not in missing}
         self._fns["nvmlErrorString"] = _Fn(lambda code: f"planted error {code}".encode())
@@ -151,6 +154,10 @@ class FakeLibNvml:
 
     def _name_of(self, handle: Any, buf: Any, length: int) -> int:
         buf.value = self._name.encode()[: length - 1]
+        return 0
+
+    def _driver_of(self, buf: Any, length: int) -> int:
+        buf.value = self._driver.encode()[: length - 1]
         return 0
 
     def __getattr__(self, name: str) -> _Fn:

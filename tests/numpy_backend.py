@@ -1,12 +1,17 @@
 """A test-only single-device backend with no framework: the plain same-dtype computation in numpy
 (``compare.problem.reference``), honest (it computes every answer, also on fresh inputs), so a process that runs it
 starts in well under a second. ``FUSION_COMPARE_TEST_STEP_S`` makes every step sleep that long first, so a test can
-land a signal inside a cell. The fault-injection suite (``tests/faults.py``) runs it."""
+land a signal inside a cell; ``FUSION_COMPARE_TEST_MARK_DIR`` makes every ``prepare`` leave a file there named by the
+Ray node and the process that runs it (``<node id>.<pid>``; ``local.<pid>`` outside Ray), so a test can kill the
+worker or remove the node in flight. The fault-injection suite (``tests/faults.py``) and the Ray engine's tests
+(``tests/test_ray_sweep.py``) run it."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -16,6 +21,7 @@ from compare.problem.reference import Arith, compute
 
 NAME = "numpy-plain"
 STEP_ENV = "FUSION_COMPARE_TEST_STEP_S"
+MARK_ENV = "FUSION_COMPARE_TEST_MARK_DIR"
 SPEC = BackendSpec(
     name=NAME,
     framework="numpy",
@@ -34,6 +40,11 @@ class NumpyPlain:
     def prepare(self, problem: Problem, mode: str) -> Prepared:
         case = problem.case
         pause = float(os.environ.get(STEP_ENV, "0") or 0)
+        mark = os.environ.get(MARK_ENV)
+        if mark:
+            ray = sys.modules.get("ray")
+            node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else "local"
+            (Path(mark) / f"{node}.{os.getpid()}").touch()
 
         def step_on(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             if pause:

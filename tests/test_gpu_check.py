@@ -38,6 +38,7 @@ def test_the_dry_run_passes_every_step_it_can_run(tmp_path: Path) -> None:
         "gpu-timing": "ok",
         "graphs-report": "ok",
         "gemm-fusion": "ok",
+        "ray-sweep": "ok",
     }, steps
     assert (tmp_path / "gpu-build" / "gpu_build.json").is_file()
     # the GPU timing modes' CPU-side paths: a scripted NVML device's telemetry, a capture refused without CUDA
@@ -50,6 +51,11 @@ def test_the_dry_run_passes_every_step_it_can_run(tmp_path: Path) -> None:
     fusion = (tmp_path / "gemm-fusion" / "REPORT.md").read_text(encoding="utf-8")
     assert "| jax-xla-gemm-fusion |" in fusion and "skipped | GPU only: XLA's GPU GEMM-fusion flags" in fusion
     assert all(flag in SCRIPT.read_text(encoding="utf-8") for flag in FLAGS)
+    # the two-cell sweep on a local Ray instance: both cells measured by a Ray worker, the instance gone with it
+    header = json.loads((tmp_path / "ray-sweep" / "results.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    assert header["engine"]["name"] == "ray" and header["engine"]["address"] == "local instance", header["engine"]
+    rows = json.loads((tmp_path / "ray-sweep" / "results.json").read_text(encoding="utf-8"))["results"]
+    assert [r["status"] for r in rows] == ["ok", "ok"] and all(r["node"]["node_id"] for r in rows), rows
     assert "XLA_PYTHON_CLIENT_PREALLOCATE" in SCRIPT.read_text(encoding="utf-8")
 
 
@@ -64,7 +70,7 @@ def test_a_failing_step_is_recorded_and_the_rest_still_run(tmp_path: Path) -> No
     )
     assert p.returncode == 1, p.stdout
     steps = (tmp_path / "out" / "steps.md").read_text(encoding="utf-8")
-    for name in ("gpu-build", "tests", "report", "gpu-timing", "graphs-report", "gemm-fusion"):
+    for name in ("gpu-build", "tests", "report", "gpu-timing", "graphs-report", "gemm-fusion", "ray-sweep"):
         assert f"| {name} | failed (exit 3) |" in steps, steps
 
 

@@ -288,3 +288,13 @@ def golden_for(case: Case) -> Golden:
     """The golden data of ``case``: the verified committed file if there is one, else generated (or read from the
     disk cache of generated data)."""
     return load_file(case) if is_committed(case) else _generated(case)
+
+
+def data_sha256(case: Case, directory: Path = GOLDEN_DIR) -> str:
+    """The sha256 of ``case``'s golden data as this process has it: a committed case's file (checked against the
+    manifest first: :func:`verify_file`), else the safetensors bytes of the generated data (:func:`serialize`, the
+    same bytes on any machine). A sweep's driver sends its own to each worker, which compares it with its own before
+    measuring: two nodes with different golden files or generation code are told apart."""
+    if is_committed(case):
+        return hashlib.sha256(verify_file(f"{case.name}.safetensors", directory)).hexdigest()
+    return hashlib.sha256(serialize(golden_for(case))).hexdigest()

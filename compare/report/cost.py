@@ -9,6 +9,7 @@ from typing import Any
 from compare.cost.model import roofline
 from compare.cost.records import Achieved, Ceiling
 from compare.formats.markdown import case_label, fmt_s, si, table
+from compare.report.machines import machine_of
 from compare.results.document import Result, Results
 
 
@@ -52,8 +53,14 @@ UNMEASURED: dict[str, str] = {
 
 def _find_baseline(results: tuple[Result, ...], r: Result, baseline: str) -> Result | None:
     for b in results:
-        if b.backend == baseline and b.case == r.case and b.mode == r.mode and b.cost is not None:
-            return b
+        if (
+            b.backend == baseline
+            and b.case == r.case
+            and b.mode == r.mode
+            and b.cost is not None
+            and machine_of(b) == machine_of(r)
+        ):
+            return b  # a saving is never measured across two machine types
     return None
 
 

@@ -12,6 +12,7 @@ from compare.kernels import busy
 from compare.kernels.summary import Kernels
 from compare.report.cost import cost_section, fusion_section
 from compare.report.kernels import kernel_section
+from compare.report.machines import machine_of, several, timed_machine_types
 from compare.report.plots import plots_section
 from compare.report.resolution import resolution_section
 from compare.report.shapes import shapes_section
@@ -129,20 +130,34 @@ def parity_section(results: Rows) -> str:
             else ""
         )
     )
+    kinds = {m for r in results if r.parity is not None and (m := machine_of(r)) is not None}
+    if len(kinds) > 1:
+        intro += (
+            f" These rows were measured on {len(kinds)} machine types (listed in the summary): parity is judged "
+            "against the same float64 golden with the same machine-independent bounds on every machine, so the "
+            "verdicts compare across machines; the timings do not, and the timing section groups them by machine type."
+        )
     return "## Parity\n\n" + intro + "\n\n" + table(head, rows)
 
 
 def _baseline(results: Rows, r: Result) -> Result | None:
     for b in results:
-        if b.backend == DEFAULT_BASELINE and b.case == r.case and b.mode == r.mode and b.timing is not None:
-            return b
+        if (
+            b.backend == DEFAULT_BASELINE
+            and b.case == r.case
+            and b.mode == r.mode
+            and b.timing is not None
+            and machine_of(b) == machine_of(r)
+        ):
+            return b  # never a speedup across two machine types
     return None
 
 
 def speedup_cell(results: Rows, r: Result) -> str:
     """``r``'s speedup against the baseline on the same case and mode, e.g. ``1.52x``, only where the two timings
     differ beyond noise (:func:`compare.timing.significance.compare_timing`, the rule of ``compare diff``); else
-    ``within noise``. ``baseline`` for the baseline itself, ``-`` where the baseline was not timed."""
+    ``within noise``. ``baseline`` for the baseline itself, ``-`` where the baseline was not timed (on the row's
+    machine type: a row is never compared with a baseline measured on another)."""
     base = _baseline(results, r)
     if base is None or base.timing is None or r.timing is None:
         return "-"
@@ -208,14 +223,14 @@ def _device_notes(r: Result) -> list[str]:
 def timing_section(
     results: Rows, cold: ColdSetup | None = None, budget: BudgetRecord | None = None, telemetry: str = ""
 ) -> str:
-    rows = []
+    rows: dict[str | None, list[Row]] = {}
     for r in results:
         t = r.timing
         if t is None:
             continue
         speedup = speedup_cell(results, r)
         flags = [x for x in ("noisy (IQR > 10% of median)" if t.noisy else "", r.note, *_device_notes(r)) if x]
-        rows.append(
+        rows.setdefault(machine_of(r) if several(results) else None, []).append(
             [
                 r.label,
                 case_label(r),
@@ -301,15 +316,17 @@ def timing_section(
         if isinstance(r.extras.get("parity_cache"), dict)
     ]
     tail = "\n\n".join(x for x in ("\n".join(untimed), "\n".join(cached)) if x)
-    return (
-        "## Timing\n\n"
-        + intro
-        + "\n\n"
-        + "\n\n".join(notes)
-        + "\n\n"
-        + table(head, rows)
-        + ("\n\n" + tail if tail else "")
-    )
+    if several(results):  # one table per machine type, each row's speedup against the baseline of its own type
+        notes.append(
+            "The rows were measured on several machine types: one table per type, each speedup against "
+            f"{DEFAULT_BASELINE} on the same type; no speedup is computed across two machine types."
+        )
+        tables = "\n\n".join(
+            f"### On {m or 'a machine not recorded'}\n\n" + table(head, rows[m]) for m in timed_machine_types(results)
+        )
+    else:
+        tables = table(head, rows.get(None, []))
+    return "## Timing\n\n" + intro + "\n\n" + "\n\n".join(notes) + "\n\n" + tables + ("\n\n" + tail if tail else "")
 
 
 def modes_section(results: Rows) -> str:
@@ -404,9 +421,19 @@ def traces_section(results: Rows) -> str:
     return "## Traces\n\n" + intro + "\n\n" + "\n".join(rows)
 
 
+def _earlier_attempts(r: Result) -> str:
+    """A sweep row that ran again after its worker or node was lost (``compare.cluster.ray_engine``): its attempt and
+    the causes of the earlier ones; ``""`` for a row measured at its first attempt."""
+    earlier = r.extras.get("earlier_attempts")
+    if not isinstance(earlier, list) or not earlier:
+        return ""
+    return f"attempt {r.extras.get('attempt', len(earlier) + 1)}, after: " + "; ".join(map(str, earlier))
+
+
 def problems_section(results: Rows) -> str:
-    """Every result that is not a clean pass: skipped, failed, errors, and timings flagged implausible."""
-    bad = [r for r in results if r.status != "ok" or r.implausible]
+    """Every result that is not a clean pass: skipped, failed, errors, timings flagged implausible, and cells that
+    ran again after their worker or node was lost."""
+    bad = [r for r in results if r.status != "ok" or r.implausible or _earlier_attempts(r)]
     if not bad:
         return "## Skipped, failed and implausible\n\nNone: every backend ran and passed parity."
     rows = [
@@ -416,7 +443,7 @@ def problems_section(results: Rows) -> str:
             r.dtype,
             r.mode,
             r.status + (" (timing implausible)" if r.implausible else ""),
-            "; ".join(x for x in (r.reason, r.implausible) if x).replace("|", "\\|"),
+            "; ".join(x for x in (r.reason, r.implausible, _earlier_attempts(r)) if x).replace("|", "\\|"),
         ]
         for r in bad
     ]

@@ -25,6 +25,7 @@ from compare.backends.registry import BACKENDS, DEFAULT_BASELINE, framework_base
 from compare.formats.markdown import case_label, fmt_s, si
 from compare.gate.resolution import ResolutionRow
 from compare.report.cost import MEASURED, UNMEASURED, fusion_benefit, kernel_time_split
+from compare.report.machines import machine_of, machines_line, several, timed_machine_types
 from compare.results.document import Result, Results
 from compare.timing.significance import PAIRED, WITHIN_NOISE, compare_timing
 
@@ -105,6 +106,17 @@ def _parity(rows: list[Result], resolution: tuple[ResolutionRow, ...]) -> str:
 
 
 def _fastest(rows: list[Result]) -> str:
+    """The fastest plausible backend of a group; per machine type where its timed rows come from several (never a
+    speedup across two)."""
+    if several(rows):
+        return "; ".join(
+            f"on {m or 'a machine not recorded'}, {_fastest_of([r for r in rows if machine_of(r) == m])}"
+            for m in timed_machine_types(rows)
+        )
+    return _fastest_of(rows)
+
+
+def _fastest_of(rows: list[Result]) -> str:
     timed = [(r, r.timing) for r in rows if r.timing is not None and r.status in ("ok", "deviates")]
     if not timed:
         return "nothing timed"
@@ -235,5 +247,5 @@ def summary_section(doc: Results) -> str:
         "fused backends saved over that baseline (where both pass or deviate); a saving beyond that share says "
         "where the rest came from. Speed across frameworks is the timing table's, not a saving."
     )
-    notes = _ceiling_notes(doc)
+    notes = "\n\n".join(x for x in (machines_line(doc), _ceiling_notes(doc)) if x)
     return "## Summary\n\n" + intro + "\n\n" + "\n".join(lines) + (f"\n\n{notes}" if notes else "")

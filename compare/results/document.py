@@ -33,7 +33,7 @@ from compare.gate.parity_record import ParityRecord
 from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
 from compare.problem.cases import Case, InputError, Shape
-from compare.results.environment import Environment
+from compare.results.environment import Environment, Node
 from compare.results.tp import TPInfo
 from compare.timing.budgets import BudgetRecord
 from compare.timing.caches import ColdSetup
@@ -96,6 +96,8 @@ class Result:
     implausible: str = ""
     world_size: int = 1
     tp: TPInfo | None = None
+    #: The machine that measured it (``compare.results.environment.Node``): set on a sweep's rows, None elsewhere.
+    node: Node | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -111,7 +113,7 @@ class Result:
         return self.backend if self.world_size == 1 else f"{self.backend} x{self.world_size}"
 
     def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("implausible", "world_size", "tp", "cold"))
+        return record_dict(self, optional=("implausible", "world_size", "tp", "cold", "node"))
 
     @staticmethod
     def from_dict(d: Obj) -> Result:
@@ -143,6 +145,7 @@ class Result:
             implausible=text(d, "implausible", ""),
             world_size=integer(d, "world_size", 1),
             tp=sub(d, "tp", TPInfo.from_dict),
+            node=sub(d, "node", Node.from_dict),
         )
 
 

@@ -6,6 +6,7 @@ by a backend (torch's own ATen CPU capability is the torch ceilings probe's to r
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.formats.jsonfields import Obj, Setting, mapping, opt_integer, opt_text, record_dict, text, texts
+from compare.timing import nvml
 
 #: Distribution names (normalised: importlib.metadata treats - and _ alike).
 PACKAGES: tuple[str, ...] = ("numpy", "torch", "jax", "jaxlib", "flax", "triton", "jax_triton", "safetensors")
@@ -239,4 +241,70 @@ def current(precision: Mapping[str, Setting], threads: Mapping[str, Setting]) ->
         blas=blas,
         blas_core=blas_core,
         isa_caps=isa_caps(os.environ),
+    )
+
+
+@dataclass(frozen=True)
+class Node:
+    """The machine that measured one result (a sweep row's ``node``): its host name, CPU model and instruction sets
+    (:data:`ISA_FLAGS`), GPU and NVIDIA driver (None without one), the package versions, and the Ray node id when a
+    Ray worker measured it (``""`` elsewhere). Two rows share a *machine type* (:meth:`machine_type`) when their
+    CPU model, instruction sets and GPU are the same: timings compare within a machine type only."""
+
+    host: str = ""
+    cpu: str = ""
+    cpu_isa: tuple[str, ...] | None = None
+    gpu: str | None = None
+    driver: str | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    node_id: str = ""
+
+    def machine_type(self) -> str:
+        """The hardware the timing depends on, in words: ``CPU (ISA flags), GPU`` (``no GPU`` without one)."""
+        isa = "ISA unknown" if self.cpu_isa is None else ", ".join(self.cpu_isa) or "no listed ISA extension"
+        return f"{self.cpu or 'unknown CPU'} ({isa}); {self.gpu or 'no GPU'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
+
+    @staticmethod
+    def from_dict(d: Obj) -> Node:
+        """The inverse of :meth:`to_dict`; an absent field takes its default."""
+        return Node(
+            host=text(d, "host", ""),
+            cpu=text(d, "cpu", ""),
+            cpu_isa=None if d.get("cpu_isa") is None else texts(d, "cpu_isa"),
+            gpu=opt_text(d, "gpu"),
+            driver=opt_text(d, "driver"),
+            versions=mapping(d, "versions"),
+            node_id=text(d, "node_id", ""),
+        )
+
+
+@functools.cache
+def _gpu_driver() -> str | None:
+    return nvml.driver_version()
+
+
+@functools.cache
+def _machine() -> tuple[str, str, tuple[str, ...] | None]:
+    return platform.node(), cpu_model(), cpu_isa()
+
+
+def node(node_id: str = "") -> Node:
+    """This process's :class:`Node`, collected now (the host, CPU and driver once per process; the GPU as
+    :func:`gpu` reads it, so after a backend has loaded torch; the versions from package metadata)."""
+    host, cpu, isa = _machine()
+    try:
+        engine = {"ray": metadata.version("ray")}
+    except metadata.PackageNotFoundError:
+        engine = {}
+    return Node(
+        host=host,
+        cpu=cpu,
+        cpu_isa=isa,
+        gpu=gpu(),
+        driver=_gpu_driver(),
+        versions={**versions(), **engine},
+        node_id=node_id,
     )

@@ -29,6 +29,12 @@ and ``--cell-timeout`` turns a hang into an error too. The workers' scratch file
 removed when the sweep ends (however it ends) and, if a killed sweep left one, when the next one starts.
 ``--retry-errors`` runs again, on a restart, the cells whose stored result is an ``error`` (the new line wins).
 
+``--engine ray`` (``compare.sweep.engines``; ``compare.cluster.ray_engine``) runs each cell as a Ray task on a cluster
+(``--address HOST:PORT`` or ``auto``; none: a local Ray instance, shut down at the end) and appends each outcome to
+the same file as it arrives; a lost worker or node is an attempt stored as an ``error`` line marked ``retrying`` (not
+counted as done) before the cell runs again, up to ``--retries`` times. Every cell line's result carries the node that
+measured it (``node``), on either engine.
+
 Ctrl-C or SIGTERM stops the sweep: the worker in flight and everything it started are killed, what is done is
 written to ``results.json`` and ``REPORT.md``, and the exit status is 130 (rerun the same command to resume).
 """
@@ -39,11 +45,12 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import os
 import shlex
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -63,13 +70,24 @@ from compare.report import render as report
 from compare.results import document as results
 from compare.results import environment
 from compare.results.document import Results
-from compare.run import exitcodes, harness, preflight, stop
+from compare.run import child, exitcodes, harness, preflight, stop
 from compare.run.budget import Budget
 from compare.run.cell import against_ceilings, min_flops
 from compare.run.options import add_grid_args, check_grid_args, check_inputs
 from compare.run.progress import Display, progress_level
+from compare.sweep.engines import (
+    DEFAULT_ENGINE,
+    ENGINES,
+    EngineOptions,
+    Finished,
+    Runner,
+    check_address,
+    engine,
+    open_runner,
+)
 from compare.sweep.grid import (
     DEFAULT_TOKENS,
+    Cell,
     cells_from_config,
     grid_config,
 )
@@ -78,6 +96,42 @@ from compare.sweep.worker import run_cell_inprocess, run_cell_isolated, worker_m
 
 #: The workers' scratch folder under a sweep's output folder.
 SCRATCH = ".cells"
+
+
+class LocalRunner:
+    """The local engine: each cell here (``run_cell_inprocess``), or in its own worker process with ``isolate``
+    (``run_cell_isolated``, scratch files under ``scratch``, a hang ended after ``cell_timeout_s``); every row
+    labelled with this machine (``compare.results.environment.node``)."""
+
+    def __init__(self, isolate: bool = False, scratch: Path | None = None, cell_timeout_s: float | None = None):
+        self.isolate, self.scratch, self.cell_timeout_s = isolate, scratch, cell_timeout_s
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "local", "isolate": self.isolate}
+
+    def cells(
+        self,
+        todo: list[Cell],
+        specs: dict[str, BackendSpec],
+        cfg: harness.TimingConfig,
+        may_start: Callable[[int], bool],
+        starting: Callable[[Cell], None],
+    ) -> Iterator[Finished]:
+        plain_cache: dict[str, Any] = {}
+        for i, cell in enumerate(todo):
+            if not may_start(len(todo) - i):
+                return
+            t0 = time.perf_counter()
+            starting(cell)
+            if self.isolate:
+                assert self.scratch is not None
+                r, meta = run_cell_isolated(specs[cell.backend], cell, cfg, self.scratch, self.cell_timeout_s)
+            else:
+                r, meta = run_cell_inprocess(specs[cell.backend], cell, cfg, plain_cache)
+            yield Finished(cell, dataclasses.replace(r, node=environment.node()), meta, time.perf_counter() - t0)
+
+    def close(self) -> None:
+        """Nothing to end: every worker process ended with its cell."""
 
 
 def run_sweep(
@@ -91,14 +145,20 @@ def run_sweep(
     retry_errors: bool = False,
     ceilings: bool = False,
     budget: Budget | None = None,
+    runner: Runner | None = None,
 ) -> Results:
     """Run every cell of ``config`` not yet in ``out/results.jsonl``, appending each as it finishes.
 
     ``specs`` maps each backend name in the config to its spec; ``retry_errors`` runs stored ``error`` cells again.
+    ``runner`` is the engine that runs the cells (``compare.sweep.engines``; opened and closed by the caller); None:
+    the local engine, with ``isolate`` and ``cell_timeout_s``. Every attempt the engine reports is stored (a lost
+    worker's error row, marked ``retrying``, before the cell's next attempt; a reader takes the last attempt that is
+    not marked, and a cell whose only lines are marked is not done).
     ``ceilings``: measure this machine's matmul and copy ceilings for the swept dtypes once, here, before any cell
-    (``harness.measure_ceilings``; they go into this session's header line) and hold every single-device row to them
-    as it is stored (``compare.run.cell.against_ceilings``: its roofline numbers, and ``implausible`` where its fastest
-    sample beats the matmul ceiling); off, as ``compare run --no-ceilings``, the rows are stored as they come.
+    (``harness.measure_ceilings``; they go into this session's header line) and hold every single-device row
+    measured on this machine type to them as it is stored (``compare.run.cell.against_ceilings``: its roofline
+    numbers, and ``implausible`` where its fastest sample beats the matmul ceiling; a row from another machine type
+    is not held to this one's); off, as ``compare run --no-ceilings``, the rows are stored as they come.
     ``budget`` (``compare.run.budget``): no cell starts once it is spent; the cells left are said as its cut and
     wait for a rerun of the same command (it resumes them). Returns :func:`load_sweep` of the file. The workers'
     scratch folder ``out/.cells`` is removed on the way out,
@@ -107,7 +167,10 @@ def run_sweep(
     path = out / JSONL
     cfg = harness.TimingConfig(**config["timing"])
     env = environment.collect({}, {})
+    here = environment.node().machine_type()
     cells = cells_from_config(config)
+    if runner is None:
+        runner = LocalRunner(isolate, out / SCRATCH, cell_timeout_s)
     with Appender(path) as w:
         check_same_grid(path, config, env)
         _remove_scratch(out)
@@ -127,10 +190,12 @@ def run_sweep(
                     "config": config,
                     "environment": env,
                     "isolate": isolate,
+                    "engine": runner.describe(),
                     **({"ceilings": ceil.to_dict()} if ceil is not None else {}),
                 }
             )
             n_done = len(cells) - len(todo)
+            n_before = n_done
             if progress:
                 progress.resume(n_done, len(cells))
             if progress and n_done:
@@ -140,38 +205,43 @@ def run_sweep(
                     f"retrying {len(done_keys(path)) - len(done)} cell(s) whose stored result is an error",
                     important=True,
                 )
-            plain_cache: dict[str, Any] = {}
-            for i, cell in enumerate(todo):
-                stop.check()  # a signal asked to stop: the cell in flight was the last
+
+            def may_start(left: int) -> bool:
+                stop.check()  # a signal asked to stop: the cells in flight were the last
                 if budget is not None and budget.left() <= 0:
                     budget.cut(
-                        f"sweep: {len(todo) - i} of {len(cells)} cells not started, the {budget.total_s:g} s budget "
+                        f"sweep: {left} of {len(cells)} cells not started, the {budget.total_s:g} s budget "
                         "being spent; rerun the same command to resume them"
                     )
                     if progress:
                         progress.message(budget.cuts[-1], important=True)
-                    break
-                t0 = time.perf_counter()
-                s = specs[cell.backend]
+                    return False
+                return True
+
+            def starting(cell: Cell) -> None:
                 if progress:
                     progress.starting(cell.label())
-                if isolate:
-                    r, meta = run_cell_isolated(s, cell, cfg, out / SCRATCH, cell_timeout_s)
-                else:
-                    r, meta = run_cell_inprocess(s, cell, cfg, plain_cache)
-                if ceil is not None and r.tp is None:  # a single-device row: can its timing be right?
-                    r = against_ceilings(r, ceil, min_flops(cell.case, cell.mode))
-                wall = time.perf_counter() - t0
+
+            for f in runner.cells(todo, specs, cfg, may_start, starting):
+                r = f.result
+                same_machine = r.node is None or r.node.machine_type() == here
+                if ceil is not None and r.tp is None and same_machine:  # a single-device row: can its timing be right?
+                    r = against_ceilings(r, ceil, min_flops(f.cell.case, f.cell.mode))
+                line = {"type": "cell", "key": f.cell.key, "result": r.to_dict(), **f.meta, "wall_s": f.wall_s}
                 try:
-                    w.append({"type": "cell", "key": cell.key, "result": r.to_dict(), **meta, "wall_s": wall})
+                    w.append(line if f.final else {**line, "retrying": True})
                 except OSError as exc:
                     raise exitcodes.WriteFailed(
-                        f"cannot append to {path} ({exc.strerror or exc}): the {n_done - (len(cells) - len(todo))} "
+                        f"cannot append to {path} ({exc.strerror or exc}): the {n_done - n_before} "
                         f"cells of this session before it are stored; free space and rerun the same command to resume"
                     ) from exc
+                if not f.final:
+                    if progress:
+                        progress.message(f"{f.cell.label()}: {r.reason}; running it again", important=True)
+                    continue
                 n_done += 1
                 if progress:
-                    progress.cell(f"{cell.label()} ({wall:.1f}s)", r.status, r.reason)
+                    progress.cell(f"{f.cell.label()} ({f.wall_s:.1f}s)", r.status, r.reason)
         finally:
             _remove_scratch(out)
     return load_sweep(path)
@@ -244,23 +314,67 @@ def cmd_sweep(a: argparse.Namespace) -> int:
             f"--cache {a.cache}: a sweep times warm caches only (each cell on its own); cold samples are "
             "`python -m compare run --cache cold` or `both`"
         )
-    if a.cell_timeout is not None:
-        check_finite("--cell-timeout", a.cell_timeout)
-        if not a.isolate:
-            raise InputError("--cell-timeout needs --isolate (only a worker process can be stopped)")
+    options = engine_options(a)
     preflight.check_golden(dict.fromkeys(c.case for c in cells_from_config(config)))
     out = preflight.prepare_out_dir(Path(a.out))
     with preflight.lock_folder(out, shlex.join(getattr(a, "argv", None) or ["sweep"])), stop.on_signals():
-        return _sweep_locked(a, config, out)
+        return _sweep_locked(a, config, out, options)
 
 
-def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path) -> int:
+#: The environment variables that travel with the cells to another engine's workers (the tool's own settings: the
+#: data cache, the Triton choice, ...), by prefix; the parent-death marker of ``compare.run.child`` stays here.
+TRAVELS = "FUSION_COMPARE_"
+
+
+def engine_options(a: argparse.Namespace) -> EngineOptions:
+    """The engine's options from parsed arguments, checked (bad input raises InputError naming what is allowed):
+    ``--engine`` is a registered one, ``--address``, ``--retries`` and ``--cpus-per-cell`` belong to an engine
+    that runs elsewhere, ``--isolate`` to the local one, ``--cell-timeout`` to a worker process."""
+    e = engine(a.engine)
+    if a.cell_timeout is not None:
+        check_finite("--cell-timeout", a.cell_timeout)
+        if e.name == "local" and not a.isolate:
+            raise InputError("--cell-timeout needs --isolate (only a worker process can be stopped) or --engine ray")
+    if e.name == "local":
+        given = [
+            n
+            for n, v in (("--address", a.address), ("--retries", a.retries), ("--cpus-per-cell", a.cpus_per_cell))
+            if v is not None
+        ]
+        if given:
+            raise InputError(f"{', '.join(given)}: only with --engine ray (the local engine runs the cells here)")
+        return EngineOptions(cell_timeout_s=a.cell_timeout)
+    if a.isolate:
+        raise InputError(
+            f"--isolate is the local engine's: --engine {e.name} runs every cell in a worker process of its own"
+        )
+    if a.retries is not None and a.retries < 0:
+        raise InputError(f"--retries must be 0 or more (attempts after a lost worker or node), got {a.retries}")
+    cpus = 1.0 if a.cpus_per_cell is None else a.cpus_per_cell
+    check_finite("--cpus-per-cell", cpus)
+    return EngineOptions(
+        address=None if a.address is None else check_address(a.address),
+        retries=1 if a.retries is None else a.retries,
+        cell_timeout_s=a.cell_timeout,
+        cpus_per_cell=cpus,
+        env={k: v for k, v in os.environ.items() if k.startswith(TRAVELS) and k != child.PARENT_ENV},
+    )
+
+
+def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path, options: EngineOptions) -> int:
     """``cmd_sweep`` once the folder is locked and the signals set a flag."""
     specs = {b: spec(b) for b in config["backends"]}
     budget = Budget(a.time_budget) if a.time_budget is not None else None
     interrupted = False
+    e = engine(a.engine)
+    runner: Runner | None = None
     try:
         with Display(0, progress_level(a), title="sweep") as display:
+            if e.name != "local":
+                display.message(
+                    f"starting the {e.name} engine ({options.address or 'a local instance'})", important=True
+                )
+                runner = open_runner(e, options)
             doc = run_sweep(
                 config,
                 out,
@@ -271,6 +385,7 @@ def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path) -> i
                 retry_errors=a.retry_errors,
                 ceilings=not a.no_ceilings,
                 budget=budget,
+                runner=runner,
             )
         if budget is not None:
             doc = dataclasses.replace(doc, budget=budget.record())
@@ -279,6 +394,9 @@ def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path) -> i
         why = stop.requested() or "an interrupt"
         print(f"sweep: stopped by {why}; writing what is done (rerun the same command to resume)", file=sys.stderr)
         doc = load_sweep(out / JSONL)
+    finally:
+        if runner is not None:
+            runner.close()
     try:
         finish(out, doc, plots=not a.no_plots)
     except OSError as exc:
@@ -323,7 +441,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="run each cell in a worker process: a segfault or OOM kill is recorded, not fatal",
     )
-    p.add_argument("--cell-timeout", type=float, help="with --isolate: seconds before a cell is killed")
+    p.add_argument(
+        "--cell-timeout", type=float, help="with --isolate or --engine ray: seconds before a cell is ended (an error)"
+    )
+    p.add_argument(
+        "--engine",
+        default=DEFAULT_ENGINE,
+        help="where the cells run: "
+        + "; ".join(f"{e.name}: {e.about}" for e in ENGINES.values())
+        + f" (default: {DEFAULT_ENGINE}; ray needs the cluster extra, {ENGINES['ray'].install})",
+    )
+    p.add_argument(
+        "--address",
+        help="with --engine ray: the cluster's head, HOST:PORT (e.g. head-node:6379), or auto (the cluster `ray start` "
+        "started on this machine); none: a local Ray instance on this machine, shut down at the end",
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        help="with --engine ray: times a cell whose worker process or node was lost runs again (default: 1); every "
+        "attempt is stored",
+    )
+    p.add_argument("--cpus-per-cell", type=float, help="with --engine ray: CPUs each CPU cell asks for (default: 1)")
     p.add_argument(
         "--retry-errors", action="store_true", help="on a restart, run again the cells whose stored result is an error"
     )

@@ -56,7 +56,8 @@ def read_sweep(path: Path | str) -> dict[str, Any]:
     header's; the environment's ``precision`` and ``threads`` merge what every finished cell reported, and its
     ``gpu`` is the first one a cell saw if the header had none (backends load torch after the header is written,
     and the GPU name is read only once torch is loaded). Results are in grid order, one per cell key (the last
-    line wins if a key repeats). ``config["progress"]`` says how many grid cells are done and how many sessions
+    line wins if a key repeats; a line marked ``retrying``, a lost worker's attempt, is left out: the cell's next
+    attempt follows it). ``config["progress"]`` says how many grid cells are done and how many sessions
     (starts) wrote the file; ``ceilings`` are the first session's that measured them (each session's rows were held
     to its own, as they were stored).
     """
@@ -68,7 +69,7 @@ def read_sweep(path: Path | str) -> dict[str, Any]:
     threads: dict[str, Any] = {}
     gpus: list[str] = []
     for rec in lines:
-        if rec["type"] == "cell":
+        if rec["type"] == "cell" and not rec.get("retrying"):  # a lost attempt's row: its next attempt follows
             r = rec["result"]
             by_key[result_key(r)] = r
             precision.update(rec.get("precision") or {})
@@ -97,10 +98,12 @@ def read_sweep(path: Path | str) -> dict[str, Any]:
 
 def done_keys(path: Path, retry_errors: bool = False) -> set[str]:
     """Keys of the cells already in a sweep file (empty if there is none); with ``retry_errors``, less those whose
-    last stored result is an ``error`` (they run again)."""
+    last stored result is an ``error`` (they run again). A row marked ``retrying`` (a lost worker's attempt, whose
+    next attempt was to follow) does not make its cell done."""
     if not path.is_file() or path.stat().st_size == 0:
         return set()
-    last = {result_key(x["result"]): x["result"] for x in _parse_lines(path) if x["type"] == "cell"}
+    lines = _parse_lines(path)
+    last = {result_key(x["result"]): x["result"] for x in lines if x["type"] == "cell" and not x.get("retrying")}
     return {k for k, r in last.items() if not (retry_errors and r.get("status") == "error")}
 
 

@@ -42,6 +42,7 @@ runs on the GPU.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import math
 import statistics
@@ -205,6 +206,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     # the same call under its newer name, for a driver that has dropped the old one
     "nvmlDeviceGetCurrentClocksEventReasons": [_HANDLE, ctypes.POINTER(ctypes.c_ulonglong)],
     "nvmlDeviceGetTotalEnergyConsumption": [_HANDLE, ctypes.POINTER(ctypes.c_ulonglong)],
+    "nvmlSystemGetDriverVersion": [ctypes.POINTER(ctypes.c_char), ctypes.c_uint],
 }
 THROTTLE_FUNCTIONS = ("nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetCurrentClocksEventReasons")
 ENERGY_FUNCTION = "nvmlDeviceGetTotalEnergyConsumption"
@@ -352,6 +354,29 @@ def open_device(
             reason += f"; and then {shut}"
         return Unavailable(reason)
     return LibraryDevice(lib, handle, index, name, _energy_probe(lib, handle))
+
+
+def driver_version(*, library: str = NVML_LIBRARY, load: Callable[[str], Any] = ctypes.CDLL) -> str | None:
+    """The NVIDIA driver's version (``nvmlSystemGetDriverVersion``), None where NVML does not load or answer (no
+    driver: a machine without an NVIDIA GPU). Never raises for that."""
+    try:
+        cdll = load(library)
+    except OSError:
+        return None
+    lib = _Nvml(cdll)
+    try:
+        lib.call("nvmlInit_v2")
+    except NvmlError:
+        return None
+    try:
+        buf = ctypes.create_string_buffer(NAME_BUFFER)
+        lib.call("nvmlSystemGetDriverVersion", buf, NAME_BUFFER)
+        return buf.value.decode("utf-8", "replace") or None
+    except NvmlError:
+        return None
+    finally:
+        with contextlib.suppress(NvmlError):  # the version is read; a failing shutdown changes nothing of it
+            lib.call("nvmlShutdown")
 
 
 @dataclass(frozen=True)
