@@ -43,7 +43,12 @@ from compare.timing.timer import TimingConfig
 from tests import numpy_backend
 from tests.faults import PREAMBLE
 
-pytestmark = pytest.mark.standard
+pytestmark = [
+    pytest.mark.standard,
+    # Ray starts its processes (gcs, raylets, workers) with a fork that execs at once; in a pytest worker that
+    # already ran JAX tests, JAX's at-fork hook warns of a deadlock that a fork+exec cannot reach (seen in make test)
+    pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning"),
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Each node's object store: small (results are small; CI machines differ in /dev/shm).
@@ -274,9 +279,11 @@ def test_a_killed_driver_resumes_from_the_store_without_duplicates(
     assert rc == 0, err[-3000:]
     assert f"{first}/{len(tokens)} cells already done" in err
     grid = [c.key for c in cells_from_config(read_sweep(out)["config"])]
-    assert collections.Counter(x["key"] for x in _lines(out)) == collections.Counter(grid), (
-        "a cell was lost or run twice"
-    )
+    lines = _lines(out)
+    final = [x for x in lines if not x.get("retrying")]
+    assert collections.Counter(x["key"] for x in final) == collections.Counter(grid), "a cell was lost or run twice"
+    # a worker the dead driver's job lost while the new one started is an attempt stored with its cause, never a row
+    assert all(x["result"]["reason"] for x in lines if x.get("retrying"))
 
 
 def _alive(pid: int) -> bool:
