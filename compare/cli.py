@@ -222,6 +222,7 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
             reuse_parity=not a.no_parity_cache,
             watch=watch,
             cuda_graphs=a.cuda_graphs,
+            memory=a.memory or a.profile or a.trace,
         )
         doc = dataclasses.replace(doc, telemetry=telemetry)
         if a.shape_sweep and not doc.interrupted:
@@ -395,7 +396,17 @@ def _add_run_args(r: argparse.ArgumentParser) -> None:
         help=f"how tensor-parallel ranks start where a backend supports it: {' or '.join(LAUNCHES)} "
         "(default: each backend's first; JAX: devices, N CPU devices in one process)",
     )
-    r.add_argument("--profile", action="store_true", help="count kernels and fusions per step (profiler / HLO)")
+    r.add_argument(
+        "--profile",
+        action="store_true",
+        help="count kernels and fusions per step (profiler / HLO); implies --memory",
+    )
+    r.add_argument(
+        "--memory",
+        action="store_true",
+        help="measure what each step holds in memory: the tensors saved for the backward (against the cost model, "
+        "byte for byte) and the peak above inputs and weights, each with its source",
+    )
     r.add_argument(
         "--cuda-graphs",
         action="store_true",

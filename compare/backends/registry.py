@@ -68,6 +68,12 @@ class Prepared:
     #: stay. The harness's check that a step computes its answer from its inputs (``compare.gate.fresh``); a backend
     #: without it is an error result, never a pass.
     fresh: Callable[[dict[str, np.ndarray]], Any] | None = None
+    #: ``memory()`` measures what one step holds in memory: the tensors its forward saves for the backward and its
+    #: peak above its inputs and weights, as a dict of ``compare.results.memory.Memory`` (each figure with its
+    #: source, or absent with the reason). Filled by the shared runners (``torch_impl.runner``,
+    #: ``jax_impl.runner``) for every backend built on them; called once per cell, outside the timed samples. None:
+    #: the result says "not measured", never 0.
+    memory: Callable[[], dict[str, Any]] | None = None
 
 
 class Backend(Protocol):
