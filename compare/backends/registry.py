@@ -138,6 +138,10 @@ class BackendSpec:
     #: True for its framework's unfused baseline (one kernel per op, every intermediate in memory): what the fusion
     #: table measures the framework's other backends against (:func:`framework_baseline`). One per framework.
     baseline: bool = False
+    #: A recomputation backend (``torch.utils.checkpoint``, ``jax.checkpoint``): the name of its plain twin, the same
+    #: computation without recomputation, that the report weighs its memory saving and its extra time against
+    #: (``compare.report.memory``). Empty for every other backend.
+    remat_of: str = ""
 
     def __post_init__(self) -> None:
         derived = FRAMEWORK_PACKAGES.get(self.target.split(".")[0])

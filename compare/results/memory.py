@@ -158,10 +158,16 @@ class Check:
     verdict: str
     text: str
     difference: int | None = None
+    #: a table cell's form: ``text`` unless it differs, then the difference and the tensor counts only
+    short: str = ""
 
     @property
     def finding(self) -> bool:
         return self.verdict == "differs"
+
+    @property
+    def cell(self) -> str:
+        return self.short or self.text
 
 
 def _spell_model(saved: Sequence[tuple[str, int]]) -> str:
@@ -194,9 +200,11 @@ def model_check(memory: Memory | None, cost: Cost | None) -> Check:
     if sorted(t.bytes for t in got.tensors) == sorted(b for _, b in want):
         return Check("= model", "= model", 0)
     sign = "+" if diff >= 0 else "-"
+    names = ", ".join(n for n, _ in want) or "none"
     how = "same bytes in other tensors" if diff == 0 else f"{sign}{abs(diff):,} B"
     return Check(
         "differs",
         f"**{_spell_measured(got)} != model ({cost.plan}) {_spell_model(want)}** ({how})",
         diff,
+        f"**differs: {how}** ({len(got.tensors)} tensors, model {len(want)}: {names})",
     )
