@@ -4,18 +4,22 @@ a document without memory rendering as before. Pure functions of hand-made docum
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from compare.backends.registry import BackendSpec, register, unregister
 from compare.cost import model as costmodel
-from compare.problem.cases import preset
+from compare.problem.cases import InputError, preset
+from compare.report.diff import diff
+from compare.report.diff import main as diff_main
 from compare.report.memory import memory_line, memory_section
 from compare.report.render import render
 from compare.report.summary import summary_section
 from compare.results.document import Result, Results
-from compare.results.memory import NO_HOOK, Memory, Peak, Saved, SavedTensor
+from compare.results.memory import NO_HOOK, Memory, Peak, Saved, SavedTensor, parse_size
 from compare.timing.timer import Timing
 
 pytestmark = pytest.mark.quick
@@ -110,3 +114,45 @@ def test_recomputation_states_its_saving_and_its_time_under_the_noise_rule(remat
 def test_an_unmeasured_baseline_is_said_not_zero() -> None:
     rows = [_row("torch-eager", Memory.not_measured(NO_HOOK)), _row("torch-compile", _mem(3))]
     assert "not compared" in memory_line(rows)
+
+
+def _doc(*rows: Result) -> Results:
+    return Results(created="now", results=rows)
+
+
+def test_diff_flags_any_increase_of_saved_bytes_and_a_peak_beyond_its_bound(tmp_path: Path) -> None:
+    old = _doc(_row("torch-eager", _mem(4, peak=10 * TH)), _row("torch-compile", _mem(3, peak=10 * TH)))
+    same, regressed = diff(old, old)[1], diff(old, _doc(_row("torch-eager", _mem(5)), _row("torch-compile", _mem(3))))
+    assert same is False
+    md, bad = regressed
+    assert bad is True and f"saved: regression, +{TH:,} B" in md and "1 memory regressions" in md
+    assert (
+        diff(old, _doc(_row("torch-eager", _mem(5)), _row("torch-compile", _mem(3))), memory_tolerance=TH)[1] is False
+    )
+    # the peak: a bound with its tolerance, compared only between figures of one source
+    up = _doc(_row("torch-eager", _mem(4, peak=11 * TH)), _row("torch-compile", _mem(3, peak=10 * TH)))
+    md, bad = diff(old, up)
+    assert bad is True and "peak: regression, +10.0%" in md
+    assert diff(old, up, peak_tolerance=0.2)[1] is False
+    # measured on one side only: not compared, never a pass or a regression by a 0
+    md, bad = diff(old, _doc(_row("torch-eager", Memory.not_measured(NO_HOOK)), _row("torch-compile", _mem(3))))
+    assert bad is False and "saved: not compared (measured on one side only)" in md
+    # through the command: exit 1 on the regression, 2 on a tolerance that is not a size
+    (tmp_path / "old.json").write_text(json.dumps(old.to_dict()))
+    (tmp_path / "new.json").write_text(json.dumps(up.to_dict()))
+    assert diff_main([str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 1
+    assert diff_main([str(tmp_path / "old.json"), str(tmp_path / "old.json")]) == 0
+    assert diff_main([str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--memory-tolerance", "lots"]) == 2
+
+
+def test_a_diff_without_memory_has_no_memory_section() -> None:
+    doc = _doc(_row("torch-eager", None))
+    assert "## Memory" not in diff(doc, doc)[0]
+
+
+def test_sizes_parse_with_their_units_and_refuse_anything_else() -> None:
+    assert parse_size("80GiB", "--x") == 80 << 30 and parse_size("512MiB", "--x") == 512 << 20
+    assert parse_size("1.5GB", "--x") == 1_500_000_000 and parse_size("4096", "--x") == 4096
+    for bad in ("80 gigs", "-1GiB", "", "nan", "GiB"):
+        with pytest.raises(InputError, match=r"--x: .* is not a size"):
+            parse_size(bad, "--x")

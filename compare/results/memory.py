@@ -21,12 +21,14 @@ The backends' runners (``torch_impl.memory``, ``jax_impl.memory``) make the reco
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from compare.cost.records import Cost
 from compare.formats.jsonfields import FieldError, Obj, flag, integer, integers, mapping, record_dict, sub, subs, text
+from compare.problem.cases import InputError
 
 #: The reason a backend's result carries when its ``Prepared`` has no memory hook.
 NO_HOOK = "its Prepared has no memory hook (a backend not built on the shared torch or JAX runner)"
@@ -208,3 +210,21 @@ def model_check(memory: Memory | None, cost: Cost | None) -> Check:
         diff,
         f"**differs: {how}** ({len(got.tensors)} tensors, model {len(want)}: {names})",
     )
+
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "kb": 10**3, "mb": 10**6}
+_UNITS |= {"gb": 10**9, "tb": 10**12}
+
+
+def parse_size(value: str, option: str) -> int:
+    """A size in bytes from ``80GiB``, ``512MiB``, ``1.5GB``, ``4096`` (bytes; binary and decimal units, any case);
+    anything else, a negative or a non-finite size, is an :class:`~compare.problem.cases.InputError` naming
+    ``option``."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise InputError(
+            f"{option}: {value!r} is not a size; give a number with a unit, e.g. 80GiB, 512MiB, 1.5GB or 4096 "
+            f"(bytes); units: {', '.join(u for u in ('B', 'KiB', 'MiB', 'GiB', 'TiB', 'kB', 'MB', 'GB', 'TB'))}"
+        )
+    return int(float(m.group(1)) * _UNITS[unit])
