@@ -15,7 +15,7 @@ from compare.cost import model as costmodel
 from compare.problem.cases import InputError, preset
 from compare.report.diff import diff
 from compare.report.diff import main as diff_main
-from compare.report.memory import memory_line, memory_section
+from compare.report.memory import linear_fit, memory_line, memory_section
 from compare.report.render import render
 from compare.report.summary import summary_section
 from compare.results.document import Result, Results
@@ -156,3 +156,12 @@ def test_sizes_parse_with_their_units_and_refuse_anything_else() -> None:
     for bad in ("80 gigs", "-1GiB", "", "nan", "GiB"):
         with pytest.raises(InputError, match=r"--x: .* is not a size"):
             parse_size(bad, "--x")
+
+
+def test_the_fit_states_its_line_residual_and_largest_token_count() -> None:
+    f = linear_fit("saved", [(1, 110), (2, 190), (4, 410)], device_memory=1000)
+    assert f.slope == pytest.approx(100.0, rel=0.05) and f.max_residual > 0
+    assert f.largest_tokens == int((1000 - f.intercept) // f.slope)
+    assert linear_fit("saved", [(1, 100), (2, 200)]).largest_tokens is None  # no device memory given
+    with pytest.raises(ValueError, match="two token counts"):
+        linear_fit("saved", [(4, 100), (4, 100)])

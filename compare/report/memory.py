@@ -15,7 +15,10 @@ function of the results document; a document without memory records renders no s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from compare.backends.registry import BACKENDS, DEFAULT_BASELINE
 from compare.formats.markdown import case_label, fmt_s, table
@@ -126,6 +129,9 @@ def memory_section(doc: Results) -> str:
         parts += ["", "**Findings** (measured saved tensors that differ from the backend's cost-model plan):", ""]
         parts += findings
     parts += ["", "Sources:", ""] + [f"- {s}" for s in sources]
+    by_tokens = tokens_section(doc)
+    if by_tokens:
+        parts += ["", by_tokens]
     return "\n".join(parts)
 
 
@@ -181,3 +187,151 @@ def memory_line(rows: Sequence[Result]) -> str:
             )
         text += f"; recomputation saves {mib(twin_saved - saved)} for {cost} ({name} against {twin.backend})"
     return text
+
+
+# --- memory against tokens (a sweep) ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A least-squares line ``bytes = intercept + slope * tokens`` through measured points, its largest absolute
+    residual (bytes), and the largest token count whose line stays within a device memory (None: none given, or a
+    line that does not grow)."""
+
+    what: str
+    points: tuple[tuple[int, int], ...]
+    slope: float
+    intercept: float
+    max_residual: float
+    largest_tokens: int | None = None
+
+
+def linear_fit(what: str, points: Sequence[tuple[int, int]], device_memory: int = 0) -> Fit:
+    """The line through ``points`` (``(tokens, bytes)``, two token counts at least) and, with ``device_memory``
+    (bytes), the largest token count whose fitted bytes fit in it."""
+    xs = [float(t) for t, _ in points]
+    ys = [float(b) for _, b in points]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ValueError(f"{what}: a fit needs two token counts at least, got {sorted(set(xs))}")
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    intercept = my - slope * mx
+    resid = max(abs(y - (intercept + slope * x)) for x, y in zip(xs, ys, strict=True))
+    largest = None
+    if device_memory and slope > 0:
+        largest = max(0, math.floor((device_memory - intercept) / slope))
+    return Fit(what, tuple(sorted(points)), slope, intercept, resid, largest)
+
+
+def _family(r: Result) -> tuple[str, int, int]:
+    return r.model, r.shape.dim, r.shape.hidden
+
+
+def _weights_and_inputs(r: Result) -> tuple[int, int]:
+    """The bytes a step's weights hold, and its inputs per token (``x`` and, with a backward, ``dy``), in its dtype:
+    what a device holds beside the step's peak (the peak is measured above them)."""
+    item = {"float32": 4, "bfloat16": 2, "float16": 2}.get(r.dtype, 4)
+    d, h = r.shape.dim, r.shape.hidden
+    weights = {"linear": d * h + h, "gelu-mlp": 2 * d * h + d + h}.get(r.model, 3 * d * h) * item
+    out = h if r.model == "linear" else d
+    per_token = (d + (out if r.mode != "fwd" else 0)) * item
+    return weights, per_token
+
+
+def memory_fits(doc: Results) -> list[tuple[Result, Fit, Fit | None]]:
+    """Per family (model, dim, hidden), dtype, mode and backend with two token counts or more: the fit of its saved
+    bytes, and of its whole step (weights + inputs + peak, where every point has a peak of one source), each with
+    the largest token count that fits the document's device memory (``config.device_memory``)."""
+    series: dict[tuple[Any, ...], dict[int, Result]] = {}
+    for r in doc.results:
+        if r.memory is not None and r.memory.saved is not None and r.world_size == 1:
+            series.setdefault((_family(r), r.dtype, r.mode, r.backend), {}).setdefault(r.shape.tokens, r)
+    out = []
+    dev = doc.config.device_memory
+    for _, by_tokens in sorted(series.items(), key=lambda kv: kv[0]):
+        if len(by_tokens) < 2:
+            continue
+        rows = [by_tokens[t] for t in sorted(by_tokens)]
+        saved = linear_fit(
+            "saved", [(r.shape.tokens, r.memory.saved.bytes) for r in rows if r.memory and r.memory.saved], dev
+        )
+        peaks = [r.memory.peak for r in rows if r.memory is not None and r.memory.peak is not None]
+        step = None
+        if len(peaks) == len(rows) and len({p.source for p in peaks}) == 1:
+            weights, per_token = _weights_and_inputs(rows[0])
+            pts = [
+                (r.shape.tokens, weights + per_token * r.shape.tokens + p.bytes)
+                for r, p in zip(rows, peaks, strict=True)
+            ]
+            step = linear_fit("step", pts, dev)
+        out.append((rows[0], saved, step))
+    return out
+
+
+def _fit_text(f: Fit) -> str:
+    return f"{f.intercept / MIB:+.4g} MiB + {f.slope / 1024:.4g} KiB/token (max residual {f.max_residual:,.0f} B)"
+
+
+def _largest(f: Fit | None, dev: int) -> str:
+    if f is None:
+        return "-"
+    if not dev:
+        return "no --device-memory given"
+    if f.largest_tokens is None:
+        return "no growth with tokens"
+    measured = max(t for t, _ in f.points)
+    how = "within the measured points" if f.largest_tokens <= measured else f"extrapolated beyond {measured:,}"
+    return f"{f.largest_tokens:,} ({how})"
+
+
+def tokens_section(doc: Results) -> str:
+    """``### Memory against tokens``: per backend the line through its measured saved bytes and its whole step's
+    bytes (weights + inputs + peak) against tokens, and the largest token count that fits the device memory; "" with
+    no backend measured at two token counts."""
+    fits = memory_fits(doc)
+    if not fits:
+        return ""
+    dev = doc.config.device_memory
+    body = [
+        [
+            r.backend,
+            f"{r.model} d={r.shape.dim} h={r.shape.hidden}",
+            r.dtype,
+            r.mode,
+            ", ".join(f"{t:,}" for t, _ in saved.points),
+            _fit_text(saved),
+            _largest(saved, dev),
+            "-" if step is None else _fit_text(step),
+            _largest(step, dev),
+        ]
+        for r, saved, step in fits
+    ]
+    where = f"{dev / (1 << 30):.4g} GiB (`--device-memory`)" if dev else "no device memory (`--device-memory SIZE`)"
+    return "\n".join(
+        [
+            "### Memory against tokens",
+            "",
+            "A least-squares line through the measured points of each backend (saved bytes are linear in tokens: the "
+            "residual says how exactly), and the largest token count whose line fits in " + where + ". *Saved*: the "
+            "activations one MLP keeps for its backward; *step*: its weights, its inputs and its measured peak above "
+            "them (only where every point has a peak of one source). A count beyond the measured points is an "
+            "extrapolation of the line, said as such.",
+            "",
+            table(
+                [
+                    "backend",
+                    "family",
+                    "dtype",
+                    "mode",
+                    "tokens measured",
+                    "saved: fit",
+                    "saved: largest tokens",
+                    "step: fit",
+                    "step: largest tokens",
+                ],
+                body,
+            ),
+        ]
+    )

@@ -183,9 +183,11 @@ class Config:
     world_sizes: tuple[int, ...] = ()
     timing: TimingConfig | None = None
     progress: Progress | None = None
+    #: the device memory the report fits the measured memory against (``--device-memory``, bytes; 0: none given)
+    device_memory: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("grid", "world_sizes", "progress"))
+        return record_dict(self, optional=("grid", "world_sizes", "progress", "device_memory"))
 
     @staticmethod
     def from_dict(d: Obj) -> Config:
@@ -199,6 +201,7 @@ class Config:
             grid=opt_mapping(d, "grid"),
             progress=sub(d, "progress", Progress.from_dict),
             world_sizes=integers(d, "world_sizes"),
+            device_memory=integer(d, "device_memory", 0),
         )
 
 
