@@ -5,21 +5,25 @@
 #   bash scripts/gpu_check.sh            # on the GPU machine: writes reports/gpu/
 #   bash scripts/gpu_check.sh --dry-run  # on any machine: every step that can run without CUDA, small, on CPU
 #
-# Steps (caps add up to 560 s, under 10 minutes):
+# Steps (caps add up to 600 s, 10 minutes):
 #   1 environment      versions, GPU, driver (10 s)
 #   2 gpu-build        every Triton kernel and autotune config compiled for sm_90 (+ sm_80) with its register,
 #                      spill and shared-memory bill: catches a broken kernel before device time is spent (90 s)
 #                      dry run: sm_90, bf16 only
 #   3 tests            the whole suite on CUDA, no -x: every failure is listed (200 s)
 #                      dry run: the GPU-marked tests (they skip, saying why) and the Triton mode tests
-#   4 report           blog-mlp bf16, every backend, fwd / bwd / fwd+bwd, kernel counts and traces (130 s)
-#                      dry run: tiny bf16 fwd, torch-eager, a short budget
+#   4 report           blog-mlp bf16, every backend, fwd / bwd / fwd+bwd, kernel counts, traces and memory (saved
+#                      for backward against the cost model, peak from the device allocators) (130 s)
+#                      dry run: tiny bf16 fwd, torch-eager, a short budget, with its memory
 #   5 bandwidth        the GeGLU elementwise kernel against the copy bandwidth (40 s); needs CUDA
 #   6 gpu-timing       NVML telemetry (clocks, power, throttle reasons, energy) over timed blocks, and a CUDA-graph
 #                      capture and replay checked against eager (30 s); dry run: the same code paths on a scripted
 #                      NVML device and without CUDA (NotCaptured)
 #   7 graphs-report    tiny bf16 fwd, torch-eager and torch-compile replayed from CUDA graphs, cold and warm, with
 #                      the telemetry in the timing table (60 s); needs CUDA
+#   8 memory           tiny bf16 fwd+bwd, torch-eager, torch-triton-fused and jax-xla: saved for backward against
+#                      the cost model, the peak from torch.cuda.max_memory_allocated and JAX's memory_stats (40 s);
+#                      dry run: the same readers on scripted devices
 #
 # It installs nothing: the python on PATH (or $PYTHON) must already have torch with CUDA, triton, jax[cuda], flax,
 # safetensors, matplotlib and pytest (jax-triton for the jax-triton backend). JAX is told not to preallocate 75% of
@@ -31,7 +35,7 @@ DRY=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$arg'; allowed: --dry-run" >&2; exit 2 ;;
   esac
 done
@@ -103,12 +107,13 @@ if [ "$DRY" = 1 ]; then
   step gpu-build 90 gpu_build.log "$PY" -m compare gpu-build --arch sm_90 --dtype bfloat16 --out "$OUT_DIR/gpu-build"
   step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_seed.py tests/test_triton_env.py
   step report 130 run.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd --backend torch-eager \
-    --budget 0.05 --no-plots --out "$OUT_DIR/report"
+    --budget 0.05 --no-plots --memory --out "$OUT_DIR/report"
   skip bandwidth "needs CUDA (dry run)"
   step gpu-timing 30 gpu_timing.log "$PY" scripts/gpu_timing_check.py --fake --out "$OUT_DIR/gpu-timing"
   step graphs-report 60 graphs.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd \
     --backend torch-eager --cuda-graphs --cache both --budget 0.05 --no-plots --no-parity-cache \
     --out "$OUT_DIR/graphs"
+  step memory 40 gpu_memory.log "$PY" scripts/gpu_memory_check.py --fake --out "$OUT_DIR/gpu-memory"
 else
   step gpu-build 90 gpu_build.log "$PY" -m compare gpu-build --arch sm_90 sm_80 --out "$OUT_DIR/gpu-build"
   step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests
@@ -118,6 +123,7 @@ else
   step gpu-timing 30 gpu_timing.log "$PY" scripts/gpu_timing_check.py --out "$OUT_DIR/gpu-timing"
   step graphs-report 60 graphs.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd \
     --backend torch-eager torch-compile --cuda-graphs --cache both --budget 0.2 --no-plots --out "$OUT_DIR/graphs"
+  step memory 40 gpu_memory.log "$PY" scripts/gpu_memory_check.py --limit-s 35 --out "$OUT_DIR/gpu-memory"
 fi
 
 echo "== steps"

@@ -35,6 +35,7 @@ def test_the_dry_run_passes_every_step_it_can_run(tmp_path: Path) -> None:
         "bandwidth": "skipped: needs CUDA (dry run)",
         "gpu-timing": "ok",
         "graphs-report": "ok",
+        "memory": "ok",
     }, steps
     assert (tmp_path / "gpu-build" / "gpu_build.json").is_file()
     # the GPU timing modes' CPU-side paths: a scripted NVML device's telemetry, a capture refused without CUDA
@@ -43,6 +44,10 @@ def test_the_dry_run_passes_every_step_it_can_run(tmp_path: Path) -> None:
     graphs = (tmp_path / "graphs" / "REPORT.md").read_text(encoding="utf-8")
     assert "CUDA graph: not captured: no CUDA device" in graphs and "cold median" in graphs
     assert (tmp_path / "report" / "REPORT.md").is_file()
+    assert "## Memory" in (tmp_path / "report" / "REPORT.md").read_text(encoding="utf-8")
+    # the memory readers of a GPU step on scripted devices
+    memory = json.loads((tmp_path / "gpu-memory" / "gpu_memory.json").read_text(encoding="utf-8"))
+    assert memory["ok"] is True and memory["mode"] == "fake" and len(memory["checks"]) == 4, memory
     assert "XLA_PYTHON_CLIENT_PREALLOCATE" in SCRIPT.read_text(encoding="utf-8")
 
 
@@ -57,7 +62,7 @@ def test_a_failing_step_is_recorded_and_the_rest_still_run(tmp_path: Path) -> No
     )
     assert p.returncode == 1, p.stdout
     steps = (tmp_path / "out" / "steps.md").read_text(encoding="utf-8")
-    for name in ("gpu-build", "tests", "report", "gpu-timing", "graphs-report"):
+    for name in ("gpu-build", "tests", "report", "gpu-timing", "graphs-report", "memory"):
         assert f"| {name} | failed (exit 3) |" in steps, steps
 
 

@@ -129,3 +129,64 @@ def test_jax_residuals_are_counted_two_ways_and_checked_against_the_plan() -> No
     assert (check.verdict == "= model") == (xla.memory.saved.bytes == want)
     assert check.difference == xla.memory.saved.bytes - want
     assert unfused.memory.peak is None and "op-by-op" in unfused.memory.peak_reason
+
+
+class _ScriptedCuda:
+    """The CUDA allocator's counters (``torch_impl.memory.CudaMemory``): ``before`` allocated, the step ``extra``
+    more at its most, a peak that only a reset brings back down."""
+
+    def __init__(self, before: int, extra: int) -> None:
+        self.before, self.extra, self.peak, self.resets = before, extra, before + 10 * extra, 0
+
+    def reset_peak(self) -> None:
+        self.resets += 1
+        self.peak = self.before
+
+    def allocated(self) -> int:
+        return self.before
+
+    def max_allocated(self) -> int:
+        return self.peak
+
+    def synchronize(self) -> None:
+        self.peak = max(self.peak, self.before + self.extra) if self.resets else self.peak
+
+
+@pytest.mark.quick
+def test_a_cuda_step_reads_its_peak_from_the_allocator_after_a_reset() -> None:
+    import torch
+
+    from torch_impl import memory as torch_memory
+
+    w = torch.randn(8, 4, requires_grad=True)
+    x = torch.randn(3, 4, requires_grad=True)
+    cuda = _ScriptedCuda(before=1000, extra=256)
+    got = torch_memory.record("fwd+bwd", "cuda:0", lambda: None, lambda: torch.relu(x @ w.T), [x, w], cuda)  # type: ignore[arg-type]
+    peak = Peak.from_dict(got["peak"])
+    # without the reset the stale peak (10 x more) would be read: the reset makes it the step's own
+    assert cuda.resets == 1 and peak.bytes == 256 and "max_memory_allocated" in peak.source
+    saved = Saved.from_dict(got["saved"])  # relu saves its output, the matmul its inputs (x, w: left out)
+    assert [t.label for t in saved.tensors] == ["Relu"] and saved.bytes == 3 * 8 * 4
+
+
+@pytest.mark.quick
+def test_a_jax_gpu_peak_is_the_device_s_peak_above_what_was_in_use_a_bound() -> None:
+    from jax_impl import memory as jax_memory
+
+    class Device:
+        platform = "gpu"
+        ran = False
+
+        def memory_stats(self) -> dict[str, int]:
+            return {"bytes_in_use": 500, "peak_bytes_in_use": 500 + (300 if self.ran else 0)}
+
+    dev = Device()
+
+    def step() -> int:
+        dev.ran = True
+        return 0
+
+    got = jax_memory.device_peak(step, lambda outs: None, dev)
+    assert got is not None
+    peak = Peak.from_dict(got)
+    assert peak.bytes == 300 and peak.bound is True and "memory_stats" in peak.source
