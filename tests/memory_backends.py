@@ -4,15 +4,21 @@
   ``autograd.Function`` on h that saves them): its measured saved bytes are torch-eager's plus exactly those of g
   and u. Its registry line claims torch-eager's plan, so the memory check against the cost model must find it.
 
+- ``remat-control``: torch-eager's MLP under ``torch.utils.checkpoint`` (non-reentrant), registered as the
+  recomputation twin of torch-eager (``remat_of``): it keeps no activation for the backward (only its input, which
+  is not counted) and runs the forward's kernels again in the backward.
+
 (The control with no memory hook is torch-eager's own ``Prepared`` without it: :func:`silent`.)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from compare.backends.registry import Availability, BackendSpec, Prepared, spec
 from compare.problem.golden import Problem
@@ -20,6 +26,7 @@ from torch_impl import device as dev
 from torch_impl import runner
 from torch_impl.models import EAGER_ACT_MUL, build_module
 
+MODE_ENV = "FUSION_COMPARE_TEST_MEMORY"
 HOARDER = BackendSpec(
     name="hoarder",
     framework="torch",
@@ -27,6 +34,17 @@ HOARDER = BackendSpec(
     about="torch-eager that secretly keeps a copy of g and u for the backward",
     models=("geglu", "swiglu"),
     plan="eager",
+)
+
+
+REMAT = BackendSpec(
+    name="remat-control",
+    framework="torch",
+    target="tests.memory_backends",
+    about="torch-eager's MLP under torch.utils.checkpoint",
+    models=("geglu", "swiglu"),
+    plan="eager",
+    remat_of="torch-eager",
 )
 
 
@@ -49,12 +67,23 @@ def silent(problem: Problem, mode: str) -> Prepared:
 
 
 class Hoarder:
+    """``hoarder``, or with ``FUSION_COMPARE_TEST_MEMORY=remat`` set by the test, ``remat-control`` (the module's one
+    ``BACKEND`` serves the line that loaded it: the test registers one at a time)."""
+
     name = "hoarder"
 
     def availability(self) -> Availability:
         return spec("torch-eager").availability()
 
     def prepare(self, problem: Problem, mode: str) -> Prepared:
+        if os.environ.get(MODE_ENV) == "remat":
+            module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+
+            def checkpointed(x: torch.Tensor) -> torch.Tensor:
+                out: torch.Tensor = checkpoint(module, x, use_reentrant=False)
+                return out
+
+            return runner.prepare(problem, mode, module, checkpointed)
         act_mul = EAGER_ACT_MUL[problem.case.model]
 
         def hoarding(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

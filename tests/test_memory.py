@@ -190,3 +190,23 @@ def test_a_jax_gpu_peak_is_the_device_s_peak_above_what_was_in_use_a_bound() -> 
     assert got is not None
     peak = Peak.from_dict(got)
     assert peak.bytes == 300 and peak.bound is True and "memory_stats" in peak.source
+
+
+def test_a_remat_backend_saves_less_than_its_twin_and_its_kernels_show_the_recompute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(memory_backends.MODE_ENV, "remat")
+    register(memory_backends.REMAT)
+    try:
+        remat = measured("remat-control", profile=True)
+    finally:
+        unregister("remat-control")
+    eager = measured("torch-eager", profile=True)
+    assert remat.memory is not None and remat.memory.saved is not None
+    assert eager.memory is not None and eager.memory.saved is not None
+    assert remat.memory.saved.bytes < eager.memory.saved.bytes
+    assert remat.memory.saved.bytes == 0  # the whole MLP recomputed: only its input (not counted) is kept
+    assert remat.kernels is not None and eager.kernels is not None
+    # the forward's kernels run again in the backward: its two GEMMs (gate, up), GELU and mul, down
+    assert remat.kernels.kernels_per_step > eager.kernels.kernels_per_step
+    assert remat.kernels.count_by_kind().get("gemm", 0) > eager.kernels.count_by_kind().get("gemm", 0)
