@@ -112,7 +112,8 @@ def cuda_run(checks: Checks) -> dict[str, Any]:
     from compare.problem.cases import preset
     from compare.results.memory import model_check
     from compare.run.cell import plain_reference
-    from compare.run.harness import TimingConfig, run_one
+    from compare.run.harness import run_one
+    from compare.timing.timer import TimingConfig
 
     case = preset("tiny").case("bfloat16")
     plain = plain_reference(case)
