@@ -116,10 +116,12 @@ def _start(
     prepare: Callable[[], Prepared] | None = None,
     reuse: bool = False,
     cuda_graphs: bool = False,
+    memory: bool = False,
 ) -> None:
     """Skip (``pipeline.skipped``), or prepare the step, refuse it without ``fresh`` (``pipeline.no_fresh``), make its
     first call (timed alone: compile + run) and judge it (``pipeline.first_call``). With ``reuse`` an interpreted
-    backend's cell is first looked up in ``compare.run.parity_cache`` (``c.interpreted`` says it is one)."""
+    backend's cell is first looked up in ``compare.run.parity_cache`` (``c.interpreted`` says it is one); with
+    ``memory`` a cached cell without a memory record is run again (its memory is measured then)."""
     spec, case, mode = c.spec, c.case, c.mode
     try:
         c.done = pipeline.skipped(spec, case, mode)
@@ -128,6 +130,8 @@ def _start(
         c.interpreted = not spec.availability().timed
         if reuse and c.interpreted and prepare is None:
             c.done = parity_cache.lookup(spec, case, mode)
+            if c.done is not None and memory and c.done.memory is None:
+                c.done = None  # a verdict cached without its memory: run it, measuring both
             if c.done is not None:
                 return
         golden = golden_for(case)
@@ -607,7 +611,7 @@ def run(
                             c = _Cell(spec, case, mode)
                             if progress:
                                 progress.starting(c.label)
-                            _start(c, plain, precision, reuse=reuse_parity, cuda_graphs=cuda_graphs)
+                            _start(c, plain, precision, reuse=reuse_parity, cuda_graphs=cuda_graphs, memory=memory)
                             if c.interpreted and c.done is None:
                                 interpreted.add((spec.name, case.name, mode))
                             group.append(c)
