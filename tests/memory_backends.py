@@ -8,6 +8,9 @@
   recomputation twin of torch-eager (``remat_of``): it keeps no activation for the backward (only its input, which
   is not counted) and runs the forward's kernels again in the backward.
 
+- with ``FUSION_COMPARE_TEST_MEMORY=stash``, ``hoarder`` keeps its copy of g in a list of its own instead (outside
+  autograd, a new copy every forward): the saved-tensor hooks cannot see it, the allocator's cross-check must.
+
 (The control with no memory hook is torch-eager's own ``Prepared`` without it: :func:`silent`.)
 """
 
@@ -27,6 +30,8 @@ from torch_impl import runner
 from torch_impl.models import EAGER_ACT_MUL, build_module
 
 MODE_ENV = "FUSION_COMPARE_TEST_MEMORY"
+#: ``stash`` mode's copies of g, kept outside autograd (the test clears it)
+STASH: list[torch.Tensor] = []
 HOARDER = BackendSpec(
     name="hoarder",
     framework="torch",
@@ -85,8 +90,12 @@ class Hoarder:
 
             return runner.prepare(problem, mode, module, checkpointed)
         act_mul = EAGER_ACT_MUL[problem.case.model]
+        stash = os.environ.get(MODE_ENV) == "stash"
 
         def hoarding(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+            if stash:
+                STASH.append(g.detach().clone())
+                return act_mul(g, u)
             out: torch.Tensor = _KeepCopies.apply(act_mul(g, u), g, u)
             return out
 

@@ -210,3 +210,21 @@ def test_a_remat_backend_saves_less_than_its_twin_and_its_kernels_show_the_recom
     # the forward's kernels run again in the backward: its two GEMMs (gate, up), GELU and mul, down
     assert remat.kernels.kernels_per_step > eager.kernels.kernels_per_step
     assert remat.kernels.count_by_kind().get("gemm", 0) > eager.kernels.count_by_kind().get("gemm", 0)
+
+
+def test_a_copy_kept_outside_autograd_shows_in_the_allocator_s_cross_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(memory_backends.MODE_ENV, "stash")
+    register(memory_backends.HOARDER)
+    try:
+        stash = measured("hoarder")
+    finally:
+        unregister("hoarder")
+        memory_backends.STASH.clear()
+    eager = measured("torch-eager")
+    assert stash.memory is not None and stash.memory.saved is not None
+    assert eager.memory is not None and eager.memory.saved is not None
+    assert stash.memory.saved.bytes == eager.memory.saved.bytes  # the hooks see what autograd saves, no more
+    assert eager.memory.saved.cross_check.startswith("agrees with the allocator")
+    g = _model_bytes("torch-eager", ("g",))
+    assert stash.memory.saved.cross_check.startswith("DIFFERS from the allocator")
+    assert f"({g:+,} B held outside autograd's saved tensors" in stash.memory.saved.cross_check

@@ -8,6 +8,9 @@ every backend built on ``torch_impl.runner``.
   buffer's bytes); the storages of the step's input ``x``, the module's parameters and buffers are left out (the
   cost model's convention: the activations the forward writes). In ``fwd`` the step's own forward runs (under
   ``no_grad``: the hooks see what it saves, which is nothing).
+  Cross-checked against the allocator: the bytes still allocated after the forward returns, less its output's
+  (the profiler's allocator events on a CPU, ``torch.cuda.memory_allocated`` on CUDA): a tensor kept alive outside
+  autograd's saved tensors (a backend's own cache) shows there.
 - **Peak**: on a CUDA device ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, less what was
   allocated before the step; on a CPU the allocator events of ``torch.profiler.profile(profile_memory=True)`` over
   one step: the most their running sum (allocations less frees, in time order) reached above where it started.
@@ -66,24 +69,65 @@ def saved_for_backward(forward: Callable[[], Any], exclude: Iterable[torch.Tenso
     }
 
 
-def cpu_peak(step: Callable[[], Any]) -> dict[str, Any]:
-    """One ``step()`` under the torch profiler with ``profile_memory=True``: the most the running sum of its CPU
-    allocator events reached above its start (as ``compare.results.memory.Peak``'s dict)."""
+def _memory_events(run: Callable[[], Any]) -> tuple[Any, list[int]]:
+    """``run()`` under the torch profiler with ``profile_memory=True``: its result and its CPU allocator events'
+    byte counts (allocations positive, frees negative) in time order."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = step()
-    del out
+        out = run()
     events = sorted(
         (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
         key=lambda e: e.start_ns(),
     )
-    cpu = [e for e in events if e.device_type() == torch.autograd.DeviceType.CPU]
+    return out, [int(e.nbytes()) for e in events if e.device_type() == torch.autograd.DeviceType.CPU]
+
+
+def _output_bytes(out: Any) -> int:
+    """The bytes of the storages of the tensors in ``out`` (a tensor or a nest of tuples and lists), each once."""
+    seen: dict[int, int] = {}
+    stack = [out]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            st = x.untyped_storage()
+            seen[st.data_ptr()] = int(st.nbytes())
+        elif isinstance(x, tuple | list):
+            stack.extend(x)
+    return sum(seen.values())
+
+
+def outliving(forward: Callable[[], Any], device: str, cuda: CudaMemory | None = None) -> int | None:
+    """The bytes the allocator still holds after ``forward()`` returns, less its output's: what the forward keeps
+    alive for its backward, by any means (autograd's saved tensors, a checkpoint's inputs, a cache of the backend's
+    own); None on a device without a reader here."""
+    if device.startswith("cuda"):
+        cuda = cuda if cuda is not None else CudaMemory()
+        cuda.synchronize()
+        before = cuda.allocated()
+        out = forward()
+        cuda.synchronize()
+        held = cuda.allocated() - before - _output_bytes(out)
+        del out
+        return held
+    if device != "cpu":
+        return None
+    out, events = _memory_events(forward)
+    held = sum(events) - _output_bytes(out)
+    del out
+    return held
+
+
+def cpu_peak(step: Callable[[], Any]) -> dict[str, Any]:
+    """One ``step()`` under the torch profiler with ``profile_memory=True``: the most the running sum of its CPU
+    allocator events reached above its start (as ``compare.results.memory.Peak``'s dict)."""
+    out, cpu = _memory_events(step)
+    del out
     if not cpu:
         raise RuntimeError("the profiler recorded no CPU allocator event over the step")
     running = peak = 0
-    for e in cpu:
-        running += int(e.nbytes())
+    for nbytes in cpu:
+        running += nbytes
         peak = max(peak, running)
     return {
         "bytes": peak,
@@ -139,6 +183,17 @@ def record(
     saved = saved_for_backward(step if mode == "fwd" else forward, exclude)
     if mode == "fwd":
         saved["source"] += ", the fwd step itself (under no_grad)"
+    held = outliving(step if mode == "fwd" else forward, device, cuda)
+    if held is None:
+        saved["cross_check"] = f"no allocator reader for torch device {device!r}: not cross-checked"
+    elif held == saved["bytes"]:
+        saved["cross_check"] = f"agrees with the allocator: {held:,} B outlive the forward beside its output"
+    else:
+        saved["cross_check"] = (
+            f"DIFFERS from the allocator: {held:,} B outlive the forward beside its output, the hooks saw "
+            f"{saved['bytes']:,} B ({held - saved['bytes']:+,} B held outside autograd's saved tensors, or freed "
+            "with them)"
+        )
     if device.startswith("cuda"):
         peak = cuda_peak(step, cuda)
     elif device == "cpu":
