@@ -165,3 +165,12 @@ def test_the_fit_states_its_line_residual_and_largest_token_count() -> None:
     assert linear_fit("saved", [(1, 100), (2, 200)]).largest_tokens is None  # no device memory given
     with pytest.raises(ValueError, match="two token counts"):
         linear_fit("saved", [(4, 100), (4, 100)])
+
+
+def test_the_fwd_line_says_what_inference_forwards_keep_from_the_measurements() -> None:
+    rows = [replace(_row("torch-eager", _mem(0)), mode="fwd"), replace(_row("torch-compile", _mem(0)), mode="fwd")]
+    assert memory_line(rows).startswith("memory: no inference forward keeps anything")
+    rows[1] = replace(rows[1], memory=_mem(1))
+    assert (
+        memory_line(rows) == f"memory: inference forwards that keep tensors alive: torch-compile {TH / 2**20:.4g} MiB"
+    )

@@ -8,7 +8,8 @@ function of the results document; a document without memory records renders no s
   weights with its source; a figure that was not measured says why, never 0. Below it the findings, each with the
   registry line's ``assumption`` where the plan is one.
 - :func:`memory_line`: the summary's part: what fusion keeps out of memory per MLP step (the baseline's saved bytes
-  less the least a fused backend that passes saved; as a share of the baseline's saved activations) and, where a
+  less the least that a backend that passes saved, neither a framework's baseline nor a recomputation backend; as a
+  share of the baseline's saved activations) and, where a
   recomputation backend ran beside its twin (``BackendSpec.remat_of``), what it saved and what it cost in time (a
   difference within noise is "within noise", never a number: ``compare.timing.significance``).
 """
@@ -147,9 +148,14 @@ def memory_line(rows: Sequence[Result]) -> str:
     if not any(r.memory is not None for r in rows):
         return ""
     mode = rows[0].mode
-    if mode == "fwd":
-        return "memory: an inference forward saves nothing for a backward; see the peaks in the memory table"
     by_name = {r.backend: r for r in rows if r.world_size == 1}
+    if mode == "fwd":
+        kept = {n: b for n, r in by_name.items() if (b := _saved_bytes(r))}
+        if not kept:
+            return "memory: no inference forward keeps anything for a backward; their peaks are in the memory table"
+        return "memory: inference forwards that keep tensors alive: " + ", ".join(
+            f"{n} {mib(b)}" for n, b in kept.items()
+        )
     base = _saved_bytes(by_name.get(DEFAULT_BASELINE))
     if base is None:
         return f"memory: not compared ({DEFAULT_BASELINE}'s saved activations not measured)"
@@ -157,7 +163,7 @@ def memory_line(rows: Sequence[Result]) -> str:
     fused = [
         (b, r)
         for name, r in by_name.items()
-        if name != DEFAULT_BASELINE and name not in remats and (b := _saved_bytes(r)) is not None
+        if not (name in remats or (name in BACKENDS and BACKENDS[name].baseline)) and (b := _saved_bytes(r)) is not None
     ]
     text = "memory: "
     if not fused:
