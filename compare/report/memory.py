@@ -150,11 +150,11 @@ def memory_line(rows: Sequence[Result]) -> str:
     mode = rows[0].mode
     by_name = {r.backend: r for r in rows if r.world_size == 1}
     if mode == "fwd":
-        kept = {n: b for n, r in by_name.items() if (b := _saved_bytes(r))}
-        if not kept:
+        alive = {n: b for n, r in by_name.items() if (b := _saved_bytes(r))}
+        if not alive:
             return "memory: no inference forward keeps anything for a backward; their peaks are in the memory table"
         return "memory: inference forwards that keep tensors alive: " + ", ".join(
-            f"{n} {mib(b)}" for n, b in kept.items()
+            f"{n} {mib(b)}" for n, b in alive.items()
         )
     base = _saved_bytes(by_name.get(DEFAULT_BASELINE))
     if base is None:
