@@ -174,3 +174,15 @@ def test_the_fwd_line_says_what_inference_forwards_keep_from_the_measurements() 
     assert (
         memory_line(rows) == f"memory: inference forwards that keep tensors alive: torch-compile {TH / 2**20:.4g} MiB"
     )
+
+
+def test_a_second_count_that_differs_is_shown_and_listed() -> None:
+    m = _mem(4)
+    assert m.saved is not None
+    differs = replace(m, saved=replace(m.saved, cross_check="DIFFERS from the allocator: 5 B more"))
+    agrees = replace(m, saved=replace(m.saved, cross_check="agrees with the allocator: 4 B"))
+    text = memory_section(Results(results=(_row("torch-eager", differs), _row("torch-compile", agrees))))
+    eager = next(line for line in text.splitlines() if line.startswith("| torch-eager"))
+    compiled = next(line for line in text.splitlines() if line.startswith("| torch-compile"))
+    assert "**cross-check differs**" in eager and "cross-check agrees" in compiled
+    assert "torch-eager, " in text.split("**Findings**")[1] and "5 B more" in text.split("**Findings**")[1]

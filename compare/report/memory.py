@@ -53,6 +53,17 @@ def short_source(source: str) -> str:
     return source
 
 
+def _counted_by(m: Memory | None) -> str:
+    """How the saved tensors were counted, and whether the second count agrees (``agrees``, **differs**, or none)."""
+    if m is None or m.saved is None:
+        return "-"
+    check = m.saved.cross_check
+    verdict = "" if not check else "; cross-check agrees" if check.startswith("agrees") else ""
+    if check.startswith("DIFFERS"):
+        verdict = "; **cross-check differs**"
+    return short_source(m.saved.source) + verdict
+
+
 def _saved_cell(m: Memory | None) -> str:
     if m is None:
         return "not measured (memory not asked for)"
@@ -89,8 +100,9 @@ def memory_section(doc: Results) -> str:
         "",
         "What each step holds in memory, measured from its framework. *Saved for backward*: the tensors its forward "
         "keeps for the backward, each storage once, without its input and weights (torch: autograd's saved-tensor "
-        "hooks over one forward; JAX: the residuals of `jax.vjp` of the forward, cross-checked against a jitted "
-        "vjp's closure); in `fwd`, what an inference forward keeps. *Against model*: the cost model's saved tensors "
+        "hooks over one forward, cross-checked against the bytes the allocator still holds after it; JAX: the "
+        "residuals of `jax.vjp` of the forward, cross-checked against a jitted vjp's closure); in `fwd`, what an "
+        "inference forward keeps. *Against model*: the cost model's saved tensors "
         "of the backend's plan (`compare/cost/model.py`), byte for byte; a difference is a finding. *Peak*: the "
         "most the step allocated above its inputs and weights, with its source. A figure that was not measured "
         "says why; it is never 0.",
@@ -103,7 +115,7 @@ def memory_section(doc: Results) -> str:
             m = r.memory
             check = model_check(m, r.cost)
             peak, peak_src = _peak_cell(m)
-            saved_src = short_source(m.saved.source) if m is not None and m.saved is not None else "-"
+            saved_src = _counted_by(m)
             for s in (
                 m.saved.source if m is not None and m.saved is not None else "",
                 m.peak.source if m and m.peak else "",
@@ -127,7 +139,12 @@ def memory_section(doc: Results) -> str:
             ),
         ]
     if findings:
-        parts += ["", "**Findings** (measured saved tensors that differ from the backend's cost-model plan):", ""]
+        parts += [
+            "",
+            "**Findings** (saved tensors that differ from the backend's cost-model plan; a second count that "
+            "differs from the first):",
+            "",
+        ]
         parts += findings
     parts += ["", "Sources:", ""] + [f"- {s}" for s in sources]
     by_tokens = tokens_section(doc)
