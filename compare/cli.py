@@ -36,6 +36,7 @@ from compare.problem.cases import (
 from compare.report import diff, shapes
 from compare.report import render as report
 from compare.results import document as results
+from compare.results.memory import parse_size
 from compare.run import exitcodes, harness, preflight, stop, tp_hosts
 from compare.run.budget import Budget
 from compare.run.options import add_grid_args, check_grid_args, check_inputs, out_arg
@@ -223,6 +224,7 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
             reuse_parity=not a.no_parity_cache,
             watch=watch,
             cuda_graphs=a.cuda_graphs,
+            memory=a.memory or a.profile or a.trace,
         )
         doc = dataclasses.replace(doc, telemetry=telemetry)
         if a.shape_sweep and not doc.interrupted:
@@ -309,6 +311,9 @@ def cmd_report(a: argparse.Namespace) -> int:
             print(f"wrote {rebuilt} (rebuilt from the store: {doc.summary()})")
             if rebuilt.name == "results.interrupted.json" and not a.out:
                 out = folder / "REPORT.interrupted.md"
+        if a.device_memory:  # the report's fit against this device memory (results.json is left as it is)
+            size = parse_size(a.device_memory, "--device-memory")
+            doc = dataclasses.replace(doc, config=dataclasses.replace(doc.config, device_memory=size))
         write_text_atomic(out, report.render(doc))
     print(f"wrote {out}")
     return exitcodes.OK
@@ -433,7 +438,17 @@ def _add_run_args(r: argparse.ArgumentParser) -> None:
         help=f"how tensor-parallel ranks start where a backend supports it: {' or '.join(LAUNCHES)} "
         "(default: each backend's first; JAX: devices, N CPU devices in one process)",
     )
-    r.add_argument("--profile", action="store_true", help="count kernels and fusions per step (profiler / HLO)")
+    r.add_argument(
+        "--profile",
+        action="store_true",
+        help="count kernels and fusions per step (profiler / HLO); implies --memory",
+    )
+    r.add_argument(
+        "--memory",
+        action="store_true",
+        help="measure what each step holds in memory: the tensors saved for the backward (against the cost model, "
+        "byte for byte) and the peak above inputs and weights, each with its source",
+    )
     r.add_argument(
         "--cuda-graphs",
         action="store_true",
@@ -480,6 +495,12 @@ def parser() -> argparse.ArgumentParser:
     rep = _sub(sub, "report", help="rebuild REPORT.md from a results.json (measures nothing)")
     rep.add_argument("results")
     rep.add_argument("--out", type=out_arg, help="where to write (default: REPORT.md beside the results)")
+    rep.add_argument(
+        "--device-memory",
+        metavar="SIZE",
+        help="fit each backend's measured memory against this device memory (e.g. 80GiB): the largest token count "
+        "that fits (default: the sweep's own --device-memory, if it had one)",
+    )
     rep.set_defaults(fn=cmd_report)
     job = _sub(sub, "tp-job", help="write a tensor-parallel job to run across hosts; print each host's command")
     _add_case_args(job)

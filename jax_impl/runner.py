@@ -13,7 +13,7 @@ from compare.backends.registry import Prepared
 from compare.problem.golden import Problem
 from compare.problem.weights import linear_weight
 from jax_impl import device as dev
-from jax_impl import dispatch_profile, profiling
+from jax_impl import dispatch_profile, memory, profiling
 from jax_impl.models import canonical_grads
 
 
@@ -122,6 +122,11 @@ def prepare(
             return grads_np(*out)
     else:
         raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
+
+    def memory_record() -> dict[str, Any]:
+        """``Prepared.memory`` (``jax_impl.memory``): the forward's ``vjp`` residuals, the compiled step's peak."""
+        return memory.record(mode, apply, state, x, step, dev.sync, jitted, args, outer_jit)
+
     return Prepared(
         step=step,
         sync=dev.sync,
@@ -137,4 +142,5 @@ def prepare(
             else dispatch_profile.profile_dispatched(jitted, args, step, path)
         ),
         fresh=fresh,
+        memory=memory_record,
     )

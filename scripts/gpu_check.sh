@@ -5,26 +5,30 @@
 #   bash scripts/gpu_check.sh            # on the GPU machine: writes reports/gpu/
 #   bash scripts/gpu_check.sh --dry-run  # on any machine: every step that can run without CUDA, small, on CPU
 #
-# Steps (caps add up to 660 s, 11 minutes):
+# Steps (caps on the GPU add up to 560 s, under 10 minutes; the dry run's caps are its own):
 #   1 environment      versions, GPU, driver (10 s)
 #   2 gpu-build        every Triton kernel and autotune config compiled for sm_90 (+ sm_80) with its register,
-#                      spill and shared-memory bill: catches a broken kernel before device time is spent (90 s)
+#                      spill and shared-memory bill: catches a broken kernel before device time is spent (70 s)
 #                      dry run: sm_90, bf16 only
-#   3 tests            the whole suite on CUDA, no -x: every failure is listed (200 s)
+#   3 tests            the whole suite on CUDA, no -x: every failure is listed (160 s)
 #                      dry run: the GPU-marked tests (they skip, saying why) and the Triton mode tests
-#   4 report           blog-mlp bf16, every backend, fwd / bwd / fwd+bwd, kernel counts and traces (130 s)
-#                      dry run: tiny bf16 fwd, torch-eager, a short budget
-#   5 bandwidth        the GeGLU elementwise kernel against the copy bandwidth (40 s); needs CUDA
+#   4 report           blog-mlp bf16, every backend, fwd / bwd / fwd+bwd, kernel counts, traces and memory (saved
+#                      for backward against the cost model, peak from the device allocators) (120 s)
+#                      dry run: tiny bf16 fwd, torch-eager, a short budget, with its memory
+#   5 bandwidth        the GeGLU elementwise kernel against the copy bandwidth (30 s); needs CUDA
 #   6 gpu-timing       NVML telemetry (clocks, power, throttle reasons, energy) over timed blocks, and a CUDA-graph
 #                      capture and replay checked against eager (30 s); dry run: the same code paths on a scripted
 #                      NVML device and without CUDA (NotCaptured)
 #   7 graphs-report    tiny bf16 fwd, torch-eager and torch-compile replayed from CUDA graphs, cold and warm, with
-#                      the telemetry in the timing table (60 s); needs CUDA
-#   8 gemm-fusion      jax-xla-gemm-fusion, blog-mlp bf16 fwd and fwd+bwd, profiled, in a process started with its
-#                      XLA flags (XLA reads them once per process; the plain jax-xla is the report step's) (40 s);
+#                      the telemetry in the timing table (40 s); needs CUDA
+#   8 memory           tiny bf16 fwd+bwd, torch-eager, torch-triton-fused and jax-xla: saved for backward against
+#                      the cost model, the peak from torch.cuda.max_memory_allocated and JAX's memory_stats (30 s);
+#                      dry run: the same readers on scripted devices
+#   9 gemm-fusion      jax-xla-gemm-fusion, blog-mlp bf16 fwd and fwd+bwd, profiled, in a process started with its
+#                      XLA flags (XLA reads them once per process; the plain jax-xla is the report step's) (30 s);
 #                      dry run: the same command, tiny, where the backend says it needs a GPU
-#   9 ray-sweep        a two-cell sweep on a local Ray instance (--engine ray): tiny bf16, torch-eager and jax-xla,
-#                      each cell a Ray task asking for the GPU, rows labelled with the node (60 s); needs ray
+#  10 ray-sweep        a two-cell sweep on a local Ray instance (--engine ray): tiny bf16, torch-eager and jax-xla,
+#                      each cell a Ray task asking for the GPU, rows labelled with the node (40 s); needs ray
 #                      (pip install -e '.[cluster]'); dry run: torch-eager in fp32 and bf16 on CPU
 #
 # The report step runs every backend, torch-compile-max-autotune too: its compile autotunes every GEMM.
@@ -39,7 +43,7 @@ DRY=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$arg'; allowed: --dry-run" >&2; exit 2 ;;
   esac
 done
@@ -113,30 +117,32 @@ if [ "$DRY" = 1 ]; then
   step gpu-build 90 gpu_build.log "$PY" -m compare gpu-build --arch sm_90 --dtype bfloat16 --out "$OUT_DIR/gpu-build"
   step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_seed.py tests/test_triton_env.py
   step report 130 run.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd --backend torch-eager \
-    --budget 0.05 --no-plots --out "$OUT_DIR/report"
+    --budget 0.05 --no-plots --memory --out "$OUT_DIR/report"
   skip bandwidth "needs CUDA (dry run)"
   step gpu-timing 30 gpu_timing.log "$PY" scripts/gpu_timing_check.py --fake --out "$OUT_DIR/gpu-timing"
   step graphs-report 60 graphs.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd \
     --backend torch-eager --cuda-graphs --cache both --budget 0.05 --no-plots --no-parity-cache \
     --out "$OUT_DIR/graphs"
+  step memory 40 gpu_memory.log "$PY" scripts/gpu_memory_check.py --fake --out "$OUT_DIR/gpu-memory"
   step gemm-fusion 40 gemm_fusion.log env XLA_FLAGS="$GEMM_FUSION_FLAGS" "$PY" -m compare run --preset tiny \
     --dtype bfloat16 --mode fwd fwd+bwd --backend jax-xla-gemm-fusion --profile --budget 0.05 --no-plots \
     --out "$OUT_DIR/gemm-fusion"
   step ray-sweep 60 ray_sweep.log "$PY" -m compare sweep --preset tiny --tokens 16 --dtype float32 bfloat16 \
     --backend torch-eager --engine ray --budget 0.05 --no-plots --no-ceilings --out "$OUT_DIR/ray-sweep"
 else
-  step gpu-build 90 gpu_build.log "$PY" -m compare gpu-build --arch sm_90 sm_80 --out "$OUT_DIR/gpu-build"
-  step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests
-  step report 130 run.log "$PY" -m compare run --preset blog-mlp --dtype bfloat16 --mode fwd bwd fwd+bwd --trace \
+  step gpu-build 70 gpu_build.log "$PY" -m compare gpu-build --arch sm_90 sm_80 --out "$OUT_DIR/gpu-build"
+  step tests 160 tests.log "$PY" -m pytest -q -p no:cacheprovider tests
+  step report 120 run.log "$PY" -m compare run --preset blog-mlp --dtype bfloat16 --mode fwd bwd fwd+bwd --trace \
     --budget 0.5 --out "$OUT_DIR"
-  step bandwidth 40 kernel_bandwidth.log "$PY" scripts/kernel_bandwidth.py --out "$OUT_DIR"
+  step bandwidth 30 kernel_bandwidth.log "$PY" scripts/kernel_bandwidth.py --out "$OUT_DIR"
   step gpu-timing 30 gpu_timing.log "$PY" scripts/gpu_timing_check.py --out "$OUT_DIR/gpu-timing"
-  step graphs-report 60 graphs.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd \
+  step graphs-report 40 graphs.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd \
     --backend torch-eager torch-compile --cuda-graphs --cache both --budget 0.2 --no-plots --out "$OUT_DIR/graphs"
-  step gemm-fusion 40 gemm_fusion.log env XLA_FLAGS="$GEMM_FUSION_FLAGS" "$PY" -m compare run --preset blog-mlp \
+  step memory 30 gpu_memory.log "$PY" scripts/gpu_memory_check.py --limit-s 25 --out "$OUT_DIR/gpu-memory"
+  step gemm-fusion 30 gemm_fusion.log env XLA_FLAGS="$GEMM_FUSION_FLAGS" "$PY" -m compare run --preset blog-mlp \
     --dtype bfloat16 --mode fwd fwd+bwd --backend jax-xla-gemm-fusion --profile --budget 0.2 --no-plots \
     --out "$OUT_DIR/gemm-fusion"
-  step ray-sweep 60 ray_sweep.log "$PY" -m compare sweep --preset tiny --tokens 16 --dtype bfloat16 \
+  step ray-sweep 40 ray_sweep.log "$PY" -m compare sweep --preset tiny --tokens 16 --dtype bfloat16 \
     --backend torch-eager jax-xla --engine ray --budget 0.2 --no-plots --out "$OUT_DIR/ray-sweep"
 fi
 

@@ -37,6 +37,7 @@ def test_the_dry_run_passes_every_step_it_can_run(tmp_path: Path) -> None:
         "bandwidth": "skipped: needs CUDA (dry run)",
         "gpu-timing": "ok",
         "graphs-report": "ok",
+        "memory": "ok",
         "gemm-fusion": "ok",
         "ray-sweep": "ok",
     }, steps
@@ -47,6 +48,10 @@ def test_the_dry_run_passes_every_step_it_can_run(tmp_path: Path) -> None:
     graphs = (tmp_path / "graphs" / "REPORT.md").read_text(encoding="utf-8")
     assert "CUDA graph: not captured: no CUDA device" in graphs and "cold median" in graphs
     assert (tmp_path / "report" / "REPORT.md").is_file()
+    assert "## Memory" in (tmp_path / "report" / "REPORT.md").read_text(encoding="utf-8")
+    # the memory readers of a GPU step on scripted devices
+    memory = json.loads((tmp_path / "gpu-memory" / "gpu_memory.json").read_text(encoding="utf-8"))
+    assert memory["ok"] is True and memory["mode"] == "fake" and len(memory["checks"]) == 4, memory
     # the GEMM-fusion variant's process: started with its flags, it says it needs a GPU (a skip, not a pass)
     fusion = (tmp_path / "gemm-fusion" / "REPORT.md").read_text(encoding="utf-8")
     assert "| jax-xla-gemm-fusion |" in fusion and "skipped | GPU only: XLA's GPU GEMM-fusion flags" in fusion
@@ -70,7 +75,7 @@ def test_a_failing_step_is_recorded_and_the_rest_still_run(tmp_path: Path) -> No
     )
     assert p.returncode == 1, p.stdout
     steps = (tmp_path / "out" / "steps.md").read_text(encoding="utf-8")
-    for name in ("gpu-build", "tests", "report", "gpu-timing", "graphs-report", "gemm-fusion", "ray-sweep"):
+    for name in ("gpu-build", "tests", "report", "gpu-timing", "graphs-report", "memory", "gemm-fusion", "ray-sweep"):
         assert f"| {name} | failed (exit 3) |" in steps, steps
 
 

@@ -182,7 +182,8 @@ def test_raising_backend_is_an_error_and_the_sweep_goes_on(
     assert all("MemoryError: simulated out of memory" in r["reason"] for r in by["raising"])
     assert [r["status"] for r in by["torch-eager"]] == ["ok", "ok"]
     assert "simulated out of memory" in (out / "REPORT.md").read_text()
-    assert doc["plots"] == ["plots/time-geglu-d96-h328.png"]  # no speedup plot: nothing else was timed
+    # no speedup plot (nothing else was timed); torch-eager's memory at both token counts (its fwd peaks)
+    assert doc["plots"] == ["plots/time-geglu-d96-h328.png", "plots/memory-geglu-d96-h328.png"]
     assert (out / doc["plots"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # rerun: nothing left to do, nothing duplicated; a torn last line (killed inside a write) is dropped
@@ -273,6 +274,7 @@ def test_isolated_hang_is_killed_after_the_cell_timeout(tmp_path: Path, test_bac
         (["--preset", "tiny", "--dtype", "float8"], "unknown dtype 'float8'"),
         (["--model", "geglu", "--dim", "8"], "missing: --hidden"),
         (["--preset", "tiny", "--cell-timeout", "5"], "--cell-timeout needs --isolate"),
+        (["--preset", "tiny", "--device-memory", "80 gigs"], "--device-memory: '80 gigs' is not a size"),
     ],
 )
 def test_bad_input_exits_2(args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -378,3 +380,19 @@ def test_no_ceilings_measures_nothing_and_judges_nothing(tmp_path: Path, monkeyp
     doc = load_sweep(tmp_path)
     assert doc.ceilings is None and [r.status for r in doc.results] == ["ok"]
     assert doc.results[0].implausible == ""
+
+
+def test_the_sweep_records_memory_per_token_count_and_fits_the_device_memory(tmp_path: Path) -> None:
+    """Every cell's memory record is stored; the report fits saved bytes against tokens (linear: the residual is
+    bytes of rounding at most) and states the largest token count within --device-memory; the plot is written."""
+    args = ["--preset", "tiny", "--tokens", "4", "8", "16", "--backend", "torch-eager", "--mode", "fwd+bwd"]
+    assert main([*args, "--budget", "0.02", "--no-ceilings", "--device-memory", "1GiB", "--out", str(tmp_path)]) == 0
+    doc = load_sweep(tmp_path)
+    saved = {r.shape.tokens: r.memory.saved.bytes for r in doc.results if r.memory and r.memory.saved}
+    hidden = doc.results[0].shape.hidden
+    assert saved == {t: 4 * t * hidden * 4 for t in (4, 8, 16)}  # g, u, a, h: [tokens, hidden] float32 each
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "### Memory against tokens" in report and "1 GiB (`--device-memory`)" in report
+    largest = (1 << 30) // (4 * hidden * 4)
+    assert f"{largest:,} (extrapolated beyond 16)" in report
+    assert (tmp_path / "plots" / f"memory-geglu-d{doc.results[0].shape.dim}-h{hidden}.png").is_file()

@@ -13,6 +13,7 @@ from torch import nn
 from compare.backends.registry import Prepared
 from compare.problem.golden import Problem
 from torch_impl import device as dev
+from torch_impl import memory as mem
 from torch_impl import profiling
 from torch_impl.models import canonical_params
 
@@ -93,6 +94,11 @@ def prepare(
         steps = (profiling.WAIT, profiling.WARMUP, profiling.ACTIVE) if timed else (0, 0, 1)
         return profiling.profile_step(step, dev.sync, trace, device=str(device), steps=steps)
 
+    def memory() -> dict[str, Any]:
+        """``Prepared.memory`` (``torch_impl.memory``): one forward under the saved-tensor hooks, one step's peak."""
+        kept = [x, *module.parameters(), *module.buffers()]
+        return mem.record(mode, str(device), step, lambda: forward(x), kept)
+
     return Prepared(
         step=step,
         sync=dev.sync,
@@ -104,4 +110,5 @@ def prepare(
         precision=precision,
         profile=profile,
         fresh=fresh,
+        memory=memory,
     )

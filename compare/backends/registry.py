@@ -68,6 +68,12 @@ class Prepared:
     #: stay. The harness's check that a step computes its answer from its inputs (``compare.gate.fresh``); a backend
     #: without it is an error result, never a pass.
     fresh: Callable[[dict[str, np.ndarray]], Any] | None = None
+    #: ``memory()`` measures what one step holds in memory: the tensors its forward saves for the backward and its
+    #: peak above its inputs and weights, as a dict of ``compare.results.memory.Memory`` (each figure with its
+    #: source, or absent with the reason). Filled by the shared runners (``torch_impl.runner``,
+    #: ``jax_impl.runner``) for every backend built on them; called once per cell, outside the timed samples. None:
+    #: the result says "not measured", never 0.
+    memory: Callable[[], dict[str, Any]] | None = None
 
 
 class Backend(Protocol):
@@ -133,8 +139,9 @@ class BackendSpec:
     #: True for its framework's unfused baseline (one kernel per op, every intermediate in memory): what the fusion
     #: table measures the framework's other backends against (:func:`framework_baseline`). One per framework.
     baseline: bool = False
-    #: A recomputation variant (``torch.utils.checkpoint``, ``jax.checkpoint``): the name of its plain twin, the
-    #: backend that computes the same and keeps more for the backward (what the memory report compares it with).
+    #: A recomputation backend (``torch.utils.checkpoint``, ``jax.checkpoint``): the name of its plain twin, the same
+    #: computation without recomputation, that the report weighs its memory saving and its extra time against
+    #: (``compare.report.memory``). Empty for every other backend.
     remat_of: str = ""
 
     def __post_init__(self) -> None:

@@ -22,7 +22,13 @@ else is **within noise**. A cell timed on only one side is "not compared".
 regression. Other status changes (e.g. ``ok`` -> ``skipped``: the backend is unavailable here) are listed, not
 counted. Cells present on only one side are listed as added or removed.
 
-Exit status: 0 with no regression, 1 with a performance or parity regression, 2 on bad input (a missing,
+**Memory** (issue 19; only where a run measured it, ``run --memory``). Memory is not noisy: the bytes saved for the
+backward are an exact count, so any increase beyond ``--memory-tolerance`` (default 0 bytes) is a regression; the
+peak is a bound, a regression when the new one exceeds the old by more than ``--peak-tolerance`` (default 5%: the
+allocator's figure moves with where the runtime puts its workspaces), and only between figures of the same source.
+A figure measured on one side only is "not compared".
+
+Exit status: 0 with no regression, 1 with a performance, parity or memory regression, 2 on bad input (a missing,
 unreadable or invalid results file, a bad option), 3 on an internal error.
 """
 
@@ -39,6 +45,7 @@ from compare.formats.markdown import case_label, fmt_s, table
 from compare.problem.cases import check_finite
 from compare.results import document as results
 from compare.results.document import Result, Results
+from compare.results.memory import Memory, parse_size
 from compare.run import exitcodes, preflight
 from compare.timing.significance import (
     ALPHA,
@@ -84,10 +91,83 @@ def _env_changes(old: Results, new: Results) -> list[str]:
     return out
 
 
+#: The default tolerances of the memory comparison (module docstring).
+MEMORY_TOLERANCE_BYTES = 0
+PEAK_TOLERANCE = 0.05
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.4g} MiB"
+
+
+def memory_rows(
+    pairs: Sequence[tuple[Result, Result]],
+    tolerance: int = MEMORY_TOLERANCE_BYTES,
+    peak_tolerance: float = PEAK_TOLERANCE,
+) -> tuple[list[list[str]], int]:
+    """The memory table's rows of the cells measured on either side, and the number of regressions: saved bytes an
+    exact count (an increase beyond ``tolerance`` bytes), the peak a bound (beyond ``peak_tolerance``, same source
+    only)."""
+    rows, bad = [], 0
+
+    def figures(m: Memory | None) -> tuple[int | None, int | None, str]:
+        if m is None:
+            return None, None, ""
+        return (
+            (m.saved.bytes if m.saved else None),
+            (m.peak.bytes if m.peak else None),
+            (m.peak.source if m.peak else ""),
+        )
+
+    for o, n in pairs:
+        if o.memory is None and n.memory is None:
+            continue
+        os_, op, osrc = figures(o.memory)
+        ns, np_, nsrc = figures(n.memory)
+        verdicts = []
+        if os_ is None or ns is None:
+            verdicts.append("saved: not compared (measured on one side only)")
+        elif ns > os_ + tolerance:
+            verdicts.append(f"**saved: regression, +{ns - os_:,} B**")
+            bad += 1
+        else:
+            verdicts.append("saved: same" if ns == os_ else f"saved: {ns - os_:+,} B")
+        if op is None or np_ is None:
+            verdicts.append("peak: not compared (measured on one side only)")
+        elif osrc != nsrc:
+            verdicts.append("peak: not compared (other sources)")
+        elif np_ > op * (1 + peak_tolerance):
+            verdicts.append(f"**peak: regression, +{(np_ - op) / op:.1%}**" if op else "**peak: regression**")
+            bad += 1
+        else:
+            verdicts.append("peak: within bound")
+        rows.append(
+            [
+                n.backend,
+                _label(n),
+                n.dtype,
+                n.mode,
+                "-" if os_ is None else _mib(os_),
+                "-" if ns is None else _mib(ns),
+                "-" if op is None else _mib(op),
+                "-" if np_ is None else _mib(np_),
+                "; ".join(verdicts),
+            ]
+        )
+    return rows, bad
+
+
 def diff(
-    old_doc: Results, new_doc: Results, threshold: float = THRESHOLD, k: float = NOISE_K, alpha: float = ALPHA
+    old_doc: Results,
+    new_doc: Results,
+    threshold: float = THRESHOLD,
+    k: float = NOISE_K,
+    alpha: float = ALPHA,
+    memory_tolerance: int = MEMORY_TOLERANCE_BYTES,
+    peak_tolerance: float = PEAK_TOLERANCE,
 ) -> tuple[str, bool]:
-    """Markdown comparing two results documents, and whether a performance or parity regression was found."""
+    """Markdown comparing two results documents, and whether a performance, parity or memory regression was
+    found."""
     old, new = _index(old_doc), _index(new_doc)
     common = [key for key in new if key in old]
     perf_rows, status_rows = [], []
@@ -138,7 +218,8 @@ def diff(
             status_rows.append([n.backend, _label(n), n.dtype, n.mode, o.status, n.status, verdict, reason])
     added = [new[key] for key in new if key not in old]
     removed = [old[key] for key in old if key not in new]
-    regression = bool(n_slow or n_parity)
+    mem_rows, n_memory = memory_rows([(old[key], new[key]) for key in common], memory_tolerance, peak_tolerance)
+    regression = bool(n_slow or n_parity or n_memory)
 
     def when(doc: Results) -> str:
         cmd = doc.config.command
@@ -147,7 +228,9 @@ def diff(
     out = ["# fusion-compare diff", "", f"Old: {when(old_doc)}  ", f"New: {when(new_doc)}", ""]
     if regression:
         out.append(
-            f"**Regression**: {n_slow} slower beyond noise, {n_parity} parity/status regressions ({n_fast} faster)."
+            f"**Regression**: {n_slow} slower beyond noise, {n_parity} parity/status regressions"
+            + (f", {n_memory} memory regressions" if n_memory else "")
+            + f" ({n_fast} faster)."
         )
     else:
         out.append(f"No regression ({len(common)} cells matched; {n_fast} faster beyond noise).")
@@ -174,6 +257,20 @@ def diff(
         out.append(table(["backend", "case", "dtype", "mode", "old", "new", "verdict", "new reason"], status_rows))
     else:
         out.append("No status changed.")
+    if mem_rows:
+        out += [
+            "",
+            "## Memory",
+            "",
+            f"Saved for backward is an exact count: more than {memory_tolerance:,} B over the old run is a "
+            f"regression. The peak is a bound: more than {peak_tolerance:.0%} over the old one (same source) is a "
+            "regression.",
+            "",
+            table(
+                ["backend", "case", "dtype", "mode", "old saved", "new saved", "old peak", "new peak", "verdict"],
+                mem_rows,
+            ),
+        ]
     if added or removed:
         out += ["", "## Added and removed cells", ""]
         out += [f"- added: {r.backend} {_label(r)} {r.dtype} {r.mode} ({r.status})" for r in added]
@@ -192,7 +289,9 @@ def cmd_diff(a: argparse.Namespace) -> int:
     if a.out:
         preflight.check_file_writable(Path(a.out))
     old_doc, new_doc = results.read_json(Path(a.old)), results.read_json(Path(a.new))
-    md, regression = diff(old_doc, new_doc, a.threshold, a.k, a.alpha)
+    check_finite("--peak-tolerance", a.peak_tolerance, zero_ok=True)
+    tolerance = parse_size(a.memory_tolerance, "--memory-tolerance")
+    md, regression = diff(old_doc, new_doc, a.threshold, a.k, a.alpha, tolerance, a.peak_tolerance)
     if a.out:
         write_text_atomic(a.out, md)
         print(f"wrote {a.out}: {'regression' if regression else 'no regression'}")
@@ -205,7 +304,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``diff`` subcommand on an ``argparse`` subparsers object."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "diff",
-        help="compare two results.json; exit 1 on a performance or parity regression",
+        help="compare two results.json; exit 1 on a performance, parity or memory regression",
         description=__doc__,
         epilog=exitcodes.EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -219,6 +318,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--k", type=float, default=NOISE_K, help="noise band in units of the combined relative IQR (finite, > 0)"
     )
     p.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the rank test, in (0, 1]")
+    p.add_argument(
+        "--memory-tolerance",
+        default=str(MEMORY_TOLERANCE_BYTES),
+        help="saved-for-backward bytes more than the old run that still pass (a size: 0, 4096, 1MiB; default 0)",
+    )
+    p.add_argument(
+        "--peak-tolerance",
+        type=float,
+        default=PEAK_TOLERANCE,
+        help=f"relative peak-memory increase that still passes (finite, >= 0; default {PEAK_TOLERANCE:g})",
+    )
     p.add_argument("--out", help="write the markdown here instead of printing it")
     p.set_defaults(fn=cmd_diff)
     return p

@@ -8,6 +8,9 @@ count (``batch x seq``) and each panel is one (dtype, mode). Per family, with fi
 - ``speedup-<model>-d<dim>-h<hidden>.png``: the baseline's (``torch-eager``) median over each backend's;
 - ``roofline-<model>-d<dim>-h<hidden>.png``: achieved FLOP/s against the cost model's arithmetic intensity, under
   the compute and bandwidth roofs measured in the same run (the document's ``ceilings``); one shape is enough;
+- ``memory-<model>-d<dim>-h<hidden>.png``: the bytes each backend saved for its backward (measured points, the
+  least-squares line dotted) and its peak above inputs and weights, against tokens (results with a memory record,
+  ``compare.report.memory``; its fit and the largest token count within a device memory are in the report's table);
 - ``ceiling-<model>-d<dim>-h<hidden>.png``: achieved fraction of the compute (solid) and bandwidth (dashed)
   ceilings, only if results carry the cost model's roofline numbers (``cost.achieved``: ``flops_fraction`` and
   ``bytes_fraction``, made by ``compare.cost.model.roofline`` when the run measured its ceilings).
@@ -25,6 +28,7 @@ from typing import Any
 from compare.backends.registry import DEFAULT_BASELINE
 from compare.cost.records import Achieved
 from compare.problem.cases import DTYPES, MODES
+from compare.report.memory import linear_fit
 from compare.results.document import Result, Results
 from compare.timing import significance
 from compare.timing.timer import Timing
@@ -283,6 +287,33 @@ def _compile_plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def _memory_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
+    """Saved-for-backward bytes (solid, measured points, with the fitted line dotted) and the peak above inputs and
+    weights (dashed) against tokens, one line per backend, a panel per dtype and mode."""
+    series = _series(rs)
+    panels = _panels(rs)
+    backends = sorted({b for (_, _, b) in series})
+    color = _colors(backends)
+    fig, axes = _figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: memory per step")
+    drawn = False
+    for ax, (dtype, mode) in zip(axes, panels, strict=True):
+        for b in backends:
+            pts = [r for r in series.get((dtype, mode, b), []) if r.memory is not None]
+            saved = [(tokens(r), r.memory.saved.bytes) for r in pts if r.memory and r.memory.saved]
+            peak = [(tokens(r), r.memory.peak.bytes) for r in pts if r.memory and r.memory.peak]
+            if len(saved) >= 2 and any(y > 0 for _, y in saved):
+                ax.plot(*zip(*saved, strict=True), marker="o", ms=3, color=color[b], label=f"{b} saved")
+                f = linear_fit("saved", saved)
+                xs = [x for x, _ in saved]
+                ax.plot(xs, [f.intercept + f.slope * x for x in xs], ":", color=color[b], linewidth=1)
+                drawn = True
+            if len(peak) >= 2 and any(y > 0 for _, y in peak):
+                ax.plot(*zip(*peak, strict=True), "--", marker="x", ms=3, color=color[b], label=f"{b} peak")
+                drawn = True
+        _axes_style(ax, (tokens(r) for r in rs), f"{dtype} {mode}", "bytes")
+    return _save(fig, path) if drawn else None
+
+
 def render_plots(doc: Results, out_dir: Path) -> list[Path]:
     """Write the PNG plots of ``doc`` into ``out_dir``; return their paths (sorted by family, then kind)."""
     import matplotlib
@@ -305,6 +336,15 @@ def render_plots(doc: Results, out_dir: Path) -> list[Path]:
             p = fn(group, fam, out_dir / f"{kind}-{stem}.png")
             if p is not None:
                 written.append(p)
+    mems: dict[Family, list[Result]] = {}
+    for r in doc.results:
+        if r.memory is not None and r.world_size == 1:
+            mems.setdefault(family(r), []).append(r)
+    for fam in sorted(mems):
+        if len({tokens(r) for r in mems[fam]}) >= 2:
+            p = _memory_plot(mems[fam], fam, out_dir / f"memory-{fam[0]}-d{fam[1]}-h{fam[2]}.png")
+            if p is not None:
+                written.append(p)
     sweep = list(doc.shape_sweep)
     if sweep:
         r0 = sweep[0]
@@ -320,6 +360,7 @@ _CAPTIONS = {
     "ceiling": "achieved fraction of the compute and bandwidth ceilings",
     "roofline": "achieved FLOP/s against arithmetic intensity, under this run's measured roofs",
     "compile": "first call (compile + run, dashed) and steady-state median (solid) against tokens",
+    "memory": "saved for backward (solid, fit dotted) and peak above inputs and weights (dashed) against tokens",
 }
 
 

@@ -13,6 +13,7 @@ from compare.kernels.summary import Kernels
 from compare.report.cost import cost_section, fusion_section
 from compare.report.kernels import kernel_section
 from compare.report.machines import machine_of, several, timed_machine_types
+from compare.report.memory import memory_section
 from compare.report.plots import plots_section
 from compare.report.resolution import resolution_section
 from compare.report.shapes import shapes_section
@@ -469,6 +470,7 @@ SECTIONS: list[Callable[[Results], str]] = [
     kernel_section,
     fusion_section,
     cost_section,
+    memory_section,
     lambda d: xla_check_section(d.results),
     shapes_section,
     lambda d: traces_section(d.results),

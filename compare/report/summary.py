@@ -14,7 +14,9 @@ Each line gives
   away could ever save. Next to it, what each fused backend of that framework saved over that baseline, from the
   fusion table (a number only where it is beyond noise, none for a backend or baseline that fails parity); a saving
   larger than the baseline's time outside GEMMs says where the rest came from (GEMMs, dispatch). Speed across
-  frameworks is never a saving: it stays in the timing table.
+  frameworks is never a saving: it stays in the timing table;
+- **memory** (only where the run measured it, ``--memory`` or ``--profile``): what fusion keeps out of memory per
+  MLP step and what recomputation saves for what time (``compare.report.memory.memory_line``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from compare.formats.markdown import case_label, fmt_s, si
 from compare.gate.resolution import ResolutionRow
 from compare.report.cost import MEASURED, UNMEASURED, fusion_benefit, kernel_time_split
 from compare.report.machines import machine_of, machines_line, several, timed_machine_types
+from compare.report.memory import memory_line
 from compare.results.document import Result, Results
 from compare.timing.significance import PAIRED, WITHIN_NOISE, compare_timing
 
@@ -233,9 +236,10 @@ def summary_section(doc: Results) -> str:
     fusion = fusion_benefit(doc)
     lines = []
     for rows in groups.values():
+        memory = memory_line(rows)
         lines.append(
             f"- **{_label(rows[0])}**: parity {_parity(rows, doc.resolution)}. Fastest: {_fastest(rows)}. "
-            f"Fusion headroom: {_headroom(rows, fusion)}."
+            f"Fusion headroom: {_headroom(rows, fusion)}." + (f" {memory[0].upper()}{memory[1:]}." if memory else "")
         )
     intro = (
         "One line per case, dtype and mode. Parity: every backend against the float64 golden (details and the "

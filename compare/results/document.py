@@ -34,6 +34,7 @@ from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
 from compare.problem.cases import Case, InputError, Shape
 from compare.results.environment import Environment, Node
+from compare.results.memory import Memory
 from compare.results.tp import TPInfo
 from compare.timing.budgets import BudgetRecord
 from compare.timing.caches import ColdSetup
@@ -48,6 +49,7 @@ from compare.timing.timer import Timing, TimingConfig
 #: and the ``deviates`` status; bounds from the machine-independent plain computation.
 #: 4: the ``implausible`` status, the verdict on fresh inputs (``parity.fresh``), interleaved timing (a timing's
 #: ``rounds`` and ``group``).
+#: A result's ``memory`` (``compare.results.memory``, issue 19) is optional and leaves the other fields as they were.
 SCHEMA_VERSION = 4
 #: ``ok``: every tensor passes; ``deviates``: a real, measured difference that an honest implementation can have (no
 #: tensor fails); ``parity-fail``: a tensor fails (a different function), on the golden or on fresh inputs;
@@ -98,6 +100,8 @@ class Result:
     tp: TPInfo | None = None
     #: The machine that measured it (``compare.results.environment.Node``): set on a sweep's rows, None elsewhere.
     node: Node | None = None
+    #: what the step held in memory (``compare.results.memory``): None where memory was not asked for
+    memory: Memory | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -113,7 +117,7 @@ class Result:
         return self.backend if self.world_size == 1 else f"{self.backend} x{self.world_size}"
 
     def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("implausible", "world_size", "tp", "cold", "node"))
+        return record_dict(self, optional=("implausible", "world_size", "tp", "cold", "node", "memory"))
 
     @staticmethod
     def from_dict(d: Obj) -> Result:
@@ -146,6 +150,7 @@ class Result:
             world_size=integer(d, "world_size", 1),
             tp=sub(d, "tp", TPInfo.from_dict),
             node=sub(d, "node", Node.from_dict),
+            memory=sub(d, "memory", Memory.from_dict),
         )
 
 
@@ -181,9 +186,11 @@ class Config:
     world_sizes: tuple[int, ...] = ()
     timing: TimingConfig | None = None
     progress: Progress | None = None
+    #: the device memory the report fits the measured memory against (``--device-memory``, bytes; 0: none given)
+    device_memory: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("grid", "world_sizes", "progress"))
+        return record_dict(self, optional=("grid", "world_sizes", "progress", "device_memory"))
 
     @staticmethod
     def from_dict(d: Obj) -> Config:
@@ -197,6 +204,7 @@ class Config:
             grid=opt_mapping(d, "grid"),
             progress=sub(d, "progress", Progress.from_dict),
             world_sizes=integers(d, "world_sizes"),
+            device_memory=integer(d, "device_memory", 0),
         )
 
 

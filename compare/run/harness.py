@@ -48,6 +48,7 @@ from compare.problem.cases import Case, check_name
 from compare.problem.golden import golden_for
 from compare.results import environment
 from compare.results.document import Config, Result, Results
+from compare.results.memory import Memory
 from compare.run import budget, cell, parity_cache, pipeline, stop
 from compare.run.budget import Budget
 from compare.run.cell import MODE_TENSORS, plain_reference
@@ -82,6 +83,8 @@ class _Cell:
     timing: Timing | None = None
     cold: Timing | None = None
     kernels: Kernels | None = None
+    #: what one more step held in memory (``pipeline.memory``), None when not asked for
+    memory: Memory | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     fresh_run: pipeline.FreshRun | None = None
     by_device: bool = False
@@ -113,10 +116,12 @@ def _start(
     prepare: Callable[[], Prepared] | None = None,
     reuse: bool = False,
     cuda_graphs: bool = False,
+    memory: bool = False,
 ) -> None:
     """Skip (``pipeline.skipped``), or prepare the step, refuse it without ``fresh`` (``pipeline.no_fresh``), make its
     first call (timed alone: compile + run) and judge it (``pipeline.first_call``). With ``reuse`` an interpreted
-    backend's cell is first looked up in ``compare.run.parity_cache`` (``c.interpreted`` says it is one)."""
+    backend's cell is first looked up in ``compare.run.parity_cache`` (``c.interpreted`` says it is one); with
+    ``memory`` a cached cell without a memory record is run again (its memory is measured then)."""
     spec, case, mode = c.spec, c.case, c.mode
     try:
         c.done = pipeline.skipped(spec, case, mode)
@@ -125,6 +130,8 @@ def _start(
         c.interpreted = not spec.availability().timed
         if reuse and c.interpreted and prepare is None:
             c.done = parity_cache.lookup(spec, case, mode)
+            if c.done is not None and memory and c.done.memory is None:
+                c.done = None  # a verdict cached without its memory: run it, measuring both
             if c.done is not None:
                 return
         golden = golden_for(case)
@@ -351,8 +358,11 @@ def _time(cells: Sequence[_Cell], how: _Timer, plain: dict[str, np.ndarray]) -> 
                 c.extras["telemetry_cold"] = tele
 
 
-def _finish_steps(c: _Cell, inputs: dict[str, np.ndarray], profile: bool, trace_dir: Path | None) -> None:
-    """The profile (when asked) and the step on fresh inputs (``pipeline.fresh_step``); then the step is released."""
+def _finish_steps(
+    c: _Cell, inputs: dict[str, np.ndarray], profile: bool, trace_dir: Path | None, memory: bool = False
+) -> None:
+    """The profile and the memory record (when asked) and the step on fresh inputs (``pipeline.fresh_step``); then
+    the step is released."""
     p = c.prepared
     if c.done is not None or p is None:
         return
@@ -363,6 +373,11 @@ def _finish_steps(c: _Cell, inputs: dict[str, np.ndarray], profile: bool, trace_
             c.kernels = pipeline.profile(p, trace, trace_dir.parent if trace_dir is not None else None)
         except Exception as exc:  # the profile is extra information: keep the parity and timing results
             c.extras["profile_error"] = _summarise_error(exc)[0]
+    if memory:
+        try:
+            c.memory = pipeline.memory(p)
+        except Exception as exc:  # recorded as the reason both figures are absent; the parity and timing stand
+            c.memory = Memory.not_measured(f"the measurement raised {_summarise_error(exc)[0]}")
     try:
         c.fresh_run = pipeline.fresh_step(p, p.sync, inputs, c.who())
     except Exception as exc:
@@ -380,7 +395,9 @@ def _verdict(c: _Cell, seed: int, reference: tuple[dict[str, np.ndarray], Plain]
     copies = pipeline.verdicts(c.first, c.again, checks)
     record = pipeline.parity_record(copies, pipeline.worst_fresh(checks))
     found = pipeline.findings(copies, c.by_device)
-    return pipeline.result(c.spec, c.case, c.mode, found, c.kept, record, c.timing, c.kernels, c.extras, cold=c.cold)
+    return pipeline.result(
+        c.spec, c.case, c.mode, found, c.kept, record, c.timing, c.kernels, c.extras, cold=c.cold, memory=c.memory
+    )
 
 
 class _FreshReference:
@@ -442,9 +459,10 @@ def run_one(
     time_it: bool = True,
     profile: bool = False,
     trace_dir: Path | None = None,
+    memory: bool = False,
 ) -> Result:
     """Parity, timing (alone: a group of one) and the fresh-input check of one backend on one case and mode; never
-    raises for a backend's own failure.
+    raises for a backend's own failure. ``memory`` adds the step's memory record (``pipeline.memory``).
 
     ``prepare`` overrides the backend's own preparation (tests use it for negative controls); ``time_it=False``
     checks parity only. ``profile`` adds the kernel summary of one more step (``compare.kernels.summary``), with a trace
@@ -456,7 +474,7 @@ def run_one(
         _time([c], _Timer(cfg), plain)
     seed = fresh.new_seed()
     inputs = fresh.draw(case, seed, golden_for(case).params)
-    _finish_steps(c, inputs, profile, trace_dir)
+    _finish_steps(c, inputs, profile, trace_dir, memory)
     return _settle(case, [c], seed, inputs, _FreshReference(case, inputs, mode != "fwd"))[0]
 
 
@@ -506,6 +524,7 @@ def run(
     reuse_parity: bool = False,
     watch: Callable[[], timing.Watch | None] | None = None,
     cuda_graphs: bool = False,
+    memory: bool = False,
 ) -> Results:
     """Run every (case, backend, mode, world size); return the results document (``compare.results.document.Results``).
 
@@ -521,7 +540,8 @@ def run(
     ``cache`` (``compare.timing.caches.CACHE_MODES``): warm samples, cold ones (each call after a flush of the
     last-level cache, :func:`cold_flush`) or both; ``budget`` (``compare.run.budget``) the time the run keeps, its cuts
     in the document; ``reuse_parity`` looks interpreted cells up in ``compare.run.parity_cache`` (every interpreted
-    verdict is kept there); ``watch`` makes a device watch per timed group (``compare.timing.timer.Watch``)."""
+    verdict is kept there); ``watch`` makes a device watch per timed group (``compare.timing.timer.Watch``); ``memory``
+    records what each step holds in memory (``pipeline.memory``: saved for the backward, peak)."""
     cases, specs, modes = list(cases), list(specs), list(modes)
     spec_of = {sp.name: sp for sp in specs}
     check_name("cache mode", cache, list(caches.CACHE_MODES))
@@ -611,7 +631,7 @@ def run(
                             c = _Cell(spec, case, mode)
                             if progress:
                                 progress.starting(c.label)
-                            _start(c, plain, precision, reuse=reuse_parity, cuda_graphs=cuda_graphs)
+                            _start(c, plain, precision, reuse=reuse_parity, cuda_graphs=cuda_graphs, memory=memory)
                             if c.interpreted and c.done is None:
                                 interpreted.add((spec.name, case.name, mode))
                             group.append(c)
@@ -621,7 +641,7 @@ def run(
                 _time(group, timer, plain)
                 timer.groups_left = max(1, timer.groups_left - 1)
                 for c in group:
-                    _finish_steps(c, inputs, profile, trace_dir)
+                    _finish_steps(c, inputs, profile, trace_dir, memory)
                 if group and progress and not reference.made:
                     progress.starting(f"{case.name}: the reference of the fresh inputs")
                 settled = _settle(case, group, seed, inputs, reference)

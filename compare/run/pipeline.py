@@ -42,6 +42,7 @@ from compare.gate.parity_record import CopyVerdict, ParityRecord
 from compare.kernels.summary import Kernels
 from compare.problem.cases import Case
 from compare.results.document import Result
+from compare.results.memory import NO_HOOK, Memory
 from compare.run.cell import MODE_TENSORS, judge, model_cost, status_of
 from compare.timing import timer as timing
 from compare.timing.timer import Timing
@@ -258,6 +259,15 @@ def profile(prepared: Prepared, trace: Path | None = None, relative_to: Path | N
     return kernels
 
 
+def memory(prepared: Prepared) -> Memory:
+    """What one more step holds in memory (``Prepared.memory``, outside the timed samples): the tensors its forward
+    saves for the backward and its peak (``compare.results.memory``); a step without the hook is "not measured" with
+    the reason, never 0. A failure of the measurement is the caller's to record (the cell's parity stands)."""
+    if prepared.memory is None:
+        return Memory.not_measured(NO_HOOK)
+    return Memory.from_dict(prepared.memory())
+
+
 @dataclass(frozen=True)
 class Kept:
     """What a result keeps of its :class:`~compare.backends.registry.Prepared` once the step is released."""
@@ -284,11 +294,12 @@ def result(
     extras: dict[str, Any] | None = None,
     cost_case: Case | None = None,
     cold: Timing | None = None,
+    memory: Memory | None = None,
 ) -> Result:
     """The cell's result: its status and reason from ``findings`` (``(failures, deviations)`` of every copy,
     ``compare.run.cell.status_of``), what it kept of its step, its ``parity`` record, timing, kernels, ``extras``
-    (over the step's own), its cold-cache timing (``cold``) and the cost model's entry for ``cost_case`` (default
-    ``case``; one rank's share of a tensor-parallel step)."""
+    (over the step's own), its cold-cache timing (``cold``), its memory record (``memory``, None: not asked for) and
+    the cost model's entry for ``cost_case`` (default ``case``; one rank's share of a tensor-parallel step)."""
     status, reason = status_of(*findings)
     return Result.for_case(
         spec.name,
@@ -305,4 +316,5 @@ def result(
         kernels=kernels,
         extras={**kept.extras, **(extras or {})},
         cost=model_cost(spec, cost_case or case, mode),
+        memory=memory,
     )

@@ -15,7 +15,8 @@ on the file keeps a second sweep from writing it at the same time.
 
 :func:`load_sweep` turns the file, at any time, into a regular results document (the shape of
 ``compare.run.harness.run``'s); at the end the sweep writes it as ``<out>/results.json`` with ``<out>/REPORT.md`` and
-plots under ``<out>/plots/``.
+plots under ``<out>/plots/``. Every cell records what its step holds in memory (``compare.results.memory``): the
+report plots it against tokens and, with ``--device-memory SIZE``, states the largest token count that fits.
 
 Before the first cell, each start measures this machine's matmul and copy ceilings for the swept dtypes (in this
 process, stored in its header line and as the document's ``ceilings``: the first session's that measured them) and
@@ -70,6 +71,7 @@ from compare.report import render as report
 from compare.results import document as results
 from compare.results import environment
 from compare.results.document import Results
+from compare.results.memory import parse_size
 from compare.run import child, exitcodes, harness, preflight, stop
 from compare.run.budget import Budget
 from compare.run.cell import against_ceilings, min_flops
@@ -296,6 +298,7 @@ def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
         "dtypes": list(a.dtype),
         "modes": list(a.mode),
         "timing": timing,
+        "device_memory": parse_size(a.device_memory, "--device-memory") if a.device_memory else 0,
     }
     check_inputs(a, dict.fromkeys(c.case for c in cells_from_config(config)))
     preflight.check_memory(dict.fromkeys(c.case for c in cells_from_config(config)))
@@ -397,6 +400,8 @@ def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path, opti
     finally:
         if runner is not None:
             runner.close()
+    if config["device_memory"]:  # this session's --device-memory, over the first session's
+        doc = dataclasses.replace(doc, config=dataclasses.replace(doc.config, device_memory=config["device_memory"]))
     try:
         finish(out, doc, plots=not a.no_plots)
     except OSError as exc:
@@ -467,6 +472,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--retry-errors", action="store_true", help="on a restart, run again the cells whose stored result is an error"
     )
     p.add_argument("--no-plots", action="store_true", help="do not write plots")
+    p.add_argument(
+        "--device-memory",
+        metavar="SIZE",
+        help="the device memory (e.g. 80GiB, 512MiB) the report fits each backend's measured memory against: the "
+        "largest token count that fits, from a line through the measured points",
+    )
     p.add_argument(
         "--no-ceilings",
         action="store_true",

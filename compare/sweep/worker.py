@@ -29,12 +29,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_cell_inprocess(
     s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, plain_cache: dict[str, Any]
 ) -> tuple[results.Result, dict[str, Any]]:
-    """Run one cell here; return (its result, ``{"precision": ..., "gpu": ...}`` as the backend left them)."""
+    """Run one cell here, its memory record too (``harness.run_one(memory=True)``: the report plots memory against
+    tokens); return (its result, ``{"precision": ..., "gpu": ...}`` as the backend left them)."""
     if cell.case.name not in plain_cache:
         plain_cache.clear()  # cells come case by case: keep one plain reference at a time
         plain_cache[cell.case.name] = harness.plain_reference(cell.case)
     precision: dict[str, Any] = {}
-    r = harness.run_one(s, cell.case, cell.mode, plain_cache[cell.case.name], cfg, precision)
+    r = harness.run_one(s, cell.case, cell.mode, plain_cache[cell.case.name], cfg, precision, memory=True)
     return r, {"precision": precision, "gpu": environment.gpu()}
 
 
