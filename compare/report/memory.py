@@ -128,7 +128,9 @@ def memory_section(doc: Results) -> str:
                 why = f" The plan is an assumption: {spec.assumption}" if spec is not None and spec.assumption else ""
                 findings.append(f"- {r.label}, {case_label(r)} {r.dtype} {mode}: {check.text}.{why}")
             if m is not None and m.saved is not None and m.saved.cross_check.startswith("DIFFERS"):
-                findings.append(f"- {r.label}, {case_label(r)} {r.dtype} {mode}: residuals {m.saved.cross_check}.")
+                findings.append(
+                    f"- {r.label}, {case_label(r)} {r.dtype} {mode}: the saved-tensor count {m.saved.cross_check}."
+                )
         head = group[0]
         parts += [
             "",
