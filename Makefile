@@ -20,10 +20,11 @@ setup: env data
 env: $(VENV)/.installed $(T36)/.installed
 
 # The golden reference, plain computation and gate resolution of the default report's cases, computed once into the
-# disk cache of data that is a pure function of the case (python -m compare prepare; deterministic, measures nothing;
-# about 40 s on 2 cores the first time, a second when cached).
+# disk cache of data that is a pure function of the case (python -m compare prepare; deterministic; about 40 s on
+# 2 cores the first time, a second when cached), and the verdicts of the backends this machine runs interpreted
+# (parity only), kept in the interpreted-parity cache that make report reuses (about 30 s the first time).
 data: $(VENV)/.installed
-	$(PY) -m compare prepare --preset cpu-mlp --dtype float32 bfloat16
+	$(PY) -m compare prepare --preset cpu-mlp --dtype float32 bfloat16 --parity
 
 # constraints/cpu.txt pins every package CI tested (refresh it with `pip freeze` after an upgrade).
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt

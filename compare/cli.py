@@ -37,7 +37,7 @@ from compare.report import diff, shapes
 from compare.report import render as report
 from compare.results import document as results
 from compare.results.memory import parse_size
-from compare.run import exitcodes, harness, preflight, stop, tp_hosts
+from compare.run import exitcodes, harness, parity_cache, preflight, stop, tp_hosts
 from compare.run.budget import Budget
 from compare.run.options import add_grid_args, check_grid_args, check_inputs, out_arg
 from compare.run.progress import Display, progress_level
@@ -269,7 +269,12 @@ def cmd_prepare(a: argparse.Namespace) -> int:
     what a run computes first for each case: the golden reference, the plain computation and the gate's resolution,
     for the modes given (the same functions and cache entries as ``run``'s). Deterministic, the same bits on every
     machine; it measures nothing. On ``cpu-mlp`` each dtype takes tens of seconds on a 2-core CPU: ``make setup`` runs
-    it for the default report's cases, so that ``make report`` spends its time measuring."""
+    it for the default report's cases, so that ``make report`` spends its time measuring.
+
+    With ``--parity`` it also judges the backends this machine runs interpreted (parity only: Triton under
+    ``TRITON_INTERPRET=1``, Pallas with ``interpret=True``) on the cases and modes, as ``run --profile`` does (first
+    call, fresh inputs, profile, memory), and keeps their verdicts in ``compare.run.parity_cache``: a later run on
+    the same code, case, versions and CPU reuses them and its report says so. A verdict already there is kept."""
     import time
 
     from compare.problem import datacache
@@ -289,8 +294,26 @@ def cmd_prepare(a: argparse.Namespace) -> int:
         plain = plain_reference(case, backward=backward)
         harness.case_resolution(case, plain, modes)
         print(f"prepared {case.name} ({', '.join(modes)}) in {time.monotonic() - t0:.1f} s", flush=True)
+    if a.parity:
+        _prepare_parity(cases, modes)
     print(f"data cache: {datacache.folder()}")
     return exitcodes.OK
+
+
+def _prepare_parity(cases: Sequence[Any], modes: list[str]) -> None:
+    """``prepare --parity``: the interpreted backends' verdicts on ``cases`` into the interpreted-parity cache, each
+    printed with whether it was judged now or found there. An error is printed and not kept (a run judges it again)."""
+    specs = [s for s in BACKENDS.values() if not s.runtime and s.availability().ok and not s.availability().timed]
+    if not specs:
+        print("interpreted parity: no backend runs interpreted here (each is timed, so each run judges it)")
+        return
+    t0 = time.monotonic()
+    doc = harness.run(cases, specs, modes, profile=True, memory=True, reuse_parity=True)
+    for r in doc.results:
+        how = "found in the cache" if "parity_cache" in r.extras else "judged now"
+        kept = "" if r.status in parity_cache.KEPT else f", not kept: {r.reason}"
+        print(f"interpreted parity: {r.backend} {r.case} {r.mode}: {r.status} ({how}{kept})", flush=True)
+    print(f"interpreted parity of {', '.join(s.name for s in specs)} in {time.monotonic() - t0:.1f} s")
 
 
 def cmd_report(a: argparse.Namespace) -> int:
@@ -491,6 +514,12 @@ def parser() -> argparse.ArgumentParser:
     prep.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
     prep.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
     prep.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
+    prep.add_argument(
+        "--parity",
+        action="store_true",
+        help="also judge the backends this machine runs interpreted (parity only) and keep their verdicts in the "
+        "interpreted-parity cache, which later runs reuse",
+    )
     prep.set_defaults(fn=cmd_prepare)
     rep = _sub(sub, "report", help="rebuild REPORT.md from a results.json (measures nothing)")
     rep.add_argument("results")

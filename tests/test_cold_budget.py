@@ -366,3 +366,30 @@ def test_no_sweep_variant_starts_past_the_sweeps_deadline_and_each_is_said() -> 
         assert ran == [{"dynamic": False}] and len(cuts) == 1
     finally:
         BackendSpec.load = orig  # type: ignore[method-assign]
+
+
+@pytest.mark.standard
+def test_prepare_parity_fills_the_cache_a_run_reuses_and_leaves_timed_backends_alone(
+    interpreted: BackendSpec, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``prepare --parity`` judges the interpreted backends only (the timed one beside it is not run: a run times
+    it) and keeps their verdicts; the run after it prepares nothing again and its row says it came from the cache.
+    The control: without ``--parity`` nothing is judged."""
+    from compare import cli
+    from tests import numpy_backend
+
+    def timed_prepare(problem: Problem, mode: str) -> Prepared:
+        raise AssertionError("prepare --parity ran a timed backend")
+
+    monkeypatch.setattr(cli, "BACKENDS", {SPEC.name: SPEC, numpy_backend.NAME: numpy_backend.SPEC})
+    monkeypatch.setattr(numpy_backend.BACKEND, "prepare", timed_prepare)
+    argv = ["prepare", "--preset", "tiny", "--dtype", "float32"]
+    _Interpreted.calls = 0
+    assert cli.main(argv) == 0 and _Interpreted.calls == 0  # the control: goldens only
+    assert cli.main([*argv, "--parity"]) == 0
+    out = capsys.readouterr().out
+    assert f"interpreted parity: {SPEC.name} " in out and "ok (judged now)" in out and numpy_backend.NAME not in out
+    assert _Interpreted.calls == 1
+    assert cli.main([*argv, "--parity"]) == 0 and "ok (found in the cache)" in capsys.readouterr().out
+    row = _run(interpreted).results[0]
+    assert _Interpreted.calls == 1 and "parity_cache" in row.extras

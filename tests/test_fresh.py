@@ -78,3 +78,50 @@ def test_a_case_with_no_judgeable_draw_is_an_error_in_every_cell(monkeypatch: py
     assert by_dtype["float16"].status == "error"
     assert f"none of {fresh.MAX_DRAWS} fresh draws" in by_dtype["float16"].reason
     assert by_dtype["float32"].status == "ok", by_dtype["float32"].reason
+
+
+#: A forward with more tokens than the fresh check judges (200 > ``FRESH_ROWS``), small enough to be quick.
+WIDE = PRESETS["tiny"].case("float32", model="geglu")
+WIDE = type(WIDE)(WIDE.model, type(WIDE.shape)(2, 100, 24, 40), "float32", WIDE.dist, 0)
+
+
+def _draw() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    params = golden_for(WIDE).params
+    return params, fresh.draw(WIDE, 7, params)
+
+
+def test_a_forward_only_reference_is_the_whole_reference_on_rows_drawn_anew_each_time() -> None:
+    """The rows' reference is the whole draw's reference restricted to them, to the bit (each token's output depends
+    on its own input alone); each call draws other rows; with the backward every token is judged."""
+    params, inputs = _draw()
+    whole = fresh.reference(WIDE, params, inputs, backward=False, rows=0)
+    assert whole.rows is None and whole.ref["y"].shape == (2, 100, 24)
+    a = fresh.reference(WIDE, params, inputs, backward=False)
+    b = fresh.reference(WIDE, params, inputs, backward=False)
+    assert a.rows is not None and b.rows is not None and len(a.rows) == fresh.FRESH_ROWS
+    assert a.ref["y"].shape == (1, fresh.FRESH_ROWS, 24) and a.rows_seed != b.rows_seed
+    assert not np.array_equal(a.rows, b.rows)
+    assert np.array_equal(a.ref["y"][0], whole.ref["y"].reshape(-1, 24)[a.rows])
+    assert np.array_equal(a.plain["y"][0], whole.plain["y"].reshape(-1, 24)[a.rows])
+    assert np.array_equal(a.take(whole.ref)["y"], a.ref["y"])
+    assert fresh.reference(WIDE, params, inputs).rows is None  # with the backward
+    with pytest.raises(ValueError, match="judges y alone"):
+        a.take({"y": whole.ref["y"], "dx": whole.ref["y"]})
+
+
+def test_the_drawn_rows_catch_a_step_that_gets_an_eighth_of_its_rows_wrong() -> None:
+    """The right answer passes on the drawn rows; one with every eighth token's output zeroed fails, on every draw
+    of the rows (it escapes one with probability (7/8)**128, about 4e-8)."""
+    from compare.run.pipeline import FreshRun, judge_fresh
+
+    params, inputs = _draw()
+    right = {"y": round_to_dtype(fresh.reference(WIDE, params, inputs, backward=False, rows=0).ref["y"], "float32")}
+    wrong = {"y": right["y"].copy()}
+    wrong["y"].reshape(-1, 24)[3::8] = 0.0
+    for _ in range(5):
+        ref = fresh.reference(WIDE, params, inputs, backward=False)
+        ok = judge_fresh(FreshRun([("cpu", right)], 0.0, 0.0), ref, "float32", "fwd", 7, "right", False)[0]
+        bad = judge_fresh(FreshRun([("cpu", wrong)], 0.0, 0.0), ref, "float32", "fwd", 7, "wrong", False)[0]
+        assert ok.tier == "pass" and ok.rows == fresh.FRESH_ROWS and ok.rows_seed == ref.rows_seed, ok
+        assert bad.tier == "fail" and bad.failures, bad
+        assert fresh.FreshCheck.from_dict(bad.to_dict()) == bad

@@ -72,7 +72,8 @@ def parity_section(results: Rows) -> str:
             if last and last.tier == "fail" and any(f.startswith(t.tensor + ":") for f in last.failures):
                 verdict += " (last timed call: **FAIL**)"
             if p.fresh and p.fresh.tier == "fail" and any(f.startswith(t.tensor + ":") for f in p.fresh.failures):
-                verdict += f" (fresh inputs, seed {p.fresh.seed}: **FAIL**)"
+                some = f", {p.fresh.rows} tokens drawn by seed {p.fresh.rows_seed}" if p.fresh.rows else ""
+                verdict += f" (fresh inputs, seed {p.fresh.seed}{some}: **FAIL**)"
             rows.append(
                 [
                     r.label,
@@ -103,6 +104,7 @@ def parity_section(results: Rows) -> str:
     ]
     timed = any("last timed call" in r.parity.checked for r in results if r.parity is not None)
     fresh_checked = any(r.parity.fresh is not None for r in results if r.parity is not None)
+    some_rows = sorted({r.parity.fresh.rows for r in results if r.parity and r.parity.fresh and r.parity.fresh.rows})
     intro = (
         "Error against the float64 golden, every check of the gate (`compare/gate/parity.py`), each with a pass line "
         "and a fail line; between them a tensor *deviates*: a real, measured difference that an honest "
@@ -124,9 +126,16 @@ def parity_section(results: Rows) -> str:
         )
         + (
             " Every row was also run once on fresh inputs (same shapes and distribution, a seed drawn at run time, "
-            "its reference computed only after every step of the case had returned): a step that does not compute "
-            "its answer from its inputs fails there, and that failure is marked in the row (a deviation found only "
-            "there is recorded in results.json, not promoted: a fresh seed changes with every run)."
+            "its reference computed only after every step of the case had returned"
+            + (
+                f"; a forward alone judged on {', '.join(map(str, some_rows))} of its tokens where it has more, "
+                "drawn at random only then"
+                if some_rows
+                else ""
+            )
+            + "): a step that does not compute its answer from its inputs fails there, and that failure is marked in "
+            "the row (a deviation found only there is recorded in results.json, not promoted: a fresh seed changes "
+            "with every run)."
             if fresh_checked
             else ""
         )

@@ -40,7 +40,7 @@ from compare.backends.registry import BackendSpec, Prepared, probe
 from compare.cost.records import Ceilings
 from compare.formats.jsonfields import FieldError
 from compare.gate import fresh, resolution
-from compare.gate.parity import Plain, UnusableCase
+from compare.gate.parity import UnusableCase
 from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
 from compare.problem import datacache
@@ -385,7 +385,7 @@ def _finish_steps(
     c.prepared = None  # release the step (its weights, compiled code) before the next backend's
 
 
-def _verdict(c: _Cell, seed: int, reference: tuple[dict[str, np.ndarray], Plain] | None) -> Result:
+def _verdict(c: _Cell, seed: int, reference: fresh.FreshReference | None) -> Result:
     """The cell's result (``pipeline.result``): the first call's, last timed call's and fresh inputs' verdicts of its
     one copy (``pipeline.verdicts``), its timing and profile."""
     if c.done is not None:
@@ -409,9 +409,9 @@ class _FreshReference:
     def __init__(self, case: Case, inputs: dict[str, np.ndarray], backward: bool) -> None:
         self.case, self.inputs, self.backward = case, inputs, backward
         self.made = False
-        self._value: tuple[dict[str, np.ndarray], Plain] | UnusableCase | None = None
+        self._value: fresh.FreshReference | UnusableCase | None = None
 
-    def get(self) -> tuple[dict[str, np.ndarray], Plain]:
+    def get(self) -> fresh.FreshReference:
         if not self.made:
             try:
                 self._value = fresh.reference(self.case, golden_for(self.case).params, self.inputs, self.backward)

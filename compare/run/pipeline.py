@@ -36,8 +36,8 @@ import numpy as np
 
 from compare.backends.registry import BackendSpec, Prepared
 from compare.gate import fresh
-from compare.gate.fresh import FreshCheck
-from compare.gate.parity import Parity, Plain, worst_tier
+from compare.gate.fresh import FreshCheck, FreshReference
+from compare.gate.parity import Parity, worst_tier
 from compare.gate.parity_record import CopyVerdict, ParityRecord
 from compare.kernels.summary import Kernels
 from compare.problem.cases import Case
@@ -166,20 +166,21 @@ def fresh_step(prepared: Prepared, sync: Callable[[Any], None], inputs: dict[str
 
 def judge_fresh(
     run: FreshRun,
-    reference: tuple[dict[str, np.ndarray], Plain],
+    reference: FreshReference,
     dtype: str,
     mode: str,
     seed: int,
     name: str,
     by_device: bool,
 ) -> list[FreshCheck]:
-    """The gate's verdict on every copy of a :class:`FreshRun` against the draw's ``reference`` (``(float64
-    reference, plain computation)``, ``compare.gate.fresh.reference``; the tensors ``mode`` checks), as one
-    :class:`~compare.gate.fresh.FreshCheck` of ``seed`` per copy."""
-    ref, plain = reference
-    got = [(d, {k: v.astype(np.float64) for k, v in t.items()}) for d, t in run.copies]
-    judged = judge_read(got, checked(mode, ref), plain, dtype, f"{name} on fresh inputs", by_device)
-    return [FreshCheck.of(seed, p) for _, p in judged]
+    """The gate's verdict on every copy of a :class:`FreshRun` against the draw's ``reference``
+    (``compare.gate.fresh.reference``: the float64 reference and the plain computation of the tensors ``mode``
+    checks, of every token or of the tokens it drew), as one :class:`~compare.gate.fresh.FreshCheck` of ``seed`` per
+    copy."""
+    want = checked(mode, reference.ref)
+    got = [(d, reference.take({k: v.astype(np.float64) for k, v in t.items()})) for d, t in run.copies]
+    judged = judge_read(got, want, reference.plain, dtype, f"{name} on fresh inputs", by_device)
+    return [FreshCheck.of(seed, p, reference) for _, p in judged]
 
 
 def worst_fresh(checks: Sequence[FreshCheck]) -> FreshCheck:

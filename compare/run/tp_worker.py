@@ -42,7 +42,7 @@ from compare.backends.tp import PROBE_BYTES, Group, Launch, ring_bytes
 from compare.cost.comm import comm_cost, shard
 from compare.gate import fresh
 from compare.gate.fresh import FreshCheck
-from compare.gate.parity import Plain, worst_tier
+from compare.gate.parity import worst_tier
 from compare.gate.parity_record import CopyVerdict, ProcessVerdict
 from compare.problem.cases import Case
 from compare.problem.golden import golden_for
@@ -115,10 +115,10 @@ def probe_bandwidth(group: Group, cfg: TimingConfig) -> dict[str, Any]:
 
 
 #: This process's fresh reference (:func:`fresh_reference`): ``(case, seed) -> (reference, plain)``, one case kept.
-_FRESH: dict[tuple[Case, int], tuple[dict[str, np.ndarray], Plain]] = {}
+_FRESH: dict[tuple[Case, int], fresh.FreshReference] = {}
 
 
-def fresh_reference(case: Case, seed: int, params: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Plain]:
+def fresh_reference(case: Case, seed: int, params: dict[str, np.ndarray]) -> fresh.FreshReference:
     """The float64 reference and the plain computation of ``case`` on its fresh draw of ``seed`` (every tensor,
     ``compare.gate.fresh.reference``), computed in this process the first time a cell of the case asks, which
     :func:`run_cell` does only after that cell's fresh step returned, and cached for the later cells of the same
