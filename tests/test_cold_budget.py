@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -393,3 +393,64 @@ def test_prepare_parity_fills_the_cache_a_run_reuses_and_leaves_timed_backends_a
     assert cli.main([*argv, "--parity"]) == 0 and "ok (found in the cache)" in capsys.readouterr().out
     row = _run(interpreted).results[0]
     assert _Interpreted.calls == 1 and "parity_cache" in row.extras
+
+
+class _Profiled(NumpyPlain):
+    """The numpy backend with a full and a quick profile that say which one ran (each an empty summary)."""
+
+    name = "numpy-profiled"
+    ran: ClassVar[list[str]] = []
+
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        def profile(path: Path | None) -> dict[str, Any]:
+            _Profiled.ran.append("full")
+            return {}
+
+        def quick(path: Path | None) -> dict[str, Any]:
+            _Profiled.ran.append("quick")
+            return {}
+
+        return replace(super().prepare(problem, mode), profile=profile, quick_profile=quick)
+
+
+PROFILED_BACKEND = _Profiled()
+
+
+@pytest.mark.standard
+@pytest.mark.parametrize(
+    ("step_s", "budget_s", "want"), [(0.0, None, "full"), (0.1, 2.0, "quick"), (0.0, 60.0, "full")]
+)
+def test_a_step_too_slow_for_its_part_of_the_profile_share_is_profiled_quick_and_the_cut_is_said(
+    monkeypatch: pytest.MonkeyPatch, step_s: float, budget_s: float | None, want: str
+) -> None:
+    """A 100 ms step under a 2 s budget (its part of the profile share: at most 0.4 s, less than the 0.5 s five calls
+    take) is profiled on its quick profile, and the budget's cuts say so; the controls: no budget, or a fast step
+    under a large one, profile in full and cut nothing of the profile."""
+    from tests import numpy_backend
+
+    monkeypatch.setattr(numpy_backend, "BACKEND", PROFILED_BACKEND)
+    monkeypatch.setenv(numpy_backend.STEP_ENV, str(step_s))
+    register(numpy_backend.SPEC)
+    _Profiled.ran = []
+    try:
+        doc = _run(numpy_backend.SPEC, profile=True, budget=Budget(budget_s) if budget_s else None)
+    finally:
+        unregister(numpy_backend.SPEC.name)
+    assert doc.results[0].status == "ok" and _Profiled.ran == [want]
+    said = [c for c in (doc.budget.cuts if doc.budget else ()) if "profiled on one step" in c]
+    assert bool(said) == (want == "quick"), said
+
+
+@pytest.mark.standard
+def test_torchs_quick_profile_counts_the_same_kernels_per_step_as_its_full_one() -> None:
+    """The quick profile (one warm-up call, one profiled step) reads the same kernels per step as the full one (one
+    skipped, one warm-up, three profiled); only its time rests on one step."""
+    from compare.backends.registry import spec
+    from compare.problem.golden import golden_for
+
+    case = PRESETS["tiny"].case("float32")
+    p = spec("torch-eager").load().prepare(golden_for(case).problem, "fwd")
+    assert p.profile is not None and p.quick_profile is not None
+    full, quick = p.profile(None), p.quick_profile(None)
+    assert [(k["name"], k["count"]) for k in quick["kernels"]] == [(k["name"], k["count"]) for k in full["kernels"]]
+    assert quick["kernels"] and quick["kernel_time"]["busy_us"] > 0

@@ -17,6 +17,9 @@ from torch_impl import memory as mem
 from torch_impl import profiling
 from torch_impl.models import canonical_params
 
+#: ``Prepared.quick_profile``'s schedule (wait, warm-up, profiled): 2 calls where the full one makes 5.
+QUICK_STEPS = (0, 1, 1)
+
 Forward = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -89,9 +92,10 @@ def prepare(
         dy2 = torch.from_numpy(inputs["dy"]).to(device=device, dtype=dtype)
         return steps_on(x2, dy2)[0]()
 
-    def profile(path: Path | None) -> dict[str, Any]:
+    def profile(path: Path | None, steps: tuple[int, int, int] | None = None) -> dict[str, Any]:
         trace = None if path is None else path / "trace.json"
-        steps = (profiling.WAIT, profiling.WARMUP, profiling.ACTIVE) if timed else (0, 0, 1)
+        if steps is None:
+            steps = (profiling.WAIT, profiling.WARMUP, profiling.ACTIVE) if timed else (0, 0, 1)
         return profiling.profile_step(step, dev.sync, trace, device=str(device), steps=steps)
 
     def memory() -> dict[str, Any]:
@@ -109,6 +113,7 @@ def prepare(
         threads=dev.threads(),
         precision=precision,
         profile=profile,
+        quick_profile=(lambda path: profile(path, QUICK_STEPS)) if timed else None,
         fresh=fresh,
         memory=memory,
     )

@@ -59,6 +59,9 @@ class Prepared:
     #: ``profile(trace_path)`` runs one more step under the framework's profiler and returns the kernel summary
     #: (schema in ``compare.kernels.summary``); with a path it also writes a Chrome/Perfetto trace there.
     profile: Callable[[Path | None], dict[str, Any]] | None = None
+    #: ``quick_profile(trace_path)``: ``profile`` on fewer steps (one warm-up, one profiled), for a budgeted run whose
+    #: share leaves a slow step no more (``compare.run.budget``); None: ``profile`` is the only one.
+    quick_profile: Callable[[Path | None], dict[str, Any]] | None = None
     #: Tensor-parallel backends only (``compare.backends.tp``): collectives, comm-only and compute-only twins, set-up.
     tp: TPParts | None = None
     #: ``fresh(inputs)`` runs the prepared step once on inputs it has never seen and returns its output as ``step``

@@ -4,10 +4,11 @@ report's timing section).
 
 What it can cut, and what it cannot:
 
-- **cut**: the ceiling probes' sampling time; each group's sampling budget, its minimum samples and warm-up calls; a
-  step too slow for its share is timed on fewer samples, then, if even that does not fit, not timed beyond its first
-  call (its parity is still judged); the cold samples of a step too slow for them; the compile-cost sweep's token list
-  (its smallest and largest counts kept) and its sampling per shape;
+- **cut**: the ceiling probes' sampling time; each group's sampling budget, its minimum samples and warm-up calls;
+  a step too slow for its share is timed on fewer samples, then, if even that does not fit, not timed beyond its
+  first call (its parity is still judged); the cold samples of a step too slow for them; the profile of a step too
+  slow for its part (one warm-up and one profiled step instead of five calls, where the backend has that quick
+  profile); the compile-cost sweep's token list (its smallest and largest counts kept) and its sampling per shape;
 - **not cut**: parity. Every backend's first call, its last timed call's check and its step on fresh inputs run
   whatever the budget (the interpreted ones' verdicts may come from ``compare.run.parity_cache``); compiles; golden
   data and the plain computation (cached on disk after their first run).
@@ -27,7 +28,11 @@ from compare.timing.budgets import BudgetRecord
 #: The fraction of the budget each cuttable phase may take at most: the ceiling probes, the timed samples of all
 #: groups together (warm and cold), and the compile-cost sweep. The rest is what parity, compiles and the report
 #: take, which are not cut.
-SHARES: dict[str, float] = {"ceilings": 0.05, "timing": 0.30, "shape_sweep": 0.25}
+SHARES: dict[str, float] = {"ceilings": 0.05, "timing": 0.30, "shape_sweep": 0.25, "profile": 0.20}
+#: Calls a full profile makes at most (torch's wait, warm-up and three profiled steps; JAX's warm-up and three
+#: traced): a step whose profile would pass its part of the ``profile`` share is profiled on its
+#: ``Prepared.quick_profile`` where it has one (:func:`profile_calls`).
+PROFILE_CALLS = 5
 #: The fewest samples a budget may leave a timing (the timer's floor; the paired test needs 8 rounds to reach
 #: p < 0.01, so a group cut below 8 says its verdicts are weaker).
 MIN_SAMPLES = 5

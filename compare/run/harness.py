@@ -183,6 +183,8 @@ class _Timer:
     budget: Budget | None = None
     groups_left: int = 1
     watch: Callable[[], timing.Watch | None] | None = None
+    #: the run's single-device cells, among which the budget's ``profile`` share is parted
+    cells: int = 1
 
     @property
     def warm(self) -> bool:
@@ -358,17 +360,39 @@ def _time(cells: Sequence[_Cell], how: _Timer, plain: dict[str, np.ndarray]) -> 
                 c.extras["telemetry_cold"] = tele
 
 
+def _quick(c: _Cell, p: Prepared, part_s: float | None, cut: Callable[[str], None]) -> Prepared:
+    """``p``, or ``p`` profiling through its ``quick_profile`` when a full profile (:data:`budget.PROFILE_CALLS` calls
+    at the step's warm median, else its first call) would pass ``part_s`` (None: no budget); the cut is said."""
+    step_s = c.timing.median_s if c.timing is not None else c.first_s
+    if part_s is None or p.quick_profile is None or not budget.PROFILE_CALLS * step_s > part_s:
+        return p
+    cut(
+        f"{c.spec.name} {c.case.name} {c.mode}: profiled on one step after one warm-up call instead of "
+        f"{budget.PROFILE_CALLS} calls (its step takes {step_s:.3g} s; its part of the profile share: {part_s:.3g} s)"
+    )
+    return replace(p, profile=p.quick_profile)
+
+
 def _finish_steps(
-    c: _Cell, inputs: dict[str, np.ndarray], profile: bool, trace_dir: Path | None, memory: bool = False
+    c: _Cell,
+    inputs: dict[str, np.ndarray],
+    profile: bool,
+    trace_dir: Path | None,
+    memory: bool = False,
+    how: _Timer | None = None,
 ) -> None:
     """The profile and the memory record (when asked) and the step on fresh inputs (``pipeline.fresh_step``); then
-    the step is released."""
+    the step is released. Under ``how``'s budget a slow step's profile may be its quick one (:func:`_quick`)."""
     p = c.prepared
     if c.done is not None or p is None:
         return
     c.kept, c.by_device = pipeline.Kept.of(p), pipeline.named(p)
     if profile:
         trace = trace_dir / f"{c.spec.name}-{c.case.name}-{c.mode}" if trace_dir else None
+        b = how.budget if how is not None else None
+        if b is not None:
+            assert how is not None
+            p = _quick(c, p, b.part("profile", of=how.cells), b.cut)
         try:
             c.kernels = pipeline.profile(p, trace, trace_dir.parent if trace_dir is not None else None)
         except Exception as exc:  # the profile is extra information: keep the parity and timing results
@@ -546,7 +570,9 @@ def run(
     spec_of = {sp.name: sp for sp in specs}
     check_name("cache mode", cache, list(caches.CACHE_MODES))
     cold_setup = None
-    timer = _Timer(cfg, cache, budget=budget, groups_left=max(1, len(cases) * len(modes)), watch=watch)
+    groups = max(1, len(cases) * len(modes))
+    single = sum(1 for sp in specs if not sp.runtime)
+    timer = _Timer(cfg, cache, budget=budget, groups_left=groups, watch=watch, cells=max(1, groups * single))
     if cache != "warm":
         size, flush = cold_flush()
         timer.flush, timer.flush_s = flush, caches.time_flush(flush)
@@ -641,7 +667,7 @@ def run(
                 _time(group, timer, plain)
                 timer.groups_left = max(1, timer.groups_left - 1)
                 for c in group:
-                    _finish_steps(c, inputs, profile, trace_dir, memory)
+                    _finish_steps(c, inputs, profile, trace_dir, memory, timer)
                 if group and progress and not reference.made:
                     progress.starting(f"{case.name}: the reference of the fresh inputs")
                 settled = _settle(case, group, seed, inputs, reference)
