@@ -109,8 +109,8 @@ test-triton36: $(T36)/.installed
 # unavailable off GPU), kernel counts, ceilings and roofline, and a compile-cost sweep over token counts.
 # Exit status 1 is a finding (a parity failure, written into the report), not a failure to write the report:
 # the targets succeed on 0 and 1 and fail on bad input (2), an internal error (3) or an interrupt (130).
-# A time budget the whole run keeps (compare.run.budget): the ceilings, the timed samples (warm and cold) and the
-# compile-cost sweep share it, parity never is cut, and the report states every cut. Interpreted (parity-only)
+# A time budget the whole run keeps (compare.run.budget): the ceilings, the timed samples (warm and cold), the
+# profiles and the compile-cost sweep share it, parity never is cut, and the report states every cut. Interpreted (parity-only)
 # backends reuse their verdicts from the on-disk cache on a rerun of the same code (compare.run.parity_cache).
 REPORT_BUDGET ?= 55
 CPU_REPORT := $(PY) -m compare run --preset cpu-mlp --dtype float32 bfloat16 --profile --shape-sweep 1 64 256 1024 \
