@@ -112,7 +112,7 @@ test-triton36: $(T36)/.installed
 # A time budget the whole run keeps (compare.run.budget): the ceilings, the timed samples (warm and cold), the
 # profiles and the compile-cost sweep share it, parity never is cut, and the report states every cut. Interpreted (parity-only)
 # backends reuse their verdicts from the on-disk cache on a rerun of the same code (compare.run.parity_cache).
-REPORT_BUDGET ?= 55
+REPORT_BUDGET ?= 45
 CPU_REPORT := $(PY) -m compare run --preset cpu-mlp --dtype float32 bfloat16 --profile --shape-sweep 1 64 256 1024 \
 	--cache both --time-budget $(REPORT_BUDGET)
 

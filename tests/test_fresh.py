@@ -30,6 +30,8 @@ def test_the_same_seed_gives_the_same_draw() -> None:
     a, b = fresh.draw(ODD16, 99, params), fresh.draw(ODD16, 99, params)
     assert all(np.array_equal(a[k], b[k]) for k in ("x", "dy"))
     assert not np.array_equal(a["x"], fresh.draw(ODD16, 100, params)["x"])
+    fwd = fresh.draw(ODD16, 99, params, backward=False)  # screened on the forward alone: the same first sub-draw
+    assert all(np.array_equal(a[k], fwd[k]) for k in ("x", "dy"))
 
 
 @pytest.fixture

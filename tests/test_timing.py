@@ -68,7 +68,9 @@ def test_asynchronous_jax_work_is_measured_in_full() -> None:
         t0 = time.perf_counter()
         jax.block_until_ready(f(a, b))
         full.append(time.perf_counter() - t0)
-    full_s = sorted(full)[2]
+    # the quickest awaited call: a load that slows some of these calls (another process on the cores) does not
+    # raise the bar the timer's median must clear, while a timer that forgot to sync stays far below it
+    full_s = min(full)
     # dispatch alone returns far sooner: the test could fail if the timer forgot to sync
     t0 = time.perf_counter()
     out = f(a, b)

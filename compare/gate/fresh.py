@@ -41,7 +41,7 @@ from compare.formats.jsonfields import Obj, integer, opt_integer, record_dict, t
 from compare.gate.parity import DTYPE_MAX, Parity, Plain, UnusableCase, check_plain
 from compare.problem.cases import Case
 from compare.problem.golden import draw_input
-from compare.problem.reference import Arith, compute, plain_run, round_to_dtype
+from compare.problem.reference import Arith, activations_in, compute, plain_run, round_to_dtype
 
 
 def new_seed() -> int:
@@ -64,17 +64,19 @@ def _blas32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float32) @ np.asarray(b, dtype=np.float32)
 
 
-def _in_range(case: Case, params: dict[str, np.ndarray], x: np.ndarray, dy: np.ndarray) -> bool:
+def _in_range(case: Case, params: dict[str, np.ndarray], x: np.ndarray, dy: np.ndarray | None) -> bool:
     """Whether ``case`` on ``(x, dy)`` stays finite in its dtype, every materialised tensor rounded to it, and every
-    output and gradient within :data:`RANGE_SHARE` of its largest value (numpy's float32 GEMMs: a screen, not a
-    reference; its values are dropped before any step sees the draw)."""
+    output and gradient within :data:`RANGE_SHARE` of its largest value (numpy's float32 GEMMs and numpy's own tanh
+    and exp: a screen, not a reference, a few ulp from the gate's arithmetic where the share leaves a factor of two;
+    its values are dropped before any step sees the draw)."""
+    acts = activations_in(case.model, "tanh", "float32", tanh=np.tanh, exp=np.exp)
     with np.errstate(over="ignore", invalid="ignore"):
-        out = compute(case.model, x, params, dy, Arith(case.dtype, final=False, gemm=_blas32))
+        out = compute(case.model, x, params, dy, Arith(case.dtype, final=False, gemm=_blas32), acts=acts)
     top = RANGE_SHARE * DTYPE_MAX[case.dtype]
     return all(bool(np.all(np.isfinite(v))) and float(np.max(np.abs(v), initial=0.0)) <= top for v in out.values())
 
 
-def draw(case: Case, seed: int, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def draw(case: Case, seed: int, params: dict[str, np.ndarray], backward: bool = True) -> dict[str, np.ndarray]:
     """Fresh inputs of ``case`` with its ``params``: ``{"x", "dy"}`` with the golden's shapes, distribution and dtype
     rounding (``compare.problem.golden.make_golden``), from ``seed`` (float32 arrays holding dtype values, as
     ``Problem.inputs``); the same arrays for the same seed on every machine.
@@ -83,7 +85,8 @@ def draw(case: Case, seed: int, params: dict[str, np.ndarray]) -> dict[str, np.n
     unjudgeable on fresh inputs (an error that depends on the seed). So the seed's sub-draws are tried in order and
     the first whose outputs stay in range (:func:`_in_range`) is the draw: fresh inputs come from the case's
     distribution conditioned on the case being judgeable on them. Raises :class:`~compare.gate.parity.UnusableCase` when
-    none of :data:`MAX_DRAWS` is."""
+    none of :data:`MAX_DRAWS` is. Without ``backward`` (a forward-only run, whose check reads ``y`` alone) only the
+    forward is screened."""
     s = case.shape
     tag = zlib.crc32(f"fresh|{case.model}|{s.batch}|{s.seq}|{s.dim}|{s.hidden}|{case.dist}".encode())
     for attempt in range(MAX_DRAWS):
@@ -91,7 +94,7 @@ def draw(case: Case, seed: int, params: dict[str, np.ndarray]) -> dict[str, np.n
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
         x = round_to_dtype(draw_input(rng, case.input_shape(), case.dist), case.dtype)
         dy = round_to_dtype(rng.standard_normal(case.output_shape()), case.dtype)
-        if _in_range(case, params, x, dy):
+        if _in_range(case, params, x, dy if backward else None):
             return {"x": x, "dy": dy}
     raise UnusableCase(
         f"case {case.name}: none of {MAX_DRAWS} fresh draws of seed {seed} keeps its outputs within "

@@ -497,7 +497,7 @@ def run_one(
     if time_it:
         _time([c], _Timer(cfg), plain)
     seed = fresh.new_seed()
-    inputs = fresh.draw(case, seed, golden_for(case).params)
+    inputs = fresh.draw(case, seed, golden_for(case).params, mode != "fwd")
     _finish_steps(c, inputs, profile, trace_dir, memory)
     return _settle(case, [c], seed, inputs, _FreshReference(case, inputs, mode != "fwd"))[0]
 
@@ -632,14 +632,14 @@ def run(
             if store is not None:
                 store.resolution(rows)
             seed = fresh.new_seed()  # drawn now: no backend of this run can have seen these inputs
+            backward = any(m != "fwd" for m in modes)
             try:
-                inputs = fresh.draw(case, seed, golden_for(case).params)
+                inputs = fresh.draw(case, seed, golden_for(case).params, backward)
             except UnusableCase as exc:  # no fresh draw of this case can be judged: say so in every cell, go on
                 for mode in modes:
                     for spec in specs:
                         record(Result.for_case(spec.name, case, mode, "error", reason=f"fresh inputs: {exc}"))
                 continue
-            backward = any(m != "fwd" for m in modes)
             reference = _FreshReference(case, inputs, backward)
             for mode in modes:
                 group: list[_Cell] = []
