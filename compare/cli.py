@@ -303,7 +303,8 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 def _prepare_parity(cases: Sequence[Any], modes: list[str]) -> None:
     """``prepare --parity``: the interpreted backends' verdicts on ``cases`` into the interpreted-parity cache, each
     printed with whether it was judged now or found there. An error is printed and not kept (a run judges it again)."""
-    specs = [s for s in BACKENDS.values() if not s.runtime and s.availability().ok and not s.availability().timed]
+    found = [(s, s.availability()) for s in BACKENDS.values() if not s.runtime]
+    specs = [s for s, av in found if av.ok and not av.timed]
     if not specs:
         print("interpreted parity: no backend runs interpreted here (each is timed, so each run judges it)")
         return

@@ -360,11 +360,11 @@ def _time(cells: Sequence[_Cell], how: _Timer, plain: dict[str, np.ndarray]) -> 
                 c.extras["telemetry_cold"] = tele
 
 
-def _quick(c: _Cell, p: Prepared, part_s: float | None, cut: Callable[[str], None]) -> Prepared:
+def _quick(c: _Cell, p: Prepared, part_s: float, cut: Callable[[str], None]) -> Prepared:
     """``p``, or ``p`` profiling through its ``quick_profile`` when a full profile (:data:`budget.PROFILE_CALLS` calls
-    at the step's warm median, else its first call) would pass ``part_s`` (None: no budget); the cut is said."""
+    at the step's warm median, else its first call) would pass ``part_s``; the cut is said."""
     step_s = c.timing.median_s if c.timing is not None else c.first_s
-    if part_s is None or p.quick_profile is None or not budget.PROFILE_CALLS * step_s > part_s:
+    if p.quick_profile is None or not budget.PROFILE_CALLS * step_s > part_s:
         return p
     cut(
         f"{c.spec.name} {c.case.name} {c.mode}: profiled on one step after one warm-up call instead of "
@@ -389,10 +389,8 @@ def _finish_steps(
     c.kept, c.by_device = pipeline.Kept.of(p), pipeline.named(p)
     if profile:
         trace = trace_dir / f"{c.spec.name}-{c.case.name}-{c.mode}" if trace_dir else None
-        b = how.budget if how is not None else None
-        if b is not None:
-            assert how is not None
-            p = _quick(c, p, b.part("profile", of=how.cells), b.cut)
+        if how is not None and how.budget is not None:
+            p = _quick(c, p, how.budget.part("profile", of=how.cells), how.budget.cut)
         try:
             c.kernels = pipeline.profile(p, trace, trace_dir.parent if trace_dir is not None else None)
         except Exception as exc:  # the profile is extra information: keep the parity and timing results
