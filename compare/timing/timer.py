@@ -7,7 +7,9 @@ inputs as arguments) and ``sync`` (which blocks until a pytree of outputs is com
 2. warm-up calls, each synced; the fastest one sizes the sample block;
 3. samples: each runs ``calls_per_sample`` calls in a row, keeps every output, then syncs all of them (so the
    outputs are consumed and asynchronous work is inside the sample), and divides by the block size. A block is
-   sized to last at least ``min_sample_s`` (far above the clock's resolution);
+   sized to last at least ``min_sample_s`` (far above the clock's resolution). The previous block's outputs are
+   released before the next starts (holding them would double a one-call block's output memory, and with it the
+   allocator's page faults, a cost of the harness and not of the step);
 4. at least ``min_samples`` samples, more until ``budget_s`` of sampling has passed or ``max_samples``.
 
 Reported: median, IQR, min and max per call, ``n`` samples, the block size, and the first call apart.
@@ -214,6 +216,7 @@ def measure(
     last: Any = None
     more = True
     while more:
+        last = None  # the previous block's output is not held while the next runs (only the very last is kept)
         seconds, last = _run_block(fn, sync, calls)
         samples.append(seconds / calls)
         wanted = len(samples) < min_samples or (CLOCK() - start < budget_s and len(samples) < max_samples)
@@ -386,6 +389,7 @@ def measure_interleaved(
         rng.shuffle(live)
         for i in live:
             e = entrants[i]
+            last[i] = None  # as in measure: a block runs without this entrant's previous output held
             try:
                 t0, t1, last[i] = _timed_block(e.fn, e.sync, calls[i])
             except Exception as exc:
