@@ -83,6 +83,28 @@ def _wait_gone(session_dir: str, timeout_s: float = 30.0) -> list[str]:
     return left
 
 
+def _wait_schedulable(c: Cluster, timeout_s: float = WAIT_S) -> None:
+    """Until two one-CPU tasks submitted together run on the two nodes: the GCS listing both nodes alive
+    (``wait_for_nodes``) is the cluster's membership, not yet proof that the scheduler places work on both."""
+    import ray
+
+    def where(hold_s: float) -> str:
+        time.sleep(hold_s)  # both tasks hold their CPU at once
+        return ray.get_runtime_context().get_node_id()
+
+    probe = ray.remote(num_cpus=1, max_retries=0, scheduling_strategy="SPREAD")(where)
+    want = {n.node_id for n in c.list_all_nodes()}
+    ray.init(address=c.address, logging_level="ERROR")
+    try:
+        _wait_for(
+            "both nodes taking tasks",
+            lambda: set(ray.get([probe.remote(0.3), probe.remote(0.3)])) == want,
+            timeout_s=timeout_s,
+        )
+    finally:
+        ray.shutdown()
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """A head and a second node, one CPU each; shut down at the end, leaving no process of its session."""
@@ -95,6 +117,7 @@ def cluster() -> Iterator[Cluster]:
     try:
         c.add_node(num_cpus=1, object_store_memory=STORE)
         c.wait_for_nodes()
+        _wait_schedulable(c)
         assert _processes_of(session), "the control: the running cluster's processes are found by their session"
         print(f"two-node cluster up in {time.perf_counter() - t0:.1f} s")
         yield c

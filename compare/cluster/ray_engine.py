@@ -19,6 +19,10 @@ backend is a torch or JAX one (:func:`cell_resources`); a tensor-parallel cell w
 on one node, and one no node can hold is refused with the reason. The driver keeps no more cells in flight than the
 cluster's nodes can run at once, so a submitted cell starts at once and ``--cell-timeout`` counts from its
 submission (a worker's start-up included); a cell past it is cancelled (its worker killed) and is an ``error``.
+Cells are placed with Ray's ``SPREAD`` strategy (round robin over the nodes with room), so that timed cells spread
+over the nodes rather than filling one node first and contending there. Under Ray's default (the local node first
+while it looks free), a loaded CI run of the two-node test once ran all four cells on one one-CPU node, one after
+another, while the other node idled.
 
 **Faults.** A task is never retried by Ray (``max_retries=0``): a worker process that dies (SIGKILL, the OOM killer)
 or a node that is lost makes the attempt an ``error`` row with the cause, stored marked ``retrying``, and the cell
@@ -202,7 +206,7 @@ class RayRunner:
 
     def __init__(self, ray: Any, options: EngineOptions, start_s: float, local: bool, session_dir: str) -> None:
         self.ray, self.options, self.start_s, self.local, self.session_dir = ray, options, start_s, local, session_dir
-        self._remote = ray.remote(max_retries=0)(run_task)
+        self._remote = ray.remote(max_retries=0, scheduling_strategy="SPREAD")(run_task)
         self._hashes: dict[str, str] = {}
         self._nodes_at = -1.0
         self._nodes: list[dict[str, Any]] = []
