@@ -442,6 +442,37 @@ def test_a_step_too_slow_for_its_part_of_the_profile_share_is_profiled_quick_and
 
 
 @pytest.mark.standard
+@pytest.mark.parametrize(("budget_s", "want"), [(1.0, []), (None, ["full"])])
+def test_a_step_the_budget_leaves_untimed_is_neither_profiled_nor_its_memory_recorded(
+    monkeypatch: pytest.MonkeyPatch, budget_s: float | None, want: list[str]
+) -> None:
+    """A 200 ms step under a 1 s budget (its group's part of the timing share: at most 0.3 s, less than its warm-up
+    and five samples) is not timed beyond its first calls; then it is not run again to profile it or record its
+    memory, and the cuts say both; its parity stands. The control: no budget, the same step profiled in full and its
+    memory asked for."""
+    from tests import numpy_backend
+
+    monkeypatch.setattr(numpy_backend, "BACKEND", PROFILED_BACKEND)
+    monkeypatch.setenv(numpy_backend.STEP_ENV, "0.2")
+    register(numpy_backend.SPEC)
+    _Profiled.ran = []
+    try:
+        doc = _run(numpy_backend.SPEC, profile=True, memory=True, budget=Budget(budget_s) if budget_s else None)
+    finally:
+        unregister(numpy_backend.SPEC.name)
+    (r,) = doc.results
+    assert r.status == "ok" and _Profiled.ran == want, (r.status, r.reason, _Profiled.ran)
+    assert r.memory is not None
+    cuts = doc.budget.cuts if doc.budget else ()
+    said = [c for c in cuts if "not profiled and memory not recorded" in c]
+    if budget_s:
+        assert r.timing is None and any("not timed beyond its first calls" in c for c in cuts), cuts
+        assert len(said) == 1 and r.memory.saved_reason and "time budget" in r.memory.saved_reason, (said, r.memory)
+    else:
+        assert r.timing is not None and not said and "time budget" not in (r.memory.saved_reason or "")
+
+
+@pytest.mark.standard
 def test_torchs_quick_profile_counts_the_same_kernels_per_step_as_its_full_one() -> None:
     """The quick profile (one warm-up call, one profiled step) reads the same kernels per step as the full one (one
     skipped, one warm-up, three profiled); only its time rests on one step."""

@@ -92,6 +92,9 @@ class _Cell:
     interpreted: bool = False
     #: what the result keeps of its Prepared once the step is released
     kept: pipeline.Kept = field(default_factory=pipeline.Kept)
+    #: the budget left this step untimed beyond its first calls (too slow for its group's part), with its seconds
+    #: a step: its profile and memory record, which run it again several times, are left out too
+    untimed_s: float | None = None
 
     @property
     def label(self) -> str:
@@ -234,6 +237,7 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
     keep = [c for c in cells if step_s[id(c)] * floor_calls <= max(per, 1e-9) * len(cells)] if how.warm else cells
     for c in cells:
         if c not in keep:
+            c.untimed_s = step_s[id(c)]
             b.cut(
                 f"{c.label}: not timed beyond its first calls ({step_s[id(c)]:.3g} s a step): the budget gave its "
                 f"group {warm_part:.3g} s of warm samples, too little for {floor_calls} calls"
@@ -387,6 +391,18 @@ def _finish_steps(
     if c.done is not None or p is None:
         return
     c.kept, c.by_device = pipeline.Kept.of(p), pipeline.named(p)
+    if c.untimed_s is not None and (profile or memory) and how is not None and how.budget is not None:
+        # a step the budget could not time is not run again for extras: a profile runs it at least twice and a
+        # memory record about three times (on an emulating CPU: seconds per bf16 step); its parity stands
+        why = f"not timed beyond its first calls ({c.untimed_s:.3g} s a step)"
+        how.budget.cut(
+            f"{c.label}: {' and '.join(('not profiled',) * profile + ('memory not recorded',) * memory)}, "
+            f"since it was {why}"
+        )
+        profile = False
+        if memory:
+            c.memory = Memory.not_measured(f"left out by the run's time budget: the step was {why}")
+            memory = False
     if profile:
         trace = trace_dir / f"{c.spec.name}-{c.case.name}-{c.mode}" if trace_dir else None
         if how is not None and how.budget is not None:
