@@ -6,9 +6,10 @@ What it can cut, and what it cannot:
 
 - **cut**: the ceiling probes' sampling time; each group's sampling budget, its minimum samples and warm-up calls;
   a step too slow for its share is timed on fewer samples, then, if even that does not fit, not timed beyond its
-  first call (its parity is still judged), nor run again to profile it or record its memory; the cold samples of a step too slow for them; the profile of a step too
-  slow for its part (one warm-up and one profiled step instead of five calls, where the backend has that quick
-  profile); the compile-cost sweep's token list (its smallest and largest counts kept) and its sampling per shape;
+  first call (its parity is still judged), nor run again to profile it or record its memory; the cold samples of
+  a step too slow for them; the profile of a step too slow for its part (one warm-up and one profiled step instead
+  of five calls, where the backend has that quick profile); the compile-cost sweep's token list (its smallest and
+  largest counts kept) and its sampling per shape;
 - **not cut**: parity. Every backend's first call, its last timed call's check and its step on fresh inputs run
   whatever the budget (the interpreted ones' verdicts may come from ``compare.run.parity_cache``); compiles; golden
   data and the plain computation (cached on disk after their first run).
