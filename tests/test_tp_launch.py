@@ -116,6 +116,20 @@ def test_every_cell_runs_in_one_group(tmp_path: Path) -> None:
 
 
 @pytest.mark.standard
+def test_a_job_without_a_log_folder_leaves_none_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no ``root``, the processes' logs go to a temporary folder that the job removes as it ends (the control:
+    the temporary folder, where the job put it, while the job ran)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen: list[list[str]] = []
+    rows = run_job(_job(), on_result=lambda doc: seen.append([p.name for p in tmp_path.iterdir()]))
+    assert [r["status"] for r in rows] == ["ok"] * len(MODES)
+    assert seen and all(len(names) == 1 and names[0].startswith("fusion-compare-tp-") for names in seen), seen
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.standard
 @pytest.mark.parametrize(
     ("fault", "says"),
     [

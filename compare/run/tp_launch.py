@@ -240,10 +240,12 @@ def run_job(
     poll_s: float = 0.05,
 ) -> list[dict[str, Any]]:
     """Every cell of ``job``, in order, as result documents (``compare.results.document``; TP rows carry ``world_size``
-    and
-    ``tp``). A failing cell is an ``error`` result and the group restarts for the others; ``on_result`` is told as
-    each cell ends. The processes' logs are kept under ``root`` (a temporary folder when None)."""
-    root = root or Path(tempfile.mkdtemp(prefix="fusion-compare-tp-"))
+    and ``tp``). A failing cell is an ``error`` result and the group restarts for the others; ``on_result`` is told as
+    each cell ends. The processes' logs are kept under ``root``; with none given, they go to a temporary folder that
+    is removed when the job ends (a failing cell's reason, taken from them, is in its result)."""
+    if root is None:
+        with tempfile.TemporaryDirectory(prefix="fusion-compare-tp-") as tmp:
+            return run_job(job, Path(tmp), on_result, poll_s)
     root.mkdir(parents=True, exist_ok=True)
     results: dict[int, dict[str, Any]] = {}
 
