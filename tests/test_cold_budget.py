@@ -4,6 +4,7 @@ negative controls are a flush that evicts nothing and a step that ignores it."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -488,3 +489,46 @@ def test_torchs_quick_profile_counts_the_same_kernels_per_step_as_its_full_one()
     full, quick = p.profile(None), p.quick_profile(None)
     assert [(k["name"], k["count"]) for k in quick["kernels"]] == [(k["name"], k["count"]) for k in full["kernels"]]
     assert quick["kernels"] and quick["kernel_time"]["busy_us"] > 0
+
+
+class _SlowAfterCompile(NumpyPlain):
+    """The numpy backend whose second call (the first after its "compile") takes ``slow_s`` and every other call
+    ``fast_s``: the slow read a step can give right after a compile."""
+
+    name = "numpy-slow-after-compile"
+    slow_s, fast_s = 0.3, 0.0
+
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        base = super().prepare(problem, mode)
+        calls = [0]
+
+        def step() -> dict[str, np.ndarray]:
+            calls[0] += 1
+            time.sleep(self.slow_s if calls[0] == 2 else self.fast_s)
+            return base.step()
+
+        return replace(base, step=step)
+
+
+@pytest.mark.standard
+@pytest.mark.parametrize(("fast_s", "timed"), [(0.0, True), (0.3, False)])
+def test_a_step_slow_once_after_its_compile_is_read_again_and_timed(
+    monkeypatch: pytest.MonkeyPatch, fast_s: float, timed: bool
+) -> None:
+    """Under a 4 s budget (a lone group's timing part: 1.2 s, 0.15 s a floor call) a step whose first call after its
+    compile takes 0.3 s (within ``RECHECK`` times of 0.15 s) is read once more, found fast and timed; the control: a
+    step slow on every call is cut, and its cut names its 0.3 s. With a single read both were cut."""
+    from tests import numpy_backend
+
+    backend = _SlowAfterCompile()
+    backend.fast_s = fast_s
+    monkeypatch.setattr(numpy_backend, "BACKEND", backend)
+    register(numpy_backend.SPEC)
+    try:
+        doc = _run(numpy_backend.SPEC, budget=Budget(4.0))
+    finally:
+        unregister(numpy_backend.SPEC.name)
+    (r,) = doc.results
+    cuts = [c for c in (doc.budget.cuts if doc.budget else ()) if "not timed beyond its first calls" in c]
+    assert r.status == "ok" and (r.timing is not None) == timed and bool(cuts) != timed, (r.timing, cuts)
+    assert timed or re.search(r"\(0\.3\d* s a step\)", cuts[0]), cuts

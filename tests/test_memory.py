@@ -228,3 +228,21 @@ def test_a_copy_kept_outside_autograd_shows_in_the_allocator_s_cross_check(monke
     g = _model_bytes("torch-eager", ("g",))
     assert stash.memory.saved.cross_check.startswith("DIFFERS from the allocator")
     assert f"({g:+,} B held outside autograd's saved tensors" in stash.memory.saved.cross_check
+
+
+def test_the_memory_reading_keeps_the_profilers_chatter_off_the_terminal(capfd: pytest.CaptureFixture[str]) -> None:
+    """The allocator events are read under ``torch.profiler``, whose Kineto notices (``USDT:... profiler_start``)
+    reach fd 2 below Python; the memory reader filters them as the kernel profile does. The control: the same
+    profiler, unfiltered, writes them (where this torch build writes none, the control says so and skips)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from torch_impl import memory as torch_memory
+
+    capfd.readouterr()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        torch.ones(8) + 1
+    if "profiler_st" not in capfd.readouterr().err:
+        pytest.skip("this torch's profiler writes no start/stop notices to stderr: nothing to filter")
+    peak = torch_memory.cpu_peak(lambda: torch.ones(8) + 1)
+    assert peak and "profiler_st" not in capfd.readouterr().err

@@ -25,6 +25,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from compare.backends.tp import Collective
 from torch_impl import device as dev
+from torch_impl.quiet_stderr import filtered_stderr
 
 
 class _NoModuleTracker:
@@ -145,7 +146,7 @@ def count_profiled(run: Callable[[], Any], dtype: torch.dtype) -> Counted:
     looked for (the compiled TP steps issue nothing else)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    with filtered_stderr(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         dev.sync(run())
     sizes, inside = [], 0
     for e in prof.events():

@@ -30,8 +30,9 @@ def warm_up() -> float:
     device.key_inductor_cache()  # the folder the backends compile into: one per vector ISA
     profiling.enable_inductor_kernel_profile()  # the backends compile with it on: the same prelude is cached
     f = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2.0 + 1.0, dynamic=False, fullgraph=True)
-    out = f(torch.linspace(-3.0, 3.0, 35).reshape(7, 5))
-    want = torch.nn.functional.gelu(torch.linspace(-3.0, 3.0, 35).reshape(7, 5)) * 2.0 + 1.0
+    x = torch.linspace(-3.0, 3.0, 35).reshape(7, 5)
+    out = f(x)
+    want = torch.nn.functional.gelu(x) * 2.0 + 1.0
     if not torch.allclose(out, want, rtol=1e-5, atol=1e-6):  # a compiler that computes this wrong must be seen
         raise RuntimeError(f"Inductor's warm-up graph computed wrong values (max error {(out - want).abs().max()})")
     return time.perf_counter() - start

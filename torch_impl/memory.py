@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from torch_impl.quiet_stderr import filtered_stderr
+
 #: How a CPU peak is read, as the record names its source.
 CPU_PEAK_SOURCE = "torch.profiler allocator events (profile_memory=True): the running sum's maximum over one step"
 CUDA_PEAK_SOURCE = "torch.cuda.max_memory_allocated after reset_peak_memory_stats, less what was allocated before"
@@ -74,7 +76,7 @@ def _memory_events(run: Callable[[], Any]) -> tuple[Any, list[int]]:
     byte counts (allocations positive, frees negative) in time order."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with filtered_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = run()
     events = sorted(
         (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
