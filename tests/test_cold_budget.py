@@ -532,3 +532,55 @@ def test_a_step_slow_once_after_its_compile_is_read_again_and_timed(
     cuts = [c for c in (doc.budget.cuts if doc.budget else ()) if "not timed beyond its first calls" in c]
     assert r.status == "ok" and (r.timing is not None) == timed and bool(cuts) != timed, (r.timing, cuts)
     assert timed or re.search(r"\(0\.3\d* s a step\)", cuts[0]), cuts
+
+
+class _Sleeper(NumpyPlain):
+    """The numpy backend, each call ``sleep_s`` longer."""
+
+    def __init__(self, name: str, sleep_s: float) -> None:
+        self.name, self.sleep_s = name, sleep_s
+
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        base = super().prepare(problem, mode)
+
+        def step() -> dict[str, np.ndarray]:
+            time.sleep(self.sleep_s)
+            return base.step()
+
+        return replace(base, step=step)
+
+
+class _NoFlush:
+    """A flush that takes no time (its eviction is not what this test is about)."""
+
+    bytes, about = caches.MIN_FLUSH_BYTES, "a test's no-op flush"
+
+    def __call__(self) -> None:
+        pass
+
+
+@pytest.mark.standard
+def test_the_cold_part_pays_the_cheapest_steps_first_rather_than_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two steps of 80 and 100 ms under a 6 s budget (their group's part: 1.8 s; their floors, 1.44 s warm and
+    0.9 s cold, exceed it, so the cold part is 0.69 s): an even split (0.35 s each) paid neither one's five cold
+    calls; now the cheaper step (0.4 s) gets its cold samples and the other's cut says why. Both are timed warm."""
+    from tests.numpy_backend import SPEC as NUMPY
+
+    steps = {"numpy-80ms": _Sleeper("numpy-80ms", 0.08), "numpy-100ms": _Sleeper("numpy-100ms", 0.1)}
+    specs = [replace(NUMPY, name=n) for n in steps]
+    monkeypatch.setattr(BackendSpec, "load", lambda self: steps[self.name])
+    monkeypatch.setattr(harness, "cold_flush", lambda: (None, _NoFlush()))
+    for s in specs:
+        register(s)
+    try:
+        doc = harness.run(
+            [PRESETS["tiny"].case("float32")], specs, ["fwd"], ceilings=False, cache="both", budget=Budget(6.0)
+        )
+    finally:
+        for s in specs:
+            unregister(s.name)
+    got = {r.backend: r for r in doc.results}
+    assert all(r.status == "ok" and r.timing is not None for r in got.values()), got
+    assert got["numpy-80ms"].cold is not None and got["numpy-100ms"].cold is None, got
+    cuts = [c for c in (doc.budget.cuts if doc.budget else ()) if "no cold samples" in c]
+    assert len(cuts) == 1 and cuts[0].startswith("numpy-100ms") and "once its 1 cheaper step is paid" in cuts[0], cuts

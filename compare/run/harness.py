@@ -207,8 +207,8 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
     cold (:func:`_split`: each kind's floor first, then halves). A step's time is read from one or two more calls
     (:func:`_steady_s`). A group whose slowest step cannot fit warm-up and the minimum samples in its
     part is given fewer (down to ``budget.MIN_SAMPLES`` and one warm-up call); a step that cannot fit even those is
-    not timed beyond its first calls, and one that cannot fit ``budget.MIN_SAMPLES`` flushed calls gets no cold
-    samples (its parity is still judged)."""
+    not timed beyond its first calls. The cold part pays ``budget.MIN_SAMPLES`` flushed calls of the cheapest steps
+    first, as many as fit; the others get no cold samples (their parity is still judged)."""
     cfg, cells = how.cfg, list(timed)
     cold_cells = list(cells) if how.cold else []
     if how.budget is None:
@@ -241,6 +241,7 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
                 f"group {warm_part:.3g} s of warm samples, too little for {floor_calls} calls"
             )
     cells = keep
+    cold_cells = [c for c in cold_cells if c in keep]  # a step not timed warm is not timed cold either
     want = cfg.warmup + 2 + cfg.min_samples
     slowest = max((step_s[id(c)] for c in cells), default=0.0)
     new = cfg
@@ -255,15 +256,28 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
         if budget_s < cfg.budget_s:
             b.cut(f"{label}: {budget_s:.3g} s of samples per backend instead of {cfg.budget_s:.3g} s")
         new = replace(cfg, budget_s=budget_s)
-    cold_per = cold_part / max(1, len(cold_cells))
-    cold_keep = [c for c in cold_cells if (step_s[id(c)] + flush_s) * budget.MIN_SAMPLES <= cold_per]
+    # the cold part goes to the cheapest steps first, as many as fit: an even split gave each step of a group whose
+    # cold floor slightly exceeds its part too little, and none got cold samples
+    cold_cost = {id(c): (step_s[id(c)] + flush_s) * budget.MIN_SAMPLES for c in cold_cells}
+    paid, spent = set(), 0.0
+    for c in sorted(cold_cells, key=lambda c: cold_cost[id(c)]):
+        if spent + cold_cost[id(c)] <= cold_part:
+            paid.add(id(c))
+            spent += cold_cost[id(c)]
+    cold_keep = [c for c in cold_cells if id(c) in paid]
     for c in cold_cells:
-        if c not in cold_keep:
+        if id(c) not in paid:
+            why = (
+                f"exceed the group's {cold_part:.3g} s of cold samples"
+                if cold_cost[id(c)] > cold_part
+                else f"do not fit in what is left of the group's {cold_part:.3g} s of cold samples once its "
+                f"{len(cold_keep)} cheaper {'step is' if len(cold_keep) == 1 else 'steps are'} paid"
+            )
             b.cut(
                 f"{c.label}: no cold samples ({budget.MIN_SAMPLES} of {step_s[id(c)]:.3g} s a step, each after a "
-                f"{flush_s:.3g} s flush, exceed its {cold_per:.3g} s of the group's cold samples)"
+                f"{flush_s:.3g} s flush, {why})"
             )
-    return new, cold_per, cells, cold_keep
+    return new, cold_part / max(1, len(cold_keep)), cells, cold_keep
 
 
 #: a step read slower than its even share by at most this factor is read once more (see :func:`_steady_s`)
