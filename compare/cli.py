@@ -233,14 +233,15 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
                 swept, tokens, per_shape, share = shapes.budgeted_sweep(cases, tokens, a.budget, budget)
                 deadline = time.monotonic() + share
             try:
-                rows = shapes.run_shape_sweep(
-                    swept,
-                    tokens,
-                    per_shape,
-                    lambda s: display.message(s, important=True),
-                    deadline=deadline,
-                    cut=budget.cut if budget is not None else None,
-                )
+                with budget.phase("shape_sweep") if budget is not None else contextlib.nullcontext():
+                    rows = shapes.run_shape_sweep(
+                        swept,
+                        tokens,
+                        per_shape,
+                        lambda s: display.message(s, important=True),
+                        deadline=deadline,
+                        cut=budget.cut if budget is not None else None,
+                    )
                 doc = dataclasses.replace(doc, shape_sweep=tuple(rows))
                 store.shape_sweep(rows)
             except KeyboardInterrupt:

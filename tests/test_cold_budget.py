@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from compare.backends.registry import Availability, BackendSpec, Prepared, register, unregister
+from compare.formats.jsonfields import FieldError
 from compare.problem import datacache
 from compare.problem.cases import PRESETS, InputError
 from compare.problem.golden import Problem
@@ -25,7 +26,7 @@ from compare.run.budget import FLOOR, SHARES, Budget
 from compare.run.progress import eta
 from compare.timing import caches
 from compare.timing import timer as timing
-from compare.timing.budgets import BudgetRecord
+from compare.timing.budgets import PHASES, BudgetRecord
 from tests.numpy_backend import NumpyPlain
 
 pytestmark = pytest.mark.quick
@@ -125,6 +126,37 @@ def test_budget_parts_floor_and_cuts() -> None:
     assert rec.cuts == ("x",) and rec.overrun_s > 0 and BudgetRecord.from_dict(rec.to_dict()) == rec
     with pytest.raises(ValueError, match="positive"):
         Budget(0.0)
+
+
+def test_a_budget_counts_each_phases_seconds_and_the_rest_is_what_it_cannot_cut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seconds spent inside ``Budget.phase`` (on a fake clock) are that phase's, summed over its entries, an exception
+    included; the record keeps them in order, reads back the same, and its rest is the time outside every phase. A
+    document without phases (written before they were kept) reads as none; an unknown phase is refused by name."""
+    from compare.run import budget as budget_mod
+
+    assert set(SHARES) == set(PHASES)  # every phase with a share has a name in the report, and no other
+    now = [1000.0]
+    monkeypatch.setattr(budget_mod, "CLOCK", lambda: now[0])
+    b = Budget(100.0)
+    with b.phase("timing"):
+        now[0] += 5.0
+    with pytest.raises(RuntimeError), b.phase("profile"):
+        now[0] += 2.0
+        raise RuntimeError("a failing profile still spent its time")
+    with b.phase("timing"):
+        now[0] += 5.0
+    now[0] += 3.0  # outside every phase: the rest
+    rec = b.record()
+    assert rec.phases == (("timing", 10.0), ("profile", 2.0)) and rec.spent_s == 15.0 and rec.rest_s == 3.0
+    assert BudgetRecord.from_dict(rec.to_dict()) == rec
+    assert BudgetRecord.from_dict({"total_s": 1.0, "spent_s": 2.0, "cuts": []}).phases == ()
+    assert "phases" not in BudgetRecord(1.0, 2.0).to_dict()  # an old document is written back as it was
+    with pytest.raises(FieldError, match=r"phases\.warmup: is not a budget phase"):
+        BudgetRecord.from_dict({"total_s": 1.0, "spent_s": 2.0, "cuts": [], "phases": {"warmup": 1.0}})
+    with pytest.raises(ValueError, match="unknown budget phase 'warmup'"), b.phase("warmup"):
+        pass
 
 
 def test_a_short_budget_cuts_the_sweep_to_its_ends_and_says_so() -> None:
@@ -241,6 +273,11 @@ def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts() -> None:
     assert again.cold == doc.cold and again.budget == doc.budget and again.results[0].cold == r.cold
     text = render(doc)
     assert "cold median" in text and "Cold caches ('both')" in text and "Time budget: 8 s" in text
+    # where the time went: the timed samples and the profiles each counted, the rest what no phase could cut
+    spent = dict(doc.budget.phases)
+    assert set(spent) == {"timing", "profile"} and spent["timing"] > 0, spent
+    assert sum(spent.values()) + doc.budget.rest_s == pytest.approx(doc.budget.spent_s, abs=2e-3)
+    assert "Where it went: timed samples " in text and "the rest (first calls and compiles" in text
 
 
 def test_a_bad_cache_mode_is_refused_by_name() -> None:

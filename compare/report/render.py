@@ -22,7 +22,7 @@ from compare.report.tp import tp_section
 from compare.results.document import Result, Results
 from compare.results.environment import ISA_FLAGS, Environment
 from compare.timing import nvml
-from compare.timing.budgets import BudgetRecord
+from compare.timing.budgets import PHASES, REST, BudgetRecord
 from compare.timing.caches import ColdSetup
 from compare.timing.significance import PAIRED, WITHIN_NOISE, compare_timing
 
@@ -312,8 +312,14 @@ def timing_section(
         notes.append(f"GPU telemetry: {telemetry}.")
     if budget is not None:
         over = f", {budget.overrun_s:.0f} s over it (parity is never cut)" if budget.overrun_s > 0 else ""
+        spent = ""
+        if budget.phases:
+            parts = [f"{PHASES[name]} {fmt_s(s)}" for name, s in budget.phases] + [f"{REST} {fmt_s(budget.rest_s)}"]
+            spent = f" Where it went: {', '.join(parts)}."
         cuts = "".join(f"\n  - {c}" for c in budget.cuts) or "\n  - nothing was cut"
-        notes.append(f"Time budget: {budget.total_s:.0f} s, measurements took {budget.spent_s:.0f} s{over}. Cut:{cuts}")
+        notes.append(
+            f"Time budget: {budget.total_s:.0f} s, measurements took {budget.spent_s:.0f} s{over}.{spent} Cut:{cuts}"
+        )
     untimed = [
         f"- {r.label} ({case_label(r)}, {r.dtype}, {r.mode}): not timed: {r.note or r.reason}"
         for r in results

@@ -21,7 +21,9 @@ under its share leaves the rest to those after it.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from compare.timing.budgets import BudgetRecord
@@ -39,23 +41,32 @@ PROFILE_CALLS = 5
 MIN_SAMPLES = 5
 #: The fraction of its part a phase keeps however late it starts (:meth:`Budget.part`).
 FLOOR = 0.5
+#: The budget's clock (``time.monotonic``: its deadline is compared with that clock's readings; a test's fake clock
+#: replaces it here).
+CLOCK: Callable[[], float] = time.monotonic
+
+
+def _now() -> float:
+    return CLOCK()
 
 
 @dataclass
 class Budget:
     """A run's budget of ``total_s`` seconds from ``start`` (``time.monotonic``). Phases ask for their part with
-    :meth:`part` and say what they cut with :meth:`cut`."""
+    :meth:`part`, say what they cut with :meth:`cut` and run inside :meth:`phase`, which counts their seconds."""
 
     total_s: float
-    start: float = field(default_factory=time.monotonic)
+    start: float = field(default_factory=_now)
     cuts: list[str] = field(default_factory=list)
+    #: seconds spent inside each phase so far, in the order they first ran
+    spent_in: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.total_s > 0:
             raise ValueError(f"a time budget must be positive, got {self.total_s}")
 
     def spent(self) -> float:
-        return time.monotonic() - self.start
+        return CLOCK() - self.start
 
     def left(self) -> float:
         return self.total_s - self.spent()
@@ -71,10 +82,23 @@ class Budget:
         share = SHARES[phase] * self.total_s / max(1, of)
         return max(FLOOR * share, min(share, self.left()))
 
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Count the seconds inside as ``name``'s (one of :data:`SHARES`), whatever ends them: the record then says
+        where the run's time went, and how much of it no phase could cut."""
+        if name not in SHARES:
+            raise ValueError(f"unknown budget phase {name!r} (known: {', '.join(SHARES)})")
+        t0 = CLOCK()
+        try:
+            yield
+        finally:
+            self.spent_in[name] = self.spent_in.get(name, 0.0) + CLOCK() - t0
+
     def cut(self, what: str) -> None:
         """Say what was cut to keep the budget (a sentence naming the phase and the figures)."""
         if what not in self.cuts:
             self.cuts.append(what)
 
     def record(self) -> BudgetRecord:
-        return BudgetRecord(self.total_s, round(self.spent(), 3), tuple(self.cuts))
+        phases = tuple((name, round(s, 3)) for name, s in self.spent_in.items())
+        return BudgetRecord(self.total_s, round(self.spent(), 3), tuple(self.cuts), phases)

@@ -23,6 +23,7 @@ backends and modes, the interleaved timing, the profile's trace folder and the f
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import math
@@ -656,7 +657,8 @@ def run(
             if budget is not None:  # each dtype and probe its part of the ceilings' share
                 probe_s = budget.part("ceilings", len(dtypes) * len(CEILING_PROBES))
                 budget.cut(f"ceilings: {probe_s:.2g} s per dtype and probe (the probes' own default when unbudgeted)")
-            ceil = measure_ceilings(dtypes, probe_s)
+            with _phase(budget, "ceilings"):
+                ceil = measure_ceilings(dtypes, probe_s)
             if ceil is not None and store is not None:
                 store.ceilings(ceil)
         if progress:
@@ -707,10 +709,12 @@ def run(
                 stop.check()
                 if progress and group:
                     progress.starting(f"timing {len(group)} backends of {case.name} {mode} together")
-                _time(group, timer, plain)
+                with _phase(budget, "timing"):
+                    _time(group, timer, plain)
                 timer.groups_left = max(1, timer.groups_left - 1)
-                for c in group:
-                    _finish_steps(c, inputs, profile, trace_dir, memory, timer)
+                with _phase(budget, "profile"):
+                    for c in group:
+                        _finish_steps(c, inputs, profile, trace_dir, memory, timer)
                 if group and progress and not reference.made:
                     progress.starting(f"{case.name}: the reference of the fresh inputs")
                 settled = _settle(case, group, seed, inputs, reference)
@@ -730,7 +734,8 @@ def run(
         # each dtype's higher ceiling.
         if progress:
             progress.message("a step beat the ceilings: measuring them again", important=True)
-        again = measure_ceilings(dict.fromkeys(c.dtype for c in cases))
+        with _phase(budget, "ceilings"):
+            again = measure_ceilings(dict.fromkeys(c.dtype for c in cases))
         ceil = ceil if again is None else ceil.peak(again)
         typed = [_plausible(r, ceil, flops.get(i), cases) for i, r in enumerate(raw)]
     return Results(
@@ -744,6 +749,11 @@ def run(
         budget=budget.record() if budget is not None else None,
         cold=cold_setup,
     )
+
+
+def _phase(b: Budget | None, name: str) -> contextlib.AbstractContextManager[None]:
+    """``b.phase(name)``, or nothing to count without a budget."""
+    return b.phase(name) if b is not None else contextlib.nullcontext()
 
 
 def cold_flush() -> tuple[caches.CacheSize | None, caches.Flush]:
