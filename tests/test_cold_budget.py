@@ -621,3 +621,22 @@ def test_the_cold_part_pays_the_cheapest_steps_first_rather_than_none(monkeypatc
     assert got["numpy-80ms"].cold is not None and got["numpy-100ms"].cold is None, got
     cuts = [c for c in (doc.budget.cuts if doc.budget else ()) if "no cold samples" in c]
     assert len(cuts) == 1 and cuts[0].startswith("numpy-100ms") and "once its 1 cheaper step is paid" in cuts[0], cuts
+
+
+@pytest.mark.standard
+def test_the_fresh_input_check_is_counted_as_parity_not_as_the_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step on fresh inputs (the anti-cheat check, never cut) runs after the profile and memory record; its time
+    is the rest's, not the ``profile`` phase's: a 0.3 s step with neither profile nor memory asked for leaves that
+    phase near 0 and the rest at least its first call and its fresh-input call (0.6 s). (Counted in the phase, an
+    interpreted step's fresh check made "profiles and memory" 45 s of a 127 s run.)"""
+    from tests import numpy_backend
+
+    monkeypatch.setenv(numpy_backend.STEP_ENV, "0.3")
+    register(numpy_backend.SPEC)
+    try:
+        doc = _run(numpy_backend.SPEC, budget=Budget(60.0))
+    finally:
+        unregister(numpy_backend.SPEC.name)
+    assert doc.results[0].status == "ok" and doc.results[0].timing is not None and doc.budget is not None
+    spent = dict(doc.budget.phases)
+    assert spent["profile"] < 0.1 and doc.budget.rest_s >= 0.6, (spent, doc.budget.rest_s)

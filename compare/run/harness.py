@@ -433,19 +433,20 @@ def _finish_steps(
         if memory:
             c.memory = Memory.not_measured(f"left out by the run's time budget: the step was {why}")
             memory = False
-    if profile:
-        trace = trace_dir / f"{c.spec.name}-{c.case.name}-{c.mode}" if trace_dir else None
-        if how is not None and how.budget is not None:
-            p = _quick(c, p, how.budget.part("profile", of=how.cells), how.budget.cut)
-        try:
-            c.kernels = pipeline.profile(p, trace, trace_dir.parent if trace_dir is not None else None)
-        except Exception as exc:  # the profile is extra information: keep the parity and timing results
-            c.extras["profile_error"] = _summarise_error(exc)[0]
-    if memory:
-        try:
-            c.memory = pipeline.memory(p)
-        except Exception as exc:  # recorded as the reason both figures are absent; the parity and timing stand
-            c.memory = Memory.not_measured(f"the measurement raised {_summarise_error(exc)[0]}")
+    with _phase(how.budget if how is not None else None, "profile"):  # the fresh-input step after it is parity's
+        if profile:
+            trace = trace_dir / f"{c.spec.name}-{c.case.name}-{c.mode}" if trace_dir else None
+            if how is not None and how.budget is not None:
+                p = _quick(c, p, how.budget.part("profile", of=how.cells), how.budget.cut)
+            try:
+                c.kernels = pipeline.profile(p, trace, trace_dir.parent if trace_dir is not None else None)
+            except Exception as exc:  # the profile is extra information: keep the parity and timing results
+                c.extras["profile_error"] = _summarise_error(exc)[0]
+        if memory:
+            try:
+                c.memory = pipeline.memory(p)
+            except Exception as exc:  # recorded as the reason both figures are absent; the parity and timing stand
+                c.memory = Memory.not_measured(f"the measurement raised {_summarise_error(exc)[0]}")
     try:
         c.fresh_run = pipeline.fresh_step(p, p.sync, inputs, c.who())
     except Exception as exc:
@@ -712,9 +713,8 @@ def run(
                 with _phase(budget, "timing"):
                     _time(group, timer, plain)
                 timer.groups_left = max(1, timer.groups_left - 1)
-                with _phase(budget, "profile"):
-                    for c in group:
-                        _finish_steps(c, inputs, profile, trace_dir, memory, timer)
+                for c in group:
+                    _finish_steps(c, inputs, profile, trace_dir, memory, timer)
                 if group and progress and not reference.made:
                     progress.starting(f"{case.name}: the reference of the fresh inputs")
                 settled = _settle(case, group, seed, inputs, reference)
