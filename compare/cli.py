@@ -38,7 +38,7 @@ from compare.report import render as report
 from compare.results import document as results
 from compare.results.memory import parse_size
 from compare.run import exitcodes, harness, parity_cache, preflight, stop, tp_hosts
-from compare.run.budget import Budget
+from compare.run.budget import Budget, budget_phase
 from compare.run.options import add_grid_args, check_grid_args, check_inputs, out_arg
 from compare.run.progress import Display, progress_level
 from compare.run.store import CELLS, RunStore, cell_key, is_store, never_fewer, read_store
@@ -233,7 +233,7 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
                 swept, tokens, per_shape, share = shapes.budgeted_sweep(cases, tokens, a.budget, budget)
                 deadline = time.monotonic() + share
             try:
-                with budget.phase("shape_sweep") if budget is not None else contextlib.nullcontext():
+                with budget_phase(budget, "shape_sweep"):
                     rows = shapes.run_shape_sweep(
                         swept,
                         tokens,

@@ -102,3 +102,8 @@ class Budget:
     def record(self) -> BudgetRecord:
         phases = tuple((name, round(s, 3)) for name, s in self.spent_in.items())
         return BudgetRecord(self.total_s, round(self.spent(), 3), tuple(self.cuts), phases)
+
+
+def budget_phase(b: Budget | None, name: str) -> contextlib.AbstractContextManager[None]:
+    """``b.phase(name)``, or nothing to count for a run without a budget."""
+    return b.phase(name) if b is not None else contextlib.nullcontext()

@@ -23,7 +23,6 @@ backends and modes, the interleaved timing, the profile's trace folder and the f
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import math
@@ -51,7 +50,7 @@ from compare.results import environment
 from compare.results.document import Config, Result, Results
 from compare.results.memory import Memory
 from compare.run import budget, cell, parity_cache, pipeline, stop
-from compare.run.budget import Budget
+from compare.run.budget import Budget, budget_phase
 from compare.run.cell import MODE_TENSORS, plain_reference
 from compare.run.progress import Display
 from compare.run.store import RunStore
@@ -433,7 +432,7 @@ def _finish_steps(
         if memory:
             c.memory = Memory.not_measured(f"left out by the run's time budget: the step was {why}")
             memory = False
-    with _phase(how.budget if how is not None else None, "profile"):  # the fresh-input step after it is parity's
+    with budget_phase(how.budget if how is not None else None, "profile"):  # the fresh-input step after it is parity's
         if profile:
             trace = trace_dir / f"{c.spec.name}-{c.case.name}-{c.mode}" if trace_dir else None
             if how is not None and how.budget is not None:
@@ -658,7 +657,7 @@ def run(
             if budget is not None:  # each dtype and probe its part of the ceilings' share
                 probe_s = budget.part("ceilings", len(dtypes) * len(CEILING_PROBES))
                 budget.cut(f"ceilings: {probe_s:.2g} s per dtype and probe (the probes' own default when unbudgeted)")
-            with _phase(budget, "ceilings"):
+            with budget_phase(budget, "ceilings"):
                 ceil = measure_ceilings(dtypes, probe_s)
             if ceil is not None and store is not None:
                 store.ceilings(ceil)
@@ -710,7 +709,7 @@ def run(
                 stop.check()
                 if progress and group:
                     progress.starting(f"timing {len(group)} backends of {case.name} {mode} together")
-                with _phase(budget, "timing"):
+                with budget_phase(budget, "timing"):
                     _time(group, timer, plain)
                 timer.groups_left = max(1, timer.groups_left - 1)
                 for c in group:
@@ -734,7 +733,7 @@ def run(
         # each dtype's higher ceiling.
         if progress:
             progress.message("a step beat the ceilings: measuring them again", important=True)
-        with _phase(budget, "ceilings"):
+        with budget_phase(budget, "ceilings"):
             again = measure_ceilings(dict.fromkeys(c.dtype for c in cases))
         ceil = ceil if again is None else ceil.peak(again)
         typed = [_plausible(r, ceil, flops.get(i), cases) for i, r in enumerate(raw)]
@@ -749,11 +748,6 @@ def run(
         budget=budget.record() if budget is not None else None,
         cold=cold_setup,
     )
-
-
-def _phase(b: Budget | None, name: str) -> contextlib.AbstractContextManager[None]:
-    """``b.phase(name)``, or nothing to count without a budget."""
-    return b.phase(name) if b is not None else contextlib.nullcontext()
 
 
 def cold_flush() -> tuple[caches.CacheSize | None, caches.Flush]:
