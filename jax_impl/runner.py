@@ -68,12 +68,17 @@ def prepare(
     to_numpy: Callable[[Any], dict[str, np.ndarray]]
     jitted: Any  # the (jitted, unless outer_jit=False) function the profiler reads, and its arguments
     args: tuple[Any, ...]
-    fresh: Callable[[dict[str, np.ndarray]], Any]  # one step on new inputs (``Prepared.fresh``), same compiled code
+    on: Callable[[jax.Array, jax.Array], Callable[[], Any]]  # the step on other inputs, same compiled code
+    slots: dict[int, tuple[jax.Array, jax.Array]] = {}
 
-    def placed(inputs: dict[str, np.ndarray]) -> tuple[jax.Array, jax.Array]:
-        return jax.device_put(np.asarray(inputs["x"])).astype(dtype), jax.device_put(np.asarray(inputs["dy"])).astype(
-            dtype
-        )
+    def bind(inputs: dict[str, np.ndarray], slot: int) -> Callable[[], Any]:
+        """``Prepared.bind``: the slot's inputs placed anew and its old arrays deleted (a step that kept a reference
+        to them and computes only when read fails there), and the step over them."""
+        for old in slots.pop(slot, ()):
+            old.delete()
+        placed = (jax.device_put(np.asarray(inputs[k])).astype(dtype) for k in ("x", "dy"))
+        slots[slot] = (next(placed), next(placed))
+        return on(*slots[slot])
 
     if mode == "fwd":
         fwd = jit(apply)
@@ -82,8 +87,8 @@ def prepare(
         def step() -> jax.Array:
             return fwd(state, x)
 
-        def fresh(inputs: dict[str, np.ndarray]) -> Any:
-            return fwd(state, placed(inputs)[0])
+        def on(xx: jax.Array, _g: jax.Array) -> Callable[[], Any]:
+            return lambda: fwd(state, xx)
 
         def to_numpy(out: jax.Array) -> dict[str, np.ndarray]:
             return {"y": _np(out)}
@@ -99,8 +104,8 @@ def prepare(
         def step() -> Any:
             return fwd_bwd(state, x, dy)
 
-        def fresh(inputs: dict[str, np.ndarray]) -> Any:
-            return fwd_bwd(state, *placed(inputs))
+        def on(xx: jax.Array, g: jax.Array) -> Callable[[], Any]:
+            return lambda: fwd_bwd(state, xx, g)
 
         def to_numpy(out: Any) -> dict[str, np.ndarray]:
             y, (dstate, dx) = out
@@ -114,9 +119,9 @@ def prepare(
         def step() -> Any:
             return bwd(vjp_fn, dy)
 
-        def fresh(inputs: dict[str, np.ndarray]) -> Any:  # a new forward's vjp closure (the same pytree structure)
-            x2, dy2 = placed(inputs)
-            return bwd(jax.vjp(fwd, state, x2)[1], dy2)
+        def on(xx: jax.Array, g: jax.Array) -> Callable[[], Any]:  # a new forward's vjp closure, built here
+            f = jax.vjp(fwd, state, xx)[1]
+            return lambda: bwd(f, g)
 
         def to_numpy(out: Any) -> dict[str, np.ndarray]:
             return grads_np(*out)
@@ -141,6 +146,6 @@ def prepare(
             if outer_jit
             else dispatch_profile.profile_dispatched(jitted, args, step, path)
         ),
-        fresh=fresh,
+        bind=bind,
         memory=memory_record,
     )

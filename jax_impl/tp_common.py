@@ -106,7 +106,7 @@ def place_problem(mesh: Mesh, problem: Problem) -> tuple[dict[str, jax.Array], j
 
 
 def place_inputs(mesh: Mesh, inputs: dict[str, np.ndarray], dtype: str) -> tuple[jax.Array, jax.Array]:
-    """Other inputs (``Prepared.fresh``'s: the full ``x`` and ``dy``, the same on every process) replicated on the
+    """Other inputs (``Prepared.bind``'s: the full ``x`` and ``dy``, the same on every process) replicated on the
     mesh in the case ``dtype``, as :func:`place_problem` places the golden ones."""
     d = dev.JAX_DTYPES[dtype]
     return place(mesh, inputs["x"], P(), d), place(mesh, inputs["dy"], P(), d)
@@ -116,7 +116,7 @@ def place_inputs(mesh: Mesh, inputs: dict[str, np.ndarray], dtype: str) -> tuple
 class Jitted:
     """A jitted step and its arguments: ``fn(*args)`` runs one step (``self()`` does); ``args_for(x, dy)`` are the
     arguments of the same step on other inputs (replicated on the mesh, :func:`place_inputs`), the weights
-    unchanged: for ``bwd`` that builds the fresh forward's residuals (its own collectives, if any, run there)."""
+    unchanged: for ``bwd`` that builds the new forward's residuals (its own collectives, if any, run there)."""
 
     fn: Any
     args: tuple[Any, ...]
@@ -380,14 +380,15 @@ def prepared(
 ) -> Prepared:
     """The ``Prepared`` of a TP ``step``: its collectives counted off the compiled HLO, its comm-only twin replaying
     them (:func:`comm_twin`), its compute-only twin ``compute``, every device's copy of its outputs read by
-    ``to_numpy`` (:func:`device_copies`), its ``fresh`` (the same compiled step on other inputs of the case
+    ``to_numpy`` (:func:`device_copies`), its ``bind`` (the same compiled step on other inputs of the case
     ``dtype``, placed as the golden ones: :func:`place_inputs`, :attr:`Jitted.args_for`), and the single-device
     backends' profile (``jax_impl.profiling``, which works on the sharded step as it is)."""
     jitted, args = step.fn, step.args
     comm = comm_twin(mesh, jitted.lower(*args).compile().as_text())
 
-    def fresh(inputs: dict[str, np.ndarray]) -> Any:
-        return jitted(*step.args_for(*place_inputs(mesh, inputs, dtype)))
+    def bind(inputs: dict[str, np.ndarray], _slot: int) -> Callable[[], Any]:
+        args = step.args_for(*place_inputs(mesh, inputs, dtype))
+        return lambda: jitted(*args)
 
     # fields in order: step, sync, to_numpy, timed, note, device, threads, precision
     return Prepared(
@@ -408,5 +409,5 @@ def prepared(
             layout=layout,
             copies=device_copies(mesh, to_numpy),
         ),
-        fresh=fresh,
+        bind=bind,
     )

@@ -1,16 +1,16 @@
 """A tensor-parallel backend and runtime defined in a test module, framework-free (numpy), for the launcher's tests.
 
 Its group is one process (``devices`` launch); its step is the plain same-dtype computation, on the case's inputs or,
-in ``fresh``, on the inputs it is handed. ``FAKE_TP_FAULT`` (``crash@MODE``, ``hang@MODE``, ``raise@MODE``) makes its
+in ``bind``, on the inputs it is handed. ``FAKE_TP_FAULT`` (``crash@MODE``, ``hang@MODE``, ``raise@MODE``) makes its
 ``prepare`` die, hang or raise on cells of that mode, so the tests can watch the launcher turn each into an error
-result and go on; ``nofresh@MODE`` leaves ``Prepared.fresh`` unset there (the worker must refuse to judge it).
+result and go on; ``nofresh@MODE`` leaves ``Prepared.bind`` unset there (the worker must refuse to judge it).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -101,8 +101,12 @@ class FakeTP:
             setup_s={"weights": 0.0},
             layout="numpy stand-in",
         )
-        fresh = None if os.environ.get("FAKE_TP_FAULT") == f"nofresh@{mode}" else step_on
-        return Prepared(step=step, sync=lambda outs: None, to_numpy=lambda out: dict(out), tp=tp, fresh=fresh)
+
+        def bind(inputs: dict[str, np.ndarray], _slot: int) -> Callable[[], dict[str, np.ndarray]]:
+            return lambda: step_on(inputs)
+
+        bound = None if os.environ.get("FAKE_TP_FAULT") == f"nofresh@{mode}" else bind
+        return Prepared(step=step, sync=lambda outs: None, to_numpy=lambda out: dict(out), tp=tp, bind=bound)
 
 
 BACKEND = FakeTP()

@@ -2,11 +2,12 @@
 running, scales device 1's copy of the replicated ``y`` (a ``[tokens, dim]`` array, ``P()`` on the mesh) by
 :data:`FACTOR` and leaves every other copy (device 0's) right. Reading device 0's copy alone (what ``to_host`` of a
 replicated array does) sees a right answer; judging every device's copy must fail, naming device 1. Its step on fresh
-inputs (``Prepared.fresh``) is corrupted the same way."""
+inputs (``Prepared.bind``) is corrupted the same way."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -53,8 +54,8 @@ class CorruptDevice1:
             raise ValueError(f"{NAME} corrupts y, which mode bwd does not return")
         p = SHARDMAP.prepare(problem, mode, group)
         bad = tc.make_mesh(group.world_size).devices.flat[BAD]
-        step, fresh = p.step, p.fresh
-        assert fresh is not None
+        step, bind = p.step, p.bind
+        assert bind is not None
 
         def corrupt(out: Any) -> Any:
             if mode == "fwd":
@@ -64,10 +65,11 @@ class CorruptDevice1:
         def corrupted() -> Any:
             return corrupt(step())
 
-        def corrupted_fresh(inputs: dict[str, np.ndarray]) -> Any:
-            return corrupt(fresh(inputs))
+        def corrupted_bind(inputs: dict[str, np.ndarray], slot: int) -> Callable[[], Any]:
+            run = bind(inputs, slot)
+            return lambda: corrupt(run())
 
-        return dataclasses.replace(p, step=corrupted, fresh=corrupted_fresh)
+        return dataclasses.replace(p, step=corrupted, bind=corrupted_bind)
 
 
 BACKEND = CorruptDevice1()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,10 @@ class NumpyPlain:
         def step() -> dict[str, np.ndarray]:
             return step_on(problem.inputs)
 
-        return Prepared(step=step, sync=lambda outs: None, to_numpy=lambda out: dict(out), fresh=step_on)
+        def bind(inputs: dict[str, np.ndarray], _slot: int) -> Callable[[], dict[str, np.ndarray]]:
+            return lambda: step_on(inputs)
+
+        return Prepared(step=step, sync=lambda outs: None, to_numpy=lambda out: dict(out), bind=bind)
 
 
 BACKEND = NumpyPlain()

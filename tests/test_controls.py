@@ -199,7 +199,9 @@ class _ReturnsTheReference:
     @staticmethod
     def make(case: Case, mode: str) -> Prepared:
         ref = {k: v for k, v in golden_for(case).ref.items() if MODE_TENSORS[mode](k)}
-        return Prepared(step=lambda: ref, sync=lambda _: None, to_numpy=lambda out: dict(out), fresh=lambda _in: ref)
+        return Prepared(
+            step=lambda: ref, sync=lambda _: None, to_numpy=lambda out: dict(out), bind=lambda _in, _slot: lambda: ref
+        )
 
 
 returns_the_reference = _ReturnsTheReference.make

@@ -114,16 +114,104 @@ def test_a_forward_only_reference_is_the_whole_reference_on_rows_drawn_anew_each
 def test_the_drawn_rows_catch_a_step_that_gets_an_eighth_of_its_rows_wrong() -> None:
     """The right answer passes on the drawn rows; one with every eighth token's output zeroed fails, on every draw
     of the rows (it escapes one with probability (7/8)**128, about 4e-8)."""
-    from compare.run.pipeline import FreshRun, judge_fresh
+    from compare.run.pipeline import Call, judge_calls
 
     params, inputs = _draw()
+    order = np.arange(int(np.prod(inputs["x"].shape[:-1])))  # the draw's own order
     right = {"y": round_to_dtype(fresh.reference(WIDE, params, inputs, backward=False, rows=0).ref["y"], "float32")}
     wrong = {"y": right["y"].copy()}
     wrong["y"].reshape(-1, 24)[3::8] = 0.0
     for _ in range(5):
         ref = fresh.reference(WIDE, params, inputs, backward=False)
-        ok = judge_fresh(FreshRun([("cpu", right)], 0.0, 0.0), ref, "float32", "fwd", 7, "right", False)[0]
-        bad = judge_fresh(FreshRun([("cpu", wrong)], 0.0, 0.0), ref, "float32", "fwd", 7, "wrong", False)[0]
+        ok = judge_calls([Call(order, [("cpu", right)])], 1, ref, "float32", "fwd", 7, "right", False)[0]
+        bad = judge_calls([Call(order, [("cpu", wrong)])], 1, ref, "float32", "fwd", 7, "wrong", False)[0]
         assert ok.tier == "pass" and ok.rows == fresh.FRESH_ROWS and ok.rows_seed == ref.rows_seed, ok
         assert bad.tier == "fail" and bad.failures, bad
         assert fresh.FreshCheck.from_dict(bad.to_dict()) == bad
+
+
+# --- the harness's inputs (compare.run.pipeline.Feed) ---------------------------------------------------------
+
+
+def _slots_backend(lazy: bool) -> tuple[object, dict[int, np.ndarray]]:
+    """A numpy step ``y = 2 x`` over slot buffers written in place (as the torch runner's); ``lazy``: its output is
+    a closure computed only when read."""
+    from compare.backends.registry import Prepared
+
+    slots: dict[int, np.ndarray] = {}
+
+    def bind(inputs: dict[str, np.ndarray], slot: int):  # type: ignore[no-untyped-def]
+        if slot in slots:
+            slots[slot][...] = inputs["x"]
+        else:
+            slots[slot] = inputs["x"].copy()
+        buf = slots[slot]
+        return (lambda: lambda: 2 * buf) if lazy else (lambda: 2 * buf)
+
+    def read(out):  # type: ignore[no-untyped-def]
+        return {"y": np.asarray(out() if lazy else out, dtype=np.float64)}
+
+    p = Prepared(step=lambda: None, sync=lambda _o: None, to_numpy=read, bind=bind)
+    return p, slots
+
+
+def _fed(lazy: bool, blocks: int = 6, calls: int = 3):  # type: ignore[no-untyped-def]
+    from compare.run.pipeline import Feed
+
+    p, slots = _slots_backend(lazy)
+    x = np.arange(8 * 2, dtype=np.float32).reshape(1, 8, 2)
+    feed = Feed(p, {"x": x, "dy": x}, "test", keep=2)  # type: ignore[arg-type]
+    seen = []
+    for _ in range(blocks):
+        fns = feed.take(calls)
+        seen += [s.copy() for s in slots.values()]
+        feed.done([f() for f in fns])
+    return x, feed, seen
+
+
+@pytest.mark.quick
+def test_the_feed_never_repeats_an_input_and_judges_outputs_in_the_draws_order() -> None:
+    """Every call's x is the draw's tokens in an order of its own (18 calls: no two alike; the same multiset of
+    rows), and a kept output put back in the draw's order is the honest answer on the draw: ``2 x``."""
+    from compare.run.pipeline import _in_draw_order
+
+    x, feed, seen = _fed(lazy=False)
+    assert feed.calls == 18 and len({s.tobytes() for s in seen}) == len(seen)
+    assert all(sorted(map(tuple, s.reshape(-1, 2))) == sorted(map(tuple, x.reshape(-1, 2))) for s in seen)
+    calls = feed.judged()
+    assert len(calls) == 2
+    for c in calls:
+        assert np.array_equal(_in_draw_order(c.copies[0][1], c.order)["y"], 2 * x)
+
+
+@pytest.mark.quick
+def test_a_lazy_output_is_read_only_after_its_inputs_were_overwritten() -> None:
+    """A step that computes only when its output is read reads the slot's next values and is judged wrong; the
+    control: the same lazy outputs read right after their block (before the slot is bound again) look right."""
+    from compare.run.pipeline import _in_draw_order
+
+    x, feed, _seen = _fed(lazy=True)
+    wrong = [not np.array_equal(_in_draw_order(c.copies[0][1], c.order)["y"], 2 * x) for c in feed.judged()]
+    assert all(wrong), wrong
+    # the control: read at once, a lazy output computes on the values it was called with
+    p, _slots = _slots_backend(lazy=True)
+    from compare.run.pipeline import Feed
+
+    early = Feed(p, {"x": x, "dy": x}, "test", keep=1)  # type: ignore[arg-type]
+    fns = early.take(1)
+    (out,) = [f() for f in fns]
+    order = early._block[0]
+    assert np.array_equal(_in_draw_order(p.to_numpy(out), order)["y"], 2 * x)
+
+
+@pytest.mark.quick
+def test_the_kept_calls_are_spread_over_all_calls() -> None:
+    """Reservoir sampling: over many feeds, every call of 12 is kept about as often (each with probability 2/12);
+    a feed that kept the first two (the control a cache warmed in warm-up would pass) would keep only calls 0, 1."""
+    counts = np.zeros(12)
+    for _ in range(600):
+        _x, feed, seen = _fed(lazy=False, blocks=4, calls=3)
+        for c in feed.judged():
+            orders = [s.reshape(-1, 2)[:, 0] // 2 for s in seen]
+            counts[next(i for i, o in enumerate(orders) if np.array_equal(o, c.order))] += 1
+    assert counts.min() > 0.5 * counts.mean() and counts.max() < 1.5 * counts.mean(), counts

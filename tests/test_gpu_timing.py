@@ -279,7 +279,7 @@ def test_the_shared_timer_drives_the_watch_through_its_protocol() -> None:
     assert len(records) == 2
     for result, rec in zip(out, records, strict=True):
         assert not isinstance(result, BaseException) and rec is not None
-        t, _last = result
+        t = result
         assert (rec["blocks"], rec["calls"]) == (t.n, t.n * t.calls_per_sample)
         assert rec["blocked_s"] == pytest.approx(sum(t.samples_s) * t.calls_per_sample)
     assert _watch_threads() == []

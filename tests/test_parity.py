@@ -166,8 +166,9 @@ def test_prepare_is_given_inputs_and_weights_but_no_reference() -> None:
     assert set(problem.inputs) == {"x", "dy"}
 
 
-def test_the_last_timed_output_is_checked_too() -> None:
-    """A backend that is right on its first call and wrong afterwards (a stale buffer, a replay) fails."""
+def test_the_timed_calls_are_checked_too() -> None:
+    """A backend that is right on its first call and wrong afterwards (a stale buffer, a replay) fails: on the
+    calls the harness made and judged (``compare.run.pipeline.Feed``)."""
     golden = golden_for(TINY)
     module = build_module(golden.problem, torch.device("cpu"), torch.float32)
     calls = [0]
@@ -189,9 +190,10 @@ def test_the_last_timed_output_is_checked_too() -> None:
     )
     assert r.status == "parity-fail", explain(r)
     assert r.parity is not None and r.parity.passed  # the first call was right
-    assert list(r.parity.checked) == ["first call", "last timed call", "fresh inputs"]
-    assert not r.parity.last_timed.passed
-    assert r.reason.startswith("last timed call: y:"), r.reason
+    assert list(r.parity.checked) == ["first call", "fresh inputs"]
+    assert r.parity.fresh is not None and r.parity.fresh.tier == "fail"
+    assert r.parity.fresh.made is not None and r.parity.fresh.made >= 5 + 1  # warm-up, sizing and samples
+    assert r.reason.startswith("fresh inputs (seed"), r.reason
 
 
 @pytest.mark.standard

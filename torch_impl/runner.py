@@ -85,12 +85,20 @@ def prepare(
         raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
 
     step, to_numpy = steps_on(x, dy)
+    slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def fresh(inputs: dict[str, np.ndarray]) -> Any:
-        """One step on inputs the backend has never seen (``Prepared.fresh``): for ``bwd`` a new forward graph."""
-        x2 = torch.from_numpy(inputs["x"]).to(device=device, dtype=dtype)
-        dy2 = torch.from_numpy(inputs["dy"]).to(device=device, dtype=dtype)
-        return steps_on(x2, dy2)[0]()
+    def bind(inputs: dict[str, np.ndarray], slot: int) -> Callable[[], Any]:
+        """``Prepared.bind``: the slot's device buffers hold ``inputs`` (written in place through ``.data``: the
+        tensor's address and autograd version stay, so neither says whether its values changed), and the step of
+        ``mode`` over them (for ``bwd`` a new forward graph, built here)."""
+        new_x = torch.from_numpy(inputs["x"]).to(device=device, dtype=dtype)
+        new_dy = torch.from_numpy(inputs["dy"]).to(device=device, dtype=dtype)
+        if slot not in slots:
+            slots[slot] = new_x, new_dy
+        else:
+            for buf, new in zip(slots[slot], (new_x, new_dy), strict=True):
+                buf.data.copy_(new)
+        return steps_on(*slots[slot])[0]
 
     def profile(path: Path | None, steps: tuple[int, int, int] | None = None) -> dict[str, Any]:
         trace = None if path is None else path / "trace.json"
@@ -114,6 +122,6 @@ def prepare(
         precision=precision,
         profile=profile,
         quick_profile=(lambda path: profile(path, QUICK_STEPS)) if timed else None,
-        fresh=fresh,
+        bind=bind,
         memory=memory,
     )

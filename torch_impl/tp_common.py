@@ -229,13 +229,13 @@ def _np(t: torch.Tensor) -> np.ndarray:
 @dataclass
 class Step:
     """One mode's step over a forward: ``run()`` on the case's inputs, ``to_numpy(output)`` (full tensors, gathered
-    here) and ``fresh(inputs)``, one step on other inputs (``Prepared.fresh``: the full ``x`` ``[batch, seq, dim]`` and
-    ``dy`` ``[batch, seq, out]`` as numpy arrays, which every rank gets whole, as it gets the golden ones), the
-    weights unchanged."""
+    here) and ``bind(inputs, slot)``, the step on other inputs (``Prepared.bind``: the full ``x`` ``[batch, seq,
+    dim]`` and ``dy`` ``[batch, seq, out]`` as numpy arrays, which every rank gets whole, as it gets the golden ones;
+    placed anew at each bind), the weights unchanged."""
 
     run: Callable[[], Any]
     to_numpy: Callable[[Any], dict[str, np.ndarray]]
-    fresh: Callable[[dict[str, np.ndarray]], Any]
+    bind: Callable[[dict[str, np.ndarray], int], Callable[[], Any]]
 
 
 def build_step(
@@ -243,9 +243,9 @@ def build_step(
 ) -> Step:
     """The step of ``mode`` (as ``torch_impl.runner``: ``fwd`` under no_grad; ``fwd+bwd``; ``bwd`` over a forward
     run once here) for ``forward`` with the canonical ``params`` it reads (local slices or DTensor parameters).
-    Every output is waited for inside the step, so its collectives are inside the timing. Its ``fresh`` runs the
-    same step on other (full, replicated) inputs: for ``bwd`` over a new forward of the fresh ``x``, whose
-    collectives run inside that call, on every rank alike."""
+    Every output is waited for inside the step, so its collectives are inside the timing. Its ``bind`` makes the
+    same step on other (full, replicated) inputs: for ``bwd`` over a new forward of the new ``x``, built (and its
+    collectives run) at the bind, on every rank alike."""
     any_param = next(iter(params.values()))
     device, dtype = any_param.device, any_param.dtype
     names = ["dx", *(f"d{n}" for n in params)]
@@ -268,7 +268,11 @@ def build_step(
             with torch.no_grad():
                 return wait(forward(xx))
 
-        return Step(lambda: fwd_on(x), lambda out: {"y": _np(out)}, lambda new: fwd_on(placed(new["x"])))
+        def fwd_bind(new: dict[str, np.ndarray], _slot: int) -> Callable[[], Any]:
+            xx = placed(new["x"])
+            return lambda: fwd_on(xx)
+
+        return Step(lambda: fwd_on(x), lambda out: {"y": _np(out)}, fwd_bind)
     if mode == "fwd+bwd":
         x, dy = placed(problem.x, grad=True), placed(problem.dy)
 
@@ -277,11 +281,11 @@ def build_step(
             grads = torch.autograd.grad(y, [xx, *weights], g)
             return wait(y).detach(), [wait(d) for d in grads]
 
-        return Step(
-            lambda: fwd_bwd_on(x, dy),
-            lambda out: {"y": _np(out[0]), **grads_np(out[1])},
-            lambda new: fwd_bwd_on(placed(new["x"], grad=True), placed(new["dy"])),
-        )
+        def fwd_bwd_bind(new: dict[str, np.ndarray], _slot: int) -> Callable[[], Any]:
+            xx, g = placed(new["x"], grad=True), placed(new["dy"])
+            return lambda: fwd_bwd_on(xx, g)
+
+        return Step(lambda: fwd_bwd_on(x, dy), lambda out: {"y": _np(out[0]), **grads_np(out[1])}, fwd_bwd_bind)
     if mode == "bwd":
         x, dy = placed(problem.x, grad=True), placed(problem.dy)
         y_graph = forward(x)
@@ -290,13 +294,13 @@ def build_step(
         def bwd() -> list[torch.Tensor]:
             return [wait(g) for g in torch.autograd.grad(y_graph, [x, *weights], dy, retain_graph=True)]
 
-        def bwd_fresh(new: dict[str, np.ndarray]) -> list[torch.Tensor]:
-            x2 = placed(new["x"], grad=True)
+        def bwd_bind(new: dict[str, np.ndarray], _slot: int) -> Callable[[], Any]:
+            x2, dy2 = placed(new["x"], grad=True), placed(new["dy"])
             y2 = forward(x2)
             wait(y2)
-            return [wait(g) for g in torch.autograd.grad(y2, [x2, *weights], placed(new["dy"]))]
+            return lambda: [wait(g) for g in torch.autograd.grad(y2, [x2, *weights], dy2, retain_graph=True)]
 
-        return Step(bwd, grads_np, bwd_fresh)
+        return Step(bwd, grads_np, bwd_bind)
     raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
 
 
@@ -411,7 +415,7 @@ def prepared(
     timed: bool = True,
     note: str = "",
 ) -> Prepared:
-    """The ``Prepared`` of a TP step with its ``TPParts`` and its ``fresh`` (``Step.fresh``). ``count`` counts the
+    """The ``Prepared`` of a TP step with its ``TPParts`` and its ``bind`` (``Step.bind``). ``count`` counts the
     collectives of one step (``CommDebugMode`` of ``step.run`` by default); it runs once, and the comm-only twin
     replays what it counted (:func:`counted_twins`)."""
     precision = dev.pin_precision()
@@ -436,7 +440,7 @@ def prepared(
         profile=profile_fn(step.run, str(device), timed),
         tp=tp,
         extras={"world_size": group.world_size},
-        fresh=step.fresh,
+        bind=step.bind,
     )
 
 

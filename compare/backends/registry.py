@@ -64,13 +64,16 @@ class Prepared:
     quick_profile: Callable[[Path | None], dict[str, Any]] | None = None
     #: Tensor-parallel backends only (``compare.backends.tp``): collectives, comm-only and compute-only twins, set-up.
     tp: TPParts | None = None
-    #: ``fresh(inputs)`` runs the prepared step once on inputs it has never seen and returns its output as ``step``
-    #: does (``to_numpy`` reads it): ``inputs`` is ``{"x": [batch, seq, dim], "dy": [batch, seq, out]}``, float32
-    #: arrays of the case's shapes holding dtype values, as ``Problem.inputs`` (``compare.gate.fresh.draw``). The
-    # weights
-    #: stay. The harness's check that a step computes its answer from its inputs (``compare.gate.fresh``); a backend
-    #: without it is an error result, never a pass.
-    fresh: Callable[[dict[str, np.ndarray]], Any] | None = None
+    #: ``bind(inputs, slot)`` returns the step (zero arguments, its output read as ``step``'s) on other inputs, the
+    #: weights unchanged: ``inputs`` is ``{"x": [batch, seq, dim], "dy": [batch, seq, out]}``, float32 arrays of the
+    #: case's shapes holding dtype values (as ``Problem.inputs``). The harness owns every input after the first call
+    #: (``compare.run.pipeline.Feed``): each timed call is one it bound, to values no call has seen, and it rebinds
+    #: ``slot`` (a small integer it reuses block after block) before it reads any output of that slot's last call.
+    #: A runner writes a slot's new values into that slot's device buffers in place where it can (torch: without
+    #: autograd's version bump, so a tensor's identity says nothing of its values) and otherwise drops the slot's
+    #: old arrays (JAX: deleted). Set-up a mode needs per input (``bwd``'s forward) runs here, outside the timing.
+    #: A backend without it is an error result, never a pass.
+    bind: Callable[[dict[str, np.ndarray], int], Callable[[], Any]] | None = None
     #: ``memory()`` measures what one step holds in memory: the tensors its forward saves for the backward and its
     #: peak above its inputs and weights, as a dict of ``compare.results.memory.Memory`` (each figure with its
     #: source, or absent with the reason). Filled by the shared runners (``torch_impl.runner``,

@@ -166,7 +166,9 @@ def compact(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 class FreshCheck:
     """The verdict on a step's output for fresh inputs: the draw's ``seed`` (``compare run`` reproduces nothing
     from it by itself: it is recorded so that a failure can be replayed), the gate's ``tier`` and its findings, and
-    where only some tokens were judged (:data:`FRESH_ROWS`), how many and the seed of their draw."""
+    where only some tokens were judged (:data:`FRESH_ROWS`), how many and the seed of their draw; ``judged`` of the
+    ``made`` calls on the harness's inputs were judged (``compare.run.pipeline.Feed``; None in an older document,
+    whose check was one call apart from the timed ones)."""
 
     seed: int
     tier: str
@@ -174,15 +176,24 @@ class FreshCheck:
     deviations: tuple[str, ...] = ()
     rows: int | None = None
     rows_seed: int | None = None
+    judged: int | None = None
+    made: int | None = None
 
     @staticmethod
-    def of(seed: int, parity: Parity, ref: FreshReference | None = None) -> FreshCheck:
+    def of(
+        seed: int,
+        parity: Parity,
+        ref: FreshReference | None = None,
+        judged: int | None = None,
+        made: int | None = None,
+    ) -> FreshCheck:
         rows = None if ref is None or ref.rows is None else len(ref.rows)
         seed_rows = None if ref is None else ref.rows_seed
-        return FreshCheck(seed, parity.tier, tuple(parity.failures()), tuple(parity.deviations()), rows, seed_rows)
+        found, dev = tuple(parity.failures()), tuple(parity.deviations())
+        return FreshCheck(seed, parity.tier, found, dev, rows, seed_rows, judged, made)
 
     def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("rows", "rows_seed"))
+        return record_dict(self, optional=("rows", "rows_seed", "judged", "made"))
 
     @staticmethod
     def from_dict(d: Obj) -> FreshCheck:
@@ -193,6 +204,8 @@ class FreshCheck:
             texts(d, "deviations"),
             opt_integer(d, "rows"),
             opt_integer(d, "rows_seed"),
+            opt_integer(d, "judged"),
+            opt_integer(d, "made"),
         )
 
     @property

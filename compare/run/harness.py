@@ -4,19 +4,22 @@ Every failure is contained to its (backend, case, mode): an exception becomes an
 message, and the other backends' results are still produced. A case the gate cannot judge (its plain computation
 overflows the dtype, or its reference does) makes every cell of that case an ``error`` naming the tensor.
 
-The pipeline of one case (:func:`run`): for each mode, every backend is prepared and its first call judged; the
-timed ones are then timed together, interleaved (``compare.timing.timer.measure_interleaved``: load drift hits them
-alike, and the comparisons between them are paired by round); each one's last timed output is judged again (a
-replayed stale answer fails); each is profiled when asked and then run once on fresh inputs drawn from a seed made
-at run time (``compare.gate.fresh``), and released. Only when every step of the case and mode has returned is the
-fresh draw's reference computed (once per case, kept for its later modes; no step is ever given it) and the fresh
-outputs judged: a backend that computed its answer from the golden data it could derive from its
-:class:`~compare.problem.golden.Problem` fails there. The cells of a case and mode then settle together and are
-stored at once (``compare.run.store``). A timing that implies more FLOP/s than
-``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measured in the same run makes the result ``implausible``.
+The pipeline of one case (:func:`run`): the case's fresh inputs are drawn from a seed made at run time
+(``compare.gate.fresh``); for each mode, every backend is prepared, its first call (golden inputs) judged and its
+second compared with it bit for bit; the timed ones are then timed together, interleaved
+(``compare.timing.timer.measure_interleaved``: load drift hits them alike, and the comparisons between them are
+paired by round), every call on inputs the harness made (``compare.run.pipeline.Feed``: the fresh draw's tokens in
+an order of the call's own), of which each keeps a few, chosen after the fact; an untimed one makes one such call;
+each is profiled when asked, and released. Only when every step of the case and mode has returned is the fresh
+draw's reference computed (once per case, kept for its later modes; no step is ever given it) and the kept outputs
+judged: a backend that computed its answer from the golden data it could derive from its
+:class:`~compare.problem.golden.Problem`, or that answers a repeated input from memory, fails there. The cells of a
+case and mode then settle together and are stored at once (``compare.run.store``). A timing that implies more
+FLOP/s than ``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measured in the same run makes the result
+``implausible``.
 
-Each stage of a cell (skip, refuse a step without ``fresh``, first call and its verdict, the last timed call's
-verdict, the fresh step, its verdict, the status and the result) is ``compare.run.pipeline``'s, the same code the
+Each stage of a cell (skip, refuse a step without ``bind``, first call and its verdict, the calls on the harness's
+inputs and their verdicts, the status and the result) is ``compare.run.pipeline``'s, the same code the
 tensor-parallel worker (``compare.run.tp_worker``) runs; what is this module's own is the order across a case's
 backends and modes, the interleaved timing, the profile's trace folder and the fresh reference made once per case.
 """
@@ -79,14 +82,18 @@ class _Cell:
     prepared: Prepared | None = None
     first_s: float = math.nan
     first: pipeline.Judged = field(default_factory=list)
-    again: pipeline.Judged | None = None
+    #: the seconds of the second call on the golden inputs (:func:`pipeline.repeat`), the budget's first read
+    repeat_s: float = math.nan
+    #: the harness's inputs of every later call, and the outputs it kept of them once the step is released
+    feed: pipeline.Feed | None = None
+    calls: list[pipeline.Call] = field(default_factory=list)
+    made: int = 0
     timing: Timing | None = None
     cold: Timing | None = None
     kernels: Kernels | None = None
     #: what one more step held in memory (``pipeline.memory``), None when not asked for
     memory: Memory | None = None
     extras: dict[str, Any] = field(default_factory=dict)
-    fresh_run: pipeline.FreshRun | None = None
     by_device: bool = False
     #: an interpreted (parity-only) backend's cell: its verdict is kept in ``compare.run.parity_cache``
     interpreted: bool = False
@@ -116,13 +123,16 @@ def _start(
     c: _Cell,
     plain: dict[str, np.ndarray],
     precision: dict[str, Any],
+    draw: dict[str, np.ndarray],
     prepare: Callable[[], Prepared] | None = None,
     reuse: bool = False,
     cuda_graphs: bool = False,
     memory: bool = False,
 ) -> None:
-    """Skip (``pipeline.skipped``), or prepare the step, refuse it without ``fresh`` (``pipeline.no_fresh``), make its
-    first call (timed alone: compile + run) and judge it (``pipeline.first_call``). With ``reuse`` an interpreted
+    """Skip (``pipeline.skipped``), or prepare the step, refuse it without ``bind`` (``pipeline.no_fresh``), make its
+    first call (timed alone: compile + run) and judge it (``pipeline.first_call``), call it once more on the same
+    inputs (``pipeline.repeat``: the row's ``deterministic``) and give it the :class:`pipeline.Feed` of the case's
+    fresh ``draw`` that supplies every later call's inputs. With ``reuse`` an interpreted
     backend's cell is first looked up in ``compare.run.parity_cache`` (``c.interpreted`` says it is one); with
     ``memory`` a cached cell without a memory record is run again (its memory is measured then)."""
     spec, case, mode = c.spec, c.case, c.mode
@@ -144,9 +154,12 @@ def _start(
         if c.done is not None:
             return
         c.prepared = prepared
-        c.first_s, c.first = pipeline.first_call(
+        c.first_s, c.first, bits = pipeline.first_call(
             prepared, prepared.sync, pipeline.checked(mode, golden.ref), plain, case.dtype, c.who()
         )
+        c.repeat_s, again = pipeline.repeat(prepared, prepared.sync, c.who())
+        c.extras["deterministic"] = again == bits
+        c.feed = pipeline.Feed(prepared, draw, c.who())
         if cuda_graphs and prepared.timed:
             c.extras["cuda_graph"] = _graphed(c, prepared)
     except Exception as exc:  # a backend's failure is a result, not the end of the run
@@ -165,11 +178,26 @@ def _graphed(c: _Cell, prepared: Prepared) -> str:
         return f"not captured: CUDA graphs are for torch steps, not {c.spec.framework}"
     if not prepared.device.startswith("cuda"):
         return f"not captured: no CUDA device (the step runs on {prepared.device})"
-    got = probe("cuda-graphs").capture(prepared.step)
-    if hasattr(got, "replay"):
-        prepared.step = got.replay
-        return "captured: " + got.note
-    return "not captured: " + got.reason
+    capture = probe("cuda-graphs").capture
+    got = capture(prepared.step)
+    if not hasattr(got, "replay"):
+        return "not captured: " + got.reason
+    prepared.step = got.replay
+    if c.mode == "bwd":  # a slot's forward is built anew at each bind: a graph would replay the old one's backward
+        return "captured: " + got.note + "; calls on the harness's inputs (bwd: a new forward each) run uncaptured"
+    bind, graphs = prepared.bind, {}
+    assert bind is not None
+
+    def graphed(inputs: dict[str, np.ndarray], slot: int) -> Callable[[], Any]:
+        """The slot's step captured once: the runner writes the slot's buffers in place, so its replay runs on the
+        new values (the harness refills a replayed graph's inputs as every other step's)."""
+        step = bind(inputs, slot)
+        if slot not in graphs:
+            graphs[slot] = capture(step)
+        return getattr(graphs[slot], "replay", step)
+
+    prepared.bind = graphed
+    return "captured: " + got.note
 
 
 @dataclass
@@ -285,13 +313,14 @@ RECHECK = 4.0
 
 
 def _steady_s(c: _Cell, fair_s: float) -> float:
-    """A step's steady seconds for the budget, from one more call (the first call's time includes its compile; this
-    one warms up, too). Where that call is slower than ``fair_s`` (the step's even share of its group's part, per
-    floor call) by at most :data:`RECHECK` times, one call more, and the faster of the two: the call right after a
-    compile is often slow (a 2-core AVX2 EPYC read 0.333 s for a torch.compile step of 0.11 s, 0.418 s for an XLA
-    one of 0.05 s), and a single read cut steps the budget had room for. A step slower still is cut on one read."""
+    """A step's steady seconds for the budget, from its second call (``_Cell.repeat_s``: the first call's time
+    includes its compile; this one warmed up, too). Where that call is slower than ``fair_s`` (the step's even
+    share of its group's part, per floor call) by at most :data:`RECHECK` times, one call more, and the faster of
+    the two: the call right after a compile is often slow (a 2-core AVX2 EPYC read 0.333 s for a torch.compile
+    step of 0.11 s, 0.418 s for an XLA one of 0.05 s), and a single read cut steps the budget had room for. A step
+    slower still is cut on one read."""
     assert c.prepared is not None
-    t = timing.first_call(c.prepared.step, c.prepared.sync)[0]
+    t = c.repeat_s
     if fair_s < t <= RECHECK * fair_s:
         t = min(t, timing.first_call(c.prepared.step, c.prepared.sync)[0])
     return t
@@ -323,7 +352,7 @@ def _watched(
     one): its outcomes, and per cell the watch's telemetry record (None where there is none). The watch's sampling
     thread ends with the timing, whatever ended it."""
     watch = how.watch() if how.watch is not None else None
-    entrants = [timing.Entrant(c.prepared.step, c.prepared.sync, c.first_s) for c in cells if c.prepared]
+    entrants = [timing.Entrant(c.prepared.step, c.prepared.sync, c.first_s, c.feed) for c in cells if c.prepared]
     try:
         outcomes = measure(entrants, watch)
     finally:
@@ -331,9 +360,9 @@ def _watched(
     return outcomes, seen or [None] * len(cells)
 
 
-def _time(cells: Sequence[_Cell], how: _Timer, plain: dict[str, np.ndarray]) -> None:
-    """Time the started, timed cells of one case and mode together (``compare.timing.timer.measure_interleaved``), then
-    judge each one's last timed output (a replayed stale answer fails there); then, when the cache mode asks for it,
+def _time(cells: Sequence[_Cell], how: _Timer) -> None:
+    """Time the started, timed cells of one case and mode together (``compare.timing.timer.measure_interleaved``), each
+    call on its feed's inputs (the feed keeps the outputs it judges later); then, when the cache mode asks for it,
     their cold samples (``compare.timing.timer.measure_cold``), after warm-up, in rounds of single flushed calls."""
     timed = [c for c in cells if c.done is None and c.prepared is not None and c.prepared.timed]
     if not timed:
@@ -341,7 +370,6 @@ def _time(cells: Sequence[_Cell], how: _Timer, plain: dict[str, np.ndarray]) -> 
     c0 = timed[0]
     label = f"{c0.case.name} {c0.mode}"
     cfg, cold_budget, timed, cold = _budgeted(timed, how, label)
-    ref = pipeline.checked(c0.mode, golden_for(c0.case).ref)
     group = timing.new_group_id(f"{c0.case.name}/{c0.mode}")
     seed = zlib.crc32(group.encode())
     if how.warm and timed:
@@ -354,14 +382,9 @@ def _time(cells: Sequence[_Cell], how: _Timer, plain: dict[str, np.ndarray]) -> 
             if isinstance(got, BaseException):
                 c.fail(got)
                 continue
-            c.timing, last = got
+            c.timing = got
             if tele is not None:
                 c.extras["telemetry"] = tele
-            try:
-                assert c.prepared is not None
-                c.again = pipeline.judge_copies(c.prepared, last, ref, plain, c.case.dtype, c.who())
-            except Exception as exc:
-                c.fail(exc)
     cold = [c for c in cold if c.done is None and c.prepared is not None]
     if cold and how.flush is not None:
         if not how.warm:  # warm-up before the first cold sample: the first calls compiled, now the caches are hot
@@ -408,14 +431,14 @@ def _quick(c: _Cell, p: Prepared, part_s: float, cut: Callable[[str], None]) -> 
 
 def _finish_steps(
     c: _Cell,
-    inputs: dict[str, np.ndarray],
     profile: bool,
     trace_dir: Path | None,
     memory: bool = False,
     how: _Timer | None = None,
 ) -> None:
-    """The profile and the memory record (when asked) and the step on fresh inputs (``pipeline.fresh_step``); then
-    the step is released. Under ``how``'s budget a slow step's profile may be its quick one (:func:`_quick`)."""
+    """The profile and the memory record (when asked); one call on the harness's inputs for a step that made none
+    (untimed: ``pipeline.Feed.once``, the path the timed calls took); the outputs its feed kept, read; then the step
+    is released. Under ``how``'s budget a slow step's profile may be its quick one (:func:`_quick`)."""
     p = c.prepared
     if c.done is not None or p is None:
         return
@@ -447,20 +470,23 @@ def _finish_steps(
             except Exception as exc:  # recorded as the reason both figures are absent; the parity and timing stand
                 c.memory = Memory.not_measured(f"the measurement raised {_summarise_error(exc)[0]}")
     try:
-        c.fresh_run = pipeline.fresh_step(p, p.sync, inputs, c.who())
+        assert c.feed is not None
+        if not c.feed.calls:
+            c.feed.once(p.sync)
+        c.calls, c.made = c.feed.judged(), c.feed.calls
     except Exception as exc:
         c.fail(exc)
-    c.prepared = None  # release the step (its weights, compiled code) before the next backend's
+    c.prepared, c.feed = None, None  # release the step (its weights, compiled code) before the next backend's
 
 
 def _verdict(c: _Cell, seed: int, reference: fresh.FreshReference | None) -> Result:
-    """The cell's result (``pipeline.result``): the first call's, last timed call's and fresh inputs' verdicts of its
-    one copy (``pipeline.verdicts``), its timing and profile."""
+    """The cell's result (``pipeline.result``): the first call's verdict and those of the calls its feed kept
+    (``pipeline.judge_calls``) on its one copy (``pipeline.verdicts``), its timing and profile."""
     if c.done is not None:
         return c.done
-    assert c.fresh_run is not None and reference is not None
-    checks = pipeline.judge_fresh(c.fresh_run, reference, c.case.dtype, c.mode, seed, c.who(), c.by_device)
-    copies = pipeline.verdicts(c.first, c.again, checks)
+    assert reference is not None
+    checks = pipeline.judge_calls(c.calls, c.made, reference, c.case.dtype, c.mode, seed, c.who(), c.by_device)
+    copies = pipeline.verdicts(c.first, checks)
     record = pipeline.parity_record(copies, pipeline.worst_fresh(checks))
     found = pipeline.findings(copies, c.by_device)
     return pipeline.result(
@@ -537,12 +563,12 @@ def run_one(
     under ``trace_dir`` when given; a profiler failure is recorded in ``extras`` and does not fail the result.
     """
     c = _Cell(spec, case, mode)
-    _start(c, plain, precision, prepare)
-    if time_it:
-        _time([c], _Timer(cfg), plain)
     seed = fresh.new_seed()
     inputs = fresh.draw(case, seed, golden_for(case).params, mode != "fwd")
-    _finish_steps(c, inputs, profile, trace_dir, memory)
+    _start(c, plain, precision, inputs, prepare)
+    if time_it:
+        _time([c], _Timer(cfg))
+    _finish_steps(c, profile, trace_dir, memory)
     return _settle(case, [c], seed, inputs, _FreshReference(case, inputs, mode != "fwd"))[0]
 
 
@@ -702,7 +728,9 @@ def run(
                             c = _Cell(spec, case, mode)
                             if progress:
                                 progress.starting(c.label)
-                            _start(c, plain, precision, reuse=reuse_parity, cuda_graphs=cuda_graphs, memory=memory)
+                            _start(
+                                c, plain, precision, inputs, reuse=reuse_parity, cuda_graphs=cuda_graphs, memory=memory
+                            )
                             if c.interpreted and c.done is None:
                                 interpreted.add((spec.name, case.name, mode))
                             group.append(c)
@@ -710,10 +738,10 @@ def run(
                 if progress and group:
                     progress.starting(f"timing {len(group)} backends of {case.name} {mode} together")
                 with budget_phase(budget, "timing"):
-                    _time(group, timer, plain)
+                    _time(group, timer)
                 timer.groups_left = max(1, timer.groups_left - 1)
                 for c in group:
-                    _finish_steps(c, inputs, profile, trace_dir, memory, timer)
+                    _finish_steps(c, profile, trace_dir, memory, timer)
                 if group and progress and not reference.made:
                     progress.starting(f"{case.name}: the reference of the fresh inputs")
                 settled = _settle(case, group, seed, inputs, reference)

@@ -5,28 +5,32 @@ A cell goes through them in this order; a runner adds only what is its own (how 
 it syncs, when its fresh reference exists, the processes a tensor-parallel group gathers):
 
 1. :func:`skipped`: a backend that does not implement the case's model or the mode, or is not available here;
-2. :func:`no_fresh`: a prepared step that cannot run on new inputs is an ``error``, judged on nothing;
-3. :func:`first_call`: the first call, timed alone (``compare.timing.timer.first_call``: compile + run), and the
-   gate's verdict on every device copy of its output (:func:`judge_copies`; a single-device step has one copy);
-4. the runner times the step; :func:`judge_copies` on the last timed call's output (a replayed stale answer fails);
-5. :func:`fresh_step`: the step once on fresh inputs (``Prepared.fresh``, a draw of ``compare.gate.fresh.draw``), its
-   copies read and kept (``compare.gate.fresh.compact``) until the draw's reference exists, which the runner computes
-   only once the step has returned;
-6. :func:`judge_fresh`: the gate's verdict on each kept copy against that reference (``FreshCheck``);
-7. :func:`verdicts`: per device copy the three verdicts (:class:`CopyVerdicts`, its tier and its findings), the
-   stored parity record (:func:`parity_record`: the worst copy's numbers) and :func:`result`: the status from the
-   findings (``compare.run.cell.status_of``) and the :class:`~compare.results.document.Result` with what the result
-   keeps of its step (:class:`Kept`), its timing, kernels and cost.
+2. :func:`no_fresh`: a prepared step that cannot be bound to new inputs is an ``error``, judged on nothing;
+3. :func:`first_call`: the first call on the golden inputs, timed alone (``compare.timing.timer.first_call``: compile
+   + run), and the gate's verdict on every device copy of its output (:func:`judge_copies`; a single-device step has
+   one copy); :func:`repeat` calls it once more on the same inputs and says whether the two outputs are the same
+   bits (the row's ``deterministic``);
+4. the runner times the step through a :class:`Feed`: every call after those runs on inputs the harness made, no two
+   alike, and the feed keeps :data:`JUDGED` of their outputs, chosen after the fact; an untimed step makes one call
+   through its feed, the same path;
+5. :func:`judge_calls`: once the runner has the reference of the case's fresh draw (which it computes only when every
+   step has returned), the gate's verdict on each kept output (``FreshCheck``);
+6. :func:`verdicts`: per device copy its verdicts (:class:`CopyVerdicts`, its tier and its findings), the stored
+   parity record (:func:`parity_record`: the worst copy's numbers) and :func:`result`: the status from the findings
+   (``compare.run.cell.status_of``) and the :class:`~compare.results.document.Result` with what the result keeps of
+   its step (:class:`Kept`), its timing, kernels and cost.
 
 A *copy* is ``(device, tensors)``: one device's copy of a step's outputs, ``{"y": [batch, seq, out], "dx": [batch,
-seq, dim], "d<param>": <param's shape>}`` as float64 arrays (float32 where that loses nothing, after
-:func:`fresh_step`), only the tensors the mode checks (``compare.run.cell.MODE_TENSORS``).
+seq, dim], "d<param>": <param's shape>}`` as float64 arrays (float32 where that loses nothing, in a :class:`Feed`),
+only the tensors the mode checks (``compare.run.cell.MODE_TENSORS``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-import time
+import random
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -82,12 +86,13 @@ def skipped(spec: BackendSpec, case: Case, mode: str) -> Result | None:
 
 
 def no_fresh(spec: BackendSpec, case: Case, mode: str, prepared: Prepared) -> Result | None:
-    """The ``error`` result of a prepared step without ``fresh`` (it cannot be checked to compute its answer from
-    its inputs, so it is never a pass), decided before its first call; None when it has one."""
-    if prepared.fresh is not None:
+    """The ``error`` result of a prepared step without ``bind`` (it cannot be run on the harness's inputs, so it is
+    never checked to compute its answer from them, and never a pass), decided before its first call; None when it
+    has one."""
+    if prepared.bind is not None:
         return None
     why = (
-        f"{who(spec, mode)}: its Prepared has no fresh (a step on inputs it has never seen): it cannot be checked "
+        f"{who(spec, mode)}: its Prepared has no bind (the step on inputs the harness makes): it cannot be checked "
         "to compute its answer from its inputs"
     )
     return Result.for_case(spec.name, case, mode, "error", reason=why, note=prepared.note, device=prepared.device)
@@ -126,6 +131,16 @@ def judge_copies(
     return judge_read(read_copies(prepared, output, name), ref, plain, dtype, name, named(prepared))
 
 
+def digest(copies: Copies) -> str:
+    """The bits of every tensor of every copy, as one hash (the order of the copies and tensors is the step's)."""
+    h = hashlib.sha256()
+    for d, tensors in copies:
+        h.update(d.encode())
+        for k, v in tensors.items():
+            h.update(k.encode() + np.ascontiguousarray(v).tobytes())
+    return h.hexdigest()
+
+
 def first_call(
     prepared: Prepared,
     sync: Callable[[Any], None],
@@ -133,39 +148,153 @@ def first_call(
     plain: dict[str, np.ndarray],
     dtype: str,
     name: str,
-) -> tuple[float, Judged]:
-    """The step's first call, timed alone (compile + run; ``sync`` ends it: a group's barrier too), and the gate's
-    verdict on every copy of its output against ``ref`` (the tensors the mode checks): ``(seconds, verdicts)``."""
+) -> tuple[float, Judged, str]:
+    """The step's first call, timed alone (compile + run; ``sync`` ends it: a group's barrier too), the gate's
+    verdict on every copy of its output against ``ref`` (the tensors the mode checks) and the :func:`digest` of its
+    copies: ``(seconds, verdicts, digest)``."""
     first_s, out = timing.first_call(prepared.step, sync)
-    return first_s, judge_copies(prepared, out, ref, plain, dtype, name)
+    copies = read_copies(prepared, out, name)
+    del out
+    return first_s, judge_read(copies, ref, plain, dtype, name, named(prepared)), digest(copies)
+
+
+def repeat(prepared: Prepared, sync: Callable[[Any], None], name: str) -> tuple[float, str]:
+    """The step once more on the golden inputs, outside any timing sample: ``(seconds, digest of its copies)``. Equal
+    to the first call's digest: the step gave the same bits twice on the same input (deterministic, as far as two
+    calls show)."""
+    seconds, out = timing.first_call(prepared.step, sync)
+    return seconds, digest(read_copies(prepared, out, name))
+
+
+#: Outputs of the calls made on the harness's inputs that a cell keeps and judges (:class:`Feed`), chosen uniformly
+#: among all of its calls after each block returned: a step stale on a share ``f`` of its calls escapes with
+#: probability ``(1 - f) ** JUDGED`` (a cache that answers every repeated input: ``f`` near 1).
+JUDGED = 2
 
 
 @dataclass(frozen=True)
-class FreshRun:
-    """The step's output on fresh inputs, read and kept until the draw's reference exists: ``copies``
-    (:data:`Copies`, compacted), the seconds of the step (``step_s``) and of reading its copies (``read_s``)."""
+class Call:
+    """One kept output of a :class:`Feed`: the order of the fresh draw's tokens its inputs held (``x = draw_x[order]``
+    over the flattened tokens) and its copies, read (and compacted) only after its inputs were overwritten."""
 
+    order: np.ndarray
     copies: Copies
-    step_s: float
-    read_s: float
 
 
-def fresh_step(prepared: Prepared, sync: Callable[[Any], None], inputs: dict[str, np.ndarray], name: str) -> FreshRun:
-    """Run the step once on ``inputs`` (``compare.gate.fresh.draw``: ``{"x", "dy"}``) through ``Prepared.fresh``
-    (:func:`no_fresh` refused a step without it), ``sync`` it, and read every copy of its output, compacted."""
-    if prepared.fresh is None:
-        raise RuntimeError(f"{name}: its Prepared has no fresh (refused before its first call)")
-    t0 = time.perf_counter()
-    out = prepared.fresh(inputs)
-    sync([out])
-    t1 = time.perf_counter()
-    copies = [(d, fresh.compact(t)) for d, t in read_copies(prepared, out, f"{name} on fresh inputs")]
-    del out
-    return FreshRun(copies, t1 - t0, time.perf_counter() - t1)
+@dataclass
+class _Pending:
+    """A chosen output whose slot's inputs are still live: read only once they are gone (:meth:`Feed.take`)."""
+
+    slot: int
+    order: np.ndarray
+    out: Any
 
 
-def judge_fresh(
-    run: FreshRun,
+class Feed:
+    """The harness's inputs of one cell's step (``compare.timing.timer.Feed``; ``Prepared.bind``): every call after
+    the first runs on the case's fresh draw (``compare.gate.fresh.draw``: ``{"x", "dy"}``, drawn at run time) with
+    its ``T = batch * seq`` tokens in an order of its own, drawn from ``seed`` (the operating system's entropy
+    unless given: a group of processes passes one they share), x's and dy's rows alike. No two calls see the same
+    input values, and one reference judges them all: a token's output and input gradient depend on that token alone
+    and a weight's gradient is a sum over the tokens, so a call's outputs put back in the draw's order are the
+    draw's (the weight gradients up to the order of float64 sums). A block's slots are bound again, to new orders,
+    before the next block, and so are the slots of the outputs the feed keeps before it reads them: a step whose
+    output is computed only when read (a lazy object) then reads other values (torch, in place) or deleted arrays
+    (JAX), and fails.
+
+    Which outputs it keeps (:data:`JUDGED`) is drawn after each block returned (reservoir sampling over every call):
+    the step cannot know which of its calls are judged. Cost: a gather of ``x`` and ``dy`` per call outside the timed
+    window (``cpu-mlp``: 3 MiB each) and, for ``bwd``, the runner's forward per call; :data:`JUDGED` outputs held
+    (float32) until the reference exists.
+
+    What it cannot see: a case of few tokens has few orders (``T!``: a 1-token case repeats its input on every call);
+    a step that recognises each token it has seen (a cache keyed on a row's values) still serves rows from memory."""
+
+    def __init__(
+        self,
+        prepared: Prepared,
+        draw: dict[str, np.ndarray],
+        name: str,
+        keep: int = JUDGED,
+        seed: int | None = None,
+    ) -> None:
+        if prepared.bind is None:
+            raise RuntimeError(f"{name}: its Prepared has no bind (refused before its first call)")
+        self._prepared, self._bind, self._name, self._keep = prepared, prepared.bind, name, keep
+        self._x, self._dy = draw["x"], draw["dy"]
+        self._tokens = int(np.prod(self._x.shape[:-1]))
+        self._rng = random.Random(secrets.randbits(64) if seed is None else seed)
+        self._order: dict[int, np.ndarray] = {}  # slot -> the order its inputs hold
+        self._block: list[np.ndarray] = []  # the orders of the block taken last, in call order
+        self._chosen: list[Call | _Pending] = []
+        #: calls made on the feed's inputs
+        self.calls = 0
+
+    def _rebind(self, slot: int) -> Callable[[], Any]:
+        order = np.asarray(self._rng.sample(range(self._tokens), self._tokens))
+
+        def rows(a: np.ndarray) -> np.ndarray:
+            return a.reshape(self._tokens, -1)[order].reshape(a.shape)
+
+        fn = self._bind({"x": rows(self._x), "dy": rows(self._dy)}, slot)
+        self._order[slot] = order
+        return fn
+
+    def _read(self) -> None:
+        for i, c in enumerate(self._chosen):
+            if isinstance(c, _Pending):
+                copies = read_copies(self._prepared, c.out, f"{self._name} on the harness's inputs")
+                self._chosen[i] = Call(c.order, [(d, fresh.compact(t)) for d, t in copies])
+
+    def _release(self, calls: int) -> None:
+        """Bind every slot that holds a chosen output's inputs, unless the next block binds it, then read them."""
+        for slot in sorted({c.slot for c in self._chosen if isinstance(c, _Pending)} - set(range(calls))):
+            self._rebind(slot)
+        self._read()
+
+    def take(self, calls: int) -> list[Callable[[], Any]]:
+        fns = [self._rebind(slot) for slot in range(calls)]
+        self._release(calls)
+        self._block = [self._order[slot] for slot in range(calls)]
+        return fns
+
+    def done(self, outputs: list[Any]) -> None:
+        for slot, (order, out) in enumerate(zip(self._block, outputs, strict=True)):
+            self.calls += 1
+            if len(self._chosen) < self._keep:
+                self._chosen.append(_Pending(slot, order, out))
+            elif (j := self._rng.randrange(self.calls)) < self._keep:
+                self._chosen[j] = _Pending(slot, order, out)
+
+    def once(self, sync: Callable[[Any], None]) -> None:
+        """One call through the feed, outside any timing: how an untimed step is judged on the harness's inputs."""
+        fns = self.take(1)
+        outs = [fns[0]()]
+        sync(outs)
+        self.done(outs)
+
+    def judged(self) -> list[Call]:
+        """The kept outputs, each read only after its slot was bound again (its inputs gone)."""
+        self._release(0)
+        return [c for c in self._chosen if isinstance(c, Call)]
+
+
+def _in_draw_order(tensors: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
+    """A call's outputs put back in the draw's token order (``y`` and ``dx`` per token; weight gradients as they
+    are)."""
+    out = {}
+    for k, v in tensors.items():
+        if k in ("y", "dx"):
+            back = np.empty_like(v.reshape(len(order), -1))
+            back[order] = v.reshape(len(order), -1)
+            v = back.reshape(v.shape)
+        out[k] = v.astype(np.float64)
+    return out
+
+
+def judge_calls(
+    calls: Sequence[Call],
+    made: int,
     reference: FreshReference,
     dtype: str,
     mode: str,
@@ -173,14 +302,19 @@ def judge_fresh(
     name: str,
     by_device: bool,
 ) -> list[FreshCheck]:
-    """The gate's verdict on every copy of a :class:`FreshRun` against the draw's ``reference``
-    (``compare.gate.fresh.reference``: the float64 reference and the plain computation of the tensors ``mode``
-    checks, of every token or of the tokens it drew), as one :class:`~compare.gate.fresh.FreshCheck` of ``seed`` per
-    copy."""
+    """The gate's verdict on the kept outputs of a :class:`Feed` (``made``: the calls it made) against the fresh
+    draw's ``reference`` (``compare.gate.fresh.reference``: of every token or of the tokens it drew): per device
+    copy, the worst of its calls' verdicts, as one :class:`~compare.gate.fresh.FreshCheck` of ``seed``."""
+    if not calls:
+        raise RuntimeError(f"{name}: no call on the harness's inputs was kept to judge")
     want = checked(mode, reference.ref)
-    got = [(d, reference.take({k: v.astype(np.float64) for k, v in t.items()})) for d, t in run.copies]
-    judged = judge_read(got, want, reference.plain, dtype, f"{name} on fresh inputs", by_device)
-    return [FreshCheck.of(seed, p, reference) for _, p in judged]
+    per_copy: list[list[FreshCheck]] = []
+    for call in calls:
+        got = [(d, reference.take(_in_draw_order(t, call.order))) for d, t in call.copies]
+        judged = judge_read(got, want, reference.plain, dtype, f"{name} on the harness's inputs", by_device)
+        checks = [FreshCheck.of(seed, p, reference, judged=len(calls), made=made) for _, p in judged]
+        per_copy = [[c] for c in checks] if not per_copy else [[*w, c] for w, c in zip(per_copy, checks, strict=True)]
+    return [worst_fresh(w) for w in per_copy]
 
 
 def worst_fresh(checks: Sequence[FreshCheck]) -> FreshCheck:
@@ -191,30 +325,26 @@ def worst_fresh(checks: Sequence[FreshCheck]) -> FreshCheck:
 
 @dataclass(frozen=True)
 class CopyVerdicts:
-    """The gate's three verdicts on one device's copy of a cell's outputs: the first call's, the last timed call's
-    (None when the step is not timed) and the fresh inputs' (``compare.gate.fresh``)."""
+    """The gate's two verdicts on one device's copy of a cell's outputs: the first call's (golden inputs) and the
+    harness's inputs' (:func:`judge_calls`: the worst of the kept calls)."""
 
     device: str
     first: Parity
-    again: Parity | None
     fresh: FreshCheck
 
     @property
     def tier(self) -> str:
-        """The worst of the three: a failure on fresh inputs counts as ``fail``, a deviation there is recorded only."""
-        again = [self.again.tier] if self.again is not None else []
-        return worst_tier([self.first.tier, *again, *(["fail"] if self.fresh.reasons else [])])
+        """The worse of the two: a failure on the harness's inputs counts as ``fail``, a deviation there is recorded
+        only (those inputs change with every run)."""
+        return worst_tier([self.first.tier, *(["fail"] if self.fresh.reasons else [])])
 
     def failures(self, prefix: str = "") -> list[str]:
-        """The fail-tier findings, each after ``prefix``: the first call's, the last timed call's, the fresh ones."""
-        again = self.again.failures() if self.again is not None else []
-        found = [*self.first.failures(), *(f"last timed call: {f}" for f in again), *self.fresh.reasons]
-        return [prefix + f for f in found]
+        """The fail-tier findings, each after ``prefix``: the first call's, then those on the harness's inputs."""
+        return [prefix + f for f in [*self.first.failures(), *self.fresh.reasons]]
 
     def deviations(self, prefix: str = "") -> list[str]:
-        """The deviates-tier findings, each after ``prefix``: the first call's and the last timed call's."""
-        again = self.again.deviations() if self.again is not None else []
-        return [prefix + f for f in [*self.first.deviations(), *(f"last timed call: {f}" for f in again)]]
+        """The deviates-tier findings of the first call, each after ``prefix``."""
+        return [prefix + f for f in self.first.deviations()]
 
     def record(self) -> CopyVerdict:
         """This copy's line in a process's stored verdict."""
@@ -222,10 +352,9 @@ class CopyVerdicts:
         return CopyVerdict(self.device, tier == "pass", tier)
 
 
-def verdicts(first: Judged, again: Judged | None, checks: Sequence[FreshCheck]) -> list[CopyVerdicts]:
-    """Per device copy (the same order in each: one process reads its copies in one order), its three verdicts."""
-    later: list[Parity | None] = [p for _, p in again] if again is not None else [None] * len(first)
-    return [CopyVerdicts(d, p, a, c) for (d, p), a, c in zip(first, later, checks, strict=True)]
+def verdicts(first: Judged, checks: Sequence[FreshCheck]) -> list[CopyVerdicts]:
+    """Per device copy (the same order in each: one process reads its copies in one order), its verdicts."""
+    return [CopyVerdicts(d, p, c) for (d, p), c in zip(first, checks, strict=True)]
 
 
 def findings(copies: Sequence[CopyVerdicts], by_device: bool) -> tuple[list[str], list[str]]:
@@ -243,7 +372,7 @@ def parity_record(copies: Sequence[CopyVerdicts], fresh_check: FreshCheck) -> Pa
     process)."""
     tier = worst_tier(c.tier for c in copies)
     shown = next(c for c in copies if c.tier == tier)
-    return ParityRecord.of(shown.first, shown.again, fresh_check)
+    return ParityRecord.of(shown.first, None, fresh_check)
 
 
 def profile(prepared: Prepared, trace: Path | None = None, relative_to: Path | None = None) -> Kernels | None:

@@ -145,17 +145,19 @@ def run_cell(
     stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any] | None:
     """One cell through the stages of ``compare.run.pipeline``, in step with every process of the group: parity of
-    every device's copy on every process (``pipeline.first_call``), then timing (full step, its collectives alone,
-    its compute alone) and the last timed call's copies judged, then the step once on fresh inputs
-    (``pipeline.fresh_step``, the draw of ``fresh_seed``: ``compare.gate.fresh``), every copy of it judged against
-    the fresh reference, computed only after that step returned (:func:`fresh_reference`). Each process's verdicts
+    every device's copy on every process (``pipeline.first_call``, ``pipeline.repeat``), then timing (full step, its
+    collectives alone, its compute alone), the full step's calls on the harness's inputs (``pipeline.Feed`` over the
+    draw of ``fresh_seed``, ``compare.gate.fresh``; its orders and its choice of outputs drawn from a seed every
+    process shares, so all of them bind and read alike; an untimed step makes one call), every copy of the kept
+    outputs judged against the fresh reference, computed only after the step returned (:func:`fresh_reference`).
+    Each process's verdicts
     (per copy: ``pipeline.CopyVerdicts``) are gathered on process 0, which merges them into the result
     (``pipeline.result``): a fail-tier finding of any copy, on any call, makes it ``parity-fail`` (a deviation on fresh
     inputs is recorded only); the record keeps this process's worst copy's numbers and the worst fresh verdict.
 
     ``stage(name)`` is told as a long stage begins (``"timing"``, ``"fresh inputs"``, ``"fresh reference"``): the
     launcher takes it as progress. Returns the merged result's dict on process 0, None elsewhere. Raises on a backend
-    failure (see module doc); a backend whose ``Prepared`` has no ``fresh`` is an ``error`` result naming it, judged
+    failure (see module doc); a backend whose ``Prepared`` has no ``bind`` is an ``error`` result naming it, judged
     on nothing (``pipeline.no_fresh``)."""
     case, mode = cell.case, cell.mode
     golden = golden_for(case)
@@ -175,41 +177,38 @@ def run_cell(
         group.barrier()
 
     who = pipeline.who(spec, mode)
-    first_s, verdicts = pipeline.first_call(prepared, sync, ref, plain, case.dtype, who)
+    first_s, verdicts, bits = pipeline.first_call(prepared, sync, ref, plain, case.dtype, who)
+    deterministic = pipeline.repeat(prepared, sync, who)[1] == bits
+    # every process draws the same orders and keeps the same calls: a bind or a read may be collective
+    feed = pipeline.Feed(prepared, fresh.draw(case, fresh_seed, golden.params), who, seed=fresh_seed + cell.index)
 
-    def measure(fn: Any, first: float | None = None, last_output: Any = None) -> timing.Timing:
-        return timing.measure(
-            fn,
-            sync,
-            first_call_s=first,
-            last_output=last_output,
-            agree=group.max_all,
-            **cfg.to_dict(),
-        )
+    def measure(fn: Any, first: float | None = None, inputs: pipeline.Feed | None = None) -> timing.Timing:
+        return timing.measure(fn, sync, first_call_s=first, feed=inputs, agree=group.max_all, **cfg.to_dict())
 
     told = stage or (lambda _: None)
     tim = comm = compute = None
-    last: list[Any] = []
     if prepared.timed:
         told("timing")
-        tim = measure(prepared.step, first_s, last.append)
+        tim = measure(prepared.step, first_s, feed)
         comm = measure(tp.comm_only)
         compute = measure(tp.compute_only)
-    agains = pipeline.judge_copies(prepared, last.pop(), ref, plain, case.dtype, who) if last else None
-    # fresh inputs: every process steps together (the step may issue collectives), reads its copies, and only then
-    # does the reference of that draw exist in this process
+    # every process reads its copies of the kept calls, and only then does the draw's reference exist in this process
     told("fresh inputs")
-    ran = pipeline.fresh_step(prepared, sync, fresh.draw(case, fresh_seed, golden.params), who)
-    told("fresh reference")
     t0 = time.perf_counter()
-    reference = fresh_reference(case, fresh_seed, golden.params)
+    if not feed.calls:
+        feed.once(sync)
+    calls = feed.judged()
+    told("fresh reference")
     t1 = time.perf_counter()
-    checks = pipeline.judge_fresh(ran, reference, case.dtype, mode, fresh_seed, who, pipeline.named(prepared))
-    fresh_s = {"step": ran.step_s, "read": ran.read_s, "reference": t1 - t0, "judge": time.perf_counter() - t1}
-    del ran
+    reference = fresh_reference(case, fresh_seed, golden.params)
+    t2 = time.perf_counter()
+    named = pipeline.named(prepared)
+    checks = pipeline.judge_calls(calls, feed.calls, reference, case.dtype, mode, fresh_seed, who, named)
+    fresh_s = {"calls": t1 - t0, "reference": t2 - t1, "judge": time.perf_counter() - t2}
+    del calls, feed
     collectives = [c.to_dict() for c in tp.collectives()]
     kernels = pipeline.profile(prepared) if profile else None
-    copies = pipeline.verdicts(verdicts, agains, checks)
+    copies = pipeline.verdicts(verdicts, checks)
     mine_failures, mine_deviations = pipeline.findings(copies, by_device=True)
     mine = {
         "rank": group.rank,
@@ -262,9 +261,9 @@ def run_cell(
         replace(record, processes=tuple(processes)),
         tim,
         kernels,
-        # process 0's seconds of the fresh-input check: the step, reading its copies, the reference (0 when cached
-        # from an earlier cell of the case) and the gate
-        extras={"fresh_check_s": fresh_s},
+        # process 0's seconds of the fresh-input check: its calls (an untimed step's one) and reading the kept
+        # copies, the reference (0 when cached from an earlier cell of the case) and the gate
+        extras={"fresh_check_s": fresh_s, "deterministic": deterministic},
         cost_case=shard(case, launch.world_size),  # one rank's share
     )
     return replace(result, world_size=launch.world_size, tp=TPInfo.from_dict(tp_doc)).to_dict()

@@ -14,6 +14,11 @@ inputs as arguments) and ``sync`` (which blocks until a pytree of outputs is com
 
 Reported: median, IQR, min and max per call, ``n`` samples, the block size, and the first call apart.
 
+**Inputs** (:class:`Feed`): the harness, not the step, owns the inputs of every call after the first. A block's
+calls are taken from the feed before its clock starts, each bound to inputs no call has seen, and the block's
+outputs go back to the feed after its sync, when the clock has stopped: the feed decides then, after the fact, which
+outputs it judges. Without a feed (the timer's own tests, a known-cost callable) ``fn`` is called as it is.
+
 **Interleaved** (:func:`measure_interleaved`): the backends compared on one case, dtype and mode are timed together.
 Each is called first on its own (step 1); the warm-up calls then run in rounds, and they size the blocks, which
 backends of about the same speed share (:func:`shared_block_sizes`: two equally fast steps must run blocks of the
@@ -51,6 +56,16 @@ CLOCK_RESOLUTION_S = time.get_clock_info("perf_counter").resolution
 #: How a timing's samples were taken: in its own window of time, in rounds with the other backends of its group
 #: (warm caches), or in rounds of single calls each after a cache flush (``cold``, :func:`measure_cold`).
 CONTIGUOUS, INTERLEAVED, COLD = "contiguous", "interleaved", "cold"
+
+
+class Feed(Protocol):
+    """The inputs of a timed step, owned by the harness (``compare.run.pipeline.Feed``): ``take(calls)`` returns the
+    zero-argument steps of one block's ``calls`` calls, each bound to inputs no call has seen (made before the clock
+    starts); ``done(outputs)`` receives the block's outputs once they are synced and the clock has stopped."""
+
+    def take(self, calls: int) -> list[Callable[[], Any]]: ...
+
+    def done(self, outputs: list[Any]) -> None: ...
 
 
 class Watch(Protocol):
@@ -156,19 +171,26 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def _timed_block(fn: Callable[[], Any], sync: Callable[[Any], None], calls: int) -> tuple[float, float, Any]:
-    """``calls`` calls in a row and one sync of all their outputs: the clock at its start and end, and the last
-    output."""
+def _timed_block(
+    fn: Callable[[], Any], sync: Callable[[Any], None], calls: int, feed: Feed | None = None
+) -> tuple[float, float]:
+    """``calls`` calls in a row and one sync of all their outputs: the clock at its start and end. With a ``feed``
+    the calls are the feed's (taken before the clock starts) and the outputs go back to it after the clock stops;
+    none is held once the block returns."""
+    fns = feed.take(calls) if feed is not None else [fn] * calls
     t0 = CLOCK()
-    outs = [fn() for _ in range(calls)]
+    outs = [f() for f in fns]
     sync(outs)
-    return t0, CLOCK(), outs[-1]
+    t1 = CLOCK()
+    if feed is not None:
+        feed.done(outs)
+    return t0, t1
 
 
-def _run_block(fn: Callable[[], Any], sync: Callable[[Any], None], calls: int) -> tuple[float, Any]:
-    """Seconds for ``calls`` calls in a row and one sync of all their outputs; and the last output."""
-    t0, t1, last = _timed_block(fn, sync, calls)
-    return t1 - t0, last
+def _run_block(fn: Callable[[], Any], sync: Callable[[Any], None], calls: int, feed: Feed | None = None) -> float:
+    """Seconds for ``calls`` calls in a row and one sync of all their outputs (:func:`_timed_block`)."""
+    t0, t1 = _timed_block(fn, sync, calls, feed)
+    return t1 - t0
 
 
 def first_call(fn: Callable[[], Any], sync: Callable[[Any], None]) -> tuple[float, Any]:
@@ -189,14 +211,14 @@ def measure(
     max_samples: int = 100,
     budget_s: float = 1.0,
     min_sample_s: float = 2e-3,
-    last_output: Callable[[Any], None] | None = None,
+    feed: Feed | None = None,
     agree: Callable[[Sequence[float]], list[float]] | None = None,
 ) -> Timing:
     """Time ``fn`` following the module protocol. ``sync(outputs)`` must block until all are complete.
 
     Pass ``first_call_s`` when the caller already made (and timed, with :func:`first_call`) the first call.
-    ``last_output``, when given, receives the output of the very last timed call, after the timing is done (the
-    harness checks its parity again: a backend must still be right after warm-up and replays). ``agree`` makes the
+    ``feed`` (:class:`Feed`) supplies the inputs of every call after the first and is handed every block's outputs
+    (the harness judges some of them, chosen after the fact). ``agree`` makes the
     measurement collective over a group of processes (module docstring); every process must pass the same arguments.
     """
     if min_samples < 5:
@@ -208,23 +230,17 @@ def measure(
     first = first_call(fn, sync)[0] if first_call_s is None else first_call_s
     fastest = float("inf")
     for _ in range(warmup):
-        fastest = min(fastest, _run_block(fn, sync, 1)[0])
+        fastest = min(fastest, _run_block(fn, sync, 1, feed))
     first, fastest = together([first, fastest])
     calls = max(1, math.ceil(min_sample_s / max(fastest, CLOCK_RESOLUTION_S)))
     samples: list[float] = []
     start = CLOCK()
-    last: Any = None
     more = True
     while more:
-        last = None  # the previous block's output is not held while the next runs (only the very last is kept)
-        seconds, last = _run_block(fn, sync, calls)
-        samples.append(seconds / calls)
+        samples.append(_run_block(fn, sync, calls, feed) / calls)
         wanted = len(samples) < min_samples or (CLOCK() - start < budget_s and len(samples) < max_samples)
         more = together([1.0 if wanted else 0.0])[0] > 0.0
     samples = together(samples)
-    if last_output is not None:
-        last_output(last)
-    del last
     q1, med, q3 = quartiles(samples)
     return Timing(
         median_s=med,
@@ -241,11 +257,13 @@ def measure(
 
 @dataclass(frozen=True)
 class Entrant:
-    """One backend of an interleaved group: its step, its sync, and its first call's seconds (already made)."""
+    """One backend of an interleaved group: its step, its sync, its first call's seconds (already made) and the
+    :class:`Feed` of its inputs (None: ``fn`` as it is)."""
 
     fn: Callable[[], Any]
     sync: Callable[[Any], None]
     first_call_s: float
+    feed: Feed | None = None
 
 
 def new_group_id(label: str) -> str:
@@ -301,7 +319,8 @@ def _sized_blocks(
             break
         for i in _shuffled(todo, rng):
             try:
-                seconds = _run_block(entrants[i].fn, entrants[i].sync, size[i])[0]
+                e = entrants[i]
+                seconds = _run_block(e.fn, e.sync, size[i], e.feed)
             except Exception as exc:  # this entrant's failure, recorded as its outcome
                 outcome[i] = exc
                 continue
@@ -350,9 +369,9 @@ def measure_interleaved(
     min_sample_s: float = 2e-3,
     seed: int = 0,
     watch: Watch | None = None,
-) -> list[tuple[Timing, Any] | BaseException]:
+) -> list[Timing | BaseException]:
     """Time ``entrants`` together, in rounds (module docstring): per entrant, its :class:`Timing` (design
-    ``interleaved``, ``group``, each sample's round) and the output of its last timed call, or the exception its
+    ``interleaved``, ``group``, each sample's round), or the exception its
     step raised (it leaves the rotation; the others go on). ``seed`` draws the orders (any fixed value keeps the
     test exact: what matters is that the order does not depend on the load). ``budget_s`` is per entrant.
     ``watch`` (:class:`Watch`) is told of every timed block; the caller reads its records with ``watch.stop()``."""
@@ -368,13 +387,13 @@ def measure_interleaved(
     for _ in range(warmup):  # warm-up in rounds, so that what follows starts from a steady state for all
         for i in _shuffled([i for i in range(n) if outcome[i] is None], rng):
             try:
-                warm[i] = min(warm[i], _run_block(entrants[i].fn, entrants[i].sync, 1)[0])
+                e = entrants[i]
+                warm[i] = min(warm[i], _run_block(e.fn, e.sync, 1, e.feed))
             except Exception as exc:  # this entrant's failure, recorded as its outcome
                 outcome[i] = exc
     calls = _sized_blocks(entrants, outcome, warm, min_sample_s, rng)
     samples: list[list[float]] = [[] for _ in range(n)]
     rounds: list[list[int]] = [[] for _ in range(n)]
-    last: list[Any] = [None] * n
     start = CLOCK()
     r = 0
     if watch is not None:
@@ -389,26 +408,22 @@ def measure_interleaved(
         rng.shuffle(live)
         for i in live:
             e = entrants[i]
-            last[i] = None  # as in measure: a block runs without this entrant's previous output held
             try:
-                t0, t1, last[i] = _timed_block(e.fn, e.sync, calls[i])
+                t0, t1 = _timed_block(e.fn, e.sync, calls[i], e.feed)
             except Exception as exc:
-                outcome[i], last[i] = exc, None
+                outcome[i] = exc
                 continue
             samples[i].append((t1 - t0) / calls[i])
             rounds[i].append(r)
             if watch is not None:
                 watch.block(i, t0, t1, calls[i])
         r += 1
-    out: list[tuple[Timing, Any] | BaseException] = []
-    for i, e in enumerate(entrants):
-        err = outcome[i]
-        if err is not None:
-            out.append(err)
-            continue
-        t = _in_rounds(samples[i], rounds[i], calls[i], e.first_call_s, warmup, INTERLEAVED, group)
-        out.append((t, last[i]))
-    return out
+    return [
+        err
+        if (err := outcome[i]) is not None
+        else _in_rounds(samples[i], rounds[i], calls[i], e.first_call_s, warmup, INTERLEAVED, group)
+        for i, e in enumerate(entrants)
+    ]
 
 
 def measure_cold(
@@ -454,8 +469,7 @@ def measure_cold(
             e = entrants[i]
             try:
                 flush()
-                t0, t1, out = _timed_block(e.fn, e.sync, 1)
-                del out
+                t0, t1 = _timed_block(e.fn, e.sync, 1, e.feed)
             except Exception as exc:  # this entrant's failure (or the flush's, named by its type), recorded
                 outcome[i] = exc
                 continue

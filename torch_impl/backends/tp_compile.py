@@ -47,13 +47,19 @@ class CompiledTPBackend(tc.TorchTPBackend):
         profiling.enable_inductor_kernel_profile()
         with _replayable(mode):
             step = tc.dtensor_step(problem, mode, group, module, _compile(module))
-        fresh_step = step.fresh
+        bind_step = step.bind
 
-        def fresh(inputs: dict[str, np.ndarray]) -> Any:
+        def bind(inputs: dict[str, np.ndarray], slot: int) -> Callable[[], Any]:
             with _replayable(mode):  # the same compile settings as the step's (no recompile on other inputs)
-                return fresh_step(inputs)
+                run = bind_step(inputs, slot)
 
-        step = dataclasses.replace(step, fresh=fresh)
+            def replayed() -> Any:
+                with _replayable(mode):
+                    return run()
+
+            return replayed
+
+        step = dataclasses.replace(step, bind=bind)
 
         def compute_only() -> Callable[[], Any]:
             with _replayable(mode):
