@@ -24,7 +24,7 @@ from compare.results.environment import ISA_FLAGS, Environment
 from compare.timing import nvml
 from compare.timing.budgets import PHASES, REST, BudgetRecord
 from compare.timing.caches import ColdSetup
-from compare.timing.significance import PAIRED, compare_timing
+from compare.timing.significance import MIN_PAIRS, PAIRED, compare_timing
 
 Row = list[str]
 Rows = Sequence[Result]
@@ -287,7 +287,8 @@ def timing_section(
         f"(`compare.timing.significance`: median ratio outside the band of both IQRs and, for an interleaved pair, an "
         f"exact signed-rank test on the rounds' paired log ratios, which stays at its nominal rate under any load; "
         f"a pair timed in separate windows, e.g. a tensor-parallel group's rows, is marked 'unpaired' and gets "
-        f"the rule of `compare diff`: quartiles apart and a Mann-Whitney test); else 'within noise'. "
+        f"the rule of `compare diff`: quartiles apart and a Mann-Whitney test); else 'within noise', or 'not "
+        f"tested (N rounds)' where a pair shares fewer rounds than the signed-rank test needs ({MIN_PAIRS}). "
         f"Warm: the caches hold what the previous call left there. Cold: each sample is one call right after a "
         f"flush of the last-level cache (its own time left out), in rounds in a random order too; 'cold / warm' is "
         f"the ratio of the medians, by the unpaired rule. Kernel time: the profiled step's kernels with overlapping "
