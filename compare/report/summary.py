@@ -132,8 +132,8 @@ def _fastest(rows: list[Result], plausibility_checked: bool) -> str:
 
 
 def _against(best: Timing, other: Result, what: str) -> str:
-    """``best``'s verdict against ``other`` (``what`` names it: "torch-eager", "the runner-up jax-xla 156 ms") with
-    the test that gave it: a speedup only where significant, "within noise" only where a test ran."""
+    """``best``'s verdict against ``other`` (``what`` names it: the baseline, or "the runner-up" with its name and
+    median) with the test that gave it: a speedup only where significant, "within noise" only where a test ran."""
     assert other.timing is not None
     v = compare_timing(other.timing, best)
     if v.verdict == NOT_TESTED:
