@@ -22,6 +22,7 @@ from compare.report import render as report
 from compare.report.cost import fusion_benefit, fusion_section
 from compare.report.shapes import shapes_section, with_payback
 from compare.results.document import Result, Results
+from compare.timing.significance import MIN_PAIRS, NOT_TESTED, PAIRED, compare_timing
 from compare.timing.timer import Timing
 
 pytestmark = pytest.mark.quick
@@ -191,3 +192,45 @@ def test_significance_is_framework_free_and_imports_no_report() -> None:
         "assert compare.report.diff.compare_timing is compare.timing.significance.compare_timing"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _interleaved(median: float, rounds: int) -> dict[str, Any]:
+    """A timing of one interleaved group of ``rounds`` rounds, samples within +-1% of ``median``."""
+    samples = [median * (1 + 0.01 * (2 * i / (rounds - 1) - 1)) for i in range(rounds)]
+    return {
+        **_timing(median, 0.01 * median, samples),
+        "design": "interleaved",
+        "group": "g#1",
+        "rounds": list(range(rounds)),
+    }
+
+
+@pytest.mark.parametrize("rounds", [5, MIN_PAIRS])
+def test_a_paired_test_that_could_not_run_is_said_not_tested_in_every_table(rounds: int) -> None:
+    """torch-compile 2x torch-eager, timed together for 5 rounds (the paired test needs 8): the timing table's
+    speedup, the fusion table's measured saving and the summary say 'not tested (5 rounds)', never a number and
+    never 'within noise'. The control: 8 rounds are tested, and the 2x is a number everywhere."""
+    doc = _doc(_interleaved(10e-3, rounds), _interleaved(5e-3, rounds))
+    cell = report.speedup_cell(doc.results, doc.results[1])
+    (row,) = fusion_benefit(doc)
+    fused = _line(fusion_section(doc), "| torch-compile")
+    # what the report claims: its table rows and summary lines (the intros name every verdict the rule can give)
+    md = "\n".join(x for x in report.render(doc).splitlines() if x.startswith(("|", "- **")))
+    if rounds < MIN_PAIRS:
+        assert cell == "not tested (5 rounds)", cell
+        assert row["measured_verdict"] == NOT_TESTED and row["measured_pairs"] == 5
+        assert "not tested (5 rounds)" in fused and "5 ms" not in fused.split("|")[13], fused
+        assert "within noise" not in md and "2.00x" not in md
+    else:
+        assert cell == "2.00x", cell
+        assert row["measured_verdict"] == "faster" and "not tested" not in md
+
+
+def test_the_verdict_carries_not_tested_apart_from_within_noise() -> None:
+    """Paired with fewer than MIN_PAIRS rounds: NOT_TESTED with its round count, not significant, no p-values (the
+    test did not run). The control: one round more than enough gives p-values and a verdict."""
+    for rounds, verdict in ((MIN_PAIRS - 1, NOT_TESTED), (MIN_PAIRS, "faster")):
+        v = compare_timing(_interleaved(10e-3, rounds), _interleaved(5e-3, rounds))
+        assert (v.verdict, v.pairs, v.design) == (verdict, rounds, PAIRED), v
+        assert v.significant == (verdict == "faster") and (v.p_faster is None) == (verdict == NOT_TESTED)
+        assert v.said("2x") == ("2x" if verdict == "faster" else f"not tested ({rounds} rounds)")

@@ -3,6 +3,7 @@ noise), and the fusion headroom next to what fused backends saved. Built from a 
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -14,6 +15,8 @@ from compare.report.cost import fusion_benefit, fusion_section
 from compare.report.render import render
 from compare.report.summary import summary_section
 from compare.results.document import Results
+from compare.timing.significance import MIN_PAIRS
+from compare.timing.timer import quartiles
 
 pytestmark = pytest.mark.quick
 
@@ -243,3 +246,148 @@ def test_a_failing_backend_or_baseline_has_no_measured_saving() -> None:
     assert "jax: not measured (jax-unfused failed parity)." in head and "jax-xla" not in head
     # the other framework is untouched
     assert _fusion_row(doc, "torch-compile")["measured_saved_s"] == pytest.approx(1e-4)
+
+
+# ---- claims no stronger than their statistics ------------------------------------------------------------------
+
+CEILINGS = {
+    "device": "cpu",
+    "bfloat16": {
+        "flops_per_s": 1e14,
+        "bytes_per_s": 1e11,
+        "matmul_shape": [1024] * 3,
+        "copy_bytes": 2**28,
+        "timing": {"matmul": {"median_s": 2e-3, "iqr_s": 0.0}, "copy": {"median_s": 5e-3, "iqr_s": 0.0}},
+    },
+}
+
+
+def _paired(median: float, rounds: int, seed: int) -> dict[str, Any]:
+    """A timing of one interleaved group (``rounds`` rounds, group ``c/fwd#t``): ``median`` times a jitter of up to
+    +-2%, symmetric (the median is ``median``) and shuffled by ``seed`` (two seeds pair up unlike signs)."""
+    jitter = [0.02 * (2 * i / (rounds - 1) - 1) for i in range(rounds)]
+    random.Random(seed).shuffle(jitter)
+    samples = [median * (1 + j) for j in jitter]
+    q1, med, q3 = quartiles(sorted(samples))
+    return {
+        **_timing(med),
+        "iqr_s": q3 - q1,
+        "min_s": min(samples),
+        "max_s": max(samples),
+        "n": rounds,
+        "samples_s": samples,
+        "design": "interleaved",
+        "group": "c/fwd#t",
+        "rounds": list(range(rounds)),
+    }
+
+
+def _timed_together(rounds: int, medians: dict[str, float], ceilings: bool = True, **status: str) -> Results:
+    """One case and mode whose backends (``medians``, seconds) were timed together for ``rounds`` rounds; a backend
+    named in ``status`` gets that status (``deviates`` with a deviation on ``y``)."""
+    rows = []
+    for i, (backend, median) in enumerate(medians.items()):
+        r = _row(backend, median, status=status.get(backend, "ok"))
+        r["timing"] = _paired(median, rounds, seed=i)
+        if r["status"] == "deviates":
+            r["parity"]["deviated"] = ["y"]
+        rows.append(r)
+    return Results.from_dict(
+        {"results": rows, "environment": {}, "config": {}, **({"ceilings": CEILINGS} if ceilings else {})}
+    )
+
+
+def _fastest_text(doc: Results) -> str:
+    (line,) = [x for x in summary_section(doc).splitlines() if x.startswith("- **")]
+    return line.split(". Fastest: ", 1)[1].split(". Fusion headroom")[0]
+
+
+@pytest.mark.parametrize("factor", [0.99, 0.5])
+def test_too_few_rounds_for_the_paired_test_is_not_tested_never_within_noise(factor: float) -> None:
+    """5 rounds (the paired test needs 8): 'not tested (5 rounds)', whether the two are alike or 2x apart. The
+    control: the same timings over 8 rounds are tested ('within noise' alike, '2.00x' apart). It cannot see whether
+    8 rounds were enough to find a real difference: that is the power check's (test_fastest)."""
+    medians = {"torch-eager": 1e-3, "torch-compile": factor * 1e-3}
+    few = _fastest_text(_timed_together(5, medians))
+    assert f"not tested (5 rounds) against torch-eager (timed together; the paired test needs {MIN_PAIRS})" in few
+    assert "within noise" not in few and "x torch-eager" not in few, few
+    enough = _fastest_text(_timed_together(MIN_PAIRS, medians))
+    assert "not tested" not in enough, enough
+    how = "timed together, paired by round"
+    expect = f"within noise of torch-eager ({how})" if factor == 0.99 else f"2.00x torch-eager (significant; {how})"
+    assert expect in enough, enough
+
+
+def test_fastest_is_tested_against_the_runner_up_as_well() -> None:
+    """Fastest 2x the baseline but alike the runner-up: both verdicts, each with its test. The control: a runner-up
+    1.4x slower is called so, significant."""
+    close = _fastest_text(_timed_together(12, {"torch-eager": 1e-3, "torch-compile": 0.5e-3, "jax-xla": 0.5e-3}))
+    assert close.startswith("torch-compile 500 us, 2.00x torch-eager (significant; timed together"), close
+    assert "within noise of the runner-up jax-xla 500 us (timed together, paired by round)" in close, close
+    apart = _fastest_text(_timed_together(12, {"torch-eager": 1e-3, "torch-compile": 0.5e-3, "jax-xla": 0.7e-3}))
+    assert "1.40x the runner-up jax-xla 700 us (significant; timed together, paired by round)" in apart, apart
+    # the baseline as the runner-up is tested once and said to be both
+    two = _fastest_text(_timed_together(12, {"torch-eager": 1e-3, "torch-compile": 0.5e-3}))
+    assert (
+        two
+        == "torch-compile 500 us, 2.00x torch-eager (significant; timed together, paired by round), also the runner-up"
+    )
+    # the baseline fastest: tested against the runner-up alone
+    base = _fastest_text(_timed_together(12, {"torch-eager": 0.5e-3, "torch-compile": 1e-3}))
+    assert base.startswith("torch-eager 500 us (the baseline itself), 2.00x the runner-up torch-compile 1 ms"), base
+
+
+def test_no_fastest_without_a_timed_baseline() -> None:
+    """The issue's case: jax-unfused 133 ms and jax-xla 156 ms, torch-eager not run: no fastest, and why. The
+    control: with torch-eager timed, a fastest is named and tested."""
+    jax = {"jax-unfused": 133e-3, "jax-xla": 156e-3}
+    text = _fastest_text(_timed_together(12, jax))
+    assert text.startswith("none named (torch-eager not run: a fastest is tested against it"), text
+    assert "jax-unfused 133 ms" not in text
+    failed = _fastest_text(_timed_together(12, {"torch-eager": 1e-3, **jax}, **{"torch-eager": "parity-fail"}))
+    assert failed.startswith("none named (torch-eager failed parity"), failed
+    timed = _fastest_text(_timed_together(12, {"torch-eager": 200e-3, **jax}))
+    assert timed.startswith("jax-unfused 133 ms, 1.50x torch-eager (significant"), timed
+
+
+def test_without_ceilings_plausibility_is_said_not_checked() -> None:
+    """``--no-ceilings`` (no ceilings in the document): the intro never calls the fastest plausible, the line says
+    it was not checked. The control: with ceilings, 'plausible against' the ceilings and no such note."""
+    medians = {"torch-eager": 1e-3, "torch-compile": 0.5e-3}
+    off = summary_section(_timed_together(12, medians, ceilings=False))
+    assert "plausib" not in off.replace("plausibility was not checked", "").replace("plausibility not checked", "")
+    assert "plausibility was not checked (this run measured no ceilings)" in off
+    assert "(plausibility not checked: the run measured no bfloat16 ceiling)" in _fastest_text(
+        _timed_together(12, medians, ceilings=False)
+    )
+    on = summary_section(_timed_together(12, medians))
+    assert "is plausible against this machine's measured ceilings" in on and "not checked" not in on
+
+
+def test_a_deviating_fastest_has_its_deviation_beside_it() -> None:
+    """jax-xla deviates on y and is fastest: named with 'deviates: y' right after its time. The control: the same
+    timings with jax-xla passing carry no such note."""
+    medians = {"torch-eager": 1e-3, "jax-xla": 0.5e-3}
+    text = _fastest_text(_timed_together(12, medians, **{"jax-xla": "deviates"}))
+    assert text.startswith("jax-xla 500 us (deviates: y), 2.00x torch-eager"), text
+    assert "deviates" not in _fastest_text(_timed_together(12, medians))
+
+
+def test_a_backend_whose_plan_fuses_nothing_is_never_under_saved() -> None:
+    """torch-eager-remat (plan ``eager-remat``: every intermediate in memory, no GEMM fused; in ``fwd`` exactly the
+    baseline's kernels) timed 2x faster than torch-eager: not under 'saved', not a row of the fusion table, named
+    under it instead. The control: torch-compile (``fused-ew``: ``a`` never reaches memory) at the same times is
+    listed in both. It cannot see whether a plan's model is right for the backend: the cost model's tests are."""
+    rows = [
+        _costed("torch-eager", 1e-3, kernels=_profiled(900.0, 100.0)),
+        _costed("torch-eager-remat", 0.5e-3),
+        _costed("torch-compile", 0.5e-3),
+    ]
+    doc = Results.from_dict({"results": rows, "environment": {}, "config": {}})
+    head = _headroom_text(doc)
+    assert "saved: torch-compile 500 us" in head and "torch-eager-remat" not in head, head
+    table_ = fusion_section(doc)
+    assert "| torch-compile | torch-eager |" in table_ and "| torch-eager-remat |" not in table_
+    assert "fuses nothing on that case and mode (a time they save is not fusion's): torch-eager-remat (" in table_
+    assert _fusion_row(doc, "torch-eager-remat")["removed"] == []
+    assert _fusion_row(doc, "torch-compile")["removed"] == ["a", "1 kernel(s)"]

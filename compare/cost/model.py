@@ -410,6 +410,17 @@ def cost(case: Case, backend: str | BackendSpec, mode: str) -> Cost:
     )
 
 
+def removed(c: Cost, base: Cost) -> tuple[str, ...]:
+    """What ``c``'s plan removes from ``base``'s (the unfused baseline's cost on the same case and mode): the
+    intermediates ``base`` writes to memory that ``c`` does not, then ``"N kernel(s)"`` when it runs N fewer (a
+    fused GEMM, elementwise op or reduction). Empty: the plan keeps every intermediate in memory and fuses nothing
+    (``eager-remat`` in every mode, every plan of ``linear``, ``fused-ew`` on ``gelu-mlp`` forward), so a time it
+    saves over ``base`` is not fusion's. It reads the model's kernels and ``materialized``, not a measurement."""
+    kernels = base.model_kernels_per_step - c.model_kernels_per_step
+    fewer = (f"{kernels} kernel(s)",) if kernels > 0 else ()
+    return tuple(n for n in base.materialized if n not in c.materialized) + fewer
+
+
 def roofline(cost: Cost, median_s: float, ceiling: Ceiling) -> Achieved:
     """Achieved rates of a measured step against this machine's ceilings, and the roofline-predicted time.
 

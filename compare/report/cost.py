@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compare.cost.model import roofline
+from compare.cost.model import removed, roofline
 from compare.cost.records import Achieved, Ceiling
 from compare.formats.markdown import case_label, fmt_s, si, table
 from compare.report.machines import machine_of
@@ -109,6 +109,10 @@ def fusion_benefit(doc: Results) -> list[dict[str, Any]]:
     backend's: GEMM library and shapes, not fusion) apart from ``outside_gemm_saved_s`` (the same for every other
     kernel: what fusing the elementwise work saved), and ``baseline_outside_gemm_s`` (the baseline's time outside
     GEMMs: the most fusion could save; None unless the baseline was profiled with times and passed or deviates).
+    ``measured_pairs``: the rounds the two shared when timed together (None for separate windows; with fewer than
+    the paired test needs, ``measured_verdict`` is "not tested"). ``removed``: what this backend's cost-model plan
+    removes from the baseline's (:func:`compare.cost.model.removed`); empty when it fuses nothing, and then its time
+    is never listed as a saving (:func:`fusion_section`, the summary).
     """
     from compare.backends.registry import BACKENDS, framework_baseline
     from compare.timing.significance import compare_timing
@@ -135,6 +139,7 @@ def fusion_benefit(doc: Results) -> list[dict[str, Any]]:
         gemm_saved = outside_saved = None
         if split_r is not None and split_b is not None:
             gemm_saved, outside_saved = split_b[0] - split_r[0], split_b[1] - split_r[1]
+        v = compare_timing(t_b, t_r) if t_r and t_b else None
         bytes_saved = bc.bytes - c.bytes
         extra_flops = c.flops - bc.flops
         rows.append(
@@ -155,7 +160,9 @@ def fusion_benefit(doc: Results) -> list[dict[str, Any]]:
                 "predicted_extra_flops_s": extra_flops / ceil.flops_per_s if ceil else None,
                 "not_measured": why,
                 "measured_saved_s": t_b.median_s - t_r.median_s if t_r and t_b else None,
-                "measured_verdict": compare_timing(t_b, t_r).verdict if t_r and t_b else None,
+                "measured_verdict": v.verdict if v else None,
+                "measured_pairs": v.pairs if v else None,
+                "removed": list(removed(c, bc)),
                 "gemm_time_saved_s": gemm_saved,
                 "outside_gemm_saved_s": outside_saved,
                 "baseline_outside_gemm_s": split_b[1] if split_b is not None else None,
@@ -168,7 +175,7 @@ def fusion_benefit(doc: Results) -> list[dict[str, Any]]:
 
 def _measured_saved(f: dict[str, Any]) -> str:
     """The measured saving of a fusion-benefit row: a number only when the difference is beyond noise."""
-    from compare.timing.significance import WITHIN_NOISE
+    from compare.timing.significance import NOT_TESTED, WITHIN_NOISE, not_tested
 
     if f.get("not_measured"):
         return f"- ({f['not_measured']})"
@@ -176,14 +183,19 @@ def _measured_saved(f: dict[str, Any]) -> str:
         return "-"
     if f.get("measured_verdict") == WITHIN_NOISE:
         return WITHIN_NOISE
+    if f.get("measured_verdict") == NOT_TESTED:
+        return not_tested(f.get("measured_pairs"))
     return _signed_s(f["measured_saved_s"])
 
 
 def fusion_section(doc: Results) -> str:
     """Markdown: what fusion buys each backend over its framework's unfused baseline, predicted from bytes and
-    measured side by side, the measured kernel time split into GEMMs and the rest."""
-    rows = fusion_benefit(doc)
-    if not rows:
+    measured side by side, the measured kernel time split into GEMMs and the rest. Only backends whose cost-model
+    plan removes something from the baseline's (``removed``); the others are named under the table."""
+    every = fusion_benefit(doc)
+    rows = [f for f in every if f["removed"]]
+    fuse_nothing = [f"{f['backend']} ({f['label']} {f['dtype']} {f['mode']})" for f in every if not f["removed"]]
+    if not rows and not fuse_nothing:
         return ""
     out = []
     for f in rows:
@@ -236,13 +248,22 @@ def fusion_section(doc: Results) -> str:
         "saved / this machine's measured copy bandwidth; a backend that recomputes (extra GEMM FLOPs) pays "
         "them back at the measured matmul rate. Measured saved = the two medians' difference, shown only where "
         "it is beyond both runs' noise (the rule of `compare diff`: median ratio outside the band of both "
-        "IQRs, quartiles apart, a Mann-Whitney test), else 'within noise'; not measured where either result "
+        "IQRs, quartiles apart, a Mann-Whitney test; timed together, the paired test by round), else 'within "
+        "noise', or 'not tested (N rounds)' where the paired test had too few rounds to run; not measured where "
+        "either result "
         "failed parity, erred or was not timed (the reason in brackets). Of the kernel time (both profiled with "
         "a time per kernel, else '-'): the baseline's GEMM kernels' time per step minus this backend's (a "
         "different GEMM, not fusion) and the same for every other kernel (what fusing the elementwise work "
         "saved). Negative means slower or more traffic."
     )
-    return "## What fusion buys\n\n" + intro + "\n\n" + table(head, out)
+    none = (
+        "Not listed, as their cost-model plan keeps every intermediate in memory and fuses nothing on that case "
+        "and mode (a time they save is not fusion's): " + ", ".join(fuse_nothing) + "."
+        if fuse_nothing
+        else ""
+    )
+    body = "\n\n".join(x for x in (table(head, out) if out else "", none) if x)
+    return "## What fusion buys\n\n" + intro + "\n\n" + body
 
 
 def _ceilings_rows(doc: Results) -> list[list[str]]:

@@ -25,7 +25,7 @@ from compare.backends.registry import BACKENDS, DEFAULT_BASELINE
 from compare.formats.markdown import case_label, fmt_s, table
 from compare.results.document import Result, Results
 from compare.results.memory import Memory, model_check
-from compare.timing.significance import WITHIN_NOISE, compare_timing
+from compare.timing.significance import compare_timing
 
 MIB = 1 << 20
 #: Statuses whose memory figures the summary weighs (a failing step's memory is no saving).
@@ -204,12 +204,9 @@ def memory_line(rows: Sequence[Result]) -> str:
         cost = "time not compared (one of them not timed)"
         if r.timing is not None and twin.timing is not None:
             v = compare_timing(twin.timing, r.timing)
-            cost = (
-                f"{WITHIN_NOISE} in time"
-                if v.verdict == WITHIN_NOISE
-                else f"{'+' if r.timing.median_s >= twin.timing.median_s else '-'}"
-                f"{fmt_s(abs(r.timing.median_s - twin.timing.median_s))} a step"
-            )
+            sign = "+" if r.timing.median_s >= twin.timing.median_s else "-"
+            cost = v.said(f"{sign}{fmt_s(abs(r.timing.median_s - twin.timing.median_s))} a step")
+            cost += " in time" if not v.significant else ""
         text += f"; recomputation saves {mib(twin_saved - saved)} for {cost} ({name} against {twin.backend})"
     return text
 

@@ -24,7 +24,7 @@ from compare.results.environment import ISA_FLAGS, Environment
 from compare.timing import nvml
 from compare.timing.budgets import PHASES, REST, BudgetRecord
 from compare.timing.caches import ColdSetup
-from compare.timing.significance import PAIRED, WITHIN_NOISE, compare_timing
+from compare.timing.significance import MIN_PAIRS, PAIRED, compare_timing
 
 Row = list[str]
 Rows = Sequence[Result]
@@ -166,8 +166,9 @@ def _baseline(results: Rows, r: Result) -> Result | None:
 def speedup_cell(results: Rows, r: Result) -> str:
     """``r``'s speedup against the baseline on the same case and mode, e.g. ``1.52x``, only where the two timings
     differ beyond noise (:func:`compare.timing.significance.compare_timing`, the rule of ``compare diff``); else
-    ``within noise``. ``baseline`` for the baseline itself, ``-`` where the baseline was not timed (on the row's
-    machine type: a row is never compared with a baseline measured on another)."""
+    ``within noise`` (or ``not tested (N rounds)`` where the paired test had too few rounds to run). ``baseline``
+    for the baseline itself, ``-`` where the baseline was not timed (on the row's machine type: a row is never
+    compared with a baseline measured on another)."""
     base = _baseline(results, r)
     if base is None or base.timing is None or r.timing is None:
         return "-"
@@ -175,7 +176,7 @@ def speedup_cell(results: Rows, r: Result) -> str:
         return "baseline"
     v = compare_timing(base.timing, r.timing)
     mark = "" if v.design == PAIRED else ", unpaired"
-    return (WITHIN_NOISE if v.verdict == WITHIN_NOISE else f"{1 / v.ratio:.2f}x") + mark
+    return v.said(f"{1 / v.ratio:.2f}x") + mark
 
 
 def _cold_cells(r: Result) -> list[str]:
@@ -185,7 +186,7 @@ def _cold_cells(r: Result) -> list[str]:
     if c is None or t is None:
         return ["-", "-", "-"]
     v = compare_timing(t, c)
-    ratio = WITHIN_NOISE if v.verdict == WITHIN_NOISE else f"{v.ratio:.2f}x"
+    ratio = v.said(f"{v.ratio:.2f}x")
     return [fmt_s(c.median_s), fmt_s(c.iqr_s) + f" (n {c.n})", ratio]
 
 
@@ -286,7 +287,8 @@ def timing_section(
         f"(`compare.timing.significance`: median ratio outside the band of both IQRs and, for an interleaved pair, an "
         f"exact signed-rank test on the rounds' paired log ratios, which stays at its nominal rate under any load; "
         f"a pair timed in separate windows, e.g. a tensor-parallel group's rows, is marked 'unpaired' and gets "
-        f"the rule of `compare diff`: quartiles apart and a Mann-Whitney test); else 'within noise'. "
+        f"the rule of `compare diff`: quartiles apart and a Mann-Whitney test); else 'within noise', or 'not "
+        f"tested (N rounds)' where a pair shares fewer rounds than the signed-rank test needs ({MIN_PAIRS}). "
         f"Warm: the caches hold what the previous call left there. Cold: each sample is one call right after a "
         f"flush of the last-level cache (its own time left out), in rounds in a random order too; 'cold / warm' is "
         f"the ratio of the medians, by the unpaired rule. Kernel time: the profiled step's kernels with overlapping "

@@ -5,14 +5,19 @@ Each line gives
   an honest implementation can have) and the likely cause, with the gate's resolution on that case
   (``compare.gate.resolution``: the smallest scale error it catches on ``y``, and whether erf and tanh GELU can be told
   apart), so "pass" has a size;
-- **fastest**: the fastest timed backend among those that pass or deviate and are plausible (a parity failure, an
-  error or an ``implausible`` time is never named), and its speedup against the baseline, marked *significant*
-  only beyond the noise (``compare.timing.significance``: paired by round when they were timed together, interleaved;
-  unpaired across separate windows), else *within noise*; the design is named;
+- **fastest**: the fastest timed backend among those that pass or deviate (a parity failure, an error or an
+  ``implausible`` time is never named; a deviating one has its deviation beside it), tested against the baseline
+  and against the runner-up, each verdict with its test (``compare.timing.significance``: paired by round when they
+  were timed together, interleaved; unpaired across separate windows): a speedup only where *significant*, else
+  *within noise* where the test ran, or *not tested (N rounds)* where the paired test had too few rounds to run.
+  Without a timed baseline no fastest is named, and the line says why. Plausible means checked against the run's
+  measured ceilings; where the run measured none for the dtype (``--no-ceilings``), the line says plausibility was
+  not checked;
 - **fusion headroom**: per framework present, the share of its own unfused baseline's profiled step spent outside
   its GEMMs (its elementwise and other kernels, from the profiler's per-kernel times): the most that fusing them
   away could ever save. Next to it, what each fused backend of that framework saved over that baseline, from the
-  fusion table (a number only where it is beyond noise, none for a backend or baseline that fails parity); a saving
+  fusion table (a number only where it is beyond noise, none for a backend or baseline that fails parity, and only
+  for a backend whose cost-model plan removes something: ``compare.cost.model.removed``); a saving
   larger than the baseline's time outside GEMMs says where the rest came from (GEMMs, dispatch). Speed across
   frameworks is never a saving: it stays in the timing table;
 - **memory** (only where the run measured it, ``--memory`` or ``--profile``): what fusion keeps out of memory per
@@ -26,11 +31,12 @@ from typing import Any
 from compare.backends.registry import BACKENDS, DEFAULT_BASELINE, framework_baseline
 from compare.formats.markdown import case_label, fmt_s, si
 from compare.gate.resolution import ResolutionRow
-from compare.report.cost import MEASURED, UNMEASURED, fusion_benefit, kernel_time_split
+from compare.report.cost import MEASURED, UNMEASURED, ceilings_for, fusion_benefit, kernel_time_split
 from compare.report.machines import machine_of, machines_line, several, timed_machine_types
 from compare.report.memory import memory_line
 from compare.results.document import Result, Results
-from compare.timing.significance import PAIRED, WITHIN_NOISE, compare_timing
+from compare.timing.significance import MIN_PAIRS, NOT_TESTED, PAIRED, WITHIN_NOISE, compare_timing, not_tested
+from compare.timing.timer import Timing
 
 
 def _key(r: Result) -> tuple[str, str]:
@@ -55,6 +61,14 @@ def _where_failed(r: Result) -> str:
     return "see the reason"
 
 
+def _deviation(r: Result) -> str:
+    """Which tensors of a deviating row deviate, and the likely cause of the worst."""
+    p = r.parity
+    worst = max(p.tensors, key=lambda t: t.worst_ratio) if p is not None and p.tensors else None
+    cause = f": {worst.cause}" if worst is not None and worst.cause else ""
+    return f"{', '.join(p.deviated if p is not None else ())}{cause}"
+
+
 def _parity(rows: list[Result], resolution: tuple[ResolutionRow, ...]) -> str:
     judged = [r for r in rows if r.parity is not None]
     bad = [r for r in rows if r.status in ("parity-fail", "error")]
@@ -76,13 +90,7 @@ def _parity(rows: list[Result], resolution: tuple[ResolutionRow, ...]) -> str:
             + ", ".join(r.label for r in implausible)
         )
     if deviating:
-        what = []
-        for r in deviating:
-            p = r.parity
-            worst = max(p.tensors, key=lambda t: t.worst_ratio) if p is not None and p.tensors else None
-            cause = f": {worst.cause}" if worst is not None and worst.cause else ""
-            what.append(f"{r.label} ({', '.join(p.deviated if p is not None else ())}{cause})")
-        parts.append("deviates: " + "; ".join(what))
+        parts.append("deviates: " + "; ".join(f"{r.label} ({_deviation(r)})" for r in deviating))
     if not parts and not judged:
         return "nothing judged"
     verdict = "; ".join(parts) + f"; {len(passing)} other(s) pass" if parts else f"all {len(judged)} pass"
@@ -108,35 +116,71 @@ def _parity(rows: list[Result], resolution: tuple[ResolutionRow, ...]) -> str:
     return verdict
 
 
-def _fastest(rows: list[Result]) -> str:
+def _fastest(rows: list[Result], plausibility_checked: bool) -> str:
     """The fastest plausible backend of a group; per machine type where its timed rows come from several (never a
-    speedup across two)."""
+    speedup across two). ``plausibility_checked``: the run measured a ceiling for the group's dtype."""
     if several(rows):
-        return "; ".join(
+        text = "; ".join(
             f"on {m or 'a machine not recorded'}, {_fastest_of([r for r in rows if machine_of(r) == m])}"
             for m in timed_machine_types(rows)
         )
-    return _fastest_of(rows)
+    else:
+        text = _fastest_of(rows)
+    if plausibility_checked or text == "nothing timed":
+        return text
+    return f"{text} (plausibility not checked: the run measured no {rows[0].dtype} ceiling)"
+
+
+def _against(best: Timing, other: Result, what: str) -> str:
+    """``best``'s verdict against ``other`` (``what`` names it: the baseline, or "the runner-up" with its name and
+    median) with the test that gave it: a speedup only where significant, "within noise" only where a test ran."""
+    assert other.timing is not None
+    v = compare_timing(other.timing, best)
+    if v.verdict == NOT_TESTED:
+        return f"{not_tested(v.pairs)} against {what} (timed together; the paired test needs {MIN_PAIRS})"
+    how = "timed together, paired by round" if v.design == PAIRED else "separate windows, unpaired"
+    if v.verdict == WITHIN_NOISE:
+        return f"{WITHIN_NOISE} of {what} ({how})"
+    return f"{1 / v.ratio:.2f}x {what} (significant; {how})"
 
 
 def _fastest_of(rows: list[Result]) -> str:
-    timed = [(r, r.timing) for r in rows if r.timing is not None and r.status in ("ok", "deviates")]
+    """The quickest timed row that passes or deviates (with its deviation beside it), tested against the baseline
+    and against the runner-up; none named without a timed baseline."""
+    timed = sorted(
+        (r for r in rows if r.timing is not None and r.status in ("ok", "deviates")),
+        key=lambda r: r.timing.median_s if r.timing is not None else 0.0,
+    )
     if not timed:
         return "nothing timed"
-    best, best_t = min(timed, key=lambda rt: rt[1].median_s)
-    base = next(((r, t) for r, t in timed if r.backend == DEFAULT_BASELINE), None)
-    text = f"{best.label} {fmt_s(best_t.median_s)}"
+    base = next((r for r in timed if r.backend == DEFAULT_BASELINE), None)
     if base is None:
-        return text + f" ({DEFAULT_BASELINE} not timed)"
-    if best is base[0]:
-        return text + " (the baseline itself)"
-    v = compare_timing(base[1], best_t)
-    how = "timed together, paired by round" if v.design == PAIRED else "separate windows, unpaired"
-    return text + (
-        f", {WITHIN_NOISE} of {DEFAULT_BASELINE} ({how})"
-        if v.verdict == WITHIN_NOISE
-        else f", {1 / v.ratio:.2f}x {DEFAULT_BASELINE} (significant; {how})"
-    )
+        row = next((r for r in rows if r.backend == DEFAULT_BASELINE), None)
+        why = (
+            "not run"
+            if row is None
+            else "not timed"
+            if row.status in MEASURED
+            else UNMEASURED.get(row.status, row.status)
+        )
+        return f"none named ({DEFAULT_BASELINE} {why}: a fastest is tested against it; the timing table has the rest)"
+    best, *rest = timed
+    assert best.timing is not None
+    text = f"{best.label} {fmt_s(best.timing.median_s)}"
+    if best.status == "deviates":
+        text += f" (deviates: {_deviation(best)})"
+    if not rest:
+        return text + " (the baseline itself, the only one timed)"
+    verdicts = []
+    if best is base:
+        text += " (the baseline itself)"
+    else:
+        verdicts.append(_against(best.timing, base, DEFAULT_BASELINE) + (", also the runner-up" * (rest[0] is base)))
+    if rest[0] is not base:
+        second = rest[0]
+        assert second.timing is not None
+        verdicts.append(_against(best.timing, second, f"the runner-up {second.label} {fmt_s(second.timing.median_s)}"))
+    return text + ", " + "; ".join(verdicts)
 
 
 def _signed(s: float) -> str:
@@ -156,6 +200,8 @@ def _saved(f: dict[str, Any]) -> str | None:
         return None
     if f["measured_verdict"] == WITHIN_NOISE:
         return f"{b} {WITHIN_NOISE}"
+    if f["measured_verdict"] == NOT_TESTED:
+        return f"{b} {not_tested(f.get('measured_pairs'))}"
     saved, bound = f["measured_saved_s"], f.get("baseline_outside_gemm_s")
     text = f"{b} {_signed(saved)}"
     if bound is None or saved <= bound * (1 + 1e-9):  # within float rounding of the bound is the bound
@@ -188,6 +234,7 @@ def _framework_headroom(rows: list[Result], fusion: list[dict[str, Any]], baseli
         x
         for f in fusion
         if f["baseline"] == baseline and f["backend"] in names and (f["case"], f["mode"]) == _key(rows[0])
+        if f["removed"]  # a plan that fuses nothing saves nothing by fusion, whatever its time
         if (x := _saved(f)) is not None
     ]
     if not saved:
@@ -234,21 +281,34 @@ def summary_section(doc: Results) -> str:
     if not groups:
         return ""
     fusion = fusion_benefit(doc)
+
+    def checked(rows: list[Result]) -> bool:  # plausibility: a ceiling measured for each row's dtype
+        return all(ceilings_for(doc, r.dtype) is not None for r in rows)
+
     lines = []
     for rows in groups.values():
         memory = memory_line(rows)
+        fastest = _fastest(rows, checked(rows))
         lines.append(
-            f"- **{_label(rows[0])}**: parity {_parity(rows, doc.resolution)}. Fastest: {_fastest(rows)}. "
+            f"- **{_label(rows[0])}**: parity {_parity(rows, doc.resolution)}. Fastest: {fastest}. "
             f"Fusion headroom: {_headroom(rows, fusion)}." + (f" {memory[0].upper()}{memory[1:]}." if memory else "")
         )
+    plausible = (
+        "is plausible against this machine's measured ceilings"
+        if doc.ceilings is not None
+        else "whose plausibility was not checked (this run measured no ceilings)"
+    )
     intro = (
         "One line per case, dtype and mode. Parity: every backend against the float64 golden (details and the "
-        "gate's resolution below). Fastest: the quickest timed backend that passes or deviates and "
-        "is plausible; a speedup is a number only beyond the noise, by the paired test when the two were timed "
-        "together (interleaved), else by the unpaired rule, and the line says which. Fusion headroom, per "
+        f"gate's resolution below). Fastest: the quickest timed backend that passes or deviates and {plausible}, "
+        f"tested against {DEFAULT_BASELINE} and against the runner-up; none is named when {DEFAULT_BASELINE} was "
+        "not timed. A speedup is a number only beyond the noise, by the paired test when the two were timed "
+        "together (interleaved), else by the unpaired rule, and the line says which; 'not tested' where the "
+        f"paired test had fewer than {MIN_PAIRS} rounds. Fusion headroom, per "
         "framework: the share of its own unfused baseline's profiled kernel time spent outside its GEMMs, the most "
         "fusing the rest away could ever save, next to what each of its "
-        "fused backends saved over that baseline (where both pass or deviate); a saving beyond that share says "
+        "fused backends saved over that baseline (where both pass or deviate, and only a backend whose cost-model "
+        "plan removes something); a saving beyond that share says "
         "where the rest came from. Speed across frameworks is the timing table's, not a saving."
     )
     notes = "\n\n".join(x for x in (machines_line(doc), _ceiling_notes(doc)) if x)

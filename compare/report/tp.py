@@ -19,7 +19,7 @@ from typing import Any
 from compare.formats.markdown import fmt_s, table
 from compare.results.document import Result
 from compare.results.tp import TPInfo
-from compare.timing.significance import FASTER, WITHIN_NOISE, compare_timing, speedup
+from compare.timing.significance import FASTER, compare_timing, speedup
 from compare.timing.timer import Timing
 
 SECTION = "## Tensor parallel"
@@ -58,10 +58,10 @@ def in_step_comm(r: Result, tp: TPInfo) -> str:
     a number only where the step is significantly slower than its compute alone (``compare.timing.significance``)."""
     if r.timing is None or tp.compute is None:
         return "-"
-    verdict = compare_timing(tp.compute, r.timing).verdict
-    if verdict == WITHIN_NOISE:
-        return WITHIN_NOISE
-    if verdict == FASTER:
+    v = compare_timing(tp.compute, r.timing)
+    if not v.significant:
+        return v.said("")
+    if v.verdict == FASTER:
         return "none: the step beat its compute alone"
     return fmt_s(r.timing.median_s - tp.compute.median_s)
 
@@ -211,13 +211,13 @@ def scaling_section(results: Sequence[Result]) -> str:
             if p == 1:
                 continue
             assert r.timing is not None
-            ratio, verdict = speedup(base.timing, r.timing)
+            ratio, v = speedup(base.timing, r.timing)
             total1 = base_tp.nproc * base_tp.threads_per_process
             totalp = tp.nproc * tp.threads_per_process
             fair = "fair: same total threads" if total1 == totalp else f"unfair: {total1} vs {totalp} threads"
             if tp.nproc > totalp:
                 fair = "time-slicing: more ranks than CPUs"
-            figure = f"{ratio:.2f}x" if verdict != WITHIN_NOISE else WITHIN_NOISE
+            figure = v.said(f"{ratio:.2f}x")
             body.append([backend, _label(r), mode, f"1 ({_launch(base_tp)})", f"{p} ({_launch(tp)})", figure, fair])
     if not body:
         return ""

@@ -24,7 +24,9 @@ replaced by one exact test that respects the time structure. Each round gives on
 ``d`` as likely to have either sign whatever the load did over time, so the Wilcoxon signed-rank statistic's exact
 sign-flip distribution (:func:`signed_rank_greater`) gives the p-value: valid at the nominal rate under drift, bursts
 and bimodal samples, which Mann-Whitney on two separate windows is not (it takes time-correlated samples as
-independent). Rule 1 stays. Fewer than :data:`MIN_PAIRS` rounds can never reach ``alpha`` and are within noise.
+independent). Rule 1 stays. Fewer than :data:`MIN_PAIRS` rounds can never reach ``alpha``: the test is not run
+and the verdict is **not tested** (never "within noise", which says a test ran and found no difference); the
+verdict's ``pairs`` says how many rounds there were.
 Timings of two runs (``compare diff``) or of separate windows (tensor-parallel groups, sweep cells) cannot be paired:
 they get the unpaired rule, and the verdict's ``design`` says which one was used.
 
@@ -57,8 +59,8 @@ ALPHA = 0.01
 MIN_SAMPLES_FOR_TEST = 5
 #: Largest sample sizes (each side) for which the exact U distribution is used when there are no ties.
 EXACT_MAX = 20
-#: The verdicts, from ``new``'s point of view.
-SLOWER, FASTER, WITHIN_NOISE = "slower", "faster", "within noise"
+#: The verdicts, from ``new``'s point of view. ``NOT_TESTED``: paired, with too few rounds for the test to run.
+SLOWER, FASTER, WITHIN_NOISE, NOT_TESTED = "slower", "faster", "within noise", "not tested"
 #: The designs a verdict comes from: samples paired by round (one interleaved group) or two separate windows.
 PAIRED, UNPAIRED = "paired by round", "unpaired"
 #: Below this many common rounds the paired test is not run (2^-7 < 0.01: 8 rounds is the least that can reach it).
@@ -194,8 +196,9 @@ class TimingVerdict:
     tol: float
     p_slower: float | None
     p_faster: float | None
-    verdict: str  # SLOWER, FASTER or WITHIN_NOISE
+    verdict: str  # SLOWER, FASTER, WITHIN_NOISE or NOT_TESTED (paired, fewer than MIN_PAIRS rounds)
     design: str = UNPAIRED  # PAIRED or UNPAIRED: which rule decided
+    pairs: int | None = None  # PAIRED: the rounds both sides timed; None when unpaired
 
     @property
     def regression(self) -> bool:
@@ -203,7 +206,19 @@ class TimingVerdict:
 
     @property
     def significant(self) -> bool:
-        return self.verdict != WITHIN_NOISE
+        return self.verdict in (SLOWER, FASTER)
+
+    def said(self, figure: str) -> str:
+        """``figure`` (the difference as a number) where the verdict is significant, else what was found: "within
+        noise" (a test ran) or "not tested (N rounds)" (too few rounds for the paired test to run)."""
+        if self.significant:
+            return figure
+        return WITHIN_NOISE if self.verdict == WITHIN_NOISE else not_tested(self.pairs)
+
+
+def not_tested(pairs: int | None) -> str:
+    """The words for a paired comparison whose test could not run: how many rounds there were."""
+    return f"{NOT_TESTED} ({pairs} rounds)"
 
 
 def compare_timing(
@@ -219,15 +234,16 @@ def compare_timing(
     p_slower = p_faster = None
     d = paired_differences(_timing(old), _timing(new))
     if d is not None:
-        if len(d) >= MIN_PAIRS:
-            p_slower, p_faster = signed_rank_greater(d)[1], signed_rank_greater([-x for x in d])[1]
-        if ratio > 1 + tol and p_slower is not None and p_slower < alpha:
+        if len(d) < MIN_PAIRS:
+            return TimingVerdict(a, b, ratio, tol, None, None, NOT_TESTED, PAIRED, len(d))
+        p_slower, p_faster = signed_rank_greater(d)[1], signed_rank_greater([-x for x in d])[1]
+        if ratio > 1 + tol and p_slower < alpha:
             verdict = SLOWER
-        elif ratio < 1 / (1 + tol) and p_faster is not None and p_faster < alpha:
+        elif ratio < 1 / (1 + tol) and p_faster < alpha:
             verdict = FASTER
         else:
             verdict = WITHIN_NOISE
-        return TimingVerdict(a, b, ratio, tol, p_slower, p_faster, verdict, PAIRED)
+        return TimingVerdict(a, b, ratio, tol, p_slower, p_faster, verdict, PAIRED, len(d))
     if min(len(a.samples), len(b.samples)) >= MIN_SAMPLES_FOR_TEST:
         p_slower = mann_whitney_greater(b.samples, a.samples)[1]
         p_faster = mann_whitney_greater(a.samples, b.samples)[1]
@@ -240,7 +256,7 @@ def compare_timing(
     return TimingVerdict(a, b, ratio, tol, p_slower, p_faster, verdict)
 
 
-def speedup(baseline: TimingLike, timing: TimingLike) -> tuple[float, str]:
+def speedup(baseline: TimingLike, timing: TimingLike) -> tuple[float, TimingVerdict]:
     """``baseline median / this median`` and the verdict of ``timing`` against ``baseline`` ("faster": it is)."""
     v = compare_timing(baseline, timing)
-    return 1.0 / v.ratio, v.verdict
+    return 1.0 / v.ratio, v
