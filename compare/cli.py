@@ -36,12 +36,13 @@ from compare.problem.cases import (
 from compare.report import diff, shapes
 from compare.report import render as report
 from compare.results import document as results
+from compare.results import load as machine_load
 from compare.results.memory import parse_size
 from compare.run import exitcodes, harness, parity_cache, preflight, stop, tp_hosts
 from compare.run.budget import Budget, budget_phase
 from compare.run.options import add_grid_args, check_grid_args, check_inputs, out_arg
 from compare.run.progress import Display, progress_level
-from compare.run.store import CELLS, RunStore, cell_key, is_store, never_fewer, read_store
+from compare.run.store import CELLS, RunStore, cell_key, is_older_run, is_store, never_fewer, read_store
 from compare.run.tp_launch import Job
 from compare.run.tp_worker import Cell
 from compare.sweep import command as sweep
@@ -143,10 +144,14 @@ def _run_locked(a: argparse.Namespace, plan: _Plan) -> int:
         except OSError as exc:  # the store could not take a cell: the disk is full (or gone)
             raise exitcodes.WriteFailed(
                 f"cannot append to {store.path} ({exc.strerror or exc}): its {store.cells} finished cells are kept; "
-                f"free space and run `python -m compare report {out}` to write results.json and REPORT.md"
+                f"free space and run `python -m compare report {out}`: it rebuilds results.json and REPORT.md from "
+                f"this run's store (run {store.run_id}), not from an older run's results.json there"
             ) from exc
-        if not doc.interrupted:
-            with contextlib.suppress(OSError):  # the end mark only tells a rebuild the run finished
+        doc = dataclasses.replace(doc, run_id=store.run_id)
+        with contextlib.suppress(OSError):  # the load and the end mark only tell a rebuild more
+            if doc.load is not None:
+                store.load(doc.load)
+            if not doc.interrupted:
                 store.end()
     build = _gpu_build_table(Path(a.gpu_build)) if a.gpu_build else None
     if build is not None:
@@ -168,7 +173,8 @@ def _run_locked(a: argparse.Namespace, plan: _Plan) -> int:
     except OSError as exc:
         raise exitcodes.WriteFailed(
             f"cannot write {target.name} and {report_path.name} in {out} ({exc.strerror or exc}): the "
-            f"{store.cells} finished cells are in {store.path}; free space and run `python -m compare report {out}`"
+            f"{store.cells} finished cells are in {store.path}; free space and run `python -m compare report {out}`: "
+            f"it rebuilds them from this run's store (run {store.run_id}), not from an older run's results.json there"
         ) from exc
     if interrupted:
         print(
@@ -199,6 +205,7 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
         opened = device
         watch, telemetry = (lambda: nvml.NvmlWatch(opened)), f"NVML on {device.name()}"
     with Display(cells, progress_level(a), title="run", deadline=deadline) as display:
+        sampler = machine_load.start()  # the machine's load over the measurements (compare.results.load)
         if not any(s.runtime for s in plan.specs):  # one group per case and mode (tensor-parallel jobs are not)
             left = budget
             display.plan(
@@ -226,7 +233,7 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
             cuda_graphs=a.cuda_graphs,
             memory=a.memory or a.profile or a.trace,
         )
-        doc = dataclasses.replace(doc, telemetry=telemetry)
+        doc = dataclasses.replace(doc, telemetry=telemetry, load=sampler.stop())
         if a.shape_sweep and not doc.interrupted:
             swept, tokens, per_shape, deadline = cases, list(a.shape_sweep), a.budget, None
             if budget is not None:
@@ -320,8 +327,10 @@ def _prepare_parity(cases: Sequence[Any], modes: list[str]) -> None:
 
 def cmd_report(a: argparse.Namespace) -> int:
     """Rebuild REPORT.md from a results.json, a sweep's results.jsonl, a run's cells.jsonl or a folder holding
-    them; measures nothing. A folder whose store holds cells its results.json lacks (a run or sweep killed before
-    it wrote its summary, a full disk) gets its results.json rebuilt from the store too; an earlier run's
+    them; measures nothing. A folder's report comes from the newest run there: its store's (``cells.jsonl`` is
+    emptied when a run starts). Its results.json is rendered only when it is that run's own summary (the same run id,
+    every stored cell); otherwise (a run or sweep killed before it wrote its summary, a full disk, a results.json of
+    an older run) results.json is rebuilt from the store and the output line says so; an earlier run's
     results.json holding cells the store lacks is kept, and the store's document goes to results.interrupted.json
     with REPORT.interrupted.md."""
     path = Path(a.results)
@@ -330,41 +339,47 @@ def cmd_report(a: argparse.Namespace) -> int:
     out = Path(a.out) if a.out else default_out
     preflight.check_file_writable(out)
     with preflight.lock_folder(out.parent, shlex.join(a.argv)):
-        doc, rebuilt = _report_source(path)
+        doc, rebuilt, why = _report_source(path)
         if rebuilt is not None:
             results.write_json(rebuilt, doc)
-            print(f"wrote {rebuilt} (rebuilt from the store: {doc.summary()})")
+            print(f"wrote {rebuilt} ({why}: {doc.summary()})")
             if rebuilt.name == "results.interrupted.json" and not a.out:
                 out = folder / "REPORT.interrupted.md"
         if a.device_memory:  # the report's fit against this device memory (results.json is left as it is)
             size = parse_size(a.device_memory, "--device-memory")
             doc = dataclasses.replace(doc, config=dataclasses.replace(doc.config, device_memory=size))
         write_text_atomic(out, report.render(doc))
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (f" ({why})" if why else ""))
     return exitcodes.OK
 
 
-def _report_source(path: Path) -> tuple[results.Results, Path | None]:
-    """The document ``report`` renders, and the results file to rebuild from a store first (None: none)."""
+def _report_source(path: Path) -> tuple[results.Results, Path | None, str]:
+    """The document ``report`` renders, the results file to rebuild from a store first (None: none), and where the
+    document came from when that is not the file asked for ("": it is)."""
     if path.is_dir():
         if (path / sweep_store.JSONL).is_file():
             doc = sweep_store.load_sweep(path)
-            return doc, path / "results.json" if never_fewer(path / "results.json", doc) is doc else None
+            why = f"rebuilt from the sweep's store {path / sweep_store.JSONL}"
+            return doc, path / "results.json" if never_fewer(path / "results.json", doc) is doc else None, why
         if (path / CELLS).is_file() and is_store(path / CELLS):
             stored = read_store(path / CELLS)
             target = path / "results.json"
+            why = f"rebuilt from the store {path / CELLS}, run {stored.run_id or '(no id)'}"
             if target.is_file():
                 old = results.read_json(target)
                 mine, theirs = {cell_key(r) for r in stored.results}, {cell_key(r) for r in old.results}
-                if not mine - theirs:
-                    return old, None  # it holds every stored cell: the run's own summary
+                older = is_older_run(old, stored)
+                if not older and not mine - theirs:
+                    return old, None, ""  # the same run, every stored cell: the run's own summary
+                if older:  # the store's run started after it: never render the older document silently
+                    why += f"; {target} was an older run's ({old.run_id or 'no run id'}, created {old.created or '?'})"
                 if theirs - mine:  # an earlier run's cells the store lacks: never replaced by fewer (never_fewer)
-                    return stored, path / "results.interrupted.json"
-            return stored, target
-        return results.read_json(path / "results.json"), None
+                    return stored, path / "results.interrupted.json", why + ", kept: it holds cells this run lacks"
+            return stored, target, why
+        return results.read_json(path / "results.json"), None, ""
     if path.suffix == ".jsonl":
-        return (read_store(path), None) if is_store(path) else (sweep_store.load_sweep(path), None)
-    return results.read_json(path), None
+        return (read_store(path), None, "") if is_store(path) else (sweep_store.load_sweep(path), None, "")
+    return results.read_json(path), None, ""
 
 
 def cmd_tp_job(a: argparse.Namespace) -> int:

@@ -190,3 +190,57 @@ def test_mann_whitney_exact_and_normal() -> None:
         want = stats.mannwhitneyu(a, b, alternative="greater", method=method)
         got = mann_whitney_greater(a, b)
         assert got[0] == want.statistic and got[1] == pytest.approx(want.pvalue, rel=1e-9)
+
+
+# --- the machines' load (compare.results.load) ---------------------------------------------------------------
+
+#: 2 cores, 10 s: others took 17 of 20 core-seconds (85%): up to 1 / 0.15 = 6.7x explained. A quiet run: 1%.
+BUSY = {"window_s": 10.0, "cores": 2, "loadavg_1m": 6.0, "others_cpu_s": 17.0, "steal_s": 0.0}
+QUIET = {"window_s": 10.0, "cores": 2, "loadavg_1m": 0.2, "others_cpu_s": 0.2, "steal_s": 0.0}
+
+
+def test_a_slowdown_the_busy_runs_load_explains_is_ambiguous_exit_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Twice as slow, the new run on a machine others took 85% of: ambiguous (2x <= 6.7x), exit 0, both loads shown.
+    The same slowdown between two quiet runs stays a regression (exit 1): the negative control."""
+    old, new = _pair(2.0, 0.05)
+    md, regression = diff({**old, "load": QUIET}, {**new, "load": BUSY})
+    assert not regression, md
+    row = next(x for x in md.splitlines() if x.startswith("| jax-xla"))
+    assert "ambiguous (slower, within the load's 6.67x)" in row and "regression" not in row
+    assert "1 cells changed by no more than the busier run's load explains (6.67x): ambiguous" in md
+    assert "Old machine load: other processes and steal took 1% of 2 cores" in md
+    assert "New machine load: other processes and steal took 85% of 2 cores" in md and ": busy" in md
+    assert main(list(_write(tmp_path, {**old, "load": QUIET}, {**new, "load": BUSY}))) == 0
+    capsys.readouterr()
+    assert main(list(_write(tmp_path, {**old, "load": QUIET}, {**new, "load": QUIET}))) == 1
+    assert "**Regression**: 1 slower beyond noise" in capsys.readouterr().out
+
+
+def test_a_slowdown_beyond_what_the_load_explains_is_a_regression() -> None:
+    """Ten times as slow on the busy machine: beyond its 6.7x, a regression; documents without a load record (older
+    runs) explain nothing: the plain rule, 'not recorded' shown."""
+    old, new = _pair(10.0, 0.05)
+    md, regression = diff({**old, "load": QUIET}, {**new, "load": BUSY})
+    assert regression and "**slower: regression**" in next(x for x in md.splitlines() if x.startswith("| jax-xla"))
+    md, regression = diff(*_pair(2.0, 0.05))
+    row = next(x for x in md.splitlines() if x.startswith("| jax-xla"))
+    assert regression and "Old machine load: not recorded" in md and "**slower: regression**" in row
+
+
+def test_no_shared_cell_exits_2_naming_both_files_and_their_cells(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two documents with no cell in common: nothing was compared, never "no regression": exit 2, the message names
+    both files and each one's cells. The negative control: one shared cell is compared (exit 0)."""
+    old = _doc([_result("torch-eager", "float32", _samples(1e-3, 0.05))])
+    new = _doc([_result("jax-xla", "bfloat16", _samples(1e-3, 0.05))])
+    a, b = _write(tmp_path, old, new)
+    assert main([a, b]) == 2
+    err = capsys.readouterr().err
+    assert f"{a} and {b} share no cell (backend, case, mode): nothing to compare" in err
+    assert f"{a} has torch-eager geglu-8x128x768-3072-float32-normal-s0 fwd" in err
+    assert f"{b} has jax-xla geglu-8x128x768-3072-bfloat16-normal-s0 fwd" in err
+    new["results"].append(old["results"][0])
+    assert main(list(_write(tmp_path, old, new))) == 0

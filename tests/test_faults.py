@@ -100,6 +100,7 @@ def test_a_full_disk_keeps_the_store_and_says_how_to_rebuild(tmp_path: Path, whe
     err = (tmp_path / "o.err").read_text()
     assert rc == 4, err
     assert "No space left on device" in err and f"python -m compare report {out}" in err, err
+    assert "from this run's store (run " in err and "not from an older run's results.json" in err, err
     stored = faults.store_cells(out, "run")
     assert len(stored) == (1 if where == "store:4" else cells), stored  # after the header and a resolution line
     assert not (out / "results.json").exists()

@@ -18,6 +18,14 @@ compile paybacks use it too). Each side's quartiles (q1, median, q3) come from i
 **Faster** is the mirror image (``ratio < 1 / (1 + tol)``, ``new q3 < old q1``, the test the other way); anything
 else is **within noise**. A cell timed on only one side is "not compared".
 
+**Load** (``compare.results.load``; where a run recorded it). Each run's machine load is shown. A slower (or
+faster) cell is **ambiguous**, not a regression, when the ratio (or its inverse) is no more than what the busier
+run's load explains: ``1 / (1 - share)``, ``share`` the part of the cores' time other processes and
+steal took over that run's measurements (``Load.explained_ratio``: a step left ``1 - share`` of the machine takes up
+to that much longer under a fair share). It cannot see a load that changed within a run's window (the share is an
+average over it), nor a parallel step that loses more than its share (threads waiting on a descheduled one): such a
+slowdown stays a regression.
+
 **Parity.** A cell whose status was ``ok`` in the old run and is ``parity-fail`` or ``error`` in the new one is a
 regression. Other status changes (e.g. ``ok`` -> ``skipped``: the backend is unavailable here) are listed, not
 counted. Cells present on only one side are listed as added or removed.
@@ -28,8 +36,9 @@ peak is a bound, a regression when the new one exceeds the old by more than ``--
 allocator's figure moves with where the runtime puts its workspaces), and only between figures of the same source.
 A figure measured on one side only is "not compared".
 
-Exit status: 0 with no regression, 1 with a performance, parity or memory regression, 2 on bad input (a missing,
-unreadable or invalid results file, a bad option), 3 on an internal error.
+Exit status: 0 with no regression (an ambiguous slowdown is listed, not counted), 1 with a performance, parity or
+memory regression, 2 on bad input (a missing, unreadable or invalid results file, a bad option, two documents that
+share no cell: nothing to compare), 3 on an internal error.
 """
 
 from __future__ import annotations
@@ -42,9 +51,10 @@ from typing import Any
 
 from compare.formats.atomic import write_text_atomic
 from compare.formats.markdown import case_label, fmt_s, table
-from compare.problem.cases import check_finite
+from compare.problem.cases import InputError, check_finite
 from compare.results import document as results
 from compare.results.document import Result, Results
+from compare.results.load import busier
 from compare.results.memory import Memory, parse_size
 from compare.run import exitcodes, preflight
 from compare.timing.significance import (
@@ -171,14 +181,21 @@ def diff(
     old, new = _index(old_doc), _index(new_doc)
     common = [key for key in new if key in old]
     perf_rows, status_rows = [], []
-    n_slow = n_fast = n_parity = 0
+    n_slow = n_fast = n_parity = n_ambiguous = 0
+    load = busier(old_doc.load, new_doc.load)
+    explained = load.explained_ratio() if load is not None else 1.0
     for key in common:
         o, n = old[key], new[key]
         if o.timing is not None and n.timing is not None:
             v = compare_timing(o.timing, n.timing, threshold, k, alpha)
-            n_slow += v.regression
-            n_fast += v.verdict == "faster"
-            verdict = "**slower: regression**" if v.regression else v.verdict
+            moved = v.regression or v.verdict == "faster"
+            if moved and max(v.ratio, 1 / v.ratio) <= explained:  # within what the busier run's load explains
+                n_ambiguous += 1
+                verdict = f"ambiguous ({'slower' if v.ratio > 1 else 'faster'}, within the load's {explained:.2f}x)"
+            else:
+                n_slow += v.regression
+                n_fast += v.verdict == "faster"
+                verdict = "**slower: regression**" if v.regression else v.verdict
             p = v.p_slower if v.ratio >= 1 else v.p_faster
             perf_rows.append(
                 [
@@ -225,15 +242,26 @@ def diff(
         cmd = doc.config.command
         return (doc.created or "?") + (f" (`{cmd}`)" if cmd else "")
 
+    def loaded(doc: Results) -> str:
+        return doc.load.describe() if doc.load is not None else "not recorded"
+
     out = ["# fusion-compare diff", "", f"Old: {when(old_doc)}  ", f"New: {when(new_doc)}", ""]
+    out += [f"Old machine load: {loaded(old_doc)}  ", f"New machine load: {loaded(new_doc)}", ""]
+    ambiguous = (
+        f" {n_ambiguous} cells changed by no more than the busier run's load explains ({explained:.2f}x): ambiguous, "
+        "not counted; rerun both on a quiet machine to tell."
+        if n_ambiguous
+        else ""
+    )
     if regression:
         out.append(
             f"**Regression**: {n_slow} slower beyond noise, {n_parity} parity/status regressions"
             + (f", {n_memory} memory regressions" if n_memory else "")
             + f" ({n_fast} faster)."
+            + ambiguous
         )
     else:
-        out.append(f"No regression ({len(common)} cells matched; {n_fast} faster beyond noise).")
+        out.append(f"No regression ({len(common)} cells matched; {n_fast} faster beyond noise).{ambiguous}")
     env = _env_changes(old_doc, new_doc)
     if env:
         out += ["", "Environments differ (times may not be comparable): " + "; ".join(env) + "."]
@@ -247,7 +275,9 @@ def diff(
         f"the mirror image. p is the test's p-value in the direction of the change. Two runs are made at "
         f"different times and cannot be interleaved: their samples cannot be paired by round as the backends of "
         f"one run are (`compare run` times them together), so this unpaired rule is the one that applies, and a "
-        f"change of load between the runs can move a cell: rerun both on a quiet machine before trusting one.",
+        f"change of load between the runs can move a cell: rerun both on a quiet machine before trusting one. A "
+        f"change by no more than the busier run's recorded load explains (1 / (1 - the share of the cores' time "
+        f"others took): {explained:.2f}x here) is 'ambiguous', not counted.",
         "",
     ]
     head = ["backend", "case", "dtype", "mode", "old median", "new median", "new/old", "band", "p", "verdict"]
@@ -278,6 +308,23 @@ def diff(
     return "\n".join(out) + "\n", regression
 
 
+def check_shared(old: Results, new: Results, old_name: str, new_name: str) -> None:
+    """An :class:`InputError` (exit 2) when ``old`` and ``new`` share no cell (backend, case, mode): nothing to
+    compare, never "no regression". The message names both files and the cells each has (the first 8)."""
+    if any(key in _index(old) for key in _index(new)):
+        return
+
+    def cells(doc: Results) -> str:
+        keys = [" ".join(key) for key in _index(doc)]
+        more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
+        return ", ".join(keys[:8]) + more if keys else "no cell"
+
+    raise InputError(
+        f"{old_name} and {new_name} share no cell (backend, case, mode): nothing to compare. {old_name} has "
+        f"{cells(old)}; {new_name} has {cells(new)}"
+    )
+
+
 # --- command line ----------------------------------------------------------------------------------------------
 
 
@@ -289,6 +336,7 @@ def cmd_diff(a: argparse.Namespace) -> int:
     if a.out:
         preflight.check_file_writable(Path(a.out))
     old_doc, new_doc = results.read_json(Path(a.old)), results.read_json(Path(a.new))
+    check_shared(old_doc, new_doc, a.old, a.new)
     check_finite("--peak-tolerance", a.peak_tolerance, zero_ok=True)
     tolerance = parse_size(a.memory_tolerance, "--memory-tolerance")
     md, regression = diff(old_doc, new_doc, a.threshold, a.k, a.alpha, tolerance, a.peak_tolerance)

@@ -21,6 +21,7 @@ from compare.report.summary import summary_section
 from compare.report.tp import tp_section
 from compare.results.document import Result, Results
 from compare.results.environment import ISA_FLAGS, Environment
+from compare.results.load import BUSY_SHARE, Load
 from compare.timing import nvml
 from compare.timing.budgets import PHASES, REST, BudgetRecord
 from compare.timing.caches import ColdSetup
@@ -30,7 +31,9 @@ Row = list[str]
 Rows = Sequence[Result]
 
 
-def environment_section(env: Environment) -> str:
+def environment_section(env: Environment, load: Load | None = None) -> str:
+    """The platform, versions and settings; with the machine's load over the measurements where the run recorded it
+    (``compare.results.load``; a run before it was recorded shows no row)."""
     rows = [
         ["platform", env.platform],
         ["CPU", f"{env.cpu} ({env.cpu_count} logical cores)"],
@@ -47,7 +50,24 @@ def environment_section(env: Environment) -> str:
             ["BLAS (numpy)", f"{env.blas or 'unknown'}, kernel {env.blas_core or 'unknown'}"],
             ["ISA caps", ", ".join(f"{k}={v}" for k, v in env.isa_caps.items() if v) or "none set"],
         ]
+    if load is not None:
+        rows.append(["machine load", load.describe()])
     return "## Environment\n\n" + table(["", ""], rows)
+
+
+def load_note(load: Load | None) -> str:
+    """The timing table's line on the machine's load ("" where not recorded): what others took and, on a busy machine
+    (more than :data:`~compare.results.load.BUSY_SHARE` of it), that the spread shown understates the noise."""
+    if load is None:
+        return ""
+    busy = (
+        f" Busy (others took more than {BUSY_SHARE:.0%} of the cores' time): a step shared its cores with work this "
+        "run did not see, so its times and their spread are wider than on a quiet machine, and a difference to "
+        "another run is only as good as the quieter of the two."
+        if load.busy
+        else ""
+    )
+    return f"Machine load over the measurements: {load.describe()}.{busy}"
 
 
 def _e_bound(value: float | None, bound: float | None) -> str:
@@ -232,7 +252,11 @@ def _device_notes(r: Result) -> list[str]:
 
 
 def timing_section(
-    results: Rows, cold: ColdSetup | None = None, budget: BudgetRecord | None = None, telemetry: str = ""
+    results: Rows,
+    cold: ColdSetup | None = None,
+    budget: BudgetRecord | None = None,
+    telemetry: str = "",
+    load: Load | None = None,
 ) -> str:
     rows: dict[str | None, list[Row]] = {}
     for r in results:
@@ -312,6 +336,8 @@ def timing_section(
         notes.append("Cold caches: not measured in this run (`--cache warm`).")
     if telemetry:
         notes.append(f"GPU telemetry: {telemetry}.")
+    if load is not None:
+        notes.append(load_note(load))
     if budget is not None:
         over = f", {budget.overrun_s:.0f} s over it (parity is never cut)" if budget.overrun_s > 0 else ""
         spent = ""
@@ -478,10 +504,10 @@ def summary(doc: Results) -> str:
 #: Report sections in order. Later issues add sections here; each is a pure function of the document.
 SECTIONS: list[Callable[[Results], str]] = [
     summary_section,
-    lambda d: environment_section(d.environment),
+    lambda d: environment_section(d.environment, d.load),
     lambda d: parity_section(d.results),
     lambda d: resolution_section(d.resolution),
-    lambda d: timing_section(d.results, d.cold, d.budget, d.telemetry),
+    lambda d: timing_section(d.results, d.cold, d.budget, d.telemetry, d.load),
     lambda d: modes_section(d.results),
     lambda d: tp_section(d.results),
     kernel_section,

@@ -273,6 +273,17 @@ def _ceiling_notes(doc: Results) -> str:
     )
 
 
+def _busy_note(doc: Results) -> str:
+    """One sentence when the machine was busy over the measurements (``compare.results.load.Load.busy``: other
+    processes and steal took more than ``BUSY_SHARE`` of the cores' time), "" otherwise or where not recorded."""
+    if doc.load is None or not doc.load.busy:
+        return ""
+    return (
+        f"The machine was busy while this run measured ({doc.load.describe()}): the timings are noisier than their "
+        "spread shows; rerun on a quiet machine before trusting a speed difference."
+    )
+
+
 def summary_section(doc: Results) -> str:
     """``## Summary``: the answer per case, dtype and mode (see the module docstring); "" without results."""
     groups: dict[tuple[str, str], list[Result]] = {}
@@ -311,5 +322,5 @@ def summary_section(doc: Results) -> str:
         "plan removes something); a saving beyond that share says "
         "where the rest came from. Speed across frameworks is the timing table's, not a saving."
     )
-    notes = "\n\n".join(x for x in (machines_line(doc), _ceiling_notes(doc)) if x)
+    notes = "\n\n".join(x for x in (machines_line(doc), _ceiling_notes(doc), _busy_note(doc)) if x)
     return "## Summary\n\n" + intro + "\n\n" + "\n".join(lines) + (f"\n\n{notes}" if notes else "")

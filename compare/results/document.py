@@ -34,6 +34,7 @@ from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
 from compare.problem.cases import Case, InputError, Shape
 from compare.results.environment import Environment, Node
+from compare.results.load import Load
 from compare.results.memory import Memory
 from compare.results.tp import TPInfo
 from compare.timing.budgets import BudgetRecord
@@ -235,11 +236,26 @@ class Results:
     cold: ColdSetup | None = None
     #: device telemetry over the timed windows: the device NVML watched, or why none was ("": not asked)
     telemetry: str = ""
+    #: the machine's load over the run's measurements (``compare.results.load``; None: not recorded, an older run)
+    load: Load | None = None
+    #: the run's id, also in its store's lines: which run wrote this document ("": an older run, or none recorded)
+    run_id: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(
             self,
-            optional=("ceilings", "interrupted", "shape_sweep", "gpu_build", "plots", "budget", "cold", "telemetry"),
+            optional=(
+                "ceilings",
+                "interrupted",
+                "shape_sweep",
+                "gpu_build",
+                "plots",
+                "budget",
+                "cold",
+                "telemetry",
+                "load",
+                "run_id",
+            ),
         )
 
     @staticmethod
@@ -273,6 +289,8 @@ class Results:
             budget=sub(d, "budget", BudgetRecord.from_dict),
             cold=sub(d, "cold", ColdSetup.from_dict),
             telemetry=text(d, "telemetry", ""),
+            load=sub(d, "load", Load.from_dict),
+            run_id=text(d, "run_id", ""),
             schema_version=integer(d, "schema_version", SCHEMA_VERSION),
         )
 

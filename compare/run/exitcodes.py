@@ -31,7 +31,8 @@ EPILOG = f"""exit status:
   {FINDING}    a finding: a parity failure (golden or fresh inputs), an implausible time or a backend error
        (run, sweep); a regression (diff)
   {BAD_INPUT}    bad input: a bad option, a missing, unreadable or invalid file, an output folder that cannot be
-       written, a case too large for this machine's memory; nothing was measured
+       written, a case too large for this machine's memory; nothing was measured; two documents that share no
+       cell (diff)
   {INTERNAL_ERROR}    internal error: a bug or an unexpected failure ({DEBUG_ENV}=1 shows the traceback)
   {WRITE_FAILED}    the results could not be written (a full disk): every finished cell is in the folder's store
        (cells.jsonl, results.jsonl); free space and `python -m compare report DIR` rebuilds the rest

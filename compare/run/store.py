@@ -3,23 +3,27 @@ killed at any moment (SIGKILL, a power cut, a full disk) loses at most the cells
 
 One JSON object per line (``compare.formats.jsonl``: one ``write`` and ``fsync`` per line), in this order:
 
-- ``{"type": "header", "kind": "run", "schema_version", "created", "config", "environment"}``: once, when the run
-  starts (the file is emptied first: it holds one run);
+- ``{"type": "header", "kind": "run", "run_id", "schema_version", "created", "config", "environment"}``: once, when
+  the run starts (the file is emptied first: it holds one run, whose ``run_id`` (:func:`new_run_id`) its cell lines
+  and its ``results.json`` carry too);
 - ``{"type": "ceilings", "ceilings"}``: this machine's matmul and copy ceilings, when measured (before any cell);
 - ``{"type": "resolution", "rows"}``: the gate's resolution rows of a case, before its cells;
-- ``{"type": "cell", "result", "precision", "threads"}``: one finished cell (a result row as ``results.json`` holds
-  it, already held to the ceilings measured first), appended the moment its verdict is known;
-- ``{"type": "shape_sweep", "rows"}``: the compile-cost rows, when that sweep ends.
+- ``{"type": "cell", "run_id", "result", "precision", "threads"}``: one finished cell (a result row as
+  ``results.json`` holds it, already held to the ceilings measured first), appended the moment its verdict is known;
+- ``{"type": "shape_sweep", "rows"}``: the compile-cost rows, when that sweep ends;
+- ``{"type": "load", "load"}``: the machine's load over the measurements (``compare.results.load``), when they end.
 
 :func:`read_store` turns it back into a results document (``interrupted`` unless the run's last line, ``{"type":
 "end"}``, is there), the document ``python -m compare report DIR`` rebuilds ``results.json`` and ``REPORT.md`` from.
 A ``results.json`` is only ever replaced by a document that holds at least the cells the store holds
-(:func:`never_fewer`).
+(:func:`never_fewer`). A folder's ``results.json`` of another ``run_id`` than its store's is an older run's (the store
+is emptied when a run starts): ``report DIR`` rebuilds from the store then (:func:`is_older_run`).
 """
 
 from __future__ import annotations
 
 import datetime
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +33,32 @@ from compare.gate.resolution import ResolutionRow
 from compare.problem.cases import InputError
 from compare.results import environment
 from compare.results.document import Config, Result, Results, load, read_json
+from compare.results.load import Load
 
 #: The store's file name in a run's output folder.
 CELLS = "cells.jsonl"
-KINDS = ("header", "ceilings", "resolution", "cell", "shape_sweep", "end")
+KINDS = ("header", "ceilings", "resolution", "cell", "shape_sweep", "load", "end")
+
+
+def new_run_id() -> str:
+    """A run's id: its UTC start time and 6 random hex digits (``20260101T120000Z-3fa9c2``), unique per start."""
+    return f"{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
 class RunStore:
     """The store of one run (see the module docstring); every method appends one line and returns once it is on
     disk. A failed write raises ``OSError`` (the lines before it stay whole)."""
 
-    def __init__(self, out: Path, config: dict[str, Any]) -> None:
+    def __init__(self, out: Path, config: dict[str, Any], run_id: str = "") -> None:
         self.path = out / CELLS
         self.cells = 0
+        self.run_id = run_id or new_run_id()
         self._w = Appender(self.path, fresh=True)
         self._w.append(
             {
                 "type": "header",
                 "kind": "run",
+                "run_id": self.run_id,
                 "schema_version": Results().schema_version,
                 "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 "config": config,
@@ -61,11 +73,14 @@ class RunStore:
         self._w.append({"type": "resolution", "rows": [r.to_dict() for r in rows]})
 
     def cell(self, result: Result, precision: dict[str, Any]) -> None:
-        self._w.append({"type": "cell", "result": result.to_dict(), "precision": precision})
+        self._w.append({"type": "cell", "run_id": self.run_id, "result": result.to_dict(), "precision": precision})
         self.cells += 1
 
     def shape_sweep(self, rows: list[dict[str, Any]]) -> None:
         self._w.append({"type": "shape_sweep", "rows": rows})
+
+    def load(self, record: Load) -> None:
+        self._w.append({"type": "load", "load": record.to_dict()})
 
     def end(self) -> None:
         self._w.append({"type": "end"})
@@ -121,6 +136,7 @@ def read_store(path: Path) -> Results:
     ceilings = next((Ceilings.from_dict(r["ceilings"]) for r in records if r["type"] == "ceilings"), None)
     resolution = tuple(ResolutionRow.from_dict(x) for r in records if r["type"] == "resolution" for x in r["rows"])
     sweep = next((tuple(r["rows"]) for r in records if r["type"] == "shape_sweep"), ())
+    machine = next((Load.from_dict(r["load"]) for r in records if r["type"] == "load"), None)
     return Results(
         schema_version=doc.schema_version,
         created=doc.created,
@@ -131,6 +147,8 @@ def read_store(path: Path) -> Results:
         ceilings=ceilings,
         interrupted=records[-1]["type"] != "end",
         shape_sweep=sweep,
+        load=machine,
+        run_id=str(head.get("run_id") or ""),
     )
 
 
@@ -149,3 +167,10 @@ def never_fewer(existing: Path, doc: Results) -> Results | None:
     except InputError:  # not a results document we can read: nothing there to keep
         return doc
     return None if {cell_key(r) for r in old.results} - {cell_key(r) for r in doc.results} else doc
+
+
+def is_older_run(existing: Results, stored: Results) -> bool:
+    """Whether ``existing`` (a folder's ``results.json``) was written by an older run than ``stored`` (its store's
+    document): their run ids differ (the store is emptied when a run starts, so the store's run is the newest that
+    started there). Two documents without an id (written before runs had one) cannot be told apart by id: False."""
+    return existing.run_id != stored.run_id

@@ -5,13 +5,13 @@ The grid is ``tokens x dtypes x modes x backends`` at a fixed model, ``dim`` and
 1, so ``batch = T``); ``T`` must be a multiple of ``--seq``. A *cell* is ``(backend, case, mode)`` and its key is
 ``"backend|case name|mode"`` (the case name holds model, shape, dtype, distribution and seed).
 
-``<out>/results.jsonl`` is append-only. Every start of the sweep appends a ``header`` line (schema, time, config,
-environment); every finished cell is appended as one ``cell`` line (the result record, the precision settings its
-backend reported and the GPU it saw), written with a single ``write`` and flushed to disk (``fsync``) before the
-next cell starts. A restart with the same ``--out`` and the same grid skips every cell already in the file, so
-killing the sweep loses at most the cell in flight; a torn last line (the process died inside the write) is
-dropped. A different grid in the same folder is refused (bad input): one file holds one sweep. An exclusive lock
-on the file keeps a second sweep from writing it at the same time.
+``<out>/results.jsonl`` is append-only. Every start of the sweep appends a ``header`` line (its own run id, schema,
+time, config, environment); every finished cell is appended as one ``cell`` line (that run id, the result record, the
+precision settings its backend reported and the GPU it saw), written with a single ``write`` and flushed to disk
+(``fsync``) before the next cell starts. A restart with the same ``--out`` and the same grid skips every cell
+already in the file, so killing the sweep loses at most the cell in flight; a torn last line (the process died
+inside the write) is dropped. A different grid in the same folder is refused (bad input): one file holds one
+sweep. An exclusive lock on the file keeps a second sweep from writing it at the same time.
 
 :func:`load_sweep` turns the file, at any time, into a regular results document (the shape of
 ``compare.run.harness.run``'s); at the end the sweep writes it as ``<out>/results.json`` with ``<out>/REPORT.md`` and
@@ -77,6 +77,7 @@ from compare.run.budget import Budget
 from compare.run.cell import against_ceilings, min_flops
 from compare.run.options import add_grid_args, check_grid_args, check_inputs
 from compare.run.progress import Display, progress_level
+from compare.run.store import new_run_id
 from compare.sweep.engines import (
     DEFAULT_ENGINE,
     ENGINES,
@@ -184,9 +185,11 @@ def run_sweep(
                 if progress:
                     progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
                 ceil = harness.measure_ceilings(config["dtypes"])
+            run_id = new_run_id()  # this session's: its header and its cell lines carry it
             w.append(
                 {
                     "type": "header",
+                    "run_id": run_id,
                     "schema_version": results.SCHEMA_VERSION,
                     "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                     "config": config,
@@ -229,7 +232,8 @@ def run_sweep(
                 same_machine = r.node is None or r.node.machine_type() == here
                 if ceil is not None and r.tp is None and same_machine:  # a single-device row: can its timing be right?
                     r = against_ceilings(r, ceil, min_flops(f.cell.case, f.cell.mode))
-                line = {"type": "cell", "key": f.cell.key, "result": r.to_dict(), **f.meta, "wall_s": f.wall_s}
+                line = {"type": "cell", "run_id": run_id, "key": f.cell.key, "result": r.to_dict(), **f.meta}
+                line["wall_s"] = f.wall_s
                 try:
                     w.append(line if f.final else {**line, "retrying": True})
                 except OSError as exc:

@@ -49,8 +49,8 @@ def load_sweep(path: Path | str) -> Results:
 
 
 def read_sweep(path: Path | str) -> dict[str, Any]:
-    """A results document (``schema_version, created, config, environment, results``) from a sweep file or its folder,
-    as parsed JSON (not yet validated).
+    """A results document (``run_id, schema_version, created, config, environment, results``) from a sweep file or
+    its folder, as parsed JSON (not yet validated); ``run_id`` is the newest session's.
 
     Readable at any time, also while the sweep runs. ``created``, ``config`` and ``environment`` are the first
     header's; the environment's ``precision`` and ``threads`` merge what every finished cell reported, and its
@@ -86,6 +86,7 @@ def read_sweep(path: Path | str) -> dict[str, Any]:
     if not env.get("gpu") and gpus:
         env["gpu"] = gpus[0]
     doc = {
+        "run_id": str(headers[-1].get("run_id") or ""),  # the newest session's (each start's header has its own)
         "schema_version": first.get("schema_version"),
         "created": first["created"],
         "config": config,
