@@ -433,10 +433,88 @@ def test_prepare_parity_fills_the_cache_a_run_reuses_and_leaves_timed_backends_a
     assert _Interpreted.calls == 1 and "parity_cache" in row.extras
 
 
-class _Profiled(NumpyPlain):
-    """The numpy backend with a full and a quick profile that say which one ran (each an empty summary)."""
+class _FakeClock:
+    """The timer's and the budget's clock in a test (:func:`fake_clock`): it moves only when a :class:`_Ticking` step
+    says it took its seconds, so every decision of the budget is the same on any machine, busy or not."""
 
-    name = "numpy-profiled"
+    t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+_CLOCK = _FakeClock()
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> _FakeClock:
+    from compare.run import budget
+
+    monkeypatch.setattr(timing, "CLOCK", _CLOCK)
+    monkeypatch.setattr(budget, "CLOCK", _CLOCK)
+    return _CLOCK
+
+
+class _Ticking(NumpyPlain):
+    """The numpy backend whose every call takes ``step_s`` on the fake clock (its real time is read by no decision)."""
+
+    def __init__(self, name: str, step_s: float) -> None:
+        self.name, self.step_s = name, step_s
+
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        base = super().prepare(problem, mode)
+        assert base.bind is not None
+        bind = base.bind
+
+        def ticking(run: Any) -> Any:
+            def step() -> Any:
+                _CLOCK.t += self.step_s
+                return run()
+
+            return step
+
+        return replace(base, step=ticking(base.step), bind=lambda inputs, slot: ticking(bind(inputs, slot)))
+
+
+class _TickSpec(BackendSpec):
+    def load(self) -> Any:
+        return _TICKING[self.name]
+
+
+_TICKING: dict[str, _Ticking] = {}
+
+
+def _ticking(name: str, step_s: float, twin_of: str = "") -> BackendSpec:
+    """A registry line for a :class:`_Ticking` backend (``twin_of``: outside the core comparison)."""
+    _TICKING[name] = _Ticking(name, step_s)
+    return _TickSpec(name=name, framework="torch", target="tests.test_cold_budget", about="a test", twin_of=twin_of)
+
+
+@pytest.mark.standard
+@pytest.mark.parametrize(("budget_s", "over"), [(4.0, True), (100.0, False)])
+def test_the_core_comparison_gets_the_paired_tests_rounds_and_an_overrun_is_said(
+    fake_clock: _FakeClock, budget_s: float, over: bool
+) -> None:
+    """Two core backends of 0.1 s a step and a twin (``twin_of``) under a 4 s budget (the group's timing part:
+    1.2 s, against 2.2 s for the core's warm-up, sizing and 8 rounds): both core backends are timed with at least
+    the paired test's rounds, the run says by how much it went over, and the twin is cut; the control, a 100 s
+    budget, times all three and says no overrun. (The budget before this cut the core to 5 samples.)"""
+    from compare.timing.significance import MIN_PAIRS
+
+    specs = [_ticking("tick-a", 0.1), _ticking("tick-b", 0.1), _ticking("tick-twin", 0.1, twin_of="tick-a")]
+    doc = harness.run([PRESETS["tiny"].case("float32")], specs, ["fwd"], ceilings=False, budget=Budget(budget_s))
+    rows = {r.backend: r for r in doc.results}
+    for name in ("tick-a", "tick-b"):
+        t = rows[name].timing
+        assert rows[name].status == "ok" and t is not None and t.n >= MIN_PAIRS, (name, t)
+    cuts = doc.budget.cuts if doc.budget else ()
+    assert any("over its part" in c and "tick-a, tick-b" in c for c in cuts) == over, cuts
+    assert (rows["tick-twin"].timing is None) == over and rows["tick-twin"].status == "ok"
+
+
+class _Profiled(_Ticking):
+    """The ticking backend with a full and a quick profile that say which one ran (each an empty summary)."""
+
     ran: ClassVar[list[str]] = []
 
     def prepare(self, problem: Problem, mode: str) -> Prepared:
@@ -451,26 +529,23 @@ class _Profiled(NumpyPlain):
         return replace(super().prepare(problem, mode), profile=profile, quick_profile=quick)
 
 
-PROFILED_BACKEND = _Profiled()
-
-
 @pytest.mark.standard
 @pytest.mark.parametrize(
-    ("step_s", "budget_s", "want"), [(0.0, None, "full"), (0.1, 4.0, "quick"), (0.0, 60.0, "full")]
+    ("step_s", "budget_s", "want"), [(0.001, None, "full"), (0.1, 4.0, "quick"), (0.001, 60.0, "full")]
 )
 def test_a_step_too_slow_for_its_part_of_the_profile_share_is_profiled_quick_and_the_cut_is_said(
-    monkeypatch: pytest.MonkeyPatch, step_s: float, budget_s: float | None, want: str
+    monkeypatch: pytest.MonkeyPatch, fake_clock: _FakeClock, step_s: float, budget_s: float | None, want: str
 ) -> None:
     """A 100 ms step under a 4 s budget whose profile share is 2% (its part: at most 0.08 s, less than the 0.5 s five
     calls take; its timing part, 1.2 s, fits the 0.8 s of its floor, so it is timed) is profiled on its quick
     profile, and the budget's cuts say so; the controls: no budget, or a fast step under a large one, profile in full
     and cut nothing of the profile. (With the real shares a lone cell that is timed always fits its profile part: a
-    quick profile needs several cells, or a late start, to share the profile part.)"""
+    quick profile needs several cells, or a late start, to share the profile part.) On the fake clock: on a busy
+    machine the real 100 ms step was left no profile at all."""
     from tests import numpy_backend
 
     monkeypatch.setitem(SHARES, "profile", 0.02)
-    monkeypatch.setattr(numpy_backend, "BACKEND", PROFILED_BACKEND)
-    monkeypatch.setenv(numpy_backend.STEP_ENV, str(step_s))
+    monkeypatch.setattr(numpy_backend, "BACKEND", _Profiled("numpy-profiled", step_s))
     register(numpy_backend.SPEC)
     _Profiled.ran = []
     try:
@@ -485,22 +560,22 @@ def test_a_step_too_slow_for_its_part_of_the_profile_share_is_profiled_quick_and
 @pytest.mark.standard
 @pytest.mark.parametrize(("budget_s", "want"), [(1.0, []), (None, ["full"])])
 def test_a_step_the_budget_leaves_untimed_is_neither_profiled_nor_its_memory_recorded(
-    monkeypatch: pytest.MonkeyPatch, budget_s: float | None, want: list[str]
+    monkeypatch: pytest.MonkeyPatch, fake_clock: _FakeClock, budget_s: float | None, want: list[str]
 ) -> None:
-    """A 200 ms step under a 1 s budget (its group's part of the timing share: at most 0.3 s, less than its warm-up
-    and five samples) is not timed beyond its first calls; then it is not run again to profile it or record its
-    memory, and the cuts say both; its parity stands. The control: no budget, the same step profiled in full and its
-    memory asked for."""
+    """A twin's 200 ms step under a 1 s budget (its group's part of the timing share: at most 0.3 s, less than its
+    warm-up and five samples) is not timed beyond its first calls; then it is not run again to profile it or record
+    its memory, and the cuts say both; its parity stands. The control: no budget, the same step profiled in full and
+    its memory asked for. (A backend of the core comparison is never left untimed: see above.)"""
     from tests import numpy_backend
 
-    monkeypatch.setattr(numpy_backend, "BACKEND", PROFILED_BACKEND)
-    monkeypatch.setenv(numpy_backend.STEP_ENV, "0.2")
-    register(numpy_backend.SPEC)
+    monkeypatch.setattr(numpy_backend, "BACKEND", _Profiled("numpy-profiled", 0.2))
+    twin = replace(numpy_backend.SPEC, twin_of="torch-eager")
+    register(twin)
     _Profiled.ran = []
     try:
-        doc = _run(numpy_backend.SPEC, profile=True, memory=True, budget=Budget(budget_s) if budget_s else None)
+        doc = _run(twin, profile=True, memory=True, budget=Budget(budget_s) if budget_s else None)
     finally:
-        unregister(numpy_backend.SPEC.name)
+        unregister(twin.name)
     (r,) = doc.results
     assert r.status == "ok" and _Profiled.ran == want, (r.status, r.reason, _Profiled.ran)
     assert r.memory is not None
@@ -533,58 +608,48 @@ class _SlowAfterCompile(NumpyPlain):
     ``fast_s``: the slow read a step can give right after a compile."""
 
     name = "numpy-slow-after-compile"
-    slow_s, fast_s = 0.3, 0.0
+    slow_s, fast_s = 0.3, 0.01
 
     def prepare(self, problem: Problem, mode: str) -> Prepared:
         base = super().prepare(problem, mode)
-        calls = [0]
+        assert base.bind is not None
+        bind, calls = base.bind, [0]
 
-        def step() -> dict[str, np.ndarray]:
-            calls[0] += 1
-            time.sleep(self.slow_s if calls[0] == 2 else self.fast_s)
-            return base.step()
+        def ticking(run: Any) -> Any:
+            def step() -> dict[str, np.ndarray]:
+                calls[0] += 1
+                _CLOCK.t += self.slow_s if calls[0] == 2 else self.fast_s
+                return run()
 
-        return replace(base, step=step)
+            return step
+
+        return replace(base, step=ticking(base.step), bind=lambda inputs, slot: ticking(bind(inputs, slot)))
 
 
 @pytest.mark.standard
-@pytest.mark.parametrize(("fast_s", "timed"), [(0.0, True), (0.3, False)])
+@pytest.mark.parametrize(("fast_s", "timed"), [(0.01, True), (0.3, False)])
 def test_a_step_slow_once_after_its_compile_is_read_again_and_timed(
-    monkeypatch: pytest.MonkeyPatch, fast_s: float, timed: bool
+    monkeypatch: pytest.MonkeyPatch, fake_clock: _FakeClock, fast_s: float, timed: bool
 ) -> None:
-    """Under a 4 s budget (a lone group's timing part: 1.2 s, 0.15 s a floor call) a step whose first call after its
-    compile takes 0.3 s (within ``RECHECK`` times of 0.15 s) is read once more, found fast and timed; the control: a
-    step slow on every call is cut, and its cut names its 0.3 s. With a single read both were cut."""
+    """Under a 4 s budget (a lone group's timing part: 1.2 s, 0.15 s a floor call) a twin's step whose first call
+    after its compile takes 0.3 s (within ``RECHECK`` times of 0.15 s) is read once more, found fast and timed; the
+    control: a step slow on every call is cut, and its cut names its 0.3 s. With a single read both were cut. (A
+    twin: a backend of the core comparison is never cut.)"""
     from tests import numpy_backend
 
     backend = _SlowAfterCompile()
     backend.fast_s = fast_s
     monkeypatch.setattr(numpy_backend, "BACKEND", backend)
-    register(numpy_backend.SPEC)
+    twin = replace(numpy_backend.SPEC, twin_of="torch-eager")
+    register(twin)
     try:
-        doc = _run(numpy_backend.SPEC, budget=Budget(4.0))
+        doc = _run(twin, budget=Budget(4.0))
     finally:
-        unregister(numpy_backend.SPEC.name)
+        unregister(twin.name)
     (r,) = doc.results
     cuts = [c for c in (doc.budget.cuts if doc.budget else ()) if "not timed beyond its first calls" in c]
     assert r.status == "ok" and (r.timing is not None) == timed and bool(cuts) != timed, (r.timing, cuts)
     assert timed or re.search(r"\(0\.3\d* s a step\)", cuts[0]), cuts
-
-
-class _Sleeper(NumpyPlain):
-    """The numpy backend, each call ``sleep_s`` longer."""
-
-    def __init__(self, name: str, sleep_s: float) -> None:
-        self.name, self.sleep_s = name, sleep_s
-
-    def prepare(self, problem: Problem, mode: str) -> Prepared:
-        base = super().prepare(problem, mode)
-
-        def step() -> dict[str, np.ndarray]:
-            time.sleep(self.sleep_s)
-            return base.step()
-
-        return replace(base, step=step)
 
 
 class _NoFlush:
@@ -597,25 +662,18 @@ class _NoFlush:
 
 
 @pytest.mark.standard
-def test_the_cold_part_pays_the_cheapest_steps_first_rather_than_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two steps of 80 and 100 ms under a 6 s budget (their group's part: 1.8 s; their floors, 1.44 s warm and
-    0.9 s cold, exceed it, so the cold part is 0.69 s): an even split (0.35 s each) paid neither one's five cold
-    calls; now the cheaper step (0.4 s) gets its cold samples and the other's cut says why. Both are timed warm."""
-    from tests.numpy_backend import SPEC as NUMPY
-
-    steps = {"numpy-80ms": _Sleeper("numpy-80ms", 0.08), "numpy-100ms": _Sleeper("numpy-100ms", 0.1)}
-    specs = [replace(NUMPY, name=n) for n in steps]
-    monkeypatch.setattr(BackendSpec, "load", lambda self: steps[self.name])
+def test_the_cold_part_pays_the_cheapest_steps_first_rather_than_none(
+    monkeypatch: pytest.MonkeyPatch, fake_clock: _FakeClock
+) -> None:
+    """Two steps of 80 and 100 ms under a 9 s budget (their group's part: 2.7 s; the warm floor of the core
+    comparison, 1.98 s, is paid first, so the cold part is 0.72 s): an even split (0.36 s each) paid neither one's
+    five cold calls; now the cheaper step (0.4 s) gets its cold samples and the other's cut says why. Both are timed
+    warm. On the fake clock."""
+    specs = [_ticking("numpy-80ms", 0.08), _ticking("numpy-100ms", 0.1)]
     monkeypatch.setattr(harness, "cold_flush", lambda: (None, _NoFlush()))
-    for s in specs:
-        register(s)
-    try:
-        doc = harness.run(
-            [PRESETS["tiny"].case("float32")], specs, ["fwd"], ceilings=False, cache="both", budget=Budget(6.0)
-        )
-    finally:
-        for s in specs:
-            unregister(s.name)
+    doc = harness.run(
+        [PRESETS["tiny"].case("float32")], specs, ["fwd"], ceilings=False, cache="both", budget=Budget(9.0)
+    )
     got = {r.backend: r for r in doc.results}
     assert all(r.status == "ok" and r.timing is not None for r in got.values()), got
     assert got["numpy-80ms"].cold is not None and got["numpy-100ms"].cold is None, got

@@ -149,6 +149,16 @@ class BackendSpec:
     #: computation without recomputation, that the report weighs its memory saving and its extra time against
     #: (``compare.report.memory``). Empty for every other backend.
     remat_of: str = ""
+    #: Another variant of a backend (max-autotune of torch-compile, XLA's GEMM fusion of jax-xla): the name of the
+    #: backend it varies. Like a recomputation twin, it is outside the run's core comparison (:attr:`core`).
+    twin_of: str = ""
+
+    @property
+    def core(self) -> bool:
+        """Whether the backend is in the run's core comparison (every baseline and backend but the twins: neither
+        :attr:`remat_of` nor :attr:`twin_of`): a budget gives its timing the paired test's rounds before it pays
+        for anything else (``compare.run.harness``)."""
+        return not (self.remat_of or self.twin_of)
 
     def __post_init__(self) -> None:
         derived = FRAMEWORK_PACKAGES.get(self.target.split(".")[0])
@@ -223,6 +233,7 @@ BACKENDS: dict[str, BackendSpec] = {
         ),
         BackendSpec(
             name="torch-compile-max-autotune",
+            twin_of="torch-compile",
             target="torch_impl.backends.compiled_max_autotune",
             about=(
                 "torch.compile mode=max-autotune-no-cudagraphs (Inductor autotunes its GEMMs, templates included: "
@@ -287,6 +298,7 @@ BACKENDS: dict[str, BackendSpec] = {
         ),
         BackendSpec(
             name="jax-xla-gemm-fusion",
+            twin_of="jax-xla",
             target="jax_impl.backends.xla_gemm_fusion",
             about=(
                 "jax-xla with XLA's GPU GEMM-fusion flags set (Triton GEMMs with fused epilogues, autotuned), "

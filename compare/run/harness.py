@@ -61,6 +61,7 @@ from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
 from compare.timing import caches
 from compare.timing import timer as timing
+from compare.timing.significance import MIN_PAIRS
 from compare.timing.timer import Timing, TimingConfig
 
 
@@ -233,9 +234,13 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
 
     The group gets its part of the timing share (``compare.run.budget``), split between the warm samples and the
     cold (:func:`_split`: each kind's floor first, then halves). A step's time is read from one or two more calls
-    (:func:`_steady_s`). A group whose slowest step cannot fit warm-up and the minimum samples in its
-    part is given fewer (down to ``budget.MIN_SAMPLES`` and one warm-up call); a step that cannot fit even those is
-    not timed beyond its first calls. The cold part pays ``budget.MIN_SAMPLES`` flushed calls of the cheapest steps
+    (:func:`_steady_s`). The core comparison (every cell whose backend is ``BackendSpec.core``: the baselines,
+    torch-compile, jax-xla and the other compiled backends, not the twins) is paid first: warm-up, sizing and the
+    paired test's :data:`~compare.timing.significance.MIN_PAIRS` rounds, over the group's part if it must be, and
+    the overrun is said; it is never cut. A twin that cannot fit its floor (warm-up, sizing and
+    ``budget.MIN_SAMPLES``) in what is left is not timed beyond its first calls. A group whose slowest step cannot
+    fit the run's warm-up and minimum samples in its part is given fewer (down to the floor and one warm-up call).
+    The cold part, what the warm floors leave, pays ``budget.MIN_SAMPLES`` flushed calls of the cheapest steps
     first, as many as fit; the others get no cold samples (their parity is still judged)."""
     cfg, cells = how.cfg, list(timed)
     cold_cells = list(cells) if how.cold else []
@@ -243,8 +248,9 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
         return cfg, cfg.budget_s / 2, cells, cold_cells
     b = how.budget
     part = b.part("timing", how.groups_left)
-    # what the floor costs a step: warm-up, two sizing blocks and the minimum samples, one call each at the least
-    floor_calls = 1 + 2 + budget.MIN_SAMPLES
+    # what the floor costs a step: warm-up, two sizing blocks and the minimum samples, one call each at the least;
+    # the core comparison's floor has the paired test's rounds
+    floor_calls, core_calls = 1 + 2 + budget.MIN_SAMPLES, 1 + 2 + MIN_PAIRS
     step_s: dict[int, float] = {}
     for c in cells:
         try:
@@ -254,29 +260,46 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
     cells = [c for c in cells if c.done is None]
     cold_cells = [c for c in cold_cells if c.done is None]
     flush_s = how.flush_s if how.cold else 0.0
+    core = [c for c in cells if c.spec.core] if how.warm else []
+    core_s = sum(step_s[id(c)] for c in core) * core_calls
     warm_part, cold_part = _split(
         part,
-        sum(step_s[id(c)] for c in cells) * floor_calls if how.warm else 0.0,
+        max(core_s, sum(step_s[id(c)] for c in cells) * floor_calls) if how.warm else 0.0,
         sum(step_s[id(c)] + flush_s for c in cold_cells) * budget.MIN_SAMPLES,
     )
-    per = warm_part / max(1, len(cells))
-    keep = [c for c in cells if step_s[id(c)] * floor_calls <= max(per, 1e-9) * len(cells)] if how.warm else cells
-    for c in cells:
-        if c not in keep:
-            c.untimed_s = step_s[id(c)]
+    if core_s > warm_part:  # the core comparison first, whatever the budget: an overrun is said, no core cell cut
+        if core_s > part:
             b.cut(
-                f"{c.label}: not timed beyond its first calls ({step_s[id(c)]:.3g} s a step): the budget gave its "
-                f"group {warm_part:.3g} s of warm samples, too little for {floor_calls} calls"
+                f"{label}: over its part ({part:.3g} s) by {core_s - part:.3g} s, so that "
+                f"{', '.join(c.spec.name for c in core)} get the paired test's {MIN_PAIRS} rounds (the budget cuts "
+                "no backend of the core comparison)"
             )
-    cells = keep
+        warm_part, cold_part = core_s, max(0.0, part - core_s)
+    room, keep = warm_part - core_s, list(core) if how.warm else list(cells)
+    for c in sorted(cells, key=lambda c: step_s[id(c)]) if how.warm else []:
+        if c in core:
+            continue
+        if step_s[id(c)] * floor_calls <= room:
+            keep.append(c)
+            room -= step_s[id(c)] * floor_calls
+            continue
+        c.untimed_s = step_s[id(c)]
+        b.cut(
+            f"{c.label}: not timed beyond its first calls ({step_s[id(c)]:.3g} s a step): a twin, and what the "
+            f"group's {warm_part:.3g} s of warm samples leave once the core comparison is paid is too little for "
+            f"{floor_calls} calls"
+        )
+    cells = [c for c in cells if c in keep]
+    per = warm_part / max(1, len(cells))
     cold_cells = [c for c in cold_cells if c in keep]  # a step not timed warm is not timed cold either
     want = cfg.warmup + 2 + cfg.min_samples
     slowest = max((step_s[id(c)] for c in cells), default=0.0)
     new = cfg
     if cells and how.warm and slowest * want * len(cells) > warm_part:
-        new = replace(cfg, warmup=1, min_samples=budget.MIN_SAMPLES, budget_s=0.0)
+        fewest = min(cfg.min_samples, MIN_PAIRS if core else budget.MIN_SAMPLES)
+        new = replace(cfg, warmup=1, min_samples=fewest, budget_s=0.0)
         b.cut(
-            f"{label}: {budget.MIN_SAMPLES} samples and 1 warm-up call instead of {cfg.min_samples} and "
+            f"{label}: {fewest} samples and 1 warm-up call instead of {cfg.min_samples} and "
             f"{cfg.warmup} (its slowest step takes {slowest:.3g} s; the group's part: {warm_part:.3g} s)"
         )
     elif how.warm:
