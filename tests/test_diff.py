@@ -194,22 +194,25 @@ def test_mann_whitney_exact_and_normal() -> None:
 
 # --- the machines' load (compare.results.load) ---------------------------------------------------------------
 
-#: 2 cores, 10 s: others took 17 of 20 core-seconds (85%): up to 1 / 0.15 = 6.7x explained. A quiet run: 1%.
+#: 2 cores, 10 s: others took 17 of 20 core-seconds (85%): busy, any change explained. A quiet run: 1%. A run
+#: with a little load, not busy: 5%, up to 1 / 0.95 = 1.05x explained.
 BUSY = {"window_s": 10.0, "cores": 2, "loadavg_1m": 6.0, "others_cpu_s": 17.0, "steal_s": 0.0}
 QUIET = {"window_s": 10.0, "cores": 2, "loadavg_1m": 0.2, "others_cpu_s": 0.2, "steal_s": 0.0}
+LIGHT = {"window_s": 10.0, "cores": 2, "loadavg_1m": 0.6, "others_cpu_s": 1.0, "steal_s": 0.0}
 
 
 def test_a_slowdown_the_busy_runs_load_explains_is_ambiguous_exit_0(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Twice as slow, the new run on a machine others took 85% of: ambiguous (2x <= 6.7x), exit 0, both loads shown.
-    The same slowdown between two quiet runs stays a regression (exit 1): the negative control."""
-    old, new = _pair(2.0, 0.05)
+    """25 times as slow (the issue's torch-eager 2.37 ms -> 59.3 ms), the new run on a machine others took 85% of:
+    ambiguous (a busy run explains any change), exit 0, both loads shown. The same slowdown between two quiet runs
+    stays a regression (exit 1): the negative control."""
+    old, new = _pair(25.0, 0.05)
     md, regression = diff({**old, "load": QUIET}, {**new, "load": BUSY})
     assert not regression, md
     row = next(x for x in md.splitlines() if x.startswith("| jax-xla"))
-    assert "ambiguous (slower, within the load's 6.67x)" in row and "regression" not in row
-    assert "1 cells changed by no more than the busier run's load explains (6.67x): ambiguous" in md
+    assert "ambiguous (slower, the load explains any change (a busy run))" in row and "regression" not in row
+    assert "1 cells changed by no more than the busier run's load explains (any change (a busy run))" in md
     assert "Old machine load: other processes and steal took 1% of 2 cores" in md
     assert "New machine load: other processes and steal took 85% of 2 cores" in md and ": busy" in md
     assert main(list(_write(tmp_path, {**old, "load": QUIET}, {**new, "load": BUSY}))) == 0
@@ -219,11 +222,12 @@ def test_a_slowdown_the_busy_runs_load_explains_is_ambiguous_exit_0(
 
 
 def test_a_slowdown_beyond_what_the_load_explains_is_a_regression() -> None:
-    """Ten times as slow on the busy machine: beyond its 6.7x, a regression; documents without a load record (older
-    runs) explain nothing: the plain rule, 'not recorded' shown."""
-    old, new = _pair(10.0, 0.05)
-    md, regression = diff({**old, "load": QUIET}, {**new, "load": BUSY})
+    """Twice as slow on a lightly loaded machine (5%: 1.05x explained, not busy): a regression; documents without a
+    load record (older runs) explain nothing: the plain rule, 'not recorded' shown."""
+    old, new = _pair(2.0, 0.05)
+    md, regression = diff({**old, "load": QUIET}, {**new, "load": LIGHT})
     assert regression and "**slower: regression**" in next(x for x in md.splitlines() if x.startswith("| jax-xla"))
+    assert "1.05x here" in md
     md, regression = diff(*_pair(2.0, 0.05))
     row = next(x for x in md.splitlines() if x.startswith("| jax-xla"))
     assert regression and "Old machine load: not recorded" in md and "**slower: regression**" in row

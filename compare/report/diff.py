@@ -20,11 +20,12 @@ else is **within noise**. A cell timed on only one side is "not compared".
 
 **Load** (``compare.results.load``; where a run recorded it). Each run's machine load is shown. A slower (or
 faster) cell is **ambiguous**, not a regression, when the ratio (or its inverse) is no more than what the busier
-run's load explains: ``1 / (1 - share)``, ``share`` the part of the cores' time other processes and
-steal took over that run's measurements (``Load.explained_ratio``: a step left ``1 - share`` of the machine takes up
-to that much longer under a fair share). It cannot see a load that changed within a run's window (the share is an
-average over it), nor a parallel step that loses more than its share (threads waiting on a descheduled one): such a
-slowdown stays a regression.
+run's load explains (``Load.explained_ratio``): any change when that run was busy (others and steal took more than
+``compare.results.load.BUSY_SHARE`` of the cores' time: a parallel step then loses far more than its share, so two
+runs at different times cannot tell a change from the load; compare them interleaved in one session instead), else
+``1 / (1 - share)``, ``share`` the part of the cores' time others took over that run's measurements (a step left
+``1 - share`` of the machine takes up to that much longer under a fair share). It cannot see a load that changed
+within a run's window (the share is an average over it).
 
 **Parity.** A cell whose status was ``ok`` in the old run and is ``parity-fail`` or ``error`` in the new one is a
 regression. Other status changes (e.g. ``ok`` -> ``skipped``: the backend is unavailable here) are listed, not
@@ -44,6 +45,7 @@ share no cell: nothing to compare), 3 on an internal error.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -184,6 +186,7 @@ def diff(
     n_slow = n_fast = n_parity = n_ambiguous = 0
     load = busier(old_doc.load, new_doc.load)
     explained = load.explained_ratio() if load is not None else 1.0
+    explains = "any change (a busy run)" if math.isinf(explained) else f"{explained:.2f}x"
     for key in common:
         o, n = old[key], new[key]
         if o.timing is not None and n.timing is not None:
@@ -191,7 +194,7 @@ def diff(
             moved = v.regression or v.verdict == "faster"
             if moved and max(v.ratio, 1 / v.ratio) <= explained:  # within what the busier run's load explains
                 n_ambiguous += 1
-                verdict = f"ambiguous ({'slower' if v.ratio > 1 else 'faster'}, within the load's {explained:.2f}x)"
+                verdict = f"ambiguous ({'slower' if v.ratio > 1 else 'faster'}, the load explains {explains})"
             else:
                 n_slow += v.regression
                 n_fast += v.verdict == "faster"
@@ -248,8 +251,8 @@ def diff(
     out = ["# fusion-compare diff", "", f"Old: {when(old_doc)}  ", f"New: {when(new_doc)}", ""]
     out += [f"Old machine load: {loaded(old_doc)}  ", f"New machine load: {loaded(new_doc)}", ""]
     ambiguous = (
-        f" {n_ambiguous} cells changed by no more than the busier run's load explains ({explained:.2f}x): ambiguous, "
-        "not counted; rerun both on a quiet machine to tell."
+        f" {n_ambiguous} cells changed by no more than the busier run's load explains ({explains}): ambiguous, "
+        "not counted; rerun both on a quiet machine, or time both versions interleaved in one session, to tell."
         if n_ambiguous
         else ""
     )
@@ -276,8 +279,8 @@ def diff(
         f"different times and cannot be interleaved: their samples cannot be paired by round as the backends of "
         f"one run are (`compare run` times them together), so this unpaired rule is the one that applies, and a "
         f"change of load between the runs can move a cell: rerun both on a quiet machine before trusting one. A "
-        f"change by no more than the busier run's recorded load explains (1 / (1 - the share of the cores' time "
-        f"others took): {explained:.2f}x here) is 'ambiguous', not counted.",
+        f"change by no more than the busier run's recorded load explains (any change when it was busy, else 1 / (1 "
+        f"- the share of the cores' time others took): {explains} here) is 'ambiguous', not counted.",
         "",
     ]
     head = ["backend", "case", "dtype", "mode", "old median", "new median", "new/old", "band", "p", "verdict"]

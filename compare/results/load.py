@@ -13,6 +13,7 @@ without ``/proc/stat`` every figure is None and ``reason`` says why."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -63,12 +64,15 @@ class Load:
         return share is not None and share > BUSY_SHARE
 
     def explained_ratio(self) -> float:
-        """The slowdown this load can explain under a fair share of the cores: a step that had ``1 - share`` of the
-        machine takes up to ``1 / (1 - share)`` times as long (share capped at :data:`MAX_SHARE`); 1.0 when not
-        measured. A step whose threads wait on each other (a barrier in a parallel GEMM) can lose more than its
-        share when one thread is descheduled: this rule does not explain that, and so errs towards a regression."""
+        """The slowdown this load can explain: on a busy machine (:attr:`busy`) any, ``inf``: a step whose threads
+        wait on each other (a barrier in a parallel GEMM) loses far more than its share when one thread is
+        descheduled (25x was seen for torch-eager on a 2-core machine with one core taken), so a busy run cannot
+        tell a regression from its load; below that, the fair share's ``1 / (1 - share)`` (share capped at
+        :data:`MAX_SHARE`); 1.0 when not measured."""
         share = self.taken_share
-        return 1.0 if share is None else 1.0 / (1.0 - min(max(share, 0.0), MAX_SHARE))
+        if share is None:
+            return 1.0
+        return math.inf if self.busy else 1.0 / (1.0 - min(max(share, 0.0), MAX_SHARE))
 
     def describe(self) -> str:
         """One line for the report and ``diff``: what others took, steal and the load average, or why unknown."""
