@@ -94,6 +94,7 @@ def parity_section(results: Rows) -> str:
             if p.fresh and p.fresh.tier == "fail" and any(f.startswith(t.tensor + ":") for f in p.fresh.failures):
                 some = f", {p.fresh.rows} tokens drawn by seed {p.fresh.rows_seed}" if p.fresh.rows else ""
                 verdict += f" (fresh inputs, seed {p.fresh.seed}{some}: **FAIL**)"
+            same = r.extras.get("deterministic")
             rows.append(
                 [
                     r.label,
@@ -106,6 +107,7 @@ def parity_section(results: Rows) -> str:
                     f"{fmt_e(t.mean_err)} vs {fmt_e(t.mean_plain)} ({fmt_e(t.mean_bound)}; {fmt_e(t.mean_fail)})",
                     f"{fmt_e(t.scale_err)} vs {fmt_e(t.scale_plain)} ({fmt_e(t.scale_bound)}; {fmt_e(t.scale_fail)})",
                     str(t.not_representable),
+                    "-" if same is None else ("yes" if same else "**no**"),
                     verdict,
                 ]
             )
@@ -120,9 +122,11 @@ def parity_section(results: Rows) -> str:
         "mean err vs plain's (pass; fail line of the difference)",
         "scale err vs plain's (pass; fail line of the difference)",
         "values not in dtype",
+        "same bits twice",
         "parity",
     ]
     timed = any("last timed call" in r.parity.checked for r in results if r.parity is not None)
+    fed = [r.parity.fresh for r in results if r.parity and r.parity.fresh and r.parity.fresh.made is not None]
     fresh_checked = any(r.parity.fresh is not None for r in results if r.parity is not None)
     some_rows = sorted({r.parity.fresh.rows for r in results if r.parity and r.parity.fresh and r.parity.fresh.rows})
     intro = (
@@ -137,25 +141,45 @@ def parity_section(results: Rows) -> str:
         "from the plain computation's is within 5 cluster-robust standard errors, fail if it is beyond that plus "
         "one unit roundoff of the dtype (and 8 float32 ulps). Values not in dtype: outputs that are not values of "
         "the case dtype (computed or answered in a wider type), or that use no more bits than a narrower type, "
-        "fail. The numbers are the first call's output"
+        "fail. Same bits twice: the step's second call on the same (golden) inputs gave the first call's bits. "
+        "The numbers are the first call's output"
         + (
             "; timed rows were checked again on the output of their last timed call, and a failure there is "
             "marked in the row."
             if timed
-            else " (no row was timed, so no later output was checked)."
+            else "."
         )
         + (
-            " Every row was also run once on fresh inputs (same shapes and distribution, a seed drawn at run time, "
-            "its reference computed only after every step of the case had returned"
+            " Every later call (warm-up, sizing, timed samples; one call for an untimed row) ran on inputs the "
+            "harness made: the case's fresh draw (same shapes and distribution, a seed drawn at run time) with its "
+            "tokens in an order of the call's own, no two calls alike, its buffers overwritten before any output "
+            f"was read; {min(f.judged or 0 for f in fed)} to {max(f.judged or 0 for f in fed)} outputs a row, chosen "
+            "at random after the calls returned, were judged against the draw's reference, computed only after "
+            "every step of the case had returned"
+            if fed
+            else ""
+        )
+        + (
+            (
+                ""
+                if fed
+                else " Every row was also run once on fresh inputs (same shapes and distribution, a seed drawn at "
+                "run time, its reference computed only after every step of the case had returned"
+            )
             + (
                 f"; a forward alone judged on {', '.join(map(str, some_rows))} of its tokens where it has more, "
                 "drawn at random only then"
                 if some_rows
                 else ""
             )
-            + "): a step that does not compute its answer from its inputs fails there, and that failure is marked in "
-            "the row (a deviation found only there is recorded in results.json, not promoted: a fresh seed changes "
-            "with every run)."
+            + (
+                ": a step that does not compute its answer from its inputs, answers a repeated input from memory "
+                "or computes only when its output is read fails there"
+                if fed
+                else "): a step that does not compute its answer from its inputs fails there"
+            )
+            + ", and that failure is marked in the row (a deviation found only there is recorded in results.json, "
+            "not promoted: a fresh seed changes with every run)."
             if fresh_checked
             else ""
         )
