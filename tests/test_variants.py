@@ -65,7 +65,8 @@ def test_a_biased_float32_transcendental_deviates_and_never_fails() -> None:
 def test_the_activation_in_bf16_deviates_on_cpu_mlp_as_jax_xla_does() -> None:
     """The activation evaluated op by op in bf16 with its constants rounded (jax.nn.gelu's way on a bf16 input) is
     too small to see on the committed cases (a hundred tokens: it passes there) and deviates on cpu-mlp (786k
-    outputs): y about 0.016% low, a bias far below the fail line (a unit roundoff), named as its likely cause."""
+    outputs): y about 0.016% low, a bias far below the fail line (a unit roundoff), reported as measured and left
+    unexplained (the gate names a cause only where a twin computation predicts its size)."""
     case = PRESETS["cpu-mlp"].case("bfloat16")
     g = golden_for(case)
     variant = next(v for v in VARIANTS if v.name == "activation-in-dtype")
@@ -73,7 +74,10 @@ def test_the_activation_in_bf16_deviates_on_cpu_mlp_as_jax_xla_does() -> None:
     (t,) = check_all({"y": y}, {"y": g.ref["y"]}, plain_reference(case), case.dtype).tensors
     assert t.tier == "deviates" and t.deviated == ["scale"], t.why
     assert -2e-4 < t.scale_err < -1.2e-4 and abs(t.scale_err - t.scale_plain) < 0.1 * 2.0**-8, t
-    assert "activation evaluated in the dtype" in t.cause
+    assert (
+        t.cause
+        == f"unexplained deviation: a systematic bias of {t.scale_err / 2.0**-8:+.2g} unit roundoffs of bfloat16"
+    )
 
 
 #: Unbiased honest variants: their bias against the plain computation is rounding noise, so its z-score over seeds

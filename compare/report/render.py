@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from compare.backends.registry import DEFAULT_BASELINE
 from compare.formats.markdown import case_label, fmt_e, fmt_s, table
+from compare.gate.parity import WHERE_FAIL
 from compare.gpu_build.table import render_markdown
 from compare.kernels import busy
 from compare.kernels.summary import Kernels
@@ -139,7 +140,11 @@ def parity_section(results: Rows) -> str:
         "larger. rms: pass if rms(err) <= 2.5 x plain rms (+ a tenth of a unit roundoff), fail as max. mean (a "
         "constant shift) and scale (the slope of err on ref: output = (1 + scale) x ref): pass if their difference "
         "from the plain computation's is within 5 cluster-robust standard errors, fail if it is beyond that plus "
-        "one unit roundoff of the dtype (and 8 float32 ulps). Values not in dtype: outputs that are not values of "
+        "one unit roundoff of the dtype (and 8 float32 ulps). where (not a column): once the rms error is past its "
+        "pass line, fail if the rms error over the tenth of elements with the smallest |ref| is more than "
+        f"{WHERE_FAIL:g} x the "
+        "rms error over all (rounding puts the least error there; zeroed or cut-off small outputs the most). "
+        "Values not in dtype: outputs that are not values of "
         "the case dtype (computed or answered in a wider type), or that use no more bits than a narrower type, "
         "fail. Same bits twice: the step's second call on the same (golden) inputs gave the first call's bits. "
         "The numbers are the first call's output"

@@ -1,0 +1,136 @@
+"""The gate's calibration table, on the output ``y`` of every committed case in every dtype: the honest variants
+(``tests/variants.py``) never fail; two controls made on the plain computation's own output must fail:
+
+- ``zeroed-tenth``: the smallest tenth of the outputs (by magnitude) set to zero;
+- ``scale-1.5u``: the output 1.5 unit roundoffs of the dtype too large, ``y * (1 + 1.5 u)``, made before the last
+  rounding to the dtype (as a backend makes it: ``compare.gate.resolution`` injects its scale errors the same way).
+
+Where the gate cannot yet call a control a failure the row is a strict ``xfail`` that states the measured reason: it
+turns into an error the day the gate catches it, so the table cannot silently go stale. What this cannot see: the
+gradients (``tests/test_controls.py`` judges controls on every tensor) and cases other than the committed ones.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from compare.gate.parity import WHERE_FAIL, TensorParity, check_tensor, plain_stats
+from compare.problem.cases import Case, committed_cases
+from compare.problem.golden import golden_for
+from compare.problem.reference import SIGNIFICAND_BITS, round_to_dtype
+from compare.run.cell import plain_reference
+from tests.variants import VARIANTS, variant_outputs
+
+pytestmark = [pytest.mark.quick, pytest.mark.isa]
+
+CASES = committed_cases()
+
+
+def zeroed_tenth(y: np.ndarray) -> np.ndarray:
+    """``y`` with its ``ceil(n / 10)`` smallest elements by magnitude set to zero (ties by position)."""
+    out = np.array(y, dtype=np.float64)
+    k = -(-out.size // 10)
+    out.reshape(-1)[np.argsort(np.abs(out).ravel(), kind="stable")[:k]] = 0.0
+    return out
+
+
+@functools.cache
+def _judge(case: Case, what: str) -> TensorParity:
+    """The gate's verdict on ``y`` of ``case`` for a control (``zeroed-tenth``, ``scale-1.5u``) or an honest variant
+    (``var:<name>``)."""
+    plain, ref = plain_reference(case), golden_for(case).ref["y"]
+    env = None if plain.envelope is None else plain.envelope["y"]
+    stats = plain_stats(ref, plain["y"], env)
+    if what == "zeroed-tenth":
+        y = zeroed_tenth(plain["y"])
+    elif what == "scale-1.5u":
+        assert plain.unrounded is not None
+        u = 2.0 ** -SIGNIFICAND_BITS[case.dtype]
+        y = round_to_dtype(plain.unrounded["y"] * (1.0 + 1.5 * u), case.dtype)
+    else:
+        y = variant_outputs(what.removeprefix("var:"), case)["y"]
+    return check_tensor("y", y, ref, plain["y"], case.dtype, stats)
+
+
+HONEST = [(f"var:{v.name}", c) for c in CASES if c.model != "linear" for v in VARIANTS if c.dtype in v.dtypes]
+
+
+@pytest.mark.parametrize(("what", "case"), HONEST, ids=[f"{w}-{c.name}" for w, c in HONEST])
+def test_an_honest_variant_never_fails_on_the_output(what: str, case: Case) -> None:
+    t = _judge(case, what)
+    assert t.tier != "fail", t.why
+
+
+#: Where the gate does not call the control a failure today, with the measured reason (``xfail(strict=True)``).
+#: float32, 1.5 u scale: below an honest float32 tanh 4 ulp off all one way, which moves the scale of y by up to
+#: 2.3 u (16.7 standard errors) on tiny's GELU MLP; on odd's SwiGLU the slope's own standard error is 1 u, so 1.5 u
+#: is within noise. (bfloat16, zeroed tenth, was here: its rms, 1.19x to 2.1x the rms check's base, overlaps
+#: jax-xla's honest bf16/fp16 token sums, 1.56x over the seed sweep; the ``where`` check catches it by where the
+#: error sits instead.)
+NOT_YET: dict[tuple[str, str], str] = {
+    ("scale-1.5u", "float32"): "1.5 u in float32 is below an honest transcendental's bias and the slope's noise",
+}
+CONTROL_ROWS = [
+    pytest.param(
+        w,
+        c,
+        id=f"{w}-{c.name}",
+        marks=[pytest.mark.xfail(strict=True, reason=NOT_YET[w, c.dtype])] if (w, c.dtype) in NOT_YET else [],
+    )
+    for w in ("zeroed-tenth", "scale-1.5u")
+    for c in CASES
+]
+
+
+@pytest.mark.parametrize(("what", "case"), CONTROL_ROWS)
+def test_a_control_on_the_output_fails(what: str, case: Case) -> None:
+    t = _judge(case, what)
+    assert t.tier == "fail", t.why
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_the_controls_change_the_output(case: Case) -> None:
+    """A control that leaves the plain computation's bits is no control: each moves ``y`` on every case."""
+    plain = plain_reference(case)["y"]
+    u = 2.0 ** -SIGNIFICAND_BITS[case.dtype]
+    unrounded = plain_reference(case).unrounded
+    assert unrounded is not None
+    assert np.count_nonzero(zeroed_tenth(plain) != plain) > plain.size // 20
+    scaled = round_to_dtype(unrounded["y"] * (1.0 + 1.5 * u), case.dtype)
+    assert np.count_nonzero(scaled != plain) > plain.size // 2
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_the_where_check_catches_a_zeroed_tenth_in_every_dtype(case: Case) -> None:
+    """The ``where`` check fails a zeroed smallest tenth on every case; in bfloat16 it is the only check that does
+    (the rms stays below its fail line there: ``NOT_YET``'s old row), so without it those rows would not fail."""
+    t = _judge(case, "zeroed-tenth")
+    assert "where" in t.failed and t.where_ratio is not None and t.where_ratio > WHERE_FAIL, t.why
+    if case.dtype == "bfloat16":
+        assert t.failed == ["where"], t.why
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_the_where_check_is_silent_while_the_rms_error_passes(case: Case) -> None:
+    """An error gathered on the smallest outputs but small enough that the rms check passes is not judged by where
+    it sits: the zeroed tenth's error scaled to 1.5 x the plain rms error, added to the plain output (its ratio is
+    past the ``where`` fail line, its rms below the rms pass line of 2.5 x the plain's)."""
+    plain, ref = plain_reference(case), golden_for(case).ref["y"]
+    stats = plain_stats(ref, plain["y"], None if plain.envelope is None else plain.envelope["y"])
+    bump = zeroed_tenth(plain["y"]) - plain["y"]
+    bump *= 1.5 * stats.rms_plain / float(np.sqrt(np.mean(bump**2)))
+    y = round_to_dtype(np.asarray(plain["y"], dtype=np.float64) + bump, case.dtype)
+    t = check_tensor("y", y, ref, plain["y"], case.dtype, stats)
+    assert t.where_ratio is not None and t.where_ratio > WHERE_FAIL, t
+    assert t.rms_err <= t.rms_bound and "where" not in t.failed, t.why
+
+
+def test_a_parity_document_from_before_the_where_check_reads_back() -> None:
+    """``where_ratio`` is optional: a stored tensor verdict without it reads as None and writes back without it."""
+    d = _judge(CASES[0], "zeroed-tenth").to_dict()
+    assert isinstance(d.pop("where_ratio"), float)
+    old = TensorParity.from_dict(d)
+    assert old.where_ratio is None and old.to_dict() == d
