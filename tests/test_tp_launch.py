@@ -75,7 +75,7 @@ class Cheat:
             compute_only=step,
             layout="the golden answer, stored",
         )
-        return Prepared(step=step, sync=lambda outs: None, to_numpy=dict, tp=tp, fresh=lambda inputs: step())
+        return Prepared(step=step, sync=lambda outs: None, to_numpy=dict, tp=tp, bind=lambda inputs, slot: step)
 
 
 BACKEND = Cheat()
@@ -182,7 +182,7 @@ def test_every_cell_is_checked_on_fresh_inputs_and_the_cheat_fails_there(tmp_pat
     assert len(list(tmp_path.glob("group-*"))) == 1, "no cell failed its group"
     for cell, r in zip(cells, rows, strict=True):
         parity = r["parity"]
-        assert parity["checked"] == ["first call", "last timed call", "fresh inputs"], parity["checked"]
+        assert parity["checked"] == ["first call", "fresh inputs"], parity["checked"]
         assert parity["fresh"]["seed"] == job.fresh_seed
         assert set(r["extras"]["fresh_check_s"]) == {"step", "read", "reference", "judge"}
         if cell.backend == NAME:
@@ -207,7 +207,7 @@ def test_a_backend_without_fresh_is_an_error_and_its_group_goes_on(
     monkeypatch.setenv("FAKE_TP_FAULT", "nofresh@bwd")
     rows = run_job(_job(), root=tmp_path)
     assert [(r["mode"], r["status"]) for r in rows] == [("fwd", "ok"), ("bwd", "error"), ("fwd+bwd", "ok")]
-    assert "fake-tp in mode bwd: its Prepared has no fresh" in rows[1]["reason"], rows[1]["reason"]
+    assert "fake-tp in mode bwd: its Prepared has no bind" in rows[1]["reason"], rows[1]["reason"]
     assert rows[1]["world_size"] == 2 and rows[1].get("parity") is None
     assert len(list(tmp_path.glob("group-*"))) == 1, "refusing a cell costs no restart"
 

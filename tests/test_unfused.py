@@ -112,15 +112,15 @@ def test_the_real_step_dispatches_the_programs_the_profile_reads(tmp_path: Path)
 @pytest.mark.compile
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "fwd+bwd"])
 def test_fresh_inputs_give_jax_xlas_answer(mode: str) -> None:
-    """``Prepared.fresh``: the same op-by-op programs on inputs never seen, close to jax-xla's answer on them."""
+    """``Prepared.bind``: the same op-by-op programs on inputs never seen, close to jax-xla's answer on them."""
     case = TINY.case("float32")
     problem = golden_for(case).problem
     inputs = fresh.draw(case, 1234, problem.params)
     outs = {}
     for name in ("jax-unfused", "jax-xla"):
         prepared = spec(name).load().prepare(problem, mode)
-        assert prepared.fresh is not None
-        outs[name] = prepared.to_numpy(prepared.fresh(inputs))
+        assert prepared.bind is not None
+        outs[name] = prepared.to_numpy(prepared.bind(inputs, 0)())
         if mode != "bwd":
             assert not np.allclose(outs[name]["y"], prepared.to_numpy(prepared.step())["y"])  # new inputs, new y
     assert outs["jax-unfused"].keys() == outs["jax-xla"].keys()

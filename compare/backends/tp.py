@@ -19,7 +19,7 @@ How a TP backend runs (``compare.run.tp_launch`` starts it, ``compare.run.tp_wor
 - a replicated output (``y``, ``dx``, a replicated gradient such as ``db2``) exists once per device, and a wrong
   copy on any one of them is a wrong result: ``TPParts.copies(output)`` returns one :class:`DeviceCopy` per device
   this process holds, each read from that device's own copy of every replicated tensor. The worker judges every
-  copy (first call, last timed call, and the step once on fresh inputs: ``Prepared.fresh``, which every TP backend
+  copy (first call, and the calls on the harness's inputs: ``Prepared.bind``, which every TP backend
   implements, handed the same full ``x`` and ``dy`` on every rank) and counts the copies judged
   (``ranks_checked``). A backend whose process holds one device (torch's ranks) may leave it None: its one copy is
   ``to_numpy``'s, on ``Prepared.device``.

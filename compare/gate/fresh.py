@@ -1,13 +1,12 @@
 """An answer no backend can cache: the check on inputs a backend has never seen.
 
 A backend's ``prepare`` is handed the case's :class:`~compare.problem.golden.Problem`, and from it anyone can compute
-the
-golden answer (``golden_for(problem.case)``, the golden file, ``compare.problem.reference.compute``) and return that,
-rounded
-to the dtype, at every step: right on the first call, right on the last timed call, and as fast as a memory copy.
-So after timing, the harness hands each prepared step (``Prepared.fresh``) a fresh draw of ``x`` and ``dy``, of the
-same shapes and distribution as the case's, from a seed drawn at run time (:func:`new_seed`, from the operating
-system's entropy: no code can predict it); the weights stay. A sub-draw whose outputs would leave the dtype's
+the golden answer (``golden_for(problem.case)``, the golden file, ``compare.problem.reference.compute``) and
+return that, rounded to the dtype, at every step: right on the first call, and as fast as a memory copy.
+So every later call of each prepared step runs on the harness's inputs (``compare.run.pipeline.Feed``, through
+``Prepared.bind``): a fresh draw of ``x`` and ``dy``, of the same shapes and distribution as the case's, from a seed
+drawn at run time (:func:`new_seed`, from the operating system's entropy: no code can predict it), its tokens in an
+order of each call's own; the weights stay. A sub-draw whose outputs would leave the dtype's
 range is passed over before any step sees it (:func:`draw`), so no seed makes the case unjudgeable. Only after
 every step of the case has returned does it compute the reference and the plain computation of that draw
 (:func:`reference`, the golden's own arithmetic) and judge the outputs with the same gate.

@@ -10,9 +10,10 @@ What it can cut, and what it cannot:
   a step too slow for them; the profile of a step too slow for its part (one warm-up and one profiled step instead
   of five calls, where the backend has that quick profile); the compile-cost sweep's token list (its smallest and
   largest counts kept) and its sampling per shape;
-- **not cut**: parity. Every backend's first call, its last timed call's check and its step on fresh inputs run
-  whatever the budget (the interpreted ones' verdicts may come from ``compare.run.parity_cache``); compiles; golden
-  data and the plain computation (cached on disk after their first run).
+- **not cut**: parity, and the core comparison's rounds (``compare.run.harness``). Every backend's first call and
+  its calls on the harness's inputs (a timed step's, or an untimed one's single call) run whatever the budget (the
+  interpreted ones' verdicts may come from ``compare.run.parity_cache``); compiles; golden data and the plain
+  computation (cached on disk after their first run).
 
 So a budget below what parity alone costs on this machine is overrun, and the record says by how much. The shares
 are fractions of the whole (:data:`SHARES`), each group's part of the timing share the same; a phase that finishes
