@@ -1,6 +1,6 @@
 """A negative control for the torch TP backends: ``torch-tp-manual`` whose step skips its all-reduces (its
 compute-only twin, a partial output on each rank), judged by the gate as if it were the real step. It must fail.
-Its ``fresh`` is the twin's too (the same wrong function on fresh inputs), and its collectives are the twin's own
+Its ``bind`` is the twin's too (the same wrong function on fresh inputs), and its collectives are the twin's own
 count (none), which its comm-only twin replays."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class SkipReduce:
         skip = tc.local_twin(problem, mode, group)
         collectives, comm = tc.counted_twins(lambda: counting.count_eager(skip.run), dev.device())
         tp = dataclasses.replace(p.tp, collectives=collectives, comm_only=comm)
-        return dataclasses.replace(p, step=skip.run, fresh=skip.fresh, tp=tp)
+        return dataclasses.replace(p, step=skip.run, bind=skip.bind, tp=tp)
 
 
 BACKEND = SkipReduce()
