@@ -274,7 +274,8 @@ def test_power_a_quarter_more_of_the_same_work_is_found_under_induced_load(busy_
     for trial in range(POWER_TRIALS):
         entrants = [Entrant(functools.partial(_work, k), lambda _o: None, 0.0) for k in (4, 4, 5)]
         out = measure_interleaved(entrants, group=f"power#{trial}", warmup=2, min_samples=10, budget_s=0.1, seed=trial)
-        a, twin, b = (o[0] for o in out if not isinstance(o, BaseException))
+        a, twin, b = out
+        assert isinstance(a, Timing) and isinstance(twin, Timing) and isinstance(b, Timing), out
         v = compare_timing(a, b)
         assert v.design == PAIRED and v.pairs is not None and v.pairs >= 10, v
         found += v.verdict == SLOWER
