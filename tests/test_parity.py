@@ -213,7 +213,10 @@ def test_a_replayed_answer_fails_on_fresh_inputs_and_is_flagged_implausible() ->
 
         def prepare(self, problem: Problem, mode: str) -> Prepared:
             return Prepared(
-                step=lambda: y, sync=lambda _: None, to_numpy=lambda t: {"y": t.double().numpy()}, bind=lambda _in, _slot: lambda: y
+                step=lambda: y,
+                sync=lambda _: None,
+                to_numpy=lambda t: {"y": t.double().numpy()},
+                bind=lambda _in, _slot: lambda: y,
             )
 
     s = _InlineSpec(name="rounded-answer", framework="torch", target="-", about="cheats", backend=Rounded())

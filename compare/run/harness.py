@@ -235,7 +235,7 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
     The group gets its part of the timing share (``compare.run.budget``), split between the warm samples and the
     cold (:func:`_split`: each kind's floor first, then halves). A step's time is read from one or two more calls
     (:func:`_steady_s`). The core comparison (every cell whose backend is ``BackendSpec.core``: the baselines,
-    torch-compile, jax-xla and the other compiled backends, not the twins) is paid first: warm-up, sizing and the
+    each framework's compilers and every other timed backend, not the twins) is paid first: warm-up, sizing and the
     paired test's :data:`~compare.timing.significance.MIN_PAIRS` rounds, over the group's part if it must be, and
     the overrun is said; it is never cut. A twin that cannot fit its floor (warm-up, sizing and
     ``budget.MIN_SAMPLES``) in what is left is not timed beyond its first calls. A group whose slowest step cannot
