@@ -145,10 +145,10 @@ def reference(
         picked = np.sort(rng.choice(len(tokens), size=rows, replace=False))
         x = tokens[picked][None]
     ref = compute(case.model, x, params, dy, Arith.exact())
-    unrounded, envelope = plain_run(case.model, case.dtype, case.seed, x, params, dy)
+    unrounded, envelope, signature = plain_run(case.model, case.dtype, case.seed, x, params, dy)
     plain = {k: round_to_dtype(v, case.dtype) for k, v in unrounded.items()}
     check_plain(f"{case.name} (fresh inputs)", case.dtype, ref, plain)
-    return FreshReference(ref, Plain(plain, envelope, unrounded), picked, rows_seed)
+    return FreshReference(ref, Plain(plain, envelope, unrounded, signature), picked, rows_seed)
 
 
 def compact(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

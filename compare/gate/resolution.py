@@ -4,13 +4,17 @@ The gate (``compare.gate.parity``) judges a backend against the plain same-dtype
 case, so what it can resolve depends on the case (its size, its input distribution) and the dtype. Two questions,
 answered on the golden data with the very same gate:
 
-- **Scale resolution**: the smallest relative scale error ``s`` for which ``round(u_plain * (1 - s))`` leaves the
-  gate's pass tier (deviates or fails), where ``u_plain`` is the plain computation's output *before* its last
-  rounding to the dtype (``Plain.unrounded``): the error is made where a backend makes it (a constant, a GEMM's
-  epilogue, an activation), and the rounding that follows cannot undo it, as it would undo a scale error applied to
-  the already-rounded output (in bf16 that hid everything below about half an ulp). Found by bisection in ``log s``
-  between :data:`S_MIN` and :data:`S_MAX` to :data:`REL_PRECISION`. A scale error at least this large is caught; a
-  smaller one may pass. (The fail line of a scale error sits higher: one unit roundoff of the dtype beyond noise.)
+- **Scale resolution**: the smallest relative scale error ``s`` for which ``round(u * (1 -+ s))`` leaves the
+  gate's pass tier (deviates or fails) in both directions, for ``u`` the plain computation and a twin of it with
+  every sum in the reverse order, each *before* its last rounding to the dtype (:func:`scale_resolution`): the
+  error is made where a backend makes it (a constant, a GEMM's epilogue, an activation), and the rounding that
+  follows cannot undo it, as it would undo a scale error applied to the already-rounded output (in bf16 that hid
+  everything below about half an ulp). Found by bisection in ``log s`` between :data:`S_MIN` and :data:`S_MAX` to
+  :data:`REL_PRECISION`. The gate judges a scale paired, on the backend's difference from the plain computation, so
+  its noise is what the backend's own rounding adds: the plain computation's bits are one extreme, the reversed sums
+  stand for the usual backend, whose accumulation order differs; a backend whose rounding differs more has a
+  coarser resolution of its own (its row's scale standard error). (The fail line of a scale error sits higher:
+  ``compare.gate.parity.SCALE_FAIL_UNITS`` beyond noise.)
 - **erf vs tanh GELU**: the plain computation run with the exact (erf) GELU instead of the tanh form, through the
   gate: does it leave the pass tier? If not, the two GELU forms are *not distinguishable* at that dtype and case,
   and a pass says nothing about which one a backend uses.
@@ -22,14 +26,15 @@ them.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from compare.formats.jsonfields import Obj, integer, opt_flag, opt_number, record_dict, text, texts
-from compare.gate.parity import PlainStats, check_tensor, plain_stats
+from compare.gate.parity import PlainStats, check_tensor, plain_stats, tensor_stats
+from compare.problem import fixedbits
 from compare.problem.reference import GELU_MODELS, Arith, compute, round_to_dtype
 
 S_MIN = 1e-7
@@ -89,35 +94,45 @@ def scale_resolution(
     plain: np.ndarray,
     dtype: str,
     stats: PlainStats | None = None,
-    unrounded: np.ndarray | None = None,
+    bases: Sequence[np.ndarray] = (),
 ) -> tuple[float | None, str]:
-    """Smallest relative scale error the gate catches on this tensor, and a note.
+    """Smallest relative scale error the gate catches on this tensor wherever a backend sits, and a note.
 
-    The error is applied to ``unrounded`` (the plain output before its last rounding; ``plain`` itself when not
-    given) and the result rounded to the dtype. Returns ``(s, "")`` with ``s`` the upper end of the final bracket (a
-    scale error of ``s`` leaves the pass tier, one of ``s / 1.05`` did not); ``(S_MIN, "below")`` when even
-    ``S_MIN`` is caught; ``(None, why)`` when not even ``S_MAX`` is caught (the gate is blind to scale on this
-    tensor). ``stats`` (``plain_stats(ref, plain)``) is computed once here when not given: every step of the
-    bisection judges against the same plain computation.
+    The error ``1 -+ s`` is applied to each of ``bases`` (outputs before their last rounding: the plain computation's,
+    another honest one's; ``plain`` itself when none is given) and the result rounded to the dtype. An honest result's
+    scale may lie anywhere between none and the plain computation's own, so which ``s`` leaves the pass tier depends
+    on where the backend sat and which way the error goes: the largest over both directions and every base is
+    returned. ``(s, "")`` with ``s`` the upper end of the final bracket (a scale error of ``s`` leaves the pass tier,
+    one of ``s / 1.05`` did not); ``(S_MIN, "below")`` when even ``S_MIN`` is caught everywhere; ``(None, why)`` when
+    not even ``S_MAX`` is (the gate is blind to scale on this tensor). ``stats`` (``plain_stats(ref, plain)``) is
+    computed once here when not given: every step judges against the same plain computation.
     """
     stats = stats if stats is not None else plain_stats(ref, plain)
-    before = np.asarray(plain if unrounded is None else unrounded, dtype=np.float64)
+    found: list[float] = []
+    for base in [np.asarray(b, dtype=np.float64) for b in bases] or [np.asarray(plain, dtype=np.float64)]:
+        for sign in (-1.0, 1.0):
 
-    def fails(s: float) -> bool:
-        return _caught(name, round_to_dtype(before * (1.0 - s), dtype), ref, plain, dtype, stats)
+            def fails(s: float, base: np.ndarray = base, sign: float = sign) -> bool:
+                return _caught(name, round_to_dtype(base * (1.0 + sign * s), dtype), ref, plain, dtype, stats)
 
-    if not fails(S_MAX):
-        return None, f"not even a {S_MAX:.0%} scale error is caught"
-    if fails(S_MIN):
-        return S_MIN, "below"
-    lo, hi = S_MIN, S_MAX  # passes at lo, fails at hi
-    while hi / lo > REL_PRECISION:
-        mid = math.sqrt(lo * hi)
-        if fails(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi, ""
+            if not fails(S_MAX):
+                return None, f"not even a {S_MAX:.0%} scale error is caught"
+            lo, hi = S_MIN, S_MAX  # passes at lo, fails at hi
+            if fails(S_MIN):
+                hi = S_MIN
+            while hi / lo > REL_PRECISION:
+                mid = math.sqrt(lo * hi)
+                if fails(mid):
+                    hi = mid
+                else:
+                    lo = mid
+            found.append(hi)
+    return max(found), "below" if max(found) == S_MIN else ""
+
+
+def _reversed_sums(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` as the plain computation's float32 GEMM does it, but summed over ``k`` in the reverse order."""
+    return fixedbits.matmul32(a[:, ::-1], b[::-1])
 
 
 def _rel_rms(a: np.ndarray, ref: np.ndarray) -> float:
@@ -142,12 +157,13 @@ def resolution_rows(
     upstream = None if names == ["y"] else dy  # forward only: no backward to run
     has_gelu = model in GELU_MODELS  # erf vs tanh means nothing for a model without a GELU
     erf_plain = compute(model, x, params, upstream, Arith.plain(dtype), gelu="erf") if has_gelu else None
-    unrounded = getattr(plain, "unrounded", None)
     erf_exact = compute(model, x, params, upstream, Arith.exact(), gelu="erf") if has_gelu else None
+    twin = compute(model, x, params, upstream, Arith(dtype, final=False, gemm=_reversed_sums))
     rows = []
     for t in names:
-        stats = plain_stats(ref[t], plain[t])
-        s, note = scale_resolution(t, ref[t], plain[t], dtype, stats, None if unrounded is None else unrounded[t])
+        stats = tensor_stats(ref, plain, t)
+        bases = [u[t] for u in (getattr(plain, "unrounded", None), twin) if u is not None]
+        s, note = scale_resolution(t, ref[t], plain[t], dtype, stats, bases)
         row = ResolutionRow(case_name, model, label, dtype, t, int(ref[t].size), s, note)
         if erf_plain is not None and erf_exact is not None:
             p = check_tensor(t, erf_plain[t], ref[t], plain[t], dtype, stats)

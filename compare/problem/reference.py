@@ -73,8 +73,9 @@ class Arith:
 
     dtype: str | None  # None: exact float64
     final: bool = True
-    #: Another float32 GEMM for the plain run (``tests/variants.py`` builds honest implementation differences with it:
-    #: other accumulation orders, FMA); None: :func:`~compare.problem.fixedbits.matmul32`.
+    #: Another GEMM: for the plain run a float32 one (``tests/variants.py`` builds honest implementation differences
+    #: with it: other accumulation orders, FMA), for float64 the machine's BLAS (the signature twin, whose last bits
+    #: do not matter); None: :func:`~compare.problem.fixedbits.matmul32` / ``matmul64``.
     gemm: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = field(default=None, compare=False)
     #: Rounding of the tensors that are not outputs (None: to ``dtype``); a variant keeps them in float32.
     inner: str | None = None
@@ -113,7 +114,7 @@ class Arith:
 
     def _gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if self.dtype is None:
-            return fixedbits.matmul64(a, b)
+            return (self.gemm or fixedbits.matmul64)(a, b)
         return (self.gemm or fixedbits.matmul32)(a, b)
 
     def mm(self, a: np.ndarray, b: np.ndarray, out: bool = False) -> np.ndarray:
@@ -134,14 +135,20 @@ class Arith:
         return self.rnd(a, out)
 
 
+Activation = Callable[[np.ndarray], np.ndarray]
+#: An activation and its derivative.
+Activations = tuple[Activation, Activation]
+
+
 def _f64(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float64)
 
 
-def gelu_tanh(g: np.ndarray) -> np.ndarray:
-    """GELU, tanh form: ``0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))``."""
+def gelu_tanh(g: np.ndarray, tanh: Activation = fixedbits.tanh) -> np.ndarray:
+    """GELU, tanh form: ``0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))`` (``tanh`` replaceable: the signature
+    twin, :func:`signature_activations`, makes it a little too large)."""
     g = _f64(g)
-    return 0.5 * g * (1.0 + fixedbits.tanh(SQRT_2_OVER_PI * (g + GELU_CUBIC * (g * g * g))))
+    return 0.5 * g * (1.0 + tanh(SQRT_2_OVER_PI * (g + GELU_CUBIC * (g * g * g))))
 
 
 def gelu_erf(g: np.ndarray) -> np.ndarray:
@@ -161,10 +168,10 @@ def gelu_erf_grad(g: np.ndarray) -> np.ndarray:
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
-def gelu_tanh_grad(g: np.ndarray) -> np.ndarray:
+def gelu_tanh_grad(g: np.ndarray, tanh: Activation = fixedbits.tanh) -> np.ndarray:
     """d/dg of :func:`gelu_tanh`."""
     g = _f64(g)
-    t = fixedbits.tanh(SQRT_2_OVER_PI * (g + GELU_CUBIC * (g * g * g)))
+    t = tanh(SQRT_2_OVER_PI * (g + GELU_CUBIC * (g * g * g)))
     return 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * g * g)
 
 
@@ -201,10 +208,6 @@ def linear_fwd_bwd(
         out["dbias"] = ar.colsum(dy)
     return out
 
-
-Activation = Callable[[np.ndarray], np.ndarray]
-#: An activation and its derivative.
-Activations = tuple[Activation, Activation]
 
 #: GELU forms: ``tanh`` is the model's (the seed's ``approximate="tanh"``); ``erf`` is the exact form, used only to
 #: ask whether the parity gate can tell the two apart (``compare.gate.resolution``).
@@ -258,6 +261,25 @@ def envelope_activations(model: str, seed: int) -> Activations:
         tanh=ulps_off(fixedbits.tanh, e, seed, -1.0, 1.0),
         exp=ulps_off(exp_saturating, e, seed, 0.0, math.inf),
     )
+
+
+def signature_activations(model: str, ulps: int) -> Activations:
+    """The float64 activation of ``model`` and its derivative with its transcendental (GELU's tanh, SiLU's ``exp(-s)``
+    in ``1 / (1 + exp(-s))``, as libraries write the sigmoid) a float32 library's: rounded to float32 and moved by
+    ``ulps`` ulps all one way (:func:`ulps_off`), everything else exact. Two such twins, ``+-``
+    :data:`TRANSCENDENTAL_ERROR_ULPS`, less the one at 0 ulps, give the shapes over every output element of a
+    transcendental biased all one way: the parity gate's ``scale`` check fits them beside a pure scale error, so the
+    two are told apart (a float32 tanh 4 ulp high moves y's scale by about 2 unit roundoffs; a wrong scale of 1.5
+    must still fail)."""
+    if model == "swiglu":
+        exp = ulps_off(exp_saturating, ulps, None, 0.0, math.inf)
+
+        def sig(s: np.ndarray) -> np.ndarray:
+            return 1.0 / (1.0 + exp(-_f64(s)))
+
+        return (lambda s: _f64(s) * sig(s)), (lambda s: sig(s) * (1.0 + _f64(s) * (1.0 - sig(s))))
+    tanh = ulps_off(fixedbits.tanh, ulps, None, -1.0, 1.0)
+    return (lambda g: gelu_tanh(g, tanh)), (lambda g: gelu_tanh_grad(g, tanh))
 
 
 def activations_in(
@@ -433,14 +455,22 @@ def compute(
 
 def plain_run(
     model: str, dtype: str, seed: int, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None, dict[str, np.ndarray] | None]:
     """The gate's yardstick on ``(x, params, dy)``: the plain ``dtype`` computation with its outputs unrounded
     (``Arith.plain(dtype, final=False)``) and, in float32 for a model with an activation, its envelope twin
-    (:func:`envelope_activations` drawn from the case's ``seed``; None otherwise). A run past the dtype's range
-    gives inf/NaN without a warning: ``compare.gate.parity.check_plain`` refuses it by name."""
+    (:func:`envelope_activations` drawn from the case's ``seed``) and the signatures of a transcendental biased all
+    one way (``[2, *shape]`` per tensor: down and up by :data:`TRANSCENDENTAL_ERROR_ULPS`, each a float64 twin through
+    the machine's BLAS less the unbiased one, :func:`signature_activations`; both None otherwise). A run past the
+    dtype's range gives inf/NaN without a warning: ``compare.gate.parity.check_plain`` refuses it by name."""
     with np.errstate(over="ignore", invalid="ignore"):
         unrounded = compute(model, x, params, dy, Arith.plain(dtype, final=False))
-        envelope = None
+        envelope = signature = None
         if dtype == "float32" and model != "linear":
             envelope = compute(model, x, params, dy, Arith.plain(dtype), acts=envelope_activations(model, seed))
-    return unrounded, envelope
+            off = (-TRANSCENDENTAL_ERROR_ULPS, TRANSCENDENTAL_ERROR_ULPS)
+            twin = {
+                k: compute(model, x, params, dy, Arith(None, gemm=np.matmul), acts=signature_activations(model, k))
+                for k in (0, *off)
+            }
+            signature = {t: np.stack([twin[k][t] - twin[0][t] for k in off]) for t in twin[0]}
+    return unrounded, envelope, signature

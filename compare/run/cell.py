@@ -49,17 +49,19 @@ def plain_reference(case: Case, backward: bool = True) -> Plain:
     name = datacache.key("plain" if backward else "plain-fwd", case.to_dict())
     cached = datacache.load(name)
     if cached is not None:
-        unrounded = {k[len("unrounded.") :]: v for k, v in cached.items() if k.startswith("unrounded.")}
-        env = {k[len("envelope.") :]: v for k, v in cached.items() if k.startswith("envelope.")}
-        envelope: dict[str, np.ndarray] | None = env or None
+        parts = {
+            part: {k[len(part) + 1 :]: v for k, v in cached.items() if k.startswith(f"{part}.")} or None
+            for part in ("unrounded", "envelope", "signature")
+        }
+        unrounded, envelope, signature = parts["unrounded"] or {}, parts["envelope"], parts["signature"]
     else:
         dy = g.dy if backward else None
-        unrounded, envelope = plain_run(case.model, case.dtype, case.seed, g.x, g.params, dy)
-        saved = {f"unrounded.{k}": v for k, v in unrounded.items()}
-        datacache.save(name, saved | {f"envelope.{k}": v for k, v in (envelope or {}).items()})
+        unrounded, envelope, signature = plain_run(case.model, case.dtype, case.seed, g.x, g.params, dy)
+        twins = {"unrounded": unrounded, "envelope": envelope or {}, "signature": signature or {}}
+        datacache.save(name, {f"{part}.{k}": v for part, d in twins.items() for k, v in d.items()})
     plain = {k: round_to_dtype(v, case.dtype) for k, v in unrounded.items()}  # what final=True computes
     check_plain(case.name, case.dtype, g.ref, plain)
-    return Plain(plain, envelope, unrounded)
+    return Plain(plain, envelope, unrounded, signature)
 
 
 def model_cost(spec: BackendSpec, case: Case, mode: str) -> Cost | None:
