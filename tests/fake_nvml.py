@@ -4,9 +4,9 @@
   (``compare.timing.nvml.ScriptedDevice``, shared with ``scripts/gpu_timing_check.py --fake``), and besides counts
   its reads, refuses the quantities it is told to with an NVML error, raises a plain error on one chosen read, and
   can hold its reads until an event is set (a driver call that hangs, for up to 5 s).
-- :class:`FakeLibNvml`: the C library itself as ``open_device`` sees it through ``ctypes``: attributes named as NVML's
-  functions, each taking ctypes pointers and writing through them, returning an ``nvmlReturn_t``; any function can
-  be made to return an error code or be absent, and every call is logged.
+- :class:`FakePynvml`: NVML as ``open_device`` and ``driver_version`` see it, through ``pynvml``: its functions,
+  replaced on the module for one test (``install``); any function can be made to raise an NVML error or be absent
+  from the driver's library, and every call is logged.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from compare.timing.nvml import NVML_CLOCK_MEM, NVML_CLOCK_SM, NvmlError, Phase, ScriptedDevice
+import pynvml
+import pytest
+
+from compare.timing.nvml import NvmlError, Phase, ScriptedDevice
 
 
 class FakeNvml(ScriptedDevice):
@@ -80,23 +83,15 @@ class FakeNvml(ScriptedDevice):
         return super().energy_mj()
 
 
-class _Fn:
-    """One fake C function: ctypes sets ``argtypes``/``restype`` on it as on a real one."""
+class FakePynvml:
+    """pynvml's functions over one fake GPU (index 0, named ``name``). ``codes``: function -> the NVML error code it
+    raises; ``missing``: functions the driver's library lacks (they raise ``NVML_ERROR_FUNCTION_NOT_FOUND``, as
+    pynvml's do then). Values: SM and memory clocks, power (mW), temperature, throttle bitmask, energy counter (mJ)
+    and the driver's version; a read through any handle but the one handed out, or of another clock or sensor, is
+    ``NVML_ERROR_INVALID_ARGUMENT``. ``log``: every call's name."""
 
-    def __init__(self, call: Callable[..., Any]) -> None:
-        self.call = call
-        self.argtypes: Any = None
-        self.restype: Any = None
-
-    def __call__(self, *args: Any) -> Any:
-        return self.call(*args)
-
-
-class FakeLibNvml:
-    """The NVML C library, faked for ``open_device(load=...)``. ``codes``: function -> the code it returns instead
-    of success; ``missing``: functions the library lacks. Values: a device named ``name`` at ``handle``, SM and
-    memory clocks, power (mW), temperature, throttle bitmask, energy counter (mJ) and the driver's version.
-    ``log``: every call's name."""
+    #: the device handle it hands out (pynvml's is a ctypes pointer; the project only passes it back)
+    HANDLE = object()
 
     def __init__(
         self,
@@ -112,61 +107,57 @@ class FakeLibNvml:
         energy_mj: int = 8_675_309,
         driver: str = "580.95.05",
     ) -> None:
-        self.codes = dict(codes or {})
+        self.codes, self.missing = dict(codes or {}), set(missing)
         self.log: list[str] = []
-        self._values = {NVML_CLOCK_SM: sm_mhz, NVML_CLOCK_MEM: mem_mhz}
-        self._name, self._power, self._temp = name, power_mw, temperature_c
-        self._throttle, self._energy, self._driver = throttle, energy_mj, driver
-        fns: dict[str, Callable[..., int]] = {
-            "nvmlInit_v2": lambda: 0,
-            "nvmlShutdown": lambda: 0,
-            "nvmlDeviceGetHandleByIndex_v2": self._handle,
-            "nvmlDeviceGetName": self._name_of,
-            "nvmlDeviceGetClockInfo": lambda h, kind, out: self._put(out, self._values[kind]),
-            "nvmlDeviceGetPowerUsage": lambda h, out: self._put(out, self._power),
-            "nvmlDeviceGetTemperature": lambda h, sensor, out: self._put(out, self._temp),
-            "nvmlDeviceGetCurrentClocksThrottleReasons": lambda h, out: self._put(out, self._throttle),
-            "nvmlDeviceGetCurrentClocksEventReasons": lambda h, out: self._put(out, self._throttle),
-            "nvmlDeviceGetTotalEnergyConsumption": lambda h, out: self._put(out, self._energy),
-            "nvmlSystemGetDriverVersion": self._driver_of,
+        clocks = {pynvml.NVML_CLOCK_SM: sm_mhz, pynvml.NVML_CLOCK_MEM: mem_mhz}
+        temperatures = {pynvml.NVML_TEMPERATURE_GPU: temperature_c}
+        self._fns: dict[str, Callable[..., Any]] = {
+            "nvmlInit": lambda: None,
+            "nvmlShutdown": lambda: None,
+            "nvmlDeviceGetHandleByIndex": self._handle,
+            "nvmlDeviceGetName": self._on_device(lambda: name),
+            "nvmlDeviceGetClockInfo": self._on_device(lambda kind: self._pick(clocks, kind)),
+            "nvmlDeviceGetPowerUsage": self._on_device(lambda: power_mw),
+            "nvmlDeviceGetTemperature": self._on_device(lambda sensor: self._pick(temperatures, sensor)),
+            "nvmlDeviceGetCurrentClocksEventReasons": self._on_device(lambda: throttle),
+            "nvmlDeviceGetCurrentClocksThrottleReasons": self._on_device(lambda: throttle),
+            "nvmlDeviceGetTotalEnergyConsumption": self._on_device(lambda: energy_mj),
+            "nvmlSystemGetDriverVersion": lambda: driver,
         }
-        self._fns = {name: _Fn(self._logged(name, fn)) for name, fn in fns.items() if name not in missing}
-        self._fns["nvmlErrorString"] = _Fn(lambda code: f"planted error {code}".encode())
 
-    def _logged(self, name: str, fn: Callable[..., int]) -> Callable[..., int]:
-        def call(*args: Any) -> int:
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> FakePynvml:
+        """Put the fake functions on the ``pynvml`` module until the test ends; returns this fake."""
+        for name in self._fns:
+            monkeypatch.setattr(pynvml, name, self._logged(name))
+        return self
+
+    def _logged(self, name: str) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
             self.log.append(name)
+            if name in self.missing:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
             code = self.codes.get(name)
-            return code if code is not None else fn(*args)
+            if code is not None:
+                raise pynvml.NVMLError(code)
+            return self._fns[name](*args)
 
         return call
 
     @staticmethod
-    def _put(out: Any, value: int) -> int:
-        out.contents.value = value
-        return 0
+    def _pick(values: Mapping[int, int], key: int) -> int:
+        if key not in values:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return values[key]
 
-    def _handle(self, index: int, out: Any) -> int:
+    def _on_device(self, read: Callable[..., Any]) -> Callable[..., Any]:
+        def call(handle: Any, *args: Any) -> Any:
+            if handle is not self.HANDLE:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            return read(*args)
+
+        return call
+
+    def _handle(self, index: int) -> Any:
         if index != 0:
-            return 2  # NVML_ERROR_INVALID_ARGUMENT: one device here
-        out.contents.value = 0x5EED
-        return 0
-
-    def _name_of(self, handle: Any, buf: Any, length: int) -> int:
-        buf.value = self._name.encode()[: length - 1]
-        return 0
-
-    def _driver_of(self, buf: Any, length: int) -> int:
-        buf.value = self._driver.encode()[: length - 1]
-        return 0
-
-    def __getattr__(self, name: str) -> _Fn:
-        fns = self.__dict__.get("_fns", {})
-        if name not in fns:
-            raise AttributeError(name)
-        fn: _Fn = fns[name]
-        return fn
-
-    def loader(self) -> Callable[[str], FakeLibNvml]:
-        """A ``load`` for ``open_device`` that hands out this library, whatever name it is asked for."""
-        return lambda _name: self
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # one device here
+        return self.HANDLE

@@ -4,9 +4,9 @@ CUDA-graph capture of a step (``torch_impl.cuda_graphs``).
 The watch is driven as the shared timer drives it (``start``, ``block`` after each timed block, ``stop`` in a
 ``finally``) over a scripted device whose clocks, throttle bits and power change at set ``perf_counter`` times:
 blocks are reported with their bounds after the fact, so which samples fall in which block is set by the script,
-not by how long a call takes. The ctypes binding is checked against a fake C library (no NVIDIA driver here), and
-``open_device`` on this machine must answer :class:`Unavailable`, not raise. The ``gpu`` tests run the real NVML
-and a real capture on a CUDA machine (``scripts/gpu_check.sh``).
+not by how long a call takes. The calls through pynvml are checked against fakes of its functions (no NVIDIA driver
+here), and ``open_device`` on this machine must answer :class:`Unavailable`, not raise. The ``gpu`` tests run the
+real NVML and a real capture on a CUDA machine (``scripts/gpu_check.sh``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from compare.timing.nvml import (
     open_device,
     reason_names,
 )
-from tests.fake_nvml import FakeLibNvml, FakeNvml
+from tests.fake_nvml import FakeNvml, FakePynvml
 from torch_impl.cuda_graphs import NO_CUDA, Captured, NotCaptured, capture
 
 #: Two phases: full clocks, then (from 0.093 s on) a thermal slowdown, lower clocks and power, and a sync-boost note.
@@ -363,11 +363,11 @@ def test_a_watch_record_round_trips() -> None:
     assert Telemetry.from_dict(json.loads(json.dumps(rec))).to_dict() == rec
 
 
-# --- the ctypes binding, against a fake library and against this machine ----------------------------------------
+# --- the pynvml calls, against fakes of its functions and against this machine ---------------------------------
 
 
 @pytest.mark.quick
-def test_open_device_here_answers_unavailable_or_a_device_and_never_raises() -> None:
+def test_open_device_here_answers_unavailable_or_a_device_and_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     """On this machine (no NVIDIA driver) the real attempt is :class:`Unavailable` saying the library is missing;
     on a GPU machine it is a device. Either way nothing is raised."""
     try:
@@ -383,14 +383,18 @@ def test_open_device_here_answers_unavailable_or_a_device_and_never_raises() -> 
     else:
         assert isinstance(got, Unavailable)
         assert got.reason.startswith("libnvidia-ml.so.1 not found: no NVIDIA driver on this machine"), got.reason
-    missing = open_device(0, library="libnvidia-ml-absent.so.7")
-    assert isinstance(missing, Unavailable) and "libnvidia-ml-absent.so.7 not found" in missing.reason
+    FakePynvml(codes={"nvmlInit": 12}).install(monkeypatch)  # NVML_ERROR_LIBRARY_NOT_FOUND, wherever this runs
+    missing = open_device(0)
+    assert isinstance(missing, Unavailable) and missing.reason == (
+        "libnvidia-ml.so.1 not found: no NVIDIA driver on this machine "
+        "(nvmlInit failed with NVML error 12 (NVML Shared Library Not Found))"
+    )
 
 
 @pytest.mark.quick
-def test_the_binding_reads_through_ctypes_pointers_and_shuts_down_once() -> None:
-    lib = FakeLibNvml()
-    dev = open_device(0, load=lib.loader())
+def test_the_device_reads_through_pynvml_and_shuts_down_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = FakePynvml().install(monkeypatch)
+    dev = open_device(0)
     assert isinstance(dev, LibraryDevice), dev
     assert (dev.name(), dev.sm_clock_mhz(), dev.mem_clock_mhz()) == ("NVIDIA Fake H200", 1977, 2619)
     assert (dev.power_mw(), dev.temperature_c(), dev.throttle_reasons(), dev.energy_mj()) == (
@@ -402,19 +406,16 @@ def test_the_binding_reads_through_ctypes_pointers_and_shuts_down_once() -> None
     assert dev.energy_absent_reason() is None and dev.source == "nvml"
     dev.close()
     dev.close()
-    assert lib.log.count("nvmlInit_v2") == 1 and lib.log.count("nvmlShutdown") == 1
-    assert lib.nvmlDeviceGetClockInfo.restype is ctypes.c_int  # ctypes signatures were set on each function
+    assert nvml.log.count("nvmlInit") == 1 and nvml.log.count("nvmlShutdown") == 1
 
 
 @pytest.mark.quick
-def test_a_failing_call_names_the_function_and_the_nvml_code() -> None:
-    lib = FakeLibNvml(codes={"nvmlDeviceGetPowerUsage": 15})
-    dev = open_device(0, load=lib.loader())
+def test_a_failing_call_names_the_function_and_the_nvml_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakePynvml(codes={"nvmlDeviceGetPowerUsage": 15}).install(monkeypatch)
+    dev = open_device(0)
     assert isinstance(dev, LibraryDevice)
     try:
-        with pytest.raises(
-            NvmlError, match=r"nvmlDeviceGetPowerUsage failed with NVML error 15 \(planted error 15\)"
-        ) as e:
+        with pytest.raises(NvmlError, match=r"nvmlDeviceGetPowerUsage failed with NVML error 15 \(GPU is lost\)") as e:
             dev.power_mw()
         assert (e.value.function, e.value.code) == ("nvmlDeviceGetPowerUsage", 15)
         assert dev.sm_clock_mhz() == 1977  # the other reads go on
@@ -423,46 +424,67 @@ def test_a_failing_call_names_the_function_and_the_nvml_code() -> None:
 
 
 @pytest.mark.quick
-def test_init_and_handle_failures_are_unavailable_with_the_reason_and_shut_down() -> None:
-    no_driver = open_device(0, load=FakeLibNvml(codes={"nvmlInit_v2": 9}).loader())
+def test_init_and_handle_failures_are_unavailable_with_the_reason_and_shut_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    FakePynvml(codes={"nvmlInit": 9}).install(monkeypatch)
+    no_driver = open_device(0)
     assert isinstance(no_driver, Unavailable)
-    assert no_driver.reason == "NVML did not initialise: nvmlInit_v2 failed with NVML error 9 (planted error 9)"
-    lib = FakeLibNvml()
-    absent = open_device(3, load=lib.loader())
+    assert no_driver.reason == "NVML did not initialise: nvmlInit failed with NVML error 9 (Driver Not Loaded)"
+    nvml = FakePynvml().install(monkeypatch)
+    absent = open_device(3)
     assert isinstance(absent, Unavailable)
-    assert "NVML device 3 cannot be opened: nvmlDeviceGetHandleByIndex_v2 failed with NVML error 2" in absent.reason
-    assert lib.log[-1] == "nvmlShutdown"
+    assert "NVML device 3 cannot be opened: nvmlDeviceGetHandleByIndex failed with NVML error 2" in absent.reason
+    assert nvml.log[-1] == "nvmlShutdown"
     with pytest.raises(ValueError, match="0 or more"):
-        open_device(-1, load=lib.loader())
+        open_device(-1)
 
 
 @pytest.mark.quick
-def test_an_unsupported_energy_counter_is_absent_with_the_reason() -> None:
-    dev = open_device(0, load=FakeLibNvml(codes={"nvmlDeviceGetTotalEnergyConsumption": 3}).loader())
+def test_an_unsupported_energy_counter_is_absent_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakePynvml(codes={"nvmlDeviceGetTotalEnergyConsumption": 3}).install(monkeypatch)
+    dev = open_device(0)
     assert isinstance(dev, LibraryDevice)
     assert dev.energy_mj() is None
     reason = dev.energy_absent_reason()
     assert reason is not None and "no total-energy counter" in reason and "NVML error 3" in reason, reason
     dev.close()
-    old = open_device(0, load=FakeLibNvml(missing=["nvmlDeviceGetTotalEnergyConsumption"]).loader())
+    FakePynvml(missing=["nvmlDeviceGetTotalEnergyConsumption"]).install(monkeypatch)
+    old = open_device(0)
     assert isinstance(old, LibraryDevice)
     assert old.energy_absent_reason() == "this driver's NVML has no nvmlDeviceGetTotalEnergyConsumption"
     old.close()
 
 
 @pytest.mark.quick
-def test_throttle_reasons_fall_back_to_the_newer_name_and_a_missing_function_is_an_error_naming_it() -> None:
-    lib = FakeLibNvml(missing=["nvmlDeviceGetCurrentClocksThrottleReasons"], throttle=0x8)
-    dev = open_device(0, load=lib.loader())
-    assert isinstance(dev, LibraryDevice) and dev.throttle_reasons() == 0x8
-    assert "nvmlDeviceGetCurrentClocksEventReasons" in lib.log
+def test_throttle_reasons_fall_back_to_the_older_name_and_a_missing_function_is_an_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nvml = FakePynvml(missing=["nvmlDeviceGetCurrentClocksEventReasons"], throttle=0x8).install(monkeypatch)
+    dev = open_device(0)
+    assert isinstance(dev, LibraryDevice) and dev.throttle_reasons() == 0x8 and dev.throttle_reasons() == 0x8
+    # the newer name is tried once; the older one answers from then on
+    assert nvml.log.count("nvmlDeviceGetCurrentClocksEventReasons") == 1
+    assert nvml.log.count("nvmlDeviceGetCurrentClocksThrottleReasons") == 2
     dev.close()
-    neither = ["nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetCurrentClocksEventReasons"]
-    bare = open_device(0, load=FakeLibNvml(missing=neither).loader())
+    neither = ["nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"]
+    FakePynvml(missing=neither).install(monkeypatch)
+    bare = open_device(0)
     assert isinstance(bare, LibraryDevice)
     with pytest.raises(NvmlError, match="nvmlDeviceGetCurrentClocksThrottleReasons failed with NVML error 13"):
         bare.throttle_reasons()
     bare.close()
+
+
+@pytest.mark.quick
+def test_a_failing_throttle_read_is_raised_not_retried_under_the_older_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = FakePynvml(codes={"nvmlDeviceGetCurrentClocksEventReasons": 15}).install(monkeypatch)
+    dev = open_device(0)
+    assert isinstance(dev, LibraryDevice)
+    with pytest.raises(NvmlError, match="nvmlDeviceGetCurrentClocksEventReasons failed with NVML error 15"):
+        dev.throttle_reasons()
+    assert "nvmlDeviceGetCurrentClocksThrottleReasons" not in nvml.log
+    dev.close()
 
 
 # --- CUDA graphs ----------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from compare.report.render import speedup_cell
 from compare.results.document import Results, read_json
 from compare.results.environment import Node, node
 from compare.timing.nvml import driver_version
-from tests.fake_nvml import FakeLibNvml
+from tests.fake_nvml import FakePynvml
 
 pytestmark = pytest.mark.quick
 
@@ -73,14 +73,13 @@ def test_a_node_record_names_this_machine_and_round_trips() -> None:
     assert A.machine_type() != B.machine_type() and A.machine_type() == dataclasses.replace(A, host="a2").machine_type()
 
 
-def test_the_gpu_driver_version_is_read_through_nvml_or_none() -> None:
-    lib = FakeLibNvml(driver="580.95.05")
-    assert driver_version(load=lib.loader()) == "580.95.05"
-    assert lib.log == ["nvmlInit_v2", "nvmlSystemGetDriverVersion", "nvmlShutdown"]
-    assert driver_version(load=FakeLibNvml(codes={"nvmlSystemGetDriverVersion": 3}).loader()) is None
-    assert driver_version(load=FakeLibNvml(missing=["nvmlSystemGetDriverVersion"]).loader()) is None
-
-    def no_library(name: str) -> object:
-        raise OSError(f"{name}: cannot open shared object file")
-
-    assert driver_version(load=no_library) is None
+def test_the_gpu_driver_version_is_read_through_nvml_or_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = FakePynvml(driver="580.95.05").install(monkeypatch)
+    assert driver_version() == "580.95.05"
+    assert nvml.log == ["nvmlInit", "nvmlSystemGetDriverVersion", "nvmlShutdown"]
+    FakePynvml(codes={"nvmlSystemGetDriverVersion": 3}).install(monkeypatch)
+    assert driver_version() is None
+    FakePynvml(missing=["nvmlSystemGetDriverVersion"]).install(monkeypatch)
+    assert driver_version() is None
+    FakePynvml(codes={"nvmlInit": 12}).install(monkeypatch)  # NVML_ERROR_LIBRARY_NOT_FOUND: no driver
+    assert driver_version() is None

@@ -1,11 +1,11 @@
 """GPU telemetry around timed blocks, read through NVML: clocks, power, temperature, throttle reasons and energy.
 
-Standard library only (``ctypes`` against ``libnvidia-ml.so.1``, the library every NVIDIA driver installs): no
-framework, no ``pynvml``. Three layers:
+NVML is called through NVIDIA's own binding, ``pynvml`` (the ``nvidia-ml-py`` package: pure Python, it loads
+``libnvidia-ml.so.1`` only when NVML is initialised, so this module imports on any machine). Three layers:
 
-- a minimal binding (:func:`open_device`) that checks every NVML return code (a failing call is an
-  :class:`NvmlError` naming the function and the code) and never raises for "no GPU here": it returns
-  :class:`Unavailable` with the reason instead;
+- :func:`open_device`: the few pynvml calls the watch makes, each failing one an :class:`NvmlError` naming the
+  function and NVML's code; it never raises for "no GPU here" (no driver, NVML failing to initialise, no such
+  device): it returns :class:`Unavailable` with the reason instead;
 - :class:`NvmlDevice`, the handful of per-device reads the watch makes, so that a scripted device
   (:class:`ScriptedDevice`, used by the tests and by ``scripts/gpu_timing_check.py --fake``) stands in for a GPU;
 - :class:`NvmlWatch`, which the shared timer calls around every timed block: a background thread samples the device
@@ -21,10 +21,10 @@ What one entrant's :class:`Telemetry` says, and what it cannot see:
 - ``power_w``: ``nvmlDeviceGetPowerUsage``; on Ampere (except GA100) and later GPUs (Hopper included) NVML returns
   the power averaged over the last second, so a block shorter than a second reads a blend of it and what ran before;
 - ``temperature_c``: the GPU core sensor;
-- ``throttle_reasons``: the slowdown bits of ``nvmlDeviceGetCurrentClocksThrottleReasons`` seen in any of the
-  entrant's samples (power cap, hardware slowdown, thermal, power brake): ``throttled`` is true when there is one.
-  The bits that are not slowdowns (GPU idle, application clocks setting, sync boost, display clock setting) are
-  listed apart as ``clock_notes``;
+- ``throttle_reasons``: the slowdown bits of ``nvmlDeviceGetCurrentClocksEventReasons`` (``...ThrottleReasons`` on
+  a driver older than that name) seen in any of the entrant's samples (power cap, hardware slowdown, thermal, power
+  brake): ``throttled`` is true when there is one. The bits that are not slowdowns (GPU idle, application clocks
+  setting, sync boost, display clock setting) are listed apart as ``clock_notes``;
 - ``energy_per_call_j``: from the total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ since the driver
   loaded, Volta and later), read by the sampling thread with each sample; an entrant's energy is the sum over its
   blocks of the counter's increase between the block's start and end, each interpolated linearly between the two
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import ctypes
 import math
 import statistics
 import threading
@@ -52,59 +51,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import pynvml
+
 from compare.formats.jsonfields import Obj, flag, integer, number, opt_number, record_dict, sub, text, texts
 
-#: The NVML library's soname (installed by every NVIDIA driver on Linux).
+#: The library pynvml loads on Linux (installed by every NVIDIA driver), named in the "no driver" reason.
 NVML_LIBRARY = "libnvidia-ml.so.1"
 
-# nvmlReturn_t values this module names (the rest are reported by number and NVML's own text)
-NVML_SUCCESS = 0
-NVML_ERROR_NOT_SUPPORTED = 3
-NVML_ERROR_FUNCTION_NOT_FOUND = 13
-#: nvmlReturn_t names, for the error message when ``nvmlErrorString`` itself is missing.
-NVML_ERROR_NAMES: dict[int, str] = {
-    1: "NVML_ERROR_UNINITIALIZED",
-    2: "NVML_ERROR_INVALID_ARGUMENT",
-    3: "NVML_ERROR_NOT_SUPPORTED",
-    4: "NVML_ERROR_NO_PERMISSION",
-    5: "NVML_ERROR_ALREADY_INITIALIZED",
-    6: "NVML_ERROR_NOT_FOUND",
-    7: "NVML_ERROR_INSUFFICIENT_SIZE",
-    8: "NVML_ERROR_INSUFFICIENT_POWER",
-    9: "NVML_ERROR_DRIVER_NOT_LOADED",
-    10: "NVML_ERROR_TIMEOUT",
-    11: "NVML_ERROR_IRQ_ISSUE",
-    12: "NVML_ERROR_LIBRARY_NOT_FOUND",
-    13: "NVML_ERROR_FUNCTION_NOT_FOUND",
-    14: "NVML_ERROR_CORRUPTED_INFOROM",
-    15: "NVML_ERROR_GPU_IS_LOST",
-    16: "NVML_ERROR_RESET_REQUIRED",
-    17: "NVML_ERROR_OPERATING_SYSTEM",
-    18: "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
-    19: "NVML_ERROR_IN_USE",
-    20: "NVML_ERROR_MEMORY",
-    21: "NVML_ERROR_NO_DATA",
-    28: "NVML_ERROR_GPU_NOT_FOUND",
-    999: "NVML_ERROR_UNKNOWN",
-}
-
-#: nvmlClockType_t and nvmlTemperatureSensors_t values used here.
-NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
-NVML_TEMPERATURE_GPU = 0
-#: NVML_DEVICE_NAME_V2_BUFFER_SIZE: enough for any device name.
-NAME_BUFFER = 96
-
-#: The clock throttle (clock event) reason bits of ``nvmlDeviceGetCurrentClocksThrottleReasons``.
+#: The clock event (throttle) reason bits, named as in the results.
 THROTTLE_BITS: dict[int, str] = {
-    0x1: "GpuIdle",
-    0x2: "ApplicationsClocksSetting",
-    0x4: "SwPowerCap",
-    0x8: "HwSlowdown",
-    0x10: "SyncBoost",
-    0x20: "SwThermalSlowdown",
-    0x40: "HwThermalSlowdown",
-    0x80: "HwPowerBrakeSlowdown",
-    0x100: "DisplayClockSetting",
+    pynvml.nvmlClocksEventReasonGpuIdle: "GpuIdle",
+    pynvml.nvmlClocksEventReasonApplicationsClocksSetting: "ApplicationsClocksSetting",
+    pynvml.nvmlClocksEventReasonSwPowerCap: "SwPowerCap",
+    pynvml.nvmlClocksEventReasonHwSlowdown: "HwSlowdown",
+    pynvml.nvmlClocksEventReasonSyncBoost: "SyncBoost",
+    pynvml.nvmlClocksEventReasonSwThermalSlowdown: "SwThermalSlowdown",
+    pynvml.nvmlClocksEventReasonHwThermalSlowdown: "HwThermalSlowdown",
+    pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown: "HwPowerBrakeSlowdown",
+    pynvml.nvmlClocksEventReasonDisplayClockSetting: "DisplayClockSetting",
 }
 #: The reasons that slow the clocks down against what the workload asks for: any of them makes an entrant
 #: ``throttled``. The other bits (idle, application clocks, sync boost, display clock) are notes.
@@ -129,11 +93,21 @@ def reason_names(mask: int) -> list[str]:
 
 
 class NvmlError(RuntimeError):
-    """An NVML call returned an error: ``function`` is the NVML function, ``code`` its ``nvmlReturn_t``."""
+    """An NVML call failed: ``function`` is the pynvml function, ``code`` NVML's ``nvmlReturn_t``. pynvml's own
+    error carries the code only; the name says which of the watch's reads failed."""
 
     def __init__(self, function: str, code: int, message: str) -> None:
         super().__init__(f"{function} failed with NVML error {code} ({message})")
         self.function, self.code = function, code
+
+
+def _call(function: str, *args: Any) -> Any:
+    """``pynvml.<function>(*args)``, its ``NVMLError`` raised as an :class:`NvmlError` (a function the driver's
+    library lacks fails with ``NVML_ERROR_FUNCTION_NOT_FOUND``)."""
+    try:
+        return getattr(pynvml, function)(*args)
+    except pynvml.NVMLError as exc:
+        raise NvmlError(function, exc.value, str(exc)) from exc
 
 
 # --- the device protocol and its two implementations ---------------------------------------------------------
@@ -184,69 +158,9 @@ class NvmlDevice(Protocol):
         ...
 
 
-def _uint_out() -> Any:
-    return ctypes.pointer(ctypes.c_uint(0))
-
-
-def _u64_out() -> Any:
-    return ctypes.pointer(ctypes.c_ulonglong(0))
-
-
-# argument types of the functions bound here (every one returns an nvmlReturn_t, a C int)
-_HANDLE = ctypes.c_void_p
-_SIGNATURES: dict[str, list[Any]] = {
-    "nvmlInit_v2": [],
-    "nvmlShutdown": [],
-    "nvmlDeviceGetHandleByIndex_v2": [ctypes.c_uint, ctypes.POINTER(_HANDLE)],
-    "nvmlDeviceGetName": [_HANDLE, ctypes.POINTER(ctypes.c_char), ctypes.c_uint],
-    "nvmlDeviceGetClockInfo": [_HANDLE, ctypes.c_int, ctypes.POINTER(ctypes.c_uint)],
-    "nvmlDeviceGetPowerUsage": [_HANDLE, ctypes.POINTER(ctypes.c_uint)],
-    "nvmlDeviceGetTemperature": [_HANDLE, ctypes.c_int, ctypes.POINTER(ctypes.c_uint)],
-    "nvmlDeviceGetCurrentClocksThrottleReasons": [_HANDLE, ctypes.POINTER(ctypes.c_ulonglong)],
-    # the same call under its newer name, for a driver that has dropped the old one
-    "nvmlDeviceGetCurrentClocksEventReasons": [_HANDLE, ctypes.POINTER(ctypes.c_ulonglong)],
-    "nvmlDeviceGetTotalEnergyConsumption": [_HANDLE, ctypes.POINTER(ctypes.c_ulonglong)],
-    "nvmlSystemGetDriverVersion": [ctypes.POINTER(ctypes.c_char), ctypes.c_uint],
-}
-THROTTLE_FUNCTIONS = ("nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetCurrentClocksEventReasons")
+#: The clock event reasons under their current name, then under the name older drivers have.
+THROTTLE_FUNCTIONS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
 ENERGY_FUNCTION = "nvmlDeviceGetTotalEnergyConsumption"
-
-
-class _Nvml:
-    """The loaded library: its functions resolved once (a missing one is an error when it is called, naming it),
-    every call's return code checked."""
-
-    def __init__(self, cdll: Any) -> None:
-        self._fns: dict[str, Any] = {}
-        for name, argtypes in _SIGNATURES.items():
-            fn = getattr(cdll, name, None)
-            if fn is None:
-                continue
-            fn.argtypes, fn.restype = argtypes, ctypes.c_int
-            self._fns[name] = fn
-        self._error_string = getattr(cdll, "nvmlErrorString", None)
-        if self._error_string is not None:
-            self._error_string.argtypes, self._error_string.restype = [ctypes.c_int], ctypes.c_char_p
-
-    def has(self, name: str) -> bool:
-        return name in self._fns
-
-    def describe(self, code: int) -> str:
-        """NVML's text for ``code`` (``nvmlErrorString``), else its name."""
-        if self._error_string is not None:
-            raw = self._error_string(code)
-            if isinstance(raw, bytes) and raw:
-                return raw.decode("utf-8", "replace")
-        return NVML_ERROR_NAMES.get(code, "unknown NVML error")
-
-    def call(self, name: str, *args: Any) -> None:
-        """Call ``name``; an :class:`NvmlError` naming it unless it returns ``NVML_SUCCESS``."""
-        fn = self._fns.get(name)
-        if fn is None:
-            raise NvmlError(name, NVML_ERROR_FUNCTION_NOT_FOUND, f"{NVML_LIBRARY} has no {name}")
-        code = int(fn(*args))
-        if code != NVML_SUCCESS:
-            raise NvmlError(name, code, self.describe(code))
 
 
 class LibraryDevice:
@@ -254,43 +168,43 @@ class LibraryDevice:
 
     source = SOURCE_NVML
 
-    def __init__(self, lib: _Nvml, handle: Any, index: int, name: str, energy_reason: str | None) -> None:
-        self._lib, self._handle, self.index = lib, handle, index
+    def __init__(self, handle: Any, index: int, name: str, energy_reason: str | None) -> None:
+        self._handle, self.index = handle, index
         self._name, self._energy_reason = name, energy_reason
-        self._throttle_fn = next((f for f in THROTTLE_FUNCTIONS if lib.has(f)), THROTTLE_FUNCTIONS[0])
+        self._throttle_fn = THROTTLE_FUNCTIONS[0]
         self._closed = False
         self._close_lock = threading.Lock()
 
-    def _uint(self, function: str, *args: Any) -> int:
-        out = _uint_out()
-        self._lib.call(function, self._handle, *args, out)
-        return int(out.contents.value)
-
-    def _u64(self, function: str) -> int:
-        out = _u64_out()
-        self._lib.call(function, self._handle, out)
-        return int(out.contents.value)
+    def _read(self, function: str, *args: Any) -> int:
+        return int(_call(function, self._handle, *args))
 
     def name(self) -> str:
         return self._name
 
     def sm_clock_mhz(self) -> int:
-        return self._uint("nvmlDeviceGetClockInfo", NVML_CLOCK_SM)
+        return self._read("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM)
 
     def mem_clock_mhz(self) -> int:
-        return self._uint("nvmlDeviceGetClockInfo", NVML_CLOCK_MEM)
+        return self._read("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_MEM)
 
     def power_mw(self) -> int:
-        return self._uint("nvmlDeviceGetPowerUsage")
+        return self._read("nvmlDeviceGetPowerUsage")
 
     def temperature_c(self) -> int:
-        return self._uint("nvmlDeviceGetTemperature", NVML_TEMPERATURE_GPU)
+        return self._read("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU)
 
     def throttle_reasons(self) -> int:
-        return self._u64(self._throttle_fn)
+        """Through the current name; on a driver without it, through the older one from then on."""
+        try:
+            return self._read(self._throttle_fn)
+        except NvmlError as exc:
+            if exc.code != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND or self._throttle_fn == THROTTLE_FUNCTIONS[1]:
+                raise
+        self._throttle_fn = THROTTLE_FUNCTIONS[1]
+        return self._read(self._throttle_fn)
 
     def energy_mj(self) -> int | None:
-        return None if self._energy_reason is not None else self._u64(ENERGY_FUNCTION)
+        return None if self._energy_reason is not None else self._read(ENERGY_FUNCTION)
 
     def energy_absent_reason(self) -> str | None:
         return self._energy_reason
@@ -300,7 +214,7 @@ class LibraryDevice:
             if self._closed:
                 return
             self._closed = True
-        self._lib.call("nvmlShutdown")
+        _call("nvmlShutdown")
 
 
 @dataclass(frozen=True)
@@ -310,73 +224,58 @@ class Unavailable:
     reason: str
 
 
-def _energy_probe(lib: _Nvml, handle: Any) -> str | None:
+def _energy_probe(handle: Any) -> str | None:
     """None when the device's energy counter reads; otherwise why it does not (unsupported before Volta)."""
-    if not lib.has(ENERGY_FUNCTION):
-        return f"this driver's NVML has no {ENERGY_FUNCTION}"
     try:
-        lib.call(ENERGY_FUNCTION, handle, _u64_out())
+        _call(ENERGY_FUNCTION, handle)
     except NvmlError as exc:  # the counter's absence is recorded, never raised
-        if exc.code == NVML_ERROR_NOT_SUPPORTED:
+        if exc.code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            return f"this driver's NVML has no {ENERGY_FUNCTION}"
+        if exc.code == pynvml.NVML_ERROR_NOT_SUPPORTED:
             return f"the device has no total-energy counter ({exc}; it needs Volta or later)"
         return f"the energy counter does not read: {exc}"
     return None
 
 
-def open_device(
-    index: int = 0, *, library: str = NVML_LIBRARY, load: Callable[[str], Any] = ctypes.CDLL
-) -> LibraryDevice | Unavailable:
+def open_device(index: int = 0) -> LibraryDevice | Unavailable:
     """GPU ``index`` through NVML, initialised (call ``close()`` when done), or :class:`Unavailable` with the
     reason: no library (no driver), NVML failing to initialise, no such device, or its name not reading. Never
-    raises for any of these. ``library`` and ``load`` are the library's name and loader (a test passes a fake)."""
+    raises for any of these."""
     if index < 0:
         raise ValueError(f"a GPU index is 0 or more, got {index}")
     try:
-        cdll = load(library)
-    except OSError as exc:
-        return Unavailable(f"{library} not found: no NVIDIA driver on this machine ({exc})")
-    lib = _Nvml(cdll)
-    try:
-        lib.call("nvmlInit_v2")
+        _call("nvmlInit")
     except NvmlError as exc:
+        if exc.code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+            return Unavailable(f"{NVML_LIBRARY} not found: no NVIDIA driver on this machine ({exc})")
         return Unavailable(f"NVML did not initialise: {exc}")
     try:
-        handle = _HANDLE()
-        lib.call("nvmlDeviceGetHandleByIndex_v2", index, ctypes.pointer(handle))
-        buf = ctypes.create_string_buffer(NAME_BUFFER)
-        lib.call("nvmlDeviceGetName", handle, buf, NAME_BUFFER)
-        name = buf.value.decode("utf-8", "replace")
+        handle = _call("nvmlDeviceGetHandleByIndex", index)
+        name = str(_call("nvmlDeviceGetName", handle))
     except NvmlError as exc:
         reason = f"NVML device {index} cannot be opened: {exc}"
         try:
-            lib.call("nvmlShutdown")
+            _call("nvmlShutdown")
         except NvmlError as shut:  # both failures go into the reason
             reason += f"; and then {shut}"
         return Unavailable(reason)
-    return LibraryDevice(lib, handle, index, name, _energy_probe(lib, handle))
+    return LibraryDevice(handle, index, name, _energy_probe(handle))
 
 
-def driver_version(*, library: str = NVML_LIBRARY, load: Callable[[str], Any] = ctypes.CDLL) -> str | None:
+def driver_version() -> str | None:
     """The NVIDIA driver's version (``nvmlSystemGetDriverVersion``), None where NVML does not load or answer (no
     driver: a machine without an NVIDIA GPU). Never raises for that."""
     try:
-        cdll = load(library)
-    except OSError:
-        return None
-    lib = _Nvml(cdll)
-    try:
-        lib.call("nvmlInit_v2")
+        _call("nvmlInit")
     except NvmlError:
         return None
     try:
-        buf = ctypes.create_string_buffer(NAME_BUFFER)
-        lib.call("nvmlSystemGetDriverVersion", buf, NAME_BUFFER)
-        return buf.value.decode("utf-8", "replace") or None
+        return str(_call("nvmlSystemGetDriverVersion")) or None
     except NvmlError:
         return None
     finally:
         with contextlib.suppress(NvmlError):  # the version is read; a failing shutdown changes nothing of it
-            lib.call("nvmlShutdown")
+            _call("nvmlShutdown")
 
 
 @dataclass(frozen=True)
