@@ -1,5 +1,8 @@
 """What the wheel holds, checked on the source: every module in a package the build finds, the golden files as
 package data at the one path ``compare.problem.golden`` reads, and every third-party import declared.
+
+The wheel itself is built, installed into a fresh environment and run outside the checkout by
+``scripts/wheel_check.sh`` (``make wheel-check``, part of ``make ci``).
 """
 
 from __future__ import annotations
