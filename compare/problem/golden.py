@@ -26,8 +26,10 @@ from compare.problem.reference import Arith, compute, round_to_dtype
 
 #: Bump when the generation recipe changes (then regenerate and commit the files).
 GENERATOR_VERSION = 2
-#: The committed golden folder; ``FUSION_COMPARE_GOLDEN_DIR`` points elsewhere (tests use it for corrupt copies).
-GOLDEN_DIR = Path(os.environ.get("FUSION_COMPARE_GOLDEN_DIR") or Path(__file__).resolve().parents[2] / "golden")
+#: The committed golden folder: ``compare/golden``, in a checkout a link to the repository's ``golden/``, in an
+#: installed package the files themselves (package data); ``FUSION_COMPARE_GOLDEN_DIR`` points elsewhere (tests use
+#: it for corrupt copies).
+GOLDEN_DIR = Path(os.environ.get("FUSION_COMPARE_GOLDEN_DIR") or Path(__file__).resolve().parents[1] / "golden")
 MANIFEST = "MANIFEST.json"
 REGENERATE = "python scripts/make_golden.py"
 
