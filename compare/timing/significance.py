@@ -11,9 +11,11 @@ spread ``noise = sqrt((old IQR / old median)^2 + (new IQR / new median)^2)``, th
 
 1. ``ratio > 1 + tol``: slower by more than the threshold and more than the runs' own spread;
 2. ``new q1 > old q3``: the middle halves of the two sample sets do not overlap;
-3. when both sides have at least :data:`MIN_SAMPLES_FOR_TEST` samples: a one-sided Mann-Whitney U test says the
-   new samples tend to be larger with ``p < alpha`` (default 0.01); exact distribution for small tie-free samples,
-   else the normal approximation with tie and continuity corrections.
+3. when both sides have at least :data:`MIN_SAMPLES_FOR_TEST` samples: a one-sided Mann-Whitney U test
+   (``scipy.stats.mannwhitneyu``, :func:`mann_whitney_greater`) says the new samples tend to be larger with
+   ``p < alpha`` (default 0.01). ``method="exact"`` when neither side has more than :data:`EXACT_MAX` samples and no
+   value repeats: the exact U distribution, cheap at these sizes, holds only without ties. Else ``"asymptotic"``:
+   the normal approximation with tie and continuity corrections, which is accurate there.
 
 **Faster** is the mirror image (``ratio < 1 / (1 + tol)``, ``new q3 < old q1``, the test the other way); anything
 else is **within noise**.
@@ -22,20 +24,25 @@ else is **within noise**.
 replaced by one exact test that respects the time structure. Each round gives one difference
 ``d = log(new sample) - log(old sample)``; under "no difference" the random order within each round makes every
 ``d`` as likely to have either sign whatever the load did over time, so the Wilcoxon signed-rank statistic's exact
-sign-flip distribution (:func:`signed_rank_greater`) gives the p-value: valid at the nominal rate under drift, bursts
-and bimodal samples, which Mann-Whitney on two separate windows is not (it takes time-correlated samples as
-independent). Rule 1 stays. Fewer than :data:`MIN_PAIRS` rounds can never reach ``alpha``: the test is not run
-and the verdict is **not tested** (never "within noise", which says a test ran and found no difference); the
-verdict's ``pairs`` says how many rounds there were.
+sign-flip distribution gives the p-value: valid at the nominal rate under drift, bursts and bimodal samples, which
+Mann-Whitney on two separate windows is not (it takes time-correlated samples as independent). Rule 1 stays.
+The test is ``scipy.stats.wilcoxon(d, method="exact")`` (:func:`signed_rank_greater`; zero ``d`` dropped) for every
+``n``: cheap at a hundred rounds, where scipy's ``"auto"`` would turn to the normal approximation; with tied ``|d|``
+``"auto"`` would run a permutation test (seconds at 13 pairs) or the normal approximation. Tied ``|d|`` (the timer's
+resolution) get mid-ranks, and scipy takes the tail of the tie-free distribution from W+ rounded down, not the exact
+distribution of the sign flips of those mid-ranks: the smallest p stays ``2^-n`` and p is the exact one when every
+``d`` has one sign; with mixed signs it is mostly a little larger (more cautious), rarely a little smaller. Fewer
+than :data:`MIN_PAIRS` rounds can never reach ``alpha``: the test is not run and the verdict is **not tested** (never
+"within noise", which says a test ran and found no difference); the verdict's ``pairs`` says how many rounds there
+were.
 Timings of two runs (``compare diff``) or of separate windows (tensor-parallel groups, sweep cells) cannot be paired:
 they get the unpaired rule, and the verdict's ``design`` says which one was used.
 
-Pure Python: no framework, no report.
+No framework and no report: the rank tests are ``scipy.stats``', imported on first use (about a second).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -92,85 +99,39 @@ def spread(t: TimingLike) -> Spread:
     return Spread(med - iqr / 2, med, med + iqr / 2, samples)
 
 
-# --- Mann-Whitney U, by hand ---------------------------------------------------------------------------------
-
-
-def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
-    """Mid-ranks (1-based) of ``values`` and the sizes of their tie groups."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    ties = []
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        ties.append(j - i + 1)
-        i = j + 1
-    return ranks, ties
-
-
-@functools.cache
-def _u_counts(m: int, n: int) -> tuple[int, ...]:
-    """Number of orderings of ``m`` x's and ``n`` y's (no ties) with each value of U_x = #{(x, y): x > y}."""
-    if m == 0 or n == 0:
-        return (1,)
-    out = [0] * (m * n + 1)
-    for u, c in enumerate(_u_counts(m - 1, n)):  # the largest value is an x: it beats all n y's
-        out[u + n] += c
-    for u, c in enumerate(_u_counts(m, n - 1)):  # the largest value is a y
-        out[u] += c
-    return tuple(out)
+# --- the rank tests (scipy.stats) -----------------------------------------------------------------------------
 
 
 def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     """One-sided Mann-Whitney U test that ``x`` tends to be larger than ``y``: returns (U_x, p-value).
 
-    Exact when both samples have at most :data:`EXACT_MAX` values and no value repeats; otherwise the normal
-    approximation with tie correction and continuity correction.
+    ``scipy.stats.mannwhitneyu`` with ``method="exact"`` when both samples have at most :data:`EXACT_MAX` values and
+    no value repeats (the exact U distribution holds only without ties), else ``"asymptotic"``: the normal
+    approximation with tie and continuity corrections.
     """
+    from scipy import stats  # on first use: about a second to import, and the harness imports this module
+
     m, n = len(x), len(y)
     if m == 0 or n == 0:
         raise ValueError("Mann-Whitney U needs two non-empty samples")
-    ranks, ties = _ranks([*x, *y])
-    u = sum(ranks[:m]) - m * (m + 1) / 2
-    if m <= EXACT_MAX and n <= EXACT_MAX and all(t == 1 for t in ties):
-        counts = _u_counts(m, n)
-        return u, sum(counts[math.ceil(u - 1e-9) :]) / math.comb(m + n, m)
-    total = m + n
-    tie_term = sum(t**3 - t for t in ties) / (total * (total - 1))
-    var = m * n / 12 * ((total + 1) - tie_term)
-    if var <= 0:  # every value equal
-        return u, 1.0
-    z = (u - m * n / 2 - 0.5) / math.sqrt(var)
-    return u, 0.5 * math.erfc(z / math.sqrt(2))
-
-
-@functools.cache
-def _sign_flip_counts(weights: tuple[int, ...]) -> tuple[int, ...]:
-    """For integer ``weights``: how many of the ``2^n`` sign assignments give each sum of the positive weights."""
-    counts = [1] + [0] * sum(weights)
-    for w in weights:
-        for total in range(len(counts) - 1, w - 1, -1):
-            counts[total] += counts[total - w]
-    return tuple(counts)
+    exact = max(m, n) <= EXACT_MAX and len({*x, *y}) == m + n
+    res = stats.mannwhitneyu(x, y, alternative="greater", method="exact" if exact else "asymptotic")
+    return float(res.statistic), float(res.pvalue)
 
 
 def signed_rank_greater(d: Sequence[float]) -> tuple[float, float]:
     """One-sided Wilcoxon signed-rank test that the differences ``d`` tend to be positive: (W+, p-value).
 
-    Exact for any ``n``: zeros are dropped, tied ``|d|`` get mid-ranks (doubled to integers), and the p-value is the
-    share of the ``2^n`` sign flips whose positive rank sum reaches the observed one."""
-    nz = [x for x in d if x != 0.0]
-    if not nz:
+    ``scipy.stats.wilcoxon`` with ``method="exact"`` on the ``n`` non-zero ``d`` (zeros dropped here, as Wilcoxon
+    did): the p-value is the share of the ``2^n`` sign flips of the ranks 1..n whose positive rank sum reaches W+.
+    Tied ``|d|`` get mid-ranks, and scipy rounds a half-integer W+ down before taking that tail."""
+    from scipy import stats
+
+    nonzero = [x for x in d if x != 0]
+    if not nonzero:  # no information: p = 1 (scipy would answer NaN, with a warning)
         return 0.0, 1.0
-    ranks, _ = _ranks([abs(x) for x in nz])
-    weights = tuple(sorted(round(2 * r) for r in ranks))
-    w_plus = sum(round(2 * r) for r, x in zip(ranks, nz, strict=True) if x > 0)
-    counts = _sign_flip_counts(weights)
-    return w_plus / 2, sum(counts[w_plus:]) / 2 ** len(nz)
+    res = stats.wilcoxon(nonzero, alternative="greater", method="exact")
+    return float(res.statistic), float(res.pvalue)
 
 
 def paired_differences(old: Timing, new: Timing) -> list[float] | None:
