@@ -33,21 +33,21 @@ pytestmark = pytest.mark.quick
 
 
 class _Cache:
-    """A pretend last-level cache: ``flush`` empties it, a step fills it; a step on an empty cache pays ``miss_s``."""
+    """A pretend last-level cache: ``flush`` empties it, a step fills it; a step on an empty cache pays ``miss_s``.
+    Time passes on the fake clock (:func:`fake_clock`), so what the timer measures is exact on any machine, busy or
+    not."""
 
     def __init__(self, miss_s: float, evicts: bool = True) -> None:
         self.warm, self.miss_s, self.evicts, self.flushes = False, miss_s, evicts, 0
 
     def flush(self) -> None:
         self.flushes += 1
-        time.sleep(0.003)  # a flush's own time, which no sample may include
+        _CLOCK.t += 0.003  # a flush's own time, which no sample may include
         if self.evicts:
             self.warm = False
 
     def step(self) -> int:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < (0.0007 if self.warm else 0.0007 + self.miss_s):
-            pass
+        _CLOCK.t += 0.0007 if self.warm else 0.0007 + self.miss_s
         self.warm = True
         return 1
 
@@ -60,22 +60,22 @@ def _cold_of(cache: _Cache) -> timing.Timing:
     return got
 
 
-def test_a_cold_sample_is_one_call_after_a_flush_whose_time_is_left_out() -> None:
+def test_a_cold_sample_is_one_call_after_a_flush_whose_time_is_left_out(fake_clock: _FakeClock) -> None:
     cache = _Cache(miss_s=0.004)
     t = _cold_of(cache)
     assert t.design == timing.COLD and t.calls_per_sample == 1 and t.n == 7 and cache.flushes == 7
     # every sample paid the miss, none the flush's 3 ms on top
-    assert 0.0045 < t.median_s < 0.0075, t.median_s
+    assert t.median_s == pytest.approx(0.0047), t.median_s
 
 
-def test_control_a_flush_that_evicts_nothing_gives_warm_times() -> None:
+def test_control_a_flush_that_evicts_nothing_gives_warm_times(fake_clock: _FakeClock) -> None:
     cache = _Cache(miss_s=0.004, evicts=False)
     cache.warm = True
     t = _cold_of(cache)
-    assert t.median_s < 0.003, t.median_s  # the same timer: without an eviction the samples are warm
+    assert t.median_s == pytest.approx(0.0007), t.median_s  # the same timer: without an eviction the samples are warm
 
 
-def test_cold_rounds_keep_every_entrant_and_a_failing_step_is_its_own_error() -> None:
+def test_cold_rounds_keep_every_entrant_and_a_failing_step_is_its_own_error(fake_clock: _FakeClock) -> None:
     cache = _Cache(miss_s=0.0)
 
     def broken() -> int:
