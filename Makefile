@@ -9,7 +9,7 @@ REPORT_DIR ?= out/report
 # The second, torch-free environment with the GPU machine's Triton (test-triton36 below).
 T36 := .venv-t36
 
-.PHONY: setup env data compilers check check-tests test test-main test-slow test-isa test-quiet ci lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check
+.PHONY: setup env data compilers check check-tests test test-main test-slow test-isa test-quiet ci lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check gpu-wheels
 
 # Both environments, the default report's data, and Inductor's one-time set-up: what `make report` needs before it
 # measures.
@@ -118,6 +118,13 @@ test-isa: env
 # shared memory, tensor-core instructions, occupancy. Writes the committed table (cached: a rerun is quick).
 gpu-build: env
 	$(PY) -m compare gpu-build --arch sm_90 sm_80 --out reports/gpu-build
+
+# What the GPU machine's image lacks for the GPU check (constraints/gpu-extra.txt: jax-triton), downloaded here as
+# Python 3.12 manylinux x86_64 wheels into gpu-wheels/ (ignored by git); scripts/gpu_check.sh installs them from
+# there offline. Copy the folder along with the checkout. Needs no `make env`.
+gpu-wheels:
+	$(PYTHON) -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --no-deps -d gpu-wheels -r constraints/gpu-extra.txt
 
 # The GPU machine's Triton (3.6.0) compiles the kernels for sm_90 too: the compile tests in a second, torch-free
 # environment (tests/conftest.py imports torch, hence --noconftest), with the layer tests, which import every module

@@ -33,9 +33,13 @@
 #
 # The report step runs every backend, torch-compile-max-autotune too: its compile autotunes every GEMM.
 #
-# It installs nothing: the python on PATH (or $PYTHON) must already have torch with CUDA, triton, jax[cuda], flax,
-# safetensors, matplotlib and pytest (jax-triton for the jax-triton backend). JAX is told not to preallocate 75% of
-# the GPU, since torch shares it in the same processes.
+# The python on PATH (or $PYTHON) must already have torch with CUDA, triton, jax[cuda], flax, safetensors, matplotlib
+# and pytest. The one thing it installs, before the first step and offline, is what the GPU image lacks
+# (constraints/gpu-extra.txt: jax-triton, for the jax-triton backend), from the ignored folder gpu-wheels/ that
+# `make gpu-wheels` fills on a machine with network: copy that folder along with the checkout. Without it nothing is
+# installed and the output says so (jax-triton then is there only if the environment has it). The dry run only
+# resolves those wheels (pip --dry-run). JAX is told not to preallocate 75% of the GPU, since torch shares it in the
+# same processes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,7 +47,7 @@ DRY=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$arg'; allowed: --dry-run" >&2; exit 2 ;;
   esac
 done
@@ -78,6 +82,22 @@ step() {
   echo "-- $name: $status"
 }
 
+# the wheels of gpu-wheels/, installed offline (the dry run: resolved only); its line also opens environment.txt
+WHEELS=gpu-wheels
+if [ -d "$WHEELS" ]; then
+  pip_dry=; [ "$DRY" = 1 ] && pip_dry=--dry-run
+  "$PY" -m pip install --disable-pip-version-check --no-index --find-links "$WHEELS" --no-deps $pip_dry \
+    -r constraints/gpu-extra.txt > "$OUT_DIR/wheels.log" 2>&1
+  rc=$?
+  done_re='^(Successfully installed|Would install|Requirement already satisfied)'
+  if [ "$rc" = 0 ]; then WHEELS_NOTE="$WHEELS/ present: $(grep -E "$done_re" "$OUT_DIR/wheels.log" | tail -n 1)"
+  else WHEELS_NOTE="$WHEELS/ present, but its offline install failed (exit $rc, wheels.log)"; fi
+else
+  WHEELS_NOTE="$WHEELS/ absent: nothing installed (make gpu-wheels, then copy the folder along with the checkout)"
+fi
+echo "== wheels: $WHEELS_NOTE"
+export WHEELS_NOTE
+
 skip() {
   printf '| %s | skipped: %s | 0 | - |\n' "$1" "$2" >> "$STEPS"
   echo "== $1: skipped: $2"
@@ -85,6 +105,7 @@ skip() {
 
 env_report() {
   echo "# GPU check environment"; date -u
+  echo "wheels: $WHEELS_NOTE"
   if command -v nvidia-smi > /dev/null; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   else
