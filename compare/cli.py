@@ -33,12 +33,13 @@ from compare.problem.cases import (
     preset,
     resolve_shape,
 )
-from compare.report import diff, shapes
+from compare.problem.shape_cases import case_for_tokens
+from compare.report import diff
 from compare.report import render as report
 from compare.results import document as results
 from compare.results import load as machine_load
 from compare.results.memory import parse_size
-from compare.run import exitcodes, harness, parity_cache, preflight, stop, tp_hosts
+from compare.run import exitcodes, harness, parity_cache, preflight, shape_sweep, stop, tp_hosts
 from compare.run.budget import Budget, budget_phase
 from compare.run.options import add_grid_args, check_grid_args, check_inputs, out_arg
 from compare.run.progress import Display, progress_level
@@ -99,7 +100,7 @@ def cmd_run(a: argparse.Namespace) -> int:
             if t <= 0:
                 raise InputError(f"--shape-sweep token counts must be positive integers, got {t}")
         check_unique("--shape-sweep token count", [str(t) for t in a.shape_sweep])
-        sweep_cases = [shapes.case_for_tokens(c, t) for c in cases for t in a.shape_sweep]
+        sweep_cases = [case_for_tokens(c, t) for c in cases for t in a.shape_sweep]
     preflight.check_memory([*cases, *sweep_cases])
     preflight.check_golden(cases)
     out = preflight.prepare_out_dir(Path(a.out))
@@ -237,11 +238,11 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
         if a.shape_sweep and not doc.interrupted:
             swept, tokens, per_shape, deadline = cases, list(a.shape_sweep), a.budget, None
             if budget is not None:
-                swept, tokens, per_shape, share = shapes.budgeted_sweep(cases, tokens, a.budget, budget)
+                swept, tokens, per_shape, share = shape_sweep.budgeted_sweep(cases, tokens, a.budget, budget)
                 deadline = time.monotonic() + share
             try:
                 with budget_phase(budget, "shape_sweep"):
-                    rows = shapes.run_shape_sweep(
+                    rows = shape_sweep.run_shape_sweep(
                         swept,
                         tokens,
                         per_shape,
