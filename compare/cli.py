@@ -18,7 +18,6 @@ from compare.backends.tp import LAUNCHES
 from compare.cost.comm import check_world_size
 from compare.formats.atomic import write_text_atomic
 from compare.gpu_build import command as gpu_build
-from compare.gpu_build import table as gpu_build_report
 from compare.problem.cases import (
     DTYPES,
     MODEL_ABOUT,
@@ -38,6 +37,7 @@ from compare.problem.shape_cases import case_for_tokens
 from compare.report import diff
 from compare.report import render as report
 from compare.results import document as results
+from compare.results import gpu_build as gpu_build_layout
 from compare.results import load as machine_load
 from compare.results.memory import parse_size
 from compare.run import exitcodes, harness, parity_cache, preflight, shape_sweep, stop, tp_hosts
@@ -270,8 +270,8 @@ def _gpu_build_table(folder: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"--gpu-build: {path} is not valid JSON ({exc}); rebuild it with `make gpu-build`") from exc
-    if not isinstance(data, dict) or data.get("schema") != gpu_build_report.SCHEMA_VERSION:
-        raise InputError(f"--gpu-build: {path} is not a gpu-build table of schema {gpu_build_report.SCHEMA_VERSION}")
+    if not isinstance(data, dict) or data.get("schema") != gpu_build_layout.SCHEMA_VERSION:
+        raise InputError(f"--gpu-build: {path} is not a gpu-build table of schema {gpu_build_layout.SCHEMA_VERSION}")
     return data
 
 

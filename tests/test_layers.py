@@ -366,12 +366,12 @@ def test_the_triton_impl_rule_finds_a_framework_import() -> None:
     """Negative control: framework, backend-package and core imports are reported, wherever they stand; the
     standard library, triton and relative imports are not."""
     source = (
-        "import os\nimport triton.language as tl\nfrom . import env\nfrom compare.gpu_build.table import ARCHS\n"
+        "import os\nimport triton.language as tl\nfrom . import env\nfrom compare.results.gpu_build import ARCHS\n"
         "import torch\nfrom jax_impl import device\nfrom compare.backends.registry import spec\n"
         "def f():\n    import jax.numpy\n"
     )
     assert foreign_imports(source) == [
-        "4: compare.gpu_build.table",
+        "4: compare.results.gpu_build",
         "5: torch",
         "6: jax_impl",
         "7: compare.backends.registry",
