@@ -1,8 +1,7 @@
 """Layers a test enforces: no import cycle anywhere in the four packages, counting imports inside functions too;
-``compare``'s packages importing only the packages their ``MAY_IMPORT`` names (``report`` none above ``results``),
-and every module of it in a package;
-every project name imported from the module that defines it (no module passes names on, but ``compare``'s public
-surface); and ``triton_impl`` framework-neutral.
+``compare``'s packages importing only the packages their ``MAY_IMPORT`` names (``report``'s: none above
+``results``), and every module of it in a package; every project name imported from the module that defines it (no
+module passes names on, but ``compare``'s public surface); and ``triton_impl`` framework-neutral.
 
 A module-level graph of ``compare``, ``torch_impl``, ``jax_impl`` and ``triton_impl``: an edge for every ``import``
 or ``from ... import`` of another project module, wherever it stands (a lazy import inside a function is still a
