@@ -18,7 +18,6 @@ from compare.backends.tp import LAUNCHES
 from compare.cost.comm import check_world_size
 from compare.formats.atomic import write_text_atomic
 from compare.gpu_build import command as gpu_build
-from compare.gpu_build import table as gpu_build_report
 from compare.problem.cases import (
     DTYPES,
     MODEL_ABOUT,
@@ -27,18 +26,21 @@ from compare.problem.cases import (
     PRESETS,
     Case,
     InputError,
+    check_finite,
     check_name,
     check_seed,
     check_unique,
     preset,
     resolve_shape,
 )
-from compare.report import diff, shapes
+from compare.problem.shape_cases import case_for_tokens
+from compare.report import diff
 from compare.report import render as report
 from compare.results import document as results
+from compare.results import gpu_build as gpu_build_layout
 from compare.results import load as machine_load
 from compare.results.memory import parse_size
-from compare.run import exitcodes, harness, parity_cache, preflight, stop, tp_hosts
+from compare.run import exitcodes, harness, parity_cache, preflight, shape_sweep, stop, tp_hosts
 from compare.run.budget import Budget, budget_phase
 from compare.run.options import add_grid_args, check_grid_args, check_inputs, out_arg
 from compare.run.progress import Display, progress_level
@@ -48,6 +50,7 @@ from compare.run.tp_worker import Cell
 from compare.sweep import command as sweep
 from compare.sweep import store as sweep_store
 from compare.timing import nvml
+from compare.timing.significance import ALPHA, NOISE_K, THRESHOLD
 
 
 def cmd_list(_: argparse.Namespace) -> int:
@@ -99,7 +102,7 @@ def cmd_run(a: argparse.Namespace) -> int:
             if t <= 0:
                 raise InputError(f"--shape-sweep token counts must be positive integers, got {t}")
         check_unique("--shape-sweep token count", [str(t) for t in a.shape_sweep])
-        sweep_cases = [shapes.case_for_tokens(c, t) for c in cases for t in a.shape_sweep]
+        sweep_cases = [case_for_tokens(c, t) for c in cases for t in a.shape_sweep]
     preflight.check_memory([*cases, *sweep_cases])
     preflight.check_golden(cases)
     out = preflight.prepare_out_dir(Path(a.out))
@@ -237,11 +240,11 @@ def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Res
         if a.shape_sweep and not doc.interrupted:
             swept, tokens, per_shape, deadline = cases, list(a.shape_sweep), a.budget, None
             if budget is not None:
-                swept, tokens, per_shape, share = shapes.budgeted_sweep(cases, tokens, a.budget, budget)
+                swept, tokens, per_shape, share = shape_sweep.budgeted_sweep(cases, tokens, a.budget, budget)
                 deadline = time.monotonic() + share
             try:
                 with budget_phase(budget, "shape_sweep"):
-                    rows = shapes.run_shape_sweep(
+                    rows = shape_sweep.run_shape_sweep(
                         swept,
                         tokens,
                         per_shape,
@@ -267,8 +270,8 @@ def _gpu_build_table(folder: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"--gpu-build: {path} is not valid JSON ({exc}); rebuild it with `make gpu-build`") from exc
-    if not isinstance(data, dict) or data.get("schema") != gpu_build_report.SCHEMA_VERSION:
-        raise InputError(f"--gpu-build: {path} is not a gpu-build table of schema {gpu_build_report.SCHEMA_VERSION}")
+    if not isinstance(data, dict) or data.get("schema") != gpu_build_layout.SCHEMA_VERSION:
+        raise InputError(f"--gpu-build: {path} is not a gpu-build table of schema {gpu_build_layout.SCHEMA_VERSION}")
     return data
 
 
@@ -433,6 +436,34 @@ def cmd_tp_collect(a: argparse.Namespace) -> int:
     return exitcodes.of_statuses(r.status for r in doc.results)
 
 
+#: The exit status of ``diff``, after the rules of :mod:`compare.report.diff` in its help.
+DIFF_EXIT = """\
+Exit status: 0 with no regression (an ambiguous slowdown is listed, not counted), 1 with a performance, parity or
+memory regression, 2 on bad input (a missing, unreadable or invalid results file, a bad option, two documents that
+share no cell: nothing to compare), 3 on an internal error.
+"""
+
+
+def cmd_diff(a: argparse.Namespace) -> int:
+    """Print (or write) the diff; 1 if it found a regression, else 0. Missing or bad files raise InputError."""
+    check_finite("--threshold", a.threshold, zero_ok=True)
+    check_finite("--k", a.k)
+    check_finite("--alpha", a.alpha, at_most=1.0)
+    if a.out:
+        preflight.check_file_writable(Path(a.out))
+    old_doc, new_doc = results.read_json(Path(a.old)), results.read_json(Path(a.new))
+    diff.check_shared(old_doc, new_doc, a.old, a.new)
+    check_finite("--peak-tolerance", a.peak_tolerance, zero_ok=True)
+    tolerance = parse_size(a.memory_tolerance, "--memory-tolerance")
+    md, regression = diff.diff(old_doc, new_doc, a.threshold, a.k, a.alpha, tolerance, a.peak_tolerance)
+    if a.out:
+        write_text_atomic(a.out, md)
+        print(f"wrote {a.out}: {'regression' if regression else 'no regression'}")
+    else:
+        print(md, end="")
+    return exitcodes.FINDING if regression else exitcodes.OK
+
+
 def _add_case_args(r: argparse.ArgumentParser) -> None:
     """The case options: a preset, its model and sizes."""
     r.add_argument("--preset", help=f"one of: {', '.join(PRESETS)}")
@@ -562,7 +593,34 @@ def parser() -> argparse.ArgumentParser:
     col.add_argument("--out", type=out_arg, help="where to write (default: the job folder)")
     col.set_defaults(fn=cmd_tp_collect)
     sweep.add_parser(sub)
-    diff.add_parser(sub)
+    dif = _sub(
+        sub,
+        "diff",
+        help="compare two results.json; exit 1 on a performance, parity or memory regression",
+        description=f"{diff.__doc__}\n{DIFF_EXIT}",
+    )
+    dif.add_argument("old", help="the baseline results.json")
+    dif.add_argument("new", help="the results.json to judge")
+    dif.add_argument(
+        "--threshold", type=float, default=THRESHOLD, help="smallest relative change that counts (finite, >= 0)"
+    )
+    dif.add_argument(
+        "--k", type=float, default=NOISE_K, help="noise band in units of the combined relative IQR (finite, > 0)"
+    )
+    dif.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the rank test, in (0, 1]")
+    dif.add_argument(
+        "--memory-tolerance",
+        default=str(diff.MEMORY_TOLERANCE_BYTES),
+        help="saved-for-backward bytes more than the old run that still pass (a size: 0, 4096, 1MiB; default 0)",
+    )
+    dif.add_argument(
+        "--peak-tolerance",
+        type=float,
+        default=diff.PEAK_TOLERANCE,
+        help=f"relative peak-memory increase that still passes (finite, >= 0; default {diff.PEAK_TOLERANCE:g})",
+    )
+    dif.add_argument("--out", help="write the markdown here instead of printing it")
+    dif.set_defaults(fn=cmd_diff)
     gpu_build.add_parser(sub)  # python -m compare gpu-build --arch sm_90 sm_80 [--out DIR]
     return p
 

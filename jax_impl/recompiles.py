@@ -3,7 +3,7 @@
 :func:`shape_sweep` builds the case's ``flax.nnx`` module once, jits its apply function once (state and inputs as
 arguments, as ``jax_impl.runner`` does) and calls it on the inputs of each token count in turn, through the
 framework-neutral loop ``compare.timing.compile_sweep.run``; this module gives it jax's part (the step over each
-shape's inputs, the compile counter). Per shape it records (row schema in ``compare.report.shapes``):
+shape's inputs, the compile counter). Per shape it records (row schema in ``compare.timing.compile_sweep``):
 
 - ``compiles``: the growth of the jitted function's own executable cache, ``jitted._cache_size()`` (one entry per
   input signature it compiled for); cross-checked by ``backend_compiles``, the number of

@@ -19,11 +19,11 @@ from compare.problem import datacache
 from compare.problem.cases import PRESETS, InputError
 from compare.problem.golden import Problem
 from compare.report.render import render
-from compare.report.shapes import budgeted_sweep
 from compare.results.document import Results
 from compare.run import harness, parity_cache
 from compare.run.budget import FLOOR, SHARES, Budget
 from compare.run.progress import eta
+from compare.run.shape_sweep import budgeted_sweep
 from compare.timing import caches
 from compare.timing import timer as timing
 from compare.timing.budgets import PHASES, BudgetRecord
@@ -390,7 +390,7 @@ def test_no_sweep_variant_starts_past_the_sweeps_deadline_and_each_is_said() -> 
     )
     case = PRESETS["tiny"].case("float32")
     cuts: list[str] = []
-    import compare.report.shapes as shapes_mod
+    import compare.run.shape_sweep as shapes_mod
 
     orig = BackendSpec.load
     try:

@@ -209,7 +209,7 @@ def test_sections_are_deterministic_and_empty_without_data() -> None:
 
 def test_compare_does_not_import_frameworks() -> None:
     code = (
-        "import sys, compare.cost.model, compare.report.shapes; "
+        "import sys, compare.cost.model, compare.report.shapes, compare.run.shape_sweep; "
         "bad = [m for m in ('torch', 'jax') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from compare.cli import main
 from compare.report import diff as diff_module
-from compare.report.diff import main
 from compare.results.document import SCHEMA_VERSION, Results
 from compare.timing.significance import compare_timing, mann_whitney_greater
 
@@ -99,7 +99,7 @@ def test_twice_as_slow_is_a_regression_exit_1(tmp_path: Path, capsys: pytest.Cap
     assert "**slower: regression**" in row and "| 2.0" in row
     eager = next(x for x in md.splitlines() if x.startswith("| torch-eager"))
     assert "within noise" in eager
-    assert main(list(_write(tmp_path, old, new))) == 1
+    assert main(["diff", *_write(tmp_path, old, new)]) == 1
     assert "**Regression**: 1 slower beyond noise" in capsys.readouterr().out
 
 
@@ -107,7 +107,7 @@ def test_three_percent_with_ten_percent_iqr_is_noise_exit_0(tmp_path: Path) -> N
     old, new = _pair(1.03, 0.10)
     md, regression = diff(old, new)
     assert not regression and "slower" not in md, md
-    assert main(list(_write(tmp_path, old, new))) == 0
+    assert main(["diff", *_write(tmp_path, old, new)]) == 0
 
 
 def test_beyond_threshold_but_inside_the_spread_is_noise() -> None:
@@ -141,7 +141,7 @@ def test_parity_regression_exit_1(tmp_path: Path) -> None:
     md, regression = diff(old, new)
     assert regression
     assert "| ok | parity-fail | **regression** |" in md
-    assert main(list(_write(tmp_path, old, new))) == 1
+    assert main(["diff", *_write(tmp_path, old, new)]) == 1
     # an error counts too; skipped (unavailable here) is listed but not a regression
     new["results"][1]["status"] = "error"
     assert diff(old, new)[1]
@@ -164,14 +164,14 @@ def test_added_and_removed_cells_are_listed() -> None:
 
 
 def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([str(tmp_path / "nope.json"), str(tmp_path / "nope2.json")]) == 2
+    assert main(["diff", str(tmp_path / "nope.json"), str(tmp_path / "nope2.json")]) == 2
     assert "nope.json does not exist" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{not json")
-    assert main([str(tmp_path / "bad.json"), str(tmp_path / "bad.json")]) == 2
+    assert main(["diff", str(tmp_path / "bad.json"), str(tmp_path / "bad.json")]) == 2
     (tmp_path / "odd.json").write_text(
         json.dumps({"schema_version": SCHEMA_VERSION, "environment": {}, "results": [{"backend": "x"}]})
     )
-    assert main([str(tmp_path / "odd.json"), str(tmp_path / "odd.json")]) == 2
+    assert main(["diff", str(tmp_path / "odd.json"), str(tmp_path / "odd.json")]) == 2
     assert "lacks case, mode, status, dtype" in capsys.readouterr().err
 
 
@@ -216,9 +216,9 @@ def test_a_slowdown_the_busy_runs_load_explains_is_ambiguous_exit_0(
     assert "1 cells changed by no more than the busier run's load explains (any change (a busy run))" in md
     assert "Old machine load: other processes and steal took 1% of 2 cores" in md
     assert "New machine load: other processes and steal took 85% of 2 cores" in md and ": busy" in md
-    assert main(list(_write(tmp_path, {**old, "load": QUIET}, {**new, "load": BUSY}))) == 0
+    assert main(["diff", *_write(tmp_path, {**old, "load": QUIET}, {**new, "load": BUSY})]) == 0
     capsys.readouterr()
-    assert main(list(_write(tmp_path, {**old, "load": QUIET}, {**new, "load": QUIET}))) == 1
+    assert main(["diff", *_write(tmp_path, {**old, "load": QUIET}, {**new, "load": QUIET})]) == 1
     assert "**Regression**: 1 slower beyond noise" in capsys.readouterr().out
 
 
@@ -242,10 +242,10 @@ def test_no_shared_cell_exits_2_naming_both_files_and_their_cells(
     old = _doc([_result("torch-eager", "float32", _samples(1e-3, 0.05))])
     new = _doc([_result("jax-xla", "bfloat16", _samples(1e-3, 0.05))])
     a, b = _write(tmp_path, old, new)
-    assert main([a, b]) == 2
+    assert main(["diff", a, b]) == 2
     err = capsys.readouterr().err
     assert f"{a} and {b} share no cell (backend, case, mode): nothing to compare" in err
     assert f"{a} has torch-eager geglu-8x128x768-3072-float32-normal-s0 fwd" in err
     assert f"{b} has jax-xla geglu-8x128x768-3072-bfloat16-normal-s0 fwd" in err
     new["results"].append(old["results"][0])
-    assert main(list(_write(tmp_path, old, new))) == 0
+    assert main(["diff", *_write(tmp_path, old, new)]) == 0

@@ -26,17 +26,18 @@ from typing import Any
 import pytest
 
 from compare.backends import registry
-from compare.gpu_build import bridge, command, table
+from compare.gpu_build import bridge, command
 from compare.gpu_build import build as gpu_build
 from compare.gpu_build.plan import plan
-from compare.gpu_build.table import (
+from compare.report.gpu_build import render_markdown
+from compare.results.gpu_build import (
     ARCHS,
     SCHEMA_VERSION,
     SIXTEEN_BIT,
+    config_label,
     findings,
     make_row,
     occupancy,
-    render_markdown,
     row_problems,
 )
 from triton_impl.gpu_build.compiler import parse_ptxas_log, parse_res_usage, tensor_core_instructions
@@ -407,7 +408,7 @@ def test_a_row_is_made_from_its_build_record():
     failed = make_row(job, None, "the worker was killed by signal SIGKILL")
     assert failed["ok"] is False and failed["error"] == "not built: the worker was killed by signal SIGKILL"
     assert row_problems(failed) == ["does not compile: not built: the worker was killed by signal SIGKILL"]
-    assert table.config_label({"BLOCK": 1024, "num_warps": 4, "num_stages": 3}) == "BLOCK=1024 w4 s3"
+    assert config_label({"BLOCK": 1024, "num_warps": 4, "num_stages": 3}) == "BLOCK=1024 w4 s3"
 
 
 def _jobs(n: int) -> list[Any]:

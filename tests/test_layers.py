@@ -1,7 +1,7 @@
 """Layers a test enforces: no import cycle anywhere in the four packages, counting imports inside functions too;
-``compare``'s packages importing only the packages their ``MAY_IMPORT`` names, and every module of it in a package;
-every project name imported from the module that defines it (no module passes names on, but ``compare``'s public
-surface); and ``triton_impl`` framework-neutral.
+``compare``'s packages importing only the packages their ``MAY_IMPORT`` names (``report``'s: none above
+``results``), and every module of it in a package; every project name imported from the module that defines it (no
+module passes names on, but ``compare``'s public surface); and ``triton_impl`` framework-neutral.
 
 A module-level graph of ``compare``, ``torch_impl``, ``jax_impl`` and ``triton_impl``: an edge for every ``import``
 or ``from ... import`` of another project module, wherever it stands (a lazy import inside a function is still a
@@ -189,29 +189,51 @@ def layer_violations(graph: dict[str, set[str]], rules: dict[str, tuple[str, ...
     return bad
 
 
+#: Packages that are a pure function of the results they are given: they may import ``results`` and what it may
+#: import, nothing above (``run``, ``gpu_build``, ``sweep``: nothing that measures, builds or reads a command line).
+PURE = ("report",)
+
+
+def impure_rules(rules: dict[str, tuple[str, ...]]) -> list[str]:
+    """Every package of :data:`PURE` whose ``MAY_IMPORT`` names a package above ``results`` (its imports keep to its
+    ``MAY_IMPORT`` by :func:`layer_violations`)."""
+    below = {"results", *rules["results"]}
+    return [f"{pkg}/ may import {other}, above results" for pkg in PURE for other in rules[pkg] if other not in below]
+
+
 def test_compare_keeps_to_its_layers() -> None:
-    assert layer_violations(import_graph(), layer_rules()) == []
+    rules = layer_rules()
+    assert impure_rules(rules) == []
+    assert layer_violations(import_graph(), rules) == []
 
 
 @pytest.mark.standard
 def test_the_layer_check_finds_planted_violations(tmp_path: Path) -> None:
     """Negative control on a copy of the tree: a module in a low package importing a high one, a package importing
-    the command line, and a module outside any package are each reported; the unplanted copy has none."""
+    the command line, a module outside any package and a report module importing ``run`` are each reported, and so
+    is ``report`` declaring it may import ``run``; the unplanted copy has none."""
     import shutil
 
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "scripts").mkdir()
     assert layer_violations(import_graph(tmp_path), layer_rules(tmp_path)) == []
+    assert impure_rules(layer_rules(tmp_path)) == []
     (tmp_path / "compare" / "formats" / "planted.py").write_text("def f():\n    from compare.run import harness\n")
     (tmp_path / "compare" / "problem" / "planted.py").write_text("import compare.cli\n")
+    (tmp_path / "compare" / "report" / "planted.py").write_text("import compare.run\n")
     (tmp_path / "compare" / "loose.py").write_text("")
     found = layer_violations(import_graph(tmp_path), layer_rules(tmp_path))
     assert found == [
         "compare.formats.planted imports compare.run.harness: formats/ may import nothing",
         "compare.loose: in no package of compare/ (only compare, compare.cli, compare.__main__ may sit outside one)",
         "compare.problem.planted imports compare.cli, the top",
+        "compare.report.planted imports compare.run: report/ may import formats, problem, backends, timing, gate, "
+        "kernels, cost, results",
     ], found
+    init = tmp_path / "compare" / "report" / "__init__.py"
+    init.write_text(init.read_text(encoding="utf-8").replace('"results",', '"results", "run",'), encoding="utf-8")
+    assert impure_rules(layer_rules(tmp_path)) == ["report/ may import run, above results"]
 
 
 def test_every_package_says_what_it_may_import_and_the_readme_map_is_generated() -> None:
@@ -366,12 +388,12 @@ def test_the_triton_impl_rule_finds_a_framework_import() -> None:
     """Negative control: framework, backend-package and core imports are reported, wherever they stand; the
     standard library, triton and relative imports are not."""
     source = (
-        "import os\nimport triton.language as tl\nfrom . import env\nfrom compare.gpu_build.table import ARCHS\n"
+        "import os\nimport triton.language as tl\nfrom . import env\nfrom compare.results.gpu_build import ARCHS\n"
         "import torch\nfrom jax_impl import device\nfrom compare.backends.registry import spec\n"
         "def f():\n    import jax.numpy\n"
     )
     assert foreign_imports(source) == [
-        "4: compare.gpu_build.table",
+        "4: compare.results.gpu_build",
         "5: torch",
         "6: jax_impl",
         "7: compare.backends.registry",

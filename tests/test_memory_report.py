@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from compare import cli
 from compare.backends.registry import BackendSpec, register, unregister
 from compare.cost import model as costmodel
 from compare.problem.cases import InputError, preset
 from compare.report.diff import diff
-from compare.report.diff import main as diff_main
 from compare.report.memory import linear_fit, memory_line, memory_section
 from compare.report.render import render
 from compare.report.summary import summary_section
@@ -140,9 +140,9 @@ def test_diff_flags_any_increase_of_saved_bytes_and_a_peak_beyond_its_bound(tmp_
     # through the command: exit 1 on the regression, 2 on a tolerance that is not a size
     (tmp_path / "old.json").write_text(json.dumps(old.to_dict()))
     (tmp_path / "new.json").write_text(json.dumps(up.to_dict()))
-    assert diff_main([str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 1
-    assert diff_main([str(tmp_path / "old.json"), str(tmp_path / "old.json")]) == 0
-    assert diff_main([str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--memory-tolerance", "lots"]) == 2
+    assert cli.main(["diff", str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 1
+    assert cli.main(["diff", str(tmp_path / "old.json"), str(tmp_path / "old.json")]) == 0
+    assert cli.main(["diff", str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--memory-tolerance", "lots"]) == 2
 
 
 def test_a_diff_without_memory_has_no_memory_section() -> None:

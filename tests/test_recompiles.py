@@ -18,8 +18,9 @@ import pytest
 
 from compare.problem.cases import Case, Shape
 from compare.problem.shape_cases import case_for_tokens
-from compare.report.shapes import payback_calls, shapes_section, with_payback
+from compare.report.shapes import shapes_section
 from compare.results.document import Results
+from compare.timing.compile_sweep import payback_calls, with_payback
 
 pytestmark = pytest.mark.quick
 

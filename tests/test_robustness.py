@@ -28,7 +28,6 @@ from compare import cli
 from compare.backends.registry import BackendSpec
 from compare.formats import atomic
 from compare.problem.cases import PRESETS, Case, InputError, Shape
-from compare.report import diff
 from compare.results import document as results
 from compare.results.document import SCHEMA_VERSION, Results
 from compare.run import exitcodes, harness, preflight
@@ -73,7 +72,7 @@ def test_exit_statuses_are_defined_once_and_documented(capsys: pytest.CaptureFix
         3,
         130,
     )
-    assert not hasattr(diff, "_exit_status") and not hasattr(sweep, "_exit_status")
+    assert not hasattr(cli, "_exit_status") and not hasattr(sweep, "_exit_status")
     for args in (["--help"], ["run", "--help"], ["sweep", "--help"], ["diff", "--help"], ["report", "--help"]):
         with pytest.raises(SystemExit) as e:
             cli.main(args)
@@ -244,7 +243,7 @@ def test_diff_refuses_non_finite_options(
 ) -> None:
     path = tmp_path / "r.json"
     results.write_json(path, Results.from_dict(_doc()))
-    assert diff.main([str(path), str(path), option, value]) == 2
+    assert cli.main(["diff", str(path), str(path), option, value]) == 2
     assert message in _one_line_error(capsys.readouterr().err)
 
 
@@ -342,7 +341,7 @@ def test_atomic_write_is_utf8_and_keeps_permissions(tmp_path: Path) -> None:
 
 def test_outputs_are_written_atomically_everywhere() -> None:
     """No command writes an output with a plain ``write_text``: each goes through ``write_text_atomic``."""
-    for name in ("cli", "sweep/command", "report/diff", "results/document"):
+    for name in ("cli", "sweep/command", "results/document"):
         source = (ROOT / "compare" / f"{name}.py").read_text(encoding="utf-8")
         assert ".write_text(" not in source and ".write_bytes(" not in source, name
         assert "write_text_atomic" in source or "write_json" in source, name
@@ -409,7 +408,7 @@ def test_report_and_diff_refuse_a_bad_row(
     line = _one_line_error(capsys.readouterr().err)
     assert f"results file {bad}: " in line and message in line
     assert not (tmp_path / "R.md").exists()
-    assert diff.main([str(good), str(bad)]) == 2
+    assert cli.main(["diff", str(good), str(bad)]) == 2
     assert message in _one_line_error(capsys.readouterr().err)
 
 

@@ -20,8 +20,9 @@ from compare.cost.model import cost
 from compare.problem.cases import PRESETS
 from compare.report import render as report
 from compare.report.cost import fusion_benefit, fusion_section
-from compare.report.shapes import shapes_section, with_payback
+from compare.report.shapes import shapes_section
 from compare.results.document import Result, Results
+from compare.timing.compile_sweep import with_payback
 from compare.timing.significance import MIN_PAIRS, NOT_TESTED, PAIRED, compare_timing
 from compare.timing.timer import Timing
 

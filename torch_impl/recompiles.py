@@ -4,7 +4,7 @@
 its own ``build``: a ``torch.compile``-d module, the plain module, the module with the Triton kernel), on the inputs
 of each token count in turn, through the framework-neutral loop ``compare.timing.compile_sweep.run``; this module
 gives it torch's part (the step over each shape's inputs, the compile counter). Per shape it records (row schema in
-``compare.report.shapes``):
+``compare.timing.compile_sweep``):
 
 - ``compiles``: the compilations this shape's first call caused, read from the framework's own counters:
   ``torch._dynamo.utils.counters["stats"]["unique_graphs"]`` (Dynamo adds one per graph it compiles; in torch 2.13
@@ -135,8 +135,8 @@ def shape_sweep(
     budget_s: float = 0.2,
     cold: bool = True,
 ) -> list[dict[str, Any]]:
-    """Call one backend's step on each token count in turn; one row per shape (schema in ``compare.report.shapes``;
-    the loop is ``compare.timing.compile_sweep.run``).
+    """Call one backend's step on each token count in turn; one row per shape (schema and loop in
+    ``compare.timing.compile_sweep``).
 
     The backend supplies ``build`` (its own module and forward, e.g. a ``torch.compile``-d module) and says what
     it is: ``compiled`` (a compiler specialises it per shape: ``dynamic`` is recorded and Inductor's on-disk

@@ -114,10 +114,10 @@ class BackendSpec:
     and ``modes`` say what it implements. ``plan`` is its cost-model plan (``compare.cost.model.PLANS``: which
     intermediates it keeps out of memory, which GEMMs it fuses), None if it is not modelled (no cost rows then);
     ``assumption`` says where that plan is assumed rather than read off the framework. ``sweep`` lists the keyword
-    variants with which it joins the compile-cost sweep (``compare.report.shapes``): the backend object then implements
-    ``shape_sweep(make, tokens, *, budget_s, **variant) -> rows``, building its own compiled forward per shape and
-    reading its own recompile counter; empty means it does not join. ``kernels`` names the modules of the Triton
-    kernels it launches: the GPU build (``compare gpu-build``) compiles exactly the kernels of the registered
+    variants with which it joins the compile-cost sweep (``compare.run.shape_sweep``): the backend object then
+    implements ``shape_sweep(make, tokens, *, budget_s, **variant) -> rows``, building its own compiled forward per
+    shape and reading its own recompile counter; empty means it does not join. ``kernels`` names the modules of the
+    Triton kernels it launches: the GPU build (``compare gpu-build``) compiles exactly the kernels of the registered
     backends' modules. ``remat_of`` names the plain twin of a recomputation (activation checkpointing) variant: the
     same computation, keeping less for the backward and recomputing the rest there.
     """

@@ -5,7 +5,7 @@
 (``compare.gpu_build.cache``), compiles the rest in the worker pool (``compare.gpu_build.pool``), printing one line
 per build on stderr, and returns the ``gpu_build.json`` document: ``schema``, ``triton_version``,
 ``specialization`` (how launches are modelled), ``modules`` (the kernel modules built), ``archs`` (each target's
-limits), ``kernels`` (the catalogue entry of each kernel built) and ``rows`` (``compare.gpu_build.table``, one per
+limits), ``kernels`` (the catalogue entry of each kernel built) and ``rows`` (``compare.results.gpu_build``, one per
 job, in plan order). :func:`write_outputs` writes it with ``GPU_BUILD.md``; :func:`check_failures` is the verdict
 of ``python -m compare gpu-build``.
 """
@@ -26,7 +26,8 @@ from compare.gpu_build import pool
 from compare.gpu_build.bridge import describe, kernel_modules
 from compare.gpu_build.cache import Records, default_folder
 from compare.gpu_build.plan import Job, plan
-from compare.gpu_build.table import ARCHS, SCHEMA_VERSION, findings, make_row, render_markdown
+from compare.report.gpu_build import render_markdown
+from compare.results.gpu_build import ARCHS, SCHEMA_VERSION, findings, make_row
 
 __all__ = ["build", "check_failures", "write_outputs"]
 
@@ -57,7 +58,7 @@ def build(
     """Build every requested (kernel, launch, config, dtype, arch) and return the ``gpu_build.json`` document.
 
     Args:
-        archs: keys of :data:`compare.gpu_build.table.ARCHS`.
+        archs: keys of :data:`compare.results.gpu_build.ARCHS`.
         kernel_ids: kernels of the catalogue to build (default: all).
         dtypes: dtypes to build (default: every one the triton side offers).
         quick: one config per kernel (its smallest tile) instead of the whole autotune list.

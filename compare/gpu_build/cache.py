@@ -3,7 +3,7 @@
 Under ``$FUSION_COMPARE_CACHE/gpu-build`` (the project's cache folder, ``compare.problem.datacache.folder``:
 default ``$XDG_CACHE_HOME/fusion-compare``, else ``~/.cache/fusion-compare``; ``off`` keeps nothing between runs),
 ``records/<key>.json`` holds what the compiler produced for that key (``compare.gpu_build.plan.job_key``); rows are
-made from records on every run, so a change to the hardware arithmetic (``compare.gpu_build.table``) needs no
+made from records on every run, so a change to the hardware arithmetic (``compare.results.gpu_build``) needs no
 recompile. A compile error is a record too (the same compile fails the same way); a worker that died or ran out of
 time leaves none. Writes are atomic (``compare.formats.atomic``): a reader never sees half a record.
 ``triton/`` is Triton's own cache folder for the workers.

@@ -5,7 +5,7 @@ The kernels are those of the kernel modules the registry's backends name (``Back
 declares its builds (``GPU_BUILD``). The build runs here (``compare.gpu_build.build``), the compiles in worker
 processes in compiled mode (``compare.gpu_build.bridge``: this process may have chosen Triton's interpreter), cached
 on disk, so a rerun compiles only what changed. Its output is ``gpu_build.json`` and ``GPU_BUILD.md`` (rendered by
-:mod:`compare.gpu_build.table`); exit status 1 when a config does not build or a bf16/fp16 autotune config spills
+:mod:`compare.report.gpu_build`); exit status 1 when a config does not build or a bf16/fp16 autotune config spills
 or exceeds shared memory on sm_90.
 
 This module imports neither torch nor triton.
@@ -22,8 +22,8 @@ from typing import Any
 
 from compare.gpu_build.build import build, check_failures, write_outputs
 from compare.gpu_build.cache import default_folder
-from compare.gpu_build.table import ARCHS
 from compare.problem.cases import InputError
+from compare.results.gpu_build import ARCHS
 from compare.run import exitcodes, stop
 
 __all__ = ["DEFAULT_TIMEOUT_S", "add_parser", "build_options", "cmd_gpu_build"]

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compare.gpu_build.table import ARCHS, config_label
 from compare.problem.cases import InputError
+from compare.results.gpu_build import ARCHS, config_label
 
 __all__ = ["BUILDER_VERSION", "Job", "job_key", "plan"]
 
@@ -104,7 +104,7 @@ def plan(
 
     Args:
         catalogue: the triton side's ``describe`` document.
-        archs: keys of :data:`compare.gpu_build.table.ARCHS`.
+        archs: keys of :data:`compare.results.gpu_build.ARCHS`.
         kernel_ids: the kernels to build (default: all of the catalogue).
         dtypes: the dtypes (default: all the catalogue offers).
         quick: one config per kernel (its smallest tile) instead of the whole autotune list.

@@ -1,6 +1,6 @@
 """The cases of a shape sweep: one case per token count, every other dimension the same. Pure Python.
 
-Shared by the compile-cost sweep's core (``compare.report.shapes``) and the frameworks' sweep runners
+Shared by the compile-cost sweep's core (``compare.run.shape_sweep``) and the frameworks' sweep runners
 (``torch_impl.recompiles``, ``jax_impl.recompiles``), so that neither imports the other.
 """
 
@@ -48,6 +48,6 @@ def sweep_goldens(make: GoldenFactory, tokens: Sequence[int]) -> list[Golden]:
 
 
 def row_fields(case: Case) -> dict[str, Any]:
-    """The fields of a compile-sweep row that say which shape it is (row schema in ``compare.report.shapes``)."""
+    """The fields of a compile-sweep row that say which shape it is (row schema in ``compare.timing.compile_sweep``)."""
     s = case.shape
     return {"tokens": s.tokens, "model": case.model, "dim": s.dim, "hidden": s.hidden, "dtype": case.dtype}

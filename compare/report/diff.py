@@ -36,29 +36,18 @@ backward are an exact count, so any increase beyond ``--memory-tolerance`` (defa
 peak is a bound, a regression when the new one exceeds the old by more than ``--peak-tolerance`` (default 5%: the
 allocator's figure moves with where the runtime puts its workspaces), and only between figures of the same source.
 A figure measured on one side only is "not compared".
-
-Exit status: 0 with no regression (an ambiguous slowdown is listed, not counted), 1 with a performance, parity or
-memory regression, 2 on bad input (a missing, unreadable or invalid results file, a bad option, two documents that
-share no cell: nothing to compare), 3 on an internal error.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-from compare.formats.atomic import write_text_atomic
 from compare.formats.markdown import case_label, fmt_s, table
-from compare.problem.cases import InputError, check_finite
-from compare.results import document as results
+from compare.problem.cases import InputError
 from compare.results.document import Result, Results
 from compare.results.load import busier
-from compare.results.memory import Memory, parse_size
-from compare.run import exitcodes, preflight
+from compare.results.memory import Memory
 from compare.timing.significance import (
     ALPHA,
     MIN_SAMPLES_FOR_TEST,
@@ -326,74 +315,3 @@ def check_shared(old: Results, new: Results, old_name: str, new_name: str) -> No
         f"{old_name} and {new_name} share no cell (backend, case, mode): nothing to compare. {old_name} has "
         f"{cells(old)}; {new_name} has {cells(new)}"
     )
-
-
-# --- command line ----------------------------------------------------------------------------------------------
-
-
-def cmd_diff(a: argparse.Namespace) -> int:
-    """Print (or write) the diff; 1 if it found a regression, else 0. Missing or bad files raise InputError."""
-    check_finite("--threshold", a.threshold, zero_ok=True)
-    check_finite("--k", a.k)
-    check_finite("--alpha", a.alpha, at_most=1.0)
-    if a.out:
-        preflight.check_file_writable(Path(a.out))
-    old_doc, new_doc = results.read_json(Path(a.old)), results.read_json(Path(a.new))
-    check_shared(old_doc, new_doc, a.old, a.new)
-    check_finite("--peak-tolerance", a.peak_tolerance, zero_ok=True)
-    tolerance = parse_size(a.memory_tolerance, "--memory-tolerance")
-    md, regression = diff(old_doc, new_doc, a.threshold, a.k, a.alpha, tolerance, a.peak_tolerance)
-    if a.out:
-        write_text_atomic(a.out, md)
-        print(f"wrote {a.out}: {'regression' if regression else 'no regression'}")
-    else:
-        print(md, end="")
-    return exitcodes.FINDING if regression else exitcodes.OK
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register the ``diff`` subcommand on an ``argparse`` subparsers object."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "diff",
-        help="compare two results.json; exit 1 on a performance, parity or memory regression",
-        description=__doc__,
-        epilog=exitcodes.EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("old", help="the baseline results.json")
-    p.add_argument("new", help="the results.json to judge")
-    p.add_argument(
-        "--threshold", type=float, default=THRESHOLD, help="smallest relative change that counts (finite, >= 0)"
-    )
-    p.add_argument(
-        "--k", type=float, default=NOISE_K, help="noise band in units of the combined relative IQR (finite, > 0)"
-    )
-    p.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the rank test, in (0, 1]")
-    p.add_argument(
-        "--memory-tolerance",
-        default=str(MEMORY_TOLERANCE_BYTES),
-        help="saved-for-backward bytes more than the old run that still pass (a size: 0, 4096, 1MiB; default 0)",
-    )
-    p.add_argument(
-        "--peak-tolerance",
-        type=float,
-        default=PEAK_TOLERANCE,
-        help=f"relative peak-memory increase that still passes (finite, >= 0; default {PEAK_TOLERANCE:g})",
-    )
-    p.add_argument("--out", help="write the markdown here instead of printing it")
-    p.set_defaults(fn=cmd_diff)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m compare.report.diff OLD NEW [options]`` (same as ``python -m compare diff``)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    top = argparse.ArgumentParser(prog="python -m compare.report.diff")
-    sub = top.add_subparsers(dest="command", required=True)
-    add_parser(sub)
-    a = top.parse_args(["diff", *argv])
-    return exitcodes.exit_status(lambda: a.fn(a))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 from compare.backends.registry import DEFAULT_BASELINE
 from compare.formats.markdown import case_label, fmt_e, fmt_s, table
 from compare.gate.parity import WHERE_FAIL
-from compare.gpu_build.table import render_markdown
 from compare.kernels import busy
 from compare.kernels.summary import Kernels
 from compare.report.cost import cost_section, fusion_section
+from compare.report.gpu_build import render_markdown
 from compare.report.kernels import kernel_section
 from compare.report.machines import machine_of, several, timed_machine_types
 from compare.report.memory import memory_section

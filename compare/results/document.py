@@ -214,9 +214,8 @@ class Results:
     """A results document (``results.json``): when it was created, the run's config and environment, one
     :class:`Result` per (backend, case, mode), the gate's resolution per case and tensor, this machine's measured
     ceilings (None: not measured), and what a run may add: ``interrupted`` (Ctrl-C: only the finished cells),
-    ``shape_sweep`` (the compile-cost rows of ``compare.report.shapes``, schema in its docstring), ``gpu_build`` (the
-    GPU
-    build table, ``gpu_build.json``'s object as ``compare.gpu_build.table`` reads it) and ``plots`` (PNG paths
+    ``shape_sweep`` (the compile-cost rows, schema in ``compare.timing.compile_sweep``), ``gpu_build`` (the GPU
+    build table, ``gpu_build.json``'s object, its layout in ``compare.results.gpu_build``) and ``plots`` (PNG paths
     relative to the report)."""
 
     schema_version: int = SCHEMA_VERSION

@@ -12,9 +12,23 @@ JIT hook; ``jax.jit``'s executable cache plus ``jax.monitoring``'s compile event
 3. when ``timed``: ``counter.start()``, the steady state (``compare.timing.timer.measure``), and a RuntimeError if
    the counter says anything compiled during those samples (a timed loop that recompiles measures compiles).
 
-One row per shape, schema in ``compare.report.shapes``: the counter's extra fields sit after ``compile_counter``.
+One row per shape (a *shape sweep*: ``torch_impl.recompiles.shape_sweep``, ``jax_impl.recompiles.shape_sweep``;
+the counter's extra fields sit after ``compile_counter``)::
+
+    {"backend": str, "framework": "torch" | "jax", "dynamic": bool | None (None: no compiler involved),
+     "tokens": int, "model", "dim", "hidden", "dtype", "mode", "device",
+     "compiles": int,            # (re)compilations this shape caused, read from the framework's own counter
+     "compile_counter": str,     # which counter
+     "first_call_s": float | None, "median_s": float | None, "iqr_s": float | None,   # shared timer
+     "timed": bool, "generic": bool (shape-generic: compiles nothing per shape), "note": str, "error": str}
+
 With ``keep_errors`` an exception of a first call (e.g. torch's recompile limit) is that row's ``error`` (its type
 and first line, then ``error_note``) and the sweep goes on to the next shape; without it the exception propagates.
+
+:func:`with_payback` adds ``compile_s`` (the first call's excess over a steady call), ``payback_verdict`` (is the
+compiled step faster than the fastest shape-generic backend at the same shape, beyond both timings' noise, by
+:func:`compare.timing.significance.compare_timing`) and ``payback_calls`` (the calls after which that compile is paid
+back, only when it is).
 """
 
 from __future__ import annotations
@@ -26,6 +40,8 @@ from compare.problem.cases import check_name
 from compare.problem.golden import Golden
 from compare.problem.shape_cases import GoldenFactory, row_fields, sweep_goldens
 from compare.timing import timer
+from compare.timing.significance import FASTER, compare_timing
+from compare.timing.timer import Timing
 
 #: The modes a shape sweep runs.
 SWEEP_MODES: tuple[str, ...] = ("fwd", "fwd+bwd")
@@ -142,3 +158,58 @@ def run(
             timing = {"first_call_s": first_s, "median_s": t.median_s, "iqr_s": t.iqr_s}
         rows.append({**head, **compile_row, **timing, **tail})
     return rows
+
+
+def payback_calls(compile_s: float, compiled_step_s: float, generic_step_s: float) -> float | None:
+    """Calls after which a compiled backend has paid back ``compile_s`` against a shape-generic one.
+
+    Each call saves ``generic_step_s - compiled_step_s``; the compile is paid back after
+    ``compile_s / saving`` calls (0.0 when there was nothing to pay back). None when the compiled step is not
+    faster, so it never pays back.
+    """
+    if compile_s <= 0:
+        return 0.0
+    saving = generic_step_s - compiled_step_s
+    if saving <= 0:
+        return None
+    return compile_s / saving
+
+
+def _key(r: Row) -> tuple[Any, ...]:
+    return (r.get("model"), r.get("dim"), r.get("hidden"), r.get("dtype"), r.get("mode"), r["tokens"])
+
+
+def _timing(r: Row) -> Timing:
+    return Timing.from_dict({"median_s": r["median_s"], "iqr_s": r.get("iqr_s") or 0.0})
+
+
+def with_payback(rows: list[Row]) -> list[Row]:
+    """Copies of ``rows`` with ``compile_s``, ``baseline``, ``payback_verdict`` and ``payback_calls`` added.
+
+    ``compile_s`` = first call - median (0 when the shape caused no compile); the baseline is the fastest timed
+    shape-generic row (``generic``) of the same model, sizes, dtype, mode and token count. ``payback_verdict`` is
+    the compiled row's median and IQR against the baseline's (:func:`compare.timing.significance.compare_timing`, its
+    median/IQR fallback): "faster", "slower" or "within noise". ``payback_calls`` is a number only when the verdict
+    is "faster" (or 0.0 when nothing was compiled); a difference within noise never becomes a call count.
+    Shape-generic rows and rows without the numbers get None.
+    """
+    fastest: dict[tuple[Any, ...], Row] = {}
+    for r in rows:
+        if r.get("generic") and r.get("median_s") and not r.get("error"):
+            k = _key(r)
+            if k not in fastest or r["median_s"] < fastest[k]["median_s"]:
+                fastest[k] = r
+    out = []
+    for r in rows:
+        r = dict(r)
+        r["compile_s"], r["baseline"], r["payback_verdict"], r["payback_calls"] = None, None, None, None
+        if not r.get("generic") and r.get("median_s") and r.get("first_call_s") is not None:
+            r["compile_s"] = max(r["first_call_s"] - r["median_s"], 0.0) if r.get("compiles") else 0.0
+            base = fastest.get(_key(r))
+            if base is not None:
+                r["baseline"] = base["backend"]
+                r["payback_verdict"] = compare_timing(_timing(base), _timing(r)).verdict
+                if r["compile_s"] <= 0 or r["payback_verdict"] == FASTER:
+                    r["payback_calls"] = payback_calls(r["compile_s"], r["median_s"], base["median_s"])
+        out.append(r)
+    return out

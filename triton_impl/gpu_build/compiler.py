@@ -5,7 +5,7 @@ to a cubin with the ``ptxas`` Triton bundles, and what the compiler allocated, r
 second ``ptxas -v`` run on the PTX), stack/local memory and static shared memory (``cuobjdump -res-usage``), dynamic
 shared memory (the kernel's metadata) and the tensor-core instructions in the PTX (``wgmma`` on sm_90, ``mma`` on
 sm_80). A compile that raises is a record with ``ok: False`` and the compiler's message. Hardware arithmetic
-(limits, occupancy) is the compare side's (``compare.gpu_build.table``).
+(limits, occupancy) is the compare side's (``compare.results.gpu_build``).
 
 The parsers (:func:`parse_ptxas_log`, :func:`parse_res_usage`, :func:`tensor_core_instructions`) are pure; triton
 is imported inside the functions that compile, so reading them costs no triton import.
