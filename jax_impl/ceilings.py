@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from compare.formats.codec import to_json
 from compare.problem.cases import DTYPES, check_name
 from compare.timing import timer as timing
 from jax_impl import device as dev
@@ -75,7 +76,7 @@ def measure(dtype: str, budget_s: float = BUDGET_S, sizes: Sequence[int] = SIZES
         "device": dev.platform(),
         "precision": precision,
         "route": ROUTE,
-        "timing": {"matmul": t.to_dict(), "matmul_all": per_size, "copy": tc.to_dict()},
+        "timing": {"matmul": to_json(t), "matmul_all": per_size, "copy": to_json(tc)},
     }
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from compare.backends.registry import register, spec, unregister
 from compare.cost import model as costmodel
-from compare.formats.jsonfields import FieldError
+from compare.formats.codec import FieldError
 from compare.problem.cases import preset
 from compare.problem.golden import golden_for
 from compare.results.document import Result

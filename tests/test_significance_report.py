@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from compare.cost.model import cost
+from compare.formats.codec import from_json
 from compare.problem.cases import PRESETS
 from compare.report import render as report
 from compare.report.cost import fusion_benefit, fusion_section
@@ -166,7 +167,9 @@ def test_slower_beyond_noise_is_numbered_and_never_pays_back() -> None:
 def test_modes_section_speedups_follow_the_rule() -> None:
     doc = _doc(_timing(4.95e-3, 4.81e-3), _timing(4.92e-3, 0.05e-3))
     bwd = [
-        replace(r, mode="bwd", timing=Timing.from_dict(_timing(10e-3 if r.backend == "torch-eager" else 5e-3, 0.05e-3)))
+        replace(
+            r, mode="bwd", timing=from_json(Timing, _timing(10e-3 if r.backend == "torch-eager" else 5e-3, 0.05e-3))
+        )
         for r in doc.results
     ]
     md = report.modes_section([*doc.results, *bwd])

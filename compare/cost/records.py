@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from compare.formats.codec import FieldError, from_json
 from compare.formats.jsonfields import (
-    FieldError,
     Obj,
     integer,
     integers,
@@ -185,8 +185,8 @@ class CeilingTimings:
     @staticmethod
     def from_dict(d: Obj) -> CeilingTimings:
         return CeilingTimings(
-            matmul=sub(d, "matmul", Timing.from_dict),
-            copy=sub(d, "copy", Timing.from_dict),
+            matmul=sub(d, "matmul", lambda o: from_json(Timing, o)),
+            copy=sub(d, "copy", lambda o: from_json(Timing, o)),
             matmul_all=mapping(d, "matmul_all"),
             float32_route_all=mapping(d, "float32_route_all"),
         )
@@ -299,5 +299,5 @@ class Ceilings:
                 try:
                     by_dtype[k] = Ceiling.from_dict(obj(v))
                 except FieldError as exc:
-                    raise exc.within(k) from None
+                    raise FieldError(f"{k}.{exc.where}" if exc.where else k, exc.problem) from None
         return Ceilings(text(d, "device", ""), by_dtype)

@@ -15,7 +15,7 @@ every value against its field's type: a missing or mistyped value is a :class:`F
 What a record's layout may say beyond its fields and types, per field (``field(metadata=...)``):
 
 - :data:`LATER`: left out of the JSON while it holds its default (a field added later leaves the documents that do
-  not use it as they were);
+  not use it as they were); ``later(of)``: while field ``of`` holds its default;
 - :data:`INLINE`: a record's fields, or a dict's items, written into the enclosing object instead of under the
   field's name (a case's shape, the ceilings' dtypes). An inline dict takes every key no other field names;
 
@@ -44,8 +44,16 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 T = TypeVar("T")
 #: A free-form setting value (thread counts, precision flags, versions): what JSON scalars can hold.
 Setting = str | int | float | bool | None
+
+
+def later(of: str = "") -> Mapping[str, str]:
+    """Field metadata: the field is left out of the JSON while field ``of`` (this one when not given) holds its
+    default (several fields added together leave the documents that do not use them as they were)."""
+    return types.MappingProxyType({"later": of})
+
+
 #: Field metadata: left out of the JSON while the field holds its default.
-LATER: Mapping[str, bool] = types.MappingProxyType({"later": True})
+LATER = later()
 #: Field metadata: the field's record or dict is written into the enclosing object.
 INLINE: Mapping[str, bool] = types.MappingProxyType({"inline": True})
 
@@ -83,10 +91,13 @@ def to_json(x: Any) -> Any:
     lists, dicts copied, scalars as they are."""
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(x):
+        fs = {f.name: f for f in dataclasses.fields(x)}
+        for f in fs.values():
             v = getattr(x, f.name)
-            if f.metadata.get("later") and v == _default(f):
-                continue
+            if "later" in f.metadata:
+                g = fs[f.metadata["later"] or f.name]
+                if getattr(x, g.name) == _default(g):
+                    continue
             if f.metadata.get("inline"):
                 out.update(to_json(v))
             else:

@@ -1,6 +1,6 @@
 """Reading typed records out of parsed JSON: each ``from_dict`` of the results document takes its fields through these
 helpers, so that a missing or mistyped field is a :class:`FieldError` naming it (``timing.median_s``), never a
-``KeyError`` or a ``TypeError`` from deep inside the report. No project imports."""
+``KeyError`` or a ``TypeError`` from deep inside the report."""
 
 from __future__ import annotations
 
@@ -8,23 +8,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, fields, is_dataclass
 from typing import Any, TypeVar
 
+from compare.formats.codec import FieldError, to_json
+
 T = TypeVar("T")
 #: A parsed JSON object.
 Obj = Mapping[str, Any]
-#: A free-form setting value (thread counts, precision flags, versions): what JSON scalars can hold.
-Setting = str | int | float | bool | None
 
 
-class FieldError(ValueError):
-    """A JSON object lacks a field, or holds one of the wrong type. ``where`` is the field's dotted path."""
-
-    def __init__(self, where: str, problem: str) -> None:
-        super().__init__(f"{where}: {problem}" if where else problem)
-        self.where, self.problem = where, problem
-
-    def within(self, outer: str) -> FieldError:
-        """The same error, its path prefixed by the enclosing field ``outer``."""
-        return FieldError(f"{outer}.{self.where}" if self.where else outer, self.problem)
+def _within(exc: FieldError, outer: str) -> FieldError:
+    """The same error, its path prefixed by the enclosing field ``outer``."""
+    return FieldError(f"{outer}.{exc.where}" if exc.where else outer, exc.problem)
 
 
 def _kind(x: Any) -> str:
@@ -165,7 +158,7 @@ def sub(d: Obj, key: str, read: Callable[[Obj], T]) -> T | None:
     try:
         return read(o)
     except FieldError as exc:
-        raise exc.within(key) from None
+        raise _within(exc, key) from None
 
 
 def subs(d: Obj, key: str, read: Callable[[Obj], T]) -> tuple[T, ...]:
@@ -177,7 +170,7 @@ def subs(d: Obj, key: str, read: Callable[[Obj], T]) -> tuple[T, ...]:
         try:
             out.append(read(o))
         except FieldError as exc:
-            raise exc.within(where) from None
+            raise _within(exc, where) from None
     return tuple(out)
 
 
@@ -190,7 +183,7 @@ def plain(x: Any) -> Any:
     if hasattr(x, "to_dict"):
         return x.to_dict()
     if is_dataclass(x) and not isinstance(x, type):
-        return {f.name: plain(getattr(x, f.name)) for f in fields(x)}
+        return to_json(x)
     if isinstance(x, list | tuple):
         return [plain(v) for v in x]
     if isinstance(x, dict):

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from compare.backends.registry import BackendSpec
+from compare.formats.codec import from_json
 from compare.problem.cases import Case
 from compare.problem.shape_cases import case_for_tokens
 from compare.results.document import Results
@@ -54,7 +55,7 @@ def _key(r: Row) -> tuple[Any, ...]:
 
 
 def _timing(r: Row) -> Timing:
-    return Timing.from_dict({"median_s": r["median_s"], "iqr_s": r.get("iqr_s") or 0.0})
+    return from_json(Timing, {"median_s": r["median_s"], "iqr_s": r.get("iqr_s") or 0.0})
 
 
 def with_payback(rows: list[Row]) -> list[Row]:

@@ -12,10 +12,9 @@ from typing import Any
 
 from compare.cost.records import Ceilings, Cost
 from compare.formats.atomic import write_text_atomic
+from compare.formats.codec import FieldError, Setting, from_json
 from compare.formats.jsonfields import (
-    FieldError,
     Obj,
-    Setting,
     flag,
     integer,
     integers,
@@ -141,10 +140,10 @@ class Result:
             note=text(d, "note", ""),
             device=text(d, "device", ""),
             parity=sub(d, "parity", ParityRecord.from_dict),
-            timing=sub(d, "timing", Timing.from_dict),
-            cold=sub(d, "cold", Timing.from_dict),
+            timing=sub(d, "timing", lambda o: from_json(Timing, o)),
+            cold=sub(d, "cold", lambda o: from_json(Timing, o)),
             threads=mapping(d, "threads"),
-            kernels=sub(d, "kernels", Kernels.from_dict),
+            kernels=sub(d, "kernels", lambda o: from_json(Kernels, o)),
             cost=sub(d, "cost", Cost.from_dict),
             extras=mapping(d, "extras"),
             implausible=text(d, "implausible", ""),
@@ -201,7 +200,7 @@ class Config:
             backends=texts(d, "backends"),
             dtypes=texts(d, "dtypes"),
             modes=texts(d, "modes"),
-            timing=sub(d, "timing", TimingConfig.from_dict),
+            timing=sub(d, "timing", lambda o: from_json(TimingConfig, o)),
             grid=opt_mapping(d, "grid"),
             progress=sub(d, "progress", Progress.from_dict),
             world_sizes=integers(d, "world_sizes"),
@@ -286,8 +285,8 @@ class Results:
             shape_sweep=shape_sweep,
             gpu_build=opt_mapping(d, "gpu_build"),
             plots=texts(d, "plots"),
-            budget=sub(d, "budget", BudgetRecord.from_dict),
-            cold=sub(d, "cold", ColdSetup.from_dict),
+            budget=sub(d, "budget", lambda o: from_json(BudgetRecord, o)),
+            cold=sub(d, "cold", lambda o: from_json(ColdSetup, o)),
             telemetry=text(d, "telemetry", ""),
             load=sub(d, "load", Load.from_dict),
             run_id=text(d, "run_id", ""),

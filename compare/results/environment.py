@@ -17,7 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from compare.formats.jsonfields import Obj, Setting, mapping, opt_integer, opt_text, record_dict, text, texts
+from compare.formats.codec import Setting
+from compare.formats.jsonfields import Obj, mapping, opt_integer, opt_text, record_dict, text, texts
 from compare.timing import nvml
 
 #: Distribution names (normalised: importlib.metadata treats - and _ alike).

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compare.cost.records import Cost
-from compare.formats.jsonfields import FieldError, Obj, flag, integer, integers, mapping, record_dict, sub, subs, text
+from compare.formats.codec import FieldError
+from compare.formats.jsonfields import Obj, flag, integer, integers, mapping, record_dict, sub, subs, text
 from compare.problem.cases import InputError
 
 #: The reason a backend's result carries when its ``Prepared`` has no memory hook.

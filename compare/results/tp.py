@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compare.backends.tp import Collective
+from compare.formats.codec import from_json
 from compare.formats.jsonfields import Obj, integer, mapping, number, opt_mapping, record_dict, sub, subs, text, texts
 from compare.timing.timer import Timing
 
@@ -60,8 +61,8 @@ class TPInfo:
             transport=text(d, "transport"),
             layout=text(d, "layout"),
             collectives=subs(d, "collectives", collective_from_dict),
-            comm=sub(d, "comm", Timing.from_dict),
-            compute=sub(d, "compute", Timing.from_dict),
+            comm=sub(d, "comm", lambda o: from_json(Timing, o)),
+            compute=sub(d, "compute", lambda o: from_json(Timing, o)),
             setup_s=setup,
             ranks_checked=integer(d, "ranks_checked", 0),
             comm_model=opt_mapping(d, "comm_model"),

@@ -41,7 +41,7 @@ import numpy as np
 
 from compare.backends.registry import BackendSpec, Prepared, probe
 from compare.cost.records import Ceilings
-from compare.formats.jsonfields import FieldError
+from compare.formats.codec import FieldError
 from compare.gate import fresh, resolution
 from compare.gate.parity import UnusableCase
 from compare.gate.resolution import ResolutionRow
@@ -398,7 +398,7 @@ def _time(cells: Sequence[_Cell], how: _Timer) -> None:
     if how.warm and timed:
 
         def warm(entrants: list[timing.Entrant], watch: timing.Watch | None) -> list[Any]:
-            return list(timing.measure_interleaved(entrants, group=group, seed=seed, watch=watch, **cfg.to_dict()))
+            return list(timing.measure_interleaved(entrants, group=group, seed=seed, watch=watch, **asdict(cfg)))
 
         outcomes, seen = _watched(timed, how, warm)
         for c, got, tele in zip(timed, outcomes, seen, strict=True):
@@ -790,7 +790,7 @@ def run(
         typed = [_plausible(r, ceil, flops.get(i), cases) for i, r in enumerate(raw)]
     return Results(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        config=replace(Config.from_dict(config or {}), timing=timing.TimingConfig.from_dict(asdict(cfg))),
+        config=replace(Config.from_dict(config or {}), timing=cfg),
         environment=environment.current(precision, threads),
         results=tuple(typed),
         resolution=tuple(res_rows),

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BackendSpec
-from compare.formats.jsonfields import FieldError
+from compare.formats.codec import FieldError
 from compare.problem import datacache
 from compare.problem.cases import Case
 from compare.results import environment

@@ -31,7 +31,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -40,6 +40,7 @@ import numpy as np
 from compare.backends.registry import BackendSpec, TPBackend, register
 from compare.backends.tp import PROBE_BYTES, Group, Launch, ring_bytes
 from compare.cost.comm import comm_cost, shard
+from compare.formats.codec import to_json
 from compare.gate import fresh
 from compare.gate.fresh import FreshCheck
 from compare.gate.parity import worst_tier
@@ -110,7 +111,7 @@ def probe_bandwidth(group: Group, cfg: TimingConfig) -> dict[str, Any]:
         "payload_bytes": PROBE_BYTES,
         "ring_bytes_per_rank": ring,
         "bus_bytes_per_s": ring / t.median_s,
-        "timing": t.to_dict(),
+        "timing": to_json(t),
     }
 
 
@@ -183,7 +184,7 @@ def run_cell(
     feed = pipeline.Feed(prepared, fresh.draw(case, fresh_seed, golden.params), who, seed=fresh_seed + cell.index)
 
     def measure(fn: Any, first: float | None = None, inputs: pipeline.Feed | None = None) -> timing.Timing:
-        return timing.measure(fn, sync, first_call_s=first, feed=inputs, agree=group.max_all, **cfg.to_dict())
+        return timing.measure(fn, sync, first_call_s=first, feed=inputs, agree=group.max_all, **asdict(cfg))
 
     told = stage or (lambda _: None)
     tim = comm = compute = None
@@ -239,8 +240,8 @@ def run_cell(
         "transport": group.backend,
         "layout": tp.layout,
         "collectives": collectives,
-        "comm": comm.to_dict() if comm else None,
-        "compute": compute.to_dict() if compute else None,
+        "comm": to_json(comm) if comm else None,
+        "compute": to_json(compute) if compute else None,
         "setup_s": {"init": init_s, **tp.setup_s},  # init: import the runtime and form the group
         "hosts": sorted({r["host"] for r in everyone}),
         "ranks_checked": sum(len(r["copies"]) for r in everyone),  # the device copies judged, every process's

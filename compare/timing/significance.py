@@ -48,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from compare.formats.codec import from_json
 from compare.problem.cases import InputError
 from compare.timing.timer import INTERLEAVED, Timing, quartiles
 
@@ -56,7 +57,7 @@ TimingLike = Timing | Mapping[str, Any]
 
 
 def _timing(t: TimingLike) -> Timing:
-    return t if isinstance(t, Timing) else Timing.from_dict(t)
+    return t if isinstance(t, Timing) else from_json(Timing, t)
 
 
 THRESHOLD = 0.05
