@@ -35,7 +35,7 @@ ROUTE = "xla"
 
 
 def measure(dtype: str, budget_s: float = BUDGET_S, sizes: Sequence[int] = SIZES) -> dict[str, Any]:
-    """One dtype's ceiling record (``compare.cost.records.Ceiling.from_dict``'s fields) measured through XLA."""
+    """One dtype's ceiling record (the fields of ``compare.cost.records.Ceiling``) measured through XLA."""
     check_name("dtype", dtype, DTYPES)
     precision = dev.pin_precision()
     jdtype = dev.JAX_DTYPES[dtype]

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from compare.cost.records import EMULATED_BELOW, FLOAT32_ROUTE, NATIVE_ROUTE, Ceiling, Ceilings, CeilingTimings
+from compare.formats.codec import from_json, to_json
 from compare.report import cost as cost_report
 from compare.report.render import environment_section
 from compare.report.summary import summary_section
@@ -135,7 +136,7 @@ def test_bf16_ceiling_is_the_faster_route_and_a_slow_native_route_is_emulated(
     assert c["flops_per_s"] == pytest.approx(2 * n**3 / t["min_s"])
     assert c["timing"]["float32_route_all"][str(n)]["flops_per_s"] == pytest.approx(c["flops_per_s"])
     assert set(c["timing"]["matmul_all"]) <= {"32", "64"}  # the native route never reached 128
-    ceil = Ceiling.from_dict(c)
+    ceil = from_json(Ceiling, c)
     assert ceil.matmul_emulated and ceil.route == FLOAT32_ROUTE and ceil.flops_per_s == f32
     assert ceil.timing is not None and ceil.timing.float32_route_all == c["timing"]["float32_route_all"]
     assert ceil.aten_cpu_capability == c["aten_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
@@ -149,8 +150,8 @@ def test_float32_has_one_route_and_keeps_the_old_keys(one_thread: None) -> None:
     assert set(c["timing"]) == {"matmul", "matmul_all", "copy"}
     assert c["route"] == NATIVE_ROUTE and c["float32_route_flops_per_s"] is None
     assert c["flops_per_s"] == c["native_flops_per_s"] > 0 and c["bytes_per_s"] > 0
-    ceil = Ceiling.from_dict(c)
-    assert not ceil.matmul_emulated and "float32_route_flops_per_s" not in ceil.to_dict()
+    ceil = from_json(Ceiling, c)
+    assert not ceil.matmul_emulated and "float32_route_flops_per_s" not in to_json(ceil)
     doc = ceilings.measure_all([], 0.1)
     assert doc == {"device": "cpu"}
 
@@ -159,18 +160,18 @@ def test_float32_has_one_route_and_keeps_the_old_keys(one_thread: None) -> None:
 
 
 def test_ceiling_records_round_trip_and_an_older_document_loads() -> None:
-    new = Ceiling.from_dict(_ceiling(0.96 * GFLOP, 45 * GFLOP))
+    new = from_json(Ceiling, _ceiling(0.96 * GFLOP, 45 * GFLOP))
     assert new.native_flops_per_s == 0.96 * GFLOP and new.float32_route_flops_per_s == 45 * GFLOP
     assert new.route == FLOAT32_ROUTE and new.aten_cpu_capability == "AVX2" and new.probe_s == 1.4
-    assert Ceiling.from_dict(new.to_dict()) == new
-    timings = CeilingTimings.from_dict({**OLD_CEILING["timing"], "float32_route_all": {"512": {"min_s": 1.0}}})
-    assert CeilingTimings.from_dict(timings.to_dict()) == timings and timings.float32_route_all
-    old = Ceiling.from_dict(OLD_CEILING)
+    assert from_json(Ceiling, to_json(new)) == new
+    timings = from_json(CeilingTimings, {**OLD_CEILING["timing"], "float32_route_all": {"512": {"min_s": 1.0}}})
+    assert from_json(CeilingTimings, to_json(timings)) == timings and timings.float32_route_all
+    old = from_json(Ceiling, OLD_CEILING)
     assert old.native_flops_per_s is None and old.float32_route_flops_per_s is None and old.probe_s is None
     assert old.route == NATIVE_ROUTE and old.aten_cpu_capability == "" and not old.matmul_emulated
-    assert old.to_dict() == OLD_CEILING  # nothing invented: an older document writes back as it was
-    both = Ceilings.from_dict({"device": "cpu", "bfloat16": _ceiling(1 * GFLOP, 40 * GFLOP), "float32": OLD_CEILING})
-    assert Ceilings.from_dict(both.to_dict()) == both
+    assert to_json(old) == OLD_CEILING  # nothing invented: an older document writes back as it was
+    both = from_json(Ceilings, {"device": "cpu", "bfloat16": _ceiling(1 * GFLOP, 40 * GFLOP), "float32": OLD_CEILING})
+    assert from_json(Ceilings, to_json(both)) == both
 
 
 @pytest.mark.parametrize(
@@ -184,7 +185,7 @@ def test_ceiling_records_round_trip_and_an_older_document_loads() -> None:
     ],
 )
 def test_emulated_means_far_below_the_float32_route(native: float, f32: float | None, emulated: bool) -> None:
-    assert Ceiling.from_dict(_ceiling(native, f32)).matmul_emulated is emulated
+    assert from_json(Ceiling, _ceiling(native, f32)).matmul_emulated is emulated
 
 
 def test_the_roofline_table_names_both_routes_and_the_ceiling() -> None:

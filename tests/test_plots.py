@@ -10,6 +10,7 @@ import pytest
 
 from compare.cost import model as costmodel
 from compare.cost.records import Ceiling
+from compare.formats.codec import from_json, to_json
 from compare.problem.cases import Case, Shape
 from compare.report.plots import plots_section, render_plots
 from compare.results.document import SCHEMA_VERSION, Results
@@ -49,7 +50,7 @@ def _cost(backend: str, tokens: int, median: float) -> dict[str, Any]:
     """The real cost model's entry for the result, with the roofline numbers a run with ceilings stores."""
     case = Case("geglu", Shape(tokens, 1, 96, 328), "float32")
     c = costmodel.cost(case, backend, "fwd")
-    return replace(c, achieved=costmodel.roofline(c, median, Ceiling.from_dict(CEIL))).to_dict()
+    return to_json(replace(c, achieved=costmodel.roofline(c, median, from_json(Ceiling, CEIL))))
 
 
 def _typed(doc: dict[str, Any]) -> Results:

@@ -14,7 +14,7 @@ import pytest
 
 from compare.backends.tp import Collective
 from compare.cost.records import Achieved, Ceiling, Ceilings, CeilingTimings, Cost, CostTensor
-from compare.formats.codec import from_json
+from compare.formats.codec import from_json, to_json
 from compare.formats.jsonfields import plain
 from compare.gate.parity import TensorParity
 from compare.gate.parity_record import LastTimed, ParityRecord, ProcessVerdict
@@ -25,7 +25,7 @@ from compare.report import render as report
 from compare.results import document as results
 from compare.results.document import Config, Progress, Result, Results
 from compare.results.environment import Environment
-from compare.results.tp import TPInfo, collective_from_dict
+from compare.results.tp import TPInfo
 from compare.timing.timer import Timing, TimingConfig
 
 pytestmark = pytest.mark.quick
@@ -75,12 +75,12 @@ def test_every_record_of_a_real_run_round_trips() -> None:
         (lambda o: from_json(Kernels, o), kernels),
         (lambda o: from_json(KernelEntry, o), [k for s in kernels for k in s.kernels]),
         (lambda o: from_json(MetadataOp, o), [m for s in kernels for m in s.metadata_ops]),
-        (Cost.from_dict, costs),
-        (CostTensor.from_dict, [t for c in costs for t in c.tensors]),
-        (Achieved.from_dict, [c.achieved for c in costs if c.achieved is not None]),
-        (Ceilings.from_dict, [doc.ceilings]),
-        (Ceiling.from_dict, ceilings),
-        (CeilingTimings.from_dict, [c.timing for c in ceilings if c.timing is not None]),
+        (lambda o: from_json(Cost, o), costs),
+        (lambda o: from_json(CostTensor, o), [t for c in costs for t in c.tensors]),
+        (lambda o: from_json(Achieved, o), [c.achieved for c in costs if c.achieved is not None]),
+        (lambda o: from_json(Ceilings, o), [doc.ceilings]),
+        (lambda o: from_json(Ceiling, o), ceilings),
+        (lambda o: from_json(CeilingTimings, o), [c.timing for c in ceilings if c.timing is not None]),
         (ResolutionRow.from_dict, list(doc.resolution)),
         (Environment.from_dict, [doc.environment]),
         (Config.from_dict, [doc.config]),
@@ -132,7 +132,7 @@ def test_tensor_parallel_fields_round_trip_and_stay_optional() -> None:
     _round_trips(TPInfo.from_dict, [r.tp])
     _round_trips(ProcessVerdict.from_dict, list(r.parity.processes))
     c = r.tp.collectives[0]
-    assert collective_from_dict(c.to_dict()) == c
+    assert from_json(Collective, to_json(c)) == c
     single = results.read_json(CPU / "results.json").results[0].to_dict()
     assert not {"world_size", "tp"} & set(single) and "processes" not in single["parity"]  # layout of version 2
 

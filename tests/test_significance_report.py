@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from compare.cost.model import cost
-from compare.formats.codec import from_json
+from compare.formats.codec import from_json, to_json
 from compare.problem.cases import PRESETS
 from compare.report import render as report
 from compare.report.cost import fusion_benefit, fusion_section
@@ -55,7 +55,7 @@ def _timing(median: float, iqr: float, samples: list[float] | None = None) -> di
 def _row(backend: str, timing: dict[str, Any]) -> dict[str, Any]:
     r = Result.for_case(backend, CASE, "fwd", "ok").to_dict()
     r["timing"] = timing
-    r["cost"] = cost(CASE, backend, "fwd").to_dict()
+    r["cost"] = to_json(cost(CASE, backend, "fwd"))
     return r
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from compare.cost.model import cost
+from compare.formats.codec import to_json
 from compare.kernels import summary as ks
 from compare.problem.cases import Case, Shape
 from compare.report.cost import fusion_benefit, fusion_section
@@ -154,7 +155,7 @@ def _profiled(gemm_us: float, other_us: float, *, timed: bool = True) -> dict[st
 
 def _costed(backend: str, median: float, status: str = "ok", kernels: dict[str, Any] | None = None) -> dict[str, Any]:
     r = _row(backend, median, status=status, kernels=kernels)
-    r["cost"] = cost(CASE, backend, "fwd").to_dict()
+    r["cost"] = to_json(cost(CASE, backend, "fwd"))
     return r
 
 

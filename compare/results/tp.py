@@ -13,13 +13,6 @@ from compare.formats.jsonfields import Obj, integer, mapping, number, opt_mappin
 from compare.timing.timer import Timing
 
 
-def collective_from_dict(d: Obj) -> Collective:
-    """The inverse of :meth:`compare.backends.tp.Collective.to_dict`."""
-    return Collective(
-        text(d, "kind"), integer(d, "count"), integer(d, "bytes"), text(d, "source"), text(d, "detail", "")
-    )
-
-
 @dataclass(frozen=True)
 class TPInfo:
     """A tensor-parallel cell: ``world_size`` ranks on ``nproc`` processes started by ``launch`` with
@@ -60,7 +53,7 @@ class TPInfo:
             threads_per_process=integer(d, "threads_per_process"),
             transport=text(d, "transport"),
             layout=text(d, "layout"),
-            collectives=subs(d, "collectives", collective_from_dict),
+            collectives=subs(d, "collectives", lambda o: from_json(Collective, o)),
             comm=sub(d, "comm", lambda o: from_json(Timing, o)),
             compute=sub(d, "compute", lambda o: from_json(Timing, o)),
             setup_s=setup,

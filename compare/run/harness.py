@@ -41,7 +41,7 @@ import numpy as np
 
 from compare.backends.registry import BackendSpec, Prepared, probe
 from compare.cost.records import Ceilings
-from compare.formats.codec import FieldError
+from compare.formats.codec import FieldError, from_json, to_json
 from compare.gate import fresh, resolution
 from compare.gate.parity import UnusableCase
 from compare.gate.resolution import ResolutionRow
@@ -613,7 +613,7 @@ def measure_ceilings(dtypes: Iterable[str], budget_s: float | None = None) -> Ce
             module = probe(name)
         except ImportError:
             continue
-        got[name] = Ceilings.from_dict(module.measure_all(dtypes, budget_s))
+        got[name] = from_json(Ceilings, module.measure_all(dtypes, budget_s))
     if not got:
         return None
     base = got.pop("ceilings", None) or got.pop(next(iter(got)))
@@ -872,7 +872,7 @@ def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[st
     # a pure function of the case's golden data and the gate's code (seconds on a large case): cached on disk
     name = datacache.key(
         "resolution",
-        {"case": case.to_dict(), "tensors": wanted, "gate": datacache.source_digest(["compare/gate"])},
+        {"case": to_json(case), "tensors": wanted, "gate": datacache.source_digest(["compare/gate"])},
     )
     cached = datacache.load_json(name)
     if isinstance(cached, list):

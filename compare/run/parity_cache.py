@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BackendSpec
-from compare.formats.codec import FieldError
+from compare.formats.codec import FieldError, to_json
 from compare.problem import datacache
 from compare.problem.cases import Case
 from compare.results import environment
@@ -57,8 +57,8 @@ _KIND = "interpreted-parity"
 def key(spec: BackendSpec, case: Case, mode: str) -> str:
     """The cache entry's name for one interpreted cell (module docstring: what it holds)."""
     what = {
-        "backend": spec.to_dict(),
-        "case": case.to_dict(),
+        "backend": to_json(spec),
+        "case": to_json(case),
         "mode": mode,
         "source": datacache.source_digest(["compare", "triton_impl"]),
         "package": _package_digest(spec.target.split(".")[0]),

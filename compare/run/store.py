@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.cost.records import Ceilings
+from compare.formats.codec import from_json, to_json
 from compare.formats.jsonl import Appender, read_records
 from compare.gate.resolution import ResolutionRow
 from compare.problem.cases import InputError
@@ -67,7 +68,7 @@ class RunStore:
         )
 
     def ceilings(self, ceil: Ceilings) -> None:
-        self._w.append({"type": "ceilings", "ceilings": ceil.to_dict()})
+        self._w.append({"type": "ceilings", "ceilings": to_json(ceil)})
 
     def resolution(self, rows: list[ResolutionRow]) -> None:
         self._w.append({"type": "resolution", "rows": [r.to_dict() for r in rows]})
@@ -133,7 +134,7 @@ def read_store(path: Path) -> Results:
         {"schema_version": head.get("schema_version"), "created": head["created"], "environment": env, "results": rows},
         str(path),
     )
-    ceilings = next((Ceilings.from_dict(r["ceilings"]) for r in records if r["type"] == "ceilings"), None)
+    ceilings = next((from_json(Ceilings, r["ceilings"]) for r in records if r["type"] == "ceilings"), None)
     resolution = tuple(ResolutionRow.from_dict(x) for r in records if r["type"] == "resolution" for x in r["rows"])
     sweep = next((tuple(r["rows"]) for r in records if r["type"] == "shape_sweep"), ())
     machine = next((Load.from_dict(r["load"]) for r in records if r["type"] == "load"), None)

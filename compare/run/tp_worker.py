@@ -40,7 +40,7 @@ import numpy as np
 from compare.backends.registry import BackendSpec, TPBackend, register
 from compare.backends.tp import PROBE_BYTES, Group, Launch, ring_bytes
 from compare.cost.comm import comm_cost, shard
-from compare.formats.codec import to_json
+from compare.formats.codec import from_json, to_json
 from compare.gate import fresh
 from compare.gate.fresh import FreshCheck
 from compare.gate.parity import worst_tier
@@ -207,7 +207,7 @@ def run_cell(
     checks = pipeline.judge_calls(calls, feed.calls, reference, case.dtype, mode, fresh_seed, who, named)
     fresh_s = {"calls": t1 - t0, "reference": t2 - t1, "judge": time.perf_counter() - t2}
     del calls, feed
-    collectives = [c.to_dict() for c in tp.collectives()]
+    collectives = [to_json(c) for c in tp.collectives()]
     kernels = pipeline.profile(prepared) if profile else None
     copies = pipeline.verdicts(verdicts, checks)
     mine_failures, mine_deviations = pipeline.findings(copies, by_device=True)
@@ -246,7 +246,7 @@ def run_cell(
         "hosts": sorted({r["host"] for r in everyone}),
         "ranks_checked": sum(len(r["copies"]) for r in everyone),  # the device copies judged, every process's
         "bandwidth": bandwidth,
-        "comm_model": comm_cost(case, spec.comm, mode, launch.world_size, prepared.device).to_dict()
+        "comm_model": to_json(comm_cost(case, spec.comm, mode, launch.world_size, prepared.device))
         if spec.comm
         else None,
     }
@@ -277,7 +277,7 @@ def main(argv: list[str]) -> int:
     out = Path(job["out"]) if job.get("out") else Path(argv[0]).parent  # a multi-host job: beside its file
     events = Events(out / f"rank{rank}.jsonl")
     for d in job["specs"]:
-        register(BackendSpec.from_dict(d))
+        register(from_json(BackendSpec, d, strict=True))
     launch = Launch(
         world_size=job["world_size"],
         nproc=job["nproc"],
@@ -310,7 +310,7 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # recorded in every result of the group, and the report says it failed
             bandwidth = {"error": f"{type(exc).__name__}: {exc}"}
     for c in job["cells"]:
-        cell = Cell(c["index"], c["backend"], Case.from_dict(c["case"]), c["mode"])
+        cell = Cell(c["index"], c["backend"], from_json(Case, c["case"]), c["mode"])
         events.write(event="start", cell=cell.index, t=time.time())
 
         def stage(name: str, i: int = cell.index) -> None:
@@ -318,7 +318,7 @@ def main(argv: list[str]) -> int:
 
         try:
             doc = run_cell(
-                BackendSpec.from_dict(next(d for d in job["specs"] if d["name"] == cell.backend)),
+                from_json(BackendSpec, next(d for d in job["specs"] if d["name"] == cell.backend), strict=True),
                 cell,
                 group,
                 launch,

@@ -58,6 +58,7 @@ from typing import Any
 
 from compare.backends.registry import BackendSpec, spec
 from compare.formats.atomic import write_text_atomic
+from compare.formats.codec import to_json
 from compare.formats.jsonl import Appender
 from compare.problem.cases import (
     MODELS,
@@ -196,7 +197,7 @@ def run_sweep(
                     "environment": env,
                     "isolate": isolate,
                     "engine": runner.describe(),
-                    **({"ceilings": ceil.to_dict()} if ceil is not None else {}),
+                    **({"ceilings": to_json(ceil)} if ceil is not None else {}),
                 }
             )
             n_done = len(cells) - len(todo)
