@@ -69,9 +69,9 @@ def test_every_record_of_a_real_run_round_trips() -> None:
     cases: list[tuple[Callable[[Any], Any], list[Any]]] = [
         (Result.from_dict, list(rs)),
         (lambda o: from_json(Timing, o), [r.timing for r in rs if r.timing is not None]),
-        (ParityRecord.from_dict, parities),
-        (TensorParity.from_dict, [t for p in parities for t in p.tensors]),
-        (LastTimed.from_dict, [p.last_timed for p in parities if p.last_timed is not None]),
+        (lambda o: from_json(ParityRecord, o), parities),
+        (lambda o: from_json(TensorParity, o), [t for p in parities for t in p.tensors]),
+        (lambda o: from_json(LastTimed, o), [p.last_timed for p in parities if p.last_timed is not None]),
         (lambda o: from_json(Kernels, o), kernels),
         (lambda o: from_json(KernelEntry, o), [k for s in kernels for k in s.kernels]),
         (lambda o: from_json(MetadataOp, o), [m for s in kernels for m in s.metadata_ops]),
@@ -81,7 +81,7 @@ def test_every_record_of_a_real_run_round_trips() -> None:
         (lambda o: from_json(Ceilings, o), [doc.ceilings]),
         (lambda o: from_json(Ceiling, o), ceilings),
         (lambda o: from_json(CeilingTimings, o), [c.timing for c in ceilings if c.timing is not None]),
-        (ResolutionRow.from_dict, list(doc.resolution)),
+        (lambda o: from_json(ResolutionRow, o), list(doc.resolution)),
         (Environment.from_dict, [doc.environment]),
         (Config.from_dict, [doc.config]),
         (lambda o: from_json(TimingConfig, o), [doc.config.timing]),
@@ -120,8 +120,8 @@ def _tp_result() -> Result:
     )
     parity = base.parity
     assert parity is not None
-    parity = ParityRecord.from_dict({**parity.to_dict(), "processes": [{"rank": 0, "passed": True, "tier": "pass"}]})
-    return Result.from_dict({**base.to_dict(), "world_size": 2, "tp": tp.to_dict(), "parity": parity.to_dict()})
+    parity = from_json(ParityRecord, {**to_json(parity), "processes": [{"rank": 0, "passed": True, "tier": "pass"}]})
+    return Result.from_dict({**base.to_dict(), "world_size": 2, "tp": tp.to_dict(), "parity": to_json(parity)})
 
 
 def test_tensor_parallel_fields_round_trip_and_stay_optional() -> None:
@@ -130,7 +130,7 @@ def test_tensor_parallel_fields_round_trip_and_stay_optional() -> None:
     assert r.parity is not None and r.parity.processes == (ProcessVerdict(0, True),)
     _round_trips(Result.from_dict, [r])
     _round_trips(TPInfo.from_dict, [r.tp])
-    _round_trips(ProcessVerdict.from_dict, list(r.parity.processes))
+    _round_trips(lambda o: from_json(ProcessVerdict, o), list(r.parity.processes))
     c = r.tp.collectives[0]
     assert from_json(Collective, to_json(c)) == c
     single = results.read_json(CPU / "results.json").results[0].to_dict()

@@ -877,11 +877,11 @@ def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[st
     cached = datacache.load_json(name)
     if isinstance(cached, list):
         try:
-            return [ResolutionRow.from_dict(r) for r in cached]
+            return [from_json(ResolutionRow, r) for r in cached]
         except (FieldError, TypeError, ValueError):  # an entry of another layout: a miss, computed again below
             pass
     rows = resolution.resolution_rows(
         case.name, case.model, label, case.dtype, (g.x, g.params, g.dy), g.ref, plain, wanted
     )
-    datacache.save_json(name, [r.to_dict() for r in rows])
+    datacache.save_json(name, [to_json(r) for r in rows])
     return rows

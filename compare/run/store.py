@@ -71,7 +71,7 @@ class RunStore:
         self._w.append({"type": "ceilings", "ceilings": to_json(ceil)})
 
     def resolution(self, rows: list[ResolutionRow]) -> None:
-        self._w.append({"type": "resolution", "rows": [r.to_dict() for r in rows]})
+        self._w.append({"type": "resolution", "rows": [to_json(r) for r in rows]})
 
     def cell(self, result: Result, precision: dict[str, Any]) -> None:
         self._w.append({"type": "cell", "run_id": self.run_id, "result": result.to_dict(), "precision": precision})
@@ -135,7 +135,7 @@ def read_store(path: Path) -> Results:
         str(path),
     )
     ceilings = next((from_json(Ceilings, r["ceilings"]) for r in records if r["type"] == "ceilings"), None)
-    resolution = tuple(ResolutionRow.from_dict(x) for r in records if r["type"] == "resolution" for x in r["rows"])
+    resolution = tuple(from_json(ResolutionRow, x) for r in records if r["type"] == "resolution" for x in r["rows"])
     sweep = next((tuple(r["rows"]) for r in records if r["type"] == "shape_sweep"), ())
     machine = next((Load.from_dict(r["load"]) for r in records if r["type"] == "load"), None)
     return Results(

@@ -216,9 +216,9 @@ def run_cell(
         "tier": worst_tier(c.tier for c in copies),
         "failures": mine_failures,
         "deviations": mine_deviations,
-        "copies": [c.record().to_dict() for c in copies],
+        "copies": [to_json(c.record()) for c in copies],
         "collectives": collectives,
-        "fresh": pipeline.worst_fresh(checks).to_dict(),
+        "fresh": to_json(pipeline.worst_fresh(checks)),
         "host": socket.gethostname(),
     }
     everyone = group.gather(mine)
@@ -227,9 +227,9 @@ def run_cell(
     failures = [f"process {r['rank']}, {f}" for r in everyone for f in r["failures"]]
     deviations = [f"process {r['rank']}, {f}" for r in everyone for f in r["deviations"]]
     # the stored numbers are this process's worst copy's; the fresh verdict is the worst copy's of every process
-    record = pipeline.parity_record(copies, pipeline.worst_fresh([FreshCheck.from_dict(r["fresh"]) for r in everyone]))
+    record = pipeline.parity_record(copies, pipeline.worst_fresh([from_json(FreshCheck, r["fresh"]) for r in everyone]))
     processes = [
-        ProcessVerdict(r["rank"], r["tier"] == "pass", r["tier"], tuple(CopyVerdict.from_dict(c) for c in r["copies"]))
+        ProcessVerdict(r["rank"], r["tier"] == "pass", r["tier"], tuple(from_json(CopyVerdict, c) for c in r["copies"]))
         for r in everyone
     ]
     tp_doc = {
