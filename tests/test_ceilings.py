@@ -238,25 +238,26 @@ def test_the_caps_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert e.isa_caps["ATEN_CPU_CAPABILITY"] == "default" and e.isa_caps["MKL_CBWR"] == "COMPATIBLE"
     assert e.isa_caps["xla_cpu_max_isa"] == "SSE4_2"
     assert e.blas and e.blas_core and (e.blas, e.blas_core) == numpy_blas()
-    assert Environment.from_dict(e.to_dict()) == e
+    assert from_json(Environment, to_json(e)) == e
 
 
 def test_an_older_environment_loads_and_reports_as_it_did() -> None:
     old = {"platform": "Linux", "cpu": "AMD EPYC", "cpu_count": 2, "versions": {"numpy": "2.4.6"}}
-    e = Environment.from_dict(old)
+    e = from_json(Environment, old)
     assert e.cpu_isa is None and e.blas == "" and e.blas_core == "" and e.isa_caps == {}
-    assert set(e.to_dict()) == {"platform", "cpu", "cpu_count", "gpu", "versions", "threads", "precision"} | {
+    assert set(to_json(e)) == {"platform", "cpu", "cpu_count", "gpu", "versions", "threads", "precision"} | {
         "triton_interpret"
     }
     assert "instruction sets" not in environment_section(e)
-    new = Environment.from_dict(
+    new = from_json(
+        Environment,
         {
             **old,
             "cpu_isa": ["avx2", "fma", "f16c"],
             "blas": "scipy-openblas 0.3.31",
             "blas_core": "Haswell",
             "isa_caps": isa_caps({"XLA_FLAGS": "--xla_cpu_max_isa=AVX2"}),
-        }
+        },
     )
     text = environment_section(new)
     assert "| CPU instruction sets | avx2, fma, f16c |" in text
@@ -289,7 +290,7 @@ def _doc(ceilings: dict[str, Any] | None) -> Results:
     d: dict[str, Any] = {"results": [row], "environment": {}, "config": {}}
     if ceilings is not None:
         d["ceilings"] = ceilings
-    return Results.from_dict(d)
+    return from_json(Results, d)
 
 
 def test_the_summary_says_when_16_bit_matmul_is_emulated() -> None:

@@ -1,16 +1,26 @@
 """The records' JSON codec (``compare.formats.codec``): what it writes, what it reads back, what older documents may
-lack, and the path and the types a bad value is refused with."""
+lack, and the path and the types a bad value is refused with; every committed results document and run store reads
+back and writes the same bytes, and a bad field planted in one is refused naming its path."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import pytest
 
+from compare.cost.records import Ceilings
 from compare.formats.codec import INLINE, LATER, FieldError, Setting, from_json, later, to_json
+from compare.gate.resolution import ResolutionRow
+from compare.problem.cases import Case, InputError
+from compare.results.document import Config, Result, read_json, write_json
+from compare.results.environment import Environment
+from compare.results.load import Load
+from compare.run.store import read_store
 
 pytestmark = pytest.mark.quick
 
@@ -147,3 +157,84 @@ def test_a_strict_read_refuses_an_unknown_key_and_the_top_must_be_an_object() ->
         from_json(Leaf, d, strict=True)
     with pytest.raises(FieldError, match=r"^is a list, not an object$"):
         from_json(Leaf, [])
+
+
+# --- the committed documents ---------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = sorted(ROOT.glob("reports/**/results.json"))
+STORES = sorted(ROOT.glob("reports/**/*.jsonl"))
+#: The records in a run store's lines (``compare.run.store``), by line type and key (a list: each item one).
+STORE_PARTS: dict[str, dict[str, type]] = {
+    "header": {"config": Config, "environment": Environment},
+    "ceilings": {"ceilings": Ceilings},
+    "cell": {"result": Result},
+    "resolution": {"rows": ResolutionRow},
+    "load": {"load": Load},
+}
+
+
+def _name(p: Path) -> str:
+    return str(p.relative_to(ROOT))
+
+
+def test_there_are_committed_documents() -> None:
+    assert DOCUMENTS and STORES
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=_name)
+def test_a_committed_results_document_writes_back_byte_for_byte(path: Path, tmp_path: Path) -> None:
+    doc = read_json(path)
+    write_json(tmp_path / "again.json", doc)
+    assert (tmp_path / "again.json").read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("path", STORES, ids=_name)
+def test_every_record_of_a_committed_store_writes_back_as_stored(path: Path) -> None:
+    seen = set()
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        record = json.loads(line)
+        for key, cls in STORE_PARTS.get(record["type"], {}).items():
+            for data in record[key] if isinstance(record[key], list) else [record[key]]:
+                # the header keeps the run's config as the command line made it, before the run chose its timing
+                want = {**data, "timing": None} if cls is Config and "timing" not in data else data
+                assert _text(to_json(from_json(cls, data))) == _text(want), f"line {n}: {key}"
+                seen.add(cls)
+    assert seen == {Config, Environment, Ceilings, Result, ResolutionRow}
+
+
+def _planted(rows: list[dict[str, Any]]) -> tuple[int, str]:
+    """Plant a string as the last tensor verdict's ``max_abs_err`` of the last row with one; its index and path."""
+    i = max(k for k, r in enumerate(rows) if (r.get("parity") or {}).get("tensors"))
+    j = len(rows[i]["parity"]["tensors"]) - 1
+    rows[i]["parity"]["tensors"][j]["max_abs_err"] = "0.5"
+    return i, f"parity.tensors[{j}].max_abs_err: is a str, not a number"
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=_name)
+def test_a_bad_field_planted_in_a_committed_document_is_named_by_its_path(path: Path, tmp_path: Path) -> None:
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    i, where = _planted(raw["results"])
+    bad = tmp_path / "results.json"
+    bad.write_text(json.dumps(raw, allow_nan=True), encoding="utf-8")
+    with pytest.raises(InputError) as e:
+        read_json(bad)
+    assert str(e.value) == f"results file {bad}: results[{i}].{where}", str(e.value)
+
+
+@pytest.mark.parametrize("path", STORES, ids=_name)
+def test_a_bad_field_planted_in_a_committed_store_is_named_by_its_path(path: Path, tmp_path: Path) -> None:
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    cells = [r["result"] for r in lines if r["type"] == "cell"]
+    i, where = _planted(cells)
+    bad = tmp_path / "cells.jsonl"
+    bad.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in lines), encoding="utf-8")
+    with pytest.raises(InputError, match=re.escape(f": results[{i}].{where}")):
+        read_store(bad)
+
+
+def test_every_case_of_the_golden_manifest_reads_back() -> None:
+    files = json.loads((ROOT / "golden" / "MANIFEST.json").read_text(encoding="utf-8"))["files"]
+    for name, entry in files.items():
+        case = from_json(Case, entry["case"])
+        assert to_json(case) == entry["case"] and name == f"{case.name}.safetensors"

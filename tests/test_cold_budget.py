@@ -271,7 +271,7 @@ def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts() -> None:
     assert r.timing.design == timing.INTERLEAVED and r.cold.design == timing.COLD and r.cold.n >= 5
     assert doc.cold is not None and doc.cold.flush_bytes >= caches.MIN_FLUSH_BYTES
     assert doc.budget is not None and doc.budget.total_s == 8.0
-    again = Results.from_dict(doc.to_dict())
+    again = from_json(Results, to_json(doc))
     assert again.cold == doc.cold and again.budget == doc.budget and again.results[0].cold == r.cold
     text = render(doc)
     assert "cold median" in text and "Cold caches ('both')" in text and "Time budget: 8 s" in text

@@ -14,7 +14,7 @@ from compare.backends import registry
 from compare.cost import model as costmodel
 from compare.cost.model import cost, gemm_flops, roofline
 from compare.cost.records import Ceiling, Cost, CostTensor
-from compare.formats.codec import to_json
+from compare.formats.codec import from_json, to_json
 from compare.problem.cases import PRESETS, Case, InputError, Shape
 from compare.report import cost as cost_report
 from compare.report.cost import fusion_benefit, fusion_section
@@ -164,7 +164,7 @@ CEIL = {
 
 
 def _result(backend: str, median_s: float | None, kernels: int | None) -> dict[str, Any]:
-    r = Result.for_case(backend, BLOG, "fwd", "ok").to_dict()
+    r = to_json(Result.for_case(backend, BLOG, "fwd", "ok"))
     r["cost"] = to_json(cost(BLOG, backend, "fwd"))
     r["timing"] = {"median_s": median_s, "iqr_s": 0.0} if median_s else None
     r["kernels"] = {"kernels_per_step": kernels} if kernels else None
@@ -172,7 +172,8 @@ def _result(backend: str, median_s: float | None, kernels: int | None) -> dict[s
 
 
 def _doc() -> Results:
-    return Results.from_dict(
+    return from_json(
+        Results,
         {
             "results": [
                 _result("torch-eager", 0.010, 5),
@@ -180,7 +181,7 @@ def _doc() -> Results:
                 _result("torch-triton-fused", None, None),
             ],
             "ceilings": {"device": "cpu", "bfloat16": CEIL},
-        }
+        },
     )
 
 

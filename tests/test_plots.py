@@ -54,7 +54,7 @@ def _cost(backend: str, tokens: int, median: float) -> dict[str, Any]:
 
 
 def _typed(doc: dict[str, Any]) -> Results:
-    return Results.from_dict(doc)
+    return from_json(Results, doc)
 
 
 def _doc(with_cost: bool) -> dict[str, Any]:
@@ -143,5 +143,5 @@ def test_the_ceiling_plot_renders_from_a_real_run(tmp_path: Path) -> None:
     assert all(r.cost is not None and r.cost.achieved is not None for r in doc.results), doc.results
     names = [p.name for p in render_plots(doc, tmp_path)]
     assert f"ceiling-{base.model}-d{base.shape.dim}-h{base.shape.hidden}.png" in names, names
-    again = Results.from_dict(doc.to_dict())  # what results.json holds renders the same plot
+    again = from_json(Results, to_json(doc))  # what results.json holds renders the same plot
     assert [p.name for p in render_plots(again, tmp_path / "again")] == names

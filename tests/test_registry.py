@@ -182,7 +182,7 @@ def test_each_entry_names_its_modules_object(name: str) -> None:
 
 
 def test_an_entry_crosses_a_process_boundary_whole() -> None:
-    """Every field survives to_dict -> JSON -> from_dict, for every entry (the TP worker and the sweep worker
+    """Every field survives to_json -> JSON -> from_json, for every entry (the TP worker and the sweep worker
     re-register what they are sent); an unknown field is refused, naming it."""
     for s in registry.BACKENDS.values():
         assert from_json(registry.BackendSpec, json.loads(json.dumps(to_json(s))), strict=True) == s

@@ -53,20 +53,21 @@ def _timing(median: float, iqr: float, samples: list[float] | None = None) -> di
 
 
 def _row(backend: str, timing: dict[str, Any]) -> dict[str, Any]:
-    r = Result.for_case(backend, CASE, "fwd", "ok").to_dict()
+    r = to_json(Result.for_case(backend, CASE, "fwd", "ok"))
     r["timing"] = timing
     r["cost"] = to_json(cost(CASE, backend, "fwd"))
     return r
 
 
 def _doc(eager: dict[str, Any], compiled: dict[str, Any]) -> Results:
-    return Results.from_dict(
+    return from_json(
+        Results,
         {
             "created": "2026-01-01T00:00:00+00:00",
             "config": {},
             "environment": {"versions": {}, "threads": {}, "precision": {}},
             "results": [_row("torch-eager", eager), _row("torch-compile", compiled)],
-        }
+        },
     )
 
 

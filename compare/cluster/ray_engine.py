@@ -119,7 +119,7 @@ def run_payload(payload: dict[str, Any], node_id: str = "") -> dict[str, Any]:
             r, meta = run_cell_inprocess(s, cell, TimingConfig(**payload["timing"]), _PLAIN)
             r = dataclasses.replace(r, extras={**r.extras, "golden_sha256": mine})
     r = dataclasses.replace(r, node=environment.node(node_id))
-    return {"result": r.to_dict(), "meta": meta}
+    return {"result": to_json(r), "meta": meta}
 
 
 def run_task(payload: dict[str, Any]) -> dict[str, Any]:
@@ -320,7 +320,7 @@ class RayRunner:
                             f.cell, r, {"precision": {}, "gpu": None}, wall, final=not (again and f.attempt < attempts)
                         )
                         continue
-                    r = Result.from_dict(out["result"])
+                    r = from_json(Result, out["result"])
                     if f.attempt > 1:
                         r = dataclasses.replace(
                             r, extras={**r.extras, "attempt": f.attempt, "earlier_attempts": f.earlier}

@@ -85,7 +85,7 @@ class CeilingTimings:
     """How a dtype's ceilings were measured: the matmul timing of the ceiling (the winning route's best size) and the
     copy's (the shared timer's), and every matmul size tried, ``{size: {"median_s", "min_s", "flops_per_s"}}`` (the
     rate of the fastest sample): ``matmul_all`` by the native route, ``float32_route_all`` by the float32 route (a
-    16-bit dtype only; empty otherwise and in older documents, and then left out of :meth:`to_dict`)."""
+    16-bit dtype only; empty otherwise and in older documents, and then left out of its JSON)."""
 
     matmul: Timing | None = None
     matmul_all: dict[str, Any] = field(default_factory=dict)
@@ -104,7 +104,7 @@ class Ceiling:
     own probe, ``jax_impl.ceilings``, was faster than both: :meth:`merged`). Also
     ``aten_cpu_capability``, the CPU kernels torch dispatched to (``AVX2``, ``AVX512``; ``""``: not read) and
     ``probe_s``, the probe's wall time for this dtype. An older document lacks these: it measured the native route
-    only, so they default to that, and are left out of :meth:`to_dict` while they hold their defaults."""
+    only, so they default to that, and are left out of its JSON while they hold their defaults."""
 
     flops_per_s: float
     bytes_per_s: float

@@ -790,7 +790,7 @@ def run(
         typed = [_plausible(r, ceil, flops.get(i), cases) for i, r in enumerate(raw)]
     return Results(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        config=replace(Config.from_dict(config or {}), timing=cfg),
+        config=replace(from_json(Config, config or {}), timing=cfg),
         environment=environment.current(precision, threads),
         results=tuple(typed),
         resolution=tuple(res_rows),
@@ -859,7 +859,7 @@ def _run_tp_job(
             f"{job.threads} thread(s), {len(cells)} cells",
             important=True,
         )
-    run_job(job, root=logs, on_result=lambda doc: record(Result.from_dict(doc)))
+    run_job(job, root=logs, on_result=lambda doc: record(from_json(Result, doc)))
 
 
 def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[str]) -> list[ResolutionRow]:

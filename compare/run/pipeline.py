@@ -396,7 +396,7 @@ def memory(prepared: Prepared) -> Memory:
     the reason, never 0. A failure of the measurement is the caller's to record (the cell's parity stands)."""
     if prepared.memory is None:
         return Memory.not_measured(NO_HOOK)
-    return Memory.from_dict(prepared.memory())
+    return from_json(Memory, prepared.memory())
 
 
 @dataclass(frozen=True)

@@ -74,14 +74,14 @@ class RunStore:
         self._w.append({"type": "resolution", "rows": [to_json(r) for r in rows]})
 
     def cell(self, result: Result, precision: dict[str, Any]) -> None:
-        self._w.append({"type": "cell", "run_id": self.run_id, "result": result.to_dict(), "precision": precision})
+        self._w.append({"type": "cell", "run_id": self.run_id, "result": to_json(result), "precision": precision})
         self.cells += 1
 
     def shape_sweep(self, rows: list[dict[str, Any]]) -> None:
         self._w.append({"type": "shape_sweep", "rows": rows})
 
     def load(self, record: Load) -> None:
-        self._w.append({"type": "load", "load": record.to_dict()})
+        self._w.append({"type": "load", "load": to_json(record)})
 
     def end(self) -> None:
         self._w.append({"type": "end"})
@@ -137,11 +137,11 @@ def read_store(path: Path) -> Results:
     ceilings = next((from_json(Ceilings, r["ceilings"]) for r in records if r["type"] == "ceilings"), None)
     resolution = tuple(from_json(ResolutionRow, x) for r in records if r["type"] == "resolution" for x in r["rows"])
     sweep = next((tuple(r["rows"]) for r in records if r["type"] == "shape_sweep"), ())
-    machine = next((Load.from_dict(r["load"]) for r in records if r["type"] == "load"), None)
+    machine = next((from_json(Load, r["load"]) for r in records if r["type"] == "load"), None)
     return Results(
         schema_version=doc.schema_version,
         created=doc.created,
-        config=Config.from_dict(head["config"]),
+        config=from_json(Config, head["config"]),
         environment=doc.environment,
         results=doc.results,
         resolution=resolution,

@@ -229,7 +229,7 @@ def _failure(job: Job, a: _Attempt) -> str | None:
 
 def _error_result(job: Job, cell: Cell, reason: str) -> dict[str, Any]:
     spec = next(s for s in job.specs if s.name == cell.backend)
-    doc = Result.for_case(spec.name, cell.case, cell.mode, "error", reason=reason).to_dict()
+    doc = to_json(Result.for_case(spec.name, cell.case, cell.mode, "error", reason=reason))
     doc["world_size"] = job.world_size
     return doc
 

@@ -171,7 +171,7 @@ def run_cell(
         raise RuntimeError(f"{spec.name} is registered with a runtime but its Prepared has no tp parts")
     refused = pipeline.no_fresh(spec, case, mode, prepared)
     if refused is not None:  # every process holds the same backend: all of them return here, no collective left
-        return replace(refused, world_size=launch.world_size).to_dict() if group.rank == 0 else None
+        return to_json(replace(refused, world_size=launch.world_size)) if group.rank == 0 else None
 
     def sync(outputs: Any) -> None:
         prepared.sync(outputs)
@@ -267,7 +267,7 @@ def run_cell(
         extras={"fresh_check_s": fresh_s, "deterministic": deterministic},
         cost_case=shard(case, launch.world_size),  # one rank's share
     )
-    return replace(result, world_size=launch.world_size, tp=TPInfo.from_dict(tp_doc)).to_dict()
+    return to_json(replace(result, world_size=launch.world_size, tp=from_json(TPInfo, tp_doc)))
 
 
 def main(argv: list[str]) -> int:

@@ -65,7 +65,7 @@ def run_cell_isolated(
             worker.close()  # ends the group first when the wait was interrupted
         if not timed_out and rc == 0 and result_path.is_file():
             out = json.loads(result_path.read_text(encoding="utf-8"))
-            return results.Result.from_dict(out["result"]), out["meta"]
+            return from_json(results.Result, out["result"]), out["meta"]
     extras: dict[str, Any] = {"exit_code": rc, "stderr_tail": tail}
     if timed_out:
         reason = f"worker process timed out after {timeout_s:g} s and was killed"
@@ -90,5 +90,5 @@ def worker_main(cell_path: Path, result_path: Path) -> int:
     case = from_json(Case, d["case"])
     cell = Cell(s.name, case, d["mode"])
     result, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**d["timing"]), {})
-    write_text_atomic(result_path, json.dumps({"result": result.to_dict(), "meta": meta}, allow_nan=True))
+    write_text_atomic(result_path, json.dumps({"result": to_json(result), "meta": meta}, allow_nan=True))
     return 0

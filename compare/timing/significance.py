@@ -52,7 +52,7 @@ from compare.formats.codec import from_json
 from compare.problem.cases import InputError
 from compare.timing.timer import INTERLEAVED, Timing, quartiles
 
-#: A timing record: typed, or as stored (``Timing.to_dict``'s object, or just ``median_s`` and ``iqr_s``).
+#: A timing record: typed, or as stored (its JSON, or just ``median_s`` and ``iqr_s``).
 TimingLike = Timing | Mapping[str, Any]
 
 
