@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from compare.backends.registry import BACKENDS, BackendSpec, register, spec
+    from compare.formats.codec import from_json, to_json
     from compare.gate.parity import Parity, TensorParity, check_all
     from compare.problem.cases import DTYPES, MODELS, MODES, PRESETS, Case, InputError, Shape, preset
     from compare.problem.golden import Golden, Problem, golden_for
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 #: ``python -m compare`` sets its signal handlers (``compare.run.stop``) before anything heavy loads.
 _HOMES: dict[str, str] = {
     **dict.fromkeys(("BACKENDS", "BackendSpec", "register", "spec"), "compare.backends.registry"),
+    **dict.fromkeys(("from_json", "to_json"), "compare.formats.codec"),
     **dict.fromkeys(("Parity", "TensorParity", "check_all"), "compare.gate.parity"),
     **dict.fromkeys(
         ("DTYPES", "MODELS", "MODES", "PRESETS", "Case", "InputError", "Shape", "preset"), "compare.problem.cases"
@@ -73,6 +75,7 @@ __all__ = [
     "TensorParity",
     "Timing",
     "check_all",
+    "from_json",
     "golden_for",
     "load_results",
     "measure",
@@ -81,6 +84,7 @@ __all__ = [
     "render_report",
     "run_cases",
     "spec",
+    "to_json",
 ]
 
 
@@ -94,7 +98,7 @@ def run_cases(
 ) -> Results:
     """Run each backend (by registry name) on each case in each mode: parity against the float64 golden, then
     timing through the shared timer. Returns the typed results document (:class:`~compare.results.document.Results`;
-    ``to_dict()`` is ``results.json``'s content): one :class:`~compare.results.document.Result` per (backend, case,
+    ``to_json(doc)`` is ``results.json``'s content): one :class:`~compare.results.document.Result` per (backend, case,
     mode)
     with ``parity`` (every tensor: ``y [batch, seq, out]`` and, in ``bwd`` modes, ``dx`` and each weight gradient
     ``d<param> [out, in]``), ``timing`` (seconds per call) and ``cost``. A failing backend is an ``error`` result;

@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from compare.formats.codec import to_json
 from compare.problem.cases import DTYPES, check_name
 from compare.timing import timer as timing
 from jax_impl import device as dev
@@ -34,7 +35,7 @@ ROUTE = "xla"
 
 
 def measure(dtype: str, budget_s: float = BUDGET_S, sizes: Sequence[int] = SIZES) -> dict[str, Any]:
-    """One dtype's ceiling record (``compare.cost.records.Ceiling.from_dict``'s fields) measured through XLA."""
+    """One dtype's ceiling record (the fields of ``compare.cost.records.Ceiling``) measured through XLA."""
     check_name("dtype", dtype, DTYPES)
     precision = dev.pin_precision()
     jdtype = dev.JAX_DTYPES[dtype]
@@ -75,7 +76,7 @@ def measure(dtype: str, budget_s: float = BUDGET_S, sizes: Sequence[int] = SIZES
         "device": dev.platform(),
         "precision": precision,
         "route": ROUTE,
-        "timing": {"matmul": t.to_dict(), "matmul_all": per_size, "copy": tc.to_dict()},
+        "timing": {"matmul": to_json(t), "matmul_all": per_size, "copy": to_json(tc)},
     }
 
 

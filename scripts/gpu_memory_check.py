@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from compare.formats.codec import to_json
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 BACKENDS = ("torch-eager", "torch-triton-fused", "jax-xla")
@@ -121,7 +123,7 @@ def cuda_run(checks: Checks) -> dict[str, Any]:
     for name in BACKENDS:
         r = run_one(spec(name), case, "fwd+bwd", plain, TimingConfig(), {}, time_it=False, memory=True)
         m = r.memory
-        out["cells"][name] = {"status": r.status, "reason": r.reason, "memory": m.to_dict() if m else None}
+        out["cells"][name] = {"status": r.status, "reason": r.reason, "memory": to_json(m) if m else None}
         checks.add(f"{name}: ran", r.status in ("ok", "deviates"), f"{r.status}: {r.reason}")
         if m is None or m.saved is None or m.peak is None:
             why = "no memory record" if m is None else f"{m.saved_reason}; {m.peak_reason}"

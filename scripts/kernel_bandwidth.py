@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from compare.formats.codec import to_json
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
@@ -65,7 +67,7 @@ def main() -> int:
         t = timing.measure(fn, sync, budget_s=a.budget)
         bw = moved / t.median_s
         copy_bw = copy_bw or bw
-        doc["kernels"][name] = {"bytes": moved, "timing": t.to_dict(), "bytes_per_s": bw, "of_copy": bw / copy_bw}
+        doc["kernels"][name] = {"bytes": moved, "timing": to_json(t), "bytes_per_s": bw, "of_copy": bw / copy_bw}
         rows.append(
             [
                 name,

@@ -18,7 +18,7 @@ def test_run_load_and_render(tmp_path: Path) -> None:
     (r,) = doc.results
     assert r.status == "ok" and r.parity is not None and r.parity.passed and r.timing and r.timing.median_s > 0
     path = tmp_path / "results.json"
-    path.write_text(json.dumps(doc.to_dict()), encoding="utf-8")
+    path.write_text(json.dumps(compare.to_json(doc)), encoding="utf-8")
     again = compare.load_results(path)
     assert isinstance(again, compare.Results) and again.results[0].backend == "torch-eager"
     assert again == doc  # what was written reads back the same, typed

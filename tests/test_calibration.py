@@ -19,6 +19,7 @@ import functools
 import numpy as np
 import pytest
 
+from compare.formats.codec import from_json, to_json
 from compare.gate.parity import WHERE_FAIL, PlainStats, TensorParity, check_tensor, tensor_stats
 from compare.problem.cases import Case, committed_cases
 from compare.problem.golden import golden_for
@@ -118,7 +119,7 @@ def test_the_where_check_is_silent_while_the_rms_error_passes(case: Case) -> Non
 
 def test_a_parity_document_from_before_the_where_check_reads_back() -> None:
     """``where_ratio`` is optional: a stored tensor verdict without it reads as None and writes back without it."""
-    d = _judge(CASES[0], "zeroed-tenth").to_dict()
+    d = to_json(_judge(CASES[0], "zeroed-tenth"))
     assert isinstance(d.pop("where_ratio"), float)
-    old = TensorParity.from_dict(d)
-    assert old.where_ratio is None and old.to_dict() == d
+    old = from_json(TensorParity, d)
+    assert old.where_ratio is None and to_json(old) == d

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from compare.cost.records import EMULATED_BELOW, FLOAT32_ROUTE, NATIVE_ROUTE, Ceiling, Ceilings, CeilingTimings
+from compare.formats.codec import from_json, to_json
 from compare.report import cost as cost_report
 from compare.report.render import environment_section
 from compare.report.summary import summary_section
@@ -135,7 +136,7 @@ def test_bf16_ceiling_is_the_faster_route_and_a_slow_native_route_is_emulated(
     assert c["flops_per_s"] == pytest.approx(2 * n**3 / t["min_s"])
     assert c["timing"]["float32_route_all"][str(n)]["flops_per_s"] == pytest.approx(c["flops_per_s"])
     assert set(c["timing"]["matmul_all"]) <= {"32", "64"}  # the native route never reached 128
-    ceil = Ceiling.from_dict(c)
+    ceil = from_json(Ceiling, c)
     assert ceil.matmul_emulated and ceil.route == FLOAT32_ROUTE and ceil.flops_per_s == f32
     assert ceil.timing is not None and ceil.timing.float32_route_all == c["timing"]["float32_route_all"]
     assert ceil.aten_cpu_capability == c["aten_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
@@ -149,8 +150,8 @@ def test_float32_has_one_route_and_keeps_the_old_keys(one_thread: None) -> None:
     assert set(c["timing"]) == {"matmul", "matmul_all", "copy"}
     assert c["route"] == NATIVE_ROUTE and c["float32_route_flops_per_s"] is None
     assert c["flops_per_s"] == c["native_flops_per_s"] > 0 and c["bytes_per_s"] > 0
-    ceil = Ceiling.from_dict(c)
-    assert not ceil.matmul_emulated and "float32_route_flops_per_s" not in ceil.to_dict()
+    ceil = from_json(Ceiling, c)
+    assert not ceil.matmul_emulated and "float32_route_flops_per_s" not in to_json(ceil)
     doc = ceilings.measure_all([], 0.1)
     assert doc == {"device": "cpu"}
 
@@ -159,18 +160,18 @@ def test_float32_has_one_route_and_keeps_the_old_keys(one_thread: None) -> None:
 
 
 def test_ceiling_records_round_trip_and_an_older_document_loads() -> None:
-    new = Ceiling.from_dict(_ceiling(0.96 * GFLOP, 45 * GFLOP))
+    new = from_json(Ceiling, _ceiling(0.96 * GFLOP, 45 * GFLOP))
     assert new.native_flops_per_s == 0.96 * GFLOP and new.float32_route_flops_per_s == 45 * GFLOP
     assert new.route == FLOAT32_ROUTE and new.aten_cpu_capability == "AVX2" and new.probe_s == 1.4
-    assert Ceiling.from_dict(new.to_dict()) == new
-    timings = CeilingTimings.from_dict({**OLD_CEILING["timing"], "float32_route_all": {"512": {"min_s": 1.0}}})
-    assert CeilingTimings.from_dict(timings.to_dict()) == timings and timings.float32_route_all
-    old = Ceiling.from_dict(OLD_CEILING)
+    assert from_json(Ceiling, to_json(new)) == new
+    timings = from_json(CeilingTimings, {**OLD_CEILING["timing"], "float32_route_all": {"512": {"min_s": 1.0}}})
+    assert from_json(CeilingTimings, to_json(timings)) == timings and timings.float32_route_all
+    old = from_json(Ceiling, OLD_CEILING)
     assert old.native_flops_per_s is None and old.float32_route_flops_per_s is None and old.probe_s is None
     assert old.route == NATIVE_ROUTE and old.aten_cpu_capability == "" and not old.matmul_emulated
-    assert old.to_dict() == OLD_CEILING  # nothing invented: an older document writes back as it was
-    both = Ceilings.from_dict({"device": "cpu", "bfloat16": _ceiling(1 * GFLOP, 40 * GFLOP), "float32": OLD_CEILING})
-    assert Ceilings.from_dict(both.to_dict()) == both
+    assert to_json(old) == OLD_CEILING  # nothing invented: an older document writes back as it was
+    both = from_json(Ceilings, {"device": "cpu", "bfloat16": _ceiling(1 * GFLOP, 40 * GFLOP), "float32": OLD_CEILING})
+    assert from_json(Ceilings, to_json(both)) == both
 
 
 @pytest.mark.parametrize(
@@ -184,7 +185,7 @@ def test_ceiling_records_round_trip_and_an_older_document_loads() -> None:
     ],
 )
 def test_emulated_means_far_below_the_float32_route(native: float, f32: float | None, emulated: bool) -> None:
-    assert Ceiling.from_dict(_ceiling(native, f32)).matmul_emulated is emulated
+    assert from_json(Ceiling, _ceiling(native, f32)).matmul_emulated is emulated
 
 
 def test_the_roofline_table_names_both_routes_and_the_ceiling() -> None:
@@ -237,25 +238,26 @@ def test_the_caps_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert e.isa_caps["ATEN_CPU_CAPABILITY"] == "default" and e.isa_caps["MKL_CBWR"] == "COMPATIBLE"
     assert e.isa_caps["xla_cpu_max_isa"] == "SSE4_2"
     assert e.blas and e.blas_core and (e.blas, e.blas_core) == numpy_blas()
-    assert Environment.from_dict(e.to_dict()) == e
+    assert from_json(Environment, to_json(e)) == e
 
 
 def test_an_older_environment_loads_and_reports_as_it_did() -> None:
     old = {"platform": "Linux", "cpu": "AMD EPYC", "cpu_count": 2, "versions": {"numpy": "2.4.6"}}
-    e = Environment.from_dict(old)
+    e = from_json(Environment, old)
     assert e.cpu_isa is None and e.blas == "" and e.blas_core == "" and e.isa_caps == {}
-    assert set(e.to_dict()) == {"platform", "cpu", "cpu_count", "gpu", "versions", "threads", "precision"} | {
+    assert set(to_json(e)) == {"platform", "cpu", "cpu_count", "gpu", "versions", "threads", "precision"} | {
         "triton_interpret"
     }
     assert "instruction sets" not in environment_section(e)
-    new = Environment.from_dict(
+    new = from_json(
+        Environment,
         {
             **old,
             "cpu_isa": ["avx2", "fma", "f16c"],
             "blas": "scipy-openblas 0.3.31",
             "blas_core": "Haswell",
             "isa_caps": isa_caps({"XLA_FLAGS": "--xla_cpu_max_isa=AVX2"}),
-        }
+        },
     )
     text = environment_section(new)
     assert "| CPU instruction sets | avx2, fma, f16c |" in text
@@ -288,7 +290,7 @@ def _doc(ceilings: dict[str, Any] | None) -> Results:
     d: dict[str, Any] = {"results": [row], "environment": {}, "config": {}}
     if ceilings is not None:
         d["ceilings"] = ceilings
-    return Results.from_dict(d)
+    return from_json(Results, d)
 
 
 def test_the_summary_says_when_16_bit_matmul_is_emulated() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from compare.cli import main
+from compare.formats.codec import from_json
 from compare.report import render as report
 from compare.results.document import Results
 from tests.conftest import TRITON_INTERPRETED
@@ -105,7 +106,7 @@ def test_report_rebuilt_from_json_is_identical(run_dir: Path, tmp_path: Path) ->
     rebuilt = tmp_path / "REPORT.md"
     assert main(["report", str(run_dir / "results.json"), "--out", str(rebuilt)]) == 0
     assert rebuilt.read_text() == (run_dir / "REPORT.md").read_text()
-    assert report.render(Results.from_dict(json.loads((run_dir / "results.json").read_text()))) == rebuilt.read_text()
+    assert report.render(from_json(Results, json.loads((run_dir / "results.json").read_text()))) == rebuilt.read_text()
 
 
 def test_a_failing_backend_keeps_the_others(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from compare.backends.registry import Availability, BackendSpec, Prepared, register, unregister
-from compare.formats.jsonfields import FieldError
+from compare.formats.codec import FieldError, from_json, to_json
 from compare.problem import datacache
 from compare.problem.cases import PRESETS, InputError
 from compare.problem.golden import Problem
@@ -105,7 +105,7 @@ def test_the_last_level_cache_is_read_from_the_os_listing(tmp_path: Path) -> Non
     assert caches.flush_bytes(None) == caches.MIN_FLUSH_BYTES
     # this machine lists one too, and the record round-trips
     here = caches.cpu_last_level()
-    assert here is None or caches.CacheSize.from_dict(here.to_dict()) == here
+    assert here is None or from_json(caches.CacheSize, to_json(here)) == here
 
 
 def test_the_host_flush_writes_its_whole_buffer() -> None:
@@ -123,7 +123,7 @@ def test_budget_parts_floor_and_cuts() -> None:
     b.cut("x")
     b.cut("x")
     rec = b.record()
-    assert rec.cuts == ("x",) and rec.overrun_s > 0 and BudgetRecord.from_dict(rec.to_dict()) == rec
+    assert rec.cuts == ("x",) and rec.overrun_s > 0 and from_json(BudgetRecord, to_json(rec)) == rec
     with pytest.raises(ValueError, match="positive"):
         Budget(0.0)
 
@@ -149,12 +149,14 @@ def test_a_budget_counts_each_phases_seconds_and_the_rest_is_what_it_cannot_cut(
         now[0] += 5.0
     now[0] += 3.0  # outside every phase: the rest
     rec = b.record()
-    assert rec.phases == (("timing", 10.0), ("profile", 2.0)) and rec.spent_s == 15.0 and rec.rest_s == 3.0
-    assert BudgetRecord.from_dict(rec.to_dict()) == rec
-    assert BudgetRecord.from_dict({"total_s": 1.0, "spent_s": 2.0, "cuts": []}).phases == ()
-    assert "phases" not in BudgetRecord(1.0, 2.0).to_dict()  # an old document is written back as it was
-    with pytest.raises(FieldError, match=r"phases\.warmup: is not a budget phase"):
-        BudgetRecord.from_dict({"total_s": 1.0, "spent_s": 2.0, "cuts": [], "phases": {"warmup": 1.0}})
+    assert (
+        list(rec.phases.items()) == [("timing", 10.0), ("profile", 2.0)] and rec.spent_s == 15.0 and rec.rest_s == 3.0
+    )
+    assert from_json(BudgetRecord, to_json(rec)) == rec
+    assert from_json(BudgetRecord, {"total_s": 1.0, "spent_s": 2.0, "cuts": []}).phases == {}
+    assert "phases" not in to_json(BudgetRecord(1.0, 2.0))  # an old document is written back as it was
+    with pytest.raises(FieldError, match=r"phases \['warmup'\] are not budget phases"):
+        from_json(BudgetRecord, {"total_s": 1.0, "spent_s": 2.0, "cuts": [], "phases": {"warmup": 1.0}})
     with pytest.raises(ValueError, match="unknown budget phase 'warmup'"), b.phase("warmup"):
         pass
 
@@ -269,7 +271,7 @@ def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts() -> None:
     assert r.timing.design == timing.INTERLEAVED and r.cold.design == timing.COLD and r.cold.n >= 5
     assert doc.cold is not None and doc.cold.flush_bytes >= caches.MIN_FLUSH_BYTES
     assert doc.budget is not None and doc.budget.total_s == 8.0
-    again = Results.from_dict(doc.to_dict())
+    again = from_json(Results, to_json(doc))
     assert again.cold == doc.cold and again.budget == doc.budget and again.results[0].cold == r.cold
     text = render(doc)
     assert "cold median" in text and "Cold caches ('both')" in text and "Time budget: 8 s" in text
@@ -316,7 +318,7 @@ def test_a_throttled_window_is_marked_in_the_timing_table_and_a_quiet_one_is_not
     finally:
         unregister(NUMPY.name)
     (r,) = doc.results
-    tele = nvml.Telemetry.from_dict(r.extras["telemetry"])
+    tele = from_json(nvml.Telemetry, r.extras["telemetry"])
     assert tele.samples > 0 and tele.sm_clock_mhz is not None and tele.sm_clock_mhz.median == 1977
     assert tele.throttled == bool(throttle)
     text = render(doc)

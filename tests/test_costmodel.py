@@ -14,6 +14,7 @@ from compare.backends import registry
 from compare.cost import model as costmodel
 from compare.cost.model import cost, gemm_flops, roofline
 from compare.cost.records import Ceiling, Cost, CostTensor
+from compare.formats.codec import from_json, to_json
 from compare.problem.cases import PRESETS, Case, InputError, Shape
 from compare.report import cost as cost_report
 from compare.report.cost import fusion_benefit, fusion_section
@@ -113,7 +114,7 @@ def test_linear_model_and_json() -> None:
     c = cost(case, "torch-eager", "fwd")
     assert c.flops == 2 * 1024 * 32 * 64 and list(c.materialized) == [] and c.intermediate_bytes == 0
     assert c.bytes == 4 * (1024 * 32 + 64 * 32 + 64 + 1024 * 64)
-    assert json.loads(json.dumps(cost(case, "jax-xla", "fwd+bwd").to_dict()))["flops"] == 3 * 2 * 1024 * 32 * 64
+    assert json.loads(json.dumps(to_json(cost(case, "jax-xla", "fwd+bwd"))))["flops"] == 3 * 2 * 1024 * 32 * 64
 
 
 def test_unknown_or_unmodelled_backend_is_refused_naming_what_is_allowed() -> None:
@@ -163,15 +164,16 @@ CEIL = {
 
 
 def _result(backend: str, median_s: float | None, kernels: int | None) -> dict[str, Any]:
-    r = Result.for_case(backend, BLOG, "fwd", "ok").to_dict()
-    r["cost"] = cost(BLOG, backend, "fwd").to_dict()
+    r = to_json(Result.for_case(backend, BLOG, "fwd", "ok"))
+    r["cost"] = to_json(cost(BLOG, backend, "fwd"))
     r["timing"] = {"median_s": median_s, "iqr_s": 0.0} if median_s else None
     r["kernels"] = {"kernels_per_step": kernels} if kernels else None
     return r
 
 
 def _doc() -> Results:
-    return Results.from_dict(
+    return from_json(
+        Results,
         {
             "results": [
                 _result("torch-eager", 0.010, 5),
@@ -179,7 +181,7 @@ def _doc() -> Results:
                 _result("torch-triton-fused", None, None),
             ],
             "ceilings": {"device": "cpu", "bfloat16": CEIL},
-        }
+        },
     )
 
 

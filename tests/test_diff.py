@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from compare.cli import main
+from compare.formats.codec import from_json
 from compare.report import diff as diff_module
 from compare.results.document import SCHEMA_VERSION, Results
 from compare.timing.significance import compare_timing, mann_whitney_greater
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.quick
 
 def diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, bool]:
     """:func:`compare.report.diff.diff` of two hand-written documents, typed as a loaded file would be."""
-    return diff_module.diff(Results.from_dict(old), Results.from_dict(new))
+    return diff_module.diff(from_json(Results, old), from_json(Results, new))
 
 
 def _samples(median: float, rel_iqr: float, n: int = 30, seed: int = 0) -> list[float]:

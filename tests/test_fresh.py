@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from compare.backends.registry import spec
+from compare.formats.codec import from_json, to_json
 from compare.gate import fresh
 from compare.gate.parity import UnusableCase
 from compare.problem.cases import PRESETS
@@ -127,7 +128,7 @@ def test_the_drawn_rows_catch_a_step_that_gets_an_eighth_of_its_rows_wrong() -> 
         bad = judge_calls([Call(order, [("cpu", wrong)])], 1, ref, "float32", "fwd", 7, "wrong", False)[0]
         assert ok.tier == "pass" and ok.rows == fresh.FRESH_ROWS and ok.rows_seed == ref.rows_seed, ok
         assert bad.tier == "fail" and bad.failures, bad
-        assert fresh.FreshCheck.from_dict(bad.to_dict()) == bad
+        assert from_json(fresh.FreshCheck, to_json(bad)) == bad
 
 
 # --- the harness's inputs (compare.run.pipeline.Feed) ---------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from compare.formats.jsonfields import FieldError
+from compare.formats.codec import FieldError, from_json, to_json
 from compare.timing import timer
 from compare.timing.nvml import (
     NVML_LIBRARY,
@@ -336,17 +336,17 @@ def test_telemetry_round_trips_through_json_and_reads_a_minimal_record() -> None
         energy_note="from the counter",
         read_errors=("temperature_c: planted",),
     )
-    d = full.to_dict()
+    d = to_json(full)
     assert d["throttled"] is True and d["throttle_reasons"] == ["HwThermalSlowdown", "SwPowerCap"]
-    back = Telemetry.from_dict(json.loads(json.dumps(d)))
-    assert back == full and back.to_dict() == d
-    minimal = Telemetry.from_dict({"device": "NVIDIA H200", "source": "nvml", "samples": 0})
+    back = from_json(Telemetry, json.loads(json.dumps(d)))
+    assert back == full and to_json(back) == d
+    minimal = from_json(Telemetry, {"device": "NVIDIA H200", "source": "nvml", "samples": 0})
     assert minimal == Telemetry(device="NVIDIA H200", source="nvml", samples=0)
     assert not minimal.throttled and minimal.sm_clock_mhz is None and minimal.energy_per_call_j is None
     with pytest.raises(FieldError, match=r"sm_clock_mhz\.median: is a str"):
-        Telemetry.from_dict({**d, "sm_clock_mhz": {"min": 1, "median": "x", "max": 3}})
+        from_json(Telemetry, {**d, "sm_clock_mhz": {"min": 1, "median": "x", "max": 3}})
     with pytest.raises(FieldError, match="samples: is missing"):
-        Telemetry.from_dict({"device": "NVIDIA H200", "source": "nvml"})
+        from_json(Telemetry, {"device": "NVIDIA H200", "source": "nvml"})
 
 
 @pytest.mark.standard
@@ -360,7 +360,7 @@ def test_a_watch_record_round_trips() -> None:
     finally:
         (rec,) = watch.stop()
     assert rec is not None
-    assert Telemetry.from_dict(json.loads(json.dumps(rec))).to_dict() == rec
+    assert to_json(from_json(Telemetry, json.loads(json.dumps(rec)))) == rec
 
 
 # --- the pynvml calls, against fakes of its functions and against this machine ---------------------------------

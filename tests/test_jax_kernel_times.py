@@ -18,6 +18,7 @@ import jax
 import pytest
 
 from compare.backends.registry import Prepared, spec
+from compare.formats.codec import from_json
 from compare.kernels import summary as ks
 from compare.problem.cases import PRESETS
 from compare.problem.golden import golden_for
@@ -38,7 +39,7 @@ SANE_FACTOR = 4.0
 def _result(s: dict[str, Any]) -> Result:
     """A jax-xla result on the tiny forward with the kernel table ``s``."""
     case = TINY.case("float32")
-    kernels = ks.Kernels.from_dict(s)
+    kernels = from_json(ks.Kernels, s)
     return Result("jax-xla", case.model, case.dtype, case.shape, case.name, "fwd", "ok", kernels=kernels)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from compare.formats.codec import from_json, to_json
 from compare.kernels import summary as ks
 from compare.kernels.busy import CONSISTENT_MARGIN, SPLIT_GROUPS, KernelTime, merged_us, split
 
@@ -57,15 +58,15 @@ def test_merged_us_refuses_a_reversed_interval() -> None:
 @pytest.mark.quick
 def test_kernel_time_round_trip() -> None:
     kt = _kt()
-    d = kt.to_dict()
+    d = to_json(kt)
     assert json.loads(json.dumps(d)) == d
-    assert KernelTime.from_dict(d) == kt and KernelTime.from_dict(d).to_dict() == d
-    bare = KernelTime.from_dict({"busy_us": 3, "summed_us": 5})  # optional fields absent: their defaults
+    assert from_json(KernelTime, d) == kt and to_json(from_json(KernelTime, d)) == d
+    bare = from_json(KernelTime, {"busy_us": 3, "summed_us": 5})  # optional fields absent: their defaults
     assert bare == KernelTime(3, 5) and bare.profiled_step_us is None and bare.by_kind_us == {}
     with pytest.raises(ValueError, match=r"by_kind_us\.gemm"):
-        KernelTime.from_dict({**d, "by_kind_us": {"gemm": "fast"}})
+        from_json(KernelTime, {**d, "by_kind_us": {"gemm": "fast"}})
     with pytest.raises(ValueError, match="busy_us"):
-        KernelTime.from_dict({"summed_us": 5.0})
+        from_json(KernelTime, {"summed_us": 5.0})
 
 
 def _summary(kernel_time: dict[str, Any] | None) -> dict[str, Any]:
@@ -86,17 +87,17 @@ def test_summary_carries_kernel_time_and_old_summaries_still_load() -> None:
     }
     s = _summary(entry)
     ks.check_summary(s)
-    k = ks.Kernels.from_dict(s)
-    assert k.kernel_time == KernelTime.from_dict(entry)
-    assert ks.Kernels.from_dict(k.to_dict()) == k and k.to_dict()["kernel_time"] == entry
+    k = from_json(ks.Kernels, s)
+    assert k.kernel_time == from_json(KernelTime, entry)
+    assert from_json(ks.Kernels, to_json(k)) == k and to_json(k)["kernel_time"] == entry
     assert "busy 47.0 us, summed 47.0 us, profiled step 60.0 us" in k.describe()
 
     old = _summary(None)
     del old["kernel_time"]  # a summary (or a result file's kernels) written before the field existed
     ks.check_summary(old)
-    k_old = ks.Kernels.from_dict(old)
-    assert k_old.kernel_time is None and "kernel_time" not in k_old.to_dict()  # written back as it was
-    assert ks.Kernels.from_dict(k_old.to_dict()) == k_old
+    k_old = from_json(ks.Kernels, old)
+    assert k_old.kernel_time is None and "kernel_time" not in to_json(k_old)  # written back as it was
+    assert from_json(ks.Kernels, to_json(k_old)) == k_old
 
 
 @pytest.mark.quick
@@ -110,7 +111,7 @@ def test_kernel_time_only_where_every_kernel_is_timed() -> None:
 
 @pytest.mark.quick
 def test_check_summary_rejects_a_bad_kernel_time() -> None:
-    good = _kt().to_dict()
+    good = to_json(_kt())
     with pytest.raises(ValueError, match="unknown kinds"):
         ks.check_summary(_summary({**good, "by_kind_us": {"matmul": 1.0}}))
     with pytest.raises(ValueError, match="busy_us"):
@@ -199,7 +200,7 @@ def test_overlapping_cuda_kernels_are_busy_for_less_than_their_sum() -> None:
         "profiled_step_us": 50.0,
         "source": "torch.profiler CUDA kernels",
     }
-    assert split(KernelTime.from_dict(kt), wall_s=60e-6)["gemm_s"] == pytest.approx(14e-6 * 12 / 20)
+    assert split(from_json(KernelTime, kt), wall_s=60e-6)["gemm_s"] == pytest.approx(14e-6 * 12 / 20)
 
 
 def _write_trace(path: Path, events: list[dict[str, Any]]) -> str:
@@ -263,7 +264,7 @@ def test_torch_cpu_profile_has_a_kernel_time() -> None:
     s = profiling.profile_step(step, lambda out: None, device="cpu", opaque=())
     ks.check_summary(s)
     print(ks.describe(s))
-    kt = KernelTime.from_dict(s["kernel_time"])
+    kt = from_json(KernelTime, s["kernel_time"])
     assert kt.source == "torch.profiler CPU ops"
     assert kt.profiled_step_us is not None and kt.profiled_step_us > 0
     assert 0 < kt.busy_us <= kt.profiled_step_us * 1.05
@@ -300,7 +301,7 @@ def test_jax_cpu_profile_has_a_kernel_time() -> None:
     if any(k["time_us"] is None for k in s["kernels"]):
         assert s["kernel_time"] is None and "no kernel times:" in s["notes"], s["notes"]
         return
-    kt = KernelTime.from_dict(s["kernel_time"])
+    kt = from_json(KernelTime, s["kernel_time"])
     assert kt.source == "XLA trace"
     assert kt.profiled_step_us is not None, s["notes"]  # the step annotation is in the trace
     assert 0 < kt.busy_us <= kt.profiled_step_us * 1.05

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from compare.formats.codec import from_json
 from compare.kernels import summary as ks
 from compare.kernels.classify import classify
 from compare.kernels.names import parse_fused_name
@@ -180,7 +181,7 @@ def _hand_doc() -> dict[str, Any]:
 
 
 def test_kernel_section_from_hand_written_doc() -> None:
-    doc = Results.from_dict(_hand_doc())
+    doc = from_json(Results, _hand_doc())
     before = copy.deepcopy(doc)
     text = kernel_report.kernel_section(doc)
     print(text)
@@ -200,7 +201,7 @@ def test_kernel_section_from_hand_written_doc() -> None:
 
 def test_kernel_section_empty_without_kernels() -> None:
     assert kernel_report.kernel_section(Results()) == ""
-    assert kernel_report.kernel_section(Results.from_dict({"results": [_result("torch-eager", "fwd", None)]})) == ""
+    assert kernel_report.kernel_section(from_json(Results, {"results": [_result("torch-eager", "fwd", None)]})) == ""
 
 
 def test_check_summary_rejects_bad_counts() -> None:

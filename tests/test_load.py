@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from compare.formats.codec import from_json, to_json
 from compare.report import render
 from compare.report.summary import summary_section
 from compare.results.document import Results
@@ -133,17 +134,17 @@ def _quiet() -> Load:
 
 
 def test_the_record_round_trips_and_an_older_document_loads_without_it() -> None:
-    doc = Results.from_dict({**_doc([_result("jax-xla", "float32", _samples(1e-3, 0.05))]), "load": _busy().to_dict()})
-    again = Results.from_dict(json.loads(json.dumps(doc.to_dict())))
+    doc = from_json(Results, {**_doc([_result("jax-xla", "float32", _samples(1e-3, 0.05))]), "load": to_json(_busy())})
+    again = from_json(Results, json.loads(json.dumps(to_json(doc))))
     assert again.load == _busy() and again == doc
-    older = Results.from_dict(_doc([]))
-    assert older.load is None and "load" not in older.to_dict() and "run_id" not in older.to_dict()
+    older = from_json(Results, _doc([]))
+    assert older.load is None and "load" not in to_json(older) and "run_id" not in to_json(older)
     assert busier(None, _quiet(), _busy()) == _busy() and busier(None, Load(reason="x")) is None
 
 
 def test_the_report_shows_the_load_and_says_when_the_machine_was_busy() -> None:
     rows = [_result(b, "float32", _samples(1e-3, 0.05)) for b in ("torch-eager", "jax-xla")]
-    busy = Results.from_dict({**_doc(rows), "load": _busy().to_dict()})
+    busy = from_json(Results, {**_doc(rows), "load": to_json(_busy())})
     md = render.render(busy)
     assert "| machine load | other processes and steal took 60% of 2 cores" in md
     timing = md.split("## Timing", 1)[1]
@@ -151,8 +152,8 @@ def test_the_report_shows_the_load_and_says_when_the_machine_was_busy() -> None:
     assert "Busy (others took more than 10%" in timing
     assert "The machine was busy while this run measured" in summary_section(busy)
     # negative controls: a quiet run shows its load and says nothing of busy; an older run shows no load at all
-    quiet = Results.from_dict({**_doc(rows), "load": _quiet().to_dict()})
+    quiet = from_json(Results, {**_doc(rows), "load": to_json(_quiet())})
     assert "| machine load | other processes and steal took 2%" in render.render(quiet)
     assert "busy" not in summary_section(quiet).lower() and "Busy (" not in render.render(quiet)
-    older = render.render(Results.from_dict(_doc(rows)))
+    older = render.render(from_json(Results, _doc(rows)))
     assert "machine load" not in older.lower() and "Busy (" not in older and "was busy" not in older

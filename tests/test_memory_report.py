@@ -13,6 +13,7 @@ import pytest
 from compare import cli
 from compare.backends.registry import BackendSpec, register, unregister
 from compare.cost import model as costmodel
+from compare.formats.codec import to_json
 from compare.problem.cases import InputError, preset
 from compare.report.diff import diff
 from compare.report.memory import linear_fit, memory_line, memory_section
@@ -138,8 +139,8 @@ def test_diff_flags_any_increase_of_saved_bytes_and_a_peak_beyond_its_bound(tmp_
     md, bad = diff(old, _doc(_row("torch-eager", Memory.not_measured(NO_HOOK)), _row("torch-compile", _mem(3))))
     assert bad is False and "saved: not compared (measured on one side only)" in md
     # through the command: exit 1 on the regression, 2 on a tolerance that is not a size
-    (tmp_path / "old.json").write_text(json.dumps(old.to_dict()))
-    (tmp_path / "new.json").write_text(json.dumps(up.to_dict()))
+    (tmp_path / "old.json").write_text(json.dumps(to_json(old)))
+    (tmp_path / "new.json").write_text(json.dumps(to_json(up)))
     assert cli.main(["diff", str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 1
     assert cli.main(["diff", str(tmp_path / "old.json"), str(tmp_path / "old.json")]) == 0
     assert cli.main(["diff", str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--memory-tolerance", "lots"]) == 2

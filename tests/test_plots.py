@@ -10,6 +10,7 @@ import pytest
 
 from compare.cost import model as costmodel
 from compare.cost.records import Ceiling
+from compare.formats.codec import from_json, to_json
 from compare.problem.cases import Case, Shape
 from compare.report.plots import plots_section, render_plots
 from compare.results.document import SCHEMA_VERSION, Results
@@ -49,11 +50,11 @@ def _cost(backend: str, tokens: int, median: float) -> dict[str, Any]:
     """The real cost model's entry for the result, with the roofline numbers a run with ceilings stores."""
     case = Case("geglu", Shape(tokens, 1, 96, 328), "float32")
     c = costmodel.cost(case, backend, "fwd")
-    return replace(c, achieved=costmodel.roofline(c, median, Ceiling.from_dict(CEIL))).to_dict()
+    return to_json(replace(c, achieved=costmodel.roofline(c, median, from_json(Ceiling, CEIL))))
 
 
 def _typed(doc: dict[str, Any]) -> Results:
-    return Results.from_dict(doc)
+    return from_json(Results, doc)
 
 
 def _doc(with_cost: bool) -> dict[str, Any]:
@@ -142,5 +143,5 @@ def test_the_ceiling_plot_renders_from_a_real_run(tmp_path: Path) -> None:
     assert all(r.cost is not None and r.cost.achieved is not None for r in doc.results), doc.results
     names = [p.name for p in render_plots(doc, tmp_path)]
     assert f"ceiling-{base.model}-d{base.shape.dim}-h{base.shape.hidden}.png" in names, names
-    again = Results.from_dict(doc.to_dict())  # what results.json holds renders the same plot
+    again = from_json(Results, to_json(doc))  # what results.json holds renders the same plot
     assert [p.name for p in render_plots(again, tmp_path / "again")] == names

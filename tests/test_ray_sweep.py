@@ -34,6 +34,7 @@ from ray.cluster_utils import Cluster
 from compare.backends import registry
 from compare.backends.registry import BackendSpec
 from compare.cluster.ray_engine import cell_resources, describe_failure, run_payload, slots
+from compare.formats.codec import to_json
 from compare.problem.cases import Case, preset
 from compare.problem.golden import data_sha256
 from compare.sweep.command import main
@@ -367,8 +368,8 @@ def test_a_worker_with_other_golden_data_is_an_error_naming_both_hashes(numpy_pl
     ok), then a tampered one (an error naming both, nothing measured)."""
     case = Case(preset("tiny").model, preset("tiny").shape, "float32")
     payload = {
-        "spec": numpy_backend.SPEC.to_dict(),
-        "case": case.to_dict(),
+        "spec": to_json(numpy_backend.SPEC),
+        "case": to_json(case),
         "mode": "fwd",
         "timing": {**TimingConfig().__dict__, "budget_s": 0.02},
         "golden_sha256": data_sha256(case),

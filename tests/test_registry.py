@@ -13,6 +13,7 @@ import pytest
 
 from compare.backends import registry
 from compare.cli import main
+from compare.formats.codec import from_json, to_json
 from tests import fake_backend
 
 pytestmark = pytest.mark.quick
@@ -181,13 +182,13 @@ def test_each_entry_names_its_modules_object(name: str) -> None:
 
 
 def test_an_entry_crosses_a_process_boundary_whole() -> None:
-    """Every field survives to_dict -> JSON -> from_dict, for every entry (the TP worker and the sweep worker
+    """Every field survives to_json -> JSON -> from_json, for every entry (the TP worker and the sweep worker
     re-register what they are sent); an unknown field is refused, naming it."""
     for s in registry.BACKENDS.values():
-        assert registry.BackendSpec.from_dict(json.loads(json.dumps(s.to_dict()))) == s
-    d = {**registry.spec("torch-eager").to_dict(), "colour": "red"}
+        assert from_json(registry.BackendSpec, json.loads(json.dumps(to_json(s))), strict=True) == s
+    d = {**to_json(registry.spec("torch-eager")), "colour": "red"}
     with pytest.raises(ValueError, match="colour"):
-        registry.BackendSpec.from_dict(d)
+        from_json(registry.BackendSpec, d, strict=True)
 
 
 def test_a_remat_variant_names_a_registered_twin_it_recomputes() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from compare.formats.codec import from_json, to_json
 from compare.report import render
 from compare.report.cost import fusion_benefit
 from compare.report.render import speedup_cell
@@ -69,7 +70,7 @@ def test_two_machine_types_group_the_timings_and_compare_nothing_across_them() -
 def test_a_node_record_names_this_machine_and_round_trips() -> None:
     here = node("n-1")
     assert here.host and here.cpu and here.node_id == "n-1" and here.versions["numpy"]
-    assert Node.from_dict(here.to_dict()) == here and Node.from_dict(B.to_dict()) == B
+    assert from_json(Node, to_json(here)) == here and from_json(Node, to_json(B)) == B
     assert A.machine_type() != B.machine_type() and A.machine_type() == dataclasses.replace(A, host="a2").machine_type()
 
 

@@ -1,12 +1,11 @@
-"""The typed results document: every record reads back what it wrote (``from_dict(to_dict(x))``) on a real run's
-``results.json``, the committed report rebuilds from it unchanged, and a broken file is refused naming the file,
-the row and the field."""
+"""The typed results document: every record reads back what it wrote (``from_json(type(x), to_json(x))``) on a real
+run's ``results.json``, the committed report rebuilds from it unchanged, and a broken file is refused naming the file
+and the field's path."""
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 
 from compare.backends.tp import Collective
 from compare.cost.records import Achieved, Ceiling, Ceilings, CeilingTimings, Cost, CostTensor
+from compare.formats.codec import from_json, to_json
 from compare.gate.parity import TensorParity
 from compare.gate.parity_record import LastTimed, ParityRecord, ProcessVerdict
 from compare.gate.resolution import ResolutionRow
@@ -23,7 +23,7 @@ from compare.report import render as report
 from compare.results import document as results
 from compare.results.document import Config, Progress, Result, Results
 from compare.results.environment import Environment
-from compare.results.tp import TPInfo, collective_from_dict
+from compare.results.tp import TPInfo
 from compare.timing.timer import Timing, TimingConfig
 
 pytestmark = pytest.mark.quick
@@ -45,15 +45,15 @@ def test_the_committed_run_reads_back_exactly() -> None:
     raw = _raw()
     doc = results.read_json(CPU / "results.json")
     assert isinstance(doc, Results) and doc.schema_version == results.SCHEMA_VERSION
-    assert json.dumps(doc.to_dict(), allow_nan=True) == json.dumps(raw, allow_nan=True)  # same keys, same order
-    assert Results.from_dict(doc.to_dict()) == doc
+    assert json.dumps(to_json(doc), allow_nan=True) == json.dumps(raw, allow_nan=True)  # same keys, same order
+    assert from_json(Results, to_json(doc)) == doc
 
 
-def _round_trips(read: Callable[[Any], Any], items: list[Any]) -> None:
+def _round_trips(cls: type, items: list[Any]) -> None:
     assert items, "nothing of this type in the document"
     for x in items:
-        again = read(x.to_dict())
-        assert type(again) is type(x) and _json(again.to_dict()) == _json(x.to_dict()), x
+        again = from_json(cls, to_json(x))
+        assert type(again) is type(x) and _json(to_json(again)) == _json(to_json(x)), x
 
 
 def test_every_record_of_a_real_run_round_trips() -> None:
@@ -64,33 +64,33 @@ def test_every_record_of_a_real_run_round_trips() -> None:
     costs = [r.cost for r in rs if r.cost is not None]
     assert doc.ceilings is not None
     ceilings = list(doc.ceilings.by_dtype.values())
-    cases: list[tuple[Callable[[Any], Any], list[Any]]] = [
-        (Result.from_dict, list(rs)),
-        (Timing.from_dict, [r.timing for r in rs if r.timing is not None]),
-        (ParityRecord.from_dict, parities),
-        (TensorParity.from_dict, [t for p in parities for t in p.tensors]),
-        (LastTimed.from_dict, [p.last_timed for p in parities if p.last_timed is not None]),
-        (Kernels.from_dict, kernels),
-        (KernelEntry.from_dict, [k for s in kernels for k in s.kernels]),
-        (MetadataOp.from_dict, [m for s in kernels for m in s.metadata_ops]),
-        (Cost.from_dict, costs),
-        (CostTensor.from_dict, [t for c in costs for t in c.tensors]),
-        (Achieved.from_dict, [c.achieved for c in costs if c.achieved is not None]),
-        (Ceilings.from_dict, [doc.ceilings]),
-        (Ceiling.from_dict, ceilings),
-        (CeilingTimings.from_dict, [c.timing for c in ceilings if c.timing is not None]),
-        (ResolutionRow.from_dict, list(doc.resolution)),
-        (Environment.from_dict, [doc.environment]),
-        (Config.from_dict, [doc.config]),
-        (TimingConfig.from_dict, [doc.config.timing]),
-        (Results.from_dict, [doc]),
+    cases: list[tuple[type, list[Any]]] = [
+        (Result, list(rs)),
+        (Timing, [r.timing for r in rs if r.timing is not None]),
+        (ParityRecord, parities),
+        (TensorParity, [t for p in parities for t in p.tensors]),
+        (LastTimed, [p.last_timed for p in parities if p.last_timed is not None]),
+        (Kernels, kernels),
+        (KernelEntry, [k for s in kernels for k in s.kernels]),
+        (MetadataOp, [m for s in kernels for m in s.metadata_ops]),
+        (Cost, costs),
+        (CostTensor, [t for c in costs for t in c.tensors]),
+        (Achieved, [c.achieved for c in costs if c.achieved is not None]),
+        (Ceilings, [doc.ceilings]),
+        (Ceiling, ceilings),
+        (CeilingTimings, [c.timing for c in ceilings if c.timing is not None]),
+        (ResolutionRow, list(doc.resolution)),
+        (Environment, [doc.environment]),
+        (Config, [doc.config]),
+        (TimingConfig, [doc.config.timing]),
+        (Results, [doc]),
     ]
-    for read, items in cases:
-        _round_trips(read, items)
+    for cls, items in cases:
+        _round_trips(cls, items)
     # the raw JSON of each part is what its record writes, so nothing is dropped or invented on the way
     raw = _raw()
     for r, d in zip(rs, raw["results"], strict=True):
-        assert _json(r.to_dict()) == _json(d)
+        assert _json(to_json(r)) == _json(d)
         if r.timing is not None:
             assert r.timing.noisy == d["timing"]["noisy"]  # derived, and agrees with what was written
 
@@ -118,20 +118,20 @@ def _tp_result() -> Result:
     )
     parity = base.parity
     assert parity is not None
-    parity = ParityRecord.from_dict({**parity.to_dict(), "processes": [{"rank": 0, "passed": True, "tier": "pass"}]})
-    return Result.from_dict({**base.to_dict(), "world_size": 2, "tp": tp.to_dict(), "parity": parity.to_dict()})
+    parity = from_json(ParityRecord, {**to_json(parity), "processes": [{"rank": 0, "passed": True, "tier": "pass"}]})
+    return from_json(Result, {**to_json(base), "world_size": 2, "tp": to_json(tp), "parity": to_json(parity)})
 
 
 def test_tensor_parallel_fields_round_trip_and_stay_optional() -> None:
     r = _tp_result()
     assert r.world_size == 2 and r.tp is not None and r.tp.collectives[0].kind == "all-reduce"
     assert r.parity is not None and r.parity.processes == (ProcessVerdict(0, True),)
-    _round_trips(Result.from_dict, [r])
-    _round_trips(TPInfo.from_dict, [r.tp])
-    _round_trips(ProcessVerdict.from_dict, list(r.parity.processes))
+    _round_trips(Result, [r])
+    _round_trips(TPInfo, [r.tp])
+    _round_trips(ProcessVerdict, list(r.parity.processes))
     c = r.tp.collectives[0]
-    assert collective_from_dict(c.to_dict()) == c
-    single = results.read_json(CPU / "results.json").results[0].to_dict()
+    assert from_json(Collective, to_json(c)) == c
+    single = to_json(results.read_json(CPU / "results.json").results[0])
     assert not {"world_size", "tp"} & set(single) and "processes" not in single["parity"]  # layout of version 2
 
 
@@ -147,25 +147,25 @@ def test_a_sweep_config_round_trips() -> None:
         progress=Progress(cells=2, done=1, sessions=1),
         world_sizes=(1, 2),
     )
-    _round_trips(Config.from_dict, [config])
-    _round_trips(Progress.from_dict, [config.progress])
+    _round_trips(Config, [config])
+    _round_trips(Progress, [config.progress])
 
 
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda r: r["timing"].update(n="11"), "result #0 (torch-eager) field timing.n: is a str, not an integer"),
+        (lambda r: r["timing"].update(n="11"), "results[0].timing.n: is a str, not an integer"),
         (
             lambda r: r["parity"]["tensors"][0].pop("why"),
-            "result #0 (torch-eager) field parity.tensors[0].why: is missing",
+            "results[0].parity.tensors[0].why: is missing",
         ),
         (
             lambda r: r["kernels"].update(kernels={}),
-            "result #0 (torch-eager) field kernels.kernels: is a dict, not a list",
+            "results[0].kernels.kernels: is a dict, not a list",
         ),
-        (lambda r: r["cost"].pop("flops"), "result #0 (torch-eager) field cost.flops: is missing"),
-        (lambda r: r["cost"]["achieved"].update(bound=1), "field cost.achieved.bound: is an int, not a string"),
-        (lambda r: r.update(extras=[]), "result #0 (torch-eager) field extras: is a list, not an object"),
+        (lambda r: r["cost"].pop("flops"), "results[0].cost.flops: is missing"),
+        (lambda r: r["cost"]["achieved"].update(bound=1), "results[0].cost.achieved.bound: is an int, not a string"),
+        (lambda r: r.update(extras=[]), "results[0].extras: is a list, not an object"),
     ],
 )
 def test_a_foreign_field_is_refused_naming_file_row_and_field(edit: Any, message: str, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ import pytest
 from compare import cli
 from compare.backends.registry import BackendSpec
 from compare.formats import atomic
+from compare.formats.codec import from_json
 from compare.problem.cases import PRESETS, Case, InputError, Shape
 from compare.results import document as results
 from compare.results.document import SCHEMA_VERSION, Results
@@ -242,7 +243,7 @@ def test_diff_refuses_non_finite_options(
     option: str, value: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "r.json"
-    results.write_json(path, Results.from_dict(_doc()))
+    results.write_json(path, from_json(Results, _doc()))
     assert cli.main(["diff", str(path), str(path), option, value]) == 2
     assert message in _one_line_error(capsys.readouterr().err)
 
@@ -304,13 +305,13 @@ class _FullDisk:
 def test_a_failed_write_keeps_the_previous_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "results.json"
     old = _doc()
-    results.write_json(path, Results.from_dict(old))
+    results.write_json(path, from_json(Results, old))
     before = path.read_bytes()
     monkeypatch.setattr(atomic, "os", _Os(fdopen=lambda fd, *a, **kw: _FullDisk(os.fdopen(fd, *a, **kw))))
     new = copy.deepcopy(old)
     new["results"][0]["status"] = "error"
     with pytest.raises(OSError) as e:
-        results.write_json(path, Results.from_dict(new))
+        results.write_json(path, from_json(Results, new))
     assert e.value.errno == errno.ENOSPC
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temporary file left
@@ -403,7 +404,7 @@ def test_report_and_diff_refuse_a_bad_row(
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc), encoding="utf-8")
     good = tmp_path / "good.json"
-    results.write_json(good, Results.from_dict(_doc()))
+    results.write_json(good, from_json(Results, _doc()))
     assert cli.main(["report", str(bad), "--out", str(tmp_path / "R.md")]) == 2
     line = _one_line_error(capsys.readouterr().err)
     assert f"results file {bad}: " in line and message in line
@@ -448,7 +449,7 @@ def test_interrupted_run_saves_what_finished(
     """``harness.run`` returns the finished cells with ``interrupted``: run writes them and exits 130."""
 
     def partial(*args: object, **kw: object) -> Results:
-        return Results.from_dict({**_doc(), "interrupted": True})
+        return from_json(Results, {**_doc(), "interrupted": True})
 
     monkeypatch.setattr(harness, "run", partial)
     out = tmp_path / "o"

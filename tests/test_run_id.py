@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from compare.cli import main
+from compare.formats.codec import from_json, to_json
 from compare.formats.jsonl import read_records
 from compare.results.document import Result, Results, read_json, write_json
 from compare.results.load import Load
@@ -25,12 +26,12 @@ OLD_ID, NEW_ID = "20250101T000000Z-aaaaaa", "20250102T000000Z-bbbbbb"
 
 
 def _row(backend: str, median: float, note: str) -> Result:
-    return Result.from_dict({**_result(backend, "float32", _samples(median, 0.05)), "note": note})
+    return from_json(Result, {**_result(backend, "float32", _samples(median, 0.05)), "note": note})
 
 
 def _older_results(out: Path, rows: list[Result], run_id: str = OLD_ID) -> None:
     """An older run's complete ``results.json`` in ``out``."""
-    write_json(out / "results.json", Results.from_dict({**_doc([r.to_dict() for r in rows]), "run_id": run_id}))
+    write_json(out / "results.json", from_json(Results, {**_doc([to_json(r) for r in rows]), "run_id": run_id}))
 
 
 def _killed_run(out: Path, rows: list[Result], run_id: str = NEW_ID) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from compare.cost.model import cost
+from compare.formats.codec import from_json, to_json
 from compare.problem.cases import PRESETS
 from compare.report import render as report
 from compare.report.cost import fusion_benefit, fusion_section
@@ -53,20 +54,21 @@ def _timing(median: float, iqr: float, samples: list[float] | None = None) -> di
 
 
 def _row(backend: str, timing: dict[str, Any]) -> dict[str, Any]:
-    r = Result.for_case(backend, CASE, "fwd", "ok").to_dict()
+    r = to_json(Result.for_case(backend, CASE, "fwd", "ok"))
     r["timing"] = timing
-    r["cost"] = cost(CASE, backend, "fwd").to_dict()
+    r["cost"] = to_json(cost(CASE, backend, "fwd"))
     return r
 
 
 def _doc(eager: dict[str, Any], compiled: dict[str, Any]) -> Results:
-    return Results.from_dict(
+    return from_json(
+        Results,
         {
             "created": "2026-01-01T00:00:00+00:00",
             "config": {},
             "environment": {"versions": {}, "threads": {}, "precision": {}},
             "results": [_row("torch-eager", eager), _row("torch-compile", compiled)],
-        }
+        },
     )
 
 
@@ -167,7 +169,9 @@ def test_slower_beyond_noise_is_numbered_and_never_pays_back() -> None:
 def test_modes_section_speedups_follow_the_rule() -> None:
     doc = _doc(_timing(4.95e-3, 4.81e-3), _timing(4.92e-3, 0.05e-3))
     bwd = [
-        replace(r, mode="bwd", timing=Timing.from_dict(_timing(10e-3 if r.backend == "torch-eager" else 5e-3, 0.05e-3)))
+        replace(
+            r, mode="bwd", timing=from_json(Timing, _timing(10e-3 if r.backend == "torch-eager" else 5e-3, 0.05e-3))
+        )
         for r in doc.results
     ]
     md = report.modes_section([*doc.results, *bwd])

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from compare.formats.codec import from_json
 from compare.timing.significance import (
     EXACT_MAX,
     FASTER,
@@ -67,7 +68,7 @@ def test_verdicts_and_p_values_are_the_hand_written_ones() -> None:
     for p in doc["pairs"]:
         old, new = records[p["old"]], records[p["new"]]
         v = compare_timing(old, new)
-        d = paired_differences(Timing.from_dict(old), Timing.from_dict(new))
+        d = paired_differences(from_json(Timing, old), from_json(Timing, new))
         got = (v.verdict, v.design, v.pairs)
         if got != (p["verdict"], p["design"], p["pairs"]):
             wrong.append(f"{p['old']} -> {p['new']}: {got}, was {p['verdict'], p['design'], p['pairs']}")

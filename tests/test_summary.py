@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from compare.cost.model import cost
+from compare.formats.codec import from_json, to_json
 from compare.kernels import summary as ks
 from compare.problem.cases import Case, Shape
 from compare.report.cost import fusion_benefit, fusion_section
@@ -110,7 +111,7 @@ def _doc(fast: float) -> Results:
             "erf_scale_err": 1e-5,
         }
     ]
-    return Results.from_dict({"results": results, "resolution": resolution, "environment": {}, "config": {}})
+    return from_json(Results, {"results": results, "resolution": resolution, "environment": {}, "config": {}})
 
 
 def test_summary_line_says_parity_resolution_fastest_and_headroom() -> None:
@@ -154,7 +155,7 @@ def _profiled(gemm_us: float, other_us: float, *, timed: bool = True) -> dict[st
 
 def _costed(backend: str, median: float, status: str = "ok", kernels: dict[str, Any] | None = None) -> dict[str, Any]:
     r = _row(backend, median, status=status, kernels=kernels)
-    r["cost"] = cost(CASE, backend, "fwd").to_dict()
+    r["cost"] = to_json(cost(CASE, backend, "fwd"))
     return r
 
 
@@ -170,7 +171,7 @@ def _frameworks(
         _costed("jax-unfused", 3e-3, status=jax_unfused, kernels=_profiled(2000.0, 500.0, timed=unfused_kernels)),
         _costed("jax-xla", 0.2e-3, status=jax_xla, kernels=_profiled(150.0, 30.0, timed=xla_kernels)),
     ]
-    return Results.from_dict({"results": results, "environment": {}, "config": {}})
+    return from_json(Results, {"results": results, "environment": {}, "config": {}})
 
 
 def _fusion_row(doc: Results, backend: str) -> dict[str, Any]:
@@ -292,8 +293,8 @@ def _timed_together(rounds: int, medians: dict[str, float], ceilings: bool = Tru
         if r["status"] == "deviates":
             r["parity"]["deviated"] = ["y"]
         rows.append(r)
-    return Results.from_dict(
-        {"results": rows, "environment": {}, "config": {}, **({"ceilings": CEILINGS} if ceilings else {})}
+    return from_json(
+        Results, {"results": rows, "environment": {}, "config": {}, **({"ceilings": CEILINGS} if ceilings else {})}
     )
 
 
@@ -383,7 +384,7 @@ def test_a_backend_whose_plan_fuses_nothing_is_never_under_saved() -> None:
         _costed("torch-eager-remat", 0.5e-3),
         _costed("torch-compile", 0.5e-3),
     ]
-    doc = Results.from_dict({"results": rows, "environment": {}, "config": {}})
+    doc = from_json(Results, {"results": rows, "environment": {}, "config": {}})
     head = _headroom_text(doc)
     assert "saved: torch-compile 500 us" in head and "torch-eager-remat" not in head, head
     table_ = fusion_section(doc)

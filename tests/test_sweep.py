@@ -24,6 +24,7 @@ import pytest
 from compare.backends import registry
 from compare.backends.registry import Availability, BackendSpec, Prepared, spec
 from compare.cost.records import Ceiling, Ceilings
+from compare.formats.codec import to_json
 from compare.results.document import SCHEMA_VERSION
 from compare.run import harness
 from compare.sweep.command import add_parser, config_from_args, main, run_sweep
@@ -367,7 +368,7 @@ def test_rows_are_held_to_the_ceilings_measured_once(
         assert ("matmul ceiling" in r.implausible) == (status == "implausible"), r.implausible
         if status == "implausible":
             assert r.reason.startswith("implausible: "), r.reason
-    assert json.loads((tmp_path / JSONL).read_text().splitlines()[0])["ceilings"] == _ceilings(flops_per_s).to_dict()
+    assert json.loads((tmp_path / JSONL).read_text().splitlines()[0])["ceilings"] == to_json(_ceilings(flops_per_s))
 
 
 def test_no_ceilings_measures_nothing_and_judges_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from compare import cli
+from compare.formats.codec import to_json
 from compare.problem.cases import PRESETS
 from compare.results.document import Result, read_json
 
@@ -33,7 +34,7 @@ def _events(folder: Path, job_id: object, done: list[int]) -> None:
     lines = [{"event": "ready", "t": time.time(), "job_id": job_id, "environment": {}}]
     for i, mode in enumerate(("fwd", "bwd")):
         if i in done:
-            row = {**Result.for_case("jax-tp", case, mode, "skipped", reason="stand-in").to_dict(), "world_size": 2}
+            row = {**to_json(Result.for_case("jax-tp", case, mode, "skipped", reason="stand-in")), "world_size": 2}
             lines.append({"event": "done", "cell": i, "result": row})
     (folder / "rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
 

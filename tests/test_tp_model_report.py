@@ -12,6 +12,7 @@ from compare.backends.registry import register, spec, unregister
 from compare.backends.tp import Collective, ring_bytes
 from compare.cli import main
 from compare.cost.comm import COMM_PLANS, comm_cost, shard
+from compare.formats.codec import to_json
 from compare.kernels.classify import classify
 from compare.problem.cases import PRESETS, InputError
 from compare.report.render import render
@@ -128,7 +129,7 @@ def _issued(*lines: tuple[str, int, int], plan: str = "megatron", mode: str = "f
         transport="test",
         layout="test",
         collectives=tuple(Collective(k, n, b, "hand-built") for k, n, b in lines),
-        comm_model=comm_cost(TINY, plan, mode, world).to_dict(),
+        comm_model=to_json(comm_cost(TINY, plan, mode, world)),
     )
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from compare.cost.records import FLOAT32_ROUTE, NATIVE_ROUTE
+from compare.formats.codec import to_json
 from compare.problem.cases import DTYPES, check_name
 from compare.timing import timer as timing
 from torch_impl import device as dev
@@ -237,7 +238,7 @@ def measure_ceilings(
     # sampled for what is left of the copy's share, 5 samples at the least
     tc = copy_timing(numel, tdtype, dev_, max(0.0, start + budget - timing.CLOCK()) / 2)
     moved = 2 * numel * tdtype.itemsize  # every byte read from src and written to dst
-    timings: dict[str, Any] = {"matmul": best.timing.to_dict(), "matmul_all": native.sizes, "copy": tc.to_dict()}
+    timings: dict[str, Any] = {"matmul": to_json(best.timing), "matmul_all": native.sizes, "copy": to_json(tc)}
     if f32 is not None:
         timings["float32_route_all"] = f32.sizes
     return {

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -173,22 +173,6 @@ class BackendSpec:
                 f"backend {self.name!r}: its target {self.target} is outside the framework packages "
                 f"({', '.join(FRAMEWORK_PACKAGES)}): name its framework with framework="
             )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The entry as JSON: how it crosses every process boundary (a worker re-registers it, since a test's or
-        an extension's backend exists only in the process that registered it)."""
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BackendSpec:
-        """The inverse of :meth:`to_dict`; an unknown key is an error (a worker of another version)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown registry fields {unknown}; known: {sorted(known)}")
-        tuples = {"models", "modes", "sweep", "kernels", "launches"}
-        values: dict[str, Any] = {k: (tuple(v) if k in tuples else v) for k, v in d.items()}
-        return cls(**values)
 
     def load(self) -> Backend:
         module = importlib.import_module(self.target)

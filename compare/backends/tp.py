@@ -28,7 +28,7 @@ How a TP backend runs (``compare.run.tp_launch`` starts it, ``compare.run.tp_wor
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -96,9 +96,6 @@ class Collective:
     bytes: int
     source: str
     detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

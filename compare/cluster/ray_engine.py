@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BackendSpec
+from compare.formats.codec import from_json, to_json
 from compare.problem import golden
 from compare.problem.cases import Case, InputError
 from compare.results import environment
@@ -92,8 +93,8 @@ def run_payload(payload: dict[str, Any], node_id: str = "") -> dict[str, Any]:
     """Run one cell as a worker does: check the golden data against the driver's hash, run the cell pipeline
     (``compare.sweep.worker.run_cell_inprocess``), label the result with this node. A pure function of the payload
     and this process (a test calls it without Ray). Returns ``{"result": ..., "meta": ...}`` as JSON data."""
-    s = BackendSpec.from_dict(payload["spec"])
-    case = Case.from_dict(payload["case"])
+    s = from_json(BackendSpec, payload["spec"], strict=True)
+    case = from_json(Case, payload["case"])
     cell = Cell(s.name, case, payload["mode"])
     expected = payload["golden_sha256"]
     meta: dict[str, Any] = {"precision": {}, "gpu": None}
@@ -118,7 +119,7 @@ def run_payload(payload: dict[str, Any], node_id: str = "") -> dict[str, Any]:
             r, meta = run_cell_inprocess(s, cell, TimingConfig(**payload["timing"]), _PLAIN)
             r = dataclasses.replace(r, extras={**r.extras, "golden_sha256": mine})
     r = dataclasses.replace(r, node=environment.node(node_id))
-    return {"result": r.to_dict(), "meta": meta}
+    return {"result": to_json(r), "meta": meta}
 
 
 def run_task(payload: dict[str, Any]) -> dict[str, Any]:
@@ -283,8 +284,8 @@ class RayRunner:
                         break
                     queue.popleft()
                     payload = {
-                        "spec": specs[cell.backend].to_dict(),
-                        "case": cell.case.to_dict(),
+                        "spec": to_json(specs[cell.backend]),
+                        "case": to_json(cell.case),
                         "mode": cell.mode,
                         "timing": dataclasses.asdict(cfg),
                         "golden_sha256": self._golden_hash(cell.case),
@@ -319,7 +320,7 @@ class RayRunner:
                             f.cell, r, {"precision": {}, "gpu": None}, wall, final=not (again and f.attempt < attempts)
                         )
                         continue
-                    r = Result.from_dict(out["result"])
+                    r = from_json(Result, out["result"])
                     if f.attempt > 1:
                         r = dataclasses.replace(
                             r, extras={**r.extras, "attempt": f.attempt, "earlier_attempts": f.earlier}

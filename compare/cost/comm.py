@@ -17,8 +17,7 @@ kinds, each as many calls, byte for byte.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from compare.backends.tp import ring_bytes
 from compare.cost.model import ITEMSIZE
@@ -76,9 +75,6 @@ class CommCost:
     payload_bytes: int
     ring_bytes_per_rank: float
     kind: str = "all-reduce"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def check_world_size_value(world_size: int, option: str = "world size") -> int:

@@ -7,21 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from compare.formats.jsonfields import (
-    FieldError,
-    Obj,
-    integer,
-    integers,
-    mapping,
-    number,
-    obj,
-    opt_number,
-    record_dict,
-    sub,
-    subs,
-    text,
-    texts,
-)
+from compare.formats.codec import INLINE, LATER
 from compare.timing.timer import Timing
 
 #: Native 16-bit matmul counts as emulated when it runs below this fraction of the float32 route (both operands
@@ -47,20 +33,6 @@ class CostTensor:
     reads: int
     writes: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("achieved",))
-
-    @staticmethod
-    def from_dict(d: Obj) -> CostTensor:
-        return CostTensor(
-            text(d, "name"),
-            integers(d, "shape"),
-            integer(d, "bytes"),
-            text(d, "role"),
-            integer(d, "reads"),
-            integer(d, "writes"),
-        )
-
 
 @dataclass(frozen=True)
 class Achieved:
@@ -76,22 +48,6 @@ class Achieved:
     bound: str
     roofline_fraction: float
     ridge_intensity: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> Achieved:
-        return Achieved(
-            flops_per_s=number(d, "flops_per_s"),
-            bytes_per_s=number(d, "bytes_per_s"),
-            flops_fraction=number(d, "flops_fraction"),
-            bytes_fraction=number(d, "bytes_fraction"),
-            predicted_s=number(d, "predicted_s"),
-            bound=text(d, "bound"),
-            roofline_fraction=number(d, "roofline_fraction"),
-            ridge_intensity=number(d, "ridge_intensity"),
-        )
 
 
 @dataclass(frozen=True)
@@ -117,54 +73,11 @@ class Cost:
     model_kernels: tuple[str, ...]
     model_kernels_per_step: int
     assumption: str = ""
-    achieved: Achieved | None = None
+    achieved: Achieved | None = field(default=None, metadata=LATER)
 
     def tensor(self, name: str) -> CostTensor:
         """The entry of tensor ``name``."""
         return next(t for t in self.tensors if t.name == name)
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "backend": self.backend,
-            "plan": self.plan,
-            "mode": self.mode,
-            "dtype": self.dtype,
-            "flops": self.flops,
-            "ew_flops": self.ew_flops,
-            "bytes": self.bytes,
-            "arithmetic_intensity": self.arithmetic_intensity,
-            "tensors": [t.to_dict() for t in self.tensors],
-            "intermediate_bytes": self.intermediate_bytes,
-            "materialized": list(self.materialized),
-            "saved": list(self.saved),
-            "model_kernels": list(self.model_kernels),
-            "model_kernels_per_step": self.model_kernels_per_step,
-            "assumption": self.assumption,
-        }
-        if self.achieved is not None:
-            d["achieved"] = self.achieved.to_dict()
-        return d
-
-    @staticmethod
-    def from_dict(d: Obj) -> Cost:
-        return Cost(
-            backend=text(d, "backend"),
-            plan=text(d, "plan"),
-            mode=text(d, "mode"),
-            dtype=text(d, "dtype"),
-            flops=integer(d, "flops"),
-            ew_flops=integer(d, "ew_flops"),
-            bytes=integer(d, "bytes"),
-            arithmetic_intensity=number(d, "arithmetic_intensity"),
-            tensors=subs(d, "tensors", CostTensor.from_dict),
-            intermediate_bytes=integer(d, "intermediate_bytes"),
-            materialized=texts(d, "materialized"),
-            saved=texts(d, "saved"),
-            model_kernels=texts(d, "model_kernels"),
-            model_kernels_per_step=integer(d, "model_kernels_per_step"),
-            assumption=text(d, "assumption", ""),
-            achieved=sub(d, "achieved", Achieved.from_dict),
-        )
 
 
 @dataclass(frozen=True)
@@ -172,24 +85,12 @@ class CeilingTimings:
     """How a dtype's ceilings were measured: the matmul timing of the ceiling (the winning route's best size) and the
     copy's (the shared timer's), and every matmul size tried, ``{size: {"median_s", "min_s", "flops_per_s"}}`` (the
     rate of the fastest sample): ``matmul_all`` by the native route, ``float32_route_all`` by the float32 route (a
-    16-bit dtype only; empty otherwise and in older documents, and then left out of :meth:`to_dict`)."""
+    16-bit dtype only; empty otherwise and in older documents, and then left out of its JSON)."""
 
     matmul: Timing | None = None
     matmul_all: dict[str, Any] = field(default_factory=dict)
     copy: Timing | None = None
-    float32_route_all: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("float32_route_all",))
-
-    @staticmethod
-    def from_dict(d: Obj) -> CeilingTimings:
-        return CeilingTimings(
-            matmul=sub(d, "matmul", Timing.from_dict),
-            copy=sub(d, "copy", Timing.from_dict),
-            matmul_all=mapping(d, "matmul_all"),
-            float32_route_all=mapping(d, "float32_route_all"),
-        )
+    float32_route_all: dict[str, Any] = field(default_factory=dict, metadata=LATER)
 
 
 @dataclass(frozen=True)
@@ -203,7 +104,7 @@ class Ceiling:
     own probe, ``jax_impl.ceilings``, was faster than both: :meth:`merged`). Also
     ``aten_cpu_capability``, the CPU kernels torch dispatched to (``AVX2``, ``AVX512``; ``""``: not read) and
     ``probe_s``, the probe's wall time for this dtype. An older document lacks these: it measured the native route
-    only, so they default to that, and are left out of :meth:`to_dict` while they hold their defaults."""
+    only, so they default to that, and are left out of its JSON while they hold their defaults."""
 
     flops_per_s: float
     bytes_per_s: float
@@ -213,11 +114,11 @@ class Ceiling:
     device: str = ""
     precision: dict[str, Any] = field(default_factory=dict)
     timing: CeilingTimings | None = None
-    native_flops_per_s: float | None = None
-    float32_route_flops_per_s: float | None = None
-    route: str = NATIVE_ROUTE
-    aten_cpu_capability: str = ""
-    probe_s: float | None = None
+    native_flops_per_s: float | None = field(default=None, metadata=LATER)
+    float32_route_flops_per_s: float | None = field(default=None, metadata=LATER)
+    route: str = field(default=NATIVE_ROUTE, metadata=LATER)
+    aten_cpu_capability: str = field(default="", metadata=LATER)
+    probe_s: float | None = field(default=None, metadata=LATER)
 
     @property
     def matmul_emulated(self) -> bool:
@@ -243,28 +144,6 @@ class Ceiling:
             out = replace(out, bytes_per_s=other.bytes_per_s, copy_bytes=other.copy_bytes)
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        optional = ("native_flops_per_s", "float32_route_flops_per_s", "route", "aten_cpu_capability", "probe_s")
-        return record_dict(self, optional=optional)
-
-    @staticmethod
-    def from_dict(d: Obj) -> Ceiling:
-        return Ceiling(
-            flops_per_s=number(d, "flops_per_s"),
-            bytes_per_s=number(d, "bytes_per_s"),
-            matmul_shape=integers(d, "matmul_shape"),
-            copy_bytes=integer(d, "copy_bytes", 0),
-            dtype=text(d, "dtype", ""),
-            device=text(d, "device", ""),
-            precision=mapping(d, "precision"),
-            timing=sub(d, "timing", CeilingTimings.from_dict),
-            native_flops_per_s=opt_number(d, "native_flops_per_s"),
-            float32_route_flops_per_s=opt_number(d, "float32_route_flops_per_s"),
-            route=text(d, "route", NATIVE_ROUTE),
-            aten_cpu_capability=text(d, "aten_cpu_capability", ""),
-            probe_s=opt_number(d, "probe_s"),
-        )
-
 
 @dataclass(frozen=True)
 class Ceilings:
@@ -272,7 +151,7 @@ class Ceilings:
     ``{"device": ..., "<dtype>": {...}, ...}``."""
 
     device: str
-    by_dtype: dict[str, Ceiling]
+    by_dtype: dict[str, Ceiling] = field(metadata=INLINE)
 
     def get(self, dtype: str) -> Ceiling | None:
         """The ceiling of ``dtype`` when it has positive FLOP/s and bandwidth, else None."""
@@ -287,17 +166,3 @@ class Ceilings:
         for k, c in other.by_dtype.items():
             out[k] = out[k].merged(c) if k in out else c
         return Ceilings(self.device, out)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, **{k: c.to_dict() for k, c in self.by_dtype.items()}}
-
-    @staticmethod
-    def from_dict(d: Obj) -> Ceilings:
-        by_dtype = {}
-        for k, v in d.items():
-            if k != "device":
-                try:
-                    by_dtype[k] = Ceiling.from_dict(obj(v))
-                except FieldError as exc:
-                    raise exc.within(k) from None
-        return Ceilings(text(d, "device", ""), by_dtype)

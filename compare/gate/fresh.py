@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import secrets
 import zlib
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from compare.formats.jsonfields import Obj, integer, opt_integer, record_dict, text, texts
+from compare.formats.codec import LATER
 from compare.gate.parity import DTYPE_MAX, Parity, Plain, UnusableCase, check_plain
 from compare.problem.cases import Case
 from compare.problem.golden import draw_input
@@ -173,10 +172,10 @@ class FreshCheck:
     tier: str
     failures: tuple[str, ...] = ()
     deviations: tuple[str, ...] = ()
-    rows: int | None = None
-    rows_seed: int | None = None
-    judged: int | None = None
-    made: int | None = None
+    rows: int | None = field(default=None, metadata=LATER)
+    rows_seed: int | None = field(default=None, metadata=LATER)
+    judged: int | None = field(default=None, metadata=LATER)
+    made: int | None = field(default=None, metadata=LATER)
 
     @staticmethod
     def of(
@@ -190,22 +189,6 @@ class FreshCheck:
         seed_rows = None if ref is None else ref.rows_seed
         found, dev = tuple(parity.failures()), tuple(parity.deviations())
         return FreshCheck(seed, parity.tier, found, dev, rows, seed_rows, judged, made)
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("rows", "rows_seed", "judged", "made"))
-
-    @staticmethod
-    def from_dict(d: Obj) -> FreshCheck:
-        return FreshCheck(
-            integer(d, "seed"),
-            text(d, "tier"),
-            texts(d, "failures"),
-            texts(d, "deviations"),
-            opt_integer(d, "rows"),
-            opt_integer(d, "rows_seed"),
-            opt_integer(d, "judged"),
-            opt_integer(d, "made"),
-        )
 
     @property
     def reasons(self) -> list[str]:

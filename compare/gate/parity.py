@@ -86,7 +86,7 @@ from typing import Any
 
 import numpy as np
 
-from compare.formats.jsonfields import Obj, flag, integer, integers, number, opt_number, record_dict, text, texts
+from compare.formats.codec import LATER
 from compare.problem.cases import Case, InputError
 from compare.problem.reference import SIGNIFICAND_BITS, TRANSCENDENTAL_ERROR_ULPS, round_to_dtype
 
@@ -225,62 +225,16 @@ class TensorParity:
     mean_fail: float = math.nan
     scale_fail: float = math.nan
     cause: str = ""
-    #: ``rms(e over the smallest tenth of |ref|) / rms(e)`` (the ``where`` check); None in documents written before it.
-    where_ratio: float | None = None
+    #: ``rms(e over the smallest tenth of |ref|) / rms(e)`` (the ``where`` check); None in documents written before it
+    #: (and then left out of the JSON, as it was).
+    where_ratio: float | None = field(default=None, metadata=LATER)
     #: The paired scale's distance beyond the honest interval, judged against ``scale_fail`` (the ``scale`` check);
     #: None in documents written before it.
-    scale_paired: float | None = None
+    scale_paired: float | None = field(default=None, metadata=LATER)
 
-    def to_dict(self) -> dict[str, object]:
-        """Every field; ``where_ratio`` only when measured (an older document read back writes what it held)."""
-        return record_dict(self, optional=("where_ratio", "scale_paired"))
-
-    @staticmethod
-    def from_dict(d: Obj) -> TensorParity:
-        """The inverse of :meth:`to_dict`: every field is required (``results.json`` stores them all) but
-        ``where_ratio``, which documents written before the ``where`` check lack."""
-        return TensorParity(
-            tensor=text(d, "tensor"),
-            n=integer(d, "n"),
-            max_abs_err=number(d, "max_abs_err"),
-            max_rel_err=number(d, "max_rel_err"),
-            bound=number(d, "bound"),
-            ratio=number(d, "ratio"),
-            plain_err=number(d, "plain_err"),
-            rms_err=number(d, "rms_err"),
-            rms_plain=number(d, "rms_plain"),
-            rms_bound=number(d, "rms_bound"),
-            mean_err=number(d, "mean_err"),
-            mean_plain=number(d, "mean_plain"),
-            mean_se=number(d, "mean_se"),
-            mean_bound=number(d, "mean_bound"),
-            scale_err=number(d, "scale_err"),
-            scale_plain=number(d, "scale_plain"),
-            scale_se=number(d, "scale_se"),
-            scale_bound=number(d, "scale_bound"),
-            not_representable=integer(d, "not_representable"),
-            worst_ratio=number(d, "worst_ratio"),
-            worst_index=list(integers(d, "worst_index")),
-            nonfinite=integer(d, "nonfinite"),
-            passed=flag(d, "passed"),
-            failed=list(texts(d, "failed")),
-            why=text(d, "why"),
-            tier=_tier_name(text(d, "tier")),
-            deviated=list(texts(d, "deviated")),
-            max_fail=number(d, "max_fail"),
-            rms_fail=number(d, "rms_fail"),
-            mean_fail=number(d, "mean_fail"),
-            scale_fail=number(d, "scale_fail"),
-            cause=text(d, "cause"),
-            where_ratio=opt_number(d, "where_ratio"),
-            scale_paired=opt_number(d, "scale_paired"),
-        )
-
-
-def _tier_name(t: str) -> str:
-    if t not in TIERS:
-        raise ValueError(f"unknown parity tier {t!r}; known: {', '.join(TIERS)}")
-    return t
+    def __post_init__(self) -> None:
+        if self.tier not in TIERS:
+            raise ValueError(f"unknown parity tier {self.tier!r}; known: {', '.join(TIERS)}")
 
 
 def _matrix(a: np.ndarray) -> np.ndarray:
@@ -795,24 +749,6 @@ class Parity:
     def deviations(self) -> list[str]:
         """The tensors in the deviates tier, with why and the likely cause."""
         return [f"{t.tensor}: {t.why} ({t.cause})" for t in self.tensors if t.tier == "deviates"]
-
-    def to_dict(self) -> dict[str, object]:
-        """The verdict's summary (the worst tensor's numbers) and every tensor: the fields of a stored
-        :class:`~compare.gate.parity_record.ParityRecord` that the gate itself decides."""
-        w = self.worst
-        return {
-            "passed": self.passed,
-            "tier": self.tier,
-            "max_abs_err": w.max_abs_err,
-            "max_rel_err": w.max_rel_err,
-            "bound": w.bound,
-            "ratio": w.ratio,
-            "worst_ratio": w.worst_ratio,
-            "worst_tensor": w.tensor,
-            "failed": [f"{t.tensor}:{c}" for t in self.tensors for c in t.failed],
-            "deviated": [f"{t.tensor}:{c}" for t in self.tensors for c in t.deviated],
-            "tensors": [t.to_dict() for t in self.tensors],
-        }
 
 
 def check_all(

@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field
 
-from compare.formats.jsonfields import Obj, flag, integer, number, record_dict, sub, subs, text, texts
+from compare.formats.codec import LATER
 from compare.gate.fresh import FreshCheck
 from compare.gate.parity import Parity, TensorParity
 
@@ -20,13 +19,6 @@ class LastTimed:
     failures: tuple[str, ...] = ()
     tier: str = "pass"
 
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> LastTimed:
-        return LastTimed(flag(d, "passed"), texts(d, "failures"), text(d, "tier"))
-
 
 @dataclass(frozen=True)
 class CopyVerdict:
@@ -38,13 +30,6 @@ class CopyVerdict:
     passed: bool
     tier: str = "pass"
 
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> CopyVerdict:
-        return CopyVerdict(text(d, "device"), flag(d, "passed"), text(d, "tier"))
-
 
 @dataclass(frozen=True)
 class ProcessVerdict:
@@ -55,15 +40,6 @@ class ProcessVerdict:
     passed: bool
     tier: str = "pass"
     copies: tuple[CopyVerdict, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> ProcessVerdict:
-        return ProcessVerdict(
-            integer(d, "rank"), flag(d, "passed"), text(d, "tier"), subs(d, "copies", CopyVerdict.from_dict)
-        )
 
 
 @dataclass(frozen=True)
@@ -88,15 +64,14 @@ class ParityRecord:
     failed: tuple[str, ...] = ()
     tensors: tuple[TensorParity, ...] = ()
     checked: tuple[str, ...] = ()
-    last_timed: LastTimed | None = None
-    processes: tuple[ProcessVerdict, ...] = ()
-    fresh: FreshCheck | None = None
+    last_timed: LastTimed | None = field(default=None, metadata=LATER)
+    processes: tuple[ProcessVerdict, ...] = field(default=(), metadata=LATER)
+    fresh: FreshCheck | None = field(default=None, metadata=LATER)
 
     @staticmethod
     def of(parity: Parity, last_timed: Parity | None = None, fresh: FreshCheck | None = None) -> ParityRecord:
         """The record of the gate's verdict ``parity`` on the first call and, when the step was timed, ``last_timed``
         on the output of the last timed call, and ``fresh`` on fresh inputs (``checked`` says which were checked)."""
-        first = ParityRecord.from_dict(parity.to_dict())
         checked = ["first call"]
         again = None
         if last_timed is not None:
@@ -104,28 +79,20 @@ class ParityRecord:
             checked.append("last timed call")
         if fresh is not None:
             checked.append("fresh inputs")
-        return replace(first, checked=tuple(checked), last_timed=again, fresh=fresh)
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("last_timed", "processes", "fresh"))
-
-    @staticmethod
-    def from_dict(d: Obj) -> ParityRecord:
-        """The inverse of :meth:`to_dict`: ``passed`` and ``tensors`` are required, the summary fields are not."""
+        w = parity.worst
         return ParityRecord(
-            passed=flag(d, "passed"),
-            tier=text(d, "tier"),
-            deviated=texts(d, "deviated"),
-            tensors=subs(d, "tensors", TensorParity.from_dict),
-            failed=texts(d, "failed"),
-            max_abs_err=number(d, "max_abs_err", math.nan),
-            max_rel_err=number(d, "max_rel_err", math.nan),
-            bound=number(d, "bound", math.nan),
-            ratio=number(d, "ratio", math.nan),
-            worst_ratio=number(d, "worst_ratio", math.nan),
-            worst_tensor=text(d, "worst_tensor", ""),
-            checked=texts(d, "checked"),
-            last_timed=sub(d, "last_timed", LastTimed.from_dict),
-            processes=subs(d, "processes", ProcessVerdict.from_dict),
-            fresh=sub(d, "fresh", FreshCheck.from_dict),
+            passed=parity.passed,
+            tier=parity.tier,
+            deviated=tuple(f"{t.tensor}:{c}" for t in parity.tensors for c in t.deviated),
+            max_abs_err=w.max_abs_err,
+            max_rel_err=w.max_rel_err,
+            bound=w.bound,
+            ratio=w.ratio,
+            worst_ratio=w.worst_ratio,
+            worst_tensor=w.tensor,
+            failed=tuple(f"{t.tensor}:{c}" for t in parity.tensors for c in t.failed),
+            tensors=parity.tensors,
+            checked=tuple(checked),
+            last_timed=again,
+            fresh=fresh,
         )

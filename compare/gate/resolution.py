@@ -28,11 +28,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
-from compare.formats.jsonfields import Obj, integer, opt_flag, opt_number, record_dict, text, texts
 from compare.gate.parity import PlainStats, check_tensor, plain_stats, tensor_stats
 from compare.problem import fixedbits
 from compare.problem.reference import GELU_MODELS, Arith, compute, round_to_dtype
@@ -62,26 +60,6 @@ class ResolutionRow:
     erf_failed: tuple[str, ...] = ()
     erf_rel_rms: float | None = None
     erf_scale_err: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> ResolutionRow:
-        return ResolutionRow(
-            case=text(d, "case"),
-            model=text(d, "model"),
-            label=text(d, "label"),
-            dtype=text(d, "dtype"),
-            tensor=text(d, "tensor"),
-            n=integer(d, "n"),
-            scale_resolution=opt_number(d, "scale_resolution"),
-            note=text(d, "note", ""),
-            erf_distinguishable=opt_flag(d, "erf_distinguishable"),
-            erf_failed=texts(d, "erf_failed"),
-            erf_rel_rms=opt_number(d, "erf_rel_rms"),
-            erf_scale_err=opt_number(d, "erf_scale_err"),
-        )
 
 
 def _caught(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str, stats: PlainStats) -> bool:

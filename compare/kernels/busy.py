@@ -20,9 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-from compare.formats.jsonfields import FieldError, Obj, mapping, number, opt_number, record_dict, text
 
 __all__ = ["CONSISTENT_MARGIN", "SPLIT_GROUPS", "KernelTime", "merged_us", "split"]
 
@@ -66,15 +63,6 @@ def merged_us(intervals: Iterable[tuple[float, float]]) -> float:
     return total + (end - start)
 
 
-def _number_map(d: Obj, key: str) -> dict[str, float]:
-    """The object field ``key`` whose every value is a number (empty when absent)."""
-    m = mapping(d, key)
-    try:
-        return {k: number(m, k) for k in m}
-    except FieldError as exc:
-        raise exc.within(key) from None
-
-
 @dataclass(frozen=True)
 class KernelTime:
     """A step's kernel time from a profile, per step, in microseconds.
@@ -96,20 +84,6 @@ class KernelTime:
         """Does the busy time fit in the step's (unprofiled) wall time ``wall_s``, up to ``margin`` above it
         (``busy <= wall * (1 + margin)``)? False for a NaN wall time."""
         return self.busy_us * 1e-6 <= wall_s * (1.0 + margin)
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> KernelTime:
-        """The inverse of :meth:`to_dict`; ``busy_us`` and ``summed_us`` are required, the rest default."""
-        return KernelTime(
-            busy_us=number(d, "busy_us"),
-            summed_us=number(d, "summed_us"),
-            by_kind_us=_number_map(d, "by_kind_us"),
-            profiled_step_us=opt_number(d, "profiled_step_us"),
-            source=text(d, "source", ""),
-        )
 
 
 def split(k: KernelTime, wall_s: float) -> dict[str, float]:

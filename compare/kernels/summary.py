@@ -4,7 +4,7 @@ and classified by ``compare.kernels.classify``).
 
 Framework-agnostic (imports neither torch nor jax). ``torch_impl.profiling`` fills a summary from
 ``torch.profiler``; ``jax_impl.profiling`` fills one from XLA's optimized HLO, both with :func:`kernel_entry` and
-:func:`summary`. A result stores it as :class:`Kernels` (``Kernels.from_dict`` of the summary).
+:func:`summary`. A result stores it as :class:`Kernels` (``from_json(Kernels, summary)``, ``compare.formats.codec``).
 
 A kernel summary is a JSON-able dict; every count is **per step** (one call of ``Prepared.step``)::
 
@@ -43,22 +43,10 @@ as before.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from compare.formats.jsonfields import (
-    Obj,
-    integer,
-    opt_integer,
-    opt_mapping,
-    opt_number,
-    opt_text,
-    record_dict,
-    sub,
-    subs,
-    text,
-    texts,
-)
+from compare.formats.codec import LATER, from_json, to_json
 from compare.kernels.busy import KernelTime, merged_us
 from compare.kernels.classify import classify
 from compare.kernels.names import parse_fused_name
@@ -93,20 +81,10 @@ class KernelEntry:
     absorbed: tuple[str, ...] = ()
     time_us: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
     @staticmethod
-    def from_dict(d: Obj) -> KernelEntry:
-        name = text(d, "name")
-        return KernelEntry(
-            name=name,
-            short=text(d, "short", name),
-            kind=text(d, "kind"),
-            count=integer(d, "count"),
-            absorbed=texts(d, "absorbed"),
-            time_us=opt_number(d, "time_us"),
-        )
+    def json_fill(d: Mapping[str, Any]) -> dict[str, Any]:
+        """An entry without a short name takes its name (``compare.formats.codec``)."""
+        return {"short": d.get("name")}
 
 
 @dataclass(frozen=True)
@@ -115,13 +93,6 @@ class MetadataOp:
 
     name: str
     count: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> MetadataOp:
-        return MetadataOp(text(d, "name"), integer(d, "count"))
 
 
 @dataclass(frozen=True)
@@ -138,8 +109,16 @@ class Kernels:
     trace: str | None = None
     notes: str = ""
     steps: int | None = None
-    xla_cost: dict[str, Any] | None = None
-    kernel_time: KernelTime | None = None
+    xla_cost: dict[str, Any] | None = field(default=None, metadata=LATER)
+    kernel_time: KernelTime | None = field(default=None, metadata=LATER)
+
+    @staticmethod
+    def json_fill(d: Mapping[str, Any]) -> dict[str, Any]:
+        """What a partial summary takes (``compare.formats.codec``): no source or device named, and
+        ``kernels_per_step`` the sum of its kernels' counts."""
+        kernels = d.get("kernels")
+        counts = [k.get("count") for k in kernels if isinstance(k, Mapping)] if isinstance(kernels, list) else []
+        return {"source": "", "device": "", "kernels_per_step": sum(c for c in counts if isinstance(c, int))}
 
     def count_by_kind(self) -> dict[str, int]:
         """Kernels per step of each kind present, e.g. ``{"gemm": 3, "fused": 1}``, in ``KINDS`` order."""
@@ -163,26 +142,6 @@ class Kernels:
             lines.append(f"  kernel time ({kt.source}): busy {kt.busy_us:.1f} us, summed {kt.summed_us:.1f} us{step}")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("xla_cost", "kernel_time"))
-
-    @staticmethod
-    def from_dict(d: Obj) -> Kernels:
-        """The inverse of :meth:`to_dict`; ``kernels_per_step`` defaults to the sum of the kernels' counts."""
-        kernels = subs(d, "kernels", KernelEntry.from_dict)
-        return Kernels(
-            source=text(d, "source", ""),
-            device=text(d, "device", ""),
-            kernels_per_step=integer(d, "kernels_per_step", sum(k.count for k in kernels)),
-            kernels=kernels,
-            metadata_ops=subs(d, "metadata_ops", MetadataOp.from_dict),
-            trace=opt_text(d, "trace"),
-            notes=text(d, "notes", ""),
-            steps=opt_integer(d, "steps"),
-            xla_cost=opt_mapping(d, "xla_cost"),
-            kernel_time=sub(d, "kernel_time", KernelTime.from_dict),
-        )
-
 
 def kernel_entry(
     name: str,
@@ -201,7 +160,7 @@ def kernel_entry(
     entry = KernelEntry(
         name, shorten(name), kind, int(count), tuple(absorbed), None if time_us is None else float(time_us)
     )
-    return entry.to_dict()
+    return to_json(entry)
 
 
 def kernel_time_entry(
@@ -223,13 +182,14 @@ def kernel_time_entry(
     if unknown:
         raise ValueError(f"unknown kernel kinds {unknown}; known: {', '.join(KINDS)}")
     by_kind = {kind: [float(k["time_us"]) for k in kernels if k["kind"] == kind] for kind in KINDS}
-    return KernelTime(
+    kt = KernelTime(
         busy_us=merged_us(intervals_us) / steps,
         summed_us=sum(float(k["time_us"]) for k in kernels),
         by_kind_us={kind: sum(times) for kind, times in by_kind.items() if times},
         profiled_step_us=profiled_step_us,
         source=source,
-    ).to_dict()
+    )
+    return to_json(kt)
 
 
 def summary(
@@ -279,7 +239,7 @@ def check_summary(s: dict[str, Any]) -> None:
             raise ValueError(f"bad metadata op entry {m}")
     kt = s.get("kernel_time")
     if kt is not None:  # optional: summaries written before it existed have none
-        t = KernelTime.from_dict(kt)  # a FieldError (a ValueError) names a missing or mistyped field
+        t = from_json(KernelTime, kt)  # a FieldError (a ValueError) names a missing or mistyped field
         unknown = sorted(set(t.by_kind_us) - set(KINDS))
         if unknown:
             raise ValueError(f"kernel_time.by_kind_us has unknown kinds {unknown}")
@@ -289,9 +249,9 @@ def check_summary(s: dict[str, Any]) -> None:
 
 def count_by_kind(s: dict[str, Any]) -> dict[str, int]:
     """Kernels per step of each kind present in a summary dict (:meth:`Kernels.count_by_kind`)."""
-    return Kernels.from_dict(s).count_by_kind()
+    return from_json(Kernels, s).count_by_kind()
 
 
 def describe(s: dict[str, Any]) -> str:
     """A plain-text listing of a summary dict, one line per kernel (:meth:`Kernels.describe`)."""
-    return Kernels.from_dict(s).describe()
+    return from_json(Kernels, s).describe()

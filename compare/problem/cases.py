@@ -19,7 +19,8 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from compare.formats.codec import INLINE
 
 MODELS: tuple[str, ...] = ("linear", "geglu", "swiglu", "gelu-mlp")
 #: The gated (GLU) feed-forward families: ``down(act(gate(x)) * up(x))``; the hand-written kernels serve these.
@@ -116,7 +117,9 @@ class Case:
     """One comparison: model kind, shape, dtype, input distribution and the seed of its data."""
 
     model: str
-    shape: Shape
+    #: written into the case's own object (``batch``, ``seq``, ``dim``, ``hidden`` beside ``model``): one flat
+    #: object in golden manifests, cache keys and worker jobs
+    shape: Shape = dataclasses.field(metadata=INLINE)
     dtype: str
     dist: str = "normal"
     seed: int = 0
@@ -131,25 +134,6 @@ class Case:
         """A stable file-name-safe identifier, e.g. ``geglu-3x37x96-328-float32-normal-s0``."""
         s = self.shape
         return f"{self.model}-{s.batch}x{s.seq}x{s.dim}-{s.hidden}-{self.dtype}-{self.dist}-s{self.seed}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The case as plain JSON data (the one Case-to-dict: golden manifests, sweep workers, results)."""
-        s = self.shape
-        return {
-            "model": self.model,
-            "dtype": self.dtype,
-            "dist": self.dist,
-            "seed": self.seed,
-            "batch": s.batch,
-            "seq": s.seq,
-            "dim": s.dim,
-            "hidden": s.hidden,
-        }
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> Case:
-        """The inverse of :meth:`to_dict` (validated like any Case)."""
-        return Case(d["model"], Shape(d["batch"], d["seq"], d["dim"], d["hidden"]), d["dtype"], d["dist"], d["seed"])
 
     def input_shape(self) -> tuple[int, int, int]:
         return (self.shape.batch, self.shape.seq, self.shape.dim)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from compare.formats.codec import to_json
 from compare.problem import datacache
 from compare.problem.cases import Case, committed_cases
 from compare.problem.reference import Arith, compute, round_to_dtype
@@ -177,7 +178,7 @@ def _to_tensors(golden: Golden) -> dict[str, np.ndarray]:
 
 
 def _case_meta(case: Case) -> dict[str, object]:
-    return dict(case.to_dict())
+    return dict(to_json(case))
 
 
 def serialize(golden: Golden) -> bytes:

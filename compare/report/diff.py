@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from compare.formats.codec import to_json
 from compare.formats.markdown import case_label, fmt_s, table
 from compare.problem.cases import InputError
 from compare.results.document import Result, Results
@@ -81,7 +82,7 @@ def _fmt_p(p: float | None) -> str:
 
 
 def _env_changes(old: Results, new: Results) -> list[str]:
-    eo, en = old.environment.to_dict(), new.environment.to_dict()
+    eo, en = to_json(old.environment), to_json(new.environment)
     out = [
         f"{k}: {eo.get(k)} -> {en.get(k)}"
         for k in ("cpu", "cpu_count", "gpu", "platform", "cpu_isa", "blas", "blas_core", "isa_caps")

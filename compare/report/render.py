@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from compare.backends.registry import DEFAULT_BASELINE
+from compare.formats.codec import from_json
 from compare.formats.markdown import case_label, fmt_e, fmt_s, table
 from compare.gate.parity import WHERE_FAIL
 from compare.kernels import busy
@@ -266,7 +267,7 @@ def _device_notes(r: Result) -> list[str]:
         out.append("CUDA graph: " + r.extras["cuda_graph"])
     tele = r.extras.get("telemetry")
     if isinstance(tele, dict):
-        t = nvml.Telemetry.from_dict(tele)
+        t = from_json(nvml.Telemetry, tele)
         parts = [f"{t.samples} NVML samples"]
         if t.sm_clock_mhz is not None:
             parts.append(f"SM clock {t.sm_clock_mhz.median:.0f} MHz")
@@ -371,7 +372,8 @@ def timing_section(
         over = f", {budget.overrun_s:.0f} s over it (parity is never cut)" if budget.overrun_s > 0 else ""
         spent = ""
         if budget.phases:
-            parts = [f"{PHASES[name]} {fmt_s(s)}" for name, s in budget.phases] + [f"{REST} {fmt_s(budget.rest_s)}"]
+            parts = [f"{PHASES[name]} {fmt_s(s)}" for name, s in budget.phases.items()]
+            parts.append(f"{REST} {fmt_s(budget.rest_s)}")
             spent = f" Where it went: {', '.join(parts)}."
         cuts = "".join(f"\n  - {c}" for c in budget.cuts) or "\n  - nothing was cut"
         notes.append(

@@ -1,6 +1,6 @@
 """Results are data: one :class:`Result` per (backend, case, mode), plus the environment and the rest of a run, in a
-:class:`Results` document stored as ``results.json`` (``to_dict``/``from_dict``; :func:`read_json` validates and
-types a file)."""
+:class:`Results` document stored as ``results.json`` (``compare.formats.codec`` writes and reads it;
+:func:`read_json` validates and types a file)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,7 @@ from typing import Any
 
 from compare.cost.records import Ceilings, Cost
 from compare.formats.atomic import write_text_atomic
-from compare.formats.jsonfields import (
-    FieldError,
-    Obj,
-    Setting,
-    flag,
-    integer,
-    integers,
-    mapping,
-    obj,
-    opt_mapping,
-    opt_text,
-    record_dict,
-    sub,
-    subs,
-    text,
-    texts,
-)
+from compare.formats.codec import LATER, FieldError, Setting, from_json, to_json
 from compare.gate.parity_record import ParityRecord
 from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
@@ -59,14 +43,6 @@ SCHEMA_VERSION = 4
 STATUSES: tuple[str, ...] = ("ok", "deviates", "parity-fail", "implausible", "error", "skipped")
 
 
-def _shape_from_dict(d: Obj) -> Shape:
-    dims = [integer(d, k) for k in SHAPE_FIELDS]
-    try:
-        return Shape(*dims)
-    except InputError as exc:
-        raise FieldError("", str(exc)) from None
-
-
 @dataclass(frozen=True)
 class Result:
     """What happened to one backend on one case and mode. ``parity``/``timing`` are None where not measured;
@@ -91,18 +67,18 @@ class Result:
     parity: ParityRecord | None = None
     timing: Timing | None = None
     #: the cold-cache timing (``compare.timing.timer.measure_cold``), None where not measured
-    cold: Timing | None = None
+    cold: Timing | None = field(default=None, metadata=LATER)
     threads: dict[str, Setting] = field(default_factory=dict)
     kernels: Kernels | None = None
     cost: Cost | None = None
     extras: dict[str, Any] = field(default_factory=dict)
-    implausible: str = ""
-    world_size: int = 1
-    tp: TPInfo | None = None
+    implausible: str = field(default="", metadata=LATER)
+    world_size: int = field(default=1, metadata=LATER)
+    tp: TPInfo | None = field(default=None, metadata=LATER)
     #: The machine that measured it (``compare.results.environment.Node``): set on a sweep's rows, None elsewhere.
-    node: Node | None = None
+    node: Node | None = field(default=None, metadata=LATER)
     #: what the step held in memory (``compare.results.memory``): None where memory was not asked for
-    memory: Memory | None = None
+    memory: Memory | None = field(default=None, metadata=LATER)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -117,43 +93,6 @@ class Result:
         """The backend as tables show it: its name, with ``x<world size>`` for a tensor-parallel run."""
         return self.backend if self.world_size == 1 else f"{self.backend} x{self.world_size}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("implausible", "world_size", "tp", "cold", "node", "memory"))
-
-    @staticmethod
-    def from_dict(d: Obj) -> Result:
-        """The inverse of :meth:`to_dict`. A missing or mistyped field is a :class:`FieldError` naming it."""
-        status = text(d, "status")
-        if status not in STATUSES:
-            raise FieldError("status", f"is {status!r}, not one of {', '.join(STATUSES)}")
-        shape = sub(d, "shape", _shape_from_dict)
-        if shape is None:
-            raise FieldError("shape", "is missing")
-        return Result(
-            backend=text(d, "backend"),
-            model=text(d, "model"),
-            dtype=text(d, "dtype"),
-            shape=shape,
-            case=text(d, "case"),
-            mode=text(d, "mode"),
-            status=status,
-            reason=text(d, "reason", ""),
-            note=text(d, "note", ""),
-            device=text(d, "device", ""),
-            parity=sub(d, "parity", ParityRecord.from_dict),
-            timing=sub(d, "timing", Timing.from_dict),
-            cold=sub(d, "cold", Timing.from_dict),
-            threads=mapping(d, "threads"),
-            kernels=sub(d, "kernels", Kernels.from_dict),
-            cost=sub(d, "cost", Cost.from_dict),
-            extras=mapping(d, "extras"),
-            implausible=text(d, "implausible", ""),
-            world_size=integer(d, "world_size", 1),
-            tp=sub(d, "tp", TPInfo.from_dict),
-            node=sub(d, "node", Node.from_dict),
-            memory=sub(d, "memory", Memory.from_dict),
-        )
-
 
 @dataclass(frozen=True)
 class Progress:
@@ -162,13 +101,6 @@ class Progress:
     cells: int
     done: int
     sessions: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> Progress:
-        return Progress(integer(d, "cells"), integer(d, "done"), integer(d, "sessions"))
 
 
 @dataclass(frozen=True)
@@ -180,33 +112,15 @@ class Config:
 
     command: str = ""
     preset: str | None = None
-    grid: dict[str, Any] | None = None
+    grid: dict[str, Any] | None = field(default=None, metadata=LATER)
     backends: tuple[str, ...] = ()
     dtypes: tuple[str, ...] = ()
     modes: tuple[str, ...] = ()
-    world_sizes: tuple[int, ...] = ()
+    world_sizes: tuple[int, ...] = field(default=(), metadata=LATER)
     timing: TimingConfig | None = None
-    progress: Progress | None = None
+    progress: Progress | None = field(default=None, metadata=LATER)
     #: the device memory the report fits the measured memory against (``--device-memory``, bytes; 0: none given)
-    device_memory: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("grid", "world_sizes", "progress", "device_memory"))
-
-    @staticmethod
-    def from_dict(d: Obj) -> Config:
-        return Config(
-            command=text(d, "command", ""),
-            preset=opt_text(d, "preset"),
-            backends=texts(d, "backends"),
-            dtypes=texts(d, "dtypes"),
-            modes=texts(d, "modes"),
-            timing=sub(d, "timing", TimingConfig.from_dict),
-            grid=opt_mapping(d, "grid"),
-            progress=sub(d, "progress", Progress.from_dict),
-            world_sizes=integers(d, "world_sizes"),
-            device_memory=integer(d, "device_memory", 0),
-        )
+    device_memory: int = field(default=0, metadata=LATER)
 
 
 @dataclass(frozen=True)
@@ -224,74 +138,21 @@ class Results:
     environment: Environment = field(default_factory=Environment)
     results: tuple[Result, ...] = ()
     resolution: tuple[ResolutionRow, ...] = ()
-    ceilings: Ceilings | None = None
-    interrupted: bool = False
-    shape_sweep: tuple[dict[str, Any], ...] = ()
-    gpu_build: dict[str, Any] | None = None
-    plots: tuple[str, ...] = ()
+    ceilings: Ceilings | None = field(default=None, metadata=LATER)
+    interrupted: bool = field(default=False, metadata=LATER)
+    shape_sweep: tuple[dict[str, Any], ...] = field(default=(), metadata=LATER)
+    gpu_build: dict[str, Any] | None = field(default=None, metadata=LATER)
+    plots: tuple[str, ...] = field(default=(), metadata=LATER)
     #: the time budget the run kept and what it cut (None: no budget)
-    budget: BudgetRecord | None = None
+    budget: BudgetRecord | None = field(default=None, metadata=LATER)
     #: how cold timings were made: the cache sized, the flush (None: warm only)
-    cold: ColdSetup | None = None
+    cold: ColdSetup | None = field(default=None, metadata=LATER)
     #: device telemetry over the timed windows: the device NVML watched, or why none was ("": not asked)
-    telemetry: str = ""
+    telemetry: str = field(default="", metadata=LATER)
     #: the machine's load over the run's measurements (``compare.results.load``; None: not recorded, an older run)
-    load: Load | None = None
+    load: Load | None = field(default=None, metadata=LATER)
     #: the run's id, also in its store's lines: which run wrote this document ("": an older run, or none recorded)
-    run_id: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(
-            self,
-            optional=(
-                "ceilings",
-                "interrupted",
-                "shape_sweep",
-                "gpu_build",
-                "plots",
-                "budget",
-                "cold",
-                "telemetry",
-                "load",
-                "run_id",
-            ),
-        )
-
-    @staticmethod
-    def from_dict(d: Obj) -> Results:
-        """The inverse of :meth:`to_dict`. Only ``results`` is required here (:func:`validate` checks a file's
-        version and rows first); a bad field is a :class:`FieldError` naming it, and the row for a result's."""
-        rows = d.get("results")
-        if not isinstance(rows, list):
-            raise FieldError("results", "is missing" if rows is None else "is not a list")
-        results = []
-        for i, r in enumerate(rows):
-            try:
-                results.append(Result.from_dict(obj(r)))
-            except FieldError as exc:
-                who = f" ({r['backend']})" if isinstance(r, dict) and isinstance(r.get("backend"), str) else ""
-                raise FieldError(
-                    f"result #{i}{who} field {exc.where}" if exc.where else f"result #{i}{who}", exc.problem
-                ) from None
-        shape_sweep = tuple(dict(obj(r, f"shape_sweep[{i}]")) for i, r in enumerate(d.get("shape_sweep") or []))
-        return Results(
-            created=text(d, "created", ""),
-            config=sub(d, "config", Config.from_dict) or Config(),
-            environment=sub(d, "environment", Environment.from_dict) or Environment(),
-            results=tuple(results),
-            resolution=subs(d, "resolution", ResolutionRow.from_dict),
-            ceilings=sub(d, "ceilings", Ceilings.from_dict),
-            interrupted=flag(d, "interrupted", False),
-            shape_sweep=shape_sweep,
-            gpu_build=opt_mapping(d, "gpu_build"),
-            plots=texts(d, "plots"),
-            budget=sub(d, "budget", BudgetRecord.from_dict),
-            cold=sub(d, "cold", ColdSetup.from_dict),
-            telemetry=text(d, "telemetry", ""),
-            load=sub(d, "load", Load.from_dict),
-            run_id=text(d, "run_id", ""),
-            schema_version=integer(d, "schema_version", SCHEMA_VERSION),
-        )
+    run_id: str = field(default="", metadata=LATER)
 
     def summary(self) -> str:
         """Counts by status, e.g. ``3 ok, 1 skipped``."""
@@ -304,7 +165,7 @@ class Results:
 def write_json(path: Path, doc: Results) -> None:
     """Write a results document atomically (the previous file survives a failed write)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(doc.to_dict(), indent=1, sort_keys=False, allow_nan=True) + "\n")
+    write_text_atomic(path, json.dumps(to_json(doc), indent=1, sort_keys=False, allow_nan=True) + "\n")
 
 
 #: Fields every result row must have, with their type.
@@ -391,10 +252,10 @@ def validate(doc: Any, source: str) -> dict[str, Any]:
 
 
 def load(doc: Any, source: str) -> Results:
-    """The typed document of parsed JSON ``doc``: :func:`validate` first, then :meth:`Results.from_dict`; any
-    problem is an :class:`InputError` naming ``source`` and, for a result, its row and field."""
+    """The typed document of parsed JSON ``doc``: :func:`validate` first, then the codec (``compare.formats.codec``);
+    any problem is an :class:`InputError` naming ``source`` and the field's path (``results[3].timing.n``)."""
     try:
-        return Results.from_dict(validate(doc, source))
+        return from_json(Results, validate(doc, source))
     except FieldError as exc:
         raise InputError(f"results file {source}: {exc}") from None
 

@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from compare.formats.jsonfields import Obj, Setting, mapping, opt_integer, opt_text, record_dict, text, texts
+from compare.formats.codec import LATER, Setting, to_json
 from compare.timing import nvml
 
 #: Distribution names (normalised: importlib.metadata treats - and _ alike).
@@ -183,7 +183,7 @@ class Environment:
     and ``TRITON_INTERPRET`` as it was set. What decides the ceilings and the bits: ``cpu_isa``, the
     :data:`ISA_FLAGS` present (None: unknown, no ``/proc/cpuinfo``), numpy's ``blas`` and the kernel it picked
     (``blas_core``), and ``isa_caps``, the :data:`ISA_CAP_VARS` as set (``""``: unset). An older document lacks
-    them: they take their defaults, and are left out of :meth:`to_dict` while they hold them."""
+    them: they take their defaults, and are left out of its JSON while they hold them."""
 
     platform: str = ""
     cpu: str = ""
@@ -193,36 +193,15 @@ class Environment:
     threads: dict[str, Setting] = field(default_factory=dict)
     precision: dict[str, Setting] = field(default_factory=dict)
     triton_interpret: str = ""
-    cpu_isa: tuple[str, ...] | None = None
-    blas: str = ""
-    blas_core: str = ""
-    isa_caps: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("cpu_isa", "blas", "blas_core", "isa_caps"))
-
-    @staticmethod
-    def from_dict(d: Obj) -> Environment:
-        """The inverse of :meth:`to_dict`; an absent field takes its default."""
-        return Environment(
-            platform=text(d, "platform", ""),
-            cpu=text(d, "cpu", ""),
-            cpu_count=opt_integer(d, "cpu_count"),
-            gpu=opt_text(d, "gpu"),
-            versions=mapping(d, "versions"),
-            threads=mapping(d, "threads"),
-            precision=mapping(d, "precision"),
-            triton_interpret=opt_text(d, "triton_interpret") or "",
-            cpu_isa=None if d.get("cpu_isa") is None else texts(d, "cpu_isa"),
-            blas=text(d, "blas", ""),
-            blas_core=text(d, "blas_core", ""),
-            isa_caps=mapping(d, "isa_caps"),
-        )
+    cpu_isa: tuple[str, ...] | None = field(default=None, metadata=LATER)
+    blas: str = field(default="", metadata=LATER)
+    blas_core: str = field(default="", metadata=LATER)
+    isa_caps: dict[str, str] = field(default_factory=dict, metadata=LATER)
 
 
 def collect(precision: Mapping[str, Setting], threads: Mapping[str, Setting]) -> dict[str, Any]:
     """The ``environment`` object of ``results.json``, collected here and now (:func:`current` as JSON data)."""
-    return current(precision, threads).to_dict()
+    return to_json(current(precision, threads))
 
 
 def current(precision: Mapping[str, Setting], threads: Mapping[str, Setting]) -> Environment:
@@ -263,22 +242,6 @@ class Node:
         """The hardware the timing depends on, in words: ``CPU (ISA flags), GPU`` (``no GPU`` without one)."""
         isa = "ISA unknown" if self.cpu_isa is None else ", ".join(self.cpu_isa) or "no listed ISA extension"
         return f"{self.cpu or 'unknown CPU'} ({isa}); {self.gpu or 'no GPU'}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> Node:
-        """The inverse of :meth:`to_dict`; an absent field takes its default."""
-        return Node(
-            host=text(d, "host", ""),
-            cpu=text(d, "cpu", ""),
-            cpu_isa=None if d.get("cpu_isa") is None else texts(d, "cpu_isa"),
-            gpu=opt_text(d, "gpu"),
-            driver=opt_text(d, "driver"),
-            versions=mapping(d, "versions"),
-            node_id=text(d, "node_id", ""),
-        )
 
 
 @functools.cache

@@ -19,9 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from compare.formats.jsonfields import Obj, opt_integer, opt_number, record_dict, text
 
 #: The share of the machine's CPU time (cores x window) that other processes and steal took together above which the
 #: machine counts as busy: its timings' noise is wider than the samples' own spread shows (a run competes for cores
@@ -84,21 +81,6 @@ class Load:
         return (
             f"other processes and steal took {share:.0%} of {self.cores} cores over {self.window_s:.1f} s "
             f"(others {self.others_cpu_s:.2f} CPU s, {steal}){avg}" + (": busy" if self.busy else "")
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> Load:
-        """The inverse of :meth:`to_dict`; an absent field takes its default."""
-        return Load(
-            window_s=opt_number(d, "window_s"),
-            cores=opt_integer(d, "cores"),
-            loadavg_1m=opt_number(d, "loadavg_1m"),
-            others_cpu_s=opt_number(d, "others_cpu_s"),
-            steal_s=opt_number(d, "steal_s"),
-            reason=text(d, "reason", ""),
         )
 
 

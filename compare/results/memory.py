@@ -15,8 +15,8 @@ measured":
   ``bound`` marks a figure that can only be larger than the step's own (a device peak since the process started).
 
 The backends' runners (``torch_impl.memory``, ``jax_impl.memory``) make the record as a dict
-(``Prepared.memory``); :meth:`Memory.from_dict` types it. The cost model's saved tensors of the same step
-(``compare.cost.records.Cost.saved``) are compared with it byte for byte by :func:`model_check`.
+(``Prepared.memory``); the codec (``compare.formats.codec``) types it. The cost model's saved tensors of the same
+step (``compare.cost.records.Cost.saved``) are compared with it byte for byte by :func:`model_check`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import ClassVar
 
 from compare.cost.records import Cost
-from compare.formats.jsonfields import FieldError, Obj, flag, integer, integers, mapping, record_dict, sub, subs, text
+from compare.formats.codec import LATER
 from compare.problem.cases import InputError
 
 #: The reason a backend's result carries when its ``Prepared`` has no memory hook.
@@ -44,13 +44,6 @@ class SavedTensor:
     dtype: str
     bytes: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> SavedTensor:
-        return SavedTensor(text(d, "label"), integers(d, "shape"), text(d, "dtype"), integer(d, "bytes"))
-
 
 @dataclass(frozen=True)
 class Saved:
@@ -62,25 +55,12 @@ class Saved:
     source: str
     excluded: str = ""
     cross_check: str = ""
+    #: written after the fields (``compare.formats.codec``): a stored one must be the sum of the tensors'
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("bytes",)
 
     @property
     def bytes(self) -> int:
         return sum(t.bytes for t in self.tensors)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**record_dict(self), "bytes": self.bytes}
-
-    @staticmethod
-    def from_dict(d: Obj) -> Saved:
-        s = Saved(
-            subs(d, "tensors", SavedTensor.from_dict),
-            text(d, "source"),
-            text(d, "excluded", ""),
-            text(d, "cross_check", ""),
-        )
-        if "bytes" in d and integer(d, "bytes") != s.bytes:
-            raise FieldError("bytes", f"is {d['bytes']}, not the sum of its tensors' bytes ({s.bytes})")
-        return s
 
 
 @dataclass(frozen=True)
@@ -92,18 +72,7 @@ class Peak:
     bytes: int
     source: str
     detail: dict[str, int] = field(default_factory=dict)
-    bound: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("bound",))
-
-    @staticmethod
-    def from_dict(d: Obj) -> Peak:
-        detail = mapping(d, "detail")
-        for k, v in detail.items():
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise FieldError(f"detail.{k}", f"is {v!r}, not an integer")
-        return Peak(integer(d, "bytes"), text(d, "source"), detail, flag(d, "bound", False))
+    bound: bool = field(default=False, metadata=LATER)
 
 
 @dataclass(frozen=True)
@@ -111,10 +80,10 @@ class Memory:
     """A step's memory record: what it saved for the backward and its peak, each None with its reason when it was
     not measured (never 0)."""
 
-    saved: Saved | None = None
-    saved_reason: str = ""
-    peak: Peak | None = None
-    peak_reason: str = ""
+    saved: Saved | None = field(default=None, metadata=LATER)
+    saved_reason: str = field(default="", metadata=LATER)
+    peak: Peak | None = field(default=None, metadata=LATER)
+    peak_reason: str = field(default="", metadata=LATER)
 
     def __post_init__(self) -> None:
         for name, got, why in (("saved", self.saved, self.saved_reason), ("peak", self.peak, self.peak_reason)):
@@ -125,23 +94,6 @@ class Memory:
     def not_measured(reason: str) -> Memory:
         """Neither figure, for ``reason``."""
         return Memory(None, reason, None, reason)
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("saved", "saved_reason", "peak", "peak_reason"))
-
-    @staticmethod
-    def from_dict(d: Obj) -> Memory:
-        try:
-            return Memory(
-                sub(d, "saved", Saved.from_dict),
-                text(d, "saved_reason", ""),
-                sub(d, "peak", Peak.from_dict),
-                text(d, "peak_reason", ""),
-            )
-        except ValueError as exc:
-            if isinstance(exc, FieldError):
-                raise
-            raise FieldError("", str(exc)) from None
 
 
 def model_saved(cost: Cost) -> list[tuple[str, int]]:

@@ -8,15 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compare.backends.tp import Collective
-from compare.formats.jsonfields import Obj, integer, mapping, number, opt_mapping, record_dict, sub, subs, text, texts
+from compare.formats.codec import LATER
 from compare.timing.timer import Timing
-
-
-def collective_from_dict(d: Obj) -> Collective:
-    """The inverse of :meth:`compare.backends.tp.Collective.to_dict`."""
-    return Collective(
-        text(d, "kind"), integer(d, "count"), integer(d, "bytes"), text(d, "source"), text(d, "detail", "")
-    )
 
 
 @dataclass(frozen=True)
@@ -40,31 +33,6 @@ class TPInfo:
     compute: Timing | None = None
     setup_s: dict[str, float] = field(default_factory=dict)
     ranks_checked: int = 0
-    comm_model: dict[str, Any] | None = None
-    hosts: tuple[str, ...] = ()
-    bandwidth: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self, optional=("comm_model", "hosts", "bandwidth"))
-
-    @staticmethod
-    def from_dict(d: Obj) -> TPInfo:
-        setup = mapping(d, "setup_s")
-        for k in setup:
-            number(setup, k)  # a FieldError names a set-up time that is not a number
-        return TPInfo(
-            world_size=integer(d, "world_size"),
-            nproc=integer(d, "nproc"),
-            launch=text(d, "launch"),
-            threads_per_process=integer(d, "threads_per_process"),
-            transport=text(d, "transport"),
-            layout=text(d, "layout"),
-            collectives=subs(d, "collectives", collective_from_dict),
-            comm=sub(d, "comm", Timing.from_dict),
-            compute=sub(d, "compute", Timing.from_dict),
-            setup_s=setup,
-            ranks_checked=integer(d, "ranks_checked", 0),
-            comm_model=opt_mapping(d, "comm_model"),
-            hosts=texts(d, "hosts"),
-            bandwidth=opt_mapping(d, "bandwidth"),
-        )
+    comm_model: dict[str, Any] | None = field(default=None, metadata=LATER)
+    hosts: tuple[str, ...] = field(default=(), metadata=LATER)
+    bandwidth: dict[str, Any] | None = field(default=None, metadata=LATER)

@@ -101,7 +101,7 @@ class Budget:
             self.cuts.append(what)
 
     def record(self) -> BudgetRecord:
-        phases = tuple((name, round(s, 3)) for name, s in self.spent_in.items())
+        phases = {name: round(s, 3) for name, s in self.spent_in.items()}
         return BudgetRecord(self.total_s, round(self.spent(), 3), tuple(self.cuts), phases)
 
 

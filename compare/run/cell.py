@@ -14,6 +14,7 @@ import numpy as np
 from compare.backends.registry import DEFAULT_BASELINE, BackendSpec
 from compare.cost import model as costmodel
 from compare.cost.records import Ceilings, Cost
+from compare.formats.codec import to_json
 from compare.gate.parity import Parity, Plain, check_all, check_plain
 from compare.problem import datacache
 from compare.problem.cases import Case
@@ -46,7 +47,7 @@ def plain_reference(case: Case, backward: bool = True) -> Plain:
     Raises :class:`~compare.gate.parity.UnusableCase` when it (or the reference) is not finite in the case dtype."""
     g = golden_for(case)
     prefetch_reference(g, backward)
-    name = datacache.key("plain" if backward else "plain-fwd", case.to_dict())
+    name = datacache.key("plain" if backward else "plain-fwd", to_json(case))
     cached = datacache.load(name)
     if cached is not None:
         parts = {

@@ -41,7 +41,7 @@ import numpy as np
 
 from compare.backends.registry import BackendSpec, Prepared, probe
 from compare.cost.records import Ceilings
-from compare.formats.jsonfields import FieldError
+from compare.formats.codec import FieldError, from_json, to_json
 from compare.gate import fresh, resolution
 from compare.gate.parity import UnusableCase
 from compare.gate.resolution import ResolutionRow
@@ -398,7 +398,7 @@ def _time(cells: Sequence[_Cell], how: _Timer) -> None:
     if how.warm and timed:
 
         def warm(entrants: list[timing.Entrant], watch: timing.Watch | None) -> list[Any]:
-            return list(timing.measure_interleaved(entrants, group=group, seed=seed, watch=watch, **cfg.to_dict()))
+            return list(timing.measure_interleaved(entrants, group=group, seed=seed, watch=watch, **asdict(cfg)))
 
         outcomes, seen = _watched(timed, how, warm)
         for c, got, tele in zip(timed, outcomes, seen, strict=True):
@@ -613,7 +613,7 @@ def measure_ceilings(dtypes: Iterable[str], budget_s: float | None = None) -> Ce
             module = probe(name)
         except ImportError:
             continue
-        got[name] = Ceilings.from_dict(module.measure_all(dtypes, budget_s))
+        got[name] = from_json(Ceilings, module.measure_all(dtypes, budget_s))
     if not got:
         return None
     base = got.pop("ceilings", None) or got.pop(next(iter(got)))
@@ -790,7 +790,7 @@ def run(
         typed = [_plausible(r, ceil, flops.get(i), cases) for i, r in enumerate(raw)]
     return Results(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        config=replace(Config.from_dict(config or {}), timing=timing.TimingConfig.from_dict(asdict(cfg))),
+        config=replace(from_json(Config, config or {}), timing=cfg),
         environment=environment.current(precision, threads),
         results=tuple(typed),
         resolution=tuple(res_rows),
@@ -859,7 +859,7 @@ def _run_tp_job(
             f"{job.threads} thread(s), {len(cells)} cells",
             important=True,
         )
-    run_job(job, root=logs, on_result=lambda doc: record(Result.from_dict(doc)))
+    run_job(job, root=logs, on_result=lambda doc: record(from_json(Result, doc)))
 
 
 def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[str]) -> list[ResolutionRow]:
@@ -872,16 +872,16 @@ def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[st
     # a pure function of the case's golden data and the gate's code (seconds on a large case): cached on disk
     name = datacache.key(
         "resolution",
-        {"case": case.to_dict(), "tensors": wanted, "gate": datacache.source_digest(["compare/gate"])},
+        {"case": to_json(case), "tensors": wanted, "gate": datacache.source_digest(["compare/gate"])},
     )
     cached = datacache.load_json(name)
     if isinstance(cached, list):
         try:
-            return [ResolutionRow.from_dict(r) for r in cached]
+            return [from_json(ResolutionRow, r) for r in cached]
         except (FieldError, TypeError, ValueError):  # an entry of another layout: a miss, computed again below
             pass
     rows = resolution.resolution_rows(
         case.name, case.model, label, case.dtype, (g.x, g.params, g.dy), g.ref, plain, wanted
     )
-    datacache.save_json(name, [r.to_dict() for r in rows])
+    datacache.save_json(name, [to_json(r) for r in rows])
     return rows

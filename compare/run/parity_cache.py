@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BackendSpec
-from compare.formats.jsonfields import FieldError
+from compare.formats.codec import FieldError, from_json, to_json
 from compare.problem import datacache
 from compare.problem.cases import Case
 from compare.results import environment
@@ -57,8 +57,8 @@ _KIND = "interpreted-parity"
 def key(spec: BackendSpec, case: Case, mode: str) -> str:
     """The cache entry's name for one interpreted cell (module docstring: what it holds)."""
     what = {
-        "backend": spec.to_dict(),
-        "case": case.to_dict(),
+        "backend": to_json(spec),
+        "case": to_json(case),
         "mode": mode,
         "source": datacache.source_digest(["compare", "triton_impl"]),
         "package": _package_digest(spec.target.split(".")[0]),
@@ -92,7 +92,7 @@ def lookup(spec: BackendSpec, case: Case, mode: str) -> Result | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict):
         return None
     try:
-        r = Result.from_dict(doc["result"])
+        r = from_json(Result, doc["result"])
     except (FieldError, TypeError, ValueError):  # an entry of another layout: a miss
         return None
     if (r.backend, r.case, r.mode) != (spec.name, case.name, mode) or r.status not in KEPT:
@@ -108,6 +108,6 @@ def save(spec: BackendSpec, case: Case, mode: str, result: Result) -> None:
     kernels = result.kernels if result.kernels is None else replace(result.kernels, trace=None)
     doc: dict[str, Any] = {
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "result": replace(result, kernels=kernels).to_dict(),
+        "result": to_json(replace(result, kernels=kernels)),
     }
     datacache.save_json(key(spec, case, mode), doc)

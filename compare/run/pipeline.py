@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from compare.backends.registry import BackendSpec, Prepared
+from compare.formats.codec import from_json
 from compare.gate import fresh
 from compare.gate.fresh import FreshCheck, FreshReference
 from compare.gate.parity import Parity, worst_tier
@@ -383,7 +384,7 @@ def profile(prepared: Prepared, trace: Path | None = None, relative_to: Path | N
     doc = prepared.profile(trace)
     if not doc:
         return None
-    kernels = Kernels.from_dict(doc)
+    kernels = from_json(Kernels, doc)
     if kernels.trace and relative_to is not None:  # relative to the output folder, for links
         kernels = replace(kernels, trace=os.path.relpath(kernels.trace, relative_to))
     return kernels
@@ -395,7 +396,7 @@ def memory(prepared: Prepared) -> Memory:
     the reason, never 0. A failure of the measurement is the caller's to record (the cell's parity stands)."""
     if prepared.memory is None:
         return Memory.not_measured(NO_HOOK)
-    return Memory.from_dict(prepared.memory())
+    return from_json(Memory, prepared.memory())
 
 
 @dataclass(frozen=True)

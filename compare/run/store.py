@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.cost.records import Ceilings
+from compare.formats.codec import from_json, to_json
 from compare.formats.jsonl import Appender, read_records
 from compare.gate.resolution import ResolutionRow
 from compare.problem.cases import InputError
@@ -67,20 +68,20 @@ class RunStore:
         )
 
     def ceilings(self, ceil: Ceilings) -> None:
-        self._w.append({"type": "ceilings", "ceilings": ceil.to_dict()})
+        self._w.append({"type": "ceilings", "ceilings": to_json(ceil)})
 
     def resolution(self, rows: list[ResolutionRow]) -> None:
-        self._w.append({"type": "resolution", "rows": [r.to_dict() for r in rows]})
+        self._w.append({"type": "resolution", "rows": [to_json(r) for r in rows]})
 
     def cell(self, result: Result, precision: dict[str, Any]) -> None:
-        self._w.append({"type": "cell", "run_id": self.run_id, "result": result.to_dict(), "precision": precision})
+        self._w.append({"type": "cell", "run_id": self.run_id, "result": to_json(result), "precision": precision})
         self.cells += 1
 
     def shape_sweep(self, rows: list[dict[str, Any]]) -> None:
         self._w.append({"type": "shape_sweep", "rows": rows})
 
     def load(self, record: Load) -> None:
-        self._w.append({"type": "load", "load": record.to_dict()})
+        self._w.append({"type": "load", "load": to_json(record)})
 
     def end(self) -> None:
         self._w.append({"type": "end"})
@@ -133,14 +134,14 @@ def read_store(path: Path) -> Results:
         {"schema_version": head.get("schema_version"), "created": head["created"], "environment": env, "results": rows},
         str(path),
     )
-    ceilings = next((Ceilings.from_dict(r["ceilings"]) for r in records if r["type"] == "ceilings"), None)
-    resolution = tuple(ResolutionRow.from_dict(x) for r in records if r["type"] == "resolution" for x in r["rows"])
+    ceilings = next((from_json(Ceilings, r["ceilings"]) for r in records if r["type"] == "ceilings"), None)
+    resolution = tuple(from_json(ResolutionRow, x) for r in records if r["type"] == "resolution" for x in r["rows"])
     sweep = next((tuple(r["rows"]) for r in records if r["type"] == "shape_sweep"), ())
-    machine = next((Load.from_dict(r["load"]) for r in records if r["type"] == "load"), None)
+    machine = next((from_json(Load, r["load"]) for r in records if r["type"] == "load"), None)
     return Results(
         schema_version=doc.schema_version,
         created=doc.created,
-        config=Config.from_dict(head["config"]),
+        config=from_json(Config, head["config"]),
         environment=doc.environment,
         results=doc.results,
         resolution=resolution,

@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from compare.formats.codec import from_json, to_json
 from compare.problem.cases import Case, InputError
 from compare.results import environment
 from compare.results.document import SCHEMA_VERSION, Result
@@ -139,7 +140,7 @@ def collect(folder: Path) -> dict[str, Any]:
     for c in job["cells"]:  # a cell the group never finished is an error row, never silently absent
         if c["index"] not in done:
             why = "process 0 reported no result for this cell: the group stopped before it (see the rank*.err files)"
-            row = Result.for_case(c["backend"], Case.from_dict(c["case"]), c["mode"], "error", reason=why).to_dict()
+            row = to_json(Result.for_case(c["backend"], from_json(Case, c["case"]), c["mode"], "error", reason=why))
             rows.append({**row, "world_size": job["world_size"]})
     return {
         "schema_version": SCHEMA_VERSION,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BackendSpec
+from compare.formats.codec import to_json
 from compare.gate.fresh import new_seed
 from compare.results.document import Result
 from compare.run import child, stop
@@ -136,8 +137,8 @@ def job_doc(job: Job, cells: Sequence[Cell], out: Path, addr: str = "127.0.0.1",
         "timeout_s": job.timeout_s,
         "addr": addr,
         "port": port,
-        "specs": [s.to_dict() for s in job.specs],
-        "cells": [{"index": c.index, "backend": c.backend, "case": c.case.to_dict(), "mode": c.mode} for c in cells],
+        "specs": [to_json(s) for s in job.specs],
+        "cells": [{"index": c.index, "backend": c.backend, "case": to_json(c.case), "mode": c.mode} for c in cells],
         "timing": asdict(job.timing),
         "profile": job.profile,
         "fresh_seed": job.fresh_seed,
@@ -228,7 +229,7 @@ def _failure(job: Job, a: _Attempt) -> str | None:
 
 def _error_result(job: Job, cell: Cell, reason: str) -> dict[str, Any]:
     spec = next(s for s in job.specs if s.name == cell.backend)
-    doc = Result.for_case(spec.name, cell.case, cell.mode, "error", reason=reason).to_dict()
+    doc = to_json(Result.for_case(spec.name, cell.case, cell.mode, "error", reason=reason))
     doc["world_size"] = job.world_size
     return doc
 

@@ -31,7 +31,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -40,6 +40,7 @@ import numpy as np
 from compare.backends.registry import BackendSpec, TPBackend, register
 from compare.backends.tp import PROBE_BYTES, Group, Launch, ring_bytes
 from compare.cost.comm import comm_cost, shard
+from compare.formats.codec import from_json, to_json
 from compare.gate import fresh
 from compare.gate.fresh import FreshCheck
 from compare.gate.parity import worst_tier
@@ -110,7 +111,7 @@ def probe_bandwidth(group: Group, cfg: TimingConfig) -> dict[str, Any]:
         "payload_bytes": PROBE_BYTES,
         "ring_bytes_per_rank": ring,
         "bus_bytes_per_s": ring / t.median_s,
-        "timing": t.to_dict(),
+        "timing": to_json(t),
     }
 
 
@@ -170,7 +171,7 @@ def run_cell(
         raise RuntimeError(f"{spec.name} is registered with a runtime but its Prepared has no tp parts")
     refused = pipeline.no_fresh(spec, case, mode, prepared)
     if refused is not None:  # every process holds the same backend: all of them return here, no collective left
-        return replace(refused, world_size=launch.world_size).to_dict() if group.rank == 0 else None
+        return to_json(replace(refused, world_size=launch.world_size)) if group.rank == 0 else None
 
     def sync(outputs: Any) -> None:
         prepared.sync(outputs)
@@ -183,7 +184,7 @@ def run_cell(
     feed = pipeline.Feed(prepared, fresh.draw(case, fresh_seed, golden.params), who, seed=fresh_seed + cell.index)
 
     def measure(fn: Any, first: float | None = None, inputs: pipeline.Feed | None = None) -> timing.Timing:
-        return timing.measure(fn, sync, first_call_s=first, feed=inputs, agree=group.max_all, **cfg.to_dict())
+        return timing.measure(fn, sync, first_call_s=first, feed=inputs, agree=group.max_all, **asdict(cfg))
 
     told = stage or (lambda _: None)
     tim = comm = compute = None
@@ -206,7 +207,7 @@ def run_cell(
     checks = pipeline.judge_calls(calls, feed.calls, reference, case.dtype, mode, fresh_seed, who, named)
     fresh_s = {"calls": t1 - t0, "reference": t2 - t1, "judge": time.perf_counter() - t2}
     del calls, feed
-    collectives = [c.to_dict() for c in tp.collectives()]
+    collectives = [to_json(c) for c in tp.collectives()]
     kernels = pipeline.profile(prepared) if profile else None
     copies = pipeline.verdicts(verdicts, checks)
     mine_failures, mine_deviations = pipeline.findings(copies, by_device=True)
@@ -215,9 +216,9 @@ def run_cell(
         "tier": worst_tier(c.tier for c in copies),
         "failures": mine_failures,
         "deviations": mine_deviations,
-        "copies": [c.record().to_dict() for c in copies],
+        "copies": [to_json(c.record()) for c in copies],
         "collectives": collectives,
-        "fresh": pipeline.worst_fresh(checks).to_dict(),
+        "fresh": to_json(pipeline.worst_fresh(checks)),
         "host": socket.gethostname(),
     }
     everyone = group.gather(mine)
@@ -226,9 +227,9 @@ def run_cell(
     failures = [f"process {r['rank']}, {f}" for r in everyone for f in r["failures"]]
     deviations = [f"process {r['rank']}, {f}" for r in everyone for f in r["deviations"]]
     # the stored numbers are this process's worst copy's; the fresh verdict is the worst copy's of every process
-    record = pipeline.parity_record(copies, pipeline.worst_fresh([FreshCheck.from_dict(r["fresh"]) for r in everyone]))
+    record = pipeline.parity_record(copies, pipeline.worst_fresh([from_json(FreshCheck, r["fresh"]) for r in everyone]))
     processes = [
-        ProcessVerdict(r["rank"], r["tier"] == "pass", r["tier"], tuple(CopyVerdict.from_dict(c) for c in r["copies"]))
+        ProcessVerdict(r["rank"], r["tier"] == "pass", r["tier"], tuple(from_json(CopyVerdict, c) for c in r["copies"]))
         for r in everyone
     ]
     tp_doc = {
@@ -239,13 +240,13 @@ def run_cell(
         "transport": group.backend,
         "layout": tp.layout,
         "collectives": collectives,
-        "comm": comm.to_dict() if comm else None,
-        "compute": compute.to_dict() if compute else None,
+        "comm": to_json(comm) if comm else None,
+        "compute": to_json(compute) if compute else None,
         "setup_s": {"init": init_s, **tp.setup_s},  # init: import the runtime and form the group
         "hosts": sorted({r["host"] for r in everyone}),
         "ranks_checked": sum(len(r["copies"]) for r in everyone),  # the device copies judged, every process's
         "bandwidth": bandwidth,
-        "comm_model": comm_cost(case, spec.comm, mode, launch.world_size, prepared.device).to_dict()
+        "comm_model": to_json(comm_cost(case, spec.comm, mode, launch.world_size, prepared.device))
         if spec.comm
         else None,
     }
@@ -266,7 +267,7 @@ def run_cell(
         extras={"fresh_check_s": fresh_s, "deterministic": deterministic},
         cost_case=shard(case, launch.world_size),  # one rank's share
     )
-    return replace(result, world_size=launch.world_size, tp=TPInfo.from_dict(tp_doc)).to_dict()
+    return to_json(replace(result, world_size=launch.world_size, tp=from_json(TPInfo, tp_doc)))
 
 
 def main(argv: list[str]) -> int:
@@ -276,7 +277,7 @@ def main(argv: list[str]) -> int:
     out = Path(job["out"]) if job.get("out") else Path(argv[0]).parent  # a multi-host job: beside its file
     events = Events(out / f"rank{rank}.jsonl")
     for d in job["specs"]:
-        register(BackendSpec.from_dict(d))
+        register(from_json(BackendSpec, d, strict=True))
     launch = Launch(
         world_size=job["world_size"],
         nproc=job["nproc"],
@@ -309,7 +310,7 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # recorded in every result of the group, and the report says it failed
             bandwidth = {"error": f"{type(exc).__name__}: {exc}"}
     for c in job["cells"]:
-        cell = Cell(c["index"], c["backend"], Case.from_dict(c["case"]), c["mode"])
+        cell = Cell(c["index"], c["backend"], from_json(Case, c["case"]), c["mode"])
         events.write(event="start", cell=cell.index, t=time.time())
 
         def stage(name: str, i: int = cell.index) -> None:
@@ -317,7 +318,7 @@ def main(argv: list[str]) -> int:
 
         try:
             doc = run_cell(
-                BackendSpec.from_dict(next(d for d in job["specs"] if d["name"] == cell.backend)),
+                from_json(BackendSpec, next(d for d in job["specs"] if d["name"] == cell.backend), strict=True),
                 cell,
                 group,
                 launch,

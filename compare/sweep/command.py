@@ -58,6 +58,7 @@ from typing import Any
 
 from compare.backends.registry import BackendSpec, spec
 from compare.formats.atomic import write_text_atomic
+from compare.formats.codec import to_json
 from compare.formats.jsonl import Appender
 from compare.problem.cases import (
     MODELS,
@@ -196,7 +197,7 @@ def run_sweep(
                     "environment": env,
                     "isolate": isolate,
                     "engine": runner.describe(),
-                    **({"ceilings": ceil.to_dict()} if ceil is not None else {}),
+                    **({"ceilings": to_json(ceil)} if ceil is not None else {}),
                 }
             )
             n_done = len(cells) - len(todo)
@@ -232,7 +233,7 @@ def run_sweep(
                 same_machine = r.node is None or r.node.machine_type() == here
                 if ceil is not None and r.tp is None and same_machine:  # a single-device row: can its timing be right?
                     r = against_ceilings(r, ceil, min_flops(f.cell.case, f.cell.mode))
-                line = {"type": "cell", "run_id": run_id, "key": f.cell.key, "result": r.to_dict(), **f.meta}
+                line = {"type": "cell", "run_id": run_id, "key": f.cell.key, "result": to_json(r), **f.meta}
                 line["wall_s"] = f.wall_s
                 try:
                     w.append(line if f.final else {**line, "retrying": True})

@@ -14,6 +14,7 @@ from typing import Any
 
 from compare.backends.registry import BackendSpec
 from compare.formats.atomic import write_text_atomic
+from compare.formats.codec import from_json, to_json
 from compare.problem.cases import Case
 from compare.results import document as results
 from compare.results import environment
@@ -50,7 +51,7 @@ def run_cell_isolated(
         cell_path, result_path = Path(tmp) / "cell.json", Path(tmp) / "result.json"
         write_text_atomic(
             cell_path,
-            json.dumps({"spec": s.to_dict(), "case": cell.case.to_dict(), "mode": cell.mode, "timing": asdict(cfg)}),
+            json.dumps({"spec": to_json(s), "case": to_json(cell.case), "mode": cell.mode, "timing": asdict(cfg)}),
         )
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
         cmd = [sys.executable, "-m", "compare.sweep.command", "--worker", str(cell_path), str(result_path)]
@@ -64,7 +65,7 @@ def run_cell_isolated(
             worker.close()  # ends the group first when the wait was interrupted
         if not timed_out and rc == 0 and result_path.is_file():
             out = json.loads(result_path.read_text(encoding="utf-8"))
-            return results.Result.from_dict(out["result"]), out["meta"]
+            return from_json(results.Result, out["result"]), out["meta"]
     extras: dict[str, Any] = {"exit_code": rc, "stderr_tail": tail}
     if timed_out:
         reason = f"worker process timed out after {timeout_s:g} s and was killed"
@@ -85,9 +86,9 @@ def worker_main(cell_path: Path, result_path: Path) -> int:
     """Worker entry point: run the cell described in ``cell_path``, write the outcome to ``result_path``."""
     child.die_with_parent()
     d = json.loads(cell_path.read_text(encoding="utf-8"))
-    s = BackendSpec.from_dict(d["spec"])
-    case = Case.from_dict(d["case"])
+    s = from_json(BackendSpec, d["spec"], strict=True)
+    case = from_json(Case, d["case"])
     cell = Cell(s.name, case, d["mode"])
     result, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**d["timing"]), {})
-    write_text_atomic(result_path, json.dumps({"result": result.to_dict(), "meta": meta}, allow_nan=True))
+    write_text_atomic(result_path, json.dumps({"result": to_json(result), "meta": meta}, allow_nan=True))
     return 0

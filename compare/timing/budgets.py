@@ -3,10 +3,9 @@ the report, a rebuild from the store and ``diff`` read it without the run's code
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
-from compare.formats.jsonfields import FieldError, Obj, number, opt_mapping, record_dict, texts
+from compare.formats.codec import LATER
 
 #: The phases a budget parts its time among (``compare.run.budget.SHARES``' keys), as the report names them.
 PHASES: dict[str, str] = {
@@ -28,7 +27,7 @@ class BudgetRecord:
     total_s: float
     spent_s: float
     cuts: tuple[str, ...] = ()
-    phases: tuple[tuple[str, float], ...] = ()
+    phases: dict[str, float] = field(default_factory=dict, metadata=LATER)
 
     @property
     def overrun_s(self) -> float:
@@ -37,19 +36,9 @@ class BudgetRecord:
     @property
     def rest_s(self) -> float:
         """The seconds spent outside every phase: what the budget cannot cut (:data:`REST`)."""
-        return max(0.0, self.spent_s - sum(s for _, s in self.phases))
+        return max(0.0, self.spent_s - sum(self.phases.values()))
 
-    def to_dict(self) -> dict[str, Any]:
-        d = record_dict(self, optional=("phases",))
-        if self.phases:
-            d["phases"] = dict(self.phases)
-        return d
-
-    @staticmethod
-    def from_dict(d: Obj) -> BudgetRecord:
-        spent = opt_mapping(d, "phases") or {}
-        for name in spent:
-            if name not in PHASES:
-                raise FieldError(f"phases.{name}", f"is not a budget phase (known: {', '.join(PHASES)})")
-        phases = tuple((name, float(number(spent, name))) for name in spent)
-        return BudgetRecord(number(d, "total_s"), number(d, "spent_s"), texts(d, "cuts"), phases)
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.phases if name not in PHASES]
+        if unknown:
+            raise ValueError(f"phases {unknown} are not budget phases (known: {', '.join(PHASES)})")

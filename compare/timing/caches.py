@@ -24,11 +24,9 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
-
-from compare.formats.jsonfields import Obj, integer, number, record_dict, text
 
 #: Bytes a flush writes, as a multiple of the last-level cache.
 FLUSH_MULTIPLE = 3
@@ -47,13 +45,6 @@ class CacheSize:
     level: int
     bytes: int
     source: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> CacheSize:
-        return CacheSize(integer(d, "level"), integer(d, "bytes"), text(d, "source"))
 
 
 def _sysfs_size(raw: str) -> int:
@@ -130,20 +121,6 @@ class ColdSetup:
     flush_bytes: int
     flush_about: str
     flush_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> ColdSetup:
-        raw = d.get("cache")
-        return ColdSetup(
-            mode=text(d, "mode"),
-            cache=CacheSize.from_dict(raw) if isinstance(raw, dict) else None,
-            flush_bytes=integer(d, "flush_bytes"),
-            flush_about=text(d, "flush_about"),
-            flush_s=number(d, "flush_s"),
-        )
 
 
 def time_flush(flush: Flush, calls: int = 3) -> float:

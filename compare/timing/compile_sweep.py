@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from compare.formats.codec import from_json
 from compare.problem.cases import check_name
 from compare.problem.golden import Golden
 from compare.problem.shape_cases import GoldenFactory, row_fields, sweep_goldens
@@ -180,7 +181,7 @@ def _key(r: Row) -> tuple[Any, ...]:
 
 
 def _timing(r: Row) -> Timing:
-    return Timing.from_dict({"median_s": r["median_s"], "iqr_s": r.get("iqr_s") or 0.0})
+    return from_json(Timing, {"median_s": r["median_s"], "iqr_s": r.get("iqr_s") or 0.0})
 
 
 def with_payback(rows: list[Row]) -> list[Row]:

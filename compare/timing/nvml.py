@@ -49,11 +49,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import pynvml
 
-from compare.formats.jsonfields import Obj, flag, integer, number, opt_number, record_dict, sub, text, texts
+from compare.formats.codec import to_json
 
 #: The library pynvml loads on Linux (installed by every NVIDIA driver), named in the "no driver" reason.
 NVML_LIBRARY = "libnvidia-ml.so.1"
@@ -391,13 +391,6 @@ class Spread:
             return None
         return Spread(min=min(values), median=statistics.median(values), max=max(values))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"min": self.min, "median": self.median, "max": self.max}
-
-    @staticmethod
-    def from_dict(d: Obj) -> Spread:
-        return Spread(min=number(d, "min"), median=number(d, "median"), max=number(d, "max"))
-
 
 @dataclass(frozen=True)
 class Telemetry:
@@ -425,40 +418,13 @@ class Telemetry:
     energy_reliable: bool = False
     energy_note: str = ""
     read_errors: tuple[str, ...] = ()
+    #: written after the fields (``compare.formats.codec``)
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("throttled",)
 
     @property
     def throttled(self) -> bool:
         """True when a slowdown reason (:data:`SLOWDOWNS`) was seen in one of the entrant's samples."""
         return any(r in SLOWDOWNS for r in self.throttle_reasons)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = record_dict(self)
-        d["throttled"] = self.throttled
-        return d
-
-    @staticmethod
-    def from_dict(d: Obj) -> Telemetry:
-        """The inverse of :meth:`to_dict` (``throttled`` is derived, so it is not read); an absent optional field
-        takes its default."""
-        return Telemetry(
-            device=text(d, "device"),
-            source=text(d, "source"),
-            samples=integer(d, "samples"),
-            period_s=number(d, "period_s", 0.0),
-            blocks=integer(d, "blocks", 0),
-            calls=integer(d, "calls", 0),
-            blocked_s=number(d, "blocked_s", 0.0),
-            sm_clock_mhz=sub(d, "sm_clock_mhz", Spread.from_dict),
-            mem_clock_mhz=sub(d, "mem_clock_mhz", Spread.from_dict),
-            power_w=sub(d, "power_w", Spread.from_dict),
-            temperature_c=sub(d, "temperature_c", Spread.from_dict),
-            throttle_reasons=texts(d, "throttle_reasons"),
-            clock_notes=texts(d, "clock_notes"),
-            energy_per_call_j=opt_number(d, "energy_per_call_j"),
-            energy_reliable=flag(d, "energy_reliable", False),
-            energy_note=text(d, "energy_note", ""),
-            read_errors=texts(d, "read_errors"),
-        )
 
 
 # --- the watch -------------------------------------------------------------------------------------------------
@@ -660,25 +626,27 @@ class NvmlWatch:
         calls = sum(b.calls for b in blocks)
         blocked_s = sum(b.end_s - b.start_s for b in blocks)
         energy, reliable, note = self._energy(blocks, samples, calls, blocked_s)
-        return Telemetry(
-            device=self._name,
-            source=self._device.source,
-            samples=len(mine),
-            period_s=self._period_s,
-            blocks=len(blocks),
-            calls=calls,
-            blocked_s=blocked_s,
-            sm_clock_mhz=Spread.of([s.sm_clock_mhz for s in mine if s.sm_clock_mhz is not None]),
-            mem_clock_mhz=Spread.of([s.mem_clock_mhz for s in mine if s.mem_clock_mhz is not None]),
-            power_w=Spread.of([s.power_mw / 1000.0 for s in mine if s.power_mw is not None]),
-            temperature_c=Spread.of([s.temperature_c for s in mine if s.temperature_c is not None]),
-            throttle_reasons=tuple(sorted(n for n in names if n in SLOWDOWNS)),
-            clock_notes=tuple(sorted(n for n in names if n not in SLOWDOWNS)),
-            energy_per_call_j=energy,
-            energy_reliable=reliable,
-            energy_note=note,
-            read_errors=problems,
-        ).to_dict()
+        return to_json(
+            Telemetry(
+                device=self._name,
+                source=self._device.source,
+                samples=len(mine),
+                period_s=self._period_s,
+                blocks=len(blocks),
+                calls=calls,
+                blocked_s=blocked_s,
+                sm_clock_mhz=Spread.of([s.sm_clock_mhz for s in mine if s.sm_clock_mhz is not None]),
+                mem_clock_mhz=Spread.of([s.mem_clock_mhz for s in mine if s.mem_clock_mhz is not None]),
+                power_w=Spread.of([s.power_mw / 1000.0 for s in mine if s.power_mw is not None]),
+                temperature_c=Spread.of([s.temperature_c for s in mine if s.temperature_c is not None]),
+                throttle_reasons=tuple(sorted(n for n in names if n in SLOWDOWNS)),
+                clock_notes=tuple(sorted(n for n in names if n not in SLOWDOWNS)),
+                energy_per_call_j=energy,
+                energy_reliable=reliable,
+                energy_note=note,
+                read_errors=problems,
+            )
+        )
 
     def _energy(
         self, blocks: list[_Block], samples: list[_Sample], calls: int, blocked_s: float

@@ -48,15 +48,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from compare.formats.codec import from_json
 from compare.problem.cases import InputError
 from compare.timing.timer import INTERLEAVED, Timing, quartiles
 
-#: A timing record: typed, or as stored (``Timing.to_dict``'s object, or just ``median_s`` and ``iqr_s``).
+#: A timing record: typed, or as stored (its JSON, or just ``median_s`` and ``iqr_s``).
 TimingLike = Timing | Mapping[str, Any]
 
 
 def _timing(t: TimingLike) -> Timing:
-    return t if isinstance(t, Timing) else Timing.from_dict(t)
+    return t if isinstance(t, Timing) else from_json(Timing, t)
 
 
 THRESHOLD = 0.05

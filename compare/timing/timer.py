@@ -43,11 +43,11 @@ import random
 import secrets
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
 
-from compare.formats.jsonfields import Obj, integer, integers, number, numbers, text
+from compare.formats.codec import LATER, later
 
 #: A result whose IQR is more than this fraction of its median is marked noisy.
 NOISY_IQR_FRACTION = 0.10
@@ -94,46 +94,26 @@ class Timing:
     warmup_calls: int
     samples_s: tuple[float, ...]
     #: ``contiguous`` (one window of time) or ``interleaved`` (rounds with the rest of ``group``)
-    design: str = CONTIGUOUS
-    #: interleaved only: the run-unique identifier of the group timed together, and each sample's round
-    group: str = ""
-    rounds: tuple[int, ...] = field(default=())
+    design: str = field(default=CONTIGUOUS, metadata=LATER)
+    #: interleaved only: the run-unique identifier of the group timed together, and each sample's round (left out of
+    #: a contiguous timing's JSON, whose layout is as it always was)
+    group: str = field(default="", metadata=later("design"))
+    rounds: tuple[int, ...] = field(default=(), metadata=later("design"))
+    #: written after the fields (``compare.formats.codec``)
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("noisy",)
 
     @property
     def noisy(self) -> bool:
         return self.iqr_s > NOISY_IQR_FRACTION * self.median_s
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["samples_s"] = list(self.samples_s)
-        d["rounds"] = list(self.rounds)
-        d["noisy"] = self.noisy
-        if self.design == CONTIGUOUS:  # the layout of a contiguous timing is as it always was
-            for k in ("design", "group", "rounds"):
-                d.pop(k)
-        return d
-
     @staticmethod
-    def from_dict(d: Obj) -> Timing:
-        """The inverse of :meth:`to_dict` (``noisy`` is derived, so it is not read). ``median_s`` and ``iqr_s`` are
-        required; a record that has only them (a shape-sweep row, an older file) gets ``min_s = max_s = median_s``,
-        ``n`` = its samples, one call per sample, no warm-up and a NaN first call."""
-        median = number(d, "median_s")
-        samples = numbers(d, "samples_s")
-        return Timing(
-            median_s=median,
-            iqr_s=number(d, "iqr_s"),
-            min_s=number(d, "min_s", median),
-            max_s=number(d, "max_s", median),
-            n=integer(d, "n", len(samples)),
-            calls_per_sample=integer(d, "calls_per_sample", 1),
-            first_call_s=number(d, "first_call_s", math.nan),
-            warmup_calls=integer(d, "warmup_calls", 0),
-            samples_s=samples,
-            design=text(d, "design", CONTIGUOUS),
-            group=text(d, "group", ""),
-            rounds=integers(d, "rounds"),
-        )
+    def json_fill(d: Mapping[str, Any]) -> dict[str, Any]:
+        """What a record of ``median_s`` and ``iqr_s`` alone (a shape-sweep row, an older file) takes for the rest
+        (``compare.formats.codec``): ``min_s = max_s = median_s``, ``n`` its samples, one call per sample, no
+        warm-up and a NaN first call."""
+        samples, median = d.get("samples_s"), d.get("median_s")
+        n = len(samples) if isinstance(samples, list | tuple) else 0
+        return dict(min_s=median, max_s=median, n=n, calls_per_sample=1, first_call_s=math.nan, warmup_calls=0)
 
 
 @dataclass(frozen=True)
@@ -146,21 +126,6 @@ class TimingConfig:
     max_samples: int = 100
     budget_s: float = 1.0
     min_sample_s: float = 2e-3
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @staticmethod
-    def from_dict(d: Obj) -> TimingConfig:
-        """The inverse of :meth:`to_dict`; an absent setting takes its default."""
-        base = TimingConfig()
-        return TimingConfig(
-            warmup=integer(d, "warmup", base.warmup),
-            min_samples=integer(d, "min_samples", base.min_samples),
-            max_samples=integer(d, "max_samples", base.max_samples),
-            budget_s=number(d, "budget_s", base.budget_s),
-            min_sample_s=number(d, "min_sample_s", base.min_sample_s),
-        )
 
 
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
