@@ -111,7 +111,7 @@ Z_SCORE = 5.0
 #: (another accumulation order, FMA, a transcendental off by 4 ulp, the activation evaluated in the dtype with its
 #: constants rounded) comes near it (``tests/test_variants.py`` measures how near they come).
 FAIL_FACTOR = 8.0
-#: The fail line of a bias (shift or scale, relative): this many unit roundoffs of the case dtype ...
+#: The fail line of the shift (the mean, relative to rms(ref)): this many unit roundoffs of the case dtype ...
 BIAS_FAIL_UNITS = 1.0
 #: ... plus this many float32 ulps (``2**-23`` each): what a float32 transcendental off by up to 4 ulp may add.
 TRANSCENDENTAL_ULPS = 8.0
@@ -472,8 +472,8 @@ def _beyond(value: float, plain: float) -> float:
 
 
 def bias_fail_line(dtype: str) -> float:
-    """The relative bias (of the scale, or of the mean in units of ``rms(ref)``) beyond which no rounding explains
-    it: :data:`BIAS_FAIL_UNITS` unit roundoffs of the dtype plus :data:`TRANSCENDENTAL_ULPS` float32 ulps."""
+    """The relative bias of the mean (in units of ``rms(ref)``; the scale has its own paired line) beyond which no
+    rounding explains it: :data:`BIAS_FAIL_UNITS` unit roundoffs of the dtype + :data:`TRANSCENDENTAL_ULPS` ulps."""
     return BIAS_FAIL_UNITS * 2.0 ** -SIGNIFICAND_BITS[dtype] + TRANSCENDENTAL_ULPS * 2.0**-23
 
 
