@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -224,7 +223,7 @@ class Feed:
         self._prepared, self._bind, self._name, self._keep = prepared, prepared.bind, name, keep
         self._x, self._dy = draw["x"], draw["dy"]
         self._tokens = int(np.prod(self._x.shape[:-1]))
-        self._rng = random.Random(secrets.randbits(64) if seed is None else seed)
+        self._rng = np.random.default_rng(secrets.randbits(64) if seed is None else seed)
         self._order: dict[int, np.ndarray] = {}  # slot -> the order its inputs hold
         self._block: list[np.ndarray] = []  # the orders of the block taken last, in call order
         self._chosen: list[Call | _Pending] = []
@@ -232,7 +231,7 @@ class Feed:
         self.calls = 0
 
     def _rebind(self, slot: int) -> Callable[[], Any]:
-        order = np.asarray(self._rng.sample(range(self._tokens), self._tokens))
+        order = self._rng.permutation(self._tokens)
 
         def rows(a: np.ndarray) -> np.ndarray:
             return a.reshape(self._tokens, -1)[order].reshape(a.shape)
@@ -264,7 +263,7 @@ class Feed:
             self.calls += 1
             if len(self._chosen) < self._keep:
                 self._chosen.append(_Pending(slot, order, out))
-            elif (j := self._rng.randrange(self.calls)) < self._keep:
+            elif (j := int(self._rng.integers(self.calls))) < self._keep:
                 self._chosen[j] = _Pending(slot, order, out)
 
     def once(self, sync: Callable[[Any], None]) -> None:
