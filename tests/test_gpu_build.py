@@ -310,8 +310,8 @@ def test_arch_limits_in_bytes():
 
 def test_parse_tool_output():
     log = (
-        "ptxas info    : Compiling entry function '_geglu_matmul_kernel' for 'sm_90a'\n"
-        "ptxas info    : Function properties for _geglu_matmul_kernel\n"
+        "ptxas info    : Compiling entry function '_glu_matmul_kernel' for 'sm_90a'\n"
+        "ptxas info    : Function properties for _glu_matmul_kernel\n"
         "    992 bytes stack frame, 988 bytes spill stores, 980 bytes spill loads\n"
         "ptxas info    : Used 255 registers, used 1 barriers, 992 bytes cumulative stack size\n"
     )
@@ -329,7 +329,7 @@ def test_parse_tool_output():
 
 def _row(**kw: Any) -> dict[str, Any]:
     row = {
-        "kernel": "_geglu_matmul_kernel", "kernel_id": "geglu_matmul", "launch": "x @ W^T",
+        "kernel": "_glu_matmul_kernel", "kernel_id": "glu_matmul", "launch": "x @ W^T",
         "config": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         "config_label": "128x128x64 w8 s3", "origin": "autotune", "dtype": "bfloat16", "arch": "sm_90", "ok": True,
         "error": None, "registers": 255, "spill_stores": 0, "spill_loads": 0, "stack_frame": 0, "local_bytes": 0,
@@ -365,7 +365,7 @@ def test_render_markdown_is_a_readable_pure_function_of_the_json():
     rows = [
         _row(),
         _row(config_label="128x64x64 w4 s4", spill_stores=992, spill_loads=988, stack_frame=992),
-        _row(kernel="_geglu_fwd_kernel", launch="flat", config_label="BLOCK=1000 w4 s3", origin="override",
+        _row(kernel="_glu_fwd_kernel", launch="flat", config_label="BLOCK=1000 w4 s3", origin="override",
              ok=False, error="CompilationError: at 3:4:\narange's range must be a power of 2"),
         _row(arch="sm_80", tensor_cores="mma", tensor_core_instructions=128, shared_bytes=98_304,
              shared_limit=166_912, occupancy=occupancy(ARCHS["sm_80"], 255, 8, 98_304)),
@@ -377,14 +377,14 @@ def test_render_markdown_is_a_readable_pure_function_of_the_json():
     assert "### sm_90: H100/H200 (Hopper)" in md and "### sm_80: A100 (Ampere)" in md
     assert "232,448 B/block" in md and "166,912 B/block" in md
     assert (
-        "| _geglu_matmul_kernel | x @ W^T | 128x128x64 w8 s3 | bfloat16 | 255 | 0 / 0 | 0 | 148,480 (64 %) | "
+        "| _glu_matmul_kernel | x @ W^T | 128x128x64 w8 s3 | bfloat16 | 255 | 0 / 0 | 0 | 148,480 (64 %) | "
         "wgmma (8) | 8 (1 x 8), registers+shared | ok |" in md
     )
     assert "**992 / 988**" in md
     assert "**error**: arange's range must be a power of 2" in md
     assert "mma (128)" in md
     assert "3 builds, 2 compiled, 1 failed." in md
-    assert "Violated" in md and "* _geglu_matmul_kernel [x @ W^T] 128x64x64 w4 s4 bfloat16: spills 992 B" in md
+    assert "Violated" in md and "* _glu_matmul_kernel [x @ W^T] 128x64x64 w4 s4 bfloat16: spills 992 B" in md
     assert "Holds" in render_markdown(_doc([_row()]))
     with pytest.raises(ValueError, match="schema"):
         render_markdown({"schema": 0, "rows": []})

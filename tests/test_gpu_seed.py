@@ -78,4 +78,4 @@ def test_triton_fused_launches_two_kernels() -> None:
     s = _summary("torch-triton-fused")
     assert s["kernels_per_step"] == 2, s["kernels"]
     names = [k["name"] for k in s["kernels"]]
-    assert any("_geglu_matmul_kernel" in n for n in names) and any("_matmul_kernel" in n for n in names), names
+    assert any("_glu_matmul_kernel" in n for n in names) and any("_matmul_kernel" in n for n in names), names

@@ -146,7 +146,7 @@ def test_kernel_file_is_torch_free() -> None:
         """
         import sys
         import triton_impl.glu_kernels as k
-        print("torch" in sys.modules, "triton" in sys.modules, type(k.geglu_fwd_kernel).__name__)
+        print("torch" in sys.modules, "triton" in sys.modules, type(k.glu_fwd_kernel).__name__)
     """,
         {"FUSION_COMPARE_TRITON": "compile"},
     )
@@ -173,7 +173,7 @@ def test_kernels_compile_for_cuda_with_jax_triton_convention(tmp_path: Path) -> 
         from triton.compiler import ASTSource
         from triton_impl import glu_kernels as k
 
-        for fn, n_ptr in ((k.geglu_fwd_kernel, 3), (k.geglu_bwd_kernel, 5)):
+        for fn, n_ptr in ((k.glu_fwd_kernel, 3), (k.glu_bwd_kernel, 5)):
             for dt in ("fp32", "bf16", "fp16"):
                 sig = {fn.arg_names[i]: "*" + dt for i in range(n_ptr)}
                 consts = {"n_elements": 3 * 37 * 328, "BLOCK": k.BLOCK_SIZE, "EXACT_BF16": k.EXACT_BF16_CAST,
@@ -188,7 +188,7 @@ def test_kernels_compile_for_cuda_with_jax_triton_convention(tmp_path: Path) -> 
     )
     rows = [line.split() for line in out.splitlines()]
     assert [r[:2] for r in rows] == [
-        [n, dt] for n in ("_geglu_fwd_kernel", "_geglu_bwd_kernel") for dt in ("fp32", "bf16", "fp16")
+        [n, dt] for n in ("_glu_fwd_kernel", "_glu_bwd_kernel") for dt in ("fp32", "bf16", "fp16")
     ]
     assert all(r[2:] == ["1024", "True", "True"] for r in rows), rows
 
@@ -304,7 +304,7 @@ def test_same_kernels_as_torch_triton_bit_for_bit(dtype: str, act: str) -> None:
         return
     n = g.numel()
     fwd, bwd = call.calls[0], call.calls[-1]
-    assert (fwd["kernel"], bwd["kernel"]) == (glu_kernels.geglu_fwd_kernel, glu_kernels.geglu_bwd_kernel)
+    assert (fwd["kernel"], bwd["kernel"]) == (glu_kernels.glu_fwd_kernel, glu_kernels.glu_bwd_kernel)
     assert len(fwd["args"]) == 2 and len(bwd["args"]) == 3 and len(bwd["out_shape"]) == 2
     for c in (fwd, bwd):
         assert c["grid"] == (-(-n // glu_kernels.BLOCK_SIZE),)

@@ -8,7 +8,7 @@ With the tiny GeGLU case (T = 3 * 37 = 111 tokens, dim 96, hidden 328), each tes
   ``aten::mm`` and the C++ kernel ``graph_<k>_cpp_fused__unsafe_view_gelu_mul_0`` (k: the process's graph count);
   CUDA: cuBLAS GEMMs and the Triton kernel ``triton_poi_fused__unsafe_view_gelu_mul_0``;
 - torch-triton forward: 3 GEMMs plus the GeGLU kernel. CPU: interpreted, so the launch is one opaque ``custom``
-  range; CUDA: the compiled ``_geglu_fwd_kernel`` as a device kernel;
+  range; CUDA: the compiled ``_glu_fwd_kernel`` as a device kernel;
 - jax-xla forward (XLA:CPU here): 3 GEMM fusions (``dot`` inside) and one loop fusion holding both the GELU
   (``tanh``) and the mul.
 """
@@ -102,6 +102,10 @@ def test_classify() -> None:
     assert classify("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn") == "gemm"
     assert classify("Memcpy HtoD (Pageable -> Device)") == "copy"
     assert classify("aten::made_up") == "other"
+    # this project's Triton kernels by their names and by the _geglu_ ones committed results hold: the same kinds
+    for old, new in (("_geglu_matmul_kernel", "_glu_matmul_kernel"), ("_geglu_fwd_kernel", "_glu_fwd_kernel")):
+        assert [classify(f"triton::{n}") for n in (old, new)] == [classify(old)] * 2, (old, new)
+    assert classify("triton::_glu_matmul_kernel") == "gemm"
 
 
 def test_shorten_keeps_meaningful_parts() -> None:
@@ -352,9 +356,9 @@ def test_torch_triton_launch_is_one_kernel_beside_the_gemms() -> None:
     s = _torch_summary("torch-triton", "fwd")
     if _on_cuda(s):  # compiled: the Triton kernel is a device kernel of its own
         assert len(_gemm_names(s)) == 3 and s["kernels_per_step"] == 4
-        assert any("_geglu_fwd_kernel" in k["name"] for k in s["kernels"]), s["kernels"]
+        assert any("_glu_fwd_kernel" in k["name"] for k in s["kernels"]), s["kernels"]
     else:  # interpreted: the launch runs in Python; its profiler range is one opaque custom kernel
-        assert _by_name(s) == {"aten::mm": 3, "triton::_geglu_fwd_kernel": 1}
+        assert _by_name(s) == {"aten::mm": 3, "triton::_glu_fwd_kernel": 1}
         assert ks.count_by_kind(s) == {"gemm": 3, "custom": 1} and "interpreter" in s["notes"]
 
 
@@ -537,9 +541,9 @@ def test_torch_triton_fused_forward_backward_counts_what_runs_inside_the_backwar
     else:
         triton = {k["name"]: k["count"] for k in s["kernels"] if k["kind"] == "custom"}
         assert triton == {
-            "triton::_geglu_matmul_kernel": 1,
+            "triton::_glu_matmul_kernel": 1,
             "triton::_matmul_kernel": 3,
-            "triton::_geglu_bwd_kernel": 1,
+            "triton::_glu_bwd_kernel": 1,
         }, s["kernels"]
         assert ks.count_by_kind(s)["gemm"] == 6, s["kernels"]
 

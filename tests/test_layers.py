@@ -426,8 +426,8 @@ import triton_impl.gpu_build
 from triton_impl import glu_kernels, glu_matmul_kernels
 from triton_impl.gpu_build import catalogue, compiler, entry, sources, worker
 assert glu_kernels.INTERPRETED is glu_matmul_kernels.INTERPRETED is interpret
-kinds = {{type(k).__name__ for k in (glu_kernels._geglu_fwd_kernel, glu_kernels._geglu_bwd_kernel,
-                                     glu_matmul_kernels._geglu_matmul_kernel, glu_matmul_kernels._matmul_kernel)}}
+kinds = {{type(k).__name__ for k in (glu_kernels._glu_fwd_kernel, glu_kernels._glu_bwd_kernel,
+                                     glu_matmul_kernels._glu_matmul_kernel, glu_matmul_kernels._matmul_kernel)}}
 assert kinds == {{'InterpretedFunction' if interpret else 'JITFunction'}}, kinds
 if not interpret:
     declared = [e.id for m in {modules!r} for e in sys.modules[m].GPU_BUILD]

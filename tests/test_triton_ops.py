@@ -112,7 +112,7 @@ def _gemm_inputs(lead: tuple[int, ...], K: int, N: int, dtype: torch.dtype, seed
     return x, w_gate, w_up
 
 
-def _geglu_mm_ref(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, act: str = "gelu_tanh") -> torch.Tensor:
+def _glu_mm_ref(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, act: str = "gelu_tanh") -> torch.Tensor:
     return REFS[act](x @ w_gate.T, x @ w_up.T)
 
 
@@ -259,8 +259,8 @@ class TestTritonOpsCompiled:
         x, w_gate, w_up = _gemm_inputs(lead, K, N, dtype, seed=20)
         h = glu_matmul(x, w_gate, w_up, act)
         assert h.shape == (*lead, N) and h.dtype == dtype
-        ref = _geglu_mm_ref(x.double(), w_gate.double(), w_up.double(), act)
-        assert_close(h, ref, _geglu_mm_ref(x, w_gate, w_up, act), dtype, f"glu_matmul {act}")
+        ref = _glu_mm_ref(x.double(), w_gate.double(), w_up.double(), act)
+        assert_close(h, ref, _glu_mm_ref(x, w_gate, w_up, act), dtype, f"glu_matmul {act}")
 
     @pytest.mark.parametrize("shape", MATMUL_SHAPES, ids=["111x96->328", "111x328->96"])
     @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -276,8 +276,8 @@ class TestTritonOpsCompiled:
         x, w_gate, w_up = _gemm_inputs((33,), 40, 50, torch.float32, seed=40)
         wg_t = w_gate.T.contiguous().T  # same values, column-major strides
         assert not wg_t.is_contiguous()
-        ref = _geglu_mm_ref(x.double(), w_gate.double(), w_up.double())
-        assert_close(glu_matmul(x, wg_t, w_up), ref, _geglu_mm_ref(x, w_gate, w_up), torch.float32, "strided")
+        ref = _glu_mm_ref(x.double(), w_gate.double(), w_up.double())
+        assert_close(glu_matmul(x, wg_t, w_up), ref, _glu_mm_ref(x, w_gate, w_up), torch.float32, "strided")
         assert_close(matmul(x, wg_t), x.double() @ w_gate.double().T, x @ w_gate.T, torch.float32, "strided mm")
 
     @pytest.mark.parametrize("act", ACTS)
@@ -294,10 +294,10 @@ class TestTritonOpsCompiled:
         h.backward(dh)
 
         leaves_64 = [t.double().requires_grad_() for t in (x, w_gate, w_up)]
-        ref = _geglu_mm_ref(*leaves_64, act)
+        ref = _glu_mm_ref(*leaves_64, act)
         ref.backward(dh.double())
         leaves_t = [t.clone().requires_grad_() for t in (x, w_gate, w_up)]
-        out_t = _geglu_mm_ref(*leaves_t, act)
+        out_t = _glu_mm_ref(*leaves_t, act)
         out_t.backward(dh)
 
         assert_close(h.detach(), ref.detach(), out_t.detach(), dtype, f"fused_glu {act}")

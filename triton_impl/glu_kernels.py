@@ -8,13 +8,13 @@ the very same ``@triton.jit`` functions: ``torch_impl.ops.glu`` launches them on
 Kernels (1-D grid of ``cdiv(n_elements, BLOCK)`` programs over flattened, contiguous, row-major buffers of any
 shape ``S``; ``n_elements = prod(S)``; float32/bfloat16/float16, all math in fp32, one rounding on the store):
 
-* :data:`geglu_fwd_kernel` ``(g_ptr, u_ptr, h_ptr, n_elements, BLOCK, EXACT_BF16, ACT)``: reads ``g, u: S``,
+* :data:`glu_fwd_kernel` ``(g_ptr, u_ptr, h_ptr, n_elements, BLOCK, EXACT_BF16, ACT)``: reads ``g, u: S``,
   writes ``h: S``;
-* :data:`geglu_bwd_kernel` ``(dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_elements, BLOCK, EXACT_BF16, ACT)``: reads
+* :data:`glu_bwd_kernel` ``(dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_elements, BLOCK, EXACT_BF16, ACT)``: reads
   ``dh, g, u: S``, writes ``dg, du: S``, recomputing ``act(g)`` and ``act'(g)`` from ``g``.
 
-The kernels keep their GeGLU names (``_geglu_fwd_kernel``, ``_geglu_bwd_kernel``): they are the names profiler
-traces and the GPU build table (``reports/gpu-build``) know them by. One kernel per direction serves both
+The kernels (``_glu_fwd_kernel``, ``_glu_bwd_kernel``) are named by what they compute; committed data from before
+the rename names them ``_geglu_*``, which ``compare.kernels`` classifies alike. One kernel per direction serves both
 activations: ``ACT`` is a ``tl.constexpr``, so each value compiles to its own specialisation with the other branch
 compiled out. :func:`activation` and :func:`activation_and_grad` are the shared fp32 math (the fused GEMM's
 epilogue in :mod:`triton_impl.glu_matmul_kernels` uses :func:`activation` too); :data:`ACTIVATIONS` lists the
@@ -58,9 +58,9 @@ __all__ = [
     "activation",
     "activation_and_grad",
     "cast_out",
-    "geglu_bwd_kernel",
-    "geglu_fwd_kernel",
     "gelu_tanh",
+    "glu_bwd_kernel",
+    "glu_fwd_kernel",
 ]
 
 # Launch choice, fixed at import time like the kernels themselves. Under the interpreter each program instance is
@@ -189,9 +189,7 @@ def cast_out(x, dtype: tl.constexpr, EXACT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _geglu_fwd_kernel(
-    g_ptr, u_ptr, h_ptr, n_elements, BLOCK: tl.constexpr, EXACT_BF16: tl.constexpr, ACT: tl.constexpr
-):
+def _glu_fwd_kernel(g_ptr, u_ptr, h_ptr, n_elements, BLOCK: tl.constexpr, EXACT_BF16: tl.constexpr, ACT: tl.constexpr):
     # Traffic: reads g and u once, writes h once -> 3 * numel * itemsize bytes; no
     # intermediate (act(g)) ever reaches memory. Per element: gelu_tanh ~12 FLOPs + 1 exp,
     # silu ~7 FLOPs + 1 exp (with the mul).
@@ -205,7 +203,7 @@ def _geglu_fwd_kernel(
 
 
 @triton.jit
-def _geglu_bwd_kernel(
+def _glu_bwd_kernel(
     dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_elements,
     BLOCK: tl.constexpr, EXACT_BF16: tl.constexpr, ACT: tl.constexpr,
 ):  # fmt: skip
@@ -228,16 +226,16 @@ def _geglu_bwd_kernel(
 
 # Public handles. The functions keep their original names, which are the kernel names in profiler traces.
 # jax_impl.backends.triton launches them by these names (getattr), tests/test_jax_triton.py checks them.
-geglu_fwd_kernel = _geglu_fwd_kernel
-geglu_bwd_kernel = _geglu_bwd_kernel
+glu_fwd_kernel = _glu_fwd_kernel
+glu_bwd_kernel = _glu_bwd_kernel
 
 # What the GPU build compiles of this module (triton_impl.gpu_build): each kernel at its one GPU launch config over
 # a flat contiguous buffer. Built as GeGLU's (ACT="gelu_tanh"); SwiGLU's "silu" specialisation is not in the table.
 _GPU_FIXED = {"EXACT_BF16": EXACT_BF16_CAST, "ACT": "gelu_tanh"}
 _GPU_CONFIG = {"BLOCK": BLOCK_SIZE, "num_warps": NUM_WARPS}
 GPU_BUILD: tuple[BuildEntry, ...] = (
-    BuildEntry("geglu_fwd", "_geglu_fwd_kernel", {"h = gelu(g) * u (flat, contiguous)": flat_ints()},
+    BuildEntry("glu_fwd", "_glu_fwd_kernel", {"h = gelu(g) * u (flat, contiguous)": flat_ints()},
                config=_GPU_CONFIG, fixed=_GPU_FIXED, enable_fp_fusion=FP_FUSION),
-    BuildEntry("geglu_bwd", "_geglu_bwd_kernel", {"dg, du (flat, contiguous)": flat_ints()},
+    BuildEntry("glu_bwd", "_glu_bwd_kernel", {"dg, du (flat, contiguous)": flat_ints()},
                config=_GPU_CONFIG, fixed=_GPU_FIXED, enable_fp_fusion=FP_FUSION),
 )  # fmt: skip

@@ -5,17 +5,17 @@ For ``y = down(act(gate(x)) * up(x))`` (bias-free linears, weights in torch's ``
 ``"gelu_tanh"`` for GeGLU or ``"silu"`` for SwiGLU, the kernel's compile-time ``ACT``, the same constexpr as the
 elementwise kernels' in :mod:`triton_impl.glu_kernels`):
 
-* :func:`_geglu_matmul_kernel` ``(x [M, K], w_gate [N, K], w_up [N, K]) -> h [M, N]`` -- both projections computed
+* :func:`_glu_matmul_kernel` ``(x [M, K], w_gate [N, K], w_up [N, K]) -> h [M, N]`` -- both projections computed
   tile by tile from the same loaded ``x`` tile into two fp32 accumulators; ``act(g) * u`` is applied in the
   epilogue and only ``h`` is written. ``g`` and ``u`` never reach memory.
 * :func:`_matmul_kernel` ``(a [M, K], b [N, K]) -> a @ b.T [M, N]`` -- plain GEMM with the same tiling rules.
 
 Both take any strides (a transposed view is a stride swap) and a 1-D grid of ``cdiv(M, BLOCK_M) * cdiv(N,
-BLOCK_N)`` programs. :data:`geglu_matmul_launch` and :data:`matmul_launch` are what a launcher calls: autotuned
-over :data:`GEGLU_MATMUL_CONFIGS` / :data:`MATMUL_CONFIGS` on a GPU, the plain kernels under the interpreter (where
+BLOCK_N)`` programs. :data:`glu_matmul_launch` and :data:`matmul_launch` are what a launcher calls: autotuned
+over :data:`GLU_MATMUL_CONFIGS` / :data:`MATMUL_CONFIGS` on a GPU, the plain kernels under the interpreter (where
 the launcher passes :func:`interp_config`'s tiles). ``torch_impl.ops.glu_matmul`` launches
-them on torch tensors with autograd. The kernels keep their names ``_geglu_matmul_kernel`` and ``_matmul_kernel``
-(profiler traces, the GPU build table).
+them on torch tensors with autograd. Committed data from before the rename names the fused kernel
+``_geglu_matmul_kernel``; ``compare.kernels`` classifies both names as a GEMM.
 
 Cost model of the fused forward (``s`` = itemsize, tiles ``BM x BN``, no cache reuse assumed):
 
@@ -51,7 +51,7 @@ from .glu_kernels import EXACT_BF16_CAST, activation, cast_out  # noqa: E402
 from .gpu_build.entry import BuildEntry, K, gemm_ints  # noqa: E402
 
 __all__ = [
-    "GEGLU_MATMUL_CONFIGS",
+    "GLU_MATMUL_CONFIGS",
     "GPU_BUILD",
     "INTERPRETED",
     "INTERP_CONFIG",
@@ -59,7 +59,7 @@ __all__ = [
     "INTERP_LARGE_MNK",
     "INTERP_NUM_WARPS",
     "MATMUL_CONFIGS",
-    "geglu_matmul_launch",
+    "glu_matmul_launch",
     "interp_config",
     "matmul_launch",
 ]
@@ -117,7 +117,7 @@ def _cfg(bm: int, bn: int, bk: int, stages: int, warps: int) -> triton.Config:
 # the two transposed backward launches). fp32 runs with input_precision="ieee" (no tensor cores): it is the parity
 # reference, not the headline, and fp32 configs that spill stay, with their numbers. A config that needs more
 # shared memory than the GPU offers raises OutOfResources at launch, and the autotuner skips it.
-GEGLU_MATMUL_CONFIGS: list[triton.Config] = [
+GLU_MATMUL_CONFIGS: list[triton.Config] = [
     # sm_90 bf16/fp16: 255 regs, no spills, 148,480 B, 8 warps/SM (registers and shared memory).
     # fp32 spills 4,244/4,032 B on sm_90. sm_80: bf16/fp16 spill 196/104 B, fp32 needs 196,608 B > 166,912 B.
     _cfg(128, 128, 64, 3, 8),
@@ -177,7 +177,7 @@ def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.co
 
 
 @triton.jit
-def _geglu_matmul_kernel(
+def _glu_matmul_kernel(
     x_ptr, wg_ptr, wu_ptr, h_ptr,
     M, N, K,
     stride_xm, stride_xk,
@@ -264,10 +264,10 @@ def _matmul_kernel(
 
 
 if INTERPRETED:
-    geglu_matmul_launch = _geglu_matmul_kernel
+    glu_matmul_launch = _glu_matmul_kernel
     matmul_launch = _matmul_kernel
 else:
-    geglu_matmul_launch = triton.autotune(configs=GEGLU_MATMUL_CONFIGS, key=["M", "N", "K"])(_geglu_matmul_kernel)
+    glu_matmul_launch = triton.autotune(configs=GLU_MATMUL_CONFIGS, key=["M", "N", "K"])(_glu_matmul_kernel)
     matmul_launch = triton.autotune(configs=MATMUL_CONFIGS, key=["M", "N", "K"])(_matmul_kernel)
 
 # What the GPU build compiles of this module (triton_impl.gpu_build): every autotune config, at each launch with its
@@ -278,9 +278,9 @@ else:
 _GPU_FIXED = {"UPCAST": False, "EXACT_BF16": EXACT_BF16_CAST}
 GPU_BUILD: tuple[BuildEntry, ...] = (
     BuildEntry(
-        "geglu_matmul", "_geglu_matmul_kernel",
+        "glu_matmul", "_glu_matmul_kernel",
         {"x @ W^T": {**gemm_ints(("x", "wg", "h"), True, True), "stride_wun": K, "stride_wuk": 1}},
-        autotune_list="GEGLU_MATMUL_CONFIGS", fixed={**_GPU_FIXED, "ACT": "gelu_tanh"}, enable_fp_fusion=FP_FUSION,
+        autotune_list="GLU_MATMUL_CONFIGS", fixed={**_GPU_FIXED, "ACT": "gelu_tanh"}, enable_fp_fusion=FP_FUSION,
     ),
     BuildEntry(
         "matmul", "_matmul_kernel",

@@ -12,7 +12,7 @@ _GEMM_RE = re.compile(
     r"(^|[^a-z])(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|mv|dot|_addmm_activation|_scaled_mm|dot_general|"
     r"convolution|conv[123]d|cudnn_convolution\w*|mkldnn_convolution)$|gemm|xmma|s16816|s1688|s884|hgemm|sgemm|nvjet|cublas|cutlass|wgmma|onednn\$matmul|"
     r"mkldnn_linear|mkl_linear|_linear_pointwise|__triton_gemm|triton_tem_|"
-    # this project's hand-written Triton GEMMs (the fused gate/up one with its GeGLU epilogue, and the plain one)
+    # this project's Triton GEMMs: the fused gate/up one (_glu_matmul_kernel, _geglu_ in committed data) and the plain
     r"_matmul_kernel$",
     re.IGNORECASE,
 )

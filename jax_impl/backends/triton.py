@@ -2,8 +2,8 @@
 Triton kernels as ``torch-triton`` (``triton_impl.glu_kernels``), launched from JAX through
 ``jax_triton.triton_call``, the activation the kernels' compile-time ``ACT`` (picked from the case's model).
 
-``act_mul`` is a ``jax.custom_vjp``: the forward launches ``geglu_fwd_kernel`` and saves only ``(g, u)``; the
-backward launches ``geglu_bwd_kernel``, which recomputes ``act(g)`` and ``act'(g)`` from ``g``. Both kernels
+``act_mul`` is a ``jax.custom_vjp``: the forward launches ``glu_fwd_kernel`` and saves only ``(g, u)``; the
+backward launches ``glu_bwd_kernel``, which recomputes ``act(g)`` and ``act'(g)`` from ``g``. Both kernels
 stream the flattened buffers (``g, u, dh: [..., hidden]``, any leading shape) over a 1-D grid of
 ``cdiv(numel, BLOCK_SIZE)`` programs with the torch launch's block size, warps and FMA setting.
 
@@ -136,13 +136,13 @@ def make_act_mul(triton_call: TritonCall | None = None, act: str = "gelu_tanh") 
     def forward(g: jax.Array, u: jax.Array) -> jax.Array:
         """``[S], [S] -> [S]``: reads g, u, writes h (3 * numel * itemsize bytes)."""
         _check(("g", "u"), (g, u))
-        (h,) = launch("geglu_fwd_kernel", "geglu_fwd", (g, u), 1)
+        (h,) = launch("glu_fwd_kernel", "glu_fwd", (g, u), 1)
         return h
 
     def backward(dh: jax.Array, g: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array]:
         """``dh, g, u: [S] -> (dg, du): [S]``: reads dh, g, u, writes dg, du (5 * numel * itemsize bytes)."""
         _check(("g", "dh", "u"), (g, dh, u))
-        dg, du = launch("geglu_bwd_kernel", "geglu_bwd", (dh, g, u), 2)
+        dg, du = launch("glu_bwd_kernel", "glu_bwd", (dh, g, u), 2)
         return dg, du
 
     @jax.custom_vjp

@@ -26,8 +26,8 @@ import triton
 
 from triton_impl.env import FP_FUSION
 from triton_impl.glu_kernels import ACTIVATIONS, BLOCK_SIZE, EXACT_BF16_CAST, INTERPRETED, NUM_WARPS
-from triton_impl.glu_kernels import geglu_bwd_kernel as _geglu_bwd_kernel
-from triton_impl.glu_kernels import geglu_fwd_kernel as _geglu_fwd_kernel
+from triton_impl.glu_kernels import glu_bwd_kernel as _glu_bwd_kernel
+from triton_impl.glu_kernels import glu_fwd_kernel as _glu_fwd_kernel
 
 from ._launch import launch
 
@@ -105,10 +105,8 @@ def glu_forward(g: torch.Tensor, u: torch.Tensor, act: str = "gelu_tanh") -> tor
     n = g_c.numel()
     if n == 0:
         return h
-    with launch("_geglu_fwd_kernel"):
-        _geglu_fwd_kernel[_grid(n)](
-            g_c, u_c, h, n, BLOCK=BLOCK_SIZE, EXACT_BF16=EXACT_BF16_CAST, ACT=act, **_LAUNCH_OPTS
-        )
+    with launch("_glu_fwd_kernel"):
+        _glu_fwd_kernel[_grid(n)](g_c, u_c, h, n, BLOCK=BLOCK_SIZE, EXACT_BF16=EXACT_BF16_CAST, ACT=act, **_LAUNCH_OPTS)
     return h
 
 
@@ -138,8 +136,8 @@ def glu_backward(
     n = g_c.numel()
     if n == 0:
         return dg, du
-    with launch("_geglu_bwd_kernel"):
-        _geglu_bwd_kernel[_grid(n)](
+    with launch("_glu_bwd_kernel"):
+        _glu_bwd_kernel[_grid(n)](
             dh_c, g_c, u_c, dg, du, n, BLOCK=BLOCK_SIZE, EXACT_BF16=EXACT_BF16_CAST, ACT=act, **_LAUNCH_OPTS
         )
     return dg, du

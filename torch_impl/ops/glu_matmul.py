@@ -31,7 +31,7 @@ from triton_impl.env import FP_FUSION
 from triton_impl.glu_matmul_kernels import (
     INTERP_NUM_WARPS,
     INTERPRETED,
-    geglu_matmul_launch,
+    glu_matmul_launch,
     interp_config,
     matmul_launch,
 )
@@ -143,8 +143,8 @@ def glu_matmul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, act: s
     M, N = x2.shape[0], w_gate.shape[0]
     h = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M > 0 and N > 0:
-        with launch("_geglu_matmul_kernel"):
-            geglu_matmul_launch[_grid(M, N)](
+        with launch("_glu_matmul_kernel"):
+            glu_matmul_launch[_grid(M, N)](
                 x2, w_gate, w_up, h,
                 M, N, K,
                 x2.stride(0), x2.stride(1),
