@@ -1,4 +1,4 @@
-"""The PyTorch modules: ``nn.Linear``, the seed's gated MLP (GeGLU, SwiGLU) and GPT-2's MLP, from golden weights."""
+"""The PyTorch modules: ``nn.Linear``, the blog post's gated MLP (GeGLU, SwiGLU), GPT-2's MLP, from golden weights."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ EAGER_ACT_MUL: dict[str, ActMul] = {"geglu": eager_geglu, "swiglu": eager_swiglu
 class GatedMLP(nn.Module):
     """``y = down(act_mul(gate(x), up(x)))``; ``x, y [..., dim]``, hidden ``[..., hidden]``; bias-free.
 
-    ``act_mul(g, u) = act(g) * u``: GeGLU with :func:`eager_geglu` (the default, the seed's module), SwiGLU with
+    ``act_mul(g, u) = act(g) * u``: GeGLU with :func:`eager_geglu` (the default, the blog post's module), SwiGLU with
     :func:`eager_swiglu`, or a hand-written kernel of either."""
 
     def __init__(self, dim: int, hidden: int, act_mul: ActMul = eager_geglu) -> None:

@@ -36,9 +36,9 @@ from compare.kernels.names import parse_fused_name
 from torch_impl.ops._launch import PREFIX as LAUNCH_PREFIX
 from torch_impl.quiet_stderr import filtered_stderr
 
-#: The ``record_function`` range around each profiled step (as in the seed's profiling script).
+#: The ``record_function`` range around each profiled step (as in the blog post's profiling script).
 STEP_NAME = "fusion_compare_step"
-#: The seed's profiler schedule: one step skipped, one warm-up step, three recorded steps.
+#: The blog post's profiler schedule: one step skipped, one warm-up step, three recorded steps.
 WAIT, WARMUP, ACTIVE = 1, 1, 3
 
 #: aten ops that only make views, allocate, or change metadata: no kernel runs for them.
@@ -296,7 +296,7 @@ def profile_step(
 ) -> dict[str, Any]:
     """Run ``step`` under ``torch.profiler`` and return its kernel summary (counts per step).
 
-    Schedule ``wait=1, warmup=1, active=3`` (as the seed); each step runs inside
+    Schedule ``wait=1, warmup=1, active=3`` (as the blog post's); each step runs inside
     ``record_function("fusion_compare_step")`` and ends with ``sync(outputs)``. Activities: CPU, plus CUDA when
     ``device`` is a CUDA device. With ``trace_path`` a Chrome trace (JSON with ``traceEvents``) is written there.
     ``opaque``: ranges counted as one ``custom`` kernel each, nothing inside them counted (default:

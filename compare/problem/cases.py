@@ -4,7 +4,7 @@ A :class:`Case` fully determines the golden data: ``golden.make_golden(case)`` i
 
 Shapes:
 - ``linear``: ``x [batch, seq, dim] -> y [batch, seq, hidden]`` with ``y = x @ W.T + b`` (``hidden`` is the
-  output width, the seed's ``out_dim``).
+  output width, the blog post's ``out_dim``).
 - ``geglu``: ``x [batch, seq, dim] -> y [batch, seq, dim]`` with
   ``y = down(gelu_tanh(gate(x)) * up(x))``; gate/up are ``dim -> hidden``, down is ``hidden -> dim``; bias-free.
 - ``swiglu``: the same block with SiLU (``silu(s) = s * sigmoid(s)``): ``y = down(silu(gate(x)) * up(x))``
@@ -191,8 +191,8 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("blog-linear", "linear", Shape(1024, 1, 32, 64), "normal", "the seed's nn.Linear (1024 x 32 -> 64)"),
-        Preset("blog-mlp", "geglu", Shape(64, 128, 768, 3072), "normal", "the seed's GeGLU MLP; GPU-sized"),
+        Preset("blog-linear", "linear", Shape(1024, 1, 32, 64), "normal", "the blog post's nn.Linear (1024x32 -> 64)"),
+        Preset("blog-mlp", "geglu", Shape(64, 128, 768, 3072), "normal", "the blog post's GeGLU MLP; GPU-sized"),
         Preset("cpu-mlp", "geglu", Shape(8, 128, 768, 3072), "normal", "a CPU-sized GeGLU MLP (1024 tokens)"),
         Preset("tiny", "geglu", Shape(3, 37, 96, 328), "normal", "odd sizes, no multiple of any block size"),
         Preset("odd", "geglu", Shape(2, 33, 160, 200), "student_t", "odd sizes, heavy-tailed inputs (t, 3 dof)"),

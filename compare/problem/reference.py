@@ -209,7 +209,7 @@ def linear_fwd_bwd(
     return out
 
 
-#: GELU forms: ``tanh`` is the model's (the seed's ``approximate="tanh"``); ``erf`` is the exact form, used only to
+#: GELU forms: ``tanh`` is the model's (the blog post's ``approximate="tanh"``); ``erf`` is the exact form, used only to
 #: ask whether the parity gate can tell the two apart (``compare.gate.resolution``).
 GELU_FORMS: dict[str, Activations] = {
     "tanh": (gelu_tanh, gelu_tanh_grad),
