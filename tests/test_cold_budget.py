@@ -24,7 +24,7 @@ from compare.run import harness, parity_cache
 from compare.run.budget import FLOOR, SHARES, Budget
 from compare.run.progress import eta
 from compare.run.shape_sweep import budgeted_sweep
-from compare.timing import caches
+from compare.timing import llc
 from compare.timing import timer as timing
 from compare.timing.budgets import PHASES, BudgetRecord
 from tests.numpy_backend import NumpyPlain
@@ -99,17 +99,17 @@ def test_the_last_level_cache_is_read_from_the_os_listing(tmp_path: Path) -> Non
         (d / "level").write_text(f"{level}\n")
         (d / "type").write_text(f"{kind}\n")
         (d / "size").write_text(f"{size}\n")
-    got = caches.cpu_last_level(tmp_path)
+    got = llc.cpu_last_level(tmp_path)
     assert got is not None and (got.level, got.bytes) == (3, 491520 * 1024)
-    assert caches.flush_bytes(got) == caches.FLUSH_MULTIPLE * 491520 * 1024
-    assert caches.flush_bytes(None) == caches.MIN_FLUSH_BYTES
+    assert llc.flush_bytes(got) == llc.FLUSH_MULTIPLE * 491520 * 1024
+    assert llc.flush_bytes(None) == llc.MIN_FLUSH_BYTES
     # this machine lists one too, and the record round-trips
-    here = caches.cpu_last_level()
-    assert here is None or from_json(caches.CacheSize, to_json(here)) == here
+    here = llc.cpu_last_level()
+    assert here is None or from_json(llc.CacheSize, to_json(here)) == here
 
 
 def test_the_host_flush_writes_its_whole_buffer() -> None:
-    f = caches.HostFlush(3 * 2**20 + 5)
+    f = llc.HostFlush(3 * 2**20 + 5)
     before = int(f._buf.sum())
     f()
     assert int(f._buf.sum()) == before + f._buf.size and f.bytes >= 3 * 2**20
@@ -269,7 +269,7 @@ def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts() -> None:
     (r,) = doc.results
     assert r.status == "ok" and r.timing is not None and r.cold is not None
     assert r.timing.design == timing.INTERLEAVED and r.cold.design == timing.COLD and r.cold.n >= 5
-    assert doc.cold is not None and doc.cold.flush_bytes >= caches.MIN_FLUSH_BYTES
+    assert doc.cold is not None and doc.cold.flush_bytes >= llc.MIN_FLUSH_BYTES
     assert doc.budget is not None and doc.budget.total_s == 8.0
     again = from_json(Results, to_json(doc))
     assert again.cold == doc.cold and again.budget == doc.budget and again.results[0].cold == r.cold
@@ -657,7 +657,7 @@ def test_a_step_slow_once_after_its_compile_is_read_again_and_timed(
 class _NoFlush:
     """A flush that takes no time (its eviction is not what this test is about)."""
 
-    bytes, about = caches.MIN_FLUSH_BYTES, "a test's no-op flush"
+    bytes, about = llc.MIN_FLUSH_BYTES, "a test's no-op flush"
 
     def __call__(self) -> None:
         pass

@@ -422,12 +422,12 @@ def unregister(name: str) -> None:
 #: bandwidth per dtype, on the device the torch backends use); ``ceilings-xla`` the same through XLA's own GEMMs
 #: (``jax_impl.ceilings``): the harness keeps the higher per dtype.
 #: ``flush`` exposes ``device_flush() -> (CacheSize, Flush) | None``: the GPU's L2 and a flush of it
-#: (``compare.timing.caches``), None when the steps run on the CPU (the harness then flushes the CPU's caches).
+#: (``compare.timing.llc``), None when the steps run on the CPU (the harness then flushes the CPU's caches).
 #: ``cuda-graphs`` exposes ``capture(step) -> Captured | NotCaptured``: a torch step captured in a CUDA graph.
 PROBES: dict[str, str] = {
     "ceilings": "torch_impl.ceilings",
     "ceilings-xla": "jax_impl.ceilings",
-    "flush": "torch_impl.caches",
+    "flush": "torch_impl.flush",
     "cuda-graphs": "torch_impl.cuda_graphs",
 }
 

@@ -22,7 +22,7 @@ from compare.results.load import Load
 from compare.results.memory import Memory
 from compare.results.tp import TPInfo
 from compare.timing.budgets import BudgetRecord
-from compare.timing.caches import ColdSetup
+from compare.timing.llc import ColdSetup
 from compare.timing.timer import Timing, TimingConfig
 
 #: The version of the results document's layout, stored as its ``schema_version``. 2: the statistical parity gate

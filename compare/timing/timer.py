@@ -411,7 +411,7 @@ def measure_cold(
 ) -> list[Timing | BaseException]:
     """Cold-cache timings of ``entrants`` (already warmed up: call this after :func:`measure_interleaved`), in rounds
     as there: each round runs every entrant once, in an order drawn for the round, and each sample is **one** call
-    right after ``flush()`` (``compare.timing.caches``: it evicts the last-level cache and syncs; its time is outside
+    right after ``flush()`` (``compare.timing.llc``: it evicts the last-level cache and syncs; its time is outside
     the sample), synced on its own. A block of several calls would time the second call warm, so a cold sample is one
     call, and a step much shorter than a sync is dominated by it (the warm timing amortises it over its block).
 

@@ -1,4 +1,4 @@
-"""The GPU's cache flush for the cold-cache timing (``compare.timing.caches``; the ``flush`` probe of
+"""The GPU's cache flush for the cold-cache timing (``compare.timing.llc``; the ``flush`` probe of
 ``compare.backends.registry.PROBES``): L2 from the CUDA device's properties, and a device buffer that a kernel reads
 and writes before each cold call. A host buffer would not touch a GPU's L2."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from compare.timing.caches import FLUSH_MULTIPLE, MIN_FLUSH_BYTES, CacheSize
+from compare.timing.llc import FLUSH_MULTIPLE, MIN_FLUSH_BYTES, CacheSize
 
 
 class CudaFlush:

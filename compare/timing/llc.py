@@ -1,4 +1,4 @@
-"""Cold caches: how large the last-level cache is, and a flush that evicts it between two timed calls.
+"""The last-level cache (LLC): how large it is, and a flush that evicts it between two timed calls.
 
 A warm-cache timing flatters exactly the memory-bound steps fusion is about: after the first call a working set
 smaller than the last-level cache (``cpu-mlp``'s float32 weights are 28 MiB; an H200's L2 is 50 MB, ``blog-mlp``'s
