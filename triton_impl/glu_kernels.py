@@ -224,7 +224,7 @@ def _glu_bwd_kernel(
     tl.store(du_ptr + offs, cast_out(du, du_ptr.dtype.element_ty, EXACT_BF16), mask=mask)
 
 
-# Public handles. The functions keep their original names, which are the kernel names in profiler traces.
+# Public handles; the underscored functions are the kernel names in profiler traces.
 # jax_impl.backends.triton launches them by these names (getattr), tests/test_jax_triton.py checks them.
 glu_fwd_kernel = _glu_fwd_kernel
 glu_bwd_kernel = _glu_bwd_kernel

@@ -64,7 +64,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="one config per kernel (its smallest tile)")
     p.add_argument(
         "--config", type=_override, action="append", default=[], metavar="KERNEL=JSON",
-        help='replace a kernel\'s configs, e.g. geglu_fwd=\'{"BLOCK": 1000, "num_warps": 4}\' (repeatable)',
+        help='replace a kernel\'s configs, e.g. glu_fwd=\'{"BLOCK": 1000, "num_warps": 4}\' (repeatable)',
     )  # fmt: skip
     p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="parallel compile workers")
     p.add_argument("--cache-dir", help=f"compile cache (default {default_folder() or 'none: the cache is off'})")
