@@ -1,4 +1,4 @@
-"""Compare every backend on a GeGLU MLP, taking shapes as the seed's scripts do.
+"""Compare every backend on a GeGLU MLP, taking shapes as the blog post's scripts do.
 
     python scripts/compare_mlp.py --batch 64 --seq 128 --dim 768 --hidden 3072 --dtype bfloat16
 

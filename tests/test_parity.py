@@ -96,7 +96,7 @@ def test_the_new_families_are_committed_and_paired_with_every_backend_that_imple
 
 
 def test_the_eager_module_is_the_seeds_shape() -> None:
-    m = GatedMLP(96, 328)  # the seed's SimpleGeGLUMLP
+    m = GatedMLP(96, 328)  # the blog post's SimpleGeGLUMLP
     assert [n for n, _ in m.named_parameters()] == ["gate_proj.weight", "up_proj.weight", "down_proj.weight"]
     assert all(mod.bias is None for mod in (m.gate_proj, m.up_proj, m.down_proj))
     g = GeluMLP(96, 328)
