@@ -114,17 +114,17 @@ def run_cases(
 def load_results(path: str | Path) -> Results:
     """A ``results.json`` (validated: an old, foreign or broken file raises :class:`InputError` naming the row and
     field), or a sweep's ``results.jsonl`` / its folder, as a typed results document."""
-    from compare.results import document as results
+    from compare.results import document
     from compare.sweep import store
 
     p = Path(path)
     if p.is_dir() or p.suffix == ".jsonl":
         return store.load_sweep(p)
-    return results.read_json(p)
+    return document.read_json(p)
 
 
 def render_report(doc: Results) -> str:
     """The markdown report of a results document (a pure function of it: it measures nothing)."""
-    from compare.report import render as report
+    from compare.report.render import render
 
-    return report.render(doc)
+    return render(doc)
