@@ -2,7 +2,7 @@
 
 :func:`build` asks the triton side for the catalogue of the registry's kernel modules
 (``compare.gpu_build.bridge``), plans every job (``compare.gpu_build.plan``), takes what the cache already holds
-(``compare.gpu_build.cache``), compiles the rest in the worker pool (``compare.gpu_build.pool``), printing one line
+(``compare.gpu_build.records``), compiles the rest in the worker pool (``compare.gpu_build.pool``), printing one line
 per build on stderr, and returns the ``gpu_build.json`` document: ``schema``, ``triton_version``,
 ``specialization`` (how launches are modelled), ``modules`` (the kernel modules built), ``archs`` (each target's
 limits), ``kernels`` (the catalogue entry of each kernel built) and ``rows`` (``compare.results.gpu_build``, one per
@@ -24,8 +24,8 @@ from typing import Any
 from compare.formats.atomic import write_text_atomic
 from compare.gpu_build import pool
 from compare.gpu_build.bridge import describe, kernel_modules
-from compare.gpu_build.cache import Records, default_folder
 from compare.gpu_build.plan import Job, plan
+from compare.gpu_build.records import Records, default_folder
 from compare.report.gpu_build import render_markdown
 from compare.results.gpu_build import ARCHS, SCHEMA_VERSION, findings, make_row
 
@@ -63,7 +63,7 @@ def build(
         dtypes: dtypes to build (default: every one the triton side offers).
         quick: one config per kernel (its smallest tile) instead of the whole autotune list.
         overrides: {kernel id: [config dict, ...]} replacing a kernel's configs (rows get ``origin: override``).
-        cache_dir: the cache folder (default :func:`compare.gpu_build.cache.default_folder`).
+        cache_dir: the cache folder (default :func:`compare.gpu_build.records.default_folder`).
         use_cache: False builds everything again (records go to a temporary folder).
         jobs: worker processes compiling in parallel.
         compile_timeout_s: seconds one compile may take (``compare.gpu_build.pool``).

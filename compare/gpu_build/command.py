@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.gpu_build.build import build, check_failures, write_outputs
-from compare.gpu_build.cache import default_folder
+from compare.gpu_build.records import default_folder
 from compare.problem.cases import InputError
 from compare.results.gpu_build import ARCHS
 from compare.run import exitcodes, stop

@@ -1,4 +1,4 @@
-"""The GPU build's on-disk cache: one JSON build record per job key, so a rerun compiles only what changed.
+"""The GPU build's on-disk build records: one JSON record per job key, so a rerun compiles only what changed.
 
 Under ``$FUSION_COMPARE_CACHE/gpu-build`` (the project's cache folder, ``compare.problem.datacache.folder``:
 default ``$XDG_CACHE_HOME/fusion-compare``, else ``~/.cache/fusion-compare``; ``off`` keeps nothing between runs),
