@@ -26,7 +26,7 @@ from compare.results.environment import ISA_FLAGS, Environment
 from compare.results.load import BUSY_SHARE, Load
 from compare.timing import nvml
 from compare.timing.budgets import PHASES, REST, BudgetRecord
-from compare.timing.caches import ColdSetup
+from compare.timing.llc import ColdSetup
 from compare.timing.significance import MIN_PAIRS, PAIRED, compare_timing
 
 Row = list[str]

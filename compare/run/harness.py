@@ -59,7 +59,7 @@ from compare.run.progress import Display
 from compare.run.store import RunStore
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
-from compare.timing import caches
+from compare.timing import llc
 from compare.timing import timer as timing
 from compare.timing.significance import MIN_PAIRS
 from compare.timing.timer import Timing, TimingConfig
@@ -203,14 +203,14 @@ def _graphed(c: _Cell, prepared: Prepared) -> str:
 
 @dataclass
 class _Timer:
-    """How a run times its groups: the timer's settings, the cache mode (``compare.timing.caches.CACHE_MODES``) and
+    """How a run times its groups: the timer's settings, the cache mode (``compare.timing.llc.CACHE_MODES``) and
     its flush (None: warm only), the budget (None: none) and its groups left, and a factory of device watches
     (``compare.timing.timer.Watch``; None: none)."""
 
     cfg: TimingConfig
     cache: str = "warm"
-    flush: caches.Flush | None = None
-    #: the flush's median seconds (``caches.time_flush``, measured once per run)
+    flush: llc.Flush | None = None
+    #: the flush's median seconds (``llc.time_flush``, measured once per run)
     flush_s: float = 0.0
     budget: Budget | None = None
     groups_left: int = 1
@@ -654,22 +654,22 @@ def run(
     mode settle together (they are timed together), a tensor-parallel cell as its group reports it.
     A stop (Ctrl-C, SIGTERM: ``compare.run.stop``; a ``KeyboardInterrupt``) ends the run between cells: the
     document then holds every finished cell and ``interrupted`` (the caller writes it and says so).
-    ``cache`` (``compare.timing.caches.CACHE_MODES``): warm samples, cold ones (each call after a flush of the
+    ``cache`` (``compare.timing.llc.CACHE_MODES``): warm samples, cold ones (each call after a flush of the
     last-level cache, :func:`cold_flush`) or both; ``budget`` (``compare.run.budget``) the time the run keeps, its cuts
     in the document; ``reuse_parity`` looks interpreted cells up in ``compare.run.parity_cache`` (every interpreted
     verdict is kept there); ``watch`` makes a device watch per timed group (``compare.timing.timer.Watch``); ``memory``
     records what each step holds in memory (``pipeline.memory``: saved for the backward, peak)."""
     cases, specs, modes = list(cases), list(specs), list(modes)
     spec_of = {sp.name: sp for sp in specs}
-    check_name("cache mode", cache, list(caches.CACHE_MODES))
+    check_name("cache mode", cache, list(llc.CACHE_MODES))
     cold_setup = None
     groups = max(1, len(cases) * len(modes))
     single = sum(1 for sp in specs if not sp.runtime)
     timer = _Timer(cfg, cache, budget=budget, groups_left=groups, watch=watch, cells=max(1, groups * single))
     if cache != "warm":
         size, flush = cold_flush()
-        timer.flush, timer.flush_s = flush, caches.time_flush(flush)
-        cold_setup = caches.ColdSetup(cache, size, flush.bytes, flush.about, timer.flush_s)
+        timer.flush, timer.flush_s = flush, llc.time_flush(flush)
+        cold_setup = llc.ColdSetup(cache, size, flush.bytes, flush.about, timer.flush_s)
     interpreted: set[tuple[str, str, str]] = set()  # (backend, case, mode) of this run's own interpreted verdicts
     jobs: dict[tuple[str, str, int], list[tuple[Cell, BackendSpec]]] = {}
     ceil = None
@@ -801,10 +801,10 @@ def run(
     )
 
 
-def cold_flush() -> tuple[caches.CacheSize | None, caches.Flush]:
+def cold_flush() -> tuple[llc.CacheSize | None, llc.Flush]:
     """The last-level cache of the device the timed steps run on and a flush that evicts it: the ``flush`` probe's
     (``compare.backends.registry.PROBES``: a GPU's L2 and a device buffer, when torch sees one), else this CPU's
-    (``compare.timing.caches``: the OS's figure, a host buffer)."""
+    (``compare.timing.llc``: the OS's figure, a host buffer)."""
     try:
         device = probe("flush").device_flush()
     except ImportError:  # no torch here: the CPU's caches are the only ones a step can run in
@@ -812,8 +812,8 @@ def cold_flush() -> tuple[caches.CacheSize | None, caches.Flush]:
     if device is not None:
         size, flush = device
         return size, flush
-    size = caches.cpu_last_level()
-    return size, caches.HostFlush(caches.flush_bytes(size))
+    size = llc.cpu_last_level()
+    return size, llc.HostFlush(llc.flush_bytes(size))
 
 
 def _case_of(r: Result, cases: Sequence[Case]) -> Case:

@@ -22,7 +22,7 @@ from compare.problem.cases import (
 )
 from compare.run.cell import MODE_TENSORS
 from compare.run.tp_hosts import check_addr, check_port
-from compare.timing.caches import CACHE_MODES
+from compare.timing.llc import CACHE_MODES
 
 
 def add_grid_args(p: argparse.ArgumentParser, budget_help: str, cache_default: str = "both") -> None:
