@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from compare.cli import main
+from compare.cli.main import main
 from compare.formats.codec import from_json, to_json
 from compare.formats.jsonl import read_records
 from compare.results.document import Result, Results, read_json, write_json

@@ -1,5 +1,5 @@
 """``sweep --engine ray``: each cell of a sweep is one Ray task, its outcome streamed back to the driver, which
-appends it to the sweep's store as it arrives (``compare.sweep.command.run_sweep``: resume, ``--retry-errors``, the
+appends it to the sweep's store as it arrives (``compare.sweep.run.run_sweep``: resume, ``--retry-errors``, the
 lock and the report are the local engine's).
 
 **The cluster.** ``--address HOST:PORT`` (or ``auto``) joins a running cluster and leaves it as found (``ray.shutdown``

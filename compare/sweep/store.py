@@ -1,6 +1,6 @@
 """A sweep's file, ``results.jsonl``: append-only, one header line per start and one line per finished cell, written
 with a single ``write`` and ``fsync``, under an exclusive lock; readable at any time as a results document. See
-``compare.sweep.command`` for the protocol."""
+``compare.sweep.run`` for the protocol."""
 
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import shlex
 import sys
 import time
@@ -14,42 +13,33 @@ from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BACKENDS, spec
-from compare.backends.tp import LAUNCHES
+from compare.cli import gpu_build
+from compare.cli import run as run_command
+from compare.cli import sweep as sweep_command
+from compare.cli.args import add_case_args, add_grid_args, cases_from_args, check_grid_args, check_inputs, out_arg, sub
 from compare.cost.comm import check_world_size
 from compare.formats.atomic import write_text_atomic
-from compare.gpu_build import command as gpu_build
 from compare.problem.cases import (
     DTYPES,
     MODEL_ABOUT,
     MODELS,
     MODES,
     PRESETS,
-    Case,
     InputError,
     check_finite,
     check_name,
-    check_seed,
     check_unique,
-    preset,
-    resolve_shape,
 )
-from compare.problem.shape_cases import case_for_tokens
 from compare.report import diff
 from compare.report import render as report
 from compare.results import document as results
-from compare.results import gpu_build as gpu_build_layout
-from compare.results import load as machine_load
 from compare.results.memory import parse_size
-from compare.run import exitcodes, harness, parity_cache, preflight, shape_sweep, stop, tp_hosts
-from compare.run.budget import Budget, budget_phase
-from compare.run.options import add_grid_args, check_grid_args, check_inputs, out_arg
-from compare.run.progress import Display, progress_level
-from compare.run.store import CELLS, RunStore, cell_key, is_older_run, is_store, never_fewer, read_store
+from compare.run import exitcodes, harness, parity_cache, preflight, stop, tp_hosts
+from compare.run.options import RunOptions
+from compare.run.store import CELLS, cell_key, is_older_run, is_store, never_fewer, read_store
 from compare.run.tp_launch import Job
 from compare.run.tp_worker import Cell
-from compare.sweep import command as sweep
 from compare.sweep import store as sweep_store
-from compare.timing import nvml
 from compare.timing.significance import ALPHA, NOISE_K, THRESHOLD
 
 
@@ -70,211 +60,6 @@ def cmd_list(_: argparse.Namespace) -> int:
     return 0
 
 
-def cases_from_args(a: argparse.Namespace) -> list[Case]:
-    base = preset(a.preset) if a.preset else None
-    model = check_name("model", a.model, MODELS) if a.model else (base.model if base else None)
-    if model is None:
-        raise InputError(f"give --preset or --model; known models: {', '.join(MODELS)}")
-    shape = resolve_shape(base.shape if base else None, a.batch, a.seq, a.dim, a.hidden)
-    dist = base.dist if base else "normal"
-    dtypes = check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
-    return [Case(model, shape, d, dist, check_seed(a.seed)) for d in dtypes]
-
-
-def cmd_run(a: argparse.Namespace) -> int:
-    """Check every argument, the memory the cases need, the golden files and the output folder; then measure and
-    write results.json and REPORT.md (atomically). Interrupted (Ctrl-C, SIGTERM), it saves what finished: 130."""
-    check_grid_args(a)
-    check_inputs(a, cases_from_args(a))
-    cases = cases_from_args(a)
-    specs = [spec(b) for b in a.backend]
-    modes = [check_name("mode", m, MODES) for m in a.mode]
-    world_sizes = [int(w) for w in check_unique("--world-size", [str(w) for w in a.world_size])]
-    for w in world_sizes:
-        for c in cases:
-            if w > 1 or any(s.runtime for s in specs):
-                check_world_size(c, w)
-    if a.tp_launch is not None:
-        check_name("--tp-launch", a.tp_launch, list(LAUNCHES))
-    sweep_cases: list[Case] = []
-    if a.shape_sweep:
-        for t in a.shape_sweep:
-            if t <= 0:
-                raise InputError(f"--shape-sweep token counts must be positive integers, got {t}")
-        check_unique("--shape-sweep token count", [str(t) for t in a.shape_sweep])
-        sweep_cases = [case_for_tokens(c, t) for c in cases for t in a.shape_sweep]
-    preflight.check_memory([*cases, *sweep_cases])
-    preflight.check_golden(cases)
-    out = preflight.prepare_out_dir(Path(a.out))
-    cfg = harness.TimingConfig(budget_s=a.budget)
-    config = {
-        "command": "python -m compare " + shlex.join(a.argv),
-        "preset": a.preset,
-        "backends": a.backend,
-        "dtypes": a.dtype,
-        "modes": modes,
-        "world_sizes": world_sizes,
-    }
-    with preflight.lock_folder(out, shlex.join(a.argv)), stop.on_signals():
-        return _run_locked(a, _Plan(cases, specs, modes, cfg, config, out))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """What ``run`` measures, every part of it checked: the cases, backends and modes, the timer's settings, the
-    config the results document records, and the (locked) output folder."""
-
-    cases: list[Case]
-    specs: list[Any]
-    modes: list[str]
-    cfg: harness.TimingConfig
-    config: dict[str, Any]
-    out: Path
-
-
-def _run_locked(a: argparse.Namespace, plan: _Plan) -> int:
-    """``cmd_run`` once the folder is locked and the signals set a flag: measure into the store (``cells.jsonl``),
-    then write results.json and REPORT.md from the document, never replacing an earlier run's results.json with
-    fewer cells when interrupted (the interrupted run's document then goes to ``results.interrupted.json``)."""
-    out = plan.out
-    try:
-        store = RunStore(out, plan.config)
-    except OSError as exc:
-        raise InputError(f"cannot write the store {out / CELLS}: {exc.strerror or exc}") from exc
-    with store:
-        try:
-            doc = _measure(a, plan, store)
-        except OSError as exc:  # the store could not take a cell: the disk is full (or gone)
-            raise exitcodes.WriteFailed(
-                f"cannot append to {store.path} ({exc.strerror or exc}): its {store.cells} finished cells are kept; "
-                f"free space and run `python -m compare report {out}`: it rebuilds results.json and REPORT.md from "
-                f"this run's store (run {store.run_id}), not from an older run's results.json there"
-            ) from exc
-        doc = dataclasses.replace(doc, run_id=store.run_id)
-        with contextlib.suppress(OSError):  # the load and the end mark only tell a rebuild more
-            if doc.load is not None:
-                store.load(doc.load)
-            if not doc.interrupted:
-                store.end()
-    build = _gpu_build_table(Path(a.gpu_build)) if a.gpu_build else None
-    if build is not None:
-        doc = dataclasses.replace(doc, gpu_build=build)
-    interrupted = doc.interrupted
-    target, report_path = out / "results.json", out / "REPORT.md"
-    if interrupted and never_fewer(target, doc) is None:
-        target, report_path = out / "results.interrupted.json", out / "REPORT.interrupted.md"
-        print(f"kept the earlier run's {out / 'results.json'}: it holds cells this interrupted run did not reach",
-              file=sys.stderr)  # fmt: skip
-    try:
-        if not a.no_plots and not interrupted:
-            from compare.report.plots import render_plots
-
-            plots = render_plots(doc, out / "plots")
-            doc = dataclasses.replace(doc, plots=tuple(p.relative_to(out).as_posix() for p in plots))
-        results.write_json(target, doc)
-        write_text_atomic(report_path, report.render(doc))
-    except OSError as exc:
-        raise exitcodes.WriteFailed(
-            f"cannot write {target.name} and {report_path.name} in {out} ({exc.strerror or exc}): the "
-            f"{store.cells} finished cells are in {store.path}; free space and run `python -m compare report {out}`: "
-            f"it rebuilds them from this run's store (run {store.run_id}), not from an older run's results.json there"
-        ) from exc
-    if interrupted:
-        print(
-            f"interrupted: saved {len(doc.results)} finished cells to {target} and {report_path} "
-            f"({stop.requested() or 'Ctrl-C'}; the store {store.path} holds {store.cells})",
-            file=sys.stderr,
-        )
-        return exitcodes.INTERRUPTED
-    print(f"wrote {target} and {report_path} ({doc.summary()})")
-    return exitcodes.of_statuses((r.status for r in doc.results), a.strict)
-
-
-def _measure(a: argparse.Namespace, plan: _Plan, store: RunStore) -> results.Results:
-    """The measurements of ``run``: the harness, then the shape sweep unless the harness was interrupted; every
-    finished cell goes into ``store`` as it finishes.
-
-    ``harness.run`` returns the finished results with ``interrupted`` set when interrupted; an interrupt
-    during the shape sweep keeps the harness's results and drops the sweep's.
-    """
-    cases, out = plan.cases, plan.out
-    cells = len(cases) * len(plan.modes) * len(plan.specs) * len(a.world_size)
-    budget = Budget(a.time_budget) if a.time_budget is not None else None
-    deadline = budget.deadline() if budget is not None else None
-    device = nvml.open_device()  # GPU telemetry over every timed window, where NVML sees a GPU
-    if isinstance(device, nvml.Unavailable):
-        watch, telemetry = None, f"no GPU telemetry: {device.reason}"
-    else:
-        opened = device
-        watch, telemetry = (lambda: nvml.NvmlWatch(opened)), f"NVML on {device.name()}"
-    with Display(cells, progress_level(a), title="run", deadline=deadline) as display:
-        sampler = machine_load.start()  # the machine's load over the measurements (compare.results.load)
-        if not any(s.runtime for s in plan.specs):  # one group per case and mode (tensor-parallel jobs are not)
-            left = budget
-            display.plan(
-                len(cases) * len(plan.modes),
-                (lambda: left.part("shape_sweep")) if left is not None and a.shape_sweep else None,
-            )
-        doc = harness.run(
-            cases,
-            plan.specs,
-            plan.modes,
-            plan.cfg,
-            plan.config,
-            progress=display,
-            profile=a.profile or a.trace,
-            trace_dir=out / "traces" if a.trace else None,
-            ceilings=not a.no_ceilings,
-            world_sizes=[int(w) for w in a.world_size],
-            tp_launch=a.tp_launch,
-            tp_logs=out / "tp-logs",
-            store=store,
-            cache=a.cache,
-            budget=budget,
-            reuse_parity=not a.no_parity_cache,
-            watch=watch,
-            cuda_graphs=a.cuda_graphs,
-            memory=a.memory or a.profile or a.trace,
-        )
-        doc = dataclasses.replace(doc, telemetry=telemetry, load=sampler.stop())
-        if a.shape_sweep and not doc.interrupted:
-            swept, tokens, per_shape, deadline = cases, list(a.shape_sweep), a.budget, None
-            if budget is not None:
-                swept, tokens, per_shape, share = shape_sweep.budgeted_sweep(cases, tokens, a.budget, budget)
-                deadline = time.monotonic() + share
-            try:
-                with budget_phase(budget, "shape_sweep"):
-                    rows = shape_sweep.run_shape_sweep(
-                        swept,
-                        tokens,
-                        per_shape,
-                        lambda s: display.message(s, important=True),
-                        deadline=deadline,
-                        cut=budget.cut if budget is not None else None,
-                    )
-                doc = dataclasses.replace(doc, shape_sweep=tuple(rows))
-                store.shape_sweep(rows)
-            except KeyboardInterrupt:
-                doc = dataclasses.replace(doc, interrupted=True)
-        if budget is not None:
-            doc = dataclasses.replace(doc, budget=budget.record())
-    return doc
-
-
-def _gpu_build_table(folder: Path) -> dict[str, Any] | None:
-    """``folder/gpu_build.json`` (``python -m compare gpu-build``), to be included in the report; None if absent."""
-    path = folder / "gpu_build.json"
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"--gpu-build: {path} is not valid JSON ({exc}); rebuild it with `make gpu-build`") from exc
-    if not isinstance(data, dict) or data.get("schema") != gpu_build_layout.SCHEMA_VERSION:
-        raise InputError(f"--gpu-build: {path} is not a gpu-build table of schema {gpu_build_layout.SCHEMA_VERSION}")
-    return data
-
-
 def cmd_prepare(a: argparse.Namespace) -> int:
     """Compute, and keep in the disk cache of data that is a pure function of the case (``compare.problem.datacache``),
     what a run computes first for each case: the golden reference, the plain computation and the gate's resolution,
@@ -286,7 +71,6 @@ def cmd_prepare(a: argparse.Namespace) -> int:
     ``TRITON_INTERPRET=1``, Pallas with ``interpret=True``) on the cases and modes, as ``run --profile`` does (first
     call, fresh inputs, profile, memory), and keeps their verdicts in ``compare.run.parity_cache``: a later run on
     the same code, case, versions and CPU reuses them and its report says so. A verdict already there is kept."""
-    import time
 
     from compare.problem import datacache
     from compare.run.cell import plain_reference
@@ -320,7 +104,7 @@ def _prepare_parity(cases: Sequence[Any], modes: list[str]) -> None:
         print("interpreted parity: no backend runs interpreted here (each is timed, so each run judges it)")
         return
     t0 = time.monotonic()
-    doc = harness.run(cases, specs, modes, profile=True, memory=True, reuse_parity=True)
+    doc = harness.run(cases, specs, modes, RunOptions(profile=True, memory=True, reuse_parity=True))
     for r in doc.results:
         how = "found in the cache" if "parity_cache" in r.extras else "judged now"
         kept = "" if r.status in parity_cache.KEPT else f", not kept: {r.reason}"
@@ -464,80 +248,6 @@ def cmd_diff(a: argparse.Namespace) -> int:
     return exitcodes.FINDING if regression else exitcodes.OK
 
 
-def _add_case_args(r: argparse.ArgumentParser) -> None:
-    """The case options: a preset, its model and sizes."""
-    r.add_argument("--preset", help=f"one of: {', '.join(PRESETS)}")
-    r.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
-    for dim in ("batch", "seq", "dim", "hidden"):
-        r.add_argument(f"--{dim}", type=int, help=f"override the preset's {dim}")
-
-
-def _add_run_args(r: argparse.ArgumentParser) -> None:
-    """The options shared by ``run`` and ``profile``."""
-    _add_case_args(r)
-    add_grid_args(r, budget_help="seconds of timed samples per backend and mode")
-    r.add_argument("--out", default="out", help="output folder (default: out)")
-    r.add_argument(
-        "--no-ceilings",
-        action="store_true",
-        help="skip measuring this machine's matmul FLOP/s and copy bandwidth (roofline columns)",
-    )
-    r.add_argument(
-        "--shape-sweep",
-        nargs="+",
-        type=int,
-        metavar="TOKENS",
-        help="also sweep these token counts through one compiled function per backend (compile cost)",
-    )
-    r.add_argument("--no-plots", action="store_true", help="do not render PNG plots (matplotlib)")
-    r.add_argument(
-        "--gpu-build",
-        default="reports/gpu-build",
-        metavar="DIR",
-        help="include DIR/gpu_build.json (`python -m compare gpu-build`) in the report when it exists "
-        "(default: %(default)s; '' to leave it out)",
-    )
-    r.add_argument(
-        "--world-size",
-        nargs="+",
-        type=int,
-        default=[1],
-        help="tensor-parallel world sizes (each must divide hidden; default 1); single-device backends run at 1 only",
-    )
-    r.add_argument(
-        "--tp-launch",
-        help=f"how tensor-parallel ranks start where a backend supports it: {' or '.join(LAUNCHES)} "
-        "(default: each backend's first; JAX: devices, N CPU devices in one process)",
-    )
-    r.add_argument(
-        "--profile",
-        action="store_true",
-        help="count kernels and fusions per step (profiler / HLO); implies --memory",
-    )
-    r.add_argument(
-        "--memory",
-        action="store_true",
-        help="measure what each step holds in memory: the tensors saved for the backward (against the cost model, "
-        "byte for byte) and the peak above inputs and weights, each with its source",
-    )
-    r.add_argument(
-        "--cuda-graphs",
-        action="store_true",
-        help="replay torch steps on CUDA from a CUDA graph (launch overhead out; each row says whether it was "
-        "captured); JAX steps keep XLA's own command buffers",
-    )
-    r.add_argument(
-        "--trace", action="store_true", help="also write a Chrome/Perfetto trace per backend (implies --profile)"
-    )
-
-
-def _sub(sub: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(
-        name, epilog=exitcodes.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, **kw
-    )
-    return p
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m compare",
@@ -545,20 +255,20 @@ def parser() -> argparse.ArgumentParser:
         epilog=exitcodes.EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="command", required=True)
-    _sub(sub, "list", help="presets and backends, with whether each can run here").set_defaults(fn=cmd_list)
-    r = _sub(sub, "run", help="run backends on a case; write results.json and REPORT.md")
-    _add_run_args(r)
-    r.set_defaults(fn=cmd_run)
-    prof = _sub(sub, "profile", help="like run, plus kernel counts and a Chrome/Perfetto trace per backend")
-    _add_run_args(prof)
-    prof.set_defaults(fn=cmd_run, trace=True, profile=True)
-    prep = _sub(
-        sub,
+    subs = p.add_subparsers(dest="command", required=True)
+    sub(subs, "list", help="presets and backends, with whether each can run here").set_defaults(fn=cmd_list)
+    r = sub(subs, "run", help="run backends on a case; write results.json and REPORT.md")
+    run_command.add_run_args(r)
+    r.set_defaults(fn=run_command.cmd_run)
+    prof = sub(subs, "profile", help="like run, plus kernel counts and a Chrome/Perfetto trace per backend")
+    run_command.add_run_args(prof)
+    prof.set_defaults(fn=run_command.cmd_run, trace=True, profile=True)
+    prep = sub(
+        subs,
         "prepare",
         help="compute and cache the golden reference, plain computation and gate resolution (measures nothing)",
     )
-    _add_case_args(prep)
+    add_case_args(prep)
     prep.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
     prep.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
     prep.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
@@ -569,7 +279,7 @@ def parser() -> argparse.ArgumentParser:
         "interpreted-parity cache, which later runs reuse",
     )
     prep.set_defaults(fn=cmd_prepare)
-    rep = _sub(sub, "report", help="rebuild REPORT.md from a results.json (measures nothing)")
+    rep = sub(subs, "report", help="rebuild REPORT.md from a results.json (measures nothing)")
     rep.add_argument("results")
     rep.add_argument("--out", type=out_arg, help="where to write (default: REPORT.md beside the results)")
     rep.add_argument(
@@ -579,8 +289,8 @@ def parser() -> argparse.ArgumentParser:
         "that fits (default: the sweep's own --device-memory, if it had one)",
     )
     rep.set_defaults(fn=cmd_report)
-    job = _sub(sub, "tp-job", help="write a tensor-parallel job to run across hosts; print each host's command")
-    _add_case_args(job)
+    job = sub(subs, "tp-job", help="write a tensor-parallel job to run across hosts; print each host's command")
+    add_case_args(job)
     add_grid_args(job, budget_help="seconds of timed samples per backend and mode")
     job.add_argument("--world-size", type=int, required=True, help="processes, one per host (must divide hidden)")
     job.add_argument("--addr", required=True, help="the rendezvous host (process 0's address, reachable by all)")
@@ -588,13 +298,13 @@ def parser() -> argparse.ArgumentParser:
     job.add_argument("--threads", type=int, default=1, help="compute threads per process (default: 1)")
     job.add_argument("--out", required=True, help="the job folder (the same path on every host)")
     job.set_defaults(fn=cmd_tp_job)
-    col = _sub(sub, "tp-collect", help="results.json and REPORT.md of a tp-job, on process 0's host")
+    col = sub(subs, "tp-collect", help="results.json and REPORT.md of a tp-job, on process 0's host")
     col.add_argument("folder", help="the job folder")
     col.add_argument("--out", type=out_arg, help="where to write (default: the job folder)")
     col.set_defaults(fn=cmd_tp_collect)
-    sweep.add_parser(sub)
-    dif = _sub(
-        sub,
+    sweep_command.add_parser(subs)
+    dif = sub(
+        subs,
         "diff",
         help="compare two results.json; exit 1 on a performance, parity or memory regression",
         description=f"{diff.__doc__}\n{DIFF_EXIT}",
@@ -621,7 +331,7 @@ def parser() -> argparse.ArgumentParser:
     )
     dif.add_argument("--out", help="write the markdown here instead of printing it")
     dif.set_defaults(fn=cmd_diff)
-    gpu_build.add_parser(sub)  # python -m compare gpu-build --arch sm_90 sm_80 [--out DIR]
+    gpu_build.add_parser(subs)  # python -m compare gpu-build --arch sm_90 sm_80 [--out DIR]
     return p
 
 
