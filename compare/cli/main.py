@@ -17,6 +17,7 @@ from compare.cli import gpu_build
 from compare.cli import run as run_command
 from compare.cli import sweep as sweep_command
 from compare.cli.args import add_case_args, add_grid_args, cases_from_args, check_grid_args, check_inputs, out_arg, sub
+from compare.cli.outputs import write_outputs
 from compare.cost.comm import check_world_size
 from compare.formats.atomic import write_text_atomic
 from compare.problem.cases import (
@@ -31,12 +32,11 @@ from compare.problem.cases import (
     check_unique,
 )
 from compare.report import diff
-from compare.report import render as report
 from compare.results import document as results
 from compare.results.memory import parse_size
 from compare.run import exitcodes, harness, parity_cache, preflight, stop, tp_hosts
 from compare.run.options import RunOptions
-from compare.run.store import CELLS, cell_key, is_older_run, is_store, never_fewer, read_store
+from compare.run.store import CELLS, cell_key, is_older_run, is_store, read_store
 from compare.run.tp_launch import Job
 from compare.run.tp_worker import Cell
 from compare.sweep import store as sweep_store
@@ -122,32 +122,28 @@ def cmd_report(a: argparse.Namespace) -> int:
     with REPORT.interrupted.md."""
     path = Path(a.results)
     folder = path if path.is_dir() else path.parent
-    default_out = folder / "REPORT.md"
-    out = Path(a.out) if a.out else default_out
-    preflight.check_file_writable(out)
-    with preflight.lock_folder(out.parent, shlex.join(a.argv)):
-        doc, rebuilt, why = _report_source(path)
-        if rebuilt is not None:
-            results.write_json(rebuilt, doc)
-            print(f"wrote {rebuilt} ({why}: {doc.summary()})")
-            if rebuilt.name == "results.interrupted.json" and not a.out:
-                out = folder / "REPORT.interrupted.md"
-        if a.device_memory:  # the report's fit against this device memory (results.json is left as it is)
+    out = Path(a.out) if a.out else None
+    preflight.check_file_writable(out or folder / "REPORT.md")
+    with preflight.lock_folder(out.parent if out else folder, shlex.join(a.argv)):
+        doc, rebuild, why = _report_source(path)
+        if a.device_memory:  # the report's fit against this device memory
             size = parse_size(a.device_memory, "--device-memory")
             doc = dataclasses.replace(doc, config=dataclasses.replace(doc.config, device_memory=size))
-        write_text_atomic(out, report.render(doc))
-    print(f"wrote {out}" + (f" ({why})" if why else ""))
+        written = write_outputs(folder, doc, results=rebuild, keep_fuller=True, report_path=out)
+    if written.results is not None:
+        print(f"wrote {written.results} ({why}: {doc.summary()})")
+    print(f"wrote {written.report}" + (f" ({why})" if why else ""))
     return exitcodes.OK
 
 
-def _report_source(path: Path) -> tuple[results.Results, Path | None, str]:
-    """The document ``report`` renders, the results file to rebuild from a store first (None: none), and where the
-    document came from when that is not the file asked for ("": it is)."""
+def _report_source(path: Path) -> tuple[results.Results, bool, str]:
+    """The document ``report`` renders, whether to rebuild the folder's results file from a store first, and where
+    the document came from when that is not the file asked for ("": it is). A rebuilt document goes to
+    results.interrupted.json where the folder's results.json holds cells it lacks (``write_outputs``)."""
     if path.is_dir():
         if (path / sweep_store.JSONL).is_file():
             doc = sweep_store.load_sweep(path)
-            why = f"rebuilt from the sweep's store {path / sweep_store.JSONL}"
-            return doc, path / "results.json" if never_fewer(path / "results.json", doc) is doc else None, why
+            return doc, True, f"rebuilt from the sweep's store {path / sweep_store.JSONL}"
         if (path / CELLS).is_file() and is_store(path / CELLS):
             stored = read_store(path / CELLS)
             target = path / "results.json"
@@ -157,16 +153,16 @@ def _report_source(path: Path) -> tuple[results.Results, Path | None, str]:
                 mine, theirs = {cell_key(r) for r in stored.results}, {cell_key(r) for r in old.results}
                 older = is_older_run(old, stored)
                 if not older and not mine - theirs:
-                    return old, None, ""  # the same run, every stored cell: the run's own summary
+                    return old, False, ""  # the same run, every stored cell: the run's own summary
                 if older:  # the store's run started after it: never render the older document silently
                     why += f"; {target} was an older run's ({old.run_id or 'no run id'}, created {old.created or '?'})"
-                if theirs - mine:  # an earlier run's cells the store lacks: never replaced by fewer (never_fewer)
-                    return stored, path / "results.interrupted.json", why + ", kept: it holds cells this run lacks"
-            return stored, target, why
-        return results.read_json(path / "results.json"), None, ""
+                if theirs - mine:  # an earlier run's cells the store lacks: never replaced by fewer
+                    why += ", kept: it holds cells this run lacks"
+            return stored, True, why
+        return results.read_json(path / "results.json"), False, ""
     if path.suffix == ".jsonl":
-        return (read_store(path), None, "") if is_store(path) else (sweep_store.load_sweep(path), None, "")
-    return results.read_json(path), None, ""
+        return (read_store(path), False, "") if is_store(path) else (sweep_store.load_sweep(path), False, "")
+    return results.read_json(path), False, ""
 
 
 def cmd_tp_job(a: argparse.Namespace) -> int:
@@ -214,9 +210,8 @@ def cmd_tp_collect(a: argparse.Namespace) -> int:
         if out.resolve() != folder.resolve():
             locks.enter_context(preflight.lock_folder(out, shlex.join(a.argv)))
         doc = results.load(tp_hosts.collect(folder), str(folder / "rank0.jsonl"))
-        results.write_json(out / "results.json", doc)
-        write_text_atomic(out / "REPORT.md", report.render(doc))
-    print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'} ({doc.summary()})")
+        written = write_outputs(out, doc)
+    print(f"wrote {written.results} and {written.report} ({doc.summary()})")
     return exitcodes.of_statuses(r.status for r in doc.results)
 
 

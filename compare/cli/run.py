@@ -24,11 +24,10 @@ from compare.cli.args import (
     check_inputs,
     progress_level,
 )
+from compare.cli.outputs import write_outputs
 from compare.cost.comm import check_world_size
-from compare.formats.atomic import write_text_atomic
 from compare.problem.cases import MODES, Case, InputError, check_name, check_unique
 from compare.problem.shape_cases import case_for_tokens
-from compare.report import render as report
 from compare.results import document as results
 from compare.results import gpu_build as gpu_build_layout
 from compare.results import load as machine_load
@@ -36,7 +35,7 @@ from compare.run import exitcodes, harness, preflight, shape_sweep, stop
 from compare.run.budget import Budget, budget_phase
 from compare.run.options import RunOptions
 from compare.run.progress import Display
-from compare.run.store import CELLS, RunStore, never_fewer
+from compare.run.store import CELLS, RunStore
 from compare.timing import nvml
 
 
@@ -142,27 +141,19 @@ def _run_locked(plan: _Plan) -> int:
     build = _gpu_build_table(plan.gpu_build) if plan.gpu_build else None
     if build is not None:
         doc = dataclasses.replace(doc, gpu_build=build)
-    interrupted = doc.interrupted
-    target, report_path = out / "results.json", out / "REPORT.md"
-    if interrupted and never_fewer(target, doc) is None:
-        target, report_path = out / "results.interrupted.json", out / "REPORT.interrupted.md"
-        print(f"kept the earlier run's {out / 'results.json'}: it holds cells this interrupted run did not reach",
-              file=sys.stderr)  # fmt: skip
     try:
-        if plan.plots and not interrupted:
-            from compare.report.plots import render_plots
-
-            plots = render_plots(doc, out / "plots")
-            doc = dataclasses.replace(doc, plots=tuple(p.relative_to(out).as_posix() for p in plots))
-        results.write_json(target, doc)
-        write_text_atomic(report_path, report.render(doc))
+        written = write_outputs(out, doc, plots=plan.plots and not doc.interrupted)
     except OSError as exc:
         raise exitcodes.WriteFailed(
-            f"cannot write {target.name} and {report_path.name} in {out} ({exc.strerror or exc}): the "
+            f"cannot write the results and the report in {out} ({exc.strerror or exc}): the "
             f"{store.cells} finished cells are in {store.path}; free space and run `python -m compare report {out}`: "
             f"it rebuilds them from this run's store (run {store.run_id}), not from an older run's results.json there"
         ) from exc
-    if interrupted:
+    doc, target, report_path = written.doc, written.results, written.report
+    if written.kept:
+        print(f"kept the earlier run's {out / 'results.json'}: it holds cells this interrupted run did not reach",
+              file=sys.stderr)  # fmt: skip
+    if doc.interrupted:
         print(
             f"interrupted: saved {len(doc.results)} finished cells to {target} and {report_path} "
             f"({stop.requested() or 'Ctrl-C'}; the store {store.path} holds {store.cells})",

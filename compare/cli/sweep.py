@@ -13,6 +13,7 @@ from typing import Any
 
 from compare.backends.registry import spec
 from compare.cli.args import add_grid_args, check_grid_args, check_inputs, progress_level, resolve_case
+from compare.cli.outputs import write_outputs
 from compare.problem.cases import MODELS, PRESETS, InputError, check_finite
 from compare.results.memory import parse_size
 from compare.run import child, exitcodes, preflight, stop
@@ -142,7 +143,7 @@ def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path, engi
     if config["device_memory"]:  # this session's --device-memory, over the first session's
         doc = dataclasses.replace(doc, config=dataclasses.replace(doc.config, device_memory=config["device_memory"]))
     try:
-        sweep.finish(out, doc, plots=not a.no_plots)
+        write_outputs(out, doc, plots=not a.no_plots)
     except OSError as exc:
         raise exitcodes.WriteFailed(
             f"cannot write the summary in {out} ({exc.strerror or exc}): every finished cell is in {out / JSONL}; "

@@ -47,17 +47,14 @@ import contextlib
 import dataclasses
 import datetime
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BackendSpec
-from compare.formats.atomic import write_text_atomic
 from compare.formats.codec import to_json
 from compare.formats.jsonl import Appender
-from compare.report import render as report
 from compare.results import document as results
 from compare.results import environment
 from compare.results.document import Results
@@ -232,19 +229,3 @@ def _remove_scratch(out: Path) -> None:
     """Remove the workers' scratch folder ``out/.cells`` if there is one."""
     with contextlib.suppress(FileNotFoundError):  # none: nothing to clean
         shutil.rmtree(out / SCRATCH)
-
-
-def finish(out: Path, doc: Results, plots: bool = True) -> Results:
-    """Write ``results.json``, plots (the document's ``plots``, paths relative to ``out``) and ``REPORT.md``."""
-    if plots:
-        from compare.report.plots import render_plots
-
-        try:
-            paths = render_plots(doc, out / "plots")
-        except Exception as exc:  # plots are a convenience: never lose the results over them
-            print(f"sweep: warning: no plots: {type(exc).__name__}: {exc}", file=sys.stderr)
-        else:
-            doc = dataclasses.replace(doc, plots=tuple(p.relative_to(out).as_posix() for p in paths))
-    results.write_json(out / "results.json", doc)
-    write_text_atomic(out / "REPORT.md", report.render(doc))
-    return doc
