@@ -115,7 +115,7 @@ def load_results(path: str | Path) -> Results:
     """A ``results.json`` (validated: an old, foreign or broken file raises :class:`InputError` naming the row and
     field), or a sweep's ``results.jsonl`` / its folder, as a typed results document."""
     from compare.results import document as results
-    from compare.sweep import store
+    from compare.run import store
 
     p = Path(path)
     if p.is_dir() or p.suffix == ".jsonl":

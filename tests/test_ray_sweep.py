@@ -38,8 +38,8 @@ from compare.cluster.ray_engine import cell_resources, describe_failure, run_pay
 from compare.formats.codec import to_json
 from compare.problem.cases import Case, preset
 from compare.problem.golden import data_sha256
-from compare.sweep.grid import cells_from_config
-from compare.sweep.store import JSONL, load_sweep, read_sweep
+from compare.run.grid import cells_from_config
+from compare.run.store import JSONL, load_sweep, read_sweep
 from compare.timing.timer import TimingConfig
 from tests import numpy_backend
 from tests.faults import PREAMBLE

@@ -32,9 +32,8 @@ from compare.formats.codec import from_json
 from compare.problem.cases import PRESETS, Case, InputError, Shape
 from compare.results import document as results
 from compare.results.document import SCHEMA_VERSION, Results
-from compare.run import exitcodes, harness, preflight
+from compare.run import exitcodes, harness, preflight, store
 from compare.sweep import run as sweep
-from compare.sweep import store
 
 pytestmark = pytest.mark.quick
 

@@ -29,10 +29,10 @@ from compare.cost.records import Ceiling, Ceilings
 from compare.formats.codec import to_json
 from compare.results.document import SCHEMA_VERSION
 from compare.run import harness
+from compare.run.grid import cells_from_config
 from compare.run.options import RunOptions
-from compare.sweep.grid import cells_from_config
+from compare.run.store import JSONL, load_sweep, read_sweep
 from compare.sweep.run import run_sweep
-from compare.sweep.store import JSONL, load_sweep, read_sweep
 
 pytestmark = pytest.mark.quick
 

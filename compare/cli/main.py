@@ -36,10 +36,9 @@ from compare.results import document as results
 from compare.results.memory import parse_size
 from compare.run import exitcodes, harness, parity_cache, preflight, stop, tp_hosts
 from compare.run.options import RunOptions
-from compare.run.store import CELLS, cell_key, is_older_run, is_store, read_store
+from compare.run.store import CELLS, JSONL, cell_key, is_older_run, is_store, load_sweep, read_store
 from compare.run.tp_launch import Job
 from compare.run.tp_worker import Cell
-from compare.sweep import store as sweep_store
 from compare.timing.significance import ALPHA, NOISE_K, THRESHOLD
 
 
@@ -141,9 +140,9 @@ def _report_source(path: Path) -> tuple[results.Results, bool, str]:
     the document came from when that is not the file asked for ("": it is). A rebuilt document goes to
     results.interrupted.json where the folder's results.json holds cells it lacks (``write_outputs``)."""
     if path.is_dir():
-        if (path / sweep_store.JSONL).is_file():
-            doc = sweep_store.load_sweep(path)
-            return doc, True, f"rebuilt from the sweep's store {path / sweep_store.JSONL}"
+        if (path / JSONL).is_file():
+            doc = load_sweep(path)
+            return doc, True, f"rebuilt from the sweep's store {path / JSONL}"
         if (path / CELLS).is_file() and is_store(path / CELLS):
             stored = read_store(path / CELLS)
             target = path / "results.json"
@@ -161,7 +160,7 @@ def _report_source(path: Path) -> tuple[results.Results, bool, str]:
             return stored, True, why
         return results.read_json(path / "results.json"), False, ""
     if path.suffix == ".jsonl":
-        return (read_store(path), False, "") if is_store(path) else (sweep_store.load_sweep(path), False, "")
+        return (read_store(path), False, "") if is_store(path) else (load_sweep(path), False, "")
     return results.read_json(path), False, ""
 
 

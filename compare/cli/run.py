@@ -35,7 +35,7 @@ from compare.run import exitcodes, harness, preflight, shape_sweep, stop
 from compare.run.budget import Budget, budget_phase
 from compare.run.options import RunOptions
 from compare.run.progress import Display
-from compare.run.store import CELLS, RunStore
+from compare.run.store import CELLS, Store, open_run
 from compare.timing import nvml
 
 
@@ -120,7 +120,7 @@ def _run_locked(plan: _Plan) -> int:
     fewer cells when interrupted (the interrupted run's document then goes to ``results.interrupted.json``)."""
     out = plan.out
     try:
-        store = RunStore(out, plan.options.config)
+        store = open_run(out, plan.options.config)
     except OSError as exc:
         raise InputError(f"cannot write the store {out / CELLS}: {exc.strerror or exc}") from exc
     with store:
@@ -164,7 +164,7 @@ def _run_locked(plan: _Plan) -> int:
     return exitcodes.of_statuses((r.status for r in doc.results), plan.strict)
 
 
-def _measure(plan: _Plan, store: RunStore) -> results.Results:
+def _measure(plan: _Plan, store: Store) -> results.Results:
     """The measurements of ``run``: the harness, then the shape sweep unless the harness was interrupted; every
     finished cell goes into ``store`` as it finishes.
 

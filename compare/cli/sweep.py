@@ -18,12 +18,12 @@ from compare.problem.cases import MODELS, PRESETS, InputError, check_finite
 from compare.results.memory import parse_size
 from compare.run import child, exitcodes, preflight, stop
 from compare.run.budget import Budget
+from compare.run.grid import DEFAULT_TOKENS, cells_from_config, grid_config
 from compare.run.options import RunOptions
 from compare.run.progress import Display
+from compare.run.store import JSONL, load_sweep
 from compare.sweep import run as sweep
 from compare.sweep.engines import DEFAULT_ENGINE, ENGINES, EngineOptions, Runner, check_address, engine, open_runner
-from compare.sweep.grid import DEFAULT_TOKENS, cells_from_config, grid_config
-from compare.sweep.store import JSONL, load_sweep
 from compare.timing.timer import TimingConfig
 
 

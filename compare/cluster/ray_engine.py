@@ -51,8 +51,8 @@ from compare.problem.cases import Case, InputError
 from compare.results import environment
 from compare.results.document import Result
 from compare.run import stop
+from compare.run.grid import Cell
 from compare.sweep.engines import EngineOptions, Finished
-from compare.sweep.grid import Cell
 from compare.sweep.worker import run_cell_inprocess
 from compare.timing.timer import TimingConfig
 

@@ -57,7 +57,7 @@ from compare.run.budget import Budget, budget_phase
 from compare.run.cell import MODE_TENSORS, plain_reference
 from compare.run.options import RunOptions
 from compare.run.progress import Display
-from compare.run.store import RunStore
+from compare.run.store import Store
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
 from compare.timing import caches
@@ -630,7 +630,7 @@ def run(
     options: RunOptions | None = None,
     *,
     progress: Display | None = None,
-    store: RunStore | None = None,
+    store: Store | None = None,
     budget: Budget | None = None,
     watch: Callable[[], timing.Watch | None] | None = None,
 ) -> Results:

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 from compare.backends.registry import BackendSpec
 from compare.problem.cases import InputError, check_name
 from compare.results.document import Result
+from compare.run.grid import Cell
 from compare.run.tp_hosts import check_addr, check_port
-from compare.sweep.grid import Cell
 from compare.timing.timer import TimingConfig
 
 #: What the cluster extra installs (the message of an engine whose package is missing).

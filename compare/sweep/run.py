@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -54,19 +53,16 @@ from typing import Any
 
 from compare.backends.registry import BackendSpec
 from compare.formats.codec import to_json
-from compare.formats.jsonl import Appender
-from compare.results import document as results
 from compare.results import environment
 from compare.results.document import Results
 from compare.run import exitcodes, harness, stop
 from compare.run.budget import Budget
 from compare.run.cell import against_ceilings, min_flops
+from compare.run.grid import Cell, cells_from_config
 from compare.run.options import RunOptions
 from compare.run.progress import Display
-from compare.run.store import new_run_id
+from compare.run.store import JSONL, Store, check_same_grid, done_keys, load_sweep
 from compare.sweep.engines import Finished, Runner
-from compare.sweep.grid import Cell, cells_from_config
-from compare.sweep.store import JSONL, check_same_grid, done_keys, load_sweep
 from compare.sweep.worker import run_cell_inprocess, run_cell_isolated
 
 #: The workers' scratch folder under a sweep's output folder.
@@ -146,7 +142,7 @@ def run_sweep(
     cells = cells_from_config(config)
     if runner is None:
         runner = LocalRunner(options.isolate, out / SCRATCH, options.cell_timeout_s)
-    with Appender(path) as w:
+    with Store(path) as w:
         check_same_grid(path, config, env)
         _remove_scratch(out)
         try:
@@ -157,20 +153,8 @@ def run_sweep(
                 if progress:
                     progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
                 ceil = harness.measure_ceilings(config["dtypes"])
-            run_id = new_run_id()  # this session's: its header and its cell lines carry it
-            w.append(
-                {
-                    "type": "header",
-                    "run_id": run_id,
-                    "schema_version": results.SCHEMA_VERSION,
-                    "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                    "config": config,
-                    "environment": env,
-                    "isolate": options.isolate,
-                    "engine": runner.describe(),
-                    **({"ceilings": to_json(ceil)} if ceil is not None else {}),
-                }
-            )
+            measured = {"ceilings": to_json(ceil)} if ceil is not None else {}
+            w.header(config, env, isolate=options.isolate, engine=runner.describe(), **measured)  # this session's
             n_done = len(cells) - len(todo)
             n_before = n_done
             if progress:
@@ -204,10 +188,9 @@ def run_sweep(
                 same_machine = r.node is None or r.node.machine_type() == here
                 if ceil is not None and r.tp is None and same_machine:  # a single-device row: can its timing be right?
                     r = against_ceilings(r, ceil, min_flops(f.cell.case, f.cell.mode))
-                line = {"type": "cell", "run_id": run_id, "key": f.cell.key, "result": to_json(r), **f.meta}
-                line["wall_s"] = f.wall_s
                 try:
-                    w.append(line if f.final else {**line, "retrying": True})
+                    retrying: dict[str, Any] = {} if f.final else {"retrying": True}
+                    w.cell(r, key=f.cell.key, **f.meta, wall_s=f.wall_s, **retrying)
                 except OSError as exc:
                     raise exitcodes.WriteFailed(
                         f"cannot append to {path} ({exc.strerror or exc}): the {n_done - n_before} "

@@ -19,7 +19,7 @@ from compare.problem.cases import Case
 from compare.results import document as results
 from compare.results import environment
 from compare.run import child, harness, stop
-from compare.sweep.grid import Cell
+from compare.run.grid import Cell
 
 ROOT = Path(__file__).resolve().parents[2]
 
