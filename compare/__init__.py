@@ -105,17 +105,17 @@ def run_cases(
     the others still run."""
     from compare.backends.registry import spec
     from compare.run import harness
+    from compare.run.options import RunOptions
 
-    specs = [spec(b) for b in backends]
-    cfg = harness.TimingConfig(budget_s=budget_s)
-    return harness.run(list(cases), specs, list(modes), cfg, ceilings=ceilings, profile=profile)
+    options = RunOptions(cfg=harness.TimingConfig(budget_s=budget_s), ceilings=ceilings, profile=profile)
+    return harness.run(list(cases), [spec(b) for b in backends], list(modes), options)
 
 
 def load_results(path: str | Path) -> Results:
     """A ``results.json`` (validated: an old, foreign or broken file raises :class:`InputError` naming the row and
     field), or a sweep's ``results.jsonl`` / its folder, as a typed results document."""
     from compare.results import document
-    from compare.sweep import store
+    from compare.run import store
 
     p = Path(path)
     if p.is_dir() or p.suffix == ".jsonl":

@@ -6,7 +6,7 @@ from compare.run import stop
 
 stop.install()
 
-from compare.cli import main  # noqa: E402 (after the handlers: a signal during these imports must not raise)
+from compare.cli.main import main  # noqa: E402 (after the handlers: a signal during these imports must not raise)
 
 status = main()
 stop.ignore_from_now()

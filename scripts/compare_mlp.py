@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare.cli import main
+from compare.cli.main import main
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -70,7 +70,7 @@ if full:
                 no_space()
             append(self, record)
         jsonl.Appender.append = some
-from compare.cli import main
+from compare.cli.main import main
 status = main(sys.argv[1:])
 stop.ignore_from_now()
 raise SystemExit(status)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from compare.cli import main
+from compare.cli.main import main
 from compare.formats.codec import from_json
 from compare.report import render as report
 from compare.results.document import Results
@@ -35,7 +35,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 def test_core_imports_neither_torch_nor_jax() -> None:
     code = (
-        "import sys, compare.cli, compare.run.harness, compare.report.render, compare.problem.golden; "
+        "import sys, compare.cli.main, compare.run.harness, compare.report.render, compare.problem.golden; "
         "import compare.timing.timer; "
         "bad = [m for m in ('torch', 'jax', 'flax', 'triton') if m in sys.modules]; "
         "assert not bad, bad"
@@ -115,6 +115,7 @@ def test_a_failing_backend_keeps_the_others(tmp_path: Path) -> None:
     from compare.backends.registry import BackendSpec
     from compare.problem.cases import PRESETS
     from compare.run import harness
+    from compare.run.options import RunOptions
 
     broken = BackendSpec(
         name="broken", framework="torch", target="tests.broken_backend_does_not_exist", about="missing module"
@@ -126,7 +127,7 @@ def test_a_failing_backend_keeps_the_others(tmp_path: Path) -> None:
         [PRESETS["tiny"].case("float32")],
         [broken, raising, spec("torch-eager")],
         ["fwd"],
-        harness.TimingConfig(budget_s=0.05),
+        RunOptions(cfg=harness.TimingConfig(budget_s=0.05)),
     )
     by = {r.backend: r for r in doc.results}
     assert by["broken"].status == "skipped" and "cannot import" in by["broken"].reason

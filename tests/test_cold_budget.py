@@ -22,6 +22,7 @@ from compare.report.render import render
 from compare.results.document import Results
 from compare.run import harness, parity_cache
 from compare.run.budget import FLOOR, SHARES, Budget
+from compare.run.options import RunOptions
 from compare.run.progress import eta
 from compare.run.shape_sweep import budgeted_sweep
 from compare.timing import llc
@@ -216,9 +217,10 @@ def interpreted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     unregister(SPEC.name)
 
 
-def _run(spec: BackendSpec, reuse: bool = True, **kw: Any) -> Results:
+def _run(spec: BackendSpec, reuse: bool = True, budget: Budget | None = None, watch: Any = None, **kw: Any) -> Results:
     case = PRESETS["tiny"].case("float32")
-    return harness.run([case], [spec], ["fwd"], ceilings=False, reuse_parity=reuse, **kw)
+    options = RunOptions(reuse_parity=reuse, **kw)
+    return harness.run([case], [spec], ["fwd"], options, budget=budget, watch=watch)
 
 
 @pytest.mark.standard
@@ -284,7 +286,7 @@ def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts() -> None:
 
 def test_a_bad_cache_mode_is_refused_by_name() -> None:
     with pytest.raises(InputError, match="cache mode"):
-        harness.run([PRESETS["tiny"].case("float32")], [], ["fwd"], cache="lukewarm")
+        harness.run([PRESETS["tiny"].case("float32")], [], ["fwd"], RunOptions(cache="lukewarm"))
 
 
 def test_the_kernel_time_cells_mark_a_profile_slower_than_the_step() -> None:
@@ -329,9 +331,7 @@ def test_a_throttled_window_is_marked_in_the_timing_table_and_a_quiet_one_is_not
 def test_cuda_graphs_on_a_machine_without_cuda_say_why_not() -> None:
     from compare.backends.registry import spec
 
-    doc = harness.run(
-        [PRESETS["tiny"].case("float32")], [spec("torch-eager")], ["fwd"], ceilings=False, cuda_graphs=True
-    )
+    doc = harness.run([PRESETS["tiny"].case("float32")], [spec("torch-eager")], ["fwd"], RunOptions(cuda_graphs=True))
     (r,) = doc.results
     assert r.status == "ok" and r.extras["cuda_graph"].startswith("not captured: no CUDA device")
     assert "CUDA graph: not captured" in render(doc)
@@ -415,7 +415,7 @@ def test_prepare_parity_fills_the_cache_a_run_reuses_and_leaves_timed_backends_a
     """``prepare --parity`` judges the interpreted backends only (the timed one beside it is not run: a run times
     it) and keeps their verdicts; the run after it prepares nothing again and its row says it came from the cache.
     The control: without ``--parity`` nothing is judged."""
-    from compare import cli
+    from compare.cli import main as cli
     from tests import numpy_backend
 
     def timed_prepare(problem: Problem, mode: str) -> Prepared:
@@ -504,7 +504,7 @@ def test_the_core_comparison_gets_the_paired_tests_rounds_and_an_overrun_is_said
     from compare.timing.significance import MIN_PAIRS
 
     specs = [_ticking("tick-a", 0.1), _ticking("tick-b", 0.1), _ticking("tick-twin", 0.1, twin_of="tick-a")]
-    doc = harness.run([PRESETS["tiny"].case("float32")], specs, ["fwd"], ceilings=False, budget=Budget(budget_s))
+    doc = harness.run([PRESETS["tiny"].case("float32")], specs, ["fwd"], budget=Budget(budget_s))
     rows = {r.backend: r for r in doc.results}
     for name in ("tick-a", "tick-b"):
         t = rows[name].timing
@@ -673,9 +673,7 @@ def test_the_cold_part_pays_the_cheapest_steps_first_rather_than_none(
     warm. On the fake clock."""
     specs = [_ticking("numpy-80ms", 0.08), _ticking("numpy-100ms", 0.1)]
     monkeypatch.setattr(harness, "cold_flush", lambda: (None, _NoFlush()))
-    doc = harness.run(
-        [PRESETS["tiny"].case("float32")], specs, ["fwd"], ceilings=False, cache="both", budget=Budget(9.0)
-    )
+    doc = harness.run([PRESETS["tiny"].case("float32")], specs, ["fwd"], RunOptions(cache="both"), budget=Budget(9.0))
     got = {r.backend: r for r in doc.results}
     assert all(r.status == "ok" and r.timing is not None for r in got.values()), got
     assert got["numpy-80ms"].cold is not None and got["numpy-100ms"].cold is None, got

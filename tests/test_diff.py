@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from compare.cli import main
+from compare.cli.main import main
 from compare.formats.codec import from_json
 from compare.report import diff as diff_module
 from compare.results.document import SCHEMA_VERSION, Results

@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from compare.backends import registry
-from compare.gpu_build import bridge, command
+from compare.cli import gpu_build as command
+from compare.gpu_build import bridge
 from compare.gpu_build import build as gpu_build
 from compare.gpu_build.plan import plan
 from compare.report.gpu_build import render_markdown

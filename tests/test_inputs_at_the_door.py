@@ -1,4 +1,4 @@
-"""Inputs refused at the door: each one through the real command line (``compare.cli.main``), exit status 2, a
+"""Inputs refused at the door: each one through the real command line (``compare.cli.main.main``), exit status 2, a
 message naming the option, the bad value and what is allowed, and nothing measured or written; with the controls
 that the smallest allowed value of each passes the same checks."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from compare.cli import cases_from_args, main, parser
+from compare.cli.args import cases_from_args, check_grid_args, check_inputs, check_out
+from compare.cli.main import main, parser
 from compare.gate.parity import MIN_TERMS, check_judgeable, judged_shapes
 from compare.problem.cases import Case, InputError, Shape
 from compare.run import tp_hosts
-from compare.run.options import check_grid_args, check_inputs, check_out
 
 pytestmark = pytest.mark.quick
 

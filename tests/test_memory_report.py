@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from compare import cli
 from compare.backends.registry import BackendSpec, register, unregister
+from compare.cli import main as cli
 from compare.cost import model as costmodel
 from compare.formats.codec import to_json
 from compare.problem.cases import InputError, preset

@@ -135,10 +135,12 @@ def test_the_ceiling_plot_renders_from_a_real_run(tmp_path: Path) -> None:
     from compare.problem.cases import PRESETS
     from compare.problem.shape_cases import case_for_tokens
     from compare.run import harness
+    from compare.run.options import RunOptions
 
     base = PRESETS["tiny"].case("float32")
     cases = [case_for_tokens(base, t) for t in (base.shape.tokens, 2 * base.shape.tokens)]
-    doc = harness.run(cases, [spec("torch-eager")], ["fwd"], harness.TimingConfig(budget_s=0.02), ceilings=True)
+    options = RunOptions(harness.TimingConfig(budget_s=0.02), ceilings=True)
+    doc = harness.run(cases, [spec("torch-eager")], ["fwd"], options)
     assert doc.ceilings is not None and doc.ceilings.get("float32") is not None
     assert all(r.cost is not None and r.cost.achieved is not None for r in doc.results), doc.results
     names = [p.name for p in render_plots(doc, tmp_path)]

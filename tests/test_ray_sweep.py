@@ -33,13 +33,13 @@ from ray.cluster_utils import Cluster
 
 from compare.backends import registry
 from compare.backends.registry import BackendSpec
+from compare.cli import main as cli
 from compare.cluster.ray_engine import cell_resources, describe_failure, run_payload, slots
 from compare.formats.codec import to_json
 from compare.problem.cases import Case, preset
 from compare.problem.golden import data_sha256
-from compare.sweep.command import main
-from compare.sweep.grid import cells_from_config
-from compare.sweep.store import JSONL, load_sweep, read_sweep
+from compare.run.grid import cells_from_config
+from compare.run.store import JSONL, load_sweep, read_sweep
 from compare.timing.timer import TimingConfig
 from tests import numpy_backend
 from tests.faults import PREAMBLE
@@ -50,6 +50,12 @@ pytestmark = [
     # already ran JAX tests, JAX's at-fork hook warns of a deadlock that a fork+exec cannot reach (seen in make test)
     pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning"),
 ]
+
+
+def main(args: list[str]) -> int:
+    """``python -m compare sweep ARGS``, in this process."""
+    return cli.main(["sweep", *args])
+
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Each node's object store: small (results are small; CI machines differ in /dev/shm).

@@ -21,7 +21,7 @@ import pytest
 
 from compare.backends import registry
 from compare.backends.registry import BackendSpec
-from compare.cli import main
+from compare.cli.main import main
 from compare.gpu_build import bridge
 
 pytestmark = pytest.mark.standard

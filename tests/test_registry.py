@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from compare.backends import registry
-from compare.cli import main
+from compare.cli.main import main
 from compare.formats.codec import from_json, to_json
 from tests import fake_backend
 
@@ -159,7 +159,7 @@ case = PRESETS['tiny'].case('bfloat16')
 g = golden_for(case)
 p = plain_reference(case)
 assert check_all({{'y': p['y']}}, g.ref, p, 'bfloat16').passed
-from compare.cli import main
+from compare.cli.main import main
 assert main(['report', {str(results)!r}, '--out', {str(tmp_path / "R.md")!r}]) == 0
 assert main(['diff', {str(results)!r}, {str(results)!r}]) == 0
 assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'jax', 'flax', 'triton')]

@@ -24,16 +24,16 @@ from typing import Any
 
 import pytest
 
-from compare import cli
 from compare.backends.registry import BackendSpec
+from compare.cli import main as cli
+from compare.cli import sweep as sweep_command
 from compare.formats import atomic
 from compare.formats.codec import from_json
 from compare.problem.cases import PRESETS, Case, InputError, Shape
 from compare.results import document as results
 from compare.results.document import SCHEMA_VERSION, Results
-from compare.run import exitcodes, harness, preflight
-from compare.sweep import command as sweep
-from compare.sweep import store
+from compare.run import exitcodes, harness, preflight, store
+from compare.sweep import run as sweep
 
 pytestmark = pytest.mark.quick
 
@@ -73,7 +73,7 @@ def test_exit_statuses_are_defined_once_and_documented(capsys: pytest.CaptureFix
         3,
         130,
     )
-    assert not hasattr(cli, "_exit_status") and not hasattr(sweep, "_exit_status")
+    assert not hasattr(cli, "_exit_status") and not hasattr(sweep_command, "_exit_status")
     for args in (["--help"], ["run", "--help"], ["sweep", "--help"], ["diff", "--help"], ["report", "--help"]):
         with pytest.raises(SystemExit) as e:
             cli.main(args)
@@ -342,7 +342,7 @@ def test_atomic_write_is_utf8_and_keeps_permissions(tmp_path: Path) -> None:
 
 def test_outputs_are_written_atomically_everywhere() -> None:
     """No command writes an output with a plain ``write_text``: each goes through ``write_text_atomic``."""
-    for name in ("cli", "sweep/command", "results/document"):
+    for name in ("cli/main", "cli/outputs", "results/document"):
         source = (ROOT / "compare" / f"{name}.py").read_text(encoding="utf-8")
         assert ".write_text(" not in source and ".write_bytes(" not in source, name
         assert "write_text_atomic" in source or "write_json" in source, name
@@ -546,13 +546,13 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
 
 
 def _workers(pid: int) -> list[int]:
-    """Live sweep workers (``python -m compare.sweep.command --worker ...``) whose parent is ``pid``."""
+    """Live sweep workers (``python -m compare.sweep.worker ...``) whose parent is ``pid``."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             s = _proc_stat(int(d.name))
             with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                if s and s[1] == pid and b"--worker" in (d / "cmdline").read_bytes():
+                if s and s[1] == pid and b"compare.sweep.worker" in (d / "cmdline").read_bytes():
                     out.append(int(d.name))
     return out
 
@@ -571,8 +571,8 @@ import sys
 from compare.backends import registry
 from compare.backends.registry import BackendSpec
 registry.register(BackendSpec(name="misbehaving", framework="none", target="tests.test_sweep", about="hangs in bwd"))
-from compare.sweep.command import main
-raise SystemExit(main(sys.argv[1:]))
+from compare.cli.main import main
+raise SystemExit(main(["sweep", *sys.argv[1:]]))
 """
 
 
@@ -641,7 +641,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 from compare.backends import registry
 from tests import gated_backend
 registry.register(gated_backend.SPEC)
-from compare.cli import main
+from compare.cli.main import main
 raise SystemExit(main(sys.argv[1:]))
 """
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from compare.cli import main
+from compare.cli.main import main
 from compare.formats.codec import from_json, to_json
 from compare.formats.jsonl import read_records
 from compare.results.document import Result, Results, read_json, write_json
 from compare.results.load import Load
-from compare.run.store import CELLS, RunStore, new_run_id, read_store
+from compare.run.store import CELLS, new_run_id, open_run, read_store
 from tests.test_diff import _doc, _result, _samples
 
 pytestmark = pytest.mark.quick
@@ -36,7 +36,7 @@ def _older_results(out: Path, rows: list[Result], run_id: str = OLD_ID) -> None:
 
 def _killed_run(out: Path, rows: list[Result], run_id: str = NEW_ID) -> None:
     """A run's store as a SIGKILL leaves it: the header and its cells, no end mark, no summary written."""
-    with RunStore(out, {"command": "python -m compare run --preset tiny"}, run_id) as store:
+    with open_run(out, {"command": "python -m compare run --preset tiny"}, run_id) as store:
         for r in rows:
             store.cell(r, {})
 
@@ -49,7 +49,7 @@ def test_the_store_and_its_document_carry_the_run_id(tmp_path: Path) -> None:
     assert doc.run_id == NEW_ID and doc.interrupted and doc.load is None
     a, b = new_run_id(), new_run_id()
     assert a != b and len(a) == len("20250101T000000Z-aaaaaa")
-    with RunStore(tmp_path, {}) as store:  # a store without a given id makes its own; its load line reads back
+    with open_run(tmp_path, {}) as store:  # a store without a given id makes its own; its load line reads back
         store.load(Load(window_s=1.0, cores=2, others_cpu_s=0.5, steal_s=0.0))
         store.end()
     again = read_store(tmp_path / CELLS)

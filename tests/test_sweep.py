@@ -23,17 +23,25 @@ import pytest
 
 from compare.backends import registry
 from compare.backends.registry import Availability, BackendSpec, Prepared, spec
+from compare.cli import main as cli
+from compare.cli.sweep import add_parser, config_from_args
 from compare.cost.records import Ceiling, Ceilings
 from compare.formats.codec import to_json
 from compare.results.document import SCHEMA_VERSION
 from compare.run import harness
-from compare.sweep.command import add_parser, config_from_args, main, run_sweep
-from compare.sweep.grid import cells_from_config
-from compare.sweep.store import JSONL, load_sweep, read_sweep
+from compare.run.grid import cells_from_config
+from compare.run.options import RunOptions
+from compare.run.store import JSONL, load_sweep, read_sweep
+from compare.sweep.run import run_sweep
 
 pytestmark = pytest.mark.quick
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def main(args: list[str]) -> int:
+    """``python -m compare sweep ARGS``, in this process."""
+    return cli.main(["sweep", *args])
 
 
 class MisbehavingBackend:
@@ -117,7 +125,7 @@ def test_killed_sweep_resumes_with_every_cell_exactly_once(tmp_path: Path) -> No
         "--out",
         str(out),
     ]
-    cmd = [sys.executable, "-m", "compare.sweep.command", *args]
+    cmd = [sys.executable, "-m", "compare", "sweep", *args]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
@@ -359,7 +367,7 @@ def test_rows_are_held_to_the_ceilings_measured_once(
             ["sweep", "--preset", "tiny", "--tokens", "1", "2", "--backend", "torch-eager", "--budget", "0.02"]
         )
     )
-    doc = run_sweep(config, tmp_path, {"torch-eager": spec("torch-eager")}, ceilings=True)
+    doc = run_sweep(config, tmp_path, {"torch-eager": spec("torch-eager")}, RunOptions(ceilings=True))
     assert calls == [["float32"]], "measured once, for the swept dtypes"
     assert doc.ceilings == _ceilings(flops_per_s)
     assert [r.status for r in doc.results] == [status, status]

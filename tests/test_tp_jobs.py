@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from compare import cli
+from compare.cli import main as cli
 from compare.formats.codec import to_json
 from compare.problem.cases import PRESETS
 from compare.results.document import Result, read_json

@@ -10,7 +10,7 @@ import pytest
 
 from compare.backends.registry import register, spec, unregister
 from compare.backends.tp import Collective, ring_bytes
-from compare.cli import main
+from compare.cli.main import main
 from compare.cost.comm import COMM_PLANS, comm_cost, shard
 from compare.formats.codec import to_json
 from compare.kernels.classify import classify
@@ -19,6 +19,7 @@ from compare.report.render import render
 from compare.report.tp import model_check
 from compare.results.tp import TPInfo
 from compare.run import harness
+from compare.run.options import RunOptions
 from compare.timing.timer import TimingConfig
 from tests.fake_tp_backend import NAME, SPEC
 
@@ -93,9 +94,8 @@ def test_not_collectives() -> None:
 def test_the_report_shows_the_tp_sections() -> None:
     register(SPEC)
     try:
-        doc = harness.run(
-            [TINY], [spec(NAME)], ["fwd", "fwd+bwd"], TimingConfig(warmup=1, budget_s=0.02), world_sizes=(1, 2)
-        )
+        options = RunOptions(TimingConfig(warmup=1, budget_s=0.02), world_sizes=(1, 2))
+        doc = harness.run([TINY], [spec(NAME)], ["fwd", "fwd+bwd"], options)
     finally:
         unregister(NAME)
     got = sorted((r.world_size, r.mode, r.status) for r in doc.results)
@@ -111,7 +111,7 @@ def test_world_size_one_runs_with_no_collective() -> None:
     """One rank holds the whole sum: Megatron issues no collective, and neither do the hand-written backends."""
     case = PRESETS["tiny"].case("float32", model="gelu-mlp")
     backends = [spec("torch-tp-manual"), spec("jax-tp-shardmap")]
-    doc = harness.run([case], backends, ["fwd+bwd"], TimingConfig(warmup=1, budget_s=0.02), world_sizes=(1,))
+    doc = harness.run([case], backends, ["fwd+bwd"], RunOptions(TimingConfig(warmup=1, budget_s=0.02)))
     for r in doc.results:
         assert r.status == "ok", r.reason
         assert r.tp is not None and r.tp.world_size == 1

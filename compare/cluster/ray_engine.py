@@ -1,5 +1,5 @@
 """``sweep --engine ray``: each cell of a sweep is one Ray task, its outcome streamed back to the driver, which
-appends it to the sweep's store as it arrives (``compare.sweep.command.run_sweep``: resume, ``--retry-errors``, the
+appends it to the sweep's store as it arrives (``compare.sweep.run.run_sweep``: resume, ``--retry-errors``, the
 lock and the report are the local engine's).
 
 **The cluster.** ``--address HOST:PORT`` (or ``auto``) joins a running cluster and leaves it as found (``ray.shutdown``
@@ -51,8 +51,8 @@ from compare.problem.cases import Case, InputError
 from compare.results import environment
 from compare.results.document import Result
 from compare.run import stop
+from compare.run.grid import Cell
 from compare.sweep.engines import EngineOptions, Finished
-from compare.sweep.grid import Cell
 from compare.sweep.worker import run_cell_inprocess
 from compare.timing.timer import TimingConfig
 

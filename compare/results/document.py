@@ -107,7 +107,7 @@ class Progress:
 class Config:
     """What a run was asked to do: the ``command`` line, the ``preset`` (None: none), the backends, dtypes and
     modes, the world sizes of a tensor-parallel run (empty: 1), the shared timer's settings; for a sweep also its
-    ``grid`` (``compare.sweep.grid.grid_config``'s object:
+    ``grid`` (``compare.run.grid.grid_config``'s object:
     model, dim, hidden, seq, tokens, dist, seed) and its ``progress``."""
 
     command: str = ""

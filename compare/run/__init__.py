@@ -1,5 +1,6 @@
-"""Running cells: the harness and its cell pipeline, progress, preflight checks, options, exit codes, the compile-cost
-sweep and the tensor-parallel launcher, worker and host commands."""
+"""Running cells: the harness and its cell pipeline, progress, preflight checks, options, the stores of finished
+cells and a sweep's grid, exit codes, the compile-cost sweep and the tensor-parallel launcher, worker and host
+commands."""
 
 #: The packages of ``compare`` this one may import (checked by ``tests/test_layers.py``).
 MAY_IMPORT: tuple[str, ...] = ("formats", "problem", "backends", "timing", "gate", "kernels", "cost", "results")

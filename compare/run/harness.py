@@ -55,8 +55,9 @@ from compare.results.memory import Memory
 from compare.run import budget, cell, parity_cache, pipeline, stop
 from compare.run.budget import Budget, budget_phase
 from compare.run.cell import MODE_TENSORS, plain_reference
+from compare.run.options import RunOptions
 from compare.run.progress import Display
-from compare.run.store import RunStore
+from compare.run.store import Store
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
 from compare.timing import llc
@@ -626,39 +627,35 @@ def run(
     cases: Iterable[Case],
     specs: Iterable[BackendSpec],
     modes: Iterable[str],
-    cfg: TimingConfig = TimingConfig(),
-    config: dict[str, Any] | None = None,
+    options: RunOptions | None = None,
+    *,
     progress: Display | None = None,
-    profile: bool = False,
-    trace_dir: Path | None = None,
-    ceilings: bool = False,
-    world_sizes: Sequence[int] = (1,),
-    tp_launch: str | None = None,
-    tp_logs: Path | None = None,
-    store: RunStore | None = None,
-    cache: str = "warm",
+    store: Store | None = None,
     budget: Budget | None = None,
-    reuse_parity: bool = False,
     watch: Callable[[], timing.Watch | None] | None = None,
-    cuda_graphs: bool = False,
-    memory: bool = False,
 ) -> Results:
     """Run every (case, backend, mode, world size); return the results document (``compare.results.document.Results``).
 
+    How is ``options`` (``compare.run.options.RunOptions``, None: its defaults): the timer's settings, the config
+    the document records, profile and trace folder, memory, ceilings, world sizes, cache mode, parity cache, CUDA
+    graphs.
     Single-device backends run here, at world size 1 (at a larger one they are ``skipped``); tensor-parallel
     backends (a registry line with a ``runtime``) run in worker groups (``compare.run.tp_launch``), one group per
-    runtime, launch and world size for all of its cells, launched as ``tp_launch`` where the backend supports it
-    (else its first launch), with the processes' logs under ``tp_logs``.
+    runtime, launch and world size for all of its cells, launched as ``options.tp_launch`` where the backend
+    supports it (else its first launch), with the processes' logs under ``options.tp_logs``.
     ``progress`` (a :class:`~compare.run.progress.Display`, already entered) is told as each cell starts and ends.
     ``store`` (``compare.run.store``) gets every finished cell the moment its verdict is known: a case's cells of one
     mode settle together (they are timed together), a tensor-parallel cell as its group reports it.
     A stop (Ctrl-C, SIGTERM: ``compare.run.stop``; a ``KeyboardInterrupt``) ends the run between cells: the
     document then holds every finished cell and ``interrupted`` (the caller writes it and says so).
-    ``cache`` (``compare.timing.llc.CACHE_MODES``): warm samples, cold ones (each call after a flush of the
-    last-level cache, :func:`cold_flush`) or both; ``budget`` (``compare.run.budget``) the time the run keeps, its cuts
-    in the document; ``reuse_parity`` looks interpreted cells up in ``compare.run.parity_cache`` (every interpreted
-    verdict is kept there); ``watch`` makes a device watch per timed group (``compare.timing.timer.Watch``); ``memory``
-    records what each step holds in memory (``pipeline.memory``: saved for the backward, peak)."""
+    ``options.cache`` (``compare.timing.llc.CACHE_MODES``): warm samples, cold ones (each call after a flush of
+    the last-level cache, :func:`cold_flush`) or both; ``budget`` (``compare.run.budget``) the time the run keeps,
+    its cuts in the document; ``options.reuse_parity`` looks interpreted cells up in ``compare.run.parity_cache``
+    (every interpreted verdict is kept there); ``watch`` makes a device watch per timed group
+    (``compare.timing.timer.Watch``); ``options.memory`` records what each step holds in memory
+    (``pipeline.memory``: saved for the backward, peak)."""
+    options = options or RunOptions()
+    cfg, cache, profile, memory = options.cfg, options.cache, options.profile, options.memory
     cases, specs, modes = list(cases), list(specs), list(modes)
     spec_of = {sp.name: sp for sp in specs}
     check_name("cache mode", cache, list(llc.CACHE_MODES))
@@ -698,7 +695,7 @@ def run(
             progress.cell(label or f"{res.backend} {res.case} {res.mode}{suffix}", res.status, res.reason)
 
     try:
-        if ceilings:  # this machine's matmul FLOP/s and copy bandwidth per dtype, before any backend runs
+        if options.ceilings:  # this machine's matmul FLOP/s and copy bandwidth per dtype, before any backend runs
             if progress:
                 progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
             dtypes = list(dict.fromkeys(c.dtype for c in cases))
@@ -738,9 +735,9 @@ def run(
             for mode in modes:
                 group: list[_Cell] = []
                 for spec in specs:
-                    for ws in world_sizes:
+                    for ws in options.world_sizes:
                         if spec.runtime and case.model in spec.models and mode in spec.modes:
-                            how = tp_launch if tp_launch in spec.launches else spec.launches[0]
+                            how = options.tp_launch if options.tp_launch in spec.launches else spec.launches[0]
                             tp_cell = Cell(sum(map(len, jobs.values())), spec.name, case, mode)
                             jobs.setdefault((spec.runtime, how, ws), []).append((tp_cell, spec))
                         elif ws > 1 and not spec.runtime:
@@ -751,9 +748,8 @@ def run(
                             c = _Cell(spec, case, mode)
                             if progress:
                                 progress.starting(c.label)
-                            _start(
-                                c, plain, precision, inputs, reuse=reuse_parity, cuda_graphs=cuda_graphs, memory=memory
-                            )
+                            reuse, graphs = options.reuse_parity, options.cuda_graphs
+                            _start(c, plain, precision, inputs, reuse=reuse, cuda_graphs=graphs, memory=memory)
                             if c.interpreted and c.done is None:
                                 interpreted.add((spec.name, case.name, mode))
                             group.append(c)
@@ -764,7 +760,7 @@ def run(
                     _time(group, timer)
                 timer.groups_left = max(1, timer.groups_left - 1)
                 for c in group:
-                    _finish_steps(c, profile, trace_dir, memory, timer)
+                    _finish_steps(c, profile, options.trace_dir, memory, timer)
                 if group and progress and not reference.made:
                     progress.starting(f"{case.name}: the reference of the fresh inputs")
                 settled = _settle(case, group, seed, inputs, reference)
@@ -774,7 +770,8 @@ def run(
                     record(res)
         for (runtime, how, ws), tp_cells in jobs.items():
             stop.check()
-            _run_tp_job(runtime, how, ws, tp_cells, cfg, profile, tp_logs, progress, functools.partial(record, ws=ws))
+            logs, on_result = options.tp_logs, functools.partial(record, ws=ws)
+            _run_tp_job(runtime, how, ws, tp_cells, cfg, profile, logs, progress, on_result)
     except KeyboardInterrupt:  # keep what is done; the caller writes it and says so
         interrupted = True
     typed = results
@@ -790,7 +787,7 @@ def run(
         typed = [_plausible(r, ceil, flops.get(i), cases) for i, r in enumerate(raw)]
     return Results(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        config=replace(from_json(Config, config or {}), timing=cfg),
+        config=replace(from_json(Config, options.config), timing=cfg),
         environment=environment.current(precision, threads),
         results=tuple(typed),
         resolution=tuple(res_rows),

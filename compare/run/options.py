@@ -1,134 +1,41 @@
-"""The grid options shared by ``run``, ``profile`` and ``sweep`` (dtypes, backends, modes, seed, budget, how much
-to print), and their checks. One definition, used by ``compare.cli`` and ``compare.sweep.command`` alike; and the
-inputs every measuring command refuses at the door (:func:`check_inputs`), before anything is measured or written."""
+"""The options of a measuring run, one typed, frozen object (:class:`RunOptions`): what ``compare.run.harness.run``
+and ``compare.sweep.run.run_sweep`` are asked to do, checked by the command line (``compare.cli``) before anything
+runs. The objects that live while it runs (the progress display, the store, the time budget, a device watch, an
+engine's runner) are passed beside it."""
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Iterable
+import dataclasses
+from pathlib import Path
+from typing import Any
 
-from compare.backends.registry import BACKENDS, spec
-from compare.cost.comm import check_world_size_value
-from compare.gate.parity import check_judgeable, judged_shapes
-from compare.problem.cases import (
-    DTYPES,
-    MODES,
-    Case,
-    InputError,
-    check_finite,
-    check_name,
-    check_seed,
-    check_unique,
-)
-from compare.run.cell import MODE_TENSORS
-from compare.run.tp_hosts import check_addr, check_port
-from compare.timing.llc import CACHE_MODES
+from compare.timing.timer import TimingConfig
 
 
-def add_grid_args(p: argparse.ArgumentParser, budget_help: str, cache_default: str = "both") -> None:
-    """Dtypes, backends, modes, seed and timing budget: the options shared by ``run``, ``profile`` and ``sweep``."""
-    p.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
-    # resolved by check_grid_args from the registry as it is then (a backend registered by a test is seen)
-    p.add_argument(
-        "--backend",
-        nargs="+",
-        default=None,
-        help=f"any of: {', '.join(BACKENDS)} (default: every single-device backend, or every tensor-parallel one "
-        "when a --world-size above 1 is given)",
-    )
-    p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
-    p.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
-    p.add_argument("--budget", type=float, default=1.0, help=budget_help)
-    p.add_argument(
-        "--time-budget",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="seconds the whole command keeps: the ceilings, the timed samples and the compile-cost sweep share them, "
-        "and every cut is stated in the report (parity is never cut; default: no budget)",
-    )
-    p.add_argument(
-        "--cache",
-        default=cache_default,
-        help=f"cache state of the timings: {', '.join(CACHE_MODES)} (cold: each call after a flush of the "
-        "last-level cache, its time left out; default: %(default)s)",
-    )
-    p.add_argument(
-        "--no-parity-cache",
-        action="store_true",
-        help="interpret the interpreted (parity-only) backends again instead of reusing their cached verdicts",
-    )
-    p.add_argument(
-        "--strict",
-        action="store_true",
-        help="exit 1 on a parity deviation too (a real difference an honest implementation can have), not only on a "
-        "failure",
-    )
-    talk = p.add_mutually_exclusive_group()
-    talk.add_argument("--quiet", action="store_true", help="print only problems (failed cells) and the result")
-    talk.add_argument("--verbose", action="store_true", help="print every cell as it starts and every message")
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How to measure. ``cfg``: the timer's settings; ``config``: what the results document records of the command
+    (``compare.results.document.Config``'s fields); ``profile``: count kernels per step, with ``trace_dir`` a
+    Chrome/Perfetto trace per backend there; ``memory``: what each step holds in memory; ``ceilings``: measure this
+    machine's matmul and copy ceilings first and hold every row to them; ``world_sizes``: tensor-parallel world
+    sizes, run as ``tp_launch`` where a backend supports it, their processes' logs under ``tp_logs``; ``cache``:
+    ``compare.timing.llc.CACHE_MODES``; ``reuse_parity``: interpreted cells from ``compare.run.parity_cache``;
+    ``cuda_graphs``: replay torch steps from a CUDA graph. A sweep's own: ``isolate`` (each cell in a worker
+    process), ``cell_timeout_s`` (a worker's cell ended after so long) and ``retry_errors`` (stored ``error`` cells
+    run again)."""
 
-
-def check_grid_args(a: argparse.Namespace) -> None:
-    """The options :func:`add_grid_args` defines, checked before anything runs (bad input raises InputError)."""
-    check_seed(a.seed)
-    check_finite("--budget", a.budget)
-    if a.time_budget is not None:
-        check_finite("--time-budget", a.time_budget)
-    check_name("--cache", a.cache, list(CACHE_MODES))
-    if a.backend is None:
-        sizes = getattr(a, "world_size", None) or [1]
-        a.backend = default_backends(sizes if isinstance(sizes, list) else [sizes])
-    for b in a.backend:
-        spec(b)
-    check_unique("backend", a.backend)
-    check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
-    check_unique("mode", [check_name("mode", m, MODES) for m in a.mode])
-
-
-def default_backends(world_sizes: list[int]) -> list[str]:
-    """Every single-device backend, or, when a world size above 1 is asked for, every tensor-parallel one."""
-    parallel = max(world_sizes) > 1
-    return [name for name, s in BACKENDS.items() if bool(s.runtime) == parallel]
-
-
-def check_out(value: str, option: str = "--out") -> str:
-    """Return ``value`` if it names a path; an empty (or blank) one raises InputError: ``Path("")`` is the current
-    folder, so it would silently write there. The current folder, wanted, is ``.``."""
-    if not value.strip():
-        raise InputError(
-            f"{option} must be a non-empty path, got {value!r}: an empty one names no file or folder (the current "
-            "folder is .)"
-        )
-    return value
-
-
-def out_arg(value: str) -> str:
-    """:func:`check_out` as an ``argparse`` ``type=`` (argparse prints an ArgumentTypeError's message as it is)."""
-    try:
-        return check_out(value)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def check_cases_judgeable(cases: Iterable[Case], modes: Iterable[str]) -> None:
-    """Every case big enough for the parity gate in every mode: each tensor that one of ``modes`` checks
-    (``compare.run.cell.MODE_TENSORS``) holds the gate's minimum (``compare.gate.parity.check_judgeable``)."""
-    modes = [check_name("mode", m, MODES) for m in modes]
-    for c in cases:
-        check_judgeable(c, [k for k in judged_shapes(c) if any(MODE_TENSORS[m](k) for m in modes)])
-
-
-def check_inputs(a: argparse.Namespace, cases: Iterable[Case]) -> None:
-    """What ``run``, ``profile``, ``tp-job`` and ``sweep`` refuse before anything is measured or written (after
-    :func:`check_grid_args`; bad input raises InputError): a ``--world-size`` below 1 (where the command has one), an
-    empty ``--out``, a case too small for the parity gate in one of ``--mode``, and (``tp-job``) a rendezvous
-    ``--addr`` that is no host or a ``--port`` that is no TCP port (``compare.run.tp_hosts``)."""
-    sizes = getattr(a, "world_size", None)
-    for w in sizes if isinstance(sizes, list) else [] if sizes is None else [sizes]:
-        check_world_size_value(w, "--world-size")
-    check_out(a.out, "--out")
-    check_cases_judgeable(cases, a.mode)
-    if getattr(a, "addr", None) is not None:
-        check_addr(a.addr)
-        check_port(a.port)
+    cfg: TimingConfig = TimingConfig()
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    profile: bool = False
+    trace_dir: Path | None = None
+    memory: bool = False
+    ceilings: bool = False
+    world_sizes: tuple[int, ...] = (1,)
+    tp_launch: str | None = None
+    tp_logs: Path | None = None
+    cache: str = "warm"
+    reuse_parity: bool = False
+    cuda_graphs: bool = False
+    isolate: bool = False
+    cell_timeout_s: float | None = None
+    retry_errors: bool = False

@@ -8,7 +8,6 @@ update per cell, plus the run's notable messages) and ``verbose`` (every message
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
@@ -17,11 +16,6 @@ from typing import Any, TextIO
 LEVELS: tuple[str, ...] = ("quiet", "normal", "verbose")
 #: Statuses that are worth a line even when quiet.
 PROBLEMS: frozenset[str] = frozenset({"deviates", "parity-fail", "implausible", "error"})
-
-
-def progress_level(a: argparse.Namespace) -> str:
-    """``quiet``, ``normal`` or ``verbose`` from the ``--quiet`` / ``--verbose`` options."""
-    return "quiet" if getattr(a, "quiet", False) else "verbose" if getattr(a, "verbose", False) else "normal"
 
 
 def fmt_duration(seconds: float) -> str:

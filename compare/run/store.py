@@ -1,29 +1,35 @@
-"""A run's store of finished cells, ``<out>/cells.jsonl``: every finished cell on disk as it finishes, so a run
-killed at any moment (SIGKILL, a power cut, a full disk) loses at most the cells in flight.
+"""The stores of finished cells, JSON lines (``compare.formats.jsonl``: one ``write`` and ``fsync`` per line), so a
+run or sweep killed at any moment (SIGKILL, a power cut, a full disk) loses at most the cells in flight. One writer
+(:class:`Store`) and one reader (:func:`lines`: a torn last line dropped, the first line a header, every line of a
+known type) for both:
 
-One JSON object per line (``compare.formats.jsonl``: one ``write`` and ``fsync`` per line), in this order:
+A run's store, ``<out>/cells.jsonl`` (:func:`open_run`: emptied when the run starts, it holds one run), in order:
 
-- ``{"type": "header", "kind": "run", "run_id", "schema_version", "created", "config", "environment"}``: once, when
-  the run starts (the file is emptied first: it holds one run, whose ``run_id`` (:func:`new_run_id`) its cell lines
-  and its ``results.json`` carry too);
+- ``{"type": "header", "kind": "run", "run_id", "schema_version", "created", "config", "environment"}``: once (the
+  ``run_id`` (:func:`new_run_id`) its cell lines and its ``results.json`` carry too);
 - ``{"type": "ceilings", "ceilings"}``: this machine's matmul and copy ceilings, when measured (before any cell);
 - ``{"type": "resolution", "rows"}``: the gate's resolution rows of a case, before its cells;
-- ``{"type": "cell", "run_id", "result", "precision", "threads"}``: one finished cell (a result row as
-  ``results.json`` holds it, already held to the ceilings measured first), appended the moment its verdict is known;
+- ``{"type": "cell", "run_id", "result", "precision"}``: one finished cell (a result row as ``results.json`` holds
+  it, already held to the ceilings measured first), appended the moment its verdict is known;
 - ``{"type": "shape_sweep", "rows"}``: the compile-cost rows, when that sweep ends;
-- ``{"type": "load", "load"}``: the machine's load over the measurements (``compare.results.load``), when they end.
+- ``{"type": "load", "load"}``: the machine's load over the measurements (``compare.results.load``), when they end;
+- ``{"type": "end"}``: the run ended (without it, :func:`read_store`'s document is ``interrupted``).
 
-:func:`read_store` turns it back into a results document (``interrupted`` unless the run's last line, ``{"type":
-"end"}``, is there), the document ``python -m compare report DIR`` rebuilds ``results.json`` and ``REPORT.md`` from.
+A sweep's store, ``<out>/results.jsonl`` (``compare.sweep.run``), append-only: a ``header`` line per start (its run
+id, config, environment, engine and, when measured, ceilings) and a ``cell`` line per finished cell (that run id, its
+``key``, the result and what its worker reported), read by :func:`read_sweep` in grid order; resumed by cell key
+(:func:`done_keys`).
+
 A ``results.json`` is only ever replaced by a document that holds at least the cells the store holds
-(:func:`never_fewer`). A folder's ``results.json`` of another ``run_id`` than its store's is an older run's (the store
-is emptied when a run starts): ``report DIR`` rebuilds from the store then (:func:`is_older_run`).
+(:func:`never_fewer`). A folder's ``results.json`` of another ``run_id`` than its run store's is an older run's:
+``python -m compare report DIR`` rebuilds from the store then (:func:`is_older_run`).
 """
 
 from __future__ import annotations
 
 import datetime
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +39,12 @@ from compare.formats.jsonl import Appender, read_records
 from compare.gate.resolution import ResolutionRow
 from compare.problem.cases import InputError
 from compare.results import environment
-from compare.results.document import Config, Result, Results, load, read_json
+from compare.results.document import SCHEMA_VERSION, Config, Result, Results, load, read_json
 from compare.results.load import Load
+from compare.run.grid import GRID_KEYS, cells_from_config, result_key
 
-#: The store's file name in a run's output folder.
-CELLS = "cells.jsonl"
+#: The store's file name in a run's output folder, and in a sweep's.
+CELLS, JSONL = "cells.jsonl", "results.jsonl"
 KINDS = ("header", "ceilings", "resolution", "cell", "shape_sweep", "load", "end")
 
 
@@ -46,36 +53,34 @@ def new_run_id() -> str:
     return f"{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
-class RunStore:
-    """The store of one run (see the module docstring); every method appends one line and returns once it is on
-    disk. A failed write raises ``OSError`` (the lines before it stay whole)."""
+class Store:
+    """An open store at ``path`` (emptied first when ``fresh``), its lines written for this start's ``run_id`` (given,
+    or a new one); every
+    method appends one line and returns once it is on disk. A failed write raises ``OSError`` (the lines before it
+    stay whole)."""
 
-    def __init__(self, out: Path, config: dict[str, Any], run_id: str = "") -> None:
-        self.path = out / CELLS
-        self.cells = 0
-        self.run_id = run_id or new_run_id()
-        self._w = Appender(self.path, fresh=True)
-        self._w.append(
-            {
-                "type": "header",
-                "kind": "run",
-                "run_id": self.run_id,
-                "schema_version": Results().schema_version,
-                "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "config": config,
-                "environment": environment.collect({}, {}),
-            }
-        )
+    def __init__(self, path: Path, fresh: bool = False, run_id: str = "") -> None:
+        self.path, self.cells, self.run_id = path, 0, run_id or new_run_id()
+        self._w = Appender(path, fresh=fresh)
+
+    def header(self, config: dict[str, Any], env: dict[str, Any] | None = None, **extra: Any) -> None:
+        created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        env = environment.collect({}, {}) if env is None else env
+        head = {"run_id": self.run_id, "schema_version": SCHEMA_VERSION, "created": created, "config": config}
+        self._w.append({"type": "header", **head, "environment": env, **extra})
+
+    def cell(self, result: Result, precision: dict[str, Any] | None = None, **fields: Any) -> None:
+        """A finished cell: the run's carries the precision settings seen so far, the sweep's its ``key`` and what
+        its worker reported (``precision``, ``gpu``, ``wall_s``; ``retrying`` on a lost worker's attempt)."""
+        more = {"precision": precision} if precision is not None else {}
+        self._w.append({"type": "cell", "run_id": self.run_id, "result": to_json(result), **more, **fields})
+        self.cells += 1
 
     def ceilings(self, ceil: Ceilings) -> None:
         self._w.append({"type": "ceilings", "ceilings": to_json(ceil)})
 
     def resolution(self, rows: list[ResolutionRow]) -> None:
         self._w.append({"type": "resolution", "rows": [to_json(r) for r in rows]})
-
-    def cell(self, result: Result, precision: dict[str, Any]) -> None:
-        self._w.append({"type": "cell", "run_id": self.run_id, "result": to_json(result), "precision": precision})
-        self.cells += 1
 
     def shape_sweep(self, rows: list[dict[str, Any]]) -> None:
         self._w.append({"type": "shape_sweep", "rows": rows})
@@ -89,11 +94,54 @@ class RunStore:
     def close(self) -> None:
         self._w.close()
 
-    def __enter__(self) -> RunStore:
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def open_run(out: Path, config: dict[str, Any], run_id: str = "") -> Store:
+    """A run's store ``out/cells.jsonl``, emptied, its header written."""
+    store = Store(out / CELLS, fresh=True, run_id=run_id)
+    try:
+        store.header(config, kind="run")
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def lines(path: Path, kinds: tuple[str, ...] = KINDS, what: str = "store") -> list[dict[str, Any]]:
+    """Every complete line of a store (a torn last line is ignored), each a JSON object of one of ``kinds``, the
+    first a header; anything else is an :class:`InputError` naming ``what`` (the store or sweep file), the file and
+    the line."""
+    if not path.is_file():
+        raise InputError(f"{what} {path} does not exist")
+    try:
+        records = read_records(path)
+    except ValueError as exc:
+        raise InputError(f"{what} {path}: {exc}") from exc
+    bad = [i for i, r in enumerate(records, 1) if not isinstance(r, dict) or r.get("type") not in kinds]
+    if bad:
+        raise InputError(f"{what} {path}: line {bad[0]} is not one of: {', '.join(kinds)}")
+    if not records or records[0]["type"] != "header":
+        raise InputError(f"{what} {path} does not start with a header line: not a fusion-compare {what}")
+    return records
+
+
+def _environment(head: dict[str, Any], cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first header's environment, its ``precision`` and ``threads`` merged with what every cell reported, and
+    its ``gpu`` the first one a cell saw if it had none (backends load torch after the header is written)."""
+    env, gpus = dict(head["environment"]), [c["gpu"] for c in cells if c.get("gpu")]
+    env["precision"] = dict(env.get("precision", {}))
+    env["threads"] = dict(env.get("threads", {}))
+    for c in cells:
+        env["precision"].update(c.get("precision") or {})
+        env["threads"].update(c["result"].get("threads") or {})
+    if not env.get("gpu") and gpus:
+        env["gpu"] = gpus[0]
+    return env
 
 
 def is_store(path: Path) -> bool:
@@ -108,49 +156,105 @@ def is_store(path: Path) -> bool:
 def read_store(path: Path) -> Results:
     """The results document of a run's store (see the module docstring); a file that is not one, or a bad line, is
     an :class:`InputError` naming the file and the line."""
-    if not path.is_file():
-        raise InputError(f"store {path} does not exist")
-    try:
-        records = read_records(path)
-    except ValueError as exc:
-        raise InputError(f"store {path}: {exc}") from exc
-    if not records or not isinstance(records[0], dict) or records[0].get("kind") != "run":
-        raise InputError(f"{path} does not start with a run's header line: not a fusion-compare run store")
-    bad = [i for i, r in enumerate(records, 1) if not isinstance(r, dict) or r.get("type") not in KINDS]
-    if bad:
-        raise InputError(f"store {path}: line {bad[0]} is not one of: {', '.join(KINDS)}")
+    records = lines(path)
     head = records[0]
-    rows = [r["result"] for r in records if r["type"] == "cell"]
-    precision: dict[str, Any] = {}
-    threads: dict[str, Any] = {}
-    for r in records:
-        if r["type"] == "cell":
-            precision.update(r.get("precision") or {})
-            threads.update(r["result"].get("threads") or {})
-    env = dict(head["environment"])
-    env["precision"] = {**env.get("precision", {}), **precision}
-    env["threads"] = {**env.get("threads", {}), **threads}
+    if head.get("kind") != "run":
+        raise InputError(f"{path} does not start with a run's header line: not a fusion-compare run store")
+    cells = [r for r in records if r["type"] == "cell"]
     doc = load(
-        {"schema_version": head.get("schema_version"), "created": head["created"], "environment": env, "results": rows},
+        {
+            "schema_version": head.get("schema_version"),
+            "created": head["created"],
+            "environment": _environment(head, cells),
+            "results": [r["result"] for r in cells],
+        },
         str(path),
     )
-    ceilings = next((from_json(Ceilings, r["ceilings"]) for r in records if r["type"] == "ceilings"), None)
-    resolution = tuple(from_json(ResolutionRow, x) for r in records if r["type"] == "resolution" for x in r["rows"])
-    sweep = next((tuple(r["rows"]) for r in records if r["type"] == "shape_sweep"), ())
-    machine = next((from_json(Load, r["load"]) for r in records if r["type"] == "load"), None)
+    first = {r["type"]: r for r in reversed(records)}  # each type's first line
     return Results(
         schema_version=doc.schema_version,
         created=doc.created,
         config=from_json(Config, head["config"]),
         environment=doc.environment,
         results=doc.results,
-        resolution=resolution,
-        ceilings=ceilings,
+        resolution=tuple(from_json(ResolutionRow, x) for r in records if r["type"] == "resolution" for x in r["rows"]),
+        ceilings=from_json(Ceilings, first["ceilings"]["ceilings"]) if "ceilings" in first else None,
         interrupted=records[-1]["type"] != "end",
-        shape_sweep=sweep,
-        load=machine,
+        shape_sweep=tuple(first["shape_sweep"]["rows"]) if "shape_sweep" in first else (),
+        load=from_json(Load, first["load"]["load"]) if "load" in first else None,
         run_id=str(head.get("run_id") or ""),
     )
+
+
+def load_sweep(path: Path | str) -> Results:
+    """The typed results document of a sweep file or its folder (:func:`read_sweep`, validated like a
+    ``results.json``: a bad cell is an :class:`InputError` naming the file, the row and the field)."""
+    return load(read_sweep(path), str(path))
+
+
+def read_sweep(path: Path | str) -> dict[str, Any]:
+    """A results document (``run_id, schema_version, created, config, environment, results``) from a sweep file or
+    its folder, as parsed JSON (not yet validated); ``run_id`` is the newest session's.
+
+    Readable at any time, also while the sweep runs. ``created``, ``config`` and ``environment`` are the first
+    header's (:func:`_environment`). Results are in grid order, one per cell key (the last line wins if a key
+    repeats; a line marked ``retrying``, a lost worker's attempt, is left out: the cell's next attempt follows it).
+    ``config["progress"]`` says how many grid cells are done and how many sessions (starts) wrote the file;
+    ``ceilings`` are the first session's that measured them (each session's rows were held to its own, as they were
+    stored).
+    """
+    path = Path(path)
+    records = lines(path / JSONL if path.is_dir() else path, ("header", "cell"), "sweep file")
+    headers = [x for x in records if x["type"] == "header"]
+    cells = [x for x in records if x["type"] == "cell" and not x.get("retrying")]
+    by_key = {result_key(c["result"]): c["result"] for c in cells}
+    config = dict(headers[0]["config"])
+    grid = [c.key for c in cells_from_config(config)]
+    in_grid = set(grid)
+    ordered = [by_key[k] for k in grid if k in by_key] + [r for k, r in by_key.items() if k not in in_grid]
+    config["progress"] = {"cells": len(grid), "done": sum(k in by_key for k in grid), "sessions": len(headers)}
+    doc = {
+        "run_id": str(headers[-1].get("run_id") or ""),  # the newest session's (each start's header has its own)
+        "schema_version": headers[0].get("schema_version"),
+        "created": headers[0]["created"],
+        "config": config,
+        "environment": _environment(headers[0], cells),
+        "results": ordered,
+    }
+    ceilings = next((h["ceilings"] for h in headers if h.get("ceilings")), None)  # the first session's measured
+    return {**doc, "ceilings": ceilings} if ceilings else doc
+
+
+def done_keys(path: Path, retry_errors: bool = False) -> set[str]:
+    """Keys of the cells already in a sweep file (empty if there is none); with ``retry_errors``, less those whose
+    last stored result is an ``error`` (they run again). A row marked ``retrying`` (a lost worker's attempt, whose
+    next attempt was to follow) does not make its cell done."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return set()
+    records = lines(path, ("header", "cell"), "sweep file")
+    last = {result_key(x["result"]): x["result"] for x in records if x["type"] == "cell" and not x.get("retrying")}
+    return {k for k, r in last.items() if not (retry_errors and r.get("status") == "error")}
+
+
+def check_same_grid(path: Path, config: dict[str, Any], env: dict[str, Any]) -> None:
+    """A sweep file's first header holds this ``config``'s grid (else InputError: one file holds one sweep); a
+    different environment is a warning (the report keeps the first session's)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    first = lines(path, ("header", "cell"), "sweep file")[0]
+    differ = [k for k in GRID_KEYS if first["config"].get(k) != config.get(k)]
+    if differ:
+        raise InputError(
+            f"{path} holds a different sweep (it differs in: {', '.join(differ)}); "
+            f"use another --out, or delete the folder to start over"
+        )
+    changed = [k for k in ("cpu", "gpu", "versions") if first["environment"].get(k) != env.get(k)]
+    if changed:
+        print(
+            f"sweep: warning: resuming on a different environment (differs in: {', '.join(changed)}); the "
+            f"report keeps the first session's",
+            file=sys.stderr,
+        )
 
 
 def cell_key(r: Result) -> tuple[str, str, str, int]:

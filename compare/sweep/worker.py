@@ -1,6 +1,6 @@
 """Running one sweep cell: here (``compare.run.harness.run_one``), or in a worker process (``python -m
-compare.sweep.command --worker CELL RESULT``, started through ``compare.run.child``) whose crash, signal or timeout
-becomes the cell's ``error`` result. See ``compare.sweep.command``."""
+compare.sweep.worker CELL RESULT``, started through ``compare.run.child``) whose crash, signal or timeout
+becomes the cell's ``error`` result. See ``compare.sweep.run``."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from compare.problem.cases import Case
 from compare.results import document as results
 from compare.results import environment
 from compare.run import child, harness, stop
-from compare.sweep.grid import Cell
+from compare.run.grid import Cell
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,7 @@ def run_cell_isolated(
             json.dumps({"spec": to_json(s), "case": to_json(cell.case), "mode": cell.mode, "timing": asdict(cfg)}),
         )
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
-        cmd = [sys.executable, "-m", "compare.sweep.command", "--worker", str(cell_path), str(result_path)]
+        cmd = [sys.executable, "-m", "compare.sweep.worker", str(cell_path), str(result_path)]
         worker = child.start(cmd, env=env)
         try:
             waited = worker.wait(timeout_s, check=stop.check)
@@ -92,3 +92,10 @@ def worker_main(cell_path: Path, result_path: Path) -> int:
     result, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**d["timing"]), {})
     write_text_atomic(result_path, json.dumps({"result": to_json(result), "meta": meta}, allow_nan=True))
     return 0
+
+
+if __name__ == "__main__":  # the worker process: python -m compare.sweep.worker CELL.json RESULT.json
+    if len(sys.argv) != 3:
+        print("usage: python -m compare.sweep.worker CELL.json RESULT.json", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(worker_main(Path(sys.argv[1]), Path(sys.argv[2])))

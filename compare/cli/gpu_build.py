@@ -8,7 +8,7 @@ on disk, so a rerun compiles only what changed. Its output is ``gpu_build.json``
 :mod:`compare.report.gpu_build`); exit status 1 when a config does not build or a bf16/fp16 autotune config spills
 or exceeds shared memory on sm_90.
 
-This module imports neither torch nor triton.
+This module, the subcommand's arguments, imports neither torch nor triton.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from compare.gpu_build.records import default_folder
 from compare.problem.cases import InputError
 from compare.results.gpu_build import ARCHS
 from compare.run import exitcodes, stop
-
-__all__ = ["DEFAULT_TIMEOUT_S", "add_parser", "build_options", "cmd_gpu_build"]
 
 #: Wall-clock bound of one whole build (the full sweep takes a few minutes on 2 cores).
 DEFAULT_TIMEOUT_S = 3600.0

@@ -1,0 +1,183 @@
+"""The options the commands share (a case: preset, model and sizes; the grid: dtypes, backends, modes, seed,
+budget, how much to print), their checks, and the inputs every measuring command refuses at the door
+(:func:`check_inputs`), before anything is measured or written."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from typing import Any
+
+from compare.backends.registry import BACKENDS, spec
+from compare.cost.comm import check_world_size_value
+from compare.gate.parity import check_judgeable, judged_shapes
+from compare.problem.cases import (
+    DTYPES,
+    MODELS,
+    MODES,
+    PRESETS,
+    Case,
+    InputError,
+    Shape,
+    check_finite,
+    check_name,
+    check_seed,
+    check_unique,
+    preset,
+    resolve_shape,
+)
+from compare.run import exitcodes
+from compare.run.cell import MODE_TENSORS
+from compare.run.tp_hosts import check_addr, check_port
+from compare.timing.llc import CACHE_MODES
+
+
+def sub(subparsers: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
+    """A subcommand's parser, its help ending with the exit statuses (``compare.run.exitcodes.EPILOG``)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        name, epilog=exitcodes.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, **kw
+    )
+    return p
+
+
+def add_case_args(r: argparse.ArgumentParser) -> None:
+    """The case options: a preset, its model and sizes."""
+    r.add_argument("--preset", help=f"one of: {', '.join(PRESETS)}")
+    r.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
+    for dim in ("batch", "seq", "dim", "hidden"):
+        r.add_argument(f"--{dim}", type=int, help=f"override the preset's {dim}")
+
+
+def resolve_case(a: argparse.Namespace, own_sizes: bool = True) -> tuple[str, Shape, str]:
+    """``--preset``, ``--model`` and the sizes (``run``, ``profile``, ``prepare``, ``tp-job``, ``sweep``): the model,
+    the shape and the input distribution. Without a preset every size must be given; a command whose batch and
+    sequence come from elsewhere (``sweep``: its token counts; ``own_sizes`` False) gives ``--dim`` and ``--hidden``
+    only (the shape's batch and seq are then 1). Bad input raises InputError."""
+    base = preset(a.preset) if a.preset else None
+    model = check_name("model", a.model, MODELS) if a.model else (base.model if base else None)
+    if model is None:
+        raise InputError(f"give --preset or --model; known models: {', '.join(MODELS)}")
+    batch, seq = (a.batch, a.seq) if own_sizes else (1, 1)
+    shape = resolve_shape(base.shape if base else None, batch, seq, a.dim, a.hidden)
+    return model, shape, base.dist if base else "normal"
+
+
+def cases_from_args(a: argparse.Namespace) -> list[Case]:
+    """The cases of ``run``, ``profile``, ``prepare`` and ``tp-job``: one per ``--dtype`` at the resolved shape."""
+    model, shape, dist = resolve_case(a)
+    dtypes = check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
+    return [Case(model, shape, d, dist, check_seed(a.seed)) for d in dtypes]
+
+
+def add_grid_args(p: argparse.ArgumentParser, budget_help: str, cache_default: str = "both") -> None:
+    """Dtypes, backends, modes, seed and timing budget: the options shared by ``run``, ``profile`` and ``sweep``."""
+    p.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
+    # resolved by check_grid_args from the registry as it is then (a backend registered by a test is seen)
+    p.add_argument(
+        "--backend",
+        nargs="+",
+        default=None,
+        help=f"any of: {', '.join(BACKENDS)} (default: every single-device backend, or every tensor-parallel one "
+        "when a --world-size above 1 is given)",
+    )
+    p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
+    p.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
+    p.add_argument("--budget", type=float, default=1.0, help=budget_help)
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds the whole command keeps: the ceilings, the timed samples and the compile-cost sweep share them, "
+        "and every cut is stated in the report (parity is never cut; default: no budget)",
+    )
+    p.add_argument(
+        "--cache",
+        default=cache_default,
+        help=f"cache state of the timings: {', '.join(CACHE_MODES)} (cold: each call after a flush of the "
+        "last-level cache, its time left out; default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-parity-cache",
+        action="store_true",
+        help="interpret the interpreted (parity-only) backends again instead of reusing their cached verdicts",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 on a parity deviation too (a real difference an honest implementation can have), not only on a "
+        "failure",
+    )
+    talk = p.add_mutually_exclusive_group()
+    talk.add_argument("--quiet", action="store_true", help="print only problems (failed cells) and the result")
+    talk.add_argument("--verbose", action="store_true", help="print every cell as it starts and every message")
+
+
+def check_grid_args(a: argparse.Namespace) -> None:
+    """The options :func:`add_grid_args` defines, checked before anything runs (bad input raises InputError)."""
+    check_seed(a.seed)
+    check_finite("--budget", a.budget)
+    if a.time_budget is not None:
+        check_finite("--time-budget", a.time_budget)
+    check_name("--cache", a.cache, list(CACHE_MODES))
+    if a.backend is None:
+        sizes = getattr(a, "world_size", None) or [1]
+        a.backend = default_backends(sizes if isinstance(sizes, list) else [sizes])
+    for b in a.backend:
+        spec(b)
+    check_unique("backend", a.backend)
+    check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
+    check_unique("mode", [check_name("mode", m, MODES) for m in a.mode])
+
+
+def progress_level(a: argparse.Namespace) -> str:
+    """``quiet``, ``normal`` or ``verbose`` (``compare.run.progress.LEVELS``) from ``--quiet`` / ``--verbose``."""
+    return "quiet" if getattr(a, "quiet", False) else "verbose" if getattr(a, "verbose", False) else "normal"
+
+
+def default_backends(world_sizes: list[int]) -> list[str]:
+    """Every single-device backend, or, when a world size above 1 is asked for, every tensor-parallel one."""
+    parallel = max(world_sizes) > 1
+    return [name for name, s in BACKENDS.items() if bool(s.runtime) == parallel]
+
+
+def check_out(value: str, option: str = "--out") -> str:
+    """Return ``value`` if it names a path; an empty (or blank) one raises InputError: ``Path("")`` is the current
+    folder, so it would silently write there. The current folder, wanted, is ``.``."""
+    if not value.strip():
+        raise InputError(
+            f"{option} must be a non-empty path, got {value!r}: an empty one names no file or folder (the current "
+            "folder is .)"
+        )
+    return value
+
+
+def out_arg(value: str) -> str:
+    """:func:`check_out` as an ``argparse`` ``type=`` (argparse prints an ArgumentTypeError's message as it is)."""
+    try:
+        return check_out(value)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def check_cases_judgeable(cases: Iterable[Case], modes: Iterable[str]) -> None:
+    """Every case big enough for the parity gate in every mode: each tensor that one of ``modes`` checks
+    (``compare.run.cell.MODE_TENSORS``) holds the gate's minimum (``compare.gate.parity.check_judgeable``)."""
+    modes = [check_name("mode", m, MODES) for m in modes]
+    for c in cases:
+        check_judgeable(c, [k for k in judged_shapes(c) if any(MODE_TENSORS[m](k) for m in modes)])
+
+
+def check_inputs(a: argparse.Namespace, cases: Iterable[Case]) -> None:
+    """What ``run``, ``profile``, ``tp-job`` and ``sweep`` refuse before anything is measured or written (after
+    :func:`check_grid_args`; bad input raises InputError): a ``--world-size`` below 1 (where the command has one), an
+    empty ``--out``, a case too small for the parity gate in one of ``--mode``, and (``tp-job``) a rendezvous
+    ``--addr`` that is no host or a ``--port`` that is no TCP port (``compare.run.tp_hosts``)."""
+    sizes = getattr(a, "world_size", None)
+    for w in sizes if isinstance(sizes, list) else [] if sizes is None else [sizes]:
+        check_world_size_value(w, "--world-size")
+    check_out(a.out, "--out")
+    check_cases_judgeable(cases, a.mode)
+    if getattr(a, "addr", None) is not None:
+        check_addr(a.addr)
+        check_port(a.port)
