@@ -19,9 +19,9 @@ FLOP/s than ``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measure
 ``implausible``.
 
 Each stage of a cell (skip, refuse a step without ``bind``, first call and its verdict, the calls on the harness's
-inputs and their verdicts, the status and the result) is ``compare.run.pipeline``'s, the same code the
-tensor-parallel worker (``compare.run.tp_worker``) runs; what is this module's own is the order across a case's
-backends and modes, the interleaved timing, the profile's trace folder and the fresh reference made once per case.
+inputs, the fresh reference made once per case, the verdicts, the status and the result) is
+``compare.run.pipeline``'s, the same code the tensor-parallel worker (``compare.run.tp_worker``) runs; what is this
+module's own is the order across a case's backends and modes, the interleaved timing and the profile's trace folder.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class _Cell:
     prepared: Prepared | None = None
     first_s: float = math.nan
     first: pipeline.Judged = field(default_factory=list)
-    #: the seconds of the second call on the golden inputs (:func:`pipeline.repeat`), the budget's first read
+    #: the seconds of the second call on the golden inputs (``pipeline.first_calls``), the budget's first read
     repeat_s: float = math.nan
     #: the harness's inputs of every later call, and the outputs it kept of them once the step is released
     feed: pipeline.Feed | None = None
@@ -131,9 +131,9 @@ def _start(
     memory: bool = False,
 ) -> None:
     """Skip (``pipeline.skipped``), or prepare the step, refuse it without ``bind`` (``pipeline.no_fresh``), make its
-    first call (timed alone: compile + run) and judge it (``pipeline.first_call``), call it once more on the same
-    inputs (``pipeline.repeat``: the row's ``deterministic``) and give it the :class:`pipeline.Feed` of the case's
-    fresh ``draw`` that supplies every later call's inputs. With ``reuse`` an interpreted
+    first call (timed alone: compile + run), judge it, call it once more on the same inputs (the row's
+    ``deterministic``) and give it the :class:`pipeline.Feed` of the case's fresh ``draw`` that supplies every later
+    call's inputs (``pipeline.first_calls``). With ``reuse`` an interpreted
     backend's cell is first looked up in ``compare.run.parity_cache`` (``c.interpreted`` says it is one); with
     ``memory`` a cached cell without a memory record is run again (its memory is measured then)."""
     spec, case, mode = c.spec, c.case, c.mode
@@ -155,12 +155,9 @@ def _start(
         if c.done is not None:
             return
         c.prepared = prepared
-        c.first_s, c.first, bits = pipeline.first_call(
-            prepared, prepared.sync, pipeline.checked(mode, golden.ref), plain, case.dtype, c.who()
+        c.first_s, c.repeat_s, c.first, c.extras["deterministic"], c.feed = pipeline.first_calls(
+            prepared, prepared.sync, pipeline.checked(mode, golden.ref), plain, case.dtype, c.who(), draw
         )
-        c.repeat_s, again = pipeline.repeat(prepared, prepared.sync, c.who())
-        c.extras["deterministic"] = again == bits
-        c.feed = pipeline.Feed(prepared, draw, c.who())
         if cuda_graphs and prepared.timed:
             c.extras["cuda_graph"] = _graphed(c, prepared)
     except Exception as exc:  # a backend's failure is a result, not the end of the run
@@ -460,7 +457,7 @@ def _finish_steps(
     how: _Timer | None = None,
 ) -> None:
     """The profile and the memory record (when asked); one call on the harness's inputs for a step that made none
-    (untimed: ``pipeline.Feed.once``, the path the timed calls took); the outputs its feed kept, read; then the step
+    (untimed: ``pipeline.Feed.judged``, the path the timed calls took); the outputs its feed kept, read; then the step
     is released. Under ``how``'s budget a slow step's profile may be its quick one (:func:`_quick`)."""
     p = c.prepared
     if c.done is not None or p is None:
@@ -494,58 +491,28 @@ def _finish_steps(
                 c.memory = Memory.not_measured(f"the measurement raised {_summarise_error(exc)[0]}")
     try:
         assert c.feed is not None
-        if not c.feed.calls:
-            c.feed.once(p.sync)
-        c.calls, c.made = c.feed.judged(), c.feed.calls
+        c.calls, c.made = c.feed.judged(p.sync), c.feed.calls
     except Exception as exc:
         c.fail(exc)
     c.prepared, c.feed = None, None  # release the step (its weights, compiled code) before the next backend's
 
 
 def _verdict(c: _Cell, seed: int, reference: fresh.FreshReference | None) -> Result:
-    """The cell's result (``pipeline.result``): the first call's verdict and those of the calls its feed kept
-    (``pipeline.judge_calls``) on its one copy (``pipeline.verdicts``), its timing and profile."""
+    """The cell's result (``pipeline.result``): the first call's verdict and those of the calls its feed kept on its
+    one copy (``pipeline.verdicts``), its timing and profile."""
     if c.done is not None:
         return c.done
     assert reference is not None
-    checks = pipeline.judge_calls(c.calls, c.made, reference, c.case.dtype, c.mode, seed, c.who(), c.by_device)
-    copies = pipeline.verdicts(c.first, checks)
-    record = pipeline.parity_record(copies, pipeline.worst_fresh(checks))
-    found = pipeline.findings(copies, c.by_device)
+    copies = pipeline.verdicts(c.first, c.calls, c.made, reference, c.case.dtype, c.mode, seed, c.who(), c.by_device)
+    found, record = pipeline.findings(copies, c.by_device), pipeline.parity_record(copies)
     return pipeline.result(
         c.spec, c.case, c.mode, found, c.kept, record, c.timing, c.kernels, c.extras, cold=c.cold, memory=c.memory
     )
 
 
-class _FreshReference:
-    """The float64 reference of a case's fresh inputs, made once, the first time a mode's cells settle (after their
-    steps have returned: no step is given it, and none of those can have seen it), with the backward when any mode
-    of the run needs it; kept for the case's later modes. An input the dtype cannot represent is an
-    ``UnusableCase``, raised every time it is asked for."""
-
-    def __init__(self, case: Case, inputs: dict[str, np.ndarray], backward: bool) -> None:
-        self.case, self.inputs, self.backward = case, inputs, backward
-        self.made = False
-        self._value: fresh.FreshReference | UnusableCase | None = None
-
-    def get(self) -> fresh.FreshReference:
-        if not self.made:
-            try:
-                self._value = fresh.reference(self.case, golden_for(self.case).params, self.inputs, self.backward)
-            except UnusableCase as exc:
-                self._value = exc
-            self.made = True
-        if isinstance(self._value, UnusableCase):
-            raise self._value
-        assert self._value is not None
-        return self._value
-
-
-def _settle(
-    case: Case, cells: Sequence[_Cell], seed: int, inputs: dict[str, np.ndarray], fresh_ref: _FreshReference
-) -> list[Result]:
+def _settle(case: Case, cells: Sequence[_Cell], fresh_ref: pipeline.CaseReference) -> list[Result]:
     """Every cell's result, once every step of ``cells`` has returned: the fresh draw's reference is asked for only
-    now."""
+    now (made once per case)."""
     reference = None
     if any(c.done is None for c in cells):
         try:
@@ -557,7 +524,7 @@ def _settle(
     results = []
     for c in cells:
         try:
-            results.append(_verdict(c, seed, reference))
+            results.append(_verdict(c, fresh_ref.seed, reference))
         except Exception as exc:
             c.fail(exc)
             assert c.done is not None
@@ -586,13 +553,12 @@ def run_one(
     under ``trace_dir`` when given; a profiler failure is recorded in ``extras`` and does not fail the result.
     """
     c = _Cell(spec, case, mode)
-    seed = fresh.new_seed()
-    inputs = fresh.draw(case, seed, golden_for(case).params, mode != "fwd")
-    _start(c, plain, precision, inputs, prepare)
+    reference = pipeline.CaseReference(case, fresh.new_seed(), mode != "fwd")
+    _start(c, plain, precision, reference.inputs, prepare)
     if time_it:
         _time([c], _Timer(cfg))
     _finish_steps(c, profile, trace_dir, memory)
-    return _settle(case, [c], seed, inputs, _FreshReference(case, inputs, mode != "fwd"))[0]
+    return _settle(case, [c], reference)[0]
 
 
 #: The ceiling probes (``compare.backends.registry.PROBES``), each a library's own GEMMs, in the order they are measured
@@ -728,13 +694,13 @@ def run(
             seed = fresh.new_seed()  # drawn now: no backend of this run can have seen these inputs
             backward = any(m != "fwd" for m in modes)
             try:
-                inputs = fresh.draw(case, seed, golden_for(case).params, backward)
+                reference = pipeline.CaseReference(case, seed, backward)
             except UnusableCase as exc:  # no fresh draw of this case can be judged: say so in every cell, go on
                 for mode in modes:
                     for spec in specs:
                         record(Result.for_case(spec.name, case, mode, "error", reason=f"fresh inputs: {exc}"))
                 continue
-            reference = _FreshReference(case, inputs, backward)
+            inputs = reference.inputs
             for mode in modes:
                 group: list[_Cell] = []
                 for spec in specs:
@@ -767,7 +733,7 @@ def run(
                     _finish_steps(c, profile, trace_dir, memory, timer)
                 if group and progress and not reference.made:
                     progress.starting(f"{case.name}: the reference of the fresh inputs")
-                settled = _settle(case, group, seed, inputs, reference)
+                settled = _settle(case, group, reference)
                 if progress:
                     progress.group_done()
                 for res in settled:
