@@ -61,7 +61,6 @@ from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
 from compare.timing import caches
 from compare.timing import timer as timing
-from compare.timing.significance import MIN_PAIRS
 from compare.timing.timer import Timing, TimingConfig
 
 
@@ -226,106 +225,27 @@ class _Timer:
 
 def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingConfig, float, list[_Cell], list[_Cell]]:
     """The group's timer settings under the budget, the cold samples' budget per entrant, the cells it times, and
-    those it times cold (``_Timer``; every cut said to the budget). Without a budget: the run's settings, all cells,
-    and all of them cold when the cache mode asks for it.
-
-    The group gets its part of the timing share (``compare.run.budget``), split between the warm samples and the
-    cold (:func:`_split`: each kind's floor first, then halves). A step's time is read from one or two more calls
-    (:func:`_steady_s`). The core comparison (every cell whose backend is ``BackendSpec.core``: the baselines,
-    each framework's compilers and every other timed backend, not the twins) is paid first: warm-up, sizing and the
-    paired test's :data:`~compare.timing.significance.MIN_PAIRS` rounds, over the group's part if it must be, and
-    the overrun is said; it is never cut. A twin that cannot fit its floor (warm-up, sizing and
-    ``budget.MIN_SAMPLES``) in what is left is not timed beyond its first calls. A group whose slowest step cannot
-    fit the run's warm-up and minimum samples in its part is given fewer (down to the floor and one warm-up call).
-    The cold part, what the warm floors leave, pays ``budget.MIN_SAMPLES`` flushed calls of the cheapest steps
-    first, as many as fit; the others get no cold samples (their parity is still judged)."""
+    those it times cold (``compare.run.budget.timing_plan``, every cut said to the budget; a step's time is read from
+    one or two more calls, :func:`_steady_s`). Without a budget: the run's settings, all cells, and all of them cold
+    when the cache mode asks for it."""
     cfg, cells = how.cfg, list(timed)
-    cold_cells = list(cells) if how.cold else []
     if how.budget is None:
-        return cfg, cfg.budget_s / 2, cells, cold_cells
-    b = how.budget
-    part = b.part("timing", how.groups_left)
-    # what the floor costs a step: warm-up, two sizing blocks and the minimum samples, one call each at the least;
-    # the core comparison's floor has the paired test's rounds
-    floor_calls, core_calls = 1 + 2 + budget.MIN_SAMPLES, 1 + 2 + MIN_PAIRS
+        return cfg, cfg.budget_s / 2, cells, list(cells) if how.cold else []
+    part = how.budget.part("timing", how.groups_left)
     step_s: dict[int, float] = {}
     for c in cells:
         try:
-            step_s[id(c)] = _steady_s(c, part / len(cells) / floor_calls)
+            step_s[id(c)] = _steady_s(c, part / len(cells) / budget.FLOOR_CALLS)
         except Exception as exc:  # this step's failure, recorded as its result
             c.fail(exc)
     cells = [c for c in cells if c.done is None]
-    cold_cells = [c for c in cold_cells if c.done is None]
-    flush_s = how.flush_s if how.cold else 0.0
-    core = [c for c in cells if c.spec.core] if how.warm else []
-    core_s = sum(step_s[id(c)] for c in core) * core_calls
-    warm_part, cold_part = _split(
-        part,
-        max(core_s, sum(step_s[id(c)] for c in cells) * floor_calls) if how.warm else 0.0,
-        sum(step_s[id(c)] + flush_s for c in cold_cells) * budget.MIN_SAMPLES,
-    )
-    if core_s > warm_part:  # the core comparison first, whatever the budget: an overrun is said, no core cell cut
-        if core_s > part:
-            b.cut(
-                f"{label}: over its part ({part:.3g} s) by {core_s - part:.3g} s, so that "
-                f"{', '.join(c.spec.name for c in core)} get the paired test's {MIN_PAIRS} rounds (the budget cuts "
-                "no backend of the core comparison)"
-            )
-        warm_part, cold_part = core_s, max(0.0, part - core_s)
-    room, keep = warm_part - core_s, list(core) if how.warm else list(cells)
-    for c in sorted(cells, key=lambda c: step_s[id(c)]) if how.warm else []:
-        if c in core:
-            continue
-        if step_s[id(c)] * floor_calls <= room:
-            keep.append(c)
-            room -= step_s[id(c)] * floor_calls
-            continue
-        c.untimed_s = step_s[id(c)]
-        b.cut(
-            f"{c.label}: not timed beyond its first calls ({step_s[id(c)]:.3g} s a step): a twin, and what the "
-            f"group's {warm_part:.3g} s of warm samples leave once the core comparison is paid is too little for "
-            f"{floor_calls} calls"
-        )
-    cells = [c for c in cells if c in keep]
-    per = warm_part / max(1, len(cells))
-    cold_cells = [c for c in cold_cells if c in keep]  # a step not timed warm is not timed cold either
-    want = cfg.warmup + 2 + cfg.min_samples
-    slowest = max((step_s[id(c)] for c in cells), default=0.0)
-    new = cfg
-    if cells and how.warm and slowest * want * len(cells) > warm_part:
-        fewest = min(cfg.min_samples, MIN_PAIRS if core else budget.MIN_SAMPLES)
-        new = replace(cfg, warmup=1, min_samples=fewest, budget_s=0.0)
-        b.cut(
-            f"{label}: {fewest} samples and 1 warm-up call instead of {cfg.min_samples} and "
-            f"{cfg.warmup} (its slowest step takes {slowest:.3g} s; the group's part: {warm_part:.3g} s)"
-        )
-    elif how.warm:
-        budget_s = min(cfg.budget_s, per)
-        if budget_s < cfg.budget_s:
-            b.cut(f"{label}: {budget_s:.3g} s of samples per backend instead of {cfg.budget_s:.3g} s")
-        new = replace(cfg, budget_s=budget_s)
-    # the cold part goes to the cheapest steps first, as many as fit: an even split gave each step of a group whose
-    # cold floor slightly exceeds its part too little, and none got cold samples
-    cold_cost = {id(c): (step_s[id(c)] + flush_s) * budget.MIN_SAMPLES for c in cold_cells}
-    paid, spent = set(), 0.0
-    for c in sorted(cold_cells, key=lambda c: cold_cost[id(c)]):
-        if spent + cold_cost[id(c)] <= cold_part:
-            paid.add(id(c))
-            spent += cold_cost[id(c)]
-    cold_keep = [c for c in cold_cells if id(c) in paid]
-    for c in cold_cells:
-        if id(c) not in paid:
-            why = (
-                f"exceed the group's {cold_part:.3g} s of cold samples"
-                if cold_cost[id(c)] > cold_part
-                else f"do not fit in what is left of the group's {cold_part:.3g} s of cold samples once its "
-                f"{len(cold_keep)} cheaper {'step is' if len(cold_keep) == 1 else 'steps are'} paid"
-            )
-            b.cut(
-                f"{c.label}: no cold samples ({budget.MIN_SAMPLES} of {step_s[id(c)]:.3g} s a step, each after a "
-                f"{flush_s:.3g} s flush, {why})"
-            )
-    return new, cold_part / max(1, len(cold_keep)), cells, cold_keep
+    steps = [budget.Step(c.label, c.spec.name, step_s[id(c)], c.spec.core) for c in cells]
+    flush_s = how.flush_s if how.cold else None
+    new, cold_s, kept, cold = budget.timing_plan(how.budget, part, cfg, label, steps, how.warm, flush_s)
+    for i, c in enumerate(cells):
+        if i not in kept:
+            c.untimed_s = step_s[id(c)]
+    return new, cold_s, [cells[i] for i in kept], [cells[i] for i in cold]
 
 
 #: a step read slower than its even share by at most this factor is read once more (see :func:`_steady_s`)
@@ -344,23 +264,6 @@ def _steady_s(c: _Cell, fair_s: float) -> float:
     if fair_s < t <= RECHECK * fair_s:
         t = min(t, timing.first_call(c.prepared.step, c.prepared.sync)[0])
     return t
-
-
-def _split(part: float, warm_min: float, cold_min: float) -> tuple[float, float]:
-    """A group's part of the timing share split between its warm and its cold samples: each first gets what its
-    floor costs (``warm_min``: warm-up, sizing blocks and the minimum samples of every step; ``cold_min``: the
-    minimum cold samples, each after a flush), the rest in halves; a part too small for both floors is split in
-    their proportion. A cold sample pays for its flush (on a CPU with a large last-level cache many times the step),
-    so halves alone left every step of a large case without cold samples. With one kind only, it gets the part."""
-    if not cold_min:
-        return part, 0.0
-    if not warm_min:
-        return 0.0, part
-    if part >= warm_min + cold_min:
-        extra = (part - warm_min - cold_min) / 2
-        return warm_min + extra, cold_min + extra
-    warm = part * warm_min / (warm_min + cold_min)
-    return warm, part - warm
 
 
 def _watched(
