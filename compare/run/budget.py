@@ -159,8 +159,7 @@ def timing_plan(
     one warm-up call). The cold part, what the warm floors leave, pays :data:`MIN_SAMPLES` flushed calls of the
     cheapest steps first, as many as fit; the others get no cold samples (their parity is still judged)."""
     everyone = list(range(len(steps)))
-    cold_ix = everyone if flush_s is not None else []
-    flush = flush_s or 0.0
+    cold_ix, flush = (everyone, flush_s) if flush_s is not None else ([], 0.0)
     core = [i for i in everyone if steps[i].core] if warm else []
     core_s = sum(steps[i].seconds for i in core) * CORE_CALLS
     warm_part, cold_part = split(
@@ -189,7 +188,7 @@ def timing_plan(
             f"the group's {warm_part:.3g} s of warm samples leave once the core comparison is paid is too little for "
             f"{FLOOR_CALLS} calls"
         )
-    timed = [i for i in everyone if i in keep]
+    timed = sorted(keep)
     cold_ix = [i for i in cold_ix if i in keep]  # a step not timed warm is not timed cold either
     want = cfg.warmup + 2 + cfg.min_samples
     slowest = max((steps[i].seconds for i in timed), default=0.0)

@@ -243,8 +243,7 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
     flush_s = how.flush_s if how.cold else None
     new, cold_s, kept, cold = budget.timing_plan(how.budget, part, cfg, label, steps, how.warm, flush_s)
     for i, c in enumerate(cells):
-        if i not in kept:
-            c.untimed_s = step_s[id(c)]
+        c.untimed_s = None if i in kept else step_s[id(c)]
     return new, cold_s, [cells[i] for i in kept], [cells[i] for i in cold]
 
 

@@ -7,7 +7,7 @@ it syncs, when its fresh reference exists, the processes a tensor-parallel group
 1. :func:`skipped`: a backend that does not implement the case's model or the mode, or is not available here;
 2. :func:`no_fresh`: a prepared step that cannot be bound to new inputs is an ``error``, judged on nothing;
 3. :func:`first_calls`: the first call on the golden inputs, timed alone (``compare.timing.timer.first_call``:
-   compile + run), the gate's verdict on every device copy of its output (:func:`judge_copies`; a single-device step
+   compile + run), the gate's verdict on every device copy of its output (:func:`judge_read`; a single-device step
    has one copy), one call more on the same inputs, whose bits say whether the two outputs are the same (the row's
    ``deterministic``), and the step's :class:`Feed`;
 4. the runner times the step through its :class:`Feed`: every call after those runs on inputs the harness made, no
@@ -123,13 +123,6 @@ def judge_read(
     """The gate's verdict (``compare.run.cell.judge``) on copies already read; a copy holding other tensors than
     ``ref`` is an error naming ``name`` (and its device when ``by_device``)."""
     return [(d, judge(t, ref, plain, dtype, f"{name} on {d}" if by_device else name)) for d, t in copies]
-
-
-def judge_copies(
-    prepared: Prepared, output: Any, ref: dict[str, np.ndarray], plain: dict[str, np.ndarray], dtype: str, name: str
-) -> Judged:
-    """The gate's verdict on every device's copy of ``output`` that this process holds (:func:`read_copies`)."""
-    return judge_read(read_copies(prepared, output, name), ref, plain, dtype, name, named(prepared))
 
 
 def digest(copies: Copies) -> str:

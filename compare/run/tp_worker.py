@@ -131,11 +131,11 @@ def run_cell(
     case's fresh draw, ``reference``, of the job's seed; its orders and its choice of outputs drawn from a seed every
     process shares, so all of them bind and read alike; an untimed step makes one call), every copy of the kept
     outputs judged against the fresh reference, which this process computes only after the step returned and keeps
-    for the case's later cells (each process judges the copies it holds; the same bits on every machine).
-    Each process's verdicts
-    (per copy: ``pipeline.CopyVerdicts``) are gathered on process 0, which merges them into the result
-    (``pipeline.result``): a fail-tier finding of any copy, on any call, makes it ``parity-fail`` (a deviation on fresh
-    inputs is recorded only); the record keeps this process's worst copy's numbers and the worst fresh verdict.
+    for the case's later cells (each process judges the copies it holds; the same bits on every machine). Each
+    process's verdicts (per copy: ``pipeline.CopyVerdicts``) are gathered on process 0, which merges them into the
+    result (``pipeline.result``): a fail-tier finding of any copy, on any call, makes it ``parity-fail`` (a deviation
+    on fresh inputs is recorded only); the record keeps this process's worst copy's numbers and the worst fresh
+    verdict.
 
     ``stage(name)`` is told as a long stage begins (``"timing"``, ``"fresh inputs"``, ``"fresh reference"``): the
     launcher takes it as progress. Returns the merged result's dict on process 0, None elsewhere. Raises on a backend
