@@ -21,7 +21,7 @@ from compare.problem.golden import Problem
 from compare.report.render import render
 from compare.results.document import Results
 from compare.run import harness, parity_cache
-from compare.run.budget import FLOOR, SHARES, Budget
+from compare.run.budget import FLOOR, SHARES, Budget, split
 from compare.run.options import RunOptions
 from compare.run.progress import eta
 from compare.run.shape_sweep import budgeted_sweep
@@ -358,16 +358,16 @@ def test_the_eta_of_cells_that_finish_in_groups_reads_the_groups_pace() -> None:
 
 @pytest.mark.quick
 def test_a_groups_part_gives_each_kind_its_floor_before_halves() -> None:
-    """``harness._split``: the cold samples' floor (each after a flush several times a step) is met first where the
+    """``budget.split``: the cold samples' floor (each after a flush several times a step) is met first where the
     part allows it, the rest split in halves; a part below both floors splits in their proportion; one kind alone
     gets the whole part. The control: plain halves of the same part would leave the cold floor unmet."""
     part, warm_min, cold_min = 4.0, 1.0, 2.5  # a large case on a CPU with a large cache: the flush dominates
-    warm, cold = harness._split(part, warm_min, cold_min)
+    warm, cold = split(part, warm_min, cold_min)
     assert cold >= cold_min and warm >= warm_min and warm + cold == pytest.approx(part)
     assert part / 2 < cold_min  # halves would have cut every cold sample
-    warm, cold = harness._split(1.75, warm_min, cold_min)
+    warm, cold = split(1.75, warm_min, cold_min)
     assert warm + cold == pytest.approx(1.75) and cold / warm == pytest.approx(cold_min / warm_min)
-    assert harness._split(3.0, 0.0, cold_min) == (0.0, 3.0) and harness._split(3.0, warm_min, 0.0) == (3.0, 0.0)
+    assert split(3.0, 0.0, cold_min) == (0.0, 3.0) and split(3.0, warm_min, 0.0) == (3.0, 0.0)
 
 
 def test_no_sweep_variant_starts_past_the_sweeps_deadline_and_each_is_said() -> None:

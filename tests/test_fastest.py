@@ -20,6 +20,7 @@ from compare.report.summary import summary_section
 from compare.results import environment
 from compare.run import exitcodes
 from compare.run.harness import run
+from compare.run.options import RunOptions
 from compare.timing import timer as timing
 from compare.timing.significance import (
     ALPHA,
@@ -237,7 +238,7 @@ def test_aa_control_same_backend_twice_under_induced_load(twin: str, busy_core: 
     cfg = TimingConfig(warmup=2, min_samples=10, budget_s=0.15)
     alarms, ratios = [], []
     for _ in range(AA_TRIALS):
-        doc = run([TINY], [spec("torch-eager"), spec(twin)], ["fwd"], cfg)
+        doc = run([TINY], [spec("torch-eager"), spec(twin)], ["fwd"], RunOptions(cfg))
         rows = {r.backend: r for r in doc.results}
         a, b = rows["torch-eager"].timing, rows[twin].timing
         assert a is not None and b is not None
@@ -300,7 +301,7 @@ def test_every_cheat_fails_on_the_harness_inputs_and_is_never_fastest(cheats: li
     on, and is never named fastest. Control: torch-eager, the same code honest, passes (and the cache cheats are
     right on their first call: their verdict comes from the calls the harness judged)."""
     cfg = TimingConfig(warmup=1, min_samples=10, budget_s=0.05)
-    doc = run([TINY], [spec("torch-eager"), *cheats], ["fwd", "fwd+bwd"], cfg, ceilings=ceilings)
+    doc = run([TINY], [spec("torch-eager"), *cheats], ["fwd", "fwd+bwd"], RunOptions(cfg, ceilings=ceilings))
     by = {(r.backend, r.mode): r for r in doc.results}
     for c in cheats:
         for mode in ("fwd", "fwd+bwd"):
@@ -333,7 +334,7 @@ def test_a_backend_that_cannot_run_on_new_inputs_is_an_error(cheats: list) -> No
     name = "cheat-golden"
     cheat_backends.CHEATS["no-fresh"] = NoFresh("no-fresh", cheat_backends.CHEATS[name].answer)
     try:
-        doc = run([TINY], [cheat_backends.spec("no-fresh")], ["fwd"], TimingConfig(warmup=1, budget_s=0.01))
+        doc = run([TINY], [cheat_backends.spec("no-fresh")], ["fwd"], RunOptions(TimingConfig(warmup=1, budget_s=0.01)))
     finally:
         del cheat_backends.CHEATS["no-fresh"]
     (r,) = doc.results
@@ -358,7 +359,7 @@ def test_a_step_faster_than_the_measured_ceiling_is_an_implausible_status(monkey
         return Ceilings(c.device, {k: replace(v, flops_per_s=1e3) for k, v in c.by_dtype.items()})
 
     monkeypatch.setattr(harness, "measure_ceilings", low)
-    doc = run([TINY], [spec("torch-eager")], ["fwd"], TimingConfig(warmup=1, budget_s=0.05), ceilings=True)
+    doc = run([TINY], [spec("torch-eager")], ["fwd"], RunOptions(TimingConfig(warmup=1, budget_s=0.05), ceilings=True))
     (r,) = doc.results
     assert r.status == "implausible" and r.reason.startswith("implausible:"), r.reason
     assert exitcodes.of_statuses([r.status]) == exitcodes.FINDING
@@ -404,7 +405,7 @@ def _run_with_native_bf16_slowed(monkeypatch: pytest.MonkeyPatch):  # type: igno
     monkeypatch.setattr(ceilings, "native_matmul", _slow(1 / 0.5))  # 0.5 GFLOP/s
     case = TINY.__class__(TINY.model, TINY.shape, "bfloat16", TINY.dist, TINY.seed)
     cfg = TimingConfig(warmup=1, min_samples=10, budget_s=0.05)
-    return case, cfg, run([case], [spec(n) for n in BF16_TIMED], ["fwd"], cfg, ceilings=True)
+    return case, cfg, run([case], [spec(n) for n in BF16_TIMED], ["fwd"], RunOptions(cfg, ceilings=True))
 
 
 @pytest.mark.slow
@@ -422,7 +423,7 @@ def test_a_slow_native_bf16_route_makes_the_ceiling_the_float32_route_and_the_co
     assert "bfloat16 matmul is emulated on this machine" in summary_section(doc)
 
     monkeypatch.setattr(ceilings, "float32_matmul", _slow(1 / 0.005))  # the control: no fast route left (5 MFLOP/s)
-    doc = run([case], [spec(n) for n in BF16_TIMED], ["fwd"], cfg, ceilings=True)
+    doc = run([case], [spec(n) for n in BF16_TIMED], ["fwd"], RunOptions(cfg, ceilings=True))
     flagged = {r.backend for r in doc.results if r.status == "implausible"}
     assert flagged == set(BF16_TIMED), [(r.backend, r.status, r.reason) for r in doc.results]
 

@@ -14,6 +14,7 @@ from compare.problem.cases import PRESETS
 from compare.problem.golden import golden_for
 from compare.problem.reference import round_to_dtype
 from compare.run.harness import run
+from compare.run.options import RunOptions
 from compare.timing.timer import TimingConfig
 
 pytestmark = pytest.mark.quick
@@ -76,7 +77,7 @@ def test_a_case_with_no_judgeable_draw_is_an_error_in_every_cell(monkeypatch: py
     real = fresh._in_range
     monkeypatch.setattr(fresh, "_in_range", lambda case, *a: case.dtype != "float16" and real(case, *a))
     cases = [PRESETS["tiny"].case("float16"), PRESETS["tiny"].case("float32")]
-    doc = run(cases, [spec("torch-eager")], ["fwd"], TimingConfig(warmup=1, min_samples=5, budget_s=0.0))
+    doc = run(cases, [spec("torch-eager")], ["fwd"], RunOptions(TimingConfig(warmup=1, min_samples=5, budget_s=0.0)))
     by_dtype = {r.dtype: r for r in doc.results}
     assert by_dtype["float16"].status == "error"
     assert f"none of {fresh.MAX_DRAWS} fresh draws" in by_dtype["float16"].reason

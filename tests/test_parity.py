@@ -22,7 +22,8 @@ from compare.problem.golden import Golden, Problem, golden_for
 from compare.problem.reference import GELU_CUBIC, SQRT_2_OVER_PI, round_to_dtype
 from compare.run import harness
 from compare.run.cell import implausible, plain_reference
-from compare.run.harness import run, run_one
+from compare.run.harness import run
+from compare.run.options import RunOptions, run_one
 from compare.timing.timer import TimingConfig
 from tests.conftest import explain, parity_result
 from tests.parity_backends import (
@@ -222,7 +223,7 @@ def test_a_replayed_answer_fails_on_fresh_inputs_and_is_flagged_implausible() ->
 
     s = _InlineSpec(name="rounded-answer", framework="torch", target="-", about="cheats", backend=Rounded())
     cfg = TimingConfig(warmup=1, budget_s=0.05)
-    doc = run([TINY], [spec("torch-eager"), s], ["fwd"], cfg, ceilings=True)
+    doc = run([TINY], [spec("torch-eager"), s], ["fwd"], RunOptions(cfg, ceilings=True))
     rows = {r.backend: r for r in doc.results}
     cheat = rows["rounded-answer"]
     assert cheat.status == "parity-fail" and cheat.parity is not None and cheat.parity.tier == "pass", explain(cheat)
@@ -248,7 +249,7 @@ def test_a_case_the_gate_cannot_judge_is_an_error_naming_the_tensor_and_the_othe
         return out
 
     monkeypatch.setattr(harness, "plain_reference", plain)
-    doc = run([bad, TINY], [spec("torch-eager")], ["fwd"], TimingConfig(), ceilings=False)
+    doc = run([bad, TINY], [spec("torch-eager")], ["fwd"], RunOptions(TimingConfig(), ceilings=False))
     by_case = {r.case: r for r in doc.results}
     assert by_case[bad.name].status == "error"
     assert "plain float16 computation of 'y'" in by_case[bad.name].reason

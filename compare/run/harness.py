@@ -19,9 +19,9 @@ FLOP/s than ``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measure
 ``implausible``.
 
 Each stage of a cell (skip, refuse a step without ``bind``, first call and its verdict, the calls on the harness's
-inputs and their verdicts, the status and the result) is ``compare.run.pipeline``'s, the same code the
-tensor-parallel worker (``compare.run.tp_worker``) runs; what is this module's own is the order across a case's
-backends and modes, the interleaved timing, the profile's trace folder and the fresh reference made once per case.
+inputs, the fresh reference made once per case, the verdicts, the status and the result) is
+``compare.run.pipeline``'s, the same code the tensor-parallel worker (``compare.run.tp_worker``) runs; what is this
+module's own is the order across a case's backends and modes, the interleaved timing and the profile's trace folder.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
 from compare.timing import llc
 from compare.timing import timer as timing
-from compare.timing.significance import MIN_PAIRS
 from compare.timing.timer import Timing, TimingConfig
 
 
@@ -84,7 +83,7 @@ class _Cell:
     prepared: Prepared | None = None
     first_s: float = math.nan
     first: pipeline.Judged = field(default_factory=list)
-    #: the seconds of the second call on the golden inputs (:func:`pipeline.repeat`), the budget's first read
+    #: the seconds of the second call on the golden inputs (``pipeline.first_calls``), the budget's first read
     repeat_s: float = math.nan
     #: the harness's inputs of every later call, and the outputs it kept of them once the step is released
     feed: pipeline.Feed | None = None
@@ -132,9 +131,9 @@ def _start(
     memory: bool = False,
 ) -> None:
     """Skip (``pipeline.skipped``), or prepare the step, refuse it without ``bind`` (``pipeline.no_fresh``), make its
-    first call (timed alone: compile + run) and judge it (``pipeline.first_call``), call it once more on the same
-    inputs (``pipeline.repeat``: the row's ``deterministic``) and give it the :class:`pipeline.Feed` of the case's
-    fresh ``draw`` that supplies every later call's inputs. With ``reuse`` an interpreted
+    first call (timed alone: compile + run), judge it, call it once more on the same inputs (the row's
+    ``deterministic``) and give it the :class:`pipeline.Feed` of the case's fresh ``draw`` that supplies every later
+    call's inputs (``pipeline.first_calls``). With ``reuse`` an interpreted
     backend's cell is first looked up in ``compare.run.parity_cache`` (``c.interpreted`` says it is one); with
     ``memory`` a cached cell without a memory record is run again (its memory is measured then)."""
     spec, case, mode = c.spec, c.case, c.mode
@@ -156,12 +155,9 @@ def _start(
         if c.done is not None:
             return
         c.prepared = prepared
-        c.first_s, c.first, bits = pipeline.first_call(
-            prepared, prepared.sync, pipeline.checked(mode, golden.ref), plain, case.dtype, c.who()
+        c.first_s, c.repeat_s, c.first, c.extras["deterministic"], c.feed = pipeline.first_calls(
+            prepared, prepared.sync, pipeline.checked(mode, golden.ref), plain, case.dtype, c.who(), draw
         )
-        c.repeat_s, again = pipeline.repeat(prepared, prepared.sync, c.who())
-        c.extras["deterministic"] = again == bits
-        c.feed = pipeline.Feed(prepared, draw, c.who())
         if cuda_graphs and prepared.timed:
             c.extras["cuda_graph"] = _graphed(c, prepared)
     except Exception as exc:  # a backend's failure is a result, not the end of the run
@@ -230,106 +226,26 @@ class _Timer:
 
 def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingConfig, float, list[_Cell], list[_Cell]]:
     """The group's timer settings under the budget, the cold samples' budget per entrant, the cells it times, and
-    those it times cold (``_Timer``; every cut said to the budget). Without a budget: the run's settings, all cells,
-    and all of them cold when the cache mode asks for it.
-
-    The group gets its part of the timing share (``compare.run.budget``), split between the warm samples and the
-    cold (:func:`_split`: each kind's floor first, then halves). A step's time is read from one or two more calls
-    (:func:`_steady_s`). The core comparison (every cell whose backend is ``BackendSpec.core``: the baselines,
-    each framework's compilers and every other timed backend, not the twins) is paid first: warm-up, sizing and the
-    paired test's :data:`~compare.timing.significance.MIN_PAIRS` rounds, over the group's part if it must be, and
-    the overrun is said; it is never cut. A twin that cannot fit its floor (warm-up, sizing and
-    ``budget.MIN_SAMPLES``) in what is left is not timed beyond its first calls. A group whose slowest step cannot
-    fit the run's warm-up and minimum samples in its part is given fewer (down to the floor and one warm-up call).
-    The cold part, what the warm floors leave, pays ``budget.MIN_SAMPLES`` flushed calls of the cheapest steps
-    first, as many as fit; the others get no cold samples (their parity is still judged)."""
+    those it times cold (``compare.run.budget.timing_plan``, every cut said to the budget; a step's time is read from
+    one or two more calls, :func:`_steady_s`). Without a budget: the run's settings, all cells, and all of them cold
+    when the cache mode asks for it."""
     cfg, cells = how.cfg, list(timed)
-    cold_cells = list(cells) if how.cold else []
     if how.budget is None:
-        return cfg, cfg.budget_s / 2, cells, cold_cells
-    b = how.budget
-    part = b.part("timing", how.groups_left)
-    # what the floor costs a step: warm-up, two sizing blocks and the minimum samples, one call each at the least;
-    # the core comparison's floor has the paired test's rounds
-    floor_calls, core_calls = 1 + 2 + budget.MIN_SAMPLES, 1 + 2 + MIN_PAIRS
+        return cfg, cfg.budget_s / 2, cells, list(cells) if how.cold else []
+    part = how.budget.part("timing", how.groups_left)
     step_s: dict[int, float] = {}
     for c in cells:
         try:
-            step_s[id(c)] = _steady_s(c, part / len(cells) / floor_calls)
+            step_s[id(c)] = _steady_s(c, part / len(cells) / budget.FLOOR_CALLS)
         except Exception as exc:  # this step's failure, recorded as its result
             c.fail(exc)
     cells = [c for c in cells if c.done is None]
-    cold_cells = [c for c in cold_cells if c.done is None]
-    flush_s = how.flush_s if how.cold else 0.0
-    core = [c for c in cells if c.spec.core] if how.warm else []
-    core_s = sum(step_s[id(c)] for c in core) * core_calls
-    warm_part, cold_part = _split(
-        part,
-        max(core_s, sum(step_s[id(c)] for c in cells) * floor_calls) if how.warm else 0.0,
-        sum(step_s[id(c)] + flush_s for c in cold_cells) * budget.MIN_SAMPLES,
-    )
-    if core_s > warm_part:  # the core comparison first, whatever the budget: an overrun is said, no core cell cut
-        if core_s > part:
-            b.cut(
-                f"{label}: over its part ({part:.3g} s) by {core_s - part:.3g} s, so that "
-                f"{', '.join(c.spec.name for c in core)} get the paired test's {MIN_PAIRS} rounds (the budget cuts "
-                "no backend of the core comparison)"
-            )
-        warm_part, cold_part = core_s, max(0.0, part - core_s)
-    room, keep = warm_part - core_s, list(core) if how.warm else list(cells)
-    for c in sorted(cells, key=lambda c: step_s[id(c)]) if how.warm else []:
-        if c in core:
-            continue
-        if step_s[id(c)] * floor_calls <= room:
-            keep.append(c)
-            room -= step_s[id(c)] * floor_calls
-            continue
-        c.untimed_s = step_s[id(c)]
-        b.cut(
-            f"{c.label}: not timed beyond its first calls ({step_s[id(c)]:.3g} s a step): a twin, and what the "
-            f"group's {warm_part:.3g} s of warm samples leave once the core comparison is paid is too little for "
-            f"{floor_calls} calls"
-        )
-    cells = [c for c in cells if c in keep]
-    per = warm_part / max(1, len(cells))
-    cold_cells = [c for c in cold_cells if c in keep]  # a step not timed warm is not timed cold either
-    want = cfg.warmup + 2 + cfg.min_samples
-    slowest = max((step_s[id(c)] for c in cells), default=0.0)
-    new = cfg
-    if cells and how.warm and slowest * want * len(cells) > warm_part:
-        fewest = min(cfg.min_samples, MIN_PAIRS if core else budget.MIN_SAMPLES)
-        new = replace(cfg, warmup=1, min_samples=fewest, budget_s=0.0)
-        b.cut(
-            f"{label}: {fewest} samples and 1 warm-up call instead of {cfg.min_samples} and "
-            f"{cfg.warmup} (its slowest step takes {slowest:.3g} s; the group's part: {warm_part:.3g} s)"
-        )
-    elif how.warm:
-        budget_s = min(cfg.budget_s, per)
-        if budget_s < cfg.budget_s:
-            b.cut(f"{label}: {budget_s:.3g} s of samples per backend instead of {cfg.budget_s:.3g} s")
-        new = replace(cfg, budget_s=budget_s)
-    # the cold part goes to the cheapest steps first, as many as fit: an even split gave each step of a group whose
-    # cold floor slightly exceeds its part too little, and none got cold samples
-    cold_cost = {id(c): (step_s[id(c)] + flush_s) * budget.MIN_SAMPLES for c in cold_cells}
-    paid, spent = set(), 0.0
-    for c in sorted(cold_cells, key=lambda c: cold_cost[id(c)]):
-        if spent + cold_cost[id(c)] <= cold_part:
-            paid.add(id(c))
-            spent += cold_cost[id(c)]
-    cold_keep = [c for c in cold_cells if id(c) in paid]
-    for c in cold_cells:
-        if id(c) not in paid:
-            why = (
-                f"exceed the group's {cold_part:.3g} s of cold samples"
-                if cold_cost[id(c)] > cold_part
-                else f"do not fit in what is left of the group's {cold_part:.3g} s of cold samples once its "
-                f"{len(cold_keep)} cheaper {'step is' if len(cold_keep) == 1 else 'steps are'} paid"
-            )
-            b.cut(
-                f"{c.label}: no cold samples ({budget.MIN_SAMPLES} of {step_s[id(c)]:.3g} s a step, each after a "
-                f"{flush_s:.3g} s flush, {why})"
-            )
-    return new, cold_part / max(1, len(cold_keep)), cells, cold_keep
+    steps = [budget.Step(c.label, c.spec.name, step_s[id(c)], c.spec.core) for c in cells]
+    flush_s = how.flush_s if how.cold else None
+    new, cold_s, kept, cold = budget.timing_plan(how.budget, part, cfg, label, steps, how.warm, flush_s)
+    for i, c in enumerate(cells):
+        c.untimed_s = None if i in kept else step_s[id(c)]
+    return new, cold_s, [cells[i] for i in kept], [cells[i] for i in cold]
 
 
 #: a step read slower than its even share by at most this factor is read once more (see :func:`_steady_s`)
@@ -348,23 +264,6 @@ def _steady_s(c: _Cell, fair_s: float) -> float:
     if fair_s < t <= RECHECK * fair_s:
         t = min(t, timing.first_call(c.prepared.step, c.prepared.sync)[0])
     return t
-
-
-def _split(part: float, warm_min: float, cold_min: float) -> tuple[float, float]:
-    """A group's part of the timing share split between its warm and its cold samples: each first gets what its
-    floor costs (``warm_min``: warm-up, sizing blocks and the minimum samples of every step; ``cold_min``: the
-    minimum cold samples, each after a flush), the rest in halves; a part too small for both floors is split in
-    their proportion. A cold sample pays for its flush (on a CPU with a large last-level cache many times the step),
-    so halves alone left every step of a large case without cold samples. With one kind only, it gets the part."""
-    if not cold_min:
-        return part, 0.0
-    if not warm_min:
-        return 0.0, part
-    if part >= warm_min + cold_min:
-        extra = (part - warm_min - cold_min) / 2
-        return warm_min + extra, cold_min + extra
-    warm = part * warm_min / (warm_min + cold_min)
-    return warm, part - warm
 
 
 def _watched(
@@ -461,7 +360,7 @@ def _finish_steps(
     how: _Timer | None = None,
 ) -> None:
     """The profile and the memory record (when asked); one call on the harness's inputs for a step that made none
-    (untimed: ``pipeline.Feed.once``, the path the timed calls took); the outputs its feed kept, read; then the step
+    (untimed: ``pipeline.Feed.judged``, the path the timed calls took); the outputs its feed kept, read; then the step
     is released. Under ``how``'s budget a slow step's profile may be its quick one (:func:`_quick`)."""
     p = c.prepared
     if c.done is not None or p is None:
@@ -495,58 +394,28 @@ def _finish_steps(
                 c.memory = Memory.not_measured(f"the measurement raised {_summarise_error(exc)[0]}")
     try:
         assert c.feed is not None
-        if not c.feed.calls:
-            c.feed.once(p.sync)
-        c.calls, c.made = c.feed.judged(), c.feed.calls
+        c.calls, c.made = c.feed.judged(p.sync), c.feed.calls
     except Exception as exc:
         c.fail(exc)
     c.prepared, c.feed = None, None  # release the step (its weights, compiled code) before the next backend's
 
 
 def _verdict(c: _Cell, seed: int, reference: fresh.FreshReference | None) -> Result:
-    """The cell's result (``pipeline.result``): the first call's verdict and those of the calls its feed kept
-    (``pipeline.judge_calls``) on its one copy (``pipeline.verdicts``), its timing and profile."""
+    """The cell's result (``pipeline.result``): the first call's verdict and those of the calls its feed kept on its
+    one copy (``pipeline.verdicts``), its timing and profile."""
     if c.done is not None:
         return c.done
     assert reference is not None
-    checks = pipeline.judge_calls(c.calls, c.made, reference, c.case.dtype, c.mode, seed, c.who(), c.by_device)
-    copies = pipeline.verdicts(c.first, checks)
-    record = pipeline.parity_record(copies, pipeline.worst_fresh(checks))
-    found = pipeline.findings(copies, c.by_device)
+    copies = pipeline.verdicts(c.first, c.calls, c.made, reference, c.case.dtype, c.mode, seed, c.who(), c.by_device)
+    found, record = pipeline.findings(copies, c.by_device), pipeline.parity_record(copies)
     return pipeline.result(
         c.spec, c.case, c.mode, found, c.kept, record, c.timing, c.kernels, c.extras, cold=c.cold, memory=c.memory
     )
 
 
-class _FreshReference:
-    """The float64 reference of a case's fresh inputs, made once, the first time a mode's cells settle (after their
-    steps have returned: no step is given it, and none of those can have seen it), with the backward when any mode
-    of the run needs it; kept for the case's later modes. An input the dtype cannot represent is an
-    ``UnusableCase``, raised every time it is asked for."""
-
-    def __init__(self, case: Case, inputs: dict[str, np.ndarray], backward: bool) -> None:
-        self.case, self.inputs, self.backward = case, inputs, backward
-        self.made = False
-        self._value: fresh.FreshReference | UnusableCase | None = None
-
-    def get(self) -> fresh.FreshReference:
-        if not self.made:
-            try:
-                self._value = fresh.reference(self.case, golden_for(self.case).params, self.inputs, self.backward)
-            except UnusableCase as exc:
-                self._value = exc
-            self.made = True
-        if isinstance(self._value, UnusableCase):
-            raise self._value
-        assert self._value is not None
-        return self._value
-
-
-def _settle(
-    case: Case, cells: Sequence[_Cell], seed: int, inputs: dict[str, np.ndarray], fresh_ref: _FreshReference
-) -> list[Result]:
+def _settle(case: Case, cells: Sequence[_Cell], fresh_ref: pipeline.CaseReference) -> list[Result]:
     """Every cell's result, once every step of ``cells`` has returned: the fresh draw's reference is asked for only
-    now."""
+    now (made once per case)."""
     reference = None
     if any(c.done is None for c in cells):
         try:
@@ -558,7 +427,7 @@ def _settle(
     results = []
     for c in cells:
         try:
-            results.append(_verdict(c, seed, reference))
+            results.append(_verdict(c, fresh_ref.seed, reference))
         except Exception as exc:
             c.fail(exc)
             assert c.done is not None
@@ -587,13 +456,12 @@ def run_one(
     under ``trace_dir`` when given; a profiler failure is recorded in ``extras`` and does not fail the result.
     """
     c = _Cell(spec, case, mode)
-    seed = fresh.new_seed()
-    inputs = fresh.draw(case, seed, golden_for(case).params, mode != "fwd")
-    _start(c, plain, precision, inputs, prepare)
+    reference = pipeline.CaseReference(case, fresh.new_seed(), mode != "fwd")
+    _start(c, plain, precision, reference.inputs, prepare)
     if time_it:
         _time([c], _Timer(cfg))
     _finish_steps(c, profile, trace_dir, memory)
-    return _settle(case, [c], seed, inputs, _FreshReference(case, inputs, mode != "fwd"))[0]
+    return _settle(case, [c], reference)[0]
 
 
 #: The ceiling probes (``compare.backends.registry.PROBES``), each a library's own GEMMs, in the order they are measured
@@ -725,13 +593,13 @@ def run(
             seed = fresh.new_seed()  # drawn now: no backend of this run can have seen these inputs
             backward = any(m != "fwd" for m in modes)
             try:
-                inputs = fresh.draw(case, seed, golden_for(case).params, backward)
+                reference = pipeline.CaseReference(case, seed, backward)
             except UnusableCase as exc:  # no fresh draw of this case can be judged: say so in every cell, go on
                 for mode in modes:
                     for spec in specs:
                         record(Result.for_case(spec.name, case, mode, "error", reason=f"fresh inputs: {exc}"))
                 continue
-            reference = _FreshReference(case, inputs, backward)
+            inputs = reference.inputs
             for mode in modes:
                 group: list[_Cell] = []
                 for spec in specs:
@@ -763,7 +631,7 @@ def run(
                     _finish_steps(c, profile, options.trace_dir, memory, timer)
                 if group and progress and not reference.made:
                     progress.starting(f"{case.name}: the reference of the fresh inputs")
-                settled = _settle(case, group, seed, inputs, reference)
+                settled = _settle(case, group, reference)
                 if progress:
                     progress.group_done()
                 for res in settled:

@@ -6,19 +6,19 @@ it syncs, when its fresh reference exists, the processes a tensor-parallel group
 
 1. :func:`skipped`: a backend that does not implement the case's model or the mode, or is not available here;
 2. :func:`no_fresh`: a prepared step that cannot be bound to new inputs is an ``error``, judged on nothing;
-3. :func:`first_call`: the first call on the golden inputs, timed alone (``compare.timing.timer.first_call``: compile
-   + run), and the gate's verdict on every device copy of its output (:func:`judge_copies`; a single-device step has
-   one copy); :func:`repeat` calls it once more on the same inputs and says whether the two outputs are the same
-   bits (the row's ``deterministic``);
-4. the runner times the step through a :class:`Feed`: every call after those runs on inputs the harness made, no two
-   alike, and the feed keeps :data:`JUDGED` of their outputs, chosen after the fact; an untimed step makes one call
-   through its feed, the same path;
-5. :func:`judge_calls`: once the runner has the reference of the case's fresh draw (which it computes only when every
-   step has returned), the gate's verdict on each kept output (``FreshCheck``);
-6. :func:`verdicts`: per device copy its verdicts (:class:`CopyVerdicts`, its tier and its findings), the stored
-   parity record (:func:`parity_record`: the worst copy's numbers) and :func:`result`: the status from the findings
-   (``compare.run.cell.status_of``) and the :class:`~compare.results.document.Result` with what the result keeps of
-   its step (:class:`Kept`), its timing, kernels and cost.
+3. :func:`first_calls`: the first call on the golden inputs, timed alone (``compare.timing.timer.first_call``:
+   compile + run), the gate's verdict on every device copy of its output (:func:`judge_read`; a single-device step
+   has one copy), one call more on the same inputs, whose bits say whether the two outputs are the same (the row's
+   ``deterministic``), and the step's :class:`Feed`;
+4. the runner times the step through its :class:`Feed`: every call after those runs on inputs the harness made, no
+   two alike, and the feed keeps :data:`JUDGED` of their outputs, chosen after the fact; an untimed step makes one
+   call through its feed (:meth:`Feed.judged`), the same path;
+5. :func:`verdicts`: once the runner has the reference of the case's fresh draw (:class:`CaseReference`, made once
+   per case, only when every step has returned), per device copy the gate's verdict on each kept output
+   (:func:`judge_calls`, ``FreshCheck``) beside the first call's (:class:`CopyVerdicts`, its tier and its findings);
+6. the stored parity record (:func:`parity_record`: the worst copy's numbers) and :func:`result`: the status from the
+   findings (``compare.run.cell.status_of``) and the :class:`~compare.results.document.Result` with what the result
+   keeps of its step (:class:`Kept`), its timing, kernels and cost.
 
 A *copy* is ``(device, tensors)``: one device's copy of a step's outputs, ``{"y": [batch, seq, out], "dx": [batch,
 seq, dim], "d<param>": <param's shape>}`` as float64 arrays (float32 where that loses nothing, in a :class:`Feed`),
@@ -41,10 +41,11 @@ from compare.backends.registry import BackendSpec, Prepared
 from compare.formats.codec import from_json
 from compare.gate import fresh
 from compare.gate.fresh import FreshCheck, FreshReference
-from compare.gate.parity import Parity, worst_tier
+from compare.gate.parity import Parity, UnusableCase, worst_tier
 from compare.gate.parity_record import CopyVerdict, ParityRecord
 from compare.kernels.summary import Kernels
 from compare.problem.cases import Case
+from compare.problem.golden import golden_for
 from compare.results.document import Result
 from compare.results.memory import NO_HOOK, Memory
 from compare.run.cell import MODE_TENSORS, judge, model_cost, status_of
@@ -124,13 +125,6 @@ def judge_read(
     return [(d, judge(t, ref, plain, dtype, f"{name} on {d}" if by_device else name)) for d, t in copies]
 
 
-def judge_copies(
-    prepared: Prepared, output: Any, ref: dict[str, np.ndarray], plain: dict[str, np.ndarray], dtype: str, name: str
-) -> Judged:
-    """The gate's verdict on every device's copy of ``output`` that this process holds (:func:`read_copies`)."""
-    return judge_read(read_copies(prepared, output, name), ref, plain, dtype, name, named(prepared))
-
-
 def digest(copies: Copies) -> str:
     """The bits of every tensor of every copy, as one hash (the order of the copies and tensors is the step's)."""
     h = hashlib.sha256()
@@ -141,29 +135,29 @@ def digest(copies: Copies) -> str:
     return h.hexdigest()
 
 
-def first_call(
+def first_calls(
     prepared: Prepared,
     sync: Callable[[Any], None],
     ref: dict[str, np.ndarray],
     plain: dict[str, np.ndarray],
     dtype: str,
     name: str,
-) -> tuple[float, Judged, str]:
+    draw: dict[str, np.ndarray],
+    seed: int | None = None,
+) -> tuple[float, float, Judged, bool, Feed]:
     """The step's first call, timed alone (compile + run; ``sync`` ends it: a group's barrier too), the gate's
-    verdict on every copy of its output against ``ref`` (the tensors the mode checks) and the :func:`digest` of its
-    copies: ``(seconds, verdicts, digest)``."""
+    verdict on every copy of its output against ``ref`` (the tensors the mode checks), one call more on the same
+    golden inputs, outside any timing sample, and the :class:`Feed` of ``draw`` (its orders from ``seed``) that
+    supplies every later call: ``(first seconds, second call's seconds, verdicts, deterministic, feed)``, where
+    ``deterministic`` says the two calls gave the same bits (:func:`digest` of their copies), as far as two show."""
     first_s, out = timing.first_call(prepared.step, sync)
     copies = read_copies(prepared, out, name)
     del out
-    return first_s, judge_read(copies, ref, plain, dtype, name, named(prepared)), digest(copies)
-
-
-def repeat(prepared: Prepared, sync: Callable[[Any], None], name: str) -> tuple[float, str]:
-    """The step once more on the golden inputs, outside any timing sample: ``(seconds, digest of its copies)``. Equal
-    to the first call's digest: the step gave the same bits twice on the same input (deterministic, as far as two
-    calls show)."""
-    seconds, out = timing.first_call(prepared.step, sync)
-    return seconds, digest(read_copies(prepared, out, name))
+    judged, bits = judge_read(copies, ref, plain, dtype, name, named(prepared)), digest(copies)
+    del copies
+    repeat_s, out = timing.first_call(prepared.step, sync)
+    again = digest(read_copies(prepared, out, name))
+    return first_s, repeat_s, judged, again == bits, Feed(prepared, draw, name, seed=seed)
 
 
 #: Outputs of the calls made on the harness's inputs that a cell keeps and judges (:class:`Feed`), chosen uniformly
@@ -266,15 +260,13 @@ class Feed:
             elif (j := int(self._rng.integers(self.calls))) < self._keep:
                 self._chosen[j] = _Pending(slot, order, out)
 
-    def once(self, sync: Callable[[Any], None]) -> None:
-        """One call through the feed, outside any timing: how an untimed step is judged on the harness's inputs."""
-        fns = self.take(1)
-        outs = [fns[0]()]
-        sync(outs)
-        self.done(outs)
-
-    def judged(self) -> list[Call]:
-        """The kept outputs, each read only after its slot was bound again (its inputs gone)."""
+    def judged(self, sync: Callable[[Any], None] | None = None) -> list[Call]:
+        """The kept outputs, each read only after its slot was bound again (its inputs gone). With ``sync``, a feed
+        that made no call yet makes one first, outside any timing: how an untimed step is judged on these inputs."""
+        if sync is not None and not self.calls:
+            outs = [self.take(1)[0]()]
+            sync(outs)
+            self.done(outs)
         self._release(0)
         return [c for c in self._chosen if isinstance(c, Call)]
 
@@ -352,8 +344,20 @@ class CopyVerdicts:
         return CopyVerdict(self.device, tier == "pass", tier)
 
 
-def verdicts(first: Judged, checks: Sequence[FreshCheck]) -> list[CopyVerdicts]:
-    """Per device copy (the same order in each: one process reads its copies in one order), its verdicts."""
+def verdicts(
+    first: Judged,
+    calls: Sequence[Call],
+    made: int,
+    reference: FreshReference,
+    dtype: str,
+    mode: str,
+    seed: int,
+    name: str,
+    by_device: bool,
+) -> list[CopyVerdicts]:
+    """Per device copy (the same order in each: one process reads its copies in one order), its verdicts: the first
+    call's (``first``) and those of the kept ``calls`` (:func:`judge_calls`)."""
+    checks = judge_calls(calls, made, reference, dtype, mode, seed, name, by_device)
     return [CopyVerdicts(d, p, c) for (d, p), c in zip(first, checks, strict=True)]
 
 
@@ -366,13 +370,39 @@ def findings(copies: Sequence[CopyVerdicts], by_device: bool) -> tuple[list[str]
     return [f for v in copies for f in v.failures(prefix(v))], [f for v in copies for f in v.deviations(prefix(v))]
 
 
-def parity_record(copies: Sequence[CopyVerdicts], fresh_check: FreshCheck) -> ParityRecord:
+def parity_record(copies: Sequence[CopyVerdicts], fresh_check: FreshCheck | None = None) -> ParityRecord:
     """The stored parity of a cell: the numbers of its worst copy (the first failing one, else the first deviating
     one, else the first) and ``fresh_check``, the worst fresh verdict of every copy judged (in a group: of every
-    process)."""
+    process; default: of ``copies``)."""
     tier = worst_tier(c.tier for c in copies)
     shown = next(c for c in copies if c.tier == tier)
-    return ParityRecord.of(shown.first, None, fresh_check)
+    return ParityRecord.of(shown.first, None, fresh_check or worst_fresh([c.fresh for c in copies]))
+
+
+class CaseReference:
+    """The fresh inputs of one case (``compare.gate.fresh.draw`` of ``seed``, with ``dy`` when ``backward``) and
+    their float64 reference, made once, the first time a cell asks (after its step has returned: no step is given
+    it), then kept for the case's later cells (every mode of a run; a group's later cells of the case). An input the
+    dtype cannot represent is an ``UnusableCase``: raised by the draw, or by the reference every time it is asked
+    for."""
+
+    def __init__(self, case: Case, seed: int, backward: bool = True) -> None:
+        self.case, self.seed, self.backward = case, seed, backward
+        self.inputs = fresh.draw(case, seed, golden_for(case).params, backward)
+        self.made = False
+        self._value: FreshReference | UnusableCase | None = None
+
+    def get(self) -> FreshReference:
+        if not self.made:
+            try:
+                self._value = fresh.reference(self.case, golden_for(self.case).params, self.inputs, self.backward)
+            except UnusableCase as exc:
+                self._value = exc
+            self.made = True
+        if isinstance(self._value, UnusableCase):
+            raise self._value
+        assert self._value is not None
+        return self._value
 
 
 def profile(prepared: Prepared, trace: Path | None = None, relative_to: Path | None = None) -> Kernels | None:

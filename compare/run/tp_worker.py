@@ -35,13 +35,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any, cast
 
-import numpy as np
-
 from compare.backends.registry import BackendSpec, TPBackend, register
 from compare.backends.tp import PROBE_BYTES, Group, Launch, ring_bytes
 from compare.cost.comm import comm_cost, shard
 from compare.formats.codec import from_json, to_json
-from compare.gate import fresh
 from compare.gate.fresh import FreshCheck
 from compare.gate.parity import worst_tier
 from compare.gate.parity_record import CopyVerdict, ProcessVerdict
@@ -115,23 +112,6 @@ def probe_bandwidth(group: Group, cfg: TimingConfig) -> dict[str, Any]:
     }
 
 
-#: This process's fresh reference (:func:`fresh_reference`): ``(case, seed) -> (reference, plain)``, one case kept.
-_FRESH: dict[tuple[Case, int], fresh.FreshReference] = {}
-
-
-def fresh_reference(case: Case, seed: int, params: dict[str, np.ndarray]) -> fresh.FreshReference:
-    """The float64 reference and the plain computation of ``case`` on its fresh draw of ``seed`` (every tensor,
-    ``compare.gate.fresh.reference``), computed in this process the first time a cell of the case asks, which
-    :func:`run_cell` does only after that cell's fresh step returned, and cached for the later cells of the same
-    case (a job's cells come case by case, so one case is kept: the next case's replaces it). Each process computes
-    its own (every process judges the copies it holds); they are the same bits on every machine."""
-    key = (case, seed)
-    if key not in _FRESH:
-        _FRESH.clear()
-        _FRESH[key] = fresh.reference(case, params, fresh.draw(case, seed, params))
-    return _FRESH[key]
-
-
 def run_cell(
     spec: BackendSpec,
     cell: Cell,
@@ -142,19 +122,20 @@ def run_cell(
     init_s: float = 0.0,
     bandwidth: dict[str, Any] | None = None,
     *,
-    fresh_seed: int,
+    reference: pipeline.CaseReference,
     stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any] | None:
     """One cell through the stages of ``compare.run.pipeline``, in step with every process of the group: parity of
-    every device's copy on every process (``pipeline.first_call``, ``pipeline.repeat``), then timing (full step, its
+    every device's copy on every process (``pipeline.first_calls``), then timing (full step, its
     collectives alone, its compute alone), the full step's calls on the harness's inputs (``pipeline.Feed`` over the
-    draw of ``fresh_seed``, ``compare.gate.fresh``; its orders and its choice of outputs drawn from a seed every
+    case's fresh draw, ``reference``, of the job's seed; its orders and its choice of outputs drawn from a seed every
     process shares, so all of them bind and read alike; an untimed step makes one call), every copy of the kept
-    outputs judged against the fresh reference, computed only after the step returned (:func:`fresh_reference`).
-    Each process's verdicts
-    (per copy: ``pipeline.CopyVerdicts``) are gathered on process 0, which merges them into the result
-    (``pipeline.result``): a fail-tier finding of any copy, on any call, makes it ``parity-fail`` (a deviation on fresh
-    inputs is recorded only); the record keeps this process's worst copy's numbers and the worst fresh verdict.
+    outputs judged against the fresh reference, which this process computes only after the step returned and keeps
+    for the case's later cells (each process judges the copies it holds; the same bits on every machine). Each
+    process's verdicts (per copy: ``pipeline.CopyVerdicts``) are gathered on process 0, which merges them into the
+    result (``pipeline.result``): a fail-tier finding of any copy, on any call, makes it ``parity-fail`` (a deviation
+    on fresh inputs is recorded only); the record keeps this process's worst copy's numbers and the worst fresh
+    verdict.
 
     ``stage(name)`` is told as a long stage begins (``"timing"``, ``"fresh inputs"``, ``"fresh reference"``): the
     launcher takes it as progress. Returns the merged result's dict on process 0, None elsewhere. Raises on a backend
@@ -177,11 +158,11 @@ def run_cell(
         prepared.sync(outputs)
         group.barrier()
 
-    who = pipeline.who(spec, mode)
-    first_s, verdicts, bits = pipeline.first_call(prepared, sync, ref, plain, case.dtype, who)
-    deterministic = pipeline.repeat(prepared, sync, who)[1] == bits
+    who, seed = pipeline.who(spec, mode), reference.seed
     # every process draws the same orders and keeps the same calls: a bind or a read may be collective
-    feed = pipeline.Feed(prepared, fresh.draw(case, fresh_seed, golden.params), who, seed=fresh_seed + cell.index)
+    first_s, _, verdicts, deterministic, feed = pipeline.first_calls(
+        prepared, sync, ref, plain, case.dtype, who, reference.inputs, seed=seed + cell.index
+    )
 
     def measure(fn: Any, first: float | None = None, inputs: pipeline.Feed | None = None) -> timing.Timing:
         return timing.measure(fn, sync, first_call_s=first, feed=inputs, agree=group.max_all, **asdict(cfg))
@@ -196,20 +177,17 @@ def run_cell(
     # every process reads its copies of the kept calls, and only then does the draw's reference exist in this process
     told("fresh inputs")
     t0 = time.perf_counter()
-    if not feed.calls:
-        feed.once(sync)
-    calls = feed.judged()
+    calls = feed.judged(sync)
     told("fresh reference")
     t1 = time.perf_counter()
-    reference = fresh_reference(case, fresh_seed, golden.params)
+    fresh_ref = reference.get()
     t2 = time.perf_counter()
     named = pipeline.named(prepared)
-    checks = pipeline.judge_calls(calls, feed.calls, reference, case.dtype, mode, fresh_seed, who, named)
+    copies = pipeline.verdicts(verdicts, calls, feed.calls, fresh_ref, case.dtype, mode, seed, who, named)
     fresh_s = {"calls": t1 - t0, "reference": t2 - t1, "judge": time.perf_counter() - t2}
     del calls, feed
     collectives = [to_json(c) for c in tp.collectives()]
     kernels = pipeline.profile(prepared) if profile else None
-    copies = pipeline.verdicts(verdicts, checks)
     mine_failures, mine_deviations = pipeline.findings(copies, by_device=True)
     mine = {
         "rank": group.rank,
@@ -218,7 +196,7 @@ def run_cell(
         "deviations": mine_deviations,
         "copies": [to_json(c.record()) for c in copies],
         "collectives": collectives,
-        "fresh": to_json(pipeline.worst_fresh(checks)),
+        "fresh": to_json(pipeline.worst_fresh([c.fresh for c in copies])),
         "host": socket.gethostname(),
     }
     everyone = group.gather(mine)
@@ -309,6 +287,7 @@ def main(argv: list[str]) -> int:
             bandwidth = probe_bandwidth(group, cfg)
         except Exception as exc:  # recorded in every result of the group, and the report says it failed
             bandwidth = {"error": f"{type(exc).__name__}: {exc}"}
+    reference: pipeline.CaseReference | None = None  # the case's fresh draw: a job's cells come case by case
     for c in job["cells"]:
         cell = Cell(c["index"], c["backend"], from_json(Case, c["case"]), c["mode"])
         events.write(event="start", cell=cell.index, t=time.time())
@@ -317,6 +296,8 @@ def main(argv: list[str]) -> int:
             events.write(event="stage", cell=i, stage=name, t=time.time())
 
         try:
+            if reference is None or reference.case != cell.case:
+                reference = pipeline.CaseReference(cell.case, int(job["fresh_seed"]))
             doc = run_cell(
                 from_json(BackendSpec, next(d for d in job["specs"] if d["name"] == cell.backend), strict=True),
                 cell,
@@ -326,7 +307,7 @@ def main(argv: list[str]) -> int:
                 bool(job.get("profile")),
                 init_s,
                 bandwidth,
-                fresh_seed=int(job["fresh_seed"]),
+                reference=reference,
                 stage=stage,
             )
         except Exception as exc:  # this process cannot go on in step with its peers: say why and leave
