@@ -32,7 +32,7 @@ from compare.problem.cases import (
     check_unique,
 )
 from compare.report import diff
-from compare.results import document as results
+from compare.results import document
 from compare.results.memory import parse_size
 from compare.run import exitcodes, harness, parity_cache, preflight, stop, tp_hosts
 from compare.run.options import RunOptions
@@ -135,7 +135,7 @@ def cmd_report(a: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
-def _report_source(path: Path) -> tuple[results.Results, bool, str]:
+def _report_source(path: Path) -> tuple[document.Results, bool, str]:
     """The document ``report`` renders, whether to rebuild the folder's results file from a store first, and where
     the document came from when that is not the file asked for ("": it is). A rebuilt document goes to
     results.interrupted.json where the folder's results.json holds cells it lacks (``write_outputs``)."""
@@ -148,7 +148,7 @@ def _report_source(path: Path) -> tuple[results.Results, bool, str]:
             target = path / "results.json"
             why = f"rebuilt from the store {path / CELLS}, run {stored.run_id or '(no id)'}"
             if target.is_file():
-                old = results.read_json(target)
+                old = document.read_json(target)
                 mine, theirs = {cell_key(r) for r in stored.results}, {cell_key(r) for r in old.results}
                 older = is_older_run(old, stored)
                 if not older and not mine - theirs:
@@ -158,10 +158,10 @@ def _report_source(path: Path) -> tuple[results.Results, bool, str]:
                 if theirs - mine:  # an earlier run's cells the store lacks: never replaced by fewer
                     why += ", kept: it holds cells this run lacks"
             return stored, True, why
-        return results.read_json(path / "results.json"), False, ""
+        return document.read_json(path / "results.json"), False, ""
     if path.suffix == ".jsonl":
         return (read_store(path), False, "") if is_store(path) else (load_sweep(path), False, "")
-    return results.read_json(path), False, ""
+    return document.read_json(path), False, ""
 
 
 def cmd_tp_job(a: argparse.Namespace) -> int:
@@ -208,7 +208,7 @@ def cmd_tp_collect(a: argparse.Namespace) -> int:
     with preflight.lock_folder(folder, shlex.join(a.argv)), contextlib.ExitStack() as locks:
         if out.resolve() != folder.resolve():
             locks.enter_context(preflight.lock_folder(out, shlex.join(a.argv)))
-        doc = results.load(tp_hosts.collect(folder), str(folder / "rank0.jsonl"))
+        doc = document.load(tp_hosts.collect(folder), str(folder / "rank0.jsonl"))
         written = write_outputs(out, doc)
     print(f"wrote {written.results} and {written.report} ({doc.summary()})")
     return exitcodes.of_statuses(r.status for r in doc.results)
@@ -229,7 +229,7 @@ def cmd_diff(a: argparse.Namespace) -> int:
     check_finite("--alpha", a.alpha, at_most=1.0)
     if a.out:
         preflight.check_file_writable(Path(a.out))
-    old_doc, new_doc = results.read_json(Path(a.old)), results.read_json(Path(a.new))
+    old_doc, new_doc = document.read_json(Path(a.old)), document.read_json(Path(a.new))
     diff.check_shared(old_doc, new_doc, a.old, a.new)
     check_finite("--peak-tolerance", a.peak_tolerance, zero_ok=True)
     tolerance = parse_size(a.memory_tolerance, "--memory-tolerance")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from compare.formats.atomic import write_text_atomic
-from compare.report import render as report
+from compare.report import render
 from compare.results import document
 from compare.results.document import Results
 from compare.run.store import never_fewer
@@ -60,5 +60,5 @@ def write_outputs(
     if results:
         document.write_json(target, doc)
     md = report_path or md
-    write_text_atomic(md, report.render(doc))
+    write_text_atomic(md, render.render(doc))
     return Written(doc, target if results else None, md, kept)

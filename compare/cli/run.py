@@ -28,7 +28,7 @@ from compare.cli.outputs import write_outputs
 from compare.cost.comm import check_world_size
 from compare.problem.cases import MODES, Case, InputError, check_name, check_unique
 from compare.problem.shape_cases import case_for_tokens
-from compare.results import document as results
+from compare.results import document
 from compare.results import gpu_build as gpu_build_layout
 from compare.results import load as machine_load
 from compare.run import exitcodes, harness, preflight, shape_sweep, stop
@@ -164,7 +164,7 @@ def _run_locked(plan: _Plan) -> int:
     return exitcodes.of_statuses((r.status for r in doc.results), plan.strict)
 
 
-def _measure(plan: _Plan, store: Store) -> results.Results:
+def _measure(plan: _Plan, store: Store) -> document.Results:
     """The measurements of ``run``: the harness, then the shape sweep unless the harness was interrupted; every
     finished cell goes into ``store`` as it finishes.
 

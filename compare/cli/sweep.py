@@ -22,7 +22,7 @@ from compare.run.grid import DEFAULT_TOKENS, cells_from_config, grid_config
 from compare.run.options import RunOptions
 from compare.run.progress import Display
 from compare.run.store import JSONL, load_sweep
-from compare.sweep import run as sweep
+from compare.sweep import run as sweep_run
 from compare.sweep.engines import DEFAULT_ENGINE, ENGINES, EngineOptions, Runner, check_address, engine, open_runner
 from compare.timing.timer import TimingConfig
 
@@ -129,7 +129,7 @@ def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path, engi
                 retry_errors=a.retry_errors,
                 ceilings=not a.no_ceilings,
             )
-            doc = sweep.run_sweep(config, out, specs, options, progress=display, budget=budget, runner=runner)
+            doc = sweep_run.run_sweep(config, out, specs, options, progress=display, budget=budget, runner=runner)
         if budget is not None:
             doc = dataclasses.replace(doc, budget=budget.record())
     except KeyboardInterrupt:
@@ -163,7 +163,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "sweep",
         help="run a grid of token counts x dtypes x modes x backends; resumable (results.jsonl)",
-        description=sweep.__doc__,
+        description=sweep_run.__doc__,
         epilog=exitcodes.EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

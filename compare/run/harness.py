@@ -61,7 +61,7 @@ from compare.run.store import Store
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
 from compare.timing import llc
-from compare.timing import timer as timing
+from compare.timing import timer as shared_timer
 from compare.timing.timer import Timing, TimingConfig
 
 
@@ -211,7 +211,7 @@ class _Timer:
     flush_s: float = 0.0
     budget: Budget | None = None
     groups_left: int = 1
-    watch: Callable[[], timing.Watch | None] | None = None
+    watch: Callable[[], shared_timer.Watch | None] | None = None
     #: the run's single-device cells, among which the budget's ``profile`` share is parted
     cells: int = 1
 
@@ -262,20 +262,20 @@ def _steady_s(c: _Cell, fair_s: float) -> float:
     assert c.prepared is not None
     t = c.repeat_s
     if fair_s < t <= RECHECK * fair_s:
-        t = min(t, timing.first_call(c.prepared.step, c.prepared.sync)[0])
+        t = min(t, shared_timer.first_call(c.prepared.step, c.prepared.sync)[0])
     return t
 
 
 def _watched(
     cells: Sequence[_Cell],
     how: _Timer,
-    measure: Callable[[list[timing.Entrant], timing.Watch | None], list[Any]],
+    measure: Callable[[list[shared_timer.Entrant], shared_timer.Watch | None], list[Any]],
 ) -> tuple[list[Any], list[dict[str, Any] | None]]:
     """``measure`` (a timer function) on the cells' steps under a fresh device watch (``how.watch``; none without
     one): its outcomes, and per cell the watch's telemetry record (None where there is none). The watch's sampling
     thread ends with the timing, whatever ended it."""
     watch = how.watch() if how.watch is not None else None
-    entrants = [timing.Entrant(c.prepared.step, c.prepared.sync, c.first_s, c.feed) for c in cells if c.prepared]
+    entrants = [shared_timer.Entrant(c.prepared.step, c.prepared.sync, c.first_s, c.feed) for c in cells if c.prepared]
     try:
         outcomes = measure(entrants, watch)
     finally:
@@ -293,12 +293,12 @@ def _time(cells: Sequence[_Cell], how: _Timer) -> None:
     c0 = timed[0]
     label = f"{c0.case.name} {c0.mode}"
     cfg, cold_budget, timed, cold = _budgeted(timed, how, label)
-    group = timing.new_group_id(f"{c0.case.name}/{c0.mode}")
+    group = shared_timer.new_group_id(f"{c0.case.name}/{c0.mode}")
     seed = zlib.crc32(group.encode())
     if how.warm and timed:
 
-        def warm(entrants: list[timing.Entrant], watch: timing.Watch | None) -> list[Any]:
-            return list(timing.measure_interleaved(entrants, group=group, seed=seed, watch=watch, **asdict(cfg)))
+        def warm(entrants: list[shared_timer.Entrant], watch: shared_timer.Watch | None) -> list[Any]:
+            return list(shared_timer.measure_interleaved(entrants, group=group, seed=seed, watch=watch, **asdict(cfg)))
 
         outcomes, seen = _watched(timed, how, warm)
         for c, got, tele in zip(timed, outcomes, seen, strict=True):
@@ -313,12 +313,12 @@ def _time(cells: Sequence[_Cell], how: _Timer) -> None:
         if not how.warm:  # warm-up before the first cold sample: the first calls compiled, now the caches are hot
             for c in cold:
                 assert c.prepared is not None
-                timing.first_call(c.prepared.step, c.prepared.sync)
+                shared_timer.first_call(c.prepared.step, c.prepared.sync)
         flush = how.flush
 
-        def cold_rounds(entrants: list[timing.Entrant], watch: timing.Watch | None) -> list[Any]:
+        def cold_rounds(entrants: list[shared_timer.Entrant], watch: shared_timer.Watch | None) -> list[Any]:
             return list(
-                timing.measure_cold(
+                shared_timer.measure_cold(
                     entrants,
                     flush,
                     group=group + "/cold",
@@ -500,7 +500,7 @@ def run(
     progress: Display | None = None,
     store: Store | None = None,
     budget: Budget | None = None,
-    watch: Callable[[], timing.Watch | None] | None = None,
+    watch: Callable[[], shared_timer.Watch | None] | None = None,
 ) -> Results:
     """Run every (case, backend, mode, world size); return the results document (``compare.results.document.Results``).
 

@@ -49,7 +49,7 @@ from compare.problem.golden import golden_for
 from compare.results.document import Result
 from compare.results.memory import NO_HOOK, Memory
 from compare.run.cell import MODE_TENSORS, judge, model_cost, status_of
-from compare.timing import timer as timing
+from compare.timing import timer
 from compare.timing.timer import Timing
 
 #: ``(device, tensors)`` of every device copy of one output that a process holds (module docstring).
@@ -150,12 +150,12 @@ def first_calls(
     golden inputs, outside any timing sample, and the :class:`Feed` of ``draw`` (its orders from ``seed``) that
     supplies every later call: ``(first seconds, second call's seconds, verdicts, deterministic, feed)``, where
     ``deterministic`` says the two calls gave the same bits (:func:`digest` of their copies), as far as two show."""
-    first_s, out = timing.first_call(prepared.step, sync)
+    first_s, out = timer.first_call(prepared.step, sync)
     copies = read_copies(prepared, out, name)
     del out
     judged, bits = judge_read(copies, ref, plain, dtype, name, named(prepared)), digest(copies)
     del copies
-    repeat_s, out = timing.first_call(prepared.step, sync)
+    repeat_s, out = timer.first_call(prepared.step, sync)
     again = digest(read_copies(prepared, out, name))
     return first_s, repeat_s, judged, again == bits, Feed(prepared, draw, name, seed=seed)
 

@@ -16,7 +16,7 @@ line, to ``<out>/rank<R>.jsonl``:
 
 Every stage of a cell that is not the group's own (the verdicts, the fresh step, the status and the result) is
 ``compare.run.pipeline``'s, the code the in-process harness runs. Only the shared timer times: each sample is the
-slowest process's (``timing.measure(agree=group.max_all)``, every block ended by a barrier). After timing, every
+slowest process's (``timer.measure(agree=group.max_all)``, every block ended by a barrier). After timing, every
 cell's step runs once more on fresh inputs (``compare.gate.fresh``), of the job's seed, which the parent drew at run
 time: a step that returns a stored answer fails there.
 """
@@ -48,7 +48,7 @@ from compare.results import environment
 from compare.results.tp import TPInfo
 from compare.run import child, pipeline
 from compare.run.cell import plain_reference
-from compare.timing import timer as timing
+from compare.timing import timer
 from compare.timing.timer import TimingConfig
 
 #: The exit status of a worker whose cell raised (its error event says why).
@@ -100,7 +100,7 @@ def probe_bandwidth(group: Group, cfg: TimingConfig) -> dict[str, Any]:
         sync0(outputs)
         group.barrier()
 
-    t = timing.measure(
+    t = timer.measure(
         fn, sync, warmup=2, min_samples=5, max_samples=20, budget_s=min(cfg.budget_s, 0.5), agree=group.max_all
     )
     ring = ring_bytes(PROBE_BYTES, group.world_size)
@@ -164,8 +164,8 @@ def run_cell(
         prepared, sync, ref, plain, case.dtype, who, reference.inputs, seed=seed + cell.index
     )
 
-    def measure(fn: Any, first: float | None = None, inputs: pipeline.Feed | None = None) -> timing.Timing:
-        return timing.measure(fn, sync, first_call_s=first, feed=inputs, agree=group.max_all, **asdict(cfg))
+    def measure(fn: Any, first: float | None = None, inputs: pipeline.Feed | None = None) -> timer.Timing:
+        return timer.measure(fn, sync, first_call_s=first, feed=inputs, agree=group.max_all, **asdict(cfg))
 
     told = stage or (lambda _: None)
     tim = comm = compute = None

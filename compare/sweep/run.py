@@ -88,7 +88,7 @@ class LocalRunner:
         may_start: Callable[[int], bool],
         starting: Callable[[Cell], None],
     ) -> Iterator[Finished]:
-        plain_cache: dict[str, Any] = {}
+        plain_refs: dict[str, Any] = {}
         for i, cell in enumerate(todo):
             if not may_start(len(todo) - i):
                 return
@@ -98,7 +98,7 @@ class LocalRunner:
                 assert self.scratch is not None
                 r, meta = run_cell_isolated(specs[cell.backend], cell, cfg, self.scratch, self.cell_timeout_s)
             else:
-                r, meta = run_cell_inprocess(specs[cell.backend], cell, cfg, plain_cache)
+                r, meta = run_cell_inprocess(specs[cell.backend], cell, cfg, plain_refs)
             yield Finished(cell, dataclasses.replace(r, node=environment.node()), meta, time.perf_counter() - t0)
 
     def close(self) -> None:

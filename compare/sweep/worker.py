@@ -16,8 +16,7 @@ from compare.backends.registry import BackendSpec
 from compare.formats.atomic import write_text_atomic
 from compare.formats.codec import from_json, to_json
 from compare.problem.cases import Case
-from compare.results import document as results
-from compare.results import environment
+from compare.results import document, environment
 from compare.run import child, harness, stop
 from compare.run.grid import Cell
 
@@ -28,21 +27,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cell_inprocess(
-    s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, plain_cache: dict[str, Any]
-) -> tuple[results.Result, dict[str, Any]]:
+    s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, plain_refs: dict[str, Any]
+) -> tuple[document.Result, dict[str, Any]]:
     """Run one cell here, its memory record too (``harness.run_one(memory=True)``: the report plots memory against
     tokens); return (its result, ``{"precision": ..., "gpu": ...}`` as the backend left them)."""
-    if cell.case.name not in plain_cache:
-        plain_cache.clear()  # cells come case by case: keep one plain reference at a time
-        plain_cache[cell.case.name] = harness.plain_reference(cell.case)
+    if cell.case.name not in plain_refs:
+        plain_refs.clear()  # cells come case by case: keep one plain reference at a time
+        plain_refs[cell.case.name] = harness.plain_reference(cell.case)
     precision: dict[str, Any] = {}
-    r = harness.run_one(s, cell.case, cell.mode, plain_cache[cell.case.name], cfg, precision, memory=True)
+    r = harness.run_one(s, cell.case, cell.mode, plain_refs[cell.case.name], cfg, precision, memory=True)
     return r, {"precision": precision, "gpu": environment.gpu()}
 
 
 def run_cell_isolated(
     s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, scratch: Path, timeout_s: float | None = None
-) -> tuple[results.Result, dict[str, Any]]:
+) -> tuple[document.Result, dict[str, Any]]:
     """Run one cell in a worker process (``compare.run.child``: its own process group, ended with everything it
     started on a timeout or an interrupt); a crash, a signal or a timeout becomes an ``error`` result with the exit
     status, the signal and the tail of its stderr in ``extras``."""
@@ -65,7 +64,7 @@ def run_cell_isolated(
             worker.close()  # ends the group first when the wait was interrupted
         if not timed_out and rc == 0 and result_path.is_file():
             out = json.loads(result_path.read_text(encoding="utf-8"))
-            return from_json(results.Result, out["result"]), out["meta"]
+            return from_json(document.Result, out["result"]), out["meta"]
     extras: dict[str, Any] = {"exit_code": rc, "stderr_tail": tail}
     if timed_out:
         reason = f"worker process timed out after {timeout_s:g} s and was killed"
@@ -78,7 +77,7 @@ def run_cell_isolated(
         reason += f": {last.strip()}" if last else ""
     else:
         reason = "worker process exited with status 0 but wrote no result"
-    r = results.Result.for_case(s.name, cell.case, cell.mode, "error", reason=reason, extras=extras)
+    r = document.Result.for_case(s.name, cell.case, cell.mode, "error", reason=reason, extras=extras)
     return r, {"precision": {}, "gpu": None}
 
 
