@@ -6,7 +6,7 @@ On a CUDA machine (without ``--fake``): NVML device 0 (``compare.timing.nvml.ope
 matmul captured into a CUDA graph (``torch_impl.cuda_graphs.capture``), its replay checked against the eager call;
 then eager and replay timed in alternating blocks of about 50 ms, watched by ``NvmlWatch``, each entrant's telemetry
 checked to hold samples. With ``--fake``, or where torch sees no CUDA device: the same blocks over a trivial step,
-watched through a scripted device (``compare.timing.nvml.ScriptedDevice``: a clock drop and a thermal-slowdown bit
+watched through a scripted device (``tests/fake_nvml.py``'s ``ScriptedDevice``: a clock drop and a thermal-slowdown bit
 part-way), and the capture of a trivial step (``NotCaptured`` where there is no CUDA device).
 
 Writes ``DIR/gpu_timing.json`` and prints it. Exit 0 when every check passed; 1 when one failed (each failed check
@@ -96,7 +96,8 @@ def fake_run(why: str, checks: Checks) -> dict[str, Any]:
     """Scripted NVML over blocks of a trivial step; the capture of a trivial step with the real ``torch.cuda``."""
     import torch
 
-    from compare.timing.nvml import NvmlWatch, Phase, ScriptedDevice
+    from compare.timing.nvml import NvmlWatch
+    from tests.fake_nvml import Phase, ScriptedDevice
     from torch_impl.cuda_graphs import Captured, capture
 
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """Fakes of NVML for ``tests/test_gpu_timing.py``, at its two levels.
 
 - :class:`FakeNvml`: a device (``compare.timing.nvml.NvmlDevice``) that follows a script over ``time.perf_counter``
-  (``compare.timing.nvml.ScriptedDevice``, shared with ``scripts/gpu_timing_check.py --fake``), and besides counts
+  (:class:`ScriptedDevice`, shared with ``scripts/gpu_timing_check.py --fake``), and besides counts
   its reads, refuses the quantities it is told to with an NVML error, raises a plain error on one chosen read, and
   can hold its reads until an event is set (a driver call that hangs, for up to 5 s).
 - :class:`FakePynvml`: NVML as ``open_device`` and ``driver_version`` see it, through ``pynvml``: its functions,
@@ -11,15 +11,114 @@
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml
 import pytest
 
-from compare.timing.nvml import NvmlError, Phase, ScriptedDevice
+from compare.timing.nvml import SOURCE_FAKE, NvmlError
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What a :class:`ScriptedDevice` reports from ``after_s`` seconds past its origin on, until the next phase.
+    ``throttle_reasons`` is a bitmask of ``compare.timing.nvml.THROTTLE_BITS``; ``power_w`` also drives the energy
+    counter."""
+
+    after_s: float
+    sm_clock_mhz: int
+    mem_clock_mhz: int
+    power_w: float
+    temperature_c: int
+    throttle_reasons: int = 0
+
+
+class ScriptedDevice:
+    """A device that reads its values from a script of :class:`Phase` over ``clock()`` (``time.perf_counter`` by
+    default, the watch's clock): the phase in force is the last one whose ``origin_s + after_s`` has passed (the
+    first one before that). Its energy counter is ``energy_start_mj`` plus the integral of the phases' power since
+    ``origin_s``, held between updates every ``energy_update_s`` (0: continuous), as a driver's counter is; with
+    ``energy=False`` it has none. Stateless between reads, so any thread may read it."""
+
+    source = SOURCE_FAKE
+
+    def __init__(
+        self,
+        phases: Sequence[Phase],
+        *,
+        name: str = "Scripted GPU",
+        origin_s: float | None = None,
+        energy: bool = True,
+        energy_update_s: float = 0.0,
+        energy_start_mj: int = 71_993,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not phases:
+            raise ValueError("a scripted device needs at least one phase")
+        if energy_update_s < 0:
+            raise ValueError(f"energy_update_s must be 0 or more, got {energy_update_s}")
+        self.phases = tuple(sorted(phases, key=lambda p: p.after_s))
+        self._name, self._clock = name, clock
+        self.origin_s = clock() if origin_s is None else origin_s
+        self._energy, self._update_s, self._start_mj = energy, energy_update_s, energy_start_mj
+
+    def phase(self, t_s: float) -> Phase:
+        """The phase in force at clock time ``t_s``."""
+        out = self.phases[0]
+        for p in self.phases[1:]:
+            if t_s >= self.origin_s + p.after_s:
+                out = p
+        return out
+
+    def _now(self) -> Phase:
+        return self.phase(self._clock())
+
+    def energy_at(self, t_s: float) -> int:
+        """The counter's value (mJ) at clock time ``t_s``: the power integrated from the origin to the last update."""
+        span = max(0.0, t_s - self.origin_s)
+        if self._update_s > 0:
+            span = math.floor(span / self._update_s + 1e-9) * self._update_s  # 1e-9: 0.6 / 0.3 is 1.999...
+        joules, edges = 0.0, [max(0.0, p.after_s) for p in self.phases[1:]]
+        start = 0.0
+        for p, end in zip(self.phases, [*edges, math.inf], strict=True):
+            if span <= start:
+                break
+            joules += p.power_w * (min(span, end) - start)
+            start = max(start, end)
+        return self._start_mj + int(joules * 1000.0)
+
+    def name(self) -> str:
+        return self._name
+
+    def sm_clock_mhz(self) -> int:
+        return self._now().sm_clock_mhz
+
+    def mem_clock_mhz(self) -> int:
+        return self._now().mem_clock_mhz
+
+    def power_mw(self) -> int:
+        return round(self._now().power_w * 1000.0)
+
+    def temperature_c(self) -> int:
+        return self._now().temperature_c
+
+    def throttle_reasons(self) -> int:
+        return self._now().throttle_reasons
+
+    def energy_mj(self) -> int | None:
+        return self.energy_at(self._clock()) if self._energy else None
+
+    def energy_absent_reason(self) -> str | None:
+        return None if self._energy else "the scripted device has no energy counter"
+
+    def close(self) -> None:
+        return None
 
 
 class FakeNvml(ScriptedDevice):

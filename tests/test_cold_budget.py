@@ -28,6 +28,7 @@ from compare.run.shape_sweep import budgeted_sweep
 from compare.timing import llc
 from compare.timing import timer as timing
 from compare.timing.budgets import PHASES, BudgetRecord
+from tests.fake_nvml import Phase, ScriptedDevice
 from tests.numpy_backend import NumpyPlain
 
 pytestmark = pytest.mark.quick
@@ -313,7 +314,7 @@ def test_a_throttled_window_is_marked_in_the_timing_table_and_a_quiet_one_is_not
     from compare.timing import nvml
     from tests.numpy_backend import SPEC as NUMPY
 
-    device = nvml.ScriptedDevice([nvml.Phase(0.0, 1977, 2619, 431.5, 67, throttle)], name="Scripted H200")
+    device = ScriptedDevice([Phase(0.0, 1977, 2619, 431.5, 67, throttle)], name="Scripted H200")
     register(NUMPY)
     try:
         doc = _run(NUMPY, cache="warm", watch=lambda: nvml.NvmlWatch(device, period_s=0.002))

@@ -29,15 +29,13 @@ from compare.timing.nvml import (
     LibraryDevice,
     NvmlError,
     NvmlWatch,
-    Phase,
-    ScriptedDevice,
     Spread,
     Telemetry,
     Unavailable,
     open_device,
     reason_names,
 )
-from tests.fake_nvml import FakeNvml, FakePynvml
+from tests.fake_nvml import FakeNvml, FakePynvml, Phase, ScriptedDevice
 from torch_impl.cuda_graphs import NO_CUDA, Captured, NotCaptured, capture
 
 #: Two phases: full clocks, then (from 0.093 s on) a thermal slowdown, lower clocks and power, and a sync-boost note.
