@@ -68,7 +68,7 @@ grep -q "^  tiny " list.txt
 step "python -m compare run --preset tiny"
 timeout 600 "$py" -m compare run --preset tiny --backend torch-eager torch-triton torch-triton-fused jax-xla \
     --dtype float32 --mode fwd --budget 0.1 --cache warm --no-ceilings --no-plots --quiet --out out
-for f in REPORT.md results.json; do
+for f in REPORT.md DETAILS.md results.json; do
     [ -s "out/$f" ] || { echo "wheel-check: the run wrote no out/$f" >&2; exit 1; }
 done
 

@@ -18,7 +18,7 @@ from compare.formats.codec import FieldError, from_json, to_json
 from compare.problem import datacache
 from compare.problem.cases import PRESETS, InputError
 from compare.problem.golden import Problem
-from compare.report.render import render
+from compare.report.render import files
 from compare.results.document import Results
 from compare.run import harness, parity_cache
 from compare.run.budget import FLOOR, SHARES, Budget, split
@@ -235,7 +235,7 @@ def test_an_interpreted_verdict_is_reused_on_the_same_code_and_missed_on_another
     assert _Interpreted.calls == 1, "a hit must not prepare the step again"
     assert again.extras["parity_cache"]["key"] == parity_cache.key(interpreted, PRESETS["tiny"].case("float32"), "fwd")
     assert again.parity == first.parity and again.status == first.status
-    report = render(Results(results=(again,)))
+    report = files(Results(results=(again,)))["DETAILS.md"]
     assert "parity reused from the interpreted-parity cache" in report
     # a changed kernel source is another key: the cell runs again
     real = datacache.source_digest
@@ -276,7 +276,7 @@ def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts() -> None:
     assert doc.budget is not None and doc.budget.total_s == 8.0
     again = from_json(Results, to_json(doc))
     assert again.cold == doc.cold and again.budget == doc.budget and again.results[0].cold == r.cold
-    text = render(doc)
+    text = "\n".join(files(doc).values())  # the one page and its details
     assert "cold median" in text and "Cold caches ('both')" in text and "Time budget: 8 s" in text
     # where the time went: the timed samples and the profiles each counted, the rest what no phase could cut
     spent = dict(doc.budget.phases)
@@ -324,7 +324,7 @@ def test_a_throttled_window_is_marked_in_the_timing_table_and_a_quiet_one_is_not
     tele = from_json(nvml.Telemetry, r.extras["telemetry"])
     assert tele.samples > 0 and tele.sm_clock_mhz is not None and tele.sm_clock_mhz.median == 1977
     assert tele.throttled == bool(throttle)
-    text = render(doc)
+    text = files(doc)["DETAILS.md"]
     assert ("**throttled**: HwThermalSlowdown" in text) == bool(throttle) and "SM clock 1977 MHz" in text
 
 
@@ -335,7 +335,7 @@ def test_cuda_graphs_on_a_machine_without_cuda_say_why_not() -> None:
     doc = harness.run([PRESETS["tiny"].case("float32")], [spec("torch-eager")], ["fwd"], RunOptions(cuda_graphs=True))
     (r,) = doc.results
     assert r.status == "ok" and r.extras["cuda_graph"].startswith("not captured: no CUDA device")
-    assert "CUDA graph: not captured" in render(doc)
+    assert "CUDA graph: not captured" in files(doc)["DETAILS.md"]
 
 
 def test_the_eta_of_cells_that_finish_in_groups_reads_the_groups_pace() -> None:

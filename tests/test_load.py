@@ -145,7 +145,7 @@ def test_the_record_round_trips_and_an_older_document_loads_without_it() -> None
 def test_the_report_shows_the_load_and_says_when_the_machine_was_busy() -> None:
     rows = [_result(b, "float32", _samples(1e-3, 0.05)) for b in ("torch-eager", "jax-xla")]
     busy = from_json(Results, {**_doc(rows), "load": to_json(_busy())})
-    md = render.render(busy)
+    md = render.files(busy)["DETAILS.md"]
     assert "| machine load | other processes and steal took 60% of 2 cores" in md
     timing = md.split("## Timing", 1)[1]
     assert "Machine load over the measurements: other processes" in timing
@@ -153,7 +153,7 @@ def test_the_report_shows_the_load_and_says_when_the_machine_was_busy() -> None:
     assert "The machine was busy while this run measured" in summary_section(busy)
     # negative controls: a quiet run shows its load and says nothing of busy; an older run shows no load at all
     quiet = from_json(Results, {**_doc(rows), "load": to_json(_quiet())})
-    assert "| machine load | other processes and steal took 2%" in render.render(quiet)
-    assert "busy" not in summary_section(quiet).lower() and "Busy (" not in render.render(quiet)
-    older = render.render(from_json(Results, _doc(rows)))
+    assert "| machine load | other processes and steal took 2%" in render.files(quiet)["DETAILS.md"]
+    assert "busy" not in summary_section(quiet).lower() and "Busy (" not in render.files(quiet)["DETAILS.md"]
+    older = "".join(render.files(from_json(Results, _doc(rows))).values())
     assert "machine load" not in older.lower() and "Busy (" not in older and "was busy" not in older

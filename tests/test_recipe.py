@@ -97,7 +97,7 @@ def test_the_recipe_backend_is_everywhere(
     assert row["status"] == "ok", row.get("reason")  # parity against the float64 golden (interpreted here)
     assert row["parity"]["tier"] == "pass"
     assert row["cost"]["plan"] == "fused-ew"  # the cost model
-    md = (out / "REPORT.md").read_text(encoding="utf-8")
+    md = (out / "DETAILS.md").read_text(encoding="utf-8")
     parity = md.split("## Parity", 1)[1].split("\n## ", 1)[0]
     assert f"| {name} |" in parity
 

@@ -65,7 +65,7 @@ def test_a_registered_backend_appears_everywhere(fake: str, tmp_path: Path, caps
     row = next(r for r in doc["results"] if r["backend"] == fake)
     assert row["status"] == "ok" and row["timing"] and row["cost"]["plan"] == "eager"  # run, timer, cost model
     assert {r["backend"] for r in doc["shape_sweep"]} >= {fake}  # the compile-cost sweep
-    md = (out / "REPORT.md").read_text(encoding="utf-8")
+    md = (out / "DETAILS.md").read_text(encoding="utf-8")
     for section in (
         "## Parity",
         "## Timing",

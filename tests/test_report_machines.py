@@ -13,7 +13,7 @@ import pytest
 from compare.formats.codec import from_json, to_json
 from compare.report import render
 from compare.report.cost import fusion_benefit
-from compare.report.render import speedup_cell
+from compare.report.summary import speedup_cell
 from compare.results.document import Results, read_json
 from compare.results.environment import Node, node
 from compare.timing.nvml import driver_version
@@ -47,7 +47,7 @@ def test_one_machine_type_renders_as_before_with_the_machines_listed() -> None:
 
 def test_two_machine_types_group_the_timings_and_compare_nothing_across_them() -> None:
     doc = _on(_doc(), {"jax-xla", "jax-unfused"})
-    text = render.render(doc)
+    text = "".join(render.files(doc).values())
     assert f"### On {A.machine_type()}" in text and f"### On {B.machine_type()}" in text
     assert "Machines: 2 machine types: " in text and "driver 580.1" in text
     assert "parity is judged against the same float64 golden" in text and "verdicts compare across machines" in text

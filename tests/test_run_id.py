@@ -69,7 +69,7 @@ def test_report_dir_rebuilds_from_the_newer_run_not_the_older_results_json(
     assert f"{tmp_path / 'results.json'} was an older run's ({OLD_ID}" in out
     doc = read_json(tmp_path / "results.json")
     assert doc.run_id == NEW_ID and {r.backend for r in doc.results} == {"torch-eager", "jax-xla"}
-    md = (tmp_path / "REPORT.md").read_text()
+    md = (tmp_path / "DETAILS.md").read_text()
     assert "from the newer run" in md and "newer too" in md and "from the older run" not in md
 
 
@@ -83,7 +83,7 @@ def test_report_dir_renders_the_runs_own_results_json(tmp_path: Path, capsys: py
     assert main(["report", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'REPORT.md'}"
     assert (tmp_path / "results.json").read_bytes() == before
-    assert "the run's own summary" in (tmp_path / "REPORT.md").read_text()
+    assert "the run's own summary" in (tmp_path / "DETAILS.md").read_text()
 
 
 def test_an_older_run_with_cells_the_newer_lacks_is_kept_and_the_report_says_so(
@@ -99,7 +99,7 @@ def test_an_older_run_with_cells_the_newer_lacks_is_kept_and_the_report_says_so(
     assert f"was an older run's ({OLD_ID}" in out and "kept: it holds cells this run lacks" in out
     assert (tmp_path / "results.json").read_bytes() == before
     assert read_json(tmp_path / "results.interrupted.json").run_id == NEW_ID
-    assert "from the newer run" in (tmp_path / "REPORT.interrupted.md").read_text()
+    assert "from the newer run" in (tmp_path / "DETAILS.interrupted.md").read_text()
 
 
 def test_documents_from_before_run_ids_are_told_apart_by_their_cells(tmp_path: Path) -> None:

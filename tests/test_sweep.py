@@ -157,7 +157,7 @@ def test_killed_sweep_resumes_with_every_cell_exactly_once(tmp_path: Path) -> No
     assert all(r["status"] == "ok" and r["timing"]["n"] >= 5 for r in doc["results"])
     assert doc["config"]["progress"] == {"cells": 8, "done": 8, "sessions": 2}
     assert [r["shape"]["batch"] for r in doc["results"]] == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert "## Timing" in (out / "REPORT.md").read_text()
+    assert "## Timing" in (out / "DETAILS.md").read_text()
 
 
 @pytest.mark.standard
@@ -400,7 +400,7 @@ def test_the_sweep_records_memory_per_token_count_and_fits_the_device_memory(tmp
     saved = {r.shape.tokens: r.memory.saved.bytes for r in doc.results if r.memory and r.memory.saved}
     hidden = doc.results[0].shape.hidden
     assert saved == {t: 4 * t * hidden * 4 for t in (4, 8, 16)}  # g, u, a, h: [tokens, hidden] float32 each
-    report = (tmp_path / "REPORT.md").read_text()
+    report = (tmp_path / "DETAILS.md").read_text()
     assert "### Memory against tokens" in report and "1 GiB (`--device-memory`)" in report
     largest = (1 << 30) // (4 * hidden * 4)
     assert f"{largest:,} (extrapolated beyond 16)" in report

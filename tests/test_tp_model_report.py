@@ -15,7 +15,7 @@ from compare.cost.comm import COMM_PLANS, comm_cost, shard
 from compare.formats.codec import to_json
 from compare.kernels.classify import classify
 from compare.problem.cases import PRESETS, InputError
-from compare.report.render import render
+from compare.report.render import files
 from compare.report.tp import model_check
 from compare.results.tp import TPInfo
 from compare.run import harness
@@ -100,7 +100,7 @@ def test_the_report_shows_the_tp_sections() -> None:
         unregister(NAME)
     got = sorted((r.world_size, r.mode, r.status) for r in doc.results)
     assert got == [(1, "fwd", "ok"), (1, "fwd+bwd", "ok"), (2, "fwd", "ok"), (2, "fwd+bwd", "ok")]
-    text = render(doc)
+    text = files(doc)["DETAILS.md"]
     assert "## Tensor parallel" in text and "### Collectives per step" in text and "### Set-up" in text
     assert text.count("= model") == 4
     assert "### Scaling" in text and "fair: same total threads" in text

@@ -1,8 +1,8 @@
 """The one ending of every command that writes a results document (``run``, ``profile``, ``sweep``, ``report``,
-``tp-collect``): plots, ``results.json`` and the report, each written atomically, here only (:func:`write_outputs`).
-An interrupted run never replaces an earlier run's ``results.json`` that holds cells it lacks
-(``compare.run.store.never_fewer``): its document then goes to ``results.interrupted.json`` and
-``REPORT.interrupted.md`` beside it."""
+``tp-collect``): plots, ``results.json`` and the report (``REPORT.md`` and ``DETAILS.md``), each written
+atomically, here only (:func:`write_outputs`). An interrupted run never replaces an earlier run's ``results.json``
+that holds cells it lacks (``compare.run.store.never_fewer``): its document then goes to
+``results.interrupted.json``, ``REPORT.interrupted.md`` and ``DETAILS.interrupted.md`` beside it."""
 
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ def write_outputs(
 ) -> Written:
     """Write, in the folder ``out``, the plots (``plots``: PNGs under ``out/plots``, their paths relative to ``out``
     in the document; a plot that fails is a warning, never lost results), ``results.json`` (``results``) and
-    ``REPORT.md`` (or the report at ``report_path``). ``keep_fuller`` (default: the document is ``interrupted``): an
-    existing ``results.json`` holding cells ``doc`` lacks is kept, and ``doc`` goes to ``results.interrupted.json``
-    with ``REPORT.interrupted.md``. A failed write raises ``OSError`` (the caller says what is kept where)."""
+    ``REPORT.md`` with ``DETAILS.md`` beside it (or the report at ``report_path``, its details beside it).
+    ``keep_fuller`` (default: the document is ``interrupted``): an existing ``results.json`` holding cells ``doc``
+    lacks is kept, and ``doc`` goes to ``results.interrupted.json`` with ``REPORT.interrupted.md``. A failed write
+    raises ``OSError`` (the caller says what is kept where)."""
     target, md = out / "results.json", out / "REPORT.md"
     fuller = doc.interrupted if keep_fuller is None else keep_fuller
     kept = results and fuller and never_fewer(target, doc) is None
@@ -60,5 +61,7 @@ def write_outputs(
     if results:
         document.write_json(target, doc)
     md = report_path or md
-    write_text_atomic(md, render.render(doc))
+    details = md.with_name(md.name.replace("REPORT", "DETAILS") if "REPORT" in md.name else f"{md.stem}.details.md")
+    for name, text in render.files(doc, md.name, details.name).items():  # the one page, and the rest beside it
+        write_text_atomic(md.with_name(name), text)
     return Written(doc, target if results else None, md, kept)

@@ -155,7 +155,7 @@ def memory_section(doc: Results) -> str:
     return "\n".join(parts)
 
 
-def _saved_bytes(r: Result | None) -> int | None:
+def saved_bytes(r: Result | None) -> int | None:
     if r is None or r.status not in PASSING or r.memory is None or r.memory.saved is None:
         return None
     return r.memory.saved.bytes
@@ -169,20 +169,20 @@ def memory_line(rows: Sequence[Result]) -> str:
     mode = rows[0].mode
     by_name = {r.backend: r for r in rows if r.world_size == 1}
     if mode == "fwd":
-        alive = {n: b for n, r in by_name.items() if (b := _saved_bytes(r))}
+        alive = {n: b for n, r in by_name.items() if (b := saved_bytes(r))}
         if not alive:
             return "memory: no inference forward keeps anything for a backward; their peaks are in the memory table"
         return "memory: inference forwards that keep tensors alive: " + ", ".join(
             f"{n} {mib(b)}" for n, b in alive.items()
         )
-    base = _saved_bytes(by_name.get(DEFAULT_BASELINE))
+    base = saved_bytes(by_name.get(DEFAULT_BASELINE))
     if base is None:
         return f"memory: not compared ({DEFAULT_BASELINE}'s saved activations not measured)"
     remats = {n for n, s in BACKENDS.items() if s.remat_of}
     fused = [
         (b, r)
         for name, r in by_name.items()
-        if not (name in remats or (name in BACKENDS and BACKENDS[name].baseline)) and (b := _saved_bytes(r)) is not None
+        if not (name in remats or (name in BACKENDS and BACKENDS[name].baseline)) and (b := saved_bytes(r)) is not None
     ]
     text = "memory: "
     if not fused:
@@ -198,7 +198,7 @@ def memory_line(rows: Sequence[Result]) -> str:
     for name in sorted(remats & set(by_name)):
         r = by_name[name]
         twin = by_name.get(BACKENDS[name].remat_of)
-        saved, twin_saved = _saved_bytes(r), _saved_bytes(twin)
+        saved, twin_saved = saved_bytes(r), saved_bytes(twin)
         if twin is None or saved is None or twin_saved is None:
             continue
         cost = "time not compared (one of them not timed)"

@@ -3,7 +3,8 @@ nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterable, Sequence
 
 from compare.backends.registry import DEFAULT_BASELINE
 from compare.formats.codec import from_json
@@ -19,7 +20,7 @@ from compare.report.memory import memory_section
 from compare.report.plots import plots_section
 from compare.report.resolution import resolution_section
 from compare.report.shapes import shapes_section
-from compare.report.summary import summary_section
+from compare.report.summary import Link, speedup_cell, summary_section
 from compare.report.tp import tp_section
 from compare.results.document import Result, Results
 from compare.results.environment import ISA_FLAGS, Environment
@@ -27,7 +28,7 @@ from compare.results.load import BUSY_SHARE, Load
 from compare.timing import nvml
 from compare.timing.budgets import PHASES, REST, BudgetRecord
 from compare.timing.llc import ColdSetup
-from compare.timing.significance import MIN_PAIRS, PAIRED, compare_timing
+from compare.timing.significance import MIN_PAIRS, compare_timing
 
 Row = list[str]
 Rows = Sequence[Result]
@@ -200,35 +201,6 @@ def parity_section(results: Rows) -> str:
     return "## Parity\n\n" + intro + "\n\n" + table(head, rows)
 
 
-def _baseline(results: Rows, r: Result) -> Result | None:
-    for b in results:
-        if (
-            b.backend == DEFAULT_BASELINE
-            and b.case == r.case
-            and b.mode == r.mode
-            and b.timing is not None
-            and machine_of(b) == machine_of(r)
-        ):
-            return b  # never a speedup across two machine types
-    return None
-
-
-def speedup_cell(results: Rows, r: Result) -> str:
-    """``r``'s speedup against the baseline on the same case and mode, e.g. ``1.52x``, only where the two timings
-    differ beyond noise (:func:`compare.timing.significance.compare_timing`, the rule of ``compare diff``); else
-    ``within noise`` (or ``not tested (N rounds)`` where the paired test had too few rounds to run). ``baseline``
-    for the baseline itself, ``-`` where the baseline was not timed (on the row's machine type: a row is never
-    compared with a baseline measured on another)."""
-    base = _baseline(results, r)
-    if base is None or base.timing is None or r.timing is None:
-        return "-"
-    if base is r:
-        return "baseline"
-    v = compare_timing(base.timing, r.timing)
-    mark = "" if v.design == PAIRED else ", unpaired"
-    return v.said(f"{1 / v.ratio:.2f}x") + mark
-
-
 def _cold_cells(r: Result) -> list[str]:
     """The cold median, its IQR and the cold/warm ratio (``within noise`` where the two do not differ beyond it, by
     the unpaired rule: they are timed in separate rounds); ``-`` where no cold timing was made."""
@@ -279,6 +251,37 @@ def _device_notes(r: Result) -> list[str]:
             parts.append("**throttled**: " + ", ".join(t.throttle_reasons))
         out.append("; ".join(parts))
     return out
+
+
+def budget_note(budget: BudgetRecord) -> str:
+    """The time budget, what the measurements took and where, and what was cut to keep to it."""
+    over = f", {budget.overrun_s:.0f} s over it (parity is never cut)" if budget.overrun_s > 0 else ""
+    spent = ""
+    if budget.phases:
+        parts = [f"{PHASES[name]} {fmt_s(s)}" for name, s in budget.phases.items()]
+        parts.append(f"{REST} {fmt_s(budget.rest_s)}")
+        spent = f" Where it went: {', '.join(parts)}."
+    cuts = "".join(f"\n  - {c}" for c in budget.cuts) or "\n  - nothing was cut"
+    return f"Time budget: {budget.total_s:.0f} s, measurements took {budget.spent_s:.0f} s{over}.{spent} Cut:{cuts}"
+
+
+def _untimed(r: Result) -> bool:
+    return r.status in ("ok", "deviates", "parity-fail", "implausible") and r.timing is None
+
+
+def grouped(results: Iterable[Result], reason: Callable[[Result], str]) -> list[str]:
+    """One list line per reason, said once: the backends it holds for, each with its cells (dtype and mode, the case
+    too where the rows have several)."""
+    rows = list(results)
+    cases = len({r.case for r in rows}) > 1
+    by: dict[str, dict[str, list[str]]] = {}
+    for r in rows:
+        cell = (f"{case_label(r)} " if cases else "") + f"{r.dtype} {r.mode}"
+        by.setdefault(reason(r) or "no reason recorded", {}).setdefault(r.label, []).append(cell)
+    return [
+        "- " + ", ".join(f"{b} ({', '.join(cells)})" for b, cells in who.items()) + f": {why}"
+        for why, who in by.items()
+    ]
 
 
 def timing_section(
@@ -369,28 +372,15 @@ def timing_section(
     if load is not None:
         notes.append(load_note(load))
     if budget is not None:
-        over = f", {budget.overrun_s:.0f} s over it (parity is never cut)" if budget.overrun_s > 0 else ""
-        spent = ""
-        if budget.phases:
-            parts = [f"{PHASES[name]} {fmt_s(s)}" for name, s in budget.phases.items()]
-            parts.append(f"{REST} {fmt_s(budget.rest_s)}")
-            spent = f" Where it went: {', '.join(parts)}."
-        cuts = "".join(f"\n  - {c}" for c in budget.cuts) or "\n  - nothing was cut"
-        notes.append(
-            f"Time budget: {budget.total_s:.0f} s, measurements took {budget.spent_s:.0f} s{over}.{spent} Cut:{cuts}"
-        )
-    untimed = [
-        f"- {r.label} ({case_label(r)}, {r.dtype}, {r.mode}): not timed: {r.note or r.reason}"
-        for r in results
-        if r.status in ("ok", "deviates", "parity-fail", "implausible") and r.timing is None
-    ]
+        notes.append(budget_note(budget))
+    untimed = grouped((r for r in results if _untimed(r)), lambda r: r.note or r.reason)
     cached = [
         f"- {r.label} ({case_label(r)}, {r.dtype}, {r.mode}): parity reused from the interpreted-parity cache "
         f"(made {r.extras['parity_cache'].get('created', '?')}; same kernel sources, case, versions and CPU)"
         for r in results
         if isinstance(r.extras.get("parity_cache"), dict)
     ]
-    tail = "\n\n".join(x for x in ("\n".join(untimed), "\n".join(cached)) if x)
+    tail = "\n\n".join(x for x in ("Not timed:\n\n" + "\n".join(untimed) if untimed else "", "\n".join(cached)) if x)
     if several(results):  # one table per machine type, each row's speedup against the baseline of its own type
         notes.append(
             "The rows were measured on several machine types: one table per type, each speedup against "
@@ -532,9 +522,45 @@ def summary(doc: Results) -> str:
     return doc.summary()
 
 
-#: Report sections in order. Later issues add sections here; each is a pure function of the document.
+def machine_line(doc: Results, to: Link) -> str:
+    """The machine in one line: CPU, GPU, the framework versions and the load over the measurements."""
+    env = doc.environment
+    versions = ", ".join(f"{k} {v}" for k, v in env.versions.items() if v and k in ("torch", "jax", "triton"))
+    load = f"; load: {doc.load.describe()}" if doc.load is not None else ""
+    where = to("Environment", "environment")
+    return f"Machine: {env.cpu} ({env.cpu_count} logical cores), GPU {env.gpu or 'none'}; {versions}{load} ({where})."
+
+
+def cut_section(doc: Results, to: Link) -> str:
+    """What was cut or skipped, grouped by reason (:func:`grouped`): rows skipped or in error, rows not timed, the
+    time budget's cuts, caches not measured cold, and a GPU build table left to its own report on a CPU run."""
+    rs = doc.results
+    parts = [
+        f"- {what}:\n" + "\n".join("  " + x for x in lines)
+        for what, lines in (
+            ("Skipped", grouped((r for r in rs if r.status == "skipped"), lambda r: r.reason)),
+            ("Error", grouped((r for r in rs if r.status == "error"), lambda r: r.reason)),
+            ("Not timed", grouped((r for r in rs if _untimed(r)), lambda r: r.note or r.reason)),
+        )
+        if lines
+    ]
+    if doc.budget is not None and (doc.budget.cuts or doc.budget.overrun_s > 0):
+        parts.append("- " + budget_note(doc.budget).replace("\n  - ", "\n    - ").replace(" Cut:", "\n  Cut:"))
+    if doc.cold is None:
+        parts.append("- Cold caches: not measured in this run (`--cache warm`).")
+    if doc.gpu_build and not doc.environment.gpu:
+        parts.append(
+            "- GPU build table: not shown on a CPU run; it is in `results.json` and in the GPU build report "
+            "(`reports/gpu-build`, made by `python -m compare gpu-build`)."
+        )
+    every = to("Skipped, failed and implausible", "every row that is not a clean pass")
+    return (
+        "## Cut and skipped\n\n" + ("\n".join(parts) or "Nothing was cut or skipped.") + f"\n\nIn the details: {every}."
+    )
+
+
+#: The sections of ``DETAILS.md`` in order; each is a pure function of the document ("" where it has nothing).
 SECTIONS: list[Callable[[Results], str]] = [
-    summary_section,
     lambda d: environment_section(d.environment, d.load),
     lambda d: parity_section(d.results),
     lambda d: resolution_section(d.resolution),
@@ -548,19 +574,57 @@ SECTIONS: list[Callable[[Results], str]] = [
     lambda d: xla_check_section(d.results),
     shapes_section,
     lambda d: traces_section(d.results),
-    lambda d: plots_section(d),
-    lambda d: render_markdown(d.gpu_build).rstrip() if d.gpu_build else "",
+    lambda d: render_markdown(d.gpu_build).rstrip() if d.gpu_build and d.environment.gpu else "",
     lambda d: problems_section(d.results),
 ]
 
+REPORT, DETAILS = "REPORT.md", "DETAILS.md"
 
-def render(doc: Results) -> str:
-    """The whole ``REPORT.md`` for a results document."""
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, every character but letters, digits, ``_``, ``-`` and spaces
+    dropped, spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(md: str) -> set[str]:
+    """Every heading's anchor in a markdown text; a repeated heading's gets GitHub's ``-1``, ``-2`` suffix."""
+    out: set[str] = set()
+    seen: dict[str, int] = {}
+    for line in md.splitlines():
+        if m := re.match(r"#{1,6} (.+)", line):
+            s = slug(m[1])
+            n = seen[s] = seen.get(s, -1) + 1
+            out.add(f"{s}-{n}" if n else s)
+    return out
+
+
+def files(doc: Results, report_name: str = REPORT, details_name: str = DETAILS) -> dict[str, str]:
+    """The report as files, name -> text: ``REPORT.md`` (one page: the answer with its per-backend tables, the
+    machine, the plots, what was cut or skipped) and ``DETAILS.md`` beside it (every other section), linked from it
+    by section title (other names: the links follow them)."""
+    REPORT, DETAILS = report_name, details_name  # noqa: N806: the module's names, as this call has them
+    body = "\n\n".join(b for b in (section(doc) for section in SECTIONS) if b)
+    details = f"# fusion-compare report: details\n\nThe sections [{REPORT}]({REPORT}) links to.\n\n{body}\n"
+    titles = [line[3:] for line in details.splitlines() if line.startswith("## ")]
+
+    def to(title: str, text: str) -> str:
+        return f"[{text}]({DETAILS}#{slug(title)})" if title in titles else text
+
     head = [
         "# fusion-compare report",
         "",
         f"Run {doc.created}: {doc.summary()}.",
         f"Command: `{doc.config.command}`" if doc.config.command else "",
+        "",
+        machine_line(doc, to),
     ]
-    body = [section(doc) for section in SECTIONS]
-    return "\n".join(x for x in head if x is not None) + "\n\n" + "\n\n".join(b for b in body if b) + "\n"
+    index = f"## Details\n\n[{DETAILS}]({DETAILS}) holds the rest: " + " · ".join(to(t, t) for t in titles) + "."
+    parts = (summary_section(doc, to), plots_section(doc), cut_section(doc, to), index)
+    report = "\n".join(head) + "\n\n" + "\n\n".join(b for b in parts if b) + "\n"
+    return {REPORT: report, DETAILS: details}
+
+
+def render(doc: Results) -> str:
+    """``REPORT.md``'s text (:func:`files` has ``DETAILS.md`` too)."""
+    return files(doc)[REPORT]

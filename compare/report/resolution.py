@@ -7,6 +7,9 @@ from collections.abc import Iterable
 from compare.formats.markdown import table
 from compare.gate.resolution import ResolutionRow
 
+#: The section's title.
+RESOLUTION = "What a pass means: the gate's resolution"
+
 
 def _pct(s: float | None, note: str) -> str:
     if s is None:
@@ -56,4 +59,4 @@ def resolution_section(rows: Iterable[ResolutionRow]) -> str:
         "tanh form, leaves the pass tier. A smaller scale error, or the other GELU form where it is not "
         "distinguishable, can pass."
     )
-    return "## What a pass means: the gate's resolution\n\n" + intro + "\n\n" + table(head, body)
+    return f"## {RESOLUTION}\n\n" + intro + "\n\n" + table(head, body)

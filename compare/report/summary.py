@@ -26,17 +26,61 @@ Each line gives
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from compare.backends.registry import BACKENDS, DEFAULT_BASELINE, framework_baseline
-from compare.formats.markdown import case_label, fmt_s, si
+from compare.formats.markdown import case_label, fmt_s, si, table
 from compare.gate.resolution import ResolutionRow
 from compare.report.cost import MEASURED, UNMEASURED, ceilings_for, fusion_benefit, kernel_time_split
 from compare.report.machines import machine_of, machines_line, several, timed_machine_types
-from compare.report.memory import memory_line
+from compare.report.memory import memory_line, mib, saved_bytes
+from compare.report.resolution import RESOLUTION
 from compare.results.document import Result, Results
 from compare.timing.significance import MIN_PAIRS, NOT_TESTED, PAIRED, WITHIN_NOISE, compare_timing, not_tested
 from compare.timing.timer import Timing
+
+#: A link to a section of the details by its title and the words shown (``compare.report.render.files``); plain
+#: words where there are no details to link to.
+Link = Callable[[str, str], str]
+
+
+def _words(title: str, text: str) -> str:
+    return text
+
+
+def _plain(cell: str) -> str:
+    """A header cell's words without its link."""
+    return cell.split("](")[0].lstrip("[")
+
+
+def _baseline(results: Sequence[Result], r: Result) -> Result | None:
+    for b in results:
+        if (
+            b.backend == DEFAULT_BASELINE
+            and b.case == r.case
+            and b.mode == r.mode
+            and b.timing is not None
+            and machine_of(b) == machine_of(r)
+        ):
+            return b  # never a speedup across two machine types
+    return None
+
+
+def speedup_cell(results: Sequence[Result], r: Result) -> str:
+    """``r``'s speedup against the baseline on the same case and mode, e.g. ``1.52x``, only where the two timings
+    differ beyond noise (:func:`compare.timing.significance.compare_timing`, the rule of ``compare diff``); else
+    ``within noise`` (or ``not tested (N rounds)`` where the paired test had too few rounds to run). ``baseline``
+    for the baseline itself, ``-`` where the baseline was not timed (on the row's machine type: a row is never
+    compared with a baseline measured on another)."""
+    base = _baseline(results, r)
+    if base is None or base.timing is None or r.timing is None:
+        return "-"
+    if base is r:
+        return "baseline"
+    v = compare_timing(base.timing, r.timing)
+    mark = "" if v.design == PAIRED else ", unpaired"
+    return v.said(f"{1 / v.ratio:.2f}x") + mark
 
 
 def _key(r: Result) -> tuple[str, str]:
@@ -284,8 +328,79 @@ def _busy_note(doc: Results) -> str:
     )
 
 
-def summary_section(doc: Results) -> str:
-    """``## Summary``: the answer per case, dtype and mode (see the module docstring); "" without results."""
+def _parity_cell(r: Result) -> str:
+    """The row's tier with its worst statistic: the tensor closest to (or furthest past) its pass line, the checks it
+    failed or deviated on, and how far along its pass line it came (value / pass line, over every check)."""
+    p = r.parity
+    if p is None or not p.tensors:
+        return r.status
+    t = max(p.tensors, key=lambda x: x.worst_ratio)
+    tier = {"fail": "**FAIL**"}.get(t.tier, t.tier)
+    checks = ", ".join(t.failed or t.deviated)
+    what = f"{t.tensor}{' ' + checks if checks else ''} at {t.worst_ratio:.2g} x pass line"
+    return f"{tier}: {what}" + (f"; status {r.status}" if r.status not in ("ok", "deviates", "parity-fail") else "")
+
+
+def _memory_saved(rows: list[Result], r: Result) -> str:
+    """The saved activations this row keeps below its framework's unfused baseline's (measured, ``--memory``)."""
+    s = BACKENDS.get(r.backend)
+    name = framework_baseline(s.framework) if s is not None else None
+    base = next((b for b in rows if b.backend == name and b.world_size == r.world_size), None)
+    if base is None or base is r:
+        return "-"
+    b, mine = saved_bytes(base), saved_bytes(r)
+    return "-" if b is None or mine is None else mib(b - mine)
+
+
+def case_table(doc: Results, rows: list[Result], fusion: list[dict[str, Any]], to: Link = _words) -> str:
+    """One case, dtype and mode, a row per backend that ran: parity with its worst statistic, warm median and IQR,
+    the speedup against the baseline (paired signed-rank test unless marked unpaired), kernels per step, what its
+    cost-model plan keeps out of memory and the saved activations it spares against its framework's baseline. A
+    column measured for no row is left out and named once under the table, as is each reason a row was not timed."""
+    gone = {(f["backend"], f["case"], f["dtype"], f["mode"]): f["not_materialized"] for f in fusion}
+    reasons: list[str] = []
+
+    def median(r: Result) -> str:
+        if r.timing is not None:
+            return f"{fmt_s(r.timing.median_s)} ({fmt_s(r.timing.iqr_s)})"
+        why = r.note or r.reason or "no timing recorded"
+        reasons.extend([why] * (why not in reasons))
+        return f"not timed ({reasons.index(why) + 1})"
+
+    head = [
+        "backend",
+        to("Parity", "parity (worst statistic)"),
+        to("Timing", "warm median (IQR)"),
+        to("Timing", f"vs {DEFAULT_BASELINE}"),
+        to("Kernels per step", "kernels/step"),
+        to("What fusion buys", "intermediates fused away"),
+        to("Memory", "saved activations spared"),
+    ]
+    body = [
+        [
+            r.label,
+            _parity_cell(r),
+            median(r),
+            speedup_cell(doc.results, r),
+            str(r.kernels.kernels_per_step) if r.kernels is not None else "-",
+            ", ".join(gone.get((r.backend, r.case, r.dtype, r.mode), [])) or "-",
+            _memory_saved(rows, r),
+        ]
+        for r in rows
+        if r.status != "skipped"
+    ]
+    keep = [i for i in range(len(head)) if i < 4 or any(row[i] != "-" for row in body)]
+    after = ["Not timed: " + "; ".join(f"({i}) {why}" for i, why in enumerate(reasons, 1)) + "."] if reasons else []
+    if len(keep) < len(head):
+        after.append(
+            "Not measured in this run: " + ", ".join(_plain(head[i]) for i in range(len(head)) if i not in keep) + "."
+        )
+    return table([head[i] for i in keep], [[row[i] for i in keep] for row in body]) + "".join("\n\n" + x for x in after)
+
+
+def summary_section(doc: Results, to: Link = _words) -> str:
+    """``## Summary``: the answer per case, dtype and mode (see the module docstring), each line followed by its
+    table (:func:`case_table`); "" without results. ``to`` links words to a section of the details."""
     groups: dict[tuple[str, str], list[Result]] = {}
     for r in doc.results:
         groups.setdefault(_key(r), []).append(r)
@@ -304,23 +419,27 @@ def summary_section(doc: Results) -> str:
             f"- **{_label(rows[0])}**: parity {_parity(rows, doc.resolution)}. Fastest: {fastest}. "
             f"Fusion headroom: {_headroom(rows, fusion)}." + (f" {memory[0].upper()}{memory[1:]}." if memory else "")
         )
+        lines.append(case_table(doc, rows, fusion, to))
     plausible = (
         "is plausible against this machine's measured ceilings"
         if doc.ceilings is not None
         else "whose plausibility was not checked (this run measured no ceilings)"
     )
     intro = (
-        "One line per case, dtype and mode. Parity: every backend against the float64 golden (details and the "
-        f"gate's resolution below). Fastest: the quickest timed backend that passes or deviates and {plausible}, "
-        f"tested against {DEFAULT_BASELINE} and against the runner-up; none is named when {DEFAULT_BASELINE} was "
-        "not timed. A speedup is a number only beyond the noise, by the paired test when the two were timed "
-        "together (interleaved), else by the unpaired rule, and the line says which; 'not tested' where the "
-        f"paired test had fewer than {MIN_PAIRS} rounds. Fusion headroom, per "
+        "One line per case, dtype and mode, then its table. Parity: every backend against the float64 golden (the "
+        f"gate's statistics in {to('Parity', 'Parity')}, its resolution in "
+        f"{to(RESOLUTION, 'What a pass means')}). Fastest: the quickest timed backend that passes or deviates and "
+        f"{plausible}, tested against {DEFAULT_BASELINE} and against the runner-up; none is named when "
+        f"{DEFAULT_BASELINE} was not timed. A speedup is a number only beyond the noise, by the paired test when the "
+        "two were timed together (interleaved), else by the unpaired rule, and the line says which; 'not tested' "
+        f"where the paired test had fewer than {MIN_PAIRS} rounds. Fusion headroom, per "
         "framework: the share of its own unfused baseline's profiled kernel time spent outside its GEMMs, the most "
         "fusing the rest away could ever save, next to what each of its "
         "fused backends saved over that baseline (where both pass or deviate, and only a backend whose cost-model "
         "plan removes something); a saving beyond that share says "
-        "where the rest came from. Speed across frameworks is the timing table's, not a saving."
+        f"where the rest came from. Speed across frameworks is the {to('Timing', 'timing table')}'s, not a saving. "
+        "In each table the worst statistic is the check that came closest to (or went furthest past) its pass "
+        f"line; vs {DEFAULT_BASELINE} is by the paired signed-rank test unless marked unpaired."
     )
     notes = "\n\n".join(x for x in (machines_line(doc), _ceiling_notes(doc), _busy_note(doc)) if x)
-    return "## Summary\n\n" + intro + "\n\n" + "\n".join(lines) + (f"\n\n{notes}" if notes else "")
+    return "## Summary\n\n" + intro + "\n\n" + "\n\n".join(lines) + (f"\n\n{notes}" if notes else "")
