@@ -22,8 +22,8 @@ from compare.problem.golden import Golden, Problem, golden_for
 from compare.problem.reference import GELU_CUBIC, SQRT_2_OVER_PI, round_to_dtype
 from compare.run import harness
 from compare.run.cell import implausible, plain_reference
-from compare.run.harness import run
-from compare.run.options import RunOptions, run_one
+from compare.run.harness import run, run_one
+from compare.run.options import RunOptions
 from compare.timing.timer import TimingConfig
 from tests.conftest import explain, parity_result
 from tests.parity_backends import (
