@@ -45,15 +45,15 @@ def test_the_dry_run_passes_every_step_it_can_run(tmp_path: Path) -> None:
     # the GPU timing modes' CPU-side paths: a scripted NVML device's telemetry, a capture refused without CUDA
     timing = json.loads((tmp_path / "gpu-timing" / "gpu_timing.json").read_text(encoding="utf-8"))
     assert timing["ok"] is True and timing["mode"] == "fake" and timing["telemetry"], timing
-    graphs = (tmp_path / "graphs" / "REPORT.md").read_text(encoding="utf-8")
+    graphs = (tmp_path / "graphs" / "DETAILS.md").read_text(encoding="utf-8")
     assert "CUDA graph: not captured: no CUDA device" in graphs and "cold median" in graphs
     assert (tmp_path / "report" / "REPORT.md").is_file()
-    assert "## Memory" in (tmp_path / "report" / "REPORT.md").read_text(encoding="utf-8")
+    assert "## Memory" in (tmp_path / "report" / "DETAILS.md").read_text(encoding="utf-8")
     # the memory readers of a GPU step on scripted devices
     memory = json.loads((tmp_path / "gpu-memory" / "gpu_memory.json").read_text(encoding="utf-8"))
     assert memory["ok"] is True and memory["mode"] == "fake" and len(memory["checks"]) == 4, memory
     # the GEMM-fusion variant's process: started with its flags, it says it needs a GPU (a skip, not a pass)
-    fusion = (tmp_path / "gemm-fusion" / "REPORT.md").read_text(encoding="utf-8")
+    fusion = (tmp_path / "gemm-fusion" / "DETAILS.md").read_text(encoding="utf-8")
     assert "| jax-xla-gemm-fusion |" in fusion and "skipped | GPU only: XLA's GPU GEMM-fusion flags" in fusion
     assert all(flag in SCRIPT.read_text(encoding="utf-8") for flag in FLAGS)
     # the two-cell sweep on a local Ray instance: both cells measured by a Ray worker, the instance gone with it
