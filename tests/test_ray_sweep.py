@@ -250,7 +250,7 @@ def test_a_killed_worker_is_an_error_row_and_the_cell_runs_again(
     assert again["status"] == "ok" and again["extras"]["attempt"] == 2, again
     assert again["extras"]["earlier_attempts"] == [retried[0]["result"]["reason"].split(" (attempt")[0]]
     assert all(r["status"] == "ok" for r in by.values())
-    problems = (out / "REPORT.md").read_text().split("## Skipped, failed and implausible", 1)[1]
+    problems = (out / "DETAILS.md").read_text().split("## Skipped, failed and implausible", 1)[1]
     assert "attempt 2, after: the Ray worker process running the cell died" in problems, problems
 
 
