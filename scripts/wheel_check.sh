@@ -73,7 +73,7 @@ for f in REPORT.md DETAILS.md results.json; do
 done
 
 step "python -m compare gpu-build (one kernel, sm_90)"
-timeout 600 "$py" -m compare gpu-build --arch sm_90 --dtype float32 --kernel geglu_fwd --quick --jobs 1 \
+timeout 600 "$py" -m compare gpu-build --arch sm_90 --dtype float32 --kernel glu_fwd --quick --jobs 1 \
     --cache-dir "$work/gpu-build-cache" --out gpu-build --timeout 300
 [ -s gpu-build/gpu_build.json ] || { echo "wheel-check: gpu-build wrote no gpu_build.json" >&2; exit 1; }
 
