@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,13 @@ def test_every_link_resolves_and_every_section_is_linked_and_the_page_is_short()
     assert "GPU build (compiled" not in details  # a CPU run's report holds no GPU build table
     # a planted broken link is caught
     assert _broken(report + f"\n[x]({DETAILS}#no-such-section)\n", details) == ["no-such-section"]
+
+
+def test_a_machine_whose_core_count_is_unknown_shows_the_cpu_alone() -> None:
+    """``os.cpu_count()`` may return None: the machine line then names the CPU without "(None logical cores)"."""
+    doc = from_json(Results, json.loads((CPU / "results.json").read_text(encoding="utf-8")))
+    known = files(doc)[REPORT]
+    assert f"({doc.environment.cpu_count} logical cores)" in known  # the control: a known count is shown
+    unknown = replace(doc, environment=replace(doc.environment, cpu_count=None))
+    text = "\n".join(files(unknown).values())
+    assert "None logical cores" not in text and doc.environment.cpu in text

@@ -112,13 +112,13 @@ def _prepare_parity(cases: Sequence[Any], modes: list[str]) -> None:
 
 
 def cmd_report(a: argparse.Namespace) -> int:
-    """Rebuild REPORT.md from a results.json, a sweep's results.jsonl, a run's cells.jsonl or a folder holding
-    them; measures nothing. A folder's report comes from the newest run there: its store's (``cells.jsonl`` is
-    emptied when a run starts). Its results.json is rendered only when it is that run's own summary (the same run id,
-    every stored cell); otherwise (a run or sweep killed before it wrote its summary, a full disk, a results.json of
-    an older run) results.json is rebuilt from the store and the output line says so; an earlier run's
-    results.json holding cells the store lacks is kept, and the store's document goes to results.interrupted.json
-    with REPORT.interrupted.md."""
+    """Rebuild REPORT.md and DETAILS.md from a results.json, a sweep's results.jsonl, a run's cells.jsonl or a
+    folder holding them; measures nothing. A folder's report comes from the newest run there: its store's
+    (``cells.jsonl`` is emptied when a run starts). Its results.json is rendered only when it is that run's own
+    summary (the same run id, every stored cell); otherwise (a run or sweep killed before it wrote its summary, a
+    full disk, a results.json of an older run) results.json is rebuilt from the store and the output line says so;
+    an earlier run's results.json holding cells the store lacks is kept, and the store's document goes to
+    results.interrupted.json with REPORT.interrupted.md."""
     path = Path(a.results)
     folder = path if path.is_dir() else path.parent
     out = Path(a.out) if a.out else None
@@ -273,9 +273,15 @@ def parser() -> argparse.ArgumentParser:
         "interpreted-parity cache, which later runs reuse",
     )
     prep.set_defaults(fn=cmd_prepare)
-    rep = sub(subs, "report", help="rebuild REPORT.md from a results.json (measures nothing)")
+    rep = sub(
+        subs,
+        "report",
+        help="rebuild REPORT.md and DETAILS.md from a results.json, a run's store or its folder (measures nothing)",
+    )
     rep.add_argument("results")
-    rep.add_argument("--out", type=out_arg, help="where to write (default: REPORT.md beside the results)")
+    rep.add_argument(
+        "--out", type=out_arg, help="where to write (default: REPORT.md and DETAILS.md beside the results)"
+    )
     rep.add_argument(
         "--device-memory",
         metavar="SIZE",

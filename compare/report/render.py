@@ -34,12 +34,17 @@ Row = list[str]
 Rows = Sequence[Result]
 
 
+def _cpu(env: Environment) -> str:
+    """The CPU and its logical cores (``os.cpu_count()`` may not know them: then the CPU alone)."""
+    return f"{env.cpu} ({env.cpu_count} logical cores)" if env.cpu_count else env.cpu
+
+
 def environment_section(env: Environment, load: Load | None = None) -> str:
     """The platform, versions and settings; with the machine's load over the measurements where the run recorded it
     (``compare.results.load``; a run before it was recorded shows no row)."""
     rows = [
         ["platform", env.platform],
-        ["CPU", f"{env.cpu} ({env.cpu_count} logical cores)"],
+        ["CPU", _cpu(env)],
         ["GPU", env.gpu or "none"],
         ["versions", ", ".join(f"{k} {val}" for k, val in env.versions.items() if val)],
         ["threads", ", ".join(f"{k}={val}" for k, val in env.threads.items() if val != "")],
@@ -71,10 +76,6 @@ def load_note(load: Load | None) -> str:
         else ""
     )
     return f"Machine load over the measurements: {load.describe()}.{busy}"
-
-
-def _e_bound(value: float | None, bound: float | None) -> str:
-    return f"{fmt_e(value)} ({fmt_e(bound)})"
 
 
 def parity_section(results: Rows) -> str:
@@ -528,7 +529,7 @@ def machine_line(doc: Results, to: Link) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in env.versions.items() if v and k in ("torch", "jax", "triton"))
     load = f"; load: {doc.load.describe()}" if doc.load is not None else ""
     where = to("Environment", "environment")
-    return f"Machine: {env.cpu} ({env.cpu_count} logical cores), GPU {env.gpu or 'none'}; {versions}{load} ({where})."
+    return f"Machine: {_cpu(env)}, GPU {env.gpu or 'none'}; {versions}{load} ({where})."
 
 
 def cut_section(doc: Results, to: Link) -> str:
@@ -603,7 +604,7 @@ def files(doc: Results, report_name: str = REPORT, details_name: str = DETAILS) 
     """The report as files, name -> text: ``REPORT.md`` (one page: the answer with its per-backend tables, the
     machine, the plots, what was cut or skipped) and ``DETAILS.md`` beside it (every other section), linked from it
     by section title (other names: the links follow them)."""
-    REPORT, DETAILS = report_name, details_name  # noqa: N806: the module's names, as this call has them
+    REPORT, DETAILS = report_name, details_name  # the module's names, as this call has them
     body = "\n\n".join(b for b in (section(doc) for section in SECTIONS) if b)
     details = f"# fusion-compare report: details\n\nThe sections [{REPORT}]({REPORT}) links to.\n\n{body}\n"
     titles = [line[3:] for line in details.splitlines() if line.startswith("## ")]
