@@ -12,8 +12,14 @@ T36 := .venv-t36
 .PHONY: setup env data compilers check check-tests test test-main test-slow test-isa test-quiet ci lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check gpu-wheels
 
 # Both environments, the default report's data, and Inductor's one-time set-up: what `make report` needs before it
-# measures.
-setup: env data compilers
+# measures. Side by side where they can be: the two environments' installs, then the data and Inductor's set-up.
+setup:
+	$(MAKE) --no-print-directory -j3 $(VENV)/.installed $(T36)/.installed
+	$(MAKE) --no-print-directory -j2 data compilers
+
+# What a report needs before it measures (the project's environment, then its data beside Inductor's set-up), each
+# once per environment.
+PREPARED = $(MAKE) --no-print-directory -j2 $(DATA_STAMP) compilers
 
 # Both environments: the project's, and the bare Triton 3.6.0 one the sm_90 compile tests also run in. The test
 # targets need only these.
@@ -48,8 +54,7 @@ $(VENV)/.inductor-warm: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints/cpu.txt torch
-	$(PY) -m pip install -q -c constraints/cpu.txt -e '.[triton,test,cluster]'
+	$(PY) -m pip install -q -c constraints/cpu.txt torch -e '.[triton,test,cluster]'
 	touch $@
 
 lint: env
@@ -57,24 +62,25 @@ lint: env
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# pytest-xdist: two worker processes, each test module on one of them (its shared fixtures, such as a TP worker
+# group, start once; the long parity and seed sweeps are split into modules by framework and preset), each worker
+# with one thread per pool (tests/conftest.py: ONE_THREAD_ENV; N workers of N threads on N cores starve each other).
+# PYTEST_WORKERS=0 runs in this process, with the default thread counts.
+PYTEST_WORKERS ?= 2
+PYTEST_PAR := -n $(PYTEST_WORKERS) --dist loadfile
+
 # The quick loop for every edit: lint, format, types and the quick tier of the tests (every test has a tier marker,
-# tests/conftest.py refuses one without; no compile at a new shape, no worker process). Under a minute on 2 cores.
-# The lint and the tests run side by side (one core each).
+# tests/conftest.py refuses one without; no compile at a new shape, no worker process). Under a minute on 2 cores
+# (42 s with bf16 matmul emulated): the lint beside the tests' two workers.
 CHECK_TESTS := quick and not standard and not slow and not compile and not gpu and not quiet
 check: env
 	$(MAKE) --no-print-directory -j2 lint check-tests
 
 check-tests: env
-	$(PY) -m pytest -q -p no:cacheprovider -m "$(CHECK_TESTS)"
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PAR) -m "$(CHECK_TESTS)"
 
 # The test loop for a change: lint, the sm_90 compile tests under triton 3.6.0 and the quick and standard tiers of
-# pytest (every test but the `slow` tier), in under 6 minutes on 2 cores. pytest-xdist: two worker processes, each
-# test module on one of them (its shared fixtures, such as a TP worker group, start once; the long parity and seed
-# sweeps are split into modules by framework and preset), each worker with one thread per pool (tests/conftest.py:
-# ONE_THREAD_ENV; N workers of N threads on N cores starve each other). PYTEST_WORKERS=0 runs in this process, with
-# the default thread counts.
-PYTEST_WORKERS ?= 2
-PYTEST_PAR := -n $(PYTEST_WORKERS) --dist loadfile
+# pytest (every test but the `slow` tier), in under 6 minutes on 2 cores.
 # The lint, the triton 3.6.0 tests and pytest run side by side (make -j3; their few lines among pytest's dots): the
 # lint and the small triton run fill the gaps the two pytest workers leave.
 test: env
@@ -151,18 +157,21 @@ CPU_REPORT := $(PY) -m compare run --preset cpu-mlp --dtype float32 bfloat16 --p
 
 # This machine's report, into a folder git ignores (REPORT_DIR=... writes it elsewhere): the tests read the
 # committed reports, so running it never changes what they see.
-report: env $(DATA_STAMP) compilers
+report: $(VENV)/.installed
+	$(PREPARED)
 	$(CPU_REPORT) --out $(REPORT_DIR); rc=$$?; [ $$rc -le 1 ] || exit $$rc
 
 # The committed reports/cpu, and the README's excerpt of it (tests/test_readme.py holds the two together).
-report-cpu: env $(DATA_STAMP) compilers
+report-cpu: $(VENV)/.installed
+	$(PREPARED)
 	$(CPU_REPORT) --out reports/cpu; rc=$$?; [ $$rc -le 1 ] || exit $$rc
 	$(PY) scripts/readme_excerpt.py --write
 
 # The committed reports/cpu-tp. Tensor parallel, geglu cpu-mlp float32: every TP backend at world size 1 (2 threads)
 # and 2 (1 thread per rank), the only fair scaling pair on a 2-core machine; collectives in the kernel table
 # (--profile).
-report-tp: env $(DATA_STAMP) compilers
+report-tp: $(VENV)/.installed
+	$(PREPARED)
 	$(PY) -m compare run --preset cpu-mlp --world-size 1 2 --backend torch-tp torch-tp-compile torch-tp-manual \
 		jax-tp jax-tp-shardmap --dtype float32 --mode fwd fwd+bwd --profile --out reports/cpu-tp; \
 		rc=$$?; [ $$rc -le 1 ] || exit $$rc

@@ -20,10 +20,12 @@ TRITON_INTERPRETED = triton_env.choose()
 TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
 
 from compare.backends.registry import spec  # noqa: E402
+from compare.gate import fresh  # noqa: E402
 from compare.problem.cases import Case  # noqa: E402
 from compare.results.document import Result  # noqa: E402
 from compare.run.cell import plain_reference  # noqa: E402
 from compare.run.harness import run_one  # noqa: E402
+from compare.run.pipeline import CaseReference  # noqa: E402
 from compare.timing.timer import TimingConfig  # noqa: E402
 
 #: Every test's tier, one marker of these at least (the most severe one counts): ``quick`` runs in ``make check``
@@ -94,9 +96,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @functools.cache
+def case_reference(case: Case) -> CaseReference:
+    """One fresh draw of ``case`` (with ``dy``) and its float64 reference for the session, as a run shares one
+    between its cells of a case: the reference costs more than a parity-only step."""
+    return CaseReference(case, fresh.new_seed())
+
+
+@functools.cache
 def parity_result(backend: str, case: Case, mode: str) -> Result:
     """Parity-only run of a registered backend (no timing), cached for the session."""
-    return run_one(spec(backend), case, mode, plain_reference(case), TimingConfig(), {}, time_it=False)
+    plain = plain_reference(case)
+    return run_one(spec(backend), case, mode, plain, TimingConfig(), {}, time_it=False, reference=case_reference(case))
 
 
 def explain(r: Result) -> str:

@@ -27,7 +27,7 @@ from compare.results.document import Result
 from compare.run.cell import MODE_TENSORS, plain_reference
 from compare.run.harness import case_resolution, run_one
 from compare.timing.timer import TimingConfig
-from tests.conftest import explain
+from tests.conftest import case_reference, explain
 from torch_impl import runner
 from torch_impl.models import build_module
 
@@ -67,6 +67,7 @@ def _run(case: Case, mode: str, make: Make) -> Result:
         {},
         prepare=lambda: make(case, mode),
         time_it=False,
+        reference=case_reference(case),
     )
 
 

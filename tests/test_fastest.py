@@ -300,7 +300,9 @@ def test_every_cheat_fails_on_the_harness_inputs_and_is_never_fastest(cheats: li
     """Each cheat of ``tests.cheat_backends`` ends as ``parity-fail`` (or ``error``) with the ceilings off as well as
     on, and is never named fastest. Control: torch-eager, the same code honest, passes (and the cache cheats are
     right on their first call: their verdict comes from the calls the harness judged)."""
-    cfg = TimingConfig(warmup=1, min_samples=10, budget_s=0.05)
+    # blocks of 0.2 ms, not 2: a cheat's step takes a microsecond, and each call's fresh inputs (a permutation and a
+    # gather, outside the clock) cost ten times that, so 2 ms blocks of thousands of calls took a minute per run
+    cfg = TimingConfig(warmup=1, min_samples=10, budget_s=0.05, min_sample_s=2e-4)
     doc = run([TINY], [spec("torch-eager"), *cheats], ["fwd", "fwd+bwd"], RunOptions(cfg, ceilings=ceilings))
     by = {(r.backend, r.mode): r for r in doc.results}
     for c in cheats:

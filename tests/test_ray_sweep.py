@@ -254,6 +254,7 @@ def test_a_killed_worker_is_an_error_row_and_the_cell_runs_again(
     assert "attempt 2, after: the Ray worker process running the cell died" in problems, problems
 
 
+@pytest.mark.slow  # 10 s each; make test keeps the killed worker's retry
 def test_a_lost_node_loses_only_its_cell_in_flight_which_runs_again(
     cluster: Cluster, numpy_plain: Path, tmp_path: Path
 ) -> None:
@@ -288,6 +289,7 @@ def test_a_lost_node_loses_only_its_cell_in_flight_which_runs_again(
     assert again["extras"]["attempt"] == 2 and again["node"]["node_id"] != node.node_id
 
 
+@pytest.mark.slow  # 10 s each; make test keeps the killed worker's retry
 def test_a_killed_driver_resumes_from_the_store_without_duplicates(
     cluster: Cluster, numpy_plain: Path, tmp_path: Path
 ) -> None:

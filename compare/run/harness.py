@@ -447,16 +447,20 @@ def run_one(
     profile: bool = False,
     trace_dir: Path | None = None,
     memory: bool = False,
+    reference: pipeline.CaseReference | None = None,
 ) -> Result:
     """Parity, timing (alone: a group of one) and the fresh-input check of one backend on one case and mode; never
     raises for a backend's own failure. ``memory`` adds the step's memory record (``pipeline.memory``).
+    ``reference``: the case's fresh draw and its reference, shared with other calls (as a run shares it between
+    its cells of a case; its ``backward`` must cover ``mode``); a new draw of its own when not given.
 
     ``prepare`` overrides the backend's own preparation (tests use it for negative controls); ``time_it=False``
     checks parity only. ``profile`` adds the kernel summary of one more step (``compare.kernels.summary``), with a trace
     under ``trace_dir`` when given; a profiler failure is recorded in ``extras`` and does not fail the result.
     """
     c = _Cell(spec, case, mode)
-    reference = pipeline.CaseReference(case, fresh.new_seed(), mode != "fwd")
+    if reference is None:
+        reference = pipeline.CaseReference(case, fresh.new_seed(), mode != "fwd")
     _start(c, plain, precision, reference.inputs, prepare)
     if time_it:
         _time([c], _Timer(cfg))
