@@ -19,6 +19,7 @@ from compare.problem import datacache
 from compare.problem.cases import PRESETS, InputError
 from compare.problem.golden import Problem
 from compare.report.render import files
+from compare.report.summary import untimed_reason
 from compare.results.document import Results
 from compare.run import harness, parity_cache
 from compare.run.budget import FLOOR, SHARES, Budget, split
@@ -587,8 +588,11 @@ def test_a_step_the_budget_leaves_untimed_is_neither_profiled_nor_its_memory_rec
     if budget_s:
         assert r.timing is None and any("not timed beyond its first calls" in c for c in cuts), cuts
         assert len(said) == 1 and r.memory.saved_reason and "time budget" in r.memory.saved_reason, (said, r.memory)
+        # its row says why it was not timed, not its backend's note
+        assert untimed_reason(r).startswith("cut by the time budget (a twin, 0.2"), untimed_reason(r)
     else:
         assert r.timing is not None and not said and "time budget" not in (r.memory.saved_reason or "")
+        assert "untimed" not in r.extras
 
 
 @pytest.mark.standard

@@ -20,7 +20,7 @@ from compare.report.memory import memory_section
 from compare.report.plots import plots_section
 from compare.report.resolution import resolution_section
 from compare.report.shapes import shapes_section
-from compare.report.summary import Link, speedup_cell, summary_section
+from compare.report.summary import Link, speedup_cell, summary_section, untimed_reason
 from compare.report.tp import tp_section
 from compare.results.document import Result, Results
 from compare.results.environment import ISA_FLAGS, Environment
@@ -374,7 +374,7 @@ def timing_section(
         notes.append(load_note(load))
     if budget is not None:
         notes.append(budget_note(budget))
-    untimed = grouped((r for r in results if _untimed(r)), lambda r: r.note or r.reason)
+    untimed = grouped((r for r in results if _untimed(r)), untimed_reason)
     cached = [
         f"- {r.label} ({case_label(r)}, {r.dtype}, {r.mode}): parity reused from the interpreted-parity cache "
         f"(made {r.extras['parity_cache'].get('created', '?')}; same kernel sources, case, versions and CPU)"
@@ -541,12 +541,14 @@ def cut_section(doc: Results, to: Link) -> str:
         for what, lines in (
             ("Skipped", grouped((r for r in rs if r.status == "skipped"), lambda r: r.reason)),
             ("Error", grouped((r for r in rs if r.status == "error"), lambda r: r.reason)),
-            ("Not timed", grouped((r for r in rs if _untimed(r)), lambda r: r.note or r.reason)),
+            ("Not timed", grouped((r for r in rs if _untimed(r)), untimed_reason)),
         )
         if lines
     ]
-    if doc.budget is not None and (doc.budget.cuts or doc.budget.overrun_s > 0):
-        parts.append("- " + budget_note(doc.budget).replace("\n  - ", "\n    - ").replace(" Cut:", "\n  Cut:"))
+    if doc.budget is not None and (doc.budget.cuts or doc.budget.overrun_s > 0):  # its cuts one per line: DETAILS
+        head = budget_note(doc.budget).split(" Cut:", 1)[0]
+        n = len(doc.budget.cuts)
+        parts.append(f"- {head} {n} cut{'s' * (n != 1)}, each in {to('Timing', 'the timing details')}.")
     if doc.cold is None:
         parts.append("- Cold caches: not measured in this run (`--cache warm`).")
     if doc.gpu_build and not doc.environment.gpu:

@@ -352,6 +352,12 @@ def _memory_saved(rows: list[Result], r: Result) -> str:
     return "-" if b is None or mine is None else mib(b - mine)
 
 
+def untimed_reason(r: Result) -> str:
+    """Why a row that ran has no timing: the time budget's cut, else its backend's note (an interpreted backend:
+    parity only), else its status's reason."""
+    return r.extras.get("untimed") or r.note or r.reason or "no reason recorded"
+
+
 def case_table(doc: Results, rows: list[Result], fusion: list[dict[str, Any]], to: Link = _words) -> str:
     """One case, dtype and mode, a row per backend that ran: parity with its worst statistic, warm median and IQR,
     the speedup against the baseline (paired signed-rank test unless marked unpaired), kernels per step, what its
@@ -363,7 +369,7 @@ def case_table(doc: Results, rows: list[Result], fusion: list[dict[str, Any]], t
     def median(r: Result) -> str:
         if r.timing is not None:
             return f"{fmt_s(r.timing.median_s)} ({fmt_s(r.timing.iqr_s)})"
-        why = r.note or r.reason or "no timing recorded"
+        why = untimed_reason(r)
         reasons.extend([why] * (why not in reasons))
         return f"not timed ({reasons.index(why) + 1})"
 

@@ -245,6 +245,10 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
     new, cold_s, kept, cold = budget.timing_plan(how.budget, part, cfg, label, steps, how.warm, flush_s)
     for i, c in enumerate(cells):
         c.untimed_s = None if i in kept else step_s[id(c)]
+        if c.untimed_s is not None:  # why its row reads "not timed" (its note says what the backend is, not this)
+            c.extras["untimed"] = (
+                f"cut by the time budget (a twin, {c.untimed_s:.3g} s a step; the core comparison first)"
+            )
     return new, cold_s, [cells[i] for i in kept], [cells[i] for i in cold]
 
 
