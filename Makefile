@@ -90,7 +90,8 @@ test-main: env
 	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow and not quiet"
 
 # The slow tier: the tests that take more than about 10 s each here (seed sweeps, multi-host groups, the Inductor
-# cache under two ISAs, the GPU check's dry run).
+# cache under two ISAs, the GPU check's dry run), the compiled backends' parity on the heavy-tailed `odd` cases (a
+# compile each) and the sm_90 build under this environment's Triton (make test builds it under the GPU machine's).
 test-slow: env
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PAR) -m "slow and not quiet"
 

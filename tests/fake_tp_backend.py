@@ -18,7 +18,8 @@ import numpy as np
 from compare.backends.registry import Availability, BackendSpec, Prepared
 from compare.backends.tp import Collective, Group, Launch, TPParts
 from compare.problem.golden import Problem
-from compare.problem.reference import Arith, compute
+from compare.problem.reference import compute
+from tests.numpy_backend import blas_plain
 
 NAME = "fake-tp"
 SPEC = BackendSpec(
@@ -86,7 +87,7 @@ class FakeTP:
 
         def step_on(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             dy = inputs["dy"] if mode != "fwd" else None
-            out = compute(case.model, inputs["x"], problem.params, dy, Arith.plain(case.dtype))
+            out = compute(case.model, inputs["x"], problem.params, dy, blas_plain(case.dtype))
             return {k: v for k, v in out.items() if keep(k) and (k == "y" or k == "dx" or k[1:] in problem.params)}
 
         def step() -> dict[str, np.ndarray]:

@@ -94,6 +94,11 @@ def jax_platform() -> str:
     return device.platform()
 
 
+def heavy_tailed(case: Case) -> bool:
+    """The committed ``odd`` cases: heavy-tailed (Student-t) inputs at an odd shape."""
+    return case.dist != "normal"
+
+
 #: (backend, model) pairs for the backward alone, on tiny in bf16: every MLP family a backend implements.
 BWD_PAIRS = [(b, m) for b in RUN_HERE for m in ("geglu", "swiglu", "gelu-mlp") if m in BACKENDS[b].models]
 

@@ -88,7 +88,13 @@ def _label(row: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Compiles (subprocesses)
 
+#: The sm_90 build of every kernel and config (58 kernels, about 30 s cold on 2 cores): in ``make test`` under the
+#: GPU machine's Triton (``make test-triton36``, which runs this module unfiltered), under this environment's Triton
+#: in the slow tier.
+IN_T36_OR_SLOW = pytest.mark.slow
 
+
+@IN_T36_OR_SLOW
 def test_every_kernel_compiles_for_sm90_in_every_dtype(catalogue, sixteen_bit_sm90, fp32_sm90):
     rows = sixteen_bit_sm90["rows"] + fp32_sm90["rows"]
     failed = [f"{_label(r)}: {r['error']}" for r in rows if not r["ok"]]
@@ -101,6 +107,7 @@ def test_every_kernel_compiles_for_sm90_in_every_dtype(catalogue, sixteen_bit_sm
         assert r["occupancy"]["warps"] > 0 or r["dtype"] == "float32", _label(r)
 
 
+@IN_T36_OR_SLOW
 def test_sixteen_bit_gemms_use_wgmma_and_fp32_stays_ieee(catalogue, sixteen_bit_sm90, fp32_sm90):
     gemms = _functions(catalogue, gemm=True)
     assert gemms, "no autotuned GEMM among the registry's kernels"
@@ -111,6 +118,7 @@ def test_sixteen_bit_gemms_use_wgmma_and_fp32_stays_ieee(catalogue, sixteen_bit_
             assert r["tensor_cores"] == "none", _label(r)
 
 
+@IN_T36_OR_SLOW
 def test_no_sixteen_bit_autotune_config_spills_or_overflows_shared_memory_on_sm90(sixteen_bit_sm90):
     kernels = sixteen_bit_sm90["kernels"]
     n_expected = sum(

@@ -197,6 +197,7 @@ def _verdicts(out: Path) -> dict[str, tuple[str, tuple[tuple[str, str], ...]]]:
 # --- on the cluster -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 18 s with the cluster; make test keeps the killed worker's retry on it
 def test_a_two_node_sweep_equals_the_local_engine(cluster: Cluster, numpy_plain: Path, tmp_path: Path) -> None:
     """tiny, numpy-plain and torch-eager, float32 and bfloat16: the same cells and verdicts on both engines; the
     cluster's rows come from both nodes (one CPU each and two cells in flight), each with its node record."""
