@@ -9,7 +9,7 @@ REPORT_DIR ?= out/report
 # The second, torch-free environment with the GPU machine's Triton (test-triton36 below).
 T36 := .venv-t36
 
-.PHONY: setup env data compilers check check-tests test test-main test-slow test-isa test-quiet ci lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check gpu-wheels
+.PHONY: setup env data compilers check check-tests test test-main test-slow test-every test-isa test-quiet ci lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check gpu-wheels
 
 # Both environments, the default report's data, and Inductor's one-time set-up: what `make report` needs before it
 # measures. Side by side where they can be: the two environments' installs, then the data and Inductor's set-up.
@@ -101,9 +101,16 @@ test-slow: env
 test-quiet: env
 	$(PY) -m pytest -q -p no:cacheprovider -m quiet
 
-# What CI runs (.ci/run): everything. `make test`, the slow tier, the `isa` pass under capped instruction sets, and
-# the wheel installed and run outside the checkout.
-ci: test test-slow test-isa wheel-check test-quiet
+# What CI runs (.ci/run): everything. `make test` and the slow tier in one pytest session (its two workers balance
+# both tiers' modules; the wheel check, mostly installs, beside them), then the `isa` pass under capped instruction
+# sets, then the timer's accuracy alone.
+ci: env
+	$(MAKE) --no-print-directory -j4 lint test-triton36 test-every wheel-check
+	$(MAKE) --no-print-directory test-isa
+	$(MAKE) --no-print-directory test-quiet
+
+test-every: env
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PAR) -m "not quiet"
 
 # The package as a user gets it: the wheel built from the working tree, installed with the pinned stack into a fresh
 # virtual environment (removed afterwards), `python -m compare list`, a `tiny` run and a one-kernel gpu-build from a
