@@ -123,11 +123,15 @@ wheel-check:
 # instruction sets present, and ATen its vectorised loops. A parity verdict on a committed case must not depend on
 # that, so the `isa` tests run again with OpenBLAS's Sandybridge kernels, XLA capped at AVX and ATen at AVX2, and
 # the disk cache of generated data off (every reference and plain computation made afresh under those kernels).
-# On two workers, as the main pass (on clean clones here: 3 min 20 s on two workers, 3 min 45 s in one process).
+# Inductor's cache: the tool's own folder per vector ISA (torch_impl/device.py), so on an AVX2 machine this pass
+# reuses the kernels the main pass compiled and on an AVX-512 one compiles its own; a TORCHINDUCTOR_CACHE_DIR set by
+# the caller is not keyed, so this pass then gets a folder of its own beside it (sharing one, a native run's
+# AVX-512 kernels were read under the AVX2 cap: 48 wrong torch-compile results).
+# On two workers, as the main pass (2 min 35 s on a clean clone with fresh caches under the AVX2 caps).
+ISA_INDUCTOR := $(if $(TORCHINDUCTOR_CACHE_DIR),TORCHINDUCTOR_CACHE_DIR=$(TORCHINDUCTOR_CACHE_DIR)-capped-isa)
 test-isa: env
 	OPENBLAS_CORETYPE=Sandybridge XLA_FLAGS=--xla_cpu_max_isa=AVX ATEN_CPU_CAPABILITY=avx2 FUSION_COMPARE_CACHE=off \
-		TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-isa \
-		$(PY) -m pytest -q -m isa -p no:cacheprovider $(PYTEST_PAR)
+		$(ISA_INDUCTOR) $(PY) -m pytest -q -m isa -p no:cacheprovider $(PYTEST_PAR)
 
 # Compile every Triton kernel, autotune config and dtype for sm_90 and sm_80 without a GPU: registers, spills,
 # shared memory, tensor-core instructions, occupancy. Writes the committed table (cached: a rerun is quick).

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.standard, pytest.mark.skipif(sys.platform != "linux", 
 
 QUICK, MANY = 12, 200
 #: Shots in flight at once.
-PARALLEL = 3
+PARALLEL = 4
 SEED = 20261202
 
 
@@ -48,7 +48,7 @@ def _volley(
     shots = faults.plan(n, seed, real)
     for i in range(len(shots)):
         (tmp_path / str(i)).mkdir()
-    # three shots at a time (each in its own folder, with its own token): a shot mostly waits for its moment, and
+    # four shots at a time (each in its own folder, with its own token): a shot mostly waits for its moment, and
     # a busy machine is one a user's run meets too
     with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL) as pool:
         return collections.Counter(pool.map(one, range(len(shots)), shots))
