@@ -677,7 +677,7 @@ def test_the_cold_part_pays_the_cheapest_steps_first_rather_than_none(
     five cold calls; now the cheaper step (0.4 s) gets its cold samples and the other's cut says why. Both are timed
     warm. On the fake clock."""
     specs = [_ticking("numpy-80ms", 0.08), _ticking("numpy-100ms", 0.1)]
-    monkeypatch.setattr(harness, "cold_flush", lambda: (None, _NoFlush()))
+    monkeypatch.setattr(harness, "cold_flush", lambda _: (None, _NoFlush()))
     doc = harness.run([PRESETS["tiny"].case("float32")], specs, ["fwd"], RunOptions(cache="both"), budget=Budget(9.0))
     got = {r.backend: r for r in doc.results}
     assert all(r.status == "ok" and r.timing is not None for r in got.values()), got

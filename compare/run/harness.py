@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from compare.backends.registry import BackendSpec, Prepared, probe
+from compare.backends.registry import FRAMEWORK_PACKAGES, BackendSpec, Prepared, probe
 from compare.cost.records import Ceilings
 from compare.formats.codec import FieldError, from_json, to_json
 from compare.gate import fresh, resolution
@@ -540,7 +540,7 @@ def run(
     single = sum(1 for sp in specs if not sp.runtime)
     timer = _Timer(cfg, cache, budget=budget, groups_left=groups, watch=watch, cells=max(1, groups * single))
     if cache != "warm":
-        size, flush = cold_flush()
+        size, flush = cold_flush(sp.framework for sp in specs)
         timer.flush, timer.flush_s = flush, llc.time_flush(flush)
         cold_setup = llc.ColdSetup(cache, size, flush.bytes, flush.about, timer.flush_s)
     interpreted: set[tuple[str, str, str]] = set()  # (backend, case, mode) of this run's own interpreted verdicts
@@ -674,14 +674,18 @@ def run(
     )
 
 
-def cold_flush() -> tuple[llc.CacheSize | None, llc.Flush]:
+def cold_flush(frameworks: Iterable[str]) -> tuple[llc.CacheSize | None, llc.Flush]:
     """The last-level cache of the device the timed steps run on and a flush that evicts it: the ``flush`` probe's
     (``compare.backends.registry.PROBES``: a GPU's L2 and a device buffer, when torch sees one), else this CPU's
-    (``compare.timing.llc``: the OS's figure, a host buffer)."""
-    try:
-        device = probe("flush").device_flush()
-    except ImportError:  # no torch here: the CPU's caches are the only ones a step can run in
-        device = None
+    (``compare.timing.llc``: the OS's figure, a host buffer). The probe is asked only when one of the run's
+    ``frameworks`` can step on a device (``compare.backends.registry.FRAMEWORK_PACKAGES``): a run of framework-free
+    backends steps here, and importing torch to learn so would cost it a second and more."""
+    device = None
+    if set(frameworks) & set(FRAMEWORK_PACKAGES.values()):
+        try:
+            device = probe("flush").device_flush()
+        except ImportError:  # no torch here: the CPU's caches are the only ones a step can run in
+            device = None
     if device is not None:
         size, flush = device
         return size, flush
