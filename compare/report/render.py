@@ -254,16 +254,21 @@ def _device_notes(r: Result) -> list[str]:
     return out
 
 
-def budget_note(budget: BudgetRecord) -> str:
-    """The time budget, what the measurements took and where, and what was cut to keep to it."""
+def budget_head(budget: BudgetRecord) -> str:
+    """The time budget, what the measurements took and where (one line; :func:`budget_note` adds the cuts)."""
     over = f", {budget.overrun_s:.0f} s over it (parity is never cut)" if budget.overrun_s > 0 else ""
     spent = ""
     if budget.phases:
         parts = [f"{PHASES[name]} {fmt_s(s)}" for name, s in budget.phases.items()]
         parts.append(f"{REST} {fmt_s(budget.rest_s)}")
         spent = f" Where it went: {', '.join(parts)}."
+    return f"Time budget: {budget.total_s:.0f} s, measurements took {budget.spent_s:.0f} s{over}.{spent}"
+
+
+def budget_note(budget: BudgetRecord) -> str:
+    """:func:`budget_head` and what was cut to keep to the budget, one per line."""
     cuts = "".join(f"\n  - {c}" for c in budget.cuts) or "\n  - nothing was cut"
-    return f"Time budget: {budget.total_s:.0f} s, measurements took {budget.spent_s:.0f} s{over}.{spent} Cut:{cuts}"
+    return f"{budget_head(budget)} Cut:{cuts}"
 
 
 def _untimed(r: Result) -> bool:
@@ -546,7 +551,7 @@ def cut_section(doc: Results, to: Link) -> str:
         if lines
     ]
     if doc.budget is not None and (doc.budget.cuts or doc.budget.overrun_s > 0):  # its cuts one per line: DETAILS
-        head = budget_note(doc.budget).split(" Cut:", 1)[0]
+        head = budget_head(doc.budget)
         n = len(doc.budget.cuts)
         parts.append(f"- {head} {n} cut{'s' * (n != 1)}, each in {to('Timing', 'the timing details')}.")
     if doc.cold is None:
