@@ -27,7 +27,7 @@ from compare.run.options import RunOptions
 from compare.run.progress import eta
 from compare.run.shape_sweep import budgeted_sweep
 from compare.timing import llc, timer
-from compare.timing.budgets import PHASES, BudgetRecord
+from compare.timing.budget_record import PHASES, BudgetRecord
 from tests.fake_nvml import Phase, ScriptedDevice
 from tests.numpy_backend import NumpyPlain
 

@@ -21,7 +21,7 @@ from compare.results.environment import Environment, Node
 from compare.results.load import Load
 from compare.results.memory import Memory
 from compare.results.tp import TPInfo
-from compare.timing.budgets import BudgetRecord
+from compare.timing.budget_record import BudgetRecord
 from compare.timing.llc import ColdSetup
 from compare.timing.timer import Timing, TimingConfig
 
