@@ -389,7 +389,11 @@ def test_no_sweep_variant_starts_past_the_sweeps_deadline_and_each_is_said() -> 
             return []
 
     spec = BackendSpec(
-        name="test-swept", target="tests.test_cold_budget", framework="numpy", about="x", sweep=({"dynamic": False},)
+        name="test-swept",
+        target="tests.test_cold_budget",
+        framework="numpy",
+        about="x",
+        shape_sweep=({"dynamic": False},),
     )
     case = PRESETS["tiny"].case("float32")
     cuts: list[str] = []
