@@ -266,7 +266,7 @@ def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts() -> None:
 
     register(NUMPY)
     try:
-        doc = _run(NUMPY, cache="both", budget=Budget(8.0))
+        doc = _run(NUMPY, cache_mode="both", budget=Budget(8.0))
     finally:
         unregister(NUMPY.name)
     (r,) = doc.results
@@ -287,7 +287,7 @@ def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts() -> None:
 
 def test_a_bad_cache_mode_is_refused_by_name() -> None:
     with pytest.raises(InputError, match="cache mode"):
-        harness.run([PRESETS["tiny"].case("float32")], [], ["fwd"], RunOptions(cache="lukewarm"))
+        harness.run([PRESETS["tiny"].case("float32")], [], ["fwd"], RunOptions(cache_mode="lukewarm"))
 
 
 def test_the_kernel_time_cells_mark_a_profile_slower_than_the_step() -> None:
@@ -317,7 +317,7 @@ def test_a_throttled_window_is_marked_in_the_timing_table_and_a_quiet_one_is_not
     device = ScriptedDevice([Phase(0.0, 1977, 2619, 431.5, 67, throttle)], name="Scripted H200")
     register(NUMPY)
     try:
-        doc = _run(NUMPY, cache="warm", watch=lambda: nvml.NvmlWatch(device, period_s=0.002))
+        doc = _run(NUMPY, cache_mode="warm", watch=lambda: nvml.NvmlWatch(device, period_s=0.002))
     finally:
         unregister(NUMPY.name)
     (r,) = doc.results
@@ -681,7 +681,9 @@ def test_the_cold_part_pays_the_cheapest_steps_first_rather_than_none(
     warm. On the fake clock."""
     specs = [_ticking("numpy-80ms", 0.08), _ticking("numpy-100ms", 0.1)]
     monkeypatch.setattr(harness, "cold_flush", lambda _: (None, _NoFlush()))
-    doc = harness.run([PRESETS["tiny"].case("float32")], specs, ["fwd"], RunOptions(cache="both"), budget=Budget(9.0))
+    doc = harness.run(
+        [PRESETS["tiny"].case("float32")], specs, ["fwd"], RunOptions(cache_mode="both"), budget=Budget(9.0)
+    )
     got = {r.backend: r for r in doc.results}
     assert all(r.status == "ok" and r.timing is not None for r in got.values()), got
     assert got["numpy-80ms"].cold is not None and got["numpy-100ms"].cold is None, got

@@ -82,7 +82,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         world_sizes=tuple(world_sizes),
         tp_launch=a.tp_launch,
         tp_logs=out / "tp-logs",
-        cache=a.cache,
+        cache_mode=a.cache,
         reuse_parity=not a.no_parity_cache,
         cuda_graphs=a.cuda_graphs,
     )

@@ -199,12 +199,12 @@ def _graphed(c: _Cell, prepared: Prepared) -> str:
 
 @dataclass
 class _Timer:
-    """How a run times its groups: the timer's settings, the cache mode (``compare.timing.llc.CACHE_MODES``) and
-    its flush (None: warm only), the budget (None: none) and its groups left, and a factory of device watches
+    """How a run times its groups: the timer's settings, the last-level cache mode (``compare.timing.llc.CACHE_MODES``)
+    and its flush (None: warm only), the budget (None: none) and its groups left, and a factory of device watches
     (``compare.timing.timer.Watch``; None: none)."""
 
     cfg: TimingConfig
-    cache: str = "warm"
+    cache_mode: str = "warm"
     flush: llc.Flush | None = None
     #: the flush's median seconds (``llc.time_flush``, measured once per run)
     flush_s: float = 0.0
@@ -216,11 +216,11 @@ class _Timer:
 
     @property
     def warm(self) -> bool:
-        return self.cache in ("warm", "both")
+        return self.cache_mode in ("warm", "both")
 
     @property
     def cold(self) -> bool:
-        return self.cache in ("cold", "both") and self.flush is not None
+        return self.cache_mode in ("cold", "both") and self.flush is not None
 
 
 def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingConfig, float, list[_Cell], list[_Cell]]:
@@ -512,8 +512,8 @@ def run(
     """Run every (case, backend, mode, world size); return the results document (``compare.results.document.Results``).
 
     How is ``options`` (``compare.run.options.RunOptions``, None: its defaults): the timer's settings, the config
-    the document records, profile and trace folder, memory, ceilings, world sizes, cache mode, parity cache, CUDA
-    graphs.
+    the document records, profile and trace folder, memory, ceilings, world sizes, last-level cache mode,
+    interpreted-parity cache, CUDA graphs.
     Single-device backends run here, at world size 1 (at a larger one they are ``skipped``); tensor-parallel
     backends (a registry line with a ``runtime``) run in worker groups (``compare.run.tp_launch``), one group per
     runtime, launch and world size for all of its cells, launched as ``options.tp_launch`` where the backend
@@ -523,25 +523,25 @@ def run(
     mode settle together (they are timed together), a tensor-parallel cell as its group reports it.
     A stop (Ctrl-C, SIGTERM: ``compare.run.stop``; a ``KeyboardInterrupt``) ends the run between cells: the
     document then holds every finished cell and ``interrupted`` (the caller writes it and says so).
-    ``options.cache`` (``compare.timing.llc.CACHE_MODES``): warm samples, cold ones (each call after a flush of
+    ``options.cache_mode`` (``compare.timing.llc.CACHE_MODES``): warm samples, cold ones (each call after a flush of
     the last-level cache, :func:`cold_flush`) or both; ``budget`` (``compare.run.budget``) the time the run keeps,
     its cuts in the document; ``options.reuse_parity`` looks interpreted cells up in ``compare.run.parity_cache``
     (every interpreted verdict is kept there); ``watch`` makes a device watch per timed group
     (``compare.timing.timer.Watch``); ``options.memory`` records what each step holds in memory
     (``pipeline.memory``: saved for the backward, peak)."""
     options = options or RunOptions()
-    cfg, cache, profile, memory = options.cfg, options.cache, options.profile, options.memory
+    cfg, cache_mode, profile, memory = options.cfg, options.cache_mode, options.profile, options.memory
     cases, specs, modes = list(cases), list(specs), list(modes)
     spec_of = {sp.name: sp for sp in specs}
-    check_name("cache mode", cache, list(llc.CACHE_MODES))
+    check_name("cache mode", cache_mode, list(llc.CACHE_MODES))
     cold_setup = None
     groups = max(1, len(cases) * len(modes))
     single = sum(1 for sp in specs if not sp.runtime)
-    run_timer = _Timer(cfg, cache, budget=budget, groups_left=groups, watch=watch, cells=max(1, groups * single))
-    if cache != "warm":
+    run_timer = _Timer(cfg, cache_mode, budget=budget, groups_left=groups, watch=watch, cells=max(1, groups * single))
+    if cache_mode != "warm":
         size, flush = cold_flush(sp.framework for sp in specs)
         run_timer.flush, run_timer.flush_s = flush, llc.time_flush(flush)
-        cold_setup = llc.ColdSetup(cache, size, flush.bytes, flush.about, run_timer.flush_s)
+        cold_setup = llc.ColdSetup(cache_mode, size, flush.bytes, flush.about, run_timer.flush_s)
     interpreted: set[tuple[str, str, str]] = set()  # (backend, case, mode) of this run's own interpreted verdicts
     jobs: dict[tuple[str, str, int], list[tuple[Cell, BackendSpec]]] = {}
     ceil = None
