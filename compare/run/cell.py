@@ -42,7 +42,7 @@ def plain_reference(case: Case, backward: bool = True) -> Plain:
     yardstick, with its envelope twin in float32 cases of a model with an activation (``compare.gate.parity.Plain``;
     in a 16-bit dtype a float32 transcendental's few ulp are far below the dtype's rounding). The same bits on every
     machine. A run of ``fwd`` alone needs only ``y``: the backward is two thirds of the work (on ``cpu-mlp`` float32,
-    17 s of 24 s here), so it is left out when no mode needs it (a separate cache entry).
+    17 s of 24 s here), so it is left out when no mode needs it (a separate data cache entry).
 
     Raises :class:`~compare.gate.parity.UnusableCase` when it (or the reference) is not finite in the case dtype."""
     g = golden_for(case)
