@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from compare.formats.codec import to_json
 from compare.problem.cases import DTYPES, check_name
-from compare.timing import timer as timing
+from compare.timing import timer
 from jax_impl import device as dev
 
 SIZES: tuple[int, ...] = (128, 256, 512, 1024)
@@ -39,23 +39,23 @@ def measure(dtype: str, budget_s: float = BUDGET_S, sizes: Sequence[int] = SIZES
     check_name("dtype", dtype, DTYPES)
     precision = dev.pin_precision()
     jdtype = dev.JAX_DTYPES[dtype]
-    deadline = timing.CLOCK() + budget_s * 0.75  # a quarter for the copy
+    deadline = timer.CLOCK() + budget_s * 0.75  # a quarter for the copy
     dot = jax.jit(lambda a, b: jnp.dot(a, b, precision=dev.PRECISION, preferred_element_type=jdtype))
     key = jax.random.PRNGKey(0)
-    best: tuple[float, int, timing.Timing] | None = None
+    best: tuple[float, int, timer.Timing] | None = None
     per_size: dict[str, dict[str, float]] = {}
     prev: tuple[int, float] | None = None
     for n in sizes:
-        if prev is not None and prev[1] * (n / prev[0]) ** 3 * 7 > deadline - timing.CLOCK():
+        if prev is not None and prev[1] * (n / prev[0]) ** 3 * 7 > deadline - timer.CLOCK():
             break  # a warm-up and 5 samples of this size would not fit
         a = jax.random.normal(key, (n, n), jnp.float32).astype(jdtype)
         b = jax.random.normal(jax.random.fold_in(key, n), (n, n), jnp.float32).astype(jdtype)
-        share = max(0.0, deadline - timing.CLOCK()) / 4
+        share = max(0.0, deadline - timer.CLOCK()) / 4
 
         def call(a: jax.Array = a, b: jax.Array = b) -> jax.Array:
             return dot(a, b)
 
-        t = timing.measure(call, dev.sync, warmup=1, budget_s=share)
+        t = timer.measure(call, dev.sync, warmup=1, budget_s=share)
         rate = 2 * n**3 / t.min_s  # 2 n^3 FLOPs per [n, n] @ [n, n], in the fastest sample: a peak
         per_size[str(n)] = {"median_s": t.median_s, "min_s": t.min_s, "flops_per_s": rate}
         if best is None or rate > best[0]:
@@ -65,7 +65,7 @@ def measure(dtype: str, budget_s: float = BUDGET_S, sizes: Sequence[int] = SIZES
     numel = COPY_BYTES // jnp.dtype(jdtype).itemsize
     src = jnp.ones(numel, jdtype)
     copy = jax.jit(lambda x: x + jnp.zeros((), jdtype))
-    tc = timing.measure(lambda: copy(src), dev.sync, warmup=1, budget_s=max(0.0, budget_s * 0.25))
+    tc = timer.measure(lambda: copy(src), dev.sync, warmup=1, budget_s=max(0.0, budget_s * 0.25))
     rate, n, t = best
     return {
         "flops_per_s": rate,

@@ -136,7 +136,7 @@ step environment 10 environment.txt bash -c env_report
 
 if [ "$DRY" = 1 ]; then
   step gpu-build 90 gpu_build.log "$PY" -m compare gpu-build --arch sm_90 --dtype bfloat16 --out "$OUT_DIR/gpu-build"
-  step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_seed.py tests/test_triton_env.py
+  step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_blog_kernels.py tests/test_triton_env.py
   step report 130 run.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd --backend torch-eager \
     --budget 0.05 --no-plots --memory --out "$OUT_DIR/report"
   skip bandwidth "needs CUDA (dry run)"

@@ -35,7 +35,7 @@ def main() -> int:
 
     import torch_impl  # noqa: F401  (configures Triton before it is imported)
     from compare.formats.markdown import fmt_s, table
-    from compare.timing import timer as timing
+    from compare.timing import timer
 
     if not torch.cuda.is_available():
         print("error: needs a CUDA device; the Triton interpreter is for parity, never for timing", file=sys.stderr)
@@ -64,7 +64,7 @@ def main() -> int:
     )
     copy_bw = None
     for name, (fn, moved) in candidates.items():
-        t = timing.measure(fn, sync, budget_s=a.budget)
+        t = timer.measure(fn, sync, budget_s=a.budget)
         bw = moved / t.median_s
         copy_bw = copy_bw or bw
         doc["kernels"][name] = {"bytes": moved, "timing": to_json(t), "bytes_per_s": bw, "of_copy": bw / copy_bw}

@@ -18,7 +18,7 @@ SPEC = BackendSpec(
     target="tests.fake_backend",
     about="a test's stand-in for a new backend",
     plan="eager",
-    sweep=({},),
+    shape_sweep=({},),
 )
 
 

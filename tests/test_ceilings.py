@@ -13,7 +13,7 @@ import pytest
 
 from compare.cost.records import EMULATED_BELOW, FLOAT32_ROUTE, NATIVE_ROUTE, Ceiling, Ceilings, CeilingTimings
 from compare.formats.codec import from_json, to_json
-from compare.report import cost as cost_report
+from compare.report.cost import cost_section
 from compare.report.render import environment_section
 from compare.report.summary import summary_section
 from compare.results.document import Results
@@ -190,10 +190,10 @@ def test_emulated_means_far_below_the_float32_route(native: float, f32: float | 
 
 def test_the_roofline_table_names_both_routes_and_the_ceiling() -> None:
     doc = _doc({"device": "cpu", "bfloat16": _ceiling(0.96 * GFLOP, 45 * GFLOP)})
-    text = cost_report.cost_section(doc)
+    text = cost_section(doc)
     assert "native 960 MFLOP/s, through float32 45 GFLOP/s: the ceiling is the float32 route (native emulated" in text
     assert "ATen CPU capability AVX2" in text
-    old = cost_report.cost_section(_doc({"device": "cpu", "bfloat16": OLD_CEILING}))
+    old = cost_section(_doc({"device": "cpu", "bfloat16": OLD_CEILING}))
     assert "through float32" not in old and "ATen" not in old
 
 

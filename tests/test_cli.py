@@ -13,7 +13,7 @@ import pytest
 
 from compare.cli.main import main
 from compare.formats.codec import from_json
-from compare.report import render as report
+from compare.report.render import render
 from compare.results.document import Results
 from tests.conftest import TRITON_INTERPRETED
 
@@ -107,7 +107,7 @@ def test_report_rebuilt_from_json_is_identical(run_dir: Path, tmp_path: Path) ->
     assert main(["report", str(run_dir / "results.json"), "--out", str(rebuilt)]) == 0
     for name in ("REPORT.md", "DETAILS.md"):  # the one page and its details, beside the --out file
         assert (tmp_path / name).read_text() == (run_dir / name).read_text()
-    assert report.render(from_json(Results, json.loads((run_dir / "results.json").read_text()))) == rebuilt.read_text()
+    assert render(from_json(Results, json.loads((run_dir / "results.json").read_text()))) == rebuilt.read_text()
 
 
 def test_a_failing_backend_keeps_the_others(tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ def test_a_failing_backend_keeps_the_others(tmp_path: Path) -> None:
     assert by["raising"].status == "error" and "MemoryError: simulated out of memory" in by["raising"].reason
     eager = by["torch-eager"].timing
     assert by["torch-eager"].status == "ok" and eager is not None and eager.n >= 5
-    md = report.render(doc)
+    md = render(doc)
     assert "simulated out of memory" in md and "| raising |" in md
 
 

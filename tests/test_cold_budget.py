@@ -26,9 +26,8 @@ from compare.run.budget import FLOOR, SHARES, Budget, split
 from compare.run.options import RunOptions
 from compare.run.progress import eta
 from compare.run.shape_sweep import budgeted_sweep
-from compare.timing import llc
-from compare.timing import timer as timing
-from compare.timing.budgets import PHASES, BudgetRecord
+from compare.timing import llc, timer
+from compare.timing.budget_record import PHASES, BudgetRecord
 from tests.fake_nvml import Phase, ScriptedDevice
 from tests.numpy_backend import NumpyPlain
 
@@ -55,18 +54,18 @@ class _Cache:
         return 1
 
 
-def _cold_of(cache: _Cache) -> timing.Timing:
-    (got,) = timing.measure_cold(
-        [timing.Entrant(cache.step, lambda outs: None, 0.0)], cache.flush, group="g", min_samples=7, budget_s=0.0
+def _cold_of(cache: _Cache) -> timer.Timing:
+    (got,) = timer.measure_cold(
+        [timer.Entrant(cache.step, lambda outs: None, 0.0)], cache.flush, group="g", min_samples=7, budget_s=0.0
     )
-    assert isinstance(got, timing.Timing)
+    assert isinstance(got, timer.Timing)
     return got
 
 
 def test_a_cold_sample_is_one_call_after_a_flush_whose_time_is_left_out(fake_clock: _FakeClock) -> None:
     cache = _Cache(miss_s=0.004)
     t = _cold_of(cache)
-    assert t.design == timing.COLD and t.calls_per_sample == 1 and t.n == 7 and cache.flushes == 7
+    assert t.design == timer.COLD and t.calls_per_sample == 1 and t.n == 7 and cache.flushes == 7
     # every sample paid the miss, none the flush's 3 ms on top
     assert t.median_s == pytest.approx(0.0047), t.median_s
 
@@ -84,14 +83,14 @@ def test_cold_rounds_keep_every_entrant_and_a_failing_step_is_its_own_error(fake
     def broken() -> int:
         raise RuntimeError("boom")
 
-    got = timing.measure_cold(
-        [timing.Entrant(cache.step, lambda o: None, 0.0), timing.Entrant(broken, lambda o: None, 0.0)],
+    got = timer.measure_cold(
+        [timer.Entrant(cache.step, lambda o: None, 0.0), timer.Entrant(broken, lambda o: None, 0.0)],
         cache.flush,
         group="g",
         min_samples=5,
         budget_s=0.0,
     )
-    assert isinstance(got[0], timing.Timing) and got[0].n == 5 and isinstance(got[1], RuntimeError)
+    assert isinstance(got[0], timer.Timing) and got[0].n == 5 and isinstance(got[1], RuntimeError)
 
 
 def test_the_last_level_cache_is_read_from_the_os_listing(tmp_path: Path) -> None:
@@ -267,12 +266,12 @@ def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts() -> None:
 
     register(NUMPY)
     try:
-        doc = _run(NUMPY, cache="both", budget=Budget(8.0))
+        doc = _run(NUMPY, cache_mode="both", budget=Budget(8.0))
     finally:
         unregister(NUMPY.name)
     (r,) = doc.results
     assert r.status == "ok" and r.timing is not None and r.cold is not None
-    assert r.timing.design == timing.INTERLEAVED and r.cold.design == timing.COLD and r.cold.n >= 5
+    assert r.timing.design == timer.INTERLEAVED and r.cold.design == timer.COLD and r.cold.n >= 5
     assert doc.cold is not None and doc.cold.flush_bytes >= llc.MIN_FLUSH_BYTES
     assert doc.budget is not None and doc.budget.total_s == 8.0
     again = from_json(Results, to_json(doc))
@@ -288,7 +287,7 @@ def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts() -> None:
 
 def test_a_bad_cache_mode_is_refused_by_name() -> None:
     with pytest.raises(InputError, match="cache mode"):
-        harness.run([PRESETS["tiny"].case("float32")], [], ["fwd"], RunOptions(cache="lukewarm"))
+        harness.run([PRESETS["tiny"].case("float32")], [], ["fwd"], RunOptions(cache_mode="lukewarm"))
 
 
 def test_the_kernel_time_cells_mark_a_profile_slower_than_the_step() -> None:
@@ -297,7 +296,7 @@ def test_the_kernel_time_cells_mark_a_profile_slower_than_the_step() -> None:
     from compare.report.render import _kernel_cells
     from compare.results.document import Result
 
-    t = timing.Timing(1e-3, 1e-5, 1e-3, 1e-3, 5, 1, 0.1, 1, (1e-3,) * 5)
+    t = timer.Timing(1e-3, 1e-5, 1e-3, 1e-3, 5, 1, 0.1, 1, (1e-3,) * 5)
     k = Kernels("torch.profiler", "cpu", 2, kernel_time=KernelTime(800.0, 800.0, {"gemm": 600.0, "elementwise": 200.0}))
     base = Result("b", "geglu", "float32", PRESETS["tiny"].shape, "c", "fwd", "ok", timing=t, kernels=k)
     busy, split, over = _kernel_cells(base)
@@ -318,7 +317,7 @@ def test_a_throttled_window_is_marked_in_the_timing_table_and_a_quiet_one_is_not
     device = ScriptedDevice([Phase(0.0, 1977, 2619, 431.5, 67, throttle)], name="Scripted H200")
     register(NUMPY)
     try:
-        doc = _run(NUMPY, cache="warm", watch=lambda: nvml.NvmlWatch(device, period_s=0.002))
+        doc = _run(NUMPY, cache_mode="warm", watch=lambda: nvml.NvmlWatch(device, period_s=0.002))
     finally:
         unregister(NUMPY.name)
     (r,) = doc.results
@@ -390,7 +389,11 @@ def test_no_sweep_variant_starts_past_the_sweeps_deadline_and_each_is_said() -> 
             return []
 
     spec = BackendSpec(
-        name="test-swept", target="tests.test_cold_budget", framework="numpy", about="x", sweep=({"dynamic": False},)
+        name="test-swept",
+        target="tests.test_cold_budget",
+        framework="numpy",
+        about="x",
+        shape_sweep=({"dynamic": False},),
     )
     case = PRESETS["tiny"].case("float32")
     cuts: list[str] = []
@@ -417,22 +420,22 @@ def test_prepare_parity_fills_the_cache_a_run_reuses_and_leaves_timed_backends_a
     """``prepare --parity`` judges the interpreted backends only (the timed one beside it is not run: a run times
     it) and keeps their verdicts; the run after it prepares nothing again and its row says it came from the cache.
     The control: without ``--parity`` nothing is judged."""
-    from compare.cli import main as cli
+    from compare.cli import main
     from tests import numpy_backend
 
     def timed_prepare(problem: Problem, mode: str) -> Prepared:
         raise AssertionError("prepare --parity ran a timed backend")
 
-    monkeypatch.setattr(cli, "BACKENDS", {SPEC.name: SPEC, numpy_backend.NAME: numpy_backend.SPEC})
+    monkeypatch.setattr(main, "BACKENDS", {SPEC.name: SPEC, numpy_backend.NAME: numpy_backend.SPEC})
     monkeypatch.setattr(numpy_backend.BACKEND, "prepare", timed_prepare)
     argv = ["prepare", "--preset", "tiny", "--dtype", "float32"]
     _Interpreted.calls = 0
-    assert cli.main(argv) == 0 and _Interpreted.calls == 0  # the control: goldens only
-    assert cli.main([*argv, "--parity"]) == 0
+    assert main.main(argv) == 0 and _Interpreted.calls == 0  # the control: goldens only
+    assert main.main([*argv, "--parity"]) == 0
     out = capsys.readouterr().out
     assert f"interpreted parity: {SPEC.name} " in out and "ok (judged now)" in out and numpy_backend.NAME not in out
     assert _Interpreted.calls == 1
-    assert cli.main([*argv, "--parity"]) == 0 and "ok (found in the cache)" in capsys.readouterr().out
+    assert main.main([*argv, "--parity"]) == 0 and "ok (found in the cache)" in capsys.readouterr().out
     row = _run(interpreted).results[0]
     assert _Interpreted.calls == 1 and "parity_cache" in row.extras
 
@@ -454,7 +457,7 @@ _CLOCK = _FakeClock()
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> _FakeClock:
     from compare.run import budget
 
-    monkeypatch.setattr(timing, "CLOCK", _CLOCK)
+    monkeypatch.setattr(timer, "CLOCK", _CLOCK)
     monkeypatch.setattr(budget, "CLOCK", _CLOCK)
     return _CLOCK
 
@@ -678,7 +681,9 @@ def test_the_cold_part_pays_the_cheapest_steps_first_rather_than_none(
     warm. On the fake clock."""
     specs = [_ticking("numpy-80ms", 0.08), _ticking("numpy-100ms", 0.1)]
     monkeypatch.setattr(harness, "cold_flush", lambda _: (None, _NoFlush()))
-    doc = harness.run([PRESETS["tiny"].case("float32")], specs, ["fwd"], RunOptions(cache="both"), budget=Budget(9.0))
+    doc = harness.run(
+        [PRESETS["tiny"].case("float32")], specs, ["fwd"], RunOptions(cache_mode="both"), budget=Budget(9.0)
+    )
     got = {r.backend: r for r in doc.results}
     assert all(r.status == "ok" and r.timing is not None for r in got.values()), got
     assert got["numpy-80ms"].cold is not None and got["numpy-100ms"].cold is None, got

@@ -11,13 +11,11 @@ from typing import Any
 import pytest
 
 from compare.backends import registry
-from compare.cost import model as costmodel
-from compare.cost.model import cost, gemm_flops, roofline
+from compare.cost.model import SILU_FLOPS, SILU_GRAD_FLOPS, cost, gemm_flops, roofline
 from compare.cost.records import Ceiling, Cost, CostTensor
 from compare.formats.codec import from_json, to_json
 from compare.problem.cases import PRESETS, Case, InputError, Shape
-from compare.report import cost as cost_report
-from compare.report.cost import fusion_benefit, fusion_section
+from compare.report.cost import cost_section, fusion_benefit, fusion_section
 from compare.results.document import Result, Results
 
 pytestmark = pytest.mark.quick
@@ -200,13 +198,13 @@ def test_sections_are_deterministic_and_empty_without_data() -> None:
     text = fusion_section(doc)
     assert text == fusion_section(_doc()) and "## What fusion buys" in text
     assert "101 MB" in text  # torch-compile: a (50.3 MB) not written nor read
-    cs = cost_report.cost_section(doc)
-    assert cs == cost_report.cost_section(_doc()) and "116 GFLOP" in cs and "455 MB" in cs
+    cs = cost_section(doc)
+    assert cs == cost_section(_doc()) and "116 GFLOP" in cs and "455 MB" in cs
     # torch-eager: 116 GFLOP / 10 ms against 100 TFLOP/s; 455 MB / 10 ms against 100 GB/s
     assert "11.6 TFLOP/s (12%)" in cs and "45.5 GB/s (45%)" in cs
     assert "| cpu | bfloat16 | 100 TFLOP/s | 100 GB/s |" in cs
     empty = Results(results=(Result.for_case("torch-eager", BLOG, "fwd", "ok"),))
-    assert fusion_section(empty) == "" and cost_report.cost_section(empty) == ""
+    assert fusion_section(empty) == "" and cost_section(empty) == ""
 
 
 def test_compare_does_not_import_frameworks() -> None:
@@ -258,7 +256,7 @@ def test_swiglu_moves_what_geglu_moves_with_silu_flops() -> None:
             assert [n.replace("silu", "gelu").replace("SwiGLU", "GeGLU") for n in s.model_kernels] == list(
                 g.model_kernels
             ), (backend, mode)
-    assert costmodel.SILU_FLOPS == 5 and costmodel.SILU_GRAD_FLOPS == 9
+    assert SILU_FLOPS == 5 and SILU_GRAD_FLOPS == 9
     eager = cost(SWIGLU, "torch-eager", "fwd+bwd")
     # forward: silu 5 + mul 1; backward: two muls, silu' 9, the dx add (per [T, D] element)
     assert eager.ew_flops == (5 + 1) * TH + (1 + 1 + 9) * TH + 8192 * 768

@@ -21,7 +21,7 @@ from compare.results import environment
 from compare.run import exitcodes
 from compare.run.harness import run
 from compare.run.options import RunOptions
-from compare.timing import timer as timing
+from compare.timing import timer
 from compare.timing.significance import (
     ALPHA,
     FASTER,
@@ -104,7 +104,7 @@ def _timings(machine: _Machine, bases: tuple[float, float], rounds: int, interle
                 math.nan,
                 1,
                 tuple(s),
-                design=INTERLEAVED if interleaved else timing.CONTIGUOUS,
+                design=INTERLEAVED if interleaved else timer.CONTIGUOUS,
                 group="g#0" if interleaved else "",
                 rounds=tuple(range(rounds)) if interleaved else (),
             )
@@ -505,9 +505,9 @@ def test_a_ceiling_is_the_higher_of_the_libraries_probes() -> None:
 
 
 def test_steps_of_about_the_same_speed_share_a_block_size() -> None:
-    assert timing.shared_block_sizes([9, 10, 13, 1]) == [13, 13, 13, 1]
-    assert timing.shared_block_sizes([100, 40, 20, 10]) == [100, 40, 40, 10]
-    assert timing.shared_block_sizes([]) == []
+    assert timer.shared_block_sizes([9, 10, 13, 1]) == [13, 13, 13, 1]
+    assert timer.shared_block_sizes([100, 40, 20, 10]) == [100, 40, 40, 10]
+    assert timer.shared_block_sizes([]) == []
 
 
 def _spin(seconds: float) -> None:

@@ -28,7 +28,7 @@ import pytest
 from compare.backends import registry
 from compare.cli import gpu_build as command
 from compare.gpu_build import bridge
-from compare.gpu_build import build as gpu_build
+from compare.gpu_build.build import build, check_failures, write_outputs
 from compare.gpu_build.plan import plan
 from compare.report.gpu_build import render_markdown
 from compare.results.gpu_build import (
@@ -54,7 +54,7 @@ ALL_DTYPES = ("float32", *SIXTEEN_BIT)
 
 def _build(out: Path, **options: Any) -> dict[str, Any]:
     """Build (``compare.gpu_build.build``, two workers) and write ``out``; return its gpu_build.json."""
-    gpu_build.write_outputs(gpu_build.build(jobs=2, **options), out)
+    write_outputs(build(jobs=2, **options), out)
     return json.loads((out / "gpu_build.json").read_text(encoding="utf-8"))
 
 
@@ -160,7 +160,7 @@ def test_a_config_that_does_not_compile_is_an_error_row(tmp_path, catalogue):
     assert "power of 2" in row["error"], row["error"]
     assert "registers" not in row
     assert "**error**: " in render_markdown(data)
-    assert gpu_build.check_failures(data) == []  # an override is asked for, not part of the product
+    assert check_failures(data) == []  # an override is asked for, not part of the product
 
 
 def test_the_build_reads_the_kernel_modules_the_backends_launch(catalogue):

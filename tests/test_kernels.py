@@ -33,7 +33,7 @@ from compare.kernels.names import parse_fused_name
 from compare.kernels.shorten import SHORT_WIDTH, shorten
 from compare.problem.cases import PRESETS
 from compare.problem.golden import golden_for
-from compare.report import kernels as kernel_report
+from compare.report.kernels import kernel_section
 from compare.results.document import Results
 
 pytestmark = pytest.mark.quick
@@ -187,9 +187,9 @@ def _hand_doc() -> dict[str, Any]:
 def test_kernel_section_from_hand_written_doc() -> None:
     doc = from_json(Results, _hand_doc())
     before = copy.deepcopy(doc)
-    text = kernel_report.kernel_section(doc)
+    text = kernel_section(doc)
     print(text)
-    assert doc == before and kernel_report.kernel_section(doc) == text  # pure, deterministic
+    assert doc == before and kernel_section(doc) == text  # pure, deterministic
     assert text.startswith("## Kernels per step\n")
     rows = [line for line in text.splitlines() if line.startswith("| torch-") or line.startswith("| jax-")]
     assert [r.split(" | ")[0] for r in rows] == ["| torch-eager", "| torch-compile", "| jax-xla"]  # no kernels: no row
@@ -204,8 +204,8 @@ def test_kernel_section_from_hand_written_doc() -> None:
 
 
 def test_kernel_section_empty_without_kernels() -> None:
-    assert kernel_report.kernel_section(Results()) == ""
-    assert kernel_report.kernel_section(from_json(Results, {"results": [_result("torch-eager", "fwd", None)]})) == ""
+    assert kernel_section(Results()) == ""
+    assert kernel_section(from_json(Results, {"results": [_result("torch-eager", "fwd", None)]})) == ""
 
 
 def test_check_summary_rejects_bad_counts() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from compare.backends.registry import register, spec, unregister
-from compare.cost import model as costmodel
+from compare.cost.model import cost
 from compare.formats.codec import FieldError, from_json, to_json
 from compare.problem.cases import preset
 from compare.problem.golden import golden_for
@@ -34,7 +34,7 @@ def measured(backend: str, mode: str = "fwd+bwd", case: Any = CASE, **kw: Any) -
 
 
 def _model_bytes(backend: str, names: tuple[str, ...], mode: str = "fwd+bwd") -> int:
-    c = costmodel.cost(CASE, backend, mode)
+    c = cost(CASE, backend, mode)
     return sum(t.bytes for t in c.tensors if t.name in names)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from compare.backends.registry import BackendSpec, register, unregister
-from compare.cli import main as cli
-from compare.cost import model as costmodel
+from compare.cli.main import main
+from compare.cost.model import cost
 from compare.formats.codec import to_json
 from compare.problem.cases import InputError, preset
 from compare.report.diff import diff
@@ -51,7 +51,7 @@ def _row(backend: str, memory: Memory | None, median: float = 1e-3, spread: floa
         "fwd+bwd",
         status,
         timing=_timing(median, spread),
-        cost=costmodel.cost(CASE, "torch-eager" if backend.startswith("remat") else backend, "fwd+bwd"),
+        cost=cost(CASE, "torch-eager" if backend.startswith("remat") else backend, "fwd+bwd"),
         memory=memory,
     )
 
@@ -141,9 +141,9 @@ def test_diff_flags_any_increase_of_saved_bytes_and_a_peak_beyond_its_bound(tmp_
     # through the command: exit 1 on the regression, 2 on a tolerance that is not a size
     (tmp_path / "old.json").write_text(json.dumps(to_json(old)))
     (tmp_path / "new.json").write_text(json.dumps(to_json(up)))
-    assert cli.main(["diff", str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 1
-    assert cli.main(["diff", str(tmp_path / "old.json"), str(tmp_path / "old.json")]) == 0
-    assert cli.main(["diff", str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--memory-tolerance", "lots"]) == 2
+    assert main(["diff", str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 1
+    assert main(["diff", str(tmp_path / "old.json"), str(tmp_path / "old.json")]) == 0
+    assert main(["diff", str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--memory-tolerance", "lots"]) == 2
 
 
 def test_a_diff_without_memory_has_no_memory_section() -> None:

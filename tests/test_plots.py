@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from compare.cost import model as costmodel
+from compare.cost.model import cost, roofline
 from compare.cost.records import Ceiling
 from compare.formats.codec import from_json, to_json
 from compare.problem.cases import Case, Shape
@@ -49,8 +49,8 @@ CEIL = {"flops_per_s": 3e11, "bytes_per_s": 2e10}
 def _cost(backend: str, tokens: int, median: float) -> dict[str, Any]:
     """The real cost model's entry for the result, with the roofline numbers a run with ceilings stores."""
     case = Case("geglu", Shape(tokens, 1, 96, 328), "float32")
-    c = costmodel.cost(case, backend, "fwd")
-    return to_json(replace(c, achieved=costmodel.roofline(c, median, from_json(Ceiling, CEIL))))
+    c = cost(case, backend, "fwd")
+    return to_json(replace(c, achieved=roofline(c, median, from_json(Ceiling, CEIL))))
 
 
 def _typed(doc: dict[str, Any]) -> Results:

@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 from ray.cluster_utils import Cluster
 
+import compare.cli.main
 from compare.backends import registry
 from compare.backends.registry import BackendSpec
-from compare.cli import main as cli
 from compare.cluster.ray_engine import cell_resources, describe_failure, run_payload, slots
 from compare.formats.codec import to_json
 from compare.problem.cases import Case, preset
@@ -54,7 +54,7 @@ pytestmark = [
 
 def main(args: list[str]) -> int:
     """``python -m compare sweep ARGS``, in this process."""
-    return cli.main(["sweep", *args])
+    return compare.cli.main.main(["sweep", *args])
 
 
 ROOT = Path(__file__).resolve().parent.parent

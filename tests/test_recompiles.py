@@ -106,15 +106,15 @@ def test_shape_generic_torch_backends_compile_nothing() -> None:
 def test_a_recompile_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch._dynamo.utils import counters
 
-    from compare.timing import timer as timing
+    from compare.timing import timer
 
-    real = timing.measure
+    real = timer.measure
 
     def measure_that_recompiles(*args: Any, **kw: Any) -> Any:
         counters["stats"]["unique_graphs"] += 1  # what a recompiling sample would do to Dynamo's counter
         return real(*args, **kw)
 
-    monkeypatch.setattr(timing, "measure", measure_that_recompiles)
+    monkeypatch.setattr(timer, "measure", measure_that_recompiles)
     with pytest.raises(RuntimeError, match="during the timed samples"):
         _backend("torch-eager").shape_sweep(make, [8], budget_s=BUDGET)
 
@@ -133,16 +133,16 @@ def test_jax_jit_compiles_once_per_new_shape() -> None:
 @pytest.mark.compile
 def test_jax_compile_event_inside_the_timed_loop_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     jax = pytest.importorskip("jax")
-    from compare.timing import timer as timing
+    from compare.timing import timer
     from jax_impl import recompiles
 
-    real = timing.measure
+    real = timer.measure
 
     def measure_that_compiles(*args: Any, **kw: Any) -> Any:
         jax.monitoring.record_event_duration_secs(recompiles.BACKEND_COMPILE_EVENT, 0.0)  # as a compile reports it
         return real(*args, **kw)
 
-    monkeypatch.setattr(timing, "measure", measure_that_compiles)
+    monkeypatch.setattr(timer, "measure", measure_that_compiles)
     with pytest.raises(RuntimeError, match="during the timed samples"):
         _backend("jax-xla").shape_sweep(make, [8], budget_s=BUDGET)
 

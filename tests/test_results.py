@@ -19,9 +19,8 @@ from compare.gate.parity_record import LastTimed, ParityRecord, ProcessVerdict
 from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import KernelEntry, Kernels, MetadataOp
 from compare.problem.cases import InputError
-from compare.report import render as report
-from compare.results import document as results
-from compare.results.document import Config, Progress, Result, Results
+from compare.report import render
+from compare.results.document import SCHEMA_VERSION, Config, Progress, Result, Results, read_json
 from compare.results.environment import Environment
 from compare.results.tp import TPInfo
 from compare.timing.timer import Timing, TimingConfig
@@ -43,8 +42,8 @@ def _raw() -> dict[str, Any]:
 
 def test_the_committed_run_reads_back_exactly() -> None:
     raw = _raw()
-    doc = results.read_json(CPU / "results.json")
-    assert isinstance(doc, Results) and doc.schema_version == results.SCHEMA_VERSION
+    doc = read_json(CPU / "results.json")
+    assert isinstance(doc, Results) and doc.schema_version == SCHEMA_VERSION
     assert json.dumps(to_json(doc), allow_nan=True) == json.dumps(raw, allow_nan=True)  # same keys, same order
     assert from_json(Results, to_json(doc)) == doc
 
@@ -57,7 +56,7 @@ def _round_trips(cls: type, items: list[Any]) -> None:
 
 
 def test_every_record_of_a_real_run_round_trips() -> None:
-    doc = results.read_json(CPU / "results.json")
+    doc = read_json(CPU / "results.json")
     rs = doc.results
     parities = [r.parity for r in rs if r.parity is not None]
     kernels = [r.kernels for r in rs if r.kernels is not None]
@@ -96,13 +95,13 @@ def test_every_record_of_a_real_run_round_trips() -> None:
 
 
 def test_the_committed_report_rebuilds_unchanged() -> None:
-    doc = results.read_json(CPU / "results.json")
-    for name, text in report.files(doc).items():
+    doc = read_json(CPU / "results.json")
+    for name, text in render.files(doc).items():
         assert text == (CPU / name).read_text(encoding="utf-8"), name
 
 
 def _tp_result() -> Result:
-    base = results.read_json(CPU / "results.json").results[0]
+    base = read_json(CPU / "results.json").results[0]
     assert base.timing is not None
     tp = TPInfo(
         world_size=2,
@@ -132,7 +131,7 @@ def test_tensor_parallel_fields_round_trip_and_stay_optional() -> None:
     _round_trips(ProcessVerdict, list(r.parity.processes))
     c = r.tp.collectives[0]
     assert from_json(Collective, to_json(c)) == c
-    single = to_json(results.read_json(CPU / "results.json").results[0])
+    single = to_json(read_json(CPU / "results.json").results[0])
     assert not {"world_size", "tp"} & set(single) and "processes" not in single["parity"]  # layout of version 2
 
 
@@ -175,7 +174,7 @@ def test_a_foreign_field_is_refused_naming_file_row_and_field(edit: Any, message
     path = tmp_path / "results.json"
     path.write_text(json.dumps(raw), encoding="utf-8")
     with pytest.raises(InputError) as e:
-        results.read_json(path)
+        read_json(path)
     assert str(e.value).startswith(f"results file {path}: ") and message in str(e.value), str(e.value)
 
 
@@ -191,7 +190,7 @@ def test_a_foreign_document_part_is_refused(tmp_path: Path) -> None:
         path = tmp_path / f"{key}.json"
         path.write_text(json.dumps(raw), encoding="utf-8")
         with pytest.raises(InputError, match=f"results file {path}: ") as e:
-            results.read_json(path)
+            read_json(path)
         assert message in str(e.value), str(e.value)
 
 
@@ -201,4 +200,4 @@ def test_an_old_file_is_refused_not_a_key_error(tmp_path: Path) -> None:
     path = tmp_path / "old.json"
     path.write_text(json.dumps(raw), encoding="utf-8")
     with pytest.raises(InputError, match="no schema_version \\(an older fusion-compare wrote it\\)"):
-        results.read_json(path)
+        read_json(path)

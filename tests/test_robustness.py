@@ -25,15 +25,14 @@ from typing import Any
 import pytest
 
 from compare.backends.registry import BackendSpec
-from compare.cli import main as cli
+from compare.cli import main
 from compare.cli import sweep as sweep_command
 from compare.formats import atomic
 from compare.formats.codec import from_json
 from compare.problem.cases import PRESETS, Case, InputError, Shape
-from compare.results import document as results
-from compare.results.document import SCHEMA_VERSION, Results
+from compare.results.document import SCHEMA_VERSION, Results, read_json, write_json
 from compare.run import exitcodes, harness, preflight, store
-from compare.sweep import run as sweep
+from compare.sweep import run as sweep_run
 
 pytestmark = pytest.mark.quick
 
@@ -52,7 +51,7 @@ def no_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(harness, "run", measured)
     monkeypatch.setattr(harness, "run_one", measured)
-    monkeypatch.setattr(sweep, "run_sweep", measured)
+    monkeypatch.setattr(sweep_run, "run_sweep", measured)
 
 
 def _one_line_error(err: str) -> str:
@@ -73,10 +72,10 @@ def test_exit_statuses_are_defined_once_and_documented(capsys: pytest.CaptureFix
         3,
         130,
     )
-    assert not hasattr(cli, "_exit_status") and not hasattr(sweep_command, "_exit_status")
+    assert not hasattr(main, "_exit_status") and not hasattr(sweep_command, "_exit_status")
     for args in (["--help"], ["run", "--help"], ["sweep", "--help"], ["diff", "--help"], ["report", "--help"]):
         with pytest.raises(SystemExit) as e:
-            cli.main(args)
+            main.main(args)
         assert e.value.code == 0
         out = capsys.readouterr().out
         assert "exit status:" in out and "130" in out and "internal error" in out, args
@@ -86,7 +85,7 @@ def test_exit_statuses_are_defined_once_and_documented(capsys: pytest.CaptureFix
 
 def test_argparse_errors_stay_2() -> None:
     with pytest.raises(SystemExit) as e:
-        cli.main(["run", "--budget", "lots"])
+        main.main(["run", "--budget", "lots"])
     assert e.value.code == 2
 
 
@@ -98,11 +97,11 @@ def test_an_unexpected_exception_is_an_internal_error_3(
 
     monkeypatch.setattr(harness, "run", broken)
     monkeypatch.delenv(exitcodes.DEBUG_ENV, raising=False)
-    assert cli.main(["run", *TINY, "--out", str(tmp_path / "o")]) == 3
+    assert main.main(["run", *TINY, "--out", str(tmp_path / "o")]) == 3
     line = _one_line_error(capsys.readouterr().err)
     assert line.startswith("internal error: RuntimeError: the harness broke") and "FUSION_COMPARE_DEBUG=1" in line
     monkeypatch.setenv(exitcodes.DEBUG_ENV, "1")
-    assert cli.main(["run", *TINY, "--out", str(tmp_path / "o")]) == 3
+    assert main.main(["run", *TINY, "--out", str(tmp_path / "o")]) == 3
     err = capsys.readouterr().err
     assert "Traceback" in err and "internal error: RuntimeError: the harness broke" in err
 
@@ -114,7 +113,7 @@ def test_an_unhandled_interrupt_is_130(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(harness, "run", interrupted)
-    assert cli.main(["run", *TINY, "--out", str(tmp_path / "o")]) == 130
+    assert main.main(["run", *TINY, "--out", str(tmp_path / "o")]) == 130
     assert _one_line_error(capsys.readouterr().err) == "interrupted"
 
 
@@ -136,7 +135,7 @@ def test_unusable_out_folder_exits_2_before_measuring(
     which: str, tmp_path: Path, no_measuring: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, message = _bad_out_dirs(tmp_path)[which]
-    assert cli.main(["run", *TINY, "--out", out]) == 2
+    assert main.main(["run", *TINY, "--out", out]) == 2
     assert message in _one_line_error(capsys.readouterr().err)
 
 
@@ -144,13 +143,13 @@ def test_sweep_refuses_an_unusable_out_folder(
     tmp_path: Path, no_measuring: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, message = _bad_out_dirs(tmp_path)["regular file"]
-    assert cli.main(["sweep", "--preset", "tiny", "--backend", "torch-eager", "--out", out]) == 2
+    assert main.main(["sweep", "--preset", "tiny", "--backend", "torch-eager", "--out", out]) == 2
     assert message in _one_line_error(capsys.readouterr().err)
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
 def test_out_under_proc_exits_2(no_measuring: None, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["run", *TINY, "--out", "/proc/x"]) == 2
+    assert main.main(["run", *TINY, "--out", "/proc/x"]) == 2
     assert "cannot create output folder /proc/x" in _one_line_error(capsys.readouterr().err)
 
 
@@ -160,7 +159,7 @@ def test_read_only_out_folder_exits_2(tmp_path: Path, no_measuring: None, capsys
     ro.mkdir()
     ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
     try:
-        assert cli.main(["run", *TINY, "--out", str(ro)]) == 2
+        assert main.main(["run", *TINY, "--out", str(ro)]) == 2
         assert "cannot write in output folder" in _one_line_error(capsys.readouterr().err)
     finally:
         ro.chmod(stat.S_IRWXU)
@@ -208,7 +207,7 @@ def test_prepare_out_dir_proves_it_can_write(tmp_path: Path, monkeypatch: pytest
 def test_bad_arguments_exit_2_before_measuring(
     args: list[str], message: str, tmp_path: Path, no_measuring: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main([*args, "--out", str(tmp_path / "o")]) == 2
+    assert main.main([*args, "--out", str(tmp_path / "o")]) == 2
     assert message in _one_line_error(capsys.readouterr().err)
     assert not (tmp_path / "o").exists()  # refused before the output folder was even made
 
@@ -221,7 +220,7 @@ def test_too_large_names_bytes_needed_and_available(
         "--out",
         str(tmp_path / "o"),
     ]
-    assert cli.main(args) == 2
+    assert main.main(args) == 2
     line = _one_line_error(capsys.readouterr().err)
     need = Case("geglu", Shape(100000000, 1, 100000, 8), "float32").estimated_bytes()
     assert f"({need:,} bytes) of memory" in line and "bytes) are available" in line
@@ -243,8 +242,8 @@ def test_diff_refuses_non_finite_options(
     option: str, value: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "r.json"
-    results.write_json(path, from_json(Results, _doc()))
-    assert cli.main(["diff", str(path), str(path), option, value]) == 2
+    write_json(path, from_json(Results, _doc()))
+    assert main.main(["diff", str(path), str(path), option, value]) == 2
     assert message in _one_line_error(capsys.readouterr().err)
 
 
@@ -305,13 +304,13 @@ class _FullDisk:
 def test_a_failed_write_keeps_the_previous_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "results.json"
     old = _doc()
-    results.write_json(path, from_json(Results, old))
+    write_json(path, from_json(Results, old))
     before = path.read_bytes()
     monkeypatch.setattr(atomic, "os", _Os(fdopen=lambda fd, *a, **kw: _FullDisk(os.fdopen(fd, *a, **kw))))
     new = copy.deepcopy(old)
     new["results"][0]["status"] = "error"
     with pytest.raises(OSError) as e:
-        results.write_json(path, from_json(Results, new))
+        write_json(path, from_json(Results, new))
     assert e.value.errno == errno.ENOSPC
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temporary file left
@@ -404,12 +403,12 @@ def test_report_and_diff_refuse_a_bad_row(
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc), encoding="utf-8")
     good = tmp_path / "good.json"
-    results.write_json(good, from_json(Results, _doc()))
-    assert cli.main(["report", str(bad), "--out", str(tmp_path / "R.md")]) == 2
+    write_json(good, from_json(Results, _doc()))
+    assert main.main(["report", str(bad), "--out", str(tmp_path / "R.md")]) == 2
     line = _one_line_error(capsys.readouterr().err)
     assert f"results file {bad}: " in line and message in line
     assert not (tmp_path / "R.md").exists()
-    assert cli.main(["diff", str(good), str(bad)]) == 2
+    assert main.main(["diff", str(good), str(bad)]) == 2
     assert message in _one_line_error(capsys.readouterr().err)
 
 
@@ -417,7 +416,7 @@ def test_unreadable_results_files_exit_2(tmp_path: Path, capsys: pytest.CaptureF
     (tmp_path / "latin1.json").write_bytes(b'{"results": [], "environment": {}, "x": "\xe9"}')
     (tmp_path / "list.json").write_text("[]", encoding="utf-8")
     for name, message in (("latin1.json", "cannot be read"), ("list.json", "lacks 'environment' and 'results'")):
-        assert cli.main(["report", str(tmp_path / name)]) == 2
+        assert main.main(["report", str(tmp_path / name)]) == 2
         assert message in _one_line_error(capsys.readouterr().err)
 
 
@@ -453,10 +452,10 @@ def test_interrupted_run_saves_what_finished(
 
     monkeypatch.setattr(harness, "run", partial)
     out = tmp_path / "o"
-    assert cli.main(["run", *TINY, "--shape-sweep", "8", "--out", str(out)]) == 130
+    assert main.main(["run", *TINY, "--shape-sweep", "8", "--out", str(out)]) == 130
     line = _one_line_error(capsys.readouterr().err)
     assert line.startswith(f"interrupted: saved 1 finished cells to {out / 'results.json'}")
-    doc = results.read_json(out / "results.json")
+    doc = read_json(out / "results.json")
     assert doc.interrupted is True and len(doc.results) == 1 and not doc.shape_sweep
     assert "shape_sweep" not in json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert "# fusion-compare report" in (out / "REPORT.md").read_text(encoding="utf-8")
@@ -468,7 +467,7 @@ def test_a_second_run_into_the_same_folder_is_refused(
     out = tmp_path / "o"
     out.mkdir()
     with preflight.lock_folder(out):
-        assert cli.main(["run", *TINY, "--out", str(out)]) == 2
+        assert main.main(["run", *TINY, "--out", str(out)]) == 2
     line = _one_line_error(capsys.readouterr().err)
     assert f"{out} is in use by another command (pid {os.getpid()}: python -m compare run)" in line, line
     with preflight.lock_folder(out):  # released when the first one ends
@@ -511,11 +510,11 @@ def test_retry_errors_reruns_error_cells_and_the_new_line_wins(
         "--out",
         str(out),
     ]
-    assert cli.main(args) == 1
+    assert main.main(args) == 1
     registry.register(BackendSpec(name="flaky", target="torch_impl.backends.eager", about="works now"))
-    assert cli.main(args) == 1  # without the flag the stored error stands
+    assert main.main(args) == 1  # without the flag the stored error stands
     assert store.load_sweep(out).results[0].status == "error"
-    assert cli.main([*args, "--retry-errors"]) == 0
+    assert main.main([*args, "--retry-errors"]) == 0
     assert "retrying 1 cell(s)" in capsys.readouterr().err
     (r,) = store.load_sweep(out).results
     assert r.status == "ok" and r.timing is not None and r.timing.n >= 5
@@ -529,7 +528,7 @@ def test_stale_scratch_is_removed_on_start(tmp_path: Path, flaky: None) -> None:
     (out / ".cells" / "cell-stale").mkdir(parents=True)
     (out / ".cells" / "cell-stale" / "cell.json").write_text("{}", encoding="utf-8")
     assert (
-        cli.main(["sweep", "--preset", "tiny", "--tokens", "1", "--backend", "flaky", "--no-plots", "--out", str(out)])
+        main.main(["sweep", "--preset", "tiny", "--tokens", "1", "--backend", "flaky", "--no-plots", "--out", str(out)])
         == 1
     )
     assert not (out / ".cells").exists()
@@ -695,13 +694,13 @@ def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path, secon
     first_case = [("torch-eager", "float32", "ok"), ("gated", "float32", "ok")]
     if second:
         assert not (out / "results.json").exists()
-        assert cli.main(["report", str(out)]) == 0
-        doc = results.read_json(out / "results.json")
+        assert main.main(["report", str(out)]) == 0
+        doc = read_json(out / "results.json")
         assert doc.interrupted is True
         assert [(r.backend, r.dtype, r.status) for r in doc.results] == first_case
         return
     assert f"interrupted: saved 2 finished cells to {out / 'results.json'}" in text
-    doc = results.read_json(out / "results.json")
+    doc = read_json(out / "results.json")
     assert doc.interrupted is True
     assert [(r.backend, r.dtype, r.status) for r in doc.results] == first_case
 
@@ -722,7 +721,7 @@ def test_a_results_file_of_another_schema_version_is_refused(
             bad["schema_version"] = version
         path = tmp_path / f"r{version}.json"
         path.write_text(json.dumps(bad), encoding="utf-8")
-        assert cli.main(["report", str(path), "--out", str(tmp_path / "R.md")]) == exitcodes.BAD_INPUT
+        assert main.main(["report", str(path), "--out", str(tmp_path / "R.md")]) == exitcodes.BAD_INPUT
         err = capsys.readouterr().err
         assert f"this fusion-compare reads schema_version {SCHEMA_VERSION}" in err and err.count("\n") == 1, err
 

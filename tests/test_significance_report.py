@@ -19,7 +19,7 @@ import pytest
 from compare.cost.model import cost
 from compare.formats.codec import from_json, to_json
 from compare.problem.cases import PRESETS
-from compare.report import render as report
+from compare.report import render
 from compare.report.cost import fusion_benefit, fusion_section
 from compare.report.shapes import shapes_section
 from compare.results.document import Result, Results
@@ -119,9 +119,9 @@ def _line(md: str, start: str) -> str:
 
 def test_noise_is_said_not_numbered() -> None:
     doc = _doc(_timing(4.95e-3, 4.81e-3), _timing(4.92e-3, 0.05e-3))
-    timing = _line(report.timing_section(doc.results), "| torch-compile")
+    timing = _line(render.timing_section(doc.results), "| torch-compile")
     assert "within noise" in timing and "1.01x" not in timing
-    assert "| baseline |" in _line(report.timing_section(doc.results), "| torch-eager")
+    assert "| baseline |" in _line(render.timing_section(doc.results), "| torch-eager")
 
     (row,) = fusion_benefit(doc)
     assert row["measured_verdict"] == "within noise"
@@ -135,7 +135,7 @@ def test_noise_is_said_not_numbered() -> None:
     compiled = _line(text, "| torch-compile")
     assert "never (not faster beyond noise than torch-eager)" in compiled and "calls" not in compiled
 
-    md = report.render(replace(doc, shape_sweep=tuple(rows)))
+    md = render.render(replace(doc, shape_sweep=tuple(rows)))
     assert "within noise" in md and "9,402" not in md and "30 us" not in md
 
 
@@ -143,7 +143,7 @@ def test_a_clear_2x_keeps_its_numbers() -> None:
     eager = _samples(10e-3, 0.02, seed=1)
     comp = _samples(5e-3, 0.02, seed=2)
     doc = _doc(_timing(sorted(eager)[10], 0.2e-3, eager), _timing(sorted(comp)[10], 0.1e-3, comp))
-    timing = _line(report.timing_section(doc.results), "| torch-compile")
+    timing = _line(render.timing_section(doc.results), "| torch-compile")
     vs_eager = timing.split("|")[17]  # the timing table's "vs eager" column
     assert "2.0" in vs_eager and "x" in vs_eager, timing  # "2.00x" give or take noise
     (row,) = fusion_benefit(doc)
@@ -158,7 +158,7 @@ def test_a_clear_2x_keeps_its_numbers() -> None:
 
 def test_slower_beyond_noise_is_numbered_and_never_pays_back() -> None:
     doc = _doc(_timing(5e-3, 0.05e-3), _timing(10e-3, 0.05e-3))
-    assert "| 0.50x, unpaired |" in _line(report.timing_section(doc.results), "| torch-compile")
+    assert "| 0.50x, unpaired |" in _line(render.timing_section(doc.results), "| torch-compile")
     (row,) = fusion_benefit(doc)
     assert row["measured_verdict"] == "slower"
     assert "-5 ms" in _line(fusion_section(doc), "| torch-compile")
@@ -174,7 +174,7 @@ def test_modes_section_speedups_follow_the_rule() -> None:
         )
         for r in doc.results
     ]
-    md = report.modes_section([*doc.results, *bwd])
+    md = render.modes_section([*doc.results, *bwd])
     row = _line(md, "| torch-compile")
     assert "4.92 ms (within noise, unpaired)" in row and "5 ms (2.00x, unpaired)" in row
 
@@ -216,11 +216,11 @@ def test_a_paired_test_that_could_not_run_is_said_not_tested_in_every_table(roun
     speedup, the fusion table's measured saving and the summary say 'not tested (5 rounds)', never a number and
     never 'within noise'. The control: 8 rounds are tested, and the 2x is a number everywhere."""
     doc = _doc(_interleaved(10e-3, rounds), _interleaved(5e-3, rounds))
-    cell = report.speedup_cell(doc.results, doc.results[1])
+    cell = render.speedup_cell(doc.results, doc.results[1])
     (row,) = fusion_benefit(doc)
     fused = _line(fusion_section(doc), "| torch-compile")
     # what the report claims: its table rows and summary lines (the intros name every verdict the rule can give)
-    md = "\n".join(x for x in report.render(doc).splitlines() if x.startswith(("|", "- **")))
+    md = "\n".join(x for x in render.render(doc).splitlines() if x.startswith(("|", "- **")))
     if rounds < MIN_PAIRS:
         assert cell == "not tested (5 rounds)", cell
         assert row["measured_verdict"] == NOT_TESTED and row["measured_pairs"] == 5

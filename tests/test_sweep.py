@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+import compare.cli.main
 from compare.backends import registry
 from compare.backends.registry import Availability, BackendSpec, Prepared, spec
-from compare.cli import main as cli
 from compare.cli.sweep import add_parser, config_from_args
 from compare.cost.records import Ceiling, Ceilings
 from compare.formats.codec import to_json
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main(args: list[str]) -> int:
     """``python -m compare sweep ARGS``, in this process."""
-    return cli.main(["sweep", *args])
+    return compare.cli.main.main(["sweep", *args])
 
 
 class MisbehavingBackend:

@@ -12,7 +12,7 @@ from compare.backends.registry import spec
 from compare.formats.codec import to_json
 from compare.problem.cases import PRESETS
 from compare.problem.golden import golden_for
-from compare.timing import timer as timing
+from compare.timing import timer
 
 pytestmark = pytest.mark.quick
 
@@ -29,7 +29,7 @@ def _spin(seconds: float) -> float:
 @pytest.mark.quiet
 @pytest.mark.parametrize("cost", [50e-6, 2e-3])
 def test_busy_loop_of_known_cost_is_measured_within_10_percent(cost: float) -> None:
-    t = timing.measure(lambda: _spin(cost), lambda outs: None, budget_s=0.2)
+    t = timer.measure(lambda: _spin(cost), lambda outs: None, budget_s=0.2)
     assert t.n >= 5
     assert abs(t.median_s - cost) <= 0.10 * cost, t
     # a sub-resolution call is measured in blocks long enough to dwarf the clock's resolution
@@ -37,11 +37,11 @@ def test_busy_loop_of_known_cost_is_measured_within_10_percent(cost: float) -> N
 
 
 def test_sleep_of_known_cost_is_measured_within_10_percent() -> None:
-    t = timing.measure(lambda: time.sleep(0.01), lambda outs: None, budget_s=0.1)
+    t = timer.measure(lambda: time.sleep(0.01), lambda outs: None, budget_s=0.1)
     assert abs(t.median_s - 0.01) <= 0.001, t
 
 
-def _disagreements(t: timing.Timing, known_s: float) -> list[str]:
+def _disagreements(t: timer.Timing, known_s: float) -> list[str]:
     """Where a timing's statistics differ from numpy's, recomputed from its own per-call samples (median, IQR by
     numpy's linear percentiles, extremes, count), or a sample falls below the step's known cost (a busy loop cannot
     run faster than it spins; the clock's resolution is far below it). It cannot see samples that were wrong to
@@ -56,7 +56,7 @@ def _disagreements(t: timing.Timing, known_s: float) -> list[str]:
 
 
 def test_statistics_are_those_of_the_samples() -> None:
-    t = timing.measure(lambda: _spin(1e-4), lambda outs: None, min_samples=7, budget_s=0.0)
+    t = timer.measure(lambda: _spin(1e-4), lambda outs: None, min_samples=7, budget_s=0.0)
     assert t.n == 7 and not _disagreements(t, 1e-4), _disagreements(t, 1e-4)
     assert set(to_json(t)) >= {"median_s", "iqr_s", "min_s", "n", "first_call_s", "noisy"}
     # the controls: a mean for a median, a range for an IQR, a dropped sample, a clock off by 10x are each caught
@@ -93,11 +93,11 @@ def test_a_block_runs_without_the_previous_blocks_outputs_held() -> None:
         _spin(1e-4)  # ten times the shortest block allowed: every block is one call
         return _Out(next(made))
 
-    t = timing.measure(step, lambda outs: None, min_samples=6, budget_s=0.0, min_sample_s=0.0)
+    t = timer.measure(step, lambda outs: None, min_samples=6, budget_s=0.0, min_sample_s=0.0)
     assert t.calls_per_sample == 1 and max(seen) == 0, seen
     seen.clear()
-    out = timing.measure_interleaved(
-        [timing.Entrant(step, lambda outs: None, 0.0), timing.Entrant(step, lambda outs: None, 0.0)],
+    out = timer.measure_interleaved(
+        [timer.Entrant(step, lambda outs: None, 0.0), timer.Entrant(step, lambda outs: None, 0.0)],
         group="g",
         min_samples=5,
         budget_s=0.0,
@@ -116,9 +116,9 @@ def test_a_block_runs_without_the_previous_blocks_outputs_held() -> None:
 
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="min_samples"):
-        timing.measure(lambda: None, lambda o: None, min_samples=3)
+        timer.measure(lambda: None, lambda o: None, min_samples=3)
     with pytest.raises(ValueError, match="warmup"):
-        timing.measure(lambda: None, lambda o: None, warmup=0)
+        timer.measure(lambda: None, lambda o: None, warmup=0)
 
 
 @pytest.mark.standard
@@ -146,7 +146,7 @@ def test_asynchronous_jax_work_is_measured_in_full() -> None:
     jax.block_until_ready(out)
     assert dispatch_s < 0.5 * full_s, (dispatch_s, full_s)
 
-    measured = timing.measure(lambda: f(a, b), jax.block_until_ready, budget_s=0.5)
+    measured = timer.measure(lambda: f(a, b), jax.block_until_ready, budget_s=0.5)
     assert measured.median_s >= 0.7 * full_s, (measured.median_s, full_s)
 
 
@@ -162,11 +162,11 @@ def test_the_first_call_is_timed_apart_at_its_known_cost() -> None:
     warm (what a timer that warmed up first would record). It cannot see a first call that is too long: load does
     that too."""
     known = 0.05
-    t = timing.measure(_once_slow(known, 2e-4), lambda outs: None, min_samples=5, budget_s=0.0)
+    t = timer.measure(_once_slow(known, 2e-4), lambda outs: None, min_samples=5, budget_s=0.0)
     assert t.first_call_s >= known and t.max_s < known, t
     step = _once_slow(known, 2e-4)
     step()  # warm: the known cost is paid before the timer sees the step
-    warm = timing.measure(step, lambda outs: None, min_samples=5, budget_s=0.0)
+    warm = timer.measure(step, lambda outs: None, min_samples=5, budget_s=0.0)
     assert not warm.first_call_s >= known, warm
 
 
@@ -175,6 +175,6 @@ def test_first_call_of_a_compiled_backend_is_reported_apart() -> None:
     steady-state sample."""
     case = PRESETS["tiny"].case("float32")
     prepared = spec("jax-xla").load().prepare(golden_for(case).problem, "fwd")
-    t = timing.measure(prepared.step, prepared.sync, budget_s=0.2)
+    t = timer.measure(prepared.step, prepared.sync, budget_s=0.2)
     assert t.first_call_s > 5 * t.median_s, t  # compile is in the first call ...
     assert t.max_s < t.first_call_s  # ... and in no steady-state sample

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from compare.cli import main as cli
+from compare.cli.main import main
 from compare.formats.codec import to_json
 from compare.problem.cases import PRESETS
 from compare.results.document import Result, read_json
@@ -23,7 +23,7 @@ JOB += ["--backend", "jax-tp", "--addr", "127.0.0.1"]
 
 
 def _job(folder: Path) -> dict[str, object]:
-    assert cli.main([*JOB, "--out", str(folder)]) == 0
+    assert main([*JOB, "--out", str(folder)]) == 0
     doc = json.loads((folder / "job.json").read_text(encoding="utf-8"))
     assert isinstance(doc, dict)
     return doc
@@ -47,7 +47,7 @@ def test_a_job_of_this_folder_is_collected(tmp_path: Path) -> None:
     """The control: process 0's events of this job, every cell done: exit 0, both rows."""
     doc = _job(tmp_path)
     _events(tmp_path, doc["job_id"], [0, 1])
-    assert cli.main(["tp-collect", str(tmp_path)]) == 0
+    assert main(["tp-collect", str(tmp_path)]) == 0
     assert [r.mode for r in read_json(tmp_path / "results.json").results] == ["fwd", "bwd"]
 
 
@@ -57,7 +57,7 @@ def test_tp_job_into_a_folder_with_an_earlier_jobs_events_is_refused(
     doc = _job(tmp_path)
     _events(tmp_path, doc["job_id"], [0, 1])
     before = (tmp_path / "job.json").read_bytes()
-    assert cli.main([*JOB, "--out", str(tmp_path)]) == 2
+    assert main([*JOB, "--out", str(tmp_path)]) == 2
     assert "holds the event files of an earlier job (rank0.jsonl)" in _error(capsys)
     assert (tmp_path / "job.json").read_bytes() == before
 
@@ -65,7 +65,7 @@ def test_tp_job_into_a_folder_with_an_earlier_jobs_events_is_refused(
 def test_events_of_another_job_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     doc = _job(tmp_path)
     _events(tmp_path, "0" * 32, [0, 1])
-    assert cli.main(["tp-collect", str(tmp_path)]) == 2
+    assert main(["tp-collect", str(tmp_path)]) == 2
     assert f"is not this job's: the job file's id is {doc['job_id']}" in _error(capsys)
     assert not (tmp_path / "results.json").exists()
 
@@ -74,7 +74,7 @@ def test_a_job_whose_process_0_finished_nothing_is_refused(tmp_path: Path, capsy
     """JAX workers that crashed on a port in use leave a ready event, or none, and no cell: exit 2, not 0 results."""
     doc = _job(tmp_path)
     _events(tmp_path, doc["job_id"], [])
-    assert cli.main(["tp-collect", str(tmp_path)]) == 2
+    assert main(["tp-collect", str(tmp_path)]) == 2
     assert "process 0 finished no cell of this job" in _error(capsys)
     assert not (tmp_path / "results.json").exists()
 
@@ -82,7 +82,7 @@ def test_a_job_whose_process_0_finished_nothing_is_refused(tmp_path: Path, capsy
 def test_a_cell_process_0_never_finished_is_an_error_row(tmp_path: Path) -> None:
     doc = _job(tmp_path)
     _events(tmp_path, doc["job_id"], [0])
-    assert cli.main(["tp-collect", str(tmp_path)]) == 1
+    assert main(["tp-collect", str(tmp_path)]) == 1
     rows = read_json(tmp_path / "results.json").results
     assert [(r.mode, r.status) for r in rows] == [("fwd", "skipped"), ("bwd", "error")]
     assert "process 0 reported no result for this cell" in rows[1].reason

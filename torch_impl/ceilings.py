@@ -38,7 +38,7 @@ import torch
 from compare.cost.records import FLOAT32_ROUTE, NATIVE_ROUTE
 from compare.formats.codec import to_json
 from compare.problem.cases import DTYPES, check_name
-from compare.timing import timer as timing
+from compare.timing import timer
 from torch_impl import device as dev
 
 #: Matmul sizes ``n`` (``[n, n] @ [n, n]``) tried per device type, smallest first: each step at most 8x the FLOPs
@@ -83,7 +83,7 @@ class RoutePeak:
 
     flops_per_s: float
     n: int
-    timing: timing.Timing
+    timing: timer.Timing
     sizes: dict[str, dict[str, float]]
 
 
@@ -93,12 +93,12 @@ def _sync_for(device: torch.device) -> Any:
     return lambda _outs: None  # CPU torch ops are synchronous
 
 
-def _size_entry(n: int, t: timing.Timing) -> dict[str, float]:
+def _size_entry(n: int, t: timer.Timing) -> dict[str, float]:
     return {"median_s": t.median_s, "min_s": t.min_s, "flops_per_s": 2 * n**3 / t.min_s}  # 2 n^3 FLOPs per call
 
 
 def _fits(call_s: float, calls: int, deadline: float) -> bool:
-    return calls * call_s <= deadline - timing.CLOCK()
+    return calls * call_s <= deadline - timer.CLOCK()
 
 
 def ladder(
@@ -117,7 +117,7 @@ def ladder(
     sync = _sync_for(device)
     gen = torch.Generator(device=device).manual_seed(0)
     per_size: dict[str, dict[str, float]] = {}
-    best: tuple[float, int, timing.Timing, Callable[[], torch.Tensor]] | None = None
+    best: tuple[float, int, timer.Timing, Callable[[], torch.Tensor]] | None = None
     prev: tuple[int, float] | None = None  # the last size measured, and its fastest seconds per call
     for n in sizes:
         if prev is not None and not _fits(prev[1] * (n / prev[0]) ** 3, 1, deadline):
@@ -129,14 +129,14 @@ def ladder(
         def call(a: torch.Tensor = a, b: torch.Tensor = b, c: torch.Tensor = c) -> torch.Tensor:
             return matmul(a, b, c)
 
-        first, _ = timing.first_call(call, sync)
+        first, _ = timer.first_call(call, sync)
         if prev is not None and not _fits(first, MIN_CALLS - 1, deadline):
             if not _fits(first, 2, deadline):
                 break  # too slow for even one more: that call was the one overrun
-            again, _ = timing.first_call(call, sync)
+            again, _ = timer.first_call(call, sync)
             if not _fits(again, MIN_CALLS - 1, deadline):
                 break  # slow twice: this size does not fit
-        t = timing.measure(call, sync, first_call_s=first, warmup=1, budget_s=0.0)  # 5 samples
+        t = timer.measure(call, sync, first_call_s=first, warmup=1, budget_s=0.0)  # 5 samples
         per_size[str(n)] = _size_entry(n, t)
         rate = per_size[str(n)]["flops_per_s"]
         if best is None or rate > best[0]:
@@ -152,10 +152,10 @@ def resample(peak: RoutePeak, call: Callable[[], torch.Tensor], device: torch.de
     at most; nothing when they do not fit): the faster of the two measurements is the peak."""
     t = peak.timing
     sample_s = t.calls_per_sample * t.median_s
-    left = deadline - timing.CLOCK()
+    left = deadline - timer.CLOCK()
     if left < t.median_s + 6 * sample_s:
         return peak
-    again = timing.measure(
+    again = timer.measure(
         call, _sync_for(device), first_call_s=t.first_call_s, warmup=1, budget_s=left - t.median_s - sample_s
     )
     if again.min_s >= t.min_s:
@@ -175,20 +175,20 @@ def route_peaks(
         routes.append((FLOAT32_ROUTE, float32_matmul))
     ladders: dict[str, tuple[RoutePeak, Callable[[], torch.Tensor]]] = {}
     for i, (name, matmul) in enumerate(routes):
-        share = max(0.0, deadline - timing.CLOCK()) / (len(routes) - i)
-        ladders[name] = ladder(matmul, tdtype, device, sizes, timing.CLOCK() + share)
+        share = max(0.0, deadline - timer.CLOCK()) / (len(routes) - i)
+        ladders[name] = ladder(matmul, tdtype, device, sizes, timer.CLOCK() + share)
     peaks = {name: peak for name, (peak, _) in ladders.items()}
     route = max(peaks, key=lambda k: peaks[k].flops_per_s)
     peaks[route] = resample(*ladders[route], device, deadline)
     return peaks, route
 
 
-def copy_timing(numel: int, tdtype: torch.dtype, device: torch.device, budget_s: float) -> timing.Timing:
+def copy_timing(numel: int, tdtype: torch.dtype, device: torch.device, budget_s: float) -> timer.Timing:
     """The shared timer's timing of ``dst.copy_(src)``, two ``[numel]`` buffers of ``tdtype`` (their memory is
     freed on return)."""
     src = torch.ones(numel, device=device, dtype=tdtype)  # written once here, so its pages exist before timing
     dst = torch.empty_like(src)
-    return timing.measure(lambda: dst.copy_(src), _sync_for(device), warmup=1, budget_s=budget_s)
+    return timer.measure(lambda: dst.copy_(src), _sync_for(device), warmup=1, budget_s=budget_s)
 
 
 def aten_cpu_capability() -> str:
@@ -217,7 +217,7 @@ def measure_ceilings(
     ceiling's size, ``"matmul_all": {n: {"median_s", "min_s", "flops_per_s"}}`` (native route), ``"copy":`` Timing
     dict, and for a 16-bit dtype ``"float32_route_all"`` (as ``matmul_all``)``}}``.
     """
-    start = timing.CLOCK()
+    start = timer.CLOCK()
     check_name("dtype", dtype, DTYPES)
     dev_ = torch.device(device)
     if dev_.type == "cuda" and not torch.cuda.is_available():
@@ -236,7 +236,7 @@ def measure_ceilings(
     best, native, f32 = peaks[route], peaks[NATIVE_ROUTE], peaks.get(FLOAT32_ROUTE)
     numel = nbytes // tdtype.itemsize
     # sampled for what is left of the copy's share, 5 samples at the least
-    tc = copy_timing(numel, tdtype, dev_, max(0.0, start + budget - timing.CLOCK()) / 2)
+    tc = copy_timing(numel, tdtype, dev_, max(0.0, start + budget - timer.CLOCK()) / 2)
     moved = 2 * numel * tdtype.itemsize  # every byte read from src and written to dst
     timings: dict[str, Any] = {"matmul": to_json(best.timing), "matmul_all": native.sizes, "copy": to_json(tc)}
     if f32 is not None:
@@ -253,7 +253,7 @@ def measure_ceilings(
         "float32_route_flops_per_s": None if f32 is None else f32.flops_per_s,
         "route": route,
         "aten_cpu_capability": aten_cpu_capability(),
-        "probe_s": timing.CLOCK() - start,
+        "probe_s": timer.CLOCK() - start,
         "timing": timings,
     }
 

@@ -1,4 +1,4 @@
-"""The GPU's cache flush for the cold-cache timing (``compare.timing.llc``; the ``flush`` probe of
+"""The GPU's last-level cache (L2) flush for the cold-cache timing (``compare.timing.llc``; the ``flush`` probe of
 ``compare.backends.registry.PROBES``): L2 from the CUDA device's properties, and a device buffer that a kernel reads
 and writes before each cold call. A host buffer would not touch a GPU's L2."""
 

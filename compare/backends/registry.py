@@ -113,10 +113,10 @@ class BackendSpec:
     imported only when needed; ``framework`` follows from its top package (:data:`FRAMEWORK_PACKAGES`). ``models``
     and ``modes`` say what it implements. ``plan`` is its cost-model plan (``compare.cost.model.PLANS``: which
     intermediates it keeps out of memory, which GEMMs it fuses), None if it is not modelled (no cost rows then);
-    ``assumption`` says where that plan is assumed rather than read off the framework. ``sweep`` lists the keyword
-    variants with which it joins the compile-cost sweep (``compare.run.shape_sweep``): the backend object then
-    implements ``shape_sweep(make, tokens, *, budget_s, **variant) -> rows``, building its own compiled forward per
-    shape and reading its own recompile counter; empty means it does not join. ``kernels`` names the modules of the
+    ``assumption`` says where that plan is assumed rather than read off the framework. ``shape_sweep`` lists the
+    keyword variants with which it joins the compile-cost sweep (``compare.run.shape_sweep``): the backend object
+    then implements ``shape_sweep(make, tokens, *, budget_s, **variant) -> rows``, building its own compiled forward
+    per shape and reading its own recompile counter; empty means it does not join. ``kernels`` names the modules of the
     Triton kernels it launches: the GPU build (``compare gpu-build``) compiles exactly the kernels of the registered
     backends' modules. ``remat_of`` names the plain twin of a recomputation (activation checkpointing) variant: the
     same computation, keeping less for the backward and recomputing the rest there.
@@ -131,7 +131,7 @@ class BackendSpec:
     modes: tuple[str, ...] = MODES
     plan: str | None = None
     assumption: str = ""
-    sweep: tuple[dict[str, Any], ...] = ()
+    shape_sweep: tuple[dict[str, Any], ...] = ()
     #: Modules of the Triton kernels the backend launches (each declares its build entries, ``GPU_BUILD``).
     kernels: tuple[str, ...] = ()
     #: Tensor-parallel backends: the module of their worker runtime (``compare.backends.tp``); they run in worker
@@ -194,7 +194,7 @@ BACKENDS: dict[str, BackendSpec] = {
             target="torch_impl.backends.eager",
             about="PyTorch eager nn.Modules (the baseline)",
             plan="eager",
-            sweep=({},),
+            shape_sweep=({},),
             baseline=True,
         ),
         BackendSpec(
@@ -213,7 +213,7 @@ BACKENDS: dict[str, BackendSpec] = {
             target="torch_impl.backends.compiled",
             about="torch.compile (Inductor: fused C++ on CPU, Triton on GPU); twin: torch-compile-max-autotune",
             plan="fused-ew",
-            sweep=({"dynamic": False}, {"dynamic": True}),
+            shape_sweep=({"dynamic": False}, {"dynamic": True}),
         ),
         BackendSpec(
             name="torch-compile-max-autotune",
@@ -224,7 +224,7 @@ BACKENDS: dict[str, BackendSpec] = {
                 "the kernel table shows whether one absorbed the activation); twin of torch-compile"
             ),
             plan="fused-ew",
-            sweep=({"dynamic": False},),
+            shape_sweep=({"dynamic": False},),
             assumption=(
                 "torch-compile's plan: Inductor may pick a GEMM template with the activation in its epilogue "
                 "(then fused-gemm's forward); the kernel table says which it chose"
@@ -240,7 +240,7 @@ BACKENDS: dict[str, BackendSpec] = {
             ),
             models=GLU_MODELS,
             plan="fused-ew",
-            sweep=({},),
+            shape_sweep=({},),
         ),
         BackendSpec(
             name="torch-triton-fused",
@@ -258,7 +258,7 @@ BACKENDS: dict[str, BackendSpec] = {
             target="jax_impl.backends.xla",
             about="flax.nnx modules under jax.jit (XLA fusion)",
             plan="fused-ew",
-            sweep=({},),
+            shape_sweep=({},),
             assumption=(
                 "assumed: XLA fuses the activation and the mul into one loop fusion and keeps g, u, h "
                 "as torch-compile does; the HLO decides (cross-checked against XLA's cost_analysis "

@@ -1,5 +1,5 @@
 """The options the commands share (a case: preset, model and sizes; the grid: dtypes, backends, modes, seed,
-budget, how much to print), their checks, and the inputs every measuring command refuses at the door
+sampling and time budgets, how much to print), their checks, and the inputs every measuring command refuses at the door
 (:func:`check_inputs`), before anything is measured or written."""
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def cases_from_args(a: argparse.Namespace) -> list[Case]:
 
 
 def add_grid_args(p: argparse.ArgumentParser, budget_help: str, cache_default: str = "both") -> None:
-    """Dtypes, backends, modes, seed and timing budget: the options shared by ``run``, ``profile`` and ``sweep``."""
+    """Dtypes, backends, modes, seed, the sampling budget (``--budget``) and the command's time budget
+    (``--time-budget``): the options shared by ``run``, ``profile`` and ``sweep``."""
     p.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
     # resolved by check_grid_args from the registry as it is then (a backend registered by a test is seen)
     p.add_argument(

@@ -54,14 +54,14 @@ def cmd_run(a: argparse.Namespace) -> int:
                 check_world_size(c, w)
     if a.tp_launch is not None:
         check_name("--tp-launch", a.tp_launch, list(LAUNCHES))
-    sweep_cases: list[Case] = []
+    shape_sweep_cases: list[Case] = []
     if a.shape_sweep:
         for t in a.shape_sweep:
             if t <= 0:
                 raise InputError(f"--shape-sweep token counts must be positive integers, got {t}")
         check_unique("--shape-sweep token count", [str(t) for t in a.shape_sweep])
-        sweep_cases = [case_for_tokens(c, t) for c in cases for t in a.shape_sweep]
-    preflight.check_memory([*cases, *sweep_cases])
+        shape_sweep_cases = [case_for_tokens(c, t) for c in cases for t in a.shape_sweep]
+    preflight.check_memory([*cases, *shape_sweep_cases])
     preflight.check_golden(cases)
     out = preflight.prepare_out_dir(Path(a.out))
     config = {
@@ -82,7 +82,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         world_sizes=tuple(world_sizes),
         tp_launch=a.tp_launch,
         tp_logs=out / "tp-logs",
-        cache=a.cache,
+        cache_mode=a.cache,
         reuse_parity=not a.no_parity_cache,
         cuda_graphs=a.cuda_graphs,
     )

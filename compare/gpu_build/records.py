@@ -1,6 +1,6 @@
 """The GPU build's on-disk build records: one JSON record per job key, so a rerun compiles only what changed.
 
-Under ``$FUSION_COMPARE_CACHE/gpu-build`` (the project's cache folder, ``compare.problem.datacache.folder``:
+Under ``$FUSION_COMPARE_CACHE/gpu-build`` (the data cache's folder, ``compare.problem.datacache.folder``:
 default ``$XDG_CACHE_HOME/fusion-compare``, else ``~/.cache/fusion-compare``; ``off`` keeps nothing between runs),
 ``records/<key>.json`` holds what the compiler produced for that key (``compare.gpu_build.plan.job_key``); rows are
 made from records on every run, so a change to the hardware arithmetic (``compare.results.gpu_build``) needs no
@@ -22,7 +22,7 @@ __all__ = ["Records", "default_folder"]
 
 
 def default_folder() -> Path | None:
-    """``<the project's cache folder>/gpu-build``; None when the cache is off."""
+    """``<the data cache's folder>/gpu-build``; None when the data cache is off."""
     base = datacache.folder()
     return None if base is None else base / "gpu-build"
 

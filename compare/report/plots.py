@@ -15,8 +15,8 @@ count (``batch x seq``) and each panel is one (dtype, mode). Per family, with fi
   ceilings, only if results carry the cost model's roofline numbers (``cost.achieved``: ``flops_fraction`` and
   ``bytes_fraction``, made by ``compare.cost.model.roofline`` when the run measured its ceilings).
 
-A family with fewer than two token counts gets no plot (a sweep's job; one point per line says nothing), and a
-plot with nothing to draw is skipped. matplotlib is imported only inside :func:`render_plots`, with Agg.
+A family with fewer than two token counts gets no plot (the ``sweep`` command's job; one point per line says
+nothing), and a plot with nothing to draw is skipped. matplotlib is imported only inside :func:`render_plots`, with Agg.
 """
 
 from __future__ import annotations
@@ -345,10 +345,10 @@ def render_plots(doc: Results, out_dir: Path) -> list[Path]:
             p = _memory_plot(mems[fam], fam, out_dir / f"memory-{fam[0]}-d{fam[1]}-h{fam[2]}.png")
             if p is not None:
                 written.append(p)
-    sweep = list(doc.shape_sweep)
-    if sweep:
-        r0 = sweep[0]
-        p = _compile_plot(sweep, out_dir / f"compile-{r0['model']}-d{r0['dim']}-h{r0['hidden']}.png")
+    shape_rows = list(doc.shape_sweep)
+    if shape_rows:
+        r0 = shape_rows[0]
+        p = _compile_plot(shape_rows, out_dir / f"compile-{r0['model']}-d{r0['dim']}-h{r0['hidden']}.png")
         if p is not None:
             written.append(p)
     return written

@@ -26,7 +26,7 @@ from compare.results.document import Result, Results
 from compare.results.environment import ISA_FLAGS, Environment
 from compare.results.load import BUSY_SHARE, Load
 from compare.timing import nvml
-from compare.timing.budgets import PHASES, REST, BudgetRecord
+from compare.timing.budget_record import PHASES, REST, BudgetRecord
 from compare.timing.llc import ColdSetup
 from compare.timing.significance import MIN_PAIRS, compare_timing
 

@@ -21,7 +21,7 @@ from compare.results.environment import Environment, Node
 from compare.results.load import Load
 from compare.results.memory import Memory
 from compare.results.tp import TPInfo
-from compare.timing.budgets import BudgetRecord
+from compare.timing.budget_record import BudgetRecord
 from compare.timing.llc import ColdSetup
 from compare.timing.timer import Timing, TimingConfig
 
@@ -145,7 +145,7 @@ class Results:
     plots: tuple[str, ...] = field(default=(), metadata=LATER)
     #: the time budget the run kept and what it cut (None: no budget)
     budget: BudgetRecord | None = field(default=None, metadata=LATER)
-    #: how cold timings were made: the cache sized, the flush (None: warm only)
+    #: how cold timings were made: the last-level cache sized, the flush (None: warm only)
     cold: ColdSetup | None = field(default=None, metadata=LATER)
     #: device telemetry over the timed windows: the device NVML watched, or why none was ("": not asked)
     telemetry: str = field(default="", metadata=LATER)

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from compare.timing.budgets import BudgetRecord
+from compare.timing.budget_record import BudgetRecord
 from compare.timing.significance import MIN_PAIRS
 from compare.timing.timer import TimingConfig
 

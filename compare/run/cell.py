@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from compare.backends.registry import DEFAULT_BASELINE, BackendSpec
-from compare.cost import model as costmodel
+from compare.cost.model import cost, roofline
 from compare.cost.records import Ceilings, Cost
 from compare.formats.codec import to_json
 from compare.gate.parity import Parity, Plain, check_all, check_plain
@@ -42,7 +42,7 @@ def plain_reference(case: Case, backward: bool = True) -> Plain:
     yardstick, with its envelope twin in float32 cases of a model with an activation (``compare.gate.parity.Plain``;
     in a 16-bit dtype a float32 transcendental's few ulp are far below the dtype's rounding). The same bits on every
     machine. A run of ``fwd`` alone needs only ``y``: the backward is two thirds of the work (on ``cpu-mlp`` float32,
-    17 s of 24 s here), so it is left out when no mode needs it (a separate cache entry).
+    17 s of 24 s here), so it is left out when no mode needs it (a separate data cache entry).
 
     Raises :class:`~compare.gate.parity.UnusableCase` when it (or the reference) is not finite in the case dtype."""
     g = golden_for(case)
@@ -70,7 +70,7 @@ def model_cost(spec: BackendSpec, case: Case, mode: str) -> Cost | None:
     line names no plan (it is not modelled). Any other problem is an error, not a silently missing row."""
     if spec.plan is None:
         return None
-    return costmodel.cost(case, spec, mode)
+    return cost(case, spec, mode)
 
 
 def status_of(failures: list[str], deviations: list[str]) -> tuple[str, str]:
@@ -96,7 +96,7 @@ def judge(
 
 def min_flops(case: Case, mode: str) -> int:
     """GEMM FLOPs any backend's step must do on ``case`` in ``mode``: the baseline's, which recomputes nothing."""
-    return costmodel.cost(case, DEFAULT_BASELINE, mode).flops
+    return cost(case, DEFAULT_BASELINE, mode).flops
 
 
 def implausible(frac: float) -> str:
@@ -121,7 +121,7 @@ def against_ceilings(r: Result, ceil: Ceilings, min_step_flops: int | None, devi
     if k is None or t is None:
         return r
     if r.cost is not None and r.tp is None:
-        r = replace(r, cost=replace(r.cost, achieved=costmodel.roofline(r.cost, t.median_s, k)))
+        r = replace(r, cost=replace(r.cost, achieved=roofline(r.cost, t.median_s, k)))
     if min_step_flops:
         # best against best: the step's fastest sample against the ceiling's (both the least disturbed by other load)
         why = implausible(min_step_flops / t.min_s / (devices * k.flops_per_s))

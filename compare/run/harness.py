@@ -60,8 +60,7 @@ from compare.run.progress import Display
 from compare.run.store import Store
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
-from compare.timing import llc
-from compare.timing import timer as shared_timer
+from compare.timing import llc, timer
 from compare.timing.timer import Timing, TimingConfig
 
 
@@ -200,28 +199,28 @@ def _graphed(c: _Cell, prepared: Prepared) -> str:
 
 @dataclass
 class _Timer:
-    """How a run times its groups: the timer's settings, the cache mode (``compare.timing.llc.CACHE_MODES``) and
-    its flush (None: warm only), the budget (None: none) and its groups left, and a factory of device watches
+    """How a run times its groups: the timer's settings, the last-level cache mode (``compare.timing.llc.CACHE_MODES``)
+    and its flush (None: warm only), the budget (None: none) and its groups left, and a factory of device watches
     (``compare.timing.timer.Watch``; None: none)."""
 
     cfg: TimingConfig
-    cache: str = "warm"
+    cache_mode: str = "warm"
     flush: llc.Flush | None = None
     #: the flush's median seconds (``llc.time_flush``, measured once per run)
     flush_s: float = 0.0
     budget: Budget | None = None
     groups_left: int = 1
-    watch: Callable[[], shared_timer.Watch | None] | None = None
+    watch: Callable[[], timer.Watch | None] | None = None
     #: the run's single-device cells, among which the budget's ``profile`` share is parted
     cells: int = 1
 
     @property
     def warm(self) -> bool:
-        return self.cache in ("warm", "both")
+        return self.cache_mode in ("warm", "both")
 
     @property
     def cold(self) -> bool:
-        return self.cache in ("cold", "both") and self.flush is not None
+        return self.cache_mode in ("cold", "both") and self.flush is not None
 
 
 def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingConfig, float, list[_Cell], list[_Cell]]:
@@ -266,20 +265,20 @@ def _steady_s(c: _Cell, fair_s: float) -> float:
     assert c.prepared is not None
     t = c.repeat_s
     if fair_s < t <= RECHECK * fair_s:
-        t = min(t, shared_timer.first_call(c.prepared.step, c.prepared.sync)[0])
+        t = min(t, timer.first_call(c.prepared.step, c.prepared.sync)[0])
     return t
 
 
 def _watched(
     cells: Sequence[_Cell],
     how: _Timer,
-    measure: Callable[[list[shared_timer.Entrant], shared_timer.Watch | None], list[Any]],
+    measure: Callable[[list[timer.Entrant], timer.Watch | None], list[Any]],
 ) -> tuple[list[Any], list[dict[str, Any] | None]]:
     """``measure`` (a timer function) on the cells' steps under a fresh device watch (``how.watch``; none without
     one): its outcomes, and per cell the watch's telemetry record (None where there is none). The watch's sampling
     thread ends with the timing, whatever ended it."""
     watch = how.watch() if how.watch is not None else None
-    entrants = [shared_timer.Entrant(c.prepared.step, c.prepared.sync, c.first_s, c.feed) for c in cells if c.prepared]
+    entrants = [timer.Entrant(c.prepared.step, c.prepared.sync, c.first_s, c.feed) for c in cells if c.prepared]
     try:
         outcomes = measure(entrants, watch)
     finally:
@@ -297,12 +296,12 @@ def _time(cells: Sequence[_Cell], how: _Timer) -> None:
     c0 = timed[0]
     label = f"{c0.case.name} {c0.mode}"
     cfg, cold_budget, timed, cold = _budgeted(timed, how, label)
-    group = shared_timer.new_group_id(f"{c0.case.name}/{c0.mode}")
+    group = timer.new_group_id(f"{c0.case.name}/{c0.mode}")
     seed = zlib.crc32(group.encode())
     if how.warm and timed:
 
-        def warm(entrants: list[shared_timer.Entrant], watch: shared_timer.Watch | None) -> list[Any]:
-            return list(shared_timer.measure_interleaved(entrants, group=group, seed=seed, watch=watch, **asdict(cfg)))
+        def warm(entrants: list[timer.Entrant], watch: timer.Watch | None) -> list[Any]:
+            return list(timer.measure_interleaved(entrants, group=group, seed=seed, watch=watch, **asdict(cfg)))
 
         outcomes, seen = _watched(timed, how, warm)
         for c, got, tele in zip(timed, outcomes, seen, strict=True):
@@ -317,12 +316,12 @@ def _time(cells: Sequence[_Cell], how: _Timer) -> None:
         if not how.warm:  # warm-up before the first cold sample: the first calls compiled, now the caches are hot
             for c in cold:
                 assert c.prepared is not None
-                shared_timer.first_call(c.prepared.step, c.prepared.sync)
+                timer.first_call(c.prepared.step, c.prepared.sync)
         flush = how.flush
 
-        def cold_rounds(entrants: list[shared_timer.Entrant], watch: shared_timer.Watch | None) -> list[Any]:
+        def cold_rounds(entrants: list[timer.Entrant], watch: timer.Watch | None) -> list[Any]:
             return list(
-                shared_timer.measure_cold(
+                timer.measure_cold(
                     entrants,
                     flush,
                     group=group + "/cold",
@@ -508,13 +507,13 @@ def run(
     progress: Display | None = None,
     store: Store | None = None,
     budget: Budget | None = None,
-    watch: Callable[[], shared_timer.Watch | None] | None = None,
+    watch: Callable[[], timer.Watch | None] | None = None,
 ) -> Results:
     """Run every (case, backend, mode, world size); return the results document (``compare.results.document.Results``).
 
     How is ``options`` (``compare.run.options.RunOptions``, None: its defaults): the timer's settings, the config
-    the document records, profile and trace folder, memory, ceilings, world sizes, cache mode, parity cache, CUDA
-    graphs.
+    the document records, profile and trace folder, memory, ceilings, world sizes, last-level cache mode,
+    interpreted-parity cache, CUDA graphs.
     Single-device backends run here, at world size 1 (at a larger one they are ``skipped``); tensor-parallel
     backends (a registry line with a ``runtime``) run in worker groups (``compare.run.tp_launch``), one group per
     runtime, launch and world size for all of its cells, launched as ``options.tp_launch`` where the backend
@@ -524,25 +523,25 @@ def run(
     mode settle together (they are timed together), a tensor-parallel cell as its group reports it.
     A stop (Ctrl-C, SIGTERM: ``compare.run.stop``; a ``KeyboardInterrupt``) ends the run between cells: the
     document then holds every finished cell and ``interrupted`` (the caller writes it and says so).
-    ``options.cache`` (``compare.timing.llc.CACHE_MODES``): warm samples, cold ones (each call after a flush of
+    ``options.cache_mode`` (``compare.timing.llc.CACHE_MODES``): warm samples, cold ones (each call after a flush of
     the last-level cache, :func:`cold_flush`) or both; ``budget`` (``compare.run.budget``) the time the run keeps,
     its cuts in the document; ``options.reuse_parity`` looks interpreted cells up in ``compare.run.parity_cache``
     (every interpreted verdict is kept there); ``watch`` makes a device watch per timed group
     (``compare.timing.timer.Watch``); ``options.memory`` records what each step holds in memory
     (``pipeline.memory``: saved for the backward, peak)."""
     options = options or RunOptions()
-    cfg, cache, profile, memory = options.cfg, options.cache, options.profile, options.memory
+    cfg, cache_mode, profile, memory = options.cfg, options.cache_mode, options.profile, options.memory
     cases, specs, modes = list(cases), list(specs), list(modes)
     spec_of = {sp.name: sp for sp in specs}
-    check_name("cache mode", cache, list(llc.CACHE_MODES))
+    check_name("cache mode", cache_mode, list(llc.CACHE_MODES))
     cold_setup = None
     groups = max(1, len(cases) * len(modes))
     single = sum(1 for sp in specs if not sp.runtime)
-    timer = _Timer(cfg, cache, budget=budget, groups_left=groups, watch=watch, cells=max(1, groups * single))
-    if cache != "warm":
+    run_timer = _Timer(cfg, cache_mode, budget=budget, groups_left=groups, watch=watch, cells=max(1, groups * single))
+    if cache_mode != "warm":
         size, flush = cold_flush(sp.framework for sp in specs)
-        timer.flush, timer.flush_s = flush, llc.time_flush(flush)
-        cold_setup = llc.ColdSetup(cache, size, flush.bytes, flush.about, timer.flush_s)
+        run_timer.flush, run_timer.flush_s = flush, llc.time_flush(flush)
+        cold_setup = llc.ColdSetup(cache_mode, size, flush.bytes, flush.about, run_timer.flush_s)
     interpreted: set[tuple[str, str, str]] = set()  # (backend, case, mode) of this run's own interpreted verdicts
     jobs: dict[tuple[str, str, int], list[tuple[Cell, BackendSpec]]] = {}
     ceil = None
@@ -633,10 +632,10 @@ def run(
                 if progress and group:
                     progress.starting(f"timing {len(group)} backends of {case.name} {mode} together")
                 with budget_phase(budget, "timing"):
-                    _time(group, timer)
-                timer.groups_left = max(1, timer.groups_left - 1)
+                    _time(group, run_timer)
+                run_timer.groups_left = max(1, run_timer.groups_left - 1)
                 for c in group:
-                    _finish_steps(c, profile, options.trace_dir, memory, timer)
+                    _finish_steps(c, profile, options.trace_dir, memory, run_timer)
                 if group and progress and not reference.made:
                     progress.starting(f"{case.name}: the reference of the fresh inputs")
                 settled = _settle(case, group, reference)

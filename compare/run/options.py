@@ -18,11 +18,11 @@ class RunOptions:
     (``compare.results.document.Config``'s fields); ``profile``: count kernels per step, with ``trace_dir`` a
     Chrome/Perfetto trace per backend there; ``memory``: what each step holds in memory; ``ceilings``: measure this
     machine's matmul and copy ceilings first and hold every row to them; ``world_sizes``: tensor-parallel world
-    sizes, run as ``tp_launch`` where a backend supports it, their processes' logs under ``tp_logs``; ``cache``:
-    ``compare.timing.llc.CACHE_MODES``; ``reuse_parity``: interpreted cells from ``compare.run.parity_cache``;
-    ``cuda_graphs``: replay torch steps from a CUDA graph. A sweep's own: ``isolate`` (each cell in a worker
-    process), ``cell_timeout_s`` (a worker's cell ended after so long) and ``retry_errors`` (stored ``error`` cells
-    run again)."""
+    sizes, run as ``tp_launch`` where a backend supports it, their processes' logs under ``tp_logs``; ``cache_mode``:
+    the last-level cache's state in the timings (``compare.timing.llc.CACHE_MODES``); ``reuse_parity``: interpreted
+    cells from ``compare.run.parity_cache``; ``cuda_graphs``: replay torch steps from a CUDA graph. A sweep's own:
+    ``isolate`` (each cell in a worker process), ``cell_timeout_s`` (a worker's cell ended after so long) and
+    ``retry_errors`` (stored ``error`` cells run again)."""
 
     cfg: TimingConfig = TimingConfig()
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -33,7 +33,7 @@ class RunOptions:
     world_sizes: tuple[int, ...] = (1,)
     tp_launch: str | None = None
     tp_logs: Path | None = None
-    cache: str = "warm"
+    cache_mode: str = "warm"
     reuse_parity: bool = False
     cuda_graphs: bool = False
     isolate: bool = False

@@ -25,8 +25,8 @@ def run_shape_sweep(
     cut: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Compile cost per token count at each case's dim, hidden and dtype, mode fwd, for every backend whose registry
-    line joins the sweep (``BackendSpec.sweep``: one run per variant, e.g. ``dynamic=False`` then ``True``) and that
-    implements the case's model and can run here. Each backend builds its own compiled forward and reads its own
+    line joins the sweep (``BackendSpec.shape_sweep``: one run per variant, e.g. ``dynamic=False`` then ``True``) and
+    that implements the case's model and can run here. Each backend builds its own compiled forward and reads its own
     recompile counter (its ``shape_sweep`` method); rows are schema'd in ``compare.timing.compile_sweep``. With a
     ``deadline`` (``time.monotonic``: the end of the sweep's share of a run's budget) no variant starts after it, and
     each one left out is said to ``cut`` (a variant's compiles are not cut once started)."""
@@ -41,14 +41,14 @@ def run_shape_sweep(
 
         progress(f"shape sweep {base.model} {base.shape.dim}->{base.shape.hidden} {base.dtype}: tokens {tokens}")
         for s in chosen:
-            if not s.sweep or base.model not in s.models:
+            if not s.shape_sweep or base.model not in s.models:
                 continue
             avail = s.availability()
             if not avail.ok:
                 progress(f"shape sweep: {s.name} left out: {avail.reason}")
                 continue
             backend = s.load()
-            for variant in s.sweep:
+            for variant in s.shape_sweep:
                 if deadline is not None and time.monotonic() >= deadline:
                     if cut is not None:
                         shown = ", ".join(f"{k}={v}" for k, v in variant.items())
@@ -57,7 +57,7 @@ def run_shape_sweep(
                             f"(the sweep's share of the budget was spent)"
                         )
                     continue
-                # an optional method of the Backend protocol: a backend whose registry line has ``sweep`` defines it
+                # an optional method of the Backend protocol: a registry line with ``shape_sweep`` variants promises it
                 sweep_fn = getattr(backend, "shape_sweep")  # noqa: B009
                 rows += sweep_fn(make, tokens, budget_s=budget_s, **variant)
     return with_payback(rows)
@@ -76,7 +76,9 @@ def budgeted_sweep(
     from compare.backends.registry import BACKENDS
 
     def variants_of(chosen: list[Case]) -> int:
-        return sum(len(s.sweep) for s in BACKENDS.values() if s.sweep and any(c.model in s.models for c in chosen))
+        return sum(
+            len(s.shape_sweep) for s in BACKENDS.values() if s.shape_sweep and any(c.model in s.models for c in chosen)
+        )
 
     share = budget.part("shape_sweep")
     late = budget.left() < share

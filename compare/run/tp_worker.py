@@ -241,7 +241,7 @@ def run_cell(
         tim,
         kernels,
         # process 0's seconds of the fresh-input check: its calls (an untimed step's one) and reading the kept
-        # copies, the reference (0 when cached from an earlier cell of the case) and the gate
+        # copies, the reference (0 when kept from an earlier cell of the case) and the gate
         extras={"fresh_check_s": fresh_s, "deterministic": deterministic},
         cost_case=shard(case, launch.world_size),  # one rank's share
     )

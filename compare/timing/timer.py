@@ -54,7 +54,7 @@ NOISY_IQR_FRACTION = 0.10
 CLOCK = time.perf_counter
 CLOCK_RESOLUTION_S = time.get_clock_info("perf_counter").resolution
 #: How a timing's samples were taken: in its own window of time, in rounds with the other backends of its group
-#: (warm caches), or in rounds of single calls each after a cache flush (``cold``, :func:`measure_cold`).
+#: (warm caches), or in rounds of single calls each after a last-level cache flush (``cold``, :func:`measure_cold`).
 CONTIGUOUS, INTERLEAVED, COLD = "contiguous", "interleaved", "cold"
 
 
@@ -144,9 +144,9 @@ def _timed_block(
     before: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
     """``calls`` calls in a row and one sync of all their outputs: the clock at its start and end. With a ``feed``
-    the calls are the feed's (taken before the clock starts, and before ``before``: a cache flush then evicts the
-    inputs the feed wrote too) and the outputs go back to it after the clock stops; none is held once the block
-    returns."""
+    the calls are the feed's (taken before the clock starts, and before ``before``: a last-level cache flush then
+    evicts the inputs the feed wrote too) and the outputs go back to it after the clock stops; none is held once the
+    block returns."""
     fns = feed.take(calls) if feed is not None else [fn] * calls
     if before is not None:
         before()

@@ -1,6 +1,6 @@
-"""The seed's GPU kernel table as a specification (``shared/SEED.md``): what one GeGLU forward launches on CUDA.
+"""The blog post's GPU kernel table as a specification (``shared/SEED.md``): what one GeGLU forward launches on CUDA.
 
-On the seed's case (``blog-mlp``: 64 x 128 tokens, 768 -> 3072, bfloat16):
+On the blog post's case (``blog-mlp``: 64 x 128 tokens, 768 -> 3072, bfloat16):
 
 - eager: 5 kernels, 3 GEMMs + a GELU kernel + a mul kernel;
 - ``torch.compile``: the 3 GEMMs stay, and one fused Triton kernel absorbs GELU and mul
