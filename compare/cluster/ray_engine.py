@@ -1,6 +1,6 @@
 """``sweep --engine ray``: each cell of a sweep is one Ray task, its outcome streamed back to the driver, which
-appends it to the sweep's store as it arrives (``compare.sweep.run.run_sweep``: resume, ``--retry-errors``, the
-lock and the report are the local engine's).
+appends it to the sweep's store as it arrives (``compare.run.conductor``; ``compare.sweep.run.run_sweep``: resume,
+``--retry-errors``, the lock and the report are the local engine's).
 
 **The cluster.** ``--address HOST:PORT`` (or ``auto``) joins a running cluster and leaves it as found (``ray.shutdown``
 only disconnects); without an address the driver starts a local Ray instance on this machine and shuts it down on
@@ -40,7 +40,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,9 @@ from compare.problem.cases import Case, InputError
 from compare.results import environment
 from compare.results.document import Result
 from compare.run import stop
+from compare.run.conductor import Finished
 from compare.run.grid import Cell
-from compare.sweep.engines import EngineOptions, Finished
+from compare.sweep.engines import EngineOptions
 from compare.sweep.worker import run_cell_inprocess
 from compare.timing.timer import TimingConfig
 
@@ -251,14 +252,15 @@ class RayRunner:
             self._hashes[case.name] = golden.data_sha256(case)
         return self._hashes[case.name]
 
-    def cells(
+    def run(
         self,
         todo: list[Cell],
         specs: dict[str, BackendSpec],
         cfg: TimingConfig,
         may_start: Callable[[int], bool],
         starting: Callable[[Cell], None],
-    ) -> Iterator[Finished]:
+        done: Callable[[Finished], None],
+    ) -> None:
         ray, opts = self.ray, self.options
         queue: deque[tuple[Cell, int, list[str]]] = deque((c, 1, []) for c in todo)
         inflight: dict[Any, _InFlight] = {}
@@ -275,7 +277,7 @@ class RayRunner:
                     if isinstance(res, str):
                         queue.popleft()
                         r = Result.for_case(cell.backend, cell.case, cell.mode, "error", reason=f"refused: {res}")
-                        yield Finished(cell, r, {"precision": {}, "gpu": None}, 0.0)
+                        done(Finished(cell, r, {"precision": {}, "gpu": None}, 0.0))
                         continue
                     if len(inflight) >= slots(nodes, res):
                         break
@@ -316,16 +318,15 @@ class RayRunner:
                         r = Result.for_case(
                             f.cell.backend, f.cell.case, f.cell.mode, "error", reason=reason, extras=extras
                         )
-                        yield Finished(
-                            f.cell, r, {"precision": {}, "gpu": None}, wall, final=not (again and f.attempt < attempts)
-                        )
+                        final = not (again and f.attempt < attempts)
+                        done(Finished(f.cell, r, {"precision": {}, "gpu": None}, wall, final=final))
                         continue
                     r = from_json(Result, out["result"])
                     if f.attempt > 1:
                         r = dataclasses.replace(
                             r, extras={**r.extras, "attempt": f.attempt, "earlier_attempts": f.earlier}
                         )
-                    yield Finished(f.cell, r, out["meta"], wall)
+                    done(Finished(f.cell, r, out["meta"], wall))
                 if opts.cell_timeout_s is not None:
                     now = time.monotonic()
                     for ref, f in list(inflight.items()):
@@ -342,7 +343,7 @@ class RayRunner:
                             reason=reason,
                             extras={"attempt": f.attempt},
                         )
-                        yield Finished(f.cell, r, {"precision": {}, "gpu": None}, now - f.started)
+                        done(Finished(f.cell, r, {"precision": {}, "gpu": None}, now - f.started))
         finally:
             for ref in inflight:  # stopped, or an error: the cells in flight are given up, their workers ended
                 ray.cancel(ref, force=True)

@@ -24,11 +24,12 @@ GRID_KEYS: tuple[str, ...] = ("grid", "backends", "dtypes", "modes", "timing")
 
 @dataclass(frozen=True)
 class Cell:
-    """One unit of the sweep: a backend on a case in a mode."""
+    """One unit of a run or sweep: a backend on a case in a mode, at a world size (a run's tensor-parallel cells)."""
 
     backend: str
     case: Case
     mode: str
+    world_size: int = 1
 
     @property
     def key(self) -> str:
