@@ -34,12 +34,13 @@ from ray.cluster_utils import Cluster
 from compare.backends import registry
 from compare.backends.registry import BackendSpec
 from compare.cli import main as cli
-from compare.cluster.ray_engine import cell_resources, describe_failure, run_payload, slots
+from compare.cluster.ray_engine import cell_resources, describe_failure, slots
 from compare.formats.codec import to_json
 from compare.problem.cases import Case, preset
 from compare.problem.golden import data_sha256
 from compare.run.grid import cells_from_config
 from compare.run.store import JSONL, load_sweep, read_sweep
+from compare.sweep.worker import run_payload
 from compare.timing.timer import TimingConfig
 from tests import numpy_backend
 from tests.faults import PREAMBLE

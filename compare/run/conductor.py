@@ -1,24 +1,17 @@
-"""The one conductor of every measurement (``run``, ``profile``, ``sweep``): :func:`conduct` drives cells
-(``compare.run.grid.Cell``) through executors, in one stage order.
-
-First this machine's matmul FLOP/s and copy bandwidth per dtype (:func:`measure_ceilings`, under the budget's
-``ceilings`` share), before any backend runs, told to ``begin`` (a run stores them as a line, a sweep in its header);
-then each executor runs its cells and reports each finished one (:class:`Finished`), which is held to the ceilings
-(:func:`hold`: ``implausible`` when its fastest sample beats the matmul ceiling), stored (``compare.run.store``) the
-moment it is known and told to the progress display. A stop (Ctrl-C, SIGTERM: ``compare.run.stop``) ends it between
-cells, keeping what is done (``Conducted.interrupted``). An executor asks ``may_start`` before a cell it may leave
-for a rerun: no once the budget is spent (the cut said).
-
-The executors (:class:`Executor`): the run's in-process groups (``compare.run.harness.Groups``: the cells of one case
-and mode timed together, interleaved) and tensor-parallel worker groups (``compare.run.harness.TpGroups``); a
-sweep's local engine (``compare.sweep.run.LocalRunner``: a cell at a time, here or in a worker process of its own)
-and Ray's (``compare.cluster.ray_engine``).
+"""The one conductor of every measurement (``run``, ``profile``, ``sweep``), :func:`conduct`, and its stage order:
+this machine's ceilings per dtype first (:func:`measure_ceilings`, under the budget's ``ceilings`` share), before any
+backend runs; then each executor (:class:`Executor`: the run's ``compare.run.harness.Groups``, one case and mode timed
+together, interleaved, and ``TpGroups``, tensor-parallel worker groups; a sweep's ``compare.sweep.run.LocalRunner``,
+in process or a worker process per cell, and ``compare.cluster.ray_engine``) runs its cells, each finished one
+(:class:`Finished`) held to the ceilings (:func:`hold`), stored (``compare.run.store``) and said as it finishes. A stop
+(``compare.run.stop``) ends it between cells with what is done; no cell an executor may leave for a rerun starts once
+the budget is spent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from compare.backends.registry import BackendSpec, probe
@@ -50,20 +43,9 @@ class Finished:
 
 
 class Executor(Protocol):
-    """Where cells run."""
-
-    def run(
-        self,
-        todo: list[Cell],
-        specs: dict[str, BackendSpec],
-        cfg: TimingConfig,
-        may_start: Callable[[int], bool],
-        starting: Callable[[Cell], None],
-        done: Callable[[Finished], None],
-    ) -> None:
-        """Run ``todo``, telling ``done`` each outcome as it is known; ``may_start(left)`` is asked before a cell
-        the executor may leave for a rerun (False: start no more; ``left`` cells were not started) and ``starting``
-        told of each start."""
+    def run(self, todo: list[Cell], to: Conductor) -> None:
+        """Run ``todo`` (specs ``to.specs``, timer ``to.cfg``), telling ``to.done`` each outcome as it is known;
+        ``to.may_start(left)`` is asked before a cell it may leave for a rerun, ``to.starting`` told of each start."""
         ...
 
 
@@ -100,28 +82,79 @@ def hold(r: Result, case: Case, ceil: Ceilings) -> Result:
     return against_ceilings(r, ceil, min_flops(case, r.mode), 1 if r.tp is None else max(1, len(r.tp.hosts)))
 
 
-@dataclass
-class Conducted:
-    """What :func:`conduct` ended with: every final result as stored (held to ``ceilings``) and as measured, with
-    its case; the precision settings and thread counts the backends reported; whether a stop ended it."""
+class Conductor:
+    """A conduct under way, what its executors are given; at its end every final result as stored and as measured
+    (``raw``, with its case), the precision settings and thread counts reported, and whether a stop ended it."""
 
-    results: list[Result] = field(default_factory=list)
-    raw: list[tuple[Result, Case]] = field(default_factory=list)
-    ceilings: Ceilings | None = None
-    precision: dict[str, Any] = field(default_factory=dict)
-    threads: dict[str, Any] = field(default_factory=dict)
-    interrupted: bool = False
+    def __init__(
+        self, specs: dict[str, BackendSpec], cfg: TimingConfig, store: Store | None, keyed: bool, budget: Budget | None,
+        progress: Display | None, total: int,
+    ) -> None:  # fmt: skip
+        self.specs, self.cfg, self.store, self.keyed = specs, cfg, store, keyed
+        self.budget, self.progress, self.total, self.here = budget, progress, total, ""  # here: this machine's type
+        self.results: list[Result] = []
+        self.raw: list[tuple[Result, Case]] = []
+        self.ceilings: Ceilings | None = None
+        self.precision: dict[str, Any] = {}
+        self.threads: dict[str, Any] = {}
+        self.interrupted = False
 
-    def rechecked(self, progress: Display | None, budget: Budget | None) -> list[Result]:
+    def may_start(self, left: int) -> bool:
+        stop.check()  # a signal asked to stop: the cells in flight were the last
+        budget = self.budget
+        if budget is not None and budget.left() <= 0:
+            budget.cut(
+                f"sweep: {left} of {self.total} cells not started, the {budget.total_s:g} s budget being spent; rerun "
+                "the same command to resume them"
+            )
+            if self.progress:
+                self.progress.message(budget.cuts[-1], important=True)
+            return False
+        return True
+
+    def starting(self, cell: Cell) -> None:
+        if self.progress:
+            self.progress.starting(cell.label())
+
+    def done(self, f: Finished) -> None:
+        """Hold ``f`` to the ceilings where it was measured on this machine type, store it, say it."""
+        r, ceil, progress = f.result, self.ceilings, self.progress
+        self.threads.update(r.threads)
+        self.precision.update(f.meta.get("precision") or {})
+        if ceil is not None and r.node is not None and not self.here:
+            self.here = environment.node().machine_type()
+        if ceil is not None and (r.node is None or r.node.machine_type() == self.here):
+            r = hold(r, f.cell.case, ceil)
+        fields: dict[str, Any] = {"key": f.cell.key, **f.meta, "wall_s": f.wall_s} if self.keyed else {}
+        if self.store is not None:
+            more = {} if f.final else {"retrying": True}
+            self.store.cell(r, fields.pop("precision") if self.keyed else self.precision, **fields, **more)
+        if not f.final:
+            if progress:
+                progress.message(f"{f.cell.label()}: {r.reason}; running it again", important=True)
+            return
+        self.raw.append((f.result, f.cell.case))
+        self.results.append(r)
+        if progress:
+            x = f" x{r.world_size}" if r.tp is not None else ""
+            label = f"{f.cell.label()} ({f.wall_s:.1f}s)" if self.keyed else f"{r.backend} {r.case} {r.mode}{x}"
+            progress.cell(label, r.status, r.reason)
+
+    def error(self, cell: Cell, reason: str, wall_s: float = 0.0, final: bool = True, **extras: Any) -> None:
+        """:meth:`done` with ``cell`` an ``error`` row that no backend reported (refused, lost, ended, unjudgeable)."""
+        r = Result.for_case(cell.backend, cell.case, cell.mode, "error", reason=reason, extras=extras)
+        self.done(Finished(cell, replace(r, world_size=cell.world_size), {"precision": {}, "gpu": None}, wall_s, final))
+
+    def rechecked(self) -> list[Result]:
         """The results, where one beat the ceilings held to them measured again (each dtype's higher ceiling): a
         probe that ran while other work held the cores reads low, and real steps timed later would look faster
         than the machine."""
         ceil = self.ceilings
         if ceil is None or self.interrupted or all(r.status != "implausible" for r in self.results):
             return self.results
-        if progress:
-            progress.message("a step beat the ceilings: measuring them again", important=True)
-        with budget_phase(budget, "ceilings"):
+        if self.progress:
+            self.progress.message("a step beat the ceilings: measuring them again", important=True)
+        with budget_phase(self.budget, "ceilings"):
             again = measure_ceilings(dict.fromkeys(case.dtype for _, case in self.raw))
         self.ceilings = ceil = ceil if again is None else ceil.peak(again)
         return [hold(r, case, ceil) for r, case in self.raw]
@@ -134,59 +167,18 @@ def conduct(
     store: Store | None,
     *,
     dtypes: Sequence[str] = (),
-    begin: Callable[[Ceilings | None], None] = lambda ceil: None,
+    begin: Callable[[Ceilings | None], None] | None = None,
     keyed: bool = False,
     budget: Budget | None = None,
     progress: Display | None = None,
-) -> Conducted:
+) -> Conductor:
     """Run every executor of ``plan`` on its cells, in the stage order of the module docstring. ``dtypes``: those
     whose ceilings are measured first (none: no ceilings, no row held); ``begin`` is told them before the first
     cell. ``keyed``: a sweep's store, each line keyed by its cell with what its worker reported and its seconds (a
     run's line holds the precision settings reported so far). A failed write raises ``OSError``."""
-    out = Conducted()
-    total = sum(len(cells) for _, cells in plan)
-    here: list[str] = []  # this machine's type, read at the first row measured elsewhere
-
-    def may_start(left: int) -> bool:
-        stop.check()  # a signal asked to stop: the cells in flight were the last
-        if budget is not None and budget.left() <= 0:
-            budget.cut(
-                f"sweep: {left} of {total} cells not started, the {budget.total_s:g} s budget being spent; rerun "
-                "the same command to resume them"
-            )
-            if progress:
-                progress.message(budget.cuts[-1], important=True)
-            return False
-        return True
-
-    def starting(cell: Cell) -> None:
-        if progress:
-            progress.starting(cell.label())
-
-    def done(f: Finished) -> None:
-        r, ceil = f.result, out.ceilings
-        out.threads.update(r.threads)
-        out.precision.update(f.meta.get("precision") or {})
-        if ceil is not None and r.node is not None and not here:
-            here.append(environment.node().machine_type())
-        if ceil is not None and (r.node is None or r.node.machine_type() == here[0]):  # this machine's row
-            r = hold(r, f.cell.case, ceil)
-        fields: dict[str, Any] = {"key": f.cell.key, **f.meta, "wall_s": f.wall_s} if keyed else {}
-        if store is not None:
-            store.cell(r, fields.pop("precision", out.precision), **fields, **({} if f.final else {"retrying": True}))
-        if not f.final:
-            if progress:
-                progress.message(f"{f.cell.label()}: {r.reason}; running it again", important=True)
-            return
-        out.raw.append((f.result, f.cell.case))
-        out.results.append(r)
-        if progress:
-            x = f" x{r.world_size}" if r.tp is not None else ""
-            label = f"{f.cell.label()} ({f.wall_s:.1f}s)" if keyed else f"{r.backend} {r.case} {r.mode}{x}"
-            progress.cell(label, r.status, r.reason)
-
+    to = Conductor(specs, cfg, store, keyed, budget, progress, sum(len(cells) for _, cells in plan))
     try:
-        if dtypes and total:  # before any backend runs
+        if dtypes and to.total:  # before any backend runs
             if progress:
                 progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
             probe_s = None
@@ -194,11 +186,12 @@ def conduct(
                 probe_s = budget.part("ceilings", len(dtypes) * len(CEILING_PROBES))
                 budget.cut(f"ceilings: {probe_s:.2g} s per dtype and probe (the probes' own default when unbudgeted)")
             with budget_phase(budget, "ceilings"):
-                out.ceilings = measure_ceilings(dtypes, probe_s)
-        begin(out.ceilings)
+                to.ceilings = measure_ceilings(dtypes, probe_s)
+        if begin is not None:
+            begin(to.ceilings)
         for executor, cells in plan:
             if cells:
-                executor.run(cells, specs, cfg, may_start, starting, done)
+                executor.run(cells, to)
     except KeyboardInterrupt:  # keep what is done; the caller writes it and says so
-        out.interrupted = True
-    return out
+        to.interrupted = True
+    return to

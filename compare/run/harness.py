@@ -54,7 +54,7 @@ from compare.results.memory import Memory
 from compare.run import budget, parity_cache, pipeline, stop
 from compare.run.budget import Budget, budget_phase
 from compare.run.cell import MODE_TENSORS, plain_reference
-from compare.run.conductor import Executor, Finished, conduct
+from compare.run.conductor import Conductor, Executor, Finished, conduct
 from compare.run.grid import Cell as GridCell
 from compare.run.options import RunOptions
 from compare.run.progress import Display
@@ -474,34 +474,25 @@ def run_one(
 
 
 class Groups:
-    """The run's in-process executor (``compare.run.conductor.Executor``). Its cells come case by case, mode by mode:
-    per case the plain reference, the gate's resolution rows (stored) and a fresh draw made now; per mode every
-    backend started (:func:`_start`), the timed ones timed together, interleaved (:func:`_time`), each finished
-    (:func:`_finish_steps`), then all settled together (:func:`_settle`) and reported. A single-device backend at a
-    world size above 1 is ``skipped``. ``precision`` and ``resolution`` gather what the run's document records."""
+    """The run's in-process executor (``compare.run.conductor.Executor``), case by case (the plain reference, the
+    resolution rows, a fresh draw), mode by mode: every backend started (:func:`_start`), timed together
+    (:func:`_time`), finished (:func:`_finish_steps`), settled together (:func:`_settle`); a single-device backend
+    at a world size above 1 ``skipped``."""
 
     def __init__(self, options: RunOptions, timer: _Timer, progress: Display | None, store: Store | None) -> None:
         self.options, self.timer, self.progress, self.store = options, timer, progress, store
         self.precision: dict[str, Any] = {}
         self.resolution: list[ResolutionRow] = []
 
-    def run(
-        self,
-        todo: list[GridCell],
-        specs: dict[str, BackendSpec],
-        cfg: TimingConfig,
-        may_start: Callable[[int], bool],
-        starting: Callable[[GridCell], None],
-        done: Callable[[Finished], None],
-    ) -> None:
+    def run(self, todo: list[GridCell], to: Conductor) -> None:
         options, progress = self.options, self.progress
-        interpreted: set[tuple[str, str]] = set()  # (backend, mode) of this case's own interpreted verdicts
+        specs, interpreted = to.specs, set[tuple[str, str]]()  # (backend, mode): this case's interpreted verdicts
 
         def report(cell: GridCell, res: Result) -> None:
             res = replace(res, world_size=cell.world_size)
             if (cell.backend, cell.mode) in interpreted:
                 parity_cache.save(specs[cell.backend], cell.case, cell.mode, res)
-            done(Finished(cell, res, {"precision": self.precision}, 0.0))
+            to.done(Finished(cell, res, {"precision": self.precision}, 0.0))
 
         if progress:
             progress.groups_begin()
@@ -522,7 +513,7 @@ class Groups:
                 reference = pipeline.CaseReference(case, fresh.new_seed(), backward)
             except UnusableCase as exc:  # nothing can be judged on this case: say so in every cell, go on
                 for cell in of_case:
-                    report(cell, Result.for_case(cell.backend, case, cell.mode, "error", reason=f"{why}{exc}"))
+                    to.error(cell, f"{why}{exc}")
                 continue
             for mode, in_mode in itertools.groupby(of_case, key=lambda c: c.mode):
                 group: list[tuple[GridCell, _Cell]] = []
@@ -560,26 +551,17 @@ class Groups:
 
 
 class TpGroups:
-    """The run's tensor-parallel executor: its cells gathered into one worker group (``compare.run.tp_launch``) per
-    runtime, launch and world size, launched as ``options.tp_launch`` where the backend supports it (else its
-    first launch), the processes' logs under ``options.tp_logs``; each cell reported the moment the group's process
-    0 reports it (an interrupt ends the group and keeps those already reported)."""
+    """The run's tensor-parallel executor: one worker group (``compare.run.tp_launch``) per runtime, launch
+    (``options.tp_launch`` where the backend has it, else its first) and world size, logs under ``options.tp_logs``;
+    each cell reported as the group's process 0 reports it."""
 
     def __init__(self, options: RunOptions, progress: Display | None) -> None:
         self.options, self.progress = options, progress
 
-    def run(
-        self,
-        todo: list[GridCell],
-        specs: dict[str, BackendSpec],
-        cfg: TimingConfig,
-        may_start: Callable[[int], bool],
-        starting: Callable[[GridCell], None],
-        done: Callable[[Finished], None],
-    ) -> None:
+    def run(self, todo: list[GridCell], to: Conductor) -> None:
         jobs: dict[tuple[str, str, int], list[GridCell]] = {}
         for cell in todo:
-            spec = specs[cell.backend]
+            spec = to.specs[cell.backend]
             how = self.options.tp_launch if self.options.tp_launch in spec.launches else spec.launches[0]
             jobs.setdefault((spec.runtime, how, cell.world_size), []).append(cell)
         first = 0
@@ -587,8 +569,8 @@ class TpGroups:
             stop.check()
             tp_cells = tuple(Cell(first + i, c.backend, c.case, c.mode) for i, c in enumerate(cells))
             first += len(cells)
-            job_specs = tuple(dict.fromkeys(specs[c.backend] for c in cells))
-            job = Job(runtime, how, ws, tp_cells, job_specs, cfg, profile=self.options.profile)
+            job_specs = tuple(dict.fromkeys(to.specs[c.backend] for c in cells))
+            job = Job(runtime, how, ws, tp_cells, job_specs, to.cfg, profile=self.options.profile)
             if self.progress:
                 self.progress.message(
                     f"starting a tensor-parallel group: {runtime}, world size {ws}, {job.nproc} process(es) x "
@@ -599,7 +581,7 @@ class TpGroups:
 
             def report(doc: dict[str, Any], ws: int = ws, of: dict[tuple[str, str, str], GridCell] = of) -> None:
                 res = replace(from_json(Result, doc), world_size=ws)
-                done(Finished(of[res.backend, res.case, res.mode], res, {}, 0.0))
+                to.done(Finished(of[res.backend, res.case, res.mode], res, {}, 0.0))
 
             run_job(job, root=self.options.tp_logs, on_result=report)
 
@@ -617,18 +599,14 @@ def run(
 ) -> Results:
     """Run every (case, backend, mode, world size) through the conductor (``compare.run.conductor.conduct``): the
     single-device cells in process (:class:`Groups`), the tensor-parallel ones in worker groups (:class:`TpGroups`);
-    return the results document (``compare.results.document.Results``).
+    return the results document, ``interrupted`` when a stop ended it (the caller writes it and says so).
 
-    How is ``options`` (``compare.run.options.RunOptions``, None: its defaults): the timer's settings, the config
-    the document records, profile and trace folder, memory, ceilings, world sizes, cache mode, parity cache, CUDA
-    graphs. ``progress`` (a :class:`~compare.run.progress.Display`, already entered) is told as each cell starts and
-    ends; ``store`` (``compare.run.store``) gets every finished cell the moment its verdict is known. A stop ends the
-    run between cells: the document then holds every finished cell and ``interrupted`` (the caller writes it and
-    says so). ``options.cache`` (``compare.timing.llc.CACHE_MODES``): warm samples, cold ones (each call after a
-    flush of the last-level cache, :func:`cold_flush`) or both; ``budget`` (``compare.run.budget``) the time the
-    run keeps, its cuts in the document; ``options.reuse_parity`` looks interpreted cells up in
-    ``compare.run.parity_cache`` (every interpreted verdict is kept there); ``watch`` makes a device watch per timed
-    group (``compare.timing.timer.Watch``); ``options.memory`` records what each step holds in memory."""
+    ``options`` (``compare.run.options.RunOptions``; None: its defaults) says how; ``progress`` (a
+    :class:`~compare.run.progress.Display`, already entered) is told as each cell starts and ends, ``store``
+    (``compare.run.store``) gets every finished cell the moment its verdict is known; ``budget``
+    (``compare.run.budget``) is the time the run keeps, its cuts in the document; ``watch`` makes a device watch per
+    timed group (``compare.timing.timer.Watch``). Cold samples (``options.cache``) follow a flush of the last-level
+    cache (:func:`cold_flush`); interpreted verdicts are kept in ``compare.run.parity_cache``."""
     options = options or RunOptions()
     cfg, cache = options.cfg, options.cache
     cases, specs, modes = list(cases), list(specs), list(modes)
@@ -652,22 +630,13 @@ def run(
     plan: list[tuple[Executor, list[GridCell]]] = [(here, [c for c in todo if not tp(c)])]
     plan.append((TpGroups(options, progress), [c for c in todo if tp(c)]))
     dtypes = list(dict.fromkeys(c.dtype for c in cases)) if options.ceilings else []
-    got = conduct(
-        plan,
-        spec_of,
-        cfg,
-        store,
-        dtypes=dtypes,
-        begin=lambda ceil: store.ceilings(ceil) if ceil is not None and store is not None else None,
-        budget=budget,
-        progress=progress,
-    )
-    results = got.rechecked(progress, budget)
+    begin = (lambda ceil: store.ceilings(ceil) if ceil is not None else None) if store is not None else None
+    got = conduct(plan, spec_of, cfg, store, dtypes=dtypes, begin=begin, budget=budget, progress=progress)
     return Results(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         config=replace(from_json(Config, options.config), timing=cfg),
         environment=environment.current(here.precision, got.threads),
-        results=tuple(results),
+        results=tuple(got.rechecked()),
         resolution=tuple(here.resolution),
         ceilings=got.ceilings,
         interrupted=got.interrupted,

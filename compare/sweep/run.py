@@ -47,7 +47,6 @@ import contextlib
 import dataclasses
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +57,7 @@ from compare.results import environment
 from compare.results.document import Results
 from compare.run import exitcodes
 from compare.run.budget import Budget
-from compare.run.conductor import Finished, conduct
+from compare.run.conductor import Conductor, Finished, conduct
 from compare.run.grid import Cell, cells_from_config
 from compare.run.options import RunOptions
 from compare.run.progress import Display
@@ -82,27 +81,19 @@ class LocalRunner:
     def describe(self) -> dict[str, Any]:
         return {"name": "local", "isolate": self.isolate}
 
-    def run(
-        self,
-        todo: list[Cell],
-        specs: dict[str, BackendSpec],
-        cfg: TimingConfig,
-        may_start: Callable[[int], bool],
-        starting: Callable[[Cell], None],
-        done: Callable[[Finished], None],
-    ) -> None:
+    def run(self, todo: list[Cell], to: Conductor) -> None:
         plain_refs: dict[str, Any] = {}
         for i, cell in enumerate(todo):
-            if not may_start(len(todo) - i):
+            if not to.may_start(len(todo) - i):
                 return
             t0 = time.perf_counter()
-            starting(cell)
+            to.starting(cell)
             if self.isolate:
                 assert self.scratch is not None
-                r, meta = run_cell_isolated(specs[cell.backend], cell, cfg, self.scratch, self.cell_timeout_s)
+                r, meta = run_cell_isolated(to.specs[cell.backend], cell, to.cfg, self.scratch, self.cell_timeout_s)
             else:
-                r, meta = run_cell_inprocess(specs[cell.backend], cell, cfg, plain_refs)
-            done(Finished(cell, dataclasses.replace(r, node=environment.node()), meta, time.perf_counter() - t0))
+                r, meta = run_cell_inprocess(to.specs[cell.backend], cell, to.cfg, plain_refs)
+            to.done(Finished(cell, dataclasses.replace(r, node=environment.node()), meta, time.perf_counter() - t0))
 
     def close(self) -> None:
         """Nothing to end: every worker process ended with its cell."""
@@ -118,21 +109,12 @@ def run_sweep(
     budget: Budget | None = None,
     runner: Runner | None = None,
 ) -> Results:
-    """Run every cell of ``config`` not yet in ``out/results.jsonl`` through the conductor
-    (``compare.run.conductor.conduct``), appending each as it finishes; return :func:`load_sweep` of the file.
-
-    ``specs`` maps each backend name in the config to its spec; of ``options`` (``compare.run.options``; None: the
-    defaults) the sweep reads ``retry_errors`` (stored ``error`` cells run again), ``ceilings``, ``isolate`` and
-    ``cell_timeout_s``. ``runner`` is the engine that runs the cells (``compare.sweep.engines``; opened and closed by
-    the caller); None: the local engine, with ``isolate`` and ``cell_timeout_s``. Every attempt the engine reports
-    is stored (a lost worker's error row, marked ``retrying``, before the cell's next attempt; a reader takes the
-    last attempt that is not marked, and a cell whose only lines are marked is not done). ``ceilings``: measured
-    once for the swept dtypes before any cell, in this session's header line; every single-device row measured on
-    this machine type is held to them as it is stored (a row from another machine type is not). ``budget``
-    (``compare.run.budget``): no cell starts once it is spent; the cells left are said as its cut and wait for a
-    rerun of the same command (it resumes them). A stop raises ``KeyboardInterrupt`` once what is done is stored.
-    The workers' scratch folder ``out/.cells`` is removed on the way out, and a stale one (a killed sweep's) on the
-    way in, once this sweep holds the file's lock.
+    """Run every cell of ``config`` not yet in ``out/results.jsonl`` (of ``options``: ``retry_errors``, ``ceilings``,
+    ``isolate``, ``cell_timeout_s``) through the conductor (``compare.run.conductor.conduct``) on ``runner``
+    (``compare.sweep.engines``, opened and closed by the caller; None: the local engine), appending every attempt as
+    it finishes (a lost worker's ``error`` row marked ``retrying``); return :func:`load_sweep` of the file. The
+    ceilings go into this session's header line; a stop raises ``KeyboardInterrupt`` once what is done is stored.
+    The workers' scratch folder ``out/.cells`` is removed on the way out, and a stale one on the way in.
     """
     options = options or RunOptions()
     path = out / JSONL
