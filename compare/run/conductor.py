@@ -1,11 +1,11 @@
-"""The one conductor of every measurement (``run``, ``profile``, ``sweep``), :func:`conduct`, and its stage order:
-this machine's ceilings per dtype first (:func:`measure_ceilings`, under the budget's ``ceilings`` share), before any
-backend runs; then each executor (:class:`Executor`: the run's ``compare.run.harness.Groups``, one case and mode timed
-together, interleaved, and ``TpGroups``, tensor-parallel worker groups; a sweep's ``compare.sweep.run.LocalRunner``,
-in process or a worker process per cell, and ``compare.cluster.ray_engine``) runs its cells, each finished one
-(:class:`Finished`) held to the ceilings (:func:`hold`), stored (``compare.run.store``) and said as it finishes. A stop
-(``compare.run.stop``) ends it between cells with what is done; no cell an executor may leave for a rerun starts once
-the budget is spent.
+"""The one conductor of every measurement (``run``, ``profile``, ``sweep``), :meth:`Conductor.conduct`, and its stage
+order: this machine's ceilings per dtype first (:func:`measure_ceilings`, under the budget's ``ceilings`` share),
+before any backend runs; then each executor (:class:`Executor`: the run's ``compare.run.harness.Groups``, one case
+and mode timed together, interleaved, and ``TpGroups``, tensor-parallel worker groups; a sweep's
+``compare.sweep.run.LocalRunner``, in process or a worker process per cell, and ``compare.cluster.ray_engine``) runs
+its cells, each finished one (:class:`Finished`) held to the ceilings (:func:`hold`), stored (``compare.run.store``)
+and said as it finishes. A stop (``compare.run.stop``) ends it between cells with what is done; no cell an executor
+may leave for a rerun starts once the budget is spent.
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ from compare.timing.timer import TimingConfig
 
 @dataclass(frozen=True)
 class Finished:
-    """One outcome of a cell: its result, what its backend reported (``meta``: ``precision``, ``gpu``), the seconds
-    it took as the driver saw them, and whether it is the cell's last attempt (``final``: False for a lost worker's
-    error row that is retried; every attempt is stored)."""
+    """One outcome of a cell: its result, what its backend reported (``meta``: ``precision``, ``gpu``), its seconds
+    as the driver saw them, and whether it is its last attempt (not: a lost worker's row, stored, then retried)."""
 
     cell: Cell
     result: Result
@@ -76,22 +75,23 @@ def measure_ceilings(dtypes: Iterable[str], budget_s: float | None = None) -> Ce
 
 
 def hold(r: Result, case: Case, ceil: Ceilings) -> Result:
-    """``compare.run.cell.against_ceilings`` for a row of ``case``: a single-device row against one device's
-    ceiling; a tensor-parallel row's whole step (every rank's FLOPs together) against the ceiling times its hosts
-    (its ranks share a host's cores)."""
+    """``compare.run.cell.against_ceilings`` for a row of ``case``: a tensor-parallel row's whole step (every rank's
+    FLOPs) against the ceiling times its hosts (its ranks share a host's cores)."""
     return against_ceilings(r, ceil, min_flops(case, r.mode), 1 if r.tp is None else max(1, len(r.tp.hosts)))
 
 
 class Conductor:
-    """A conduct under way, what its executors are given; at its end every final result as stored and as measured
-    (``raw``, with its case), the precision settings and thread counts reported, and whether a stop ended it."""
+    """The conductor of one run or sweep session, what its executors are given (``keyed``: a sweep's store, each line
+    keyed by its cell with its worker's report and seconds; a run's holds the precision settings reported so far).
+    After :meth:`conduct`: every final result as stored and as measured (``raw``, with its case), the precision
+    settings and thread counts reported, and whether a stop ended it."""
 
     def __init__(
-        self, specs: dict[str, BackendSpec], cfg: TimingConfig, store: Store | None, keyed: bool, budget: Budget | None,
-        progress: Display | None, total: int,
+        self, specs: dict[str, BackendSpec], cfg: TimingConfig, store: Store | None, *, keyed: bool = False,
+        budget: Budget | None = None, progress: Display | None = None,
     ) -> None:  # fmt: skip
         self.specs, self.cfg, self.store, self.keyed = specs, cfg, store, keyed
-        self.budget, self.progress, self.total, self.here = budget, progress, total, ""  # here: this machine's type
+        self.budget, self.progress, self.total, self.here = budget, progress, 0, ""  # here: this machine's type
         self.results: list[Result] = []
         self.raw: list[tuple[Result, Case]] = []
         self.ceilings: Ceilings | None = None
@@ -146,9 +146,8 @@ class Conductor:
         self.done(Finished(cell, replace(r, world_size=cell.world_size), {"precision": {}, "gpu": None}, wall_s, final))
 
     def rechecked(self) -> list[Result]:
-        """The results, where one beat the ceilings held to them measured again (each dtype's higher ceiling): a
-        probe that ran while other work held the cores reads low, and real steps timed later would look faster
-        than the machine."""
+        """The results, held to the ceilings measured again (each dtype's higher) where one beat them: a probe that
+        ran while other work held the cores reads low."""
         ceil = self.ceilings
         if ceil is None or self.interrupted or all(r.status != "implausible" for r in self.results):
             return self.results
@@ -159,39 +158,31 @@ class Conductor:
         self.ceilings = ceil = ceil if again is None else ceil.peak(again)
         return [hold(r, case, ceil) for r, case in self.raw]
 
-
-def conduct(
-    plan: Sequence[tuple[Executor, list[Cell]]],
-    specs: dict[str, BackendSpec],
-    cfg: TimingConfig,
-    store: Store | None,
-    *,
-    dtypes: Sequence[str] = (),
-    begin: Callable[[Ceilings | None], None] | None = None,
-    keyed: bool = False,
-    budget: Budget | None = None,
-    progress: Display | None = None,
-) -> Conductor:
-    """Run every executor of ``plan`` on its cells, in the stage order of the module docstring. ``dtypes``: those
-    whose ceilings are measured first (none: no ceilings, no row held); ``begin`` is told them before the first
-    cell. ``keyed``: a sweep's store, each line keyed by its cell with what its worker reported and its seconds (a
-    run's line holds the precision settings reported so far). A failed write raises ``OSError``."""
-    to = Conductor(specs, cfg, store, keyed, budget, progress, sum(len(cells) for _, cells in plan))
-    try:
-        if dtypes and to.total:  # before any backend runs
-            if progress:
-                progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
-            probe_s = None
-            if budget is not None:  # each dtype and probe its part of the ceilings' share
-                probe_s = budget.part("ceilings", len(dtypes) * len(CEILING_PROBES))
-                budget.cut(f"ceilings: {probe_s:.2g} s per dtype and probe (the probes' own default when unbudgeted)")
-            with budget_phase(budget, "ceilings"):
-                to.ceilings = measure_ceilings(dtypes, probe_s)
-        if begin is not None:
-            begin(to.ceilings)
-        for executor, cells in plan:
-            if cells:
-                executor.run(cells, to)
-    except KeyboardInterrupt:  # keep what is done; the caller writes it and says so
-        to.interrupted = True
-    return to
+    def conduct(
+        self,
+        plan: Sequence[tuple[Executor, list[Cell]]],
+        dtypes: Sequence[str] = (),
+        begin: Callable[[Ceilings | None], None] | None = None,
+    ) -> Conductor:
+        """Run every executor of ``plan`` on its cells, in the stage order of the module docstring: the ceilings of
+        ``dtypes`` first (none: no row held), told to ``begin`` before any cell. A failed write raises ``OSError``."""
+        self.total, budget, progress = sum(len(cells) for _, cells in plan), self.budget, self.progress
+        try:
+            if dtypes and self.total:  # before any backend runs
+                if progress:
+                    progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
+                probe_s = None
+                if budget is not None:  # each dtype and probe its part of the ceilings' share
+                    probe_s = budget.part("ceilings", len(dtypes) * len(CEILING_PROBES))
+                    own = "the probes' own default when unbudgeted"
+                    budget.cut(f"ceilings: {probe_s:.2g} s per dtype and probe ({own})")
+                with budget_phase(budget, "ceilings"):
+                    self.ceilings = measure_ceilings(dtypes, probe_s)
+            if begin is not None:
+                begin(self.ceilings)
+            for executor, cells in plan:
+                if cells:
+                    executor.run(cells, self)
+        except KeyboardInterrupt:  # keep what is done; the caller writes it and says so
+            self.interrupted = True
+        return self

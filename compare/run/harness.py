@@ -4,9 +4,9 @@ Every failure is contained to its (backend, case, mode): an exception becomes an
 message, and the other backends' results are still produced. A case the gate cannot judge (its plain computation
 overflows the dtype, or its reference does) makes every cell of that case an ``error`` naming the tensor.
 
-The pipeline of one case (:func:`run`): the case's fresh inputs are drawn from a seed made at run time
-(``compare.gate.fresh``); for each mode, every backend is prepared, its first call (golden inputs) judged and its
-second compared with it bit for bit; the timed ones are then timed together, interleaved
+The pipeline of one case (:class:`Groups`, :func:`run`'s in-process executor): its fresh inputs are drawn from a
+seed made at run time (``compare.gate.fresh``); for each mode, every backend is prepared, its first call (golden
+inputs) judged and its second compared with it bit for bit; the timed ones are then timed together, interleaved
 (``compare.timing.timer.measure_interleaved``: load drift hits them alike, and the comparisons between them are
 paired by round), every call on inputs the harness made (``compare.run.pipeline.Feed``: the fresh draw's tokens in
 an order of the call's own), of which each keeps a few, chosen after the fact; an untimed one makes one such call;
@@ -14,8 +14,8 @@ each is profiled when asked, and released. Only when every step of the case and 
 draw's reference computed (once per case, kept for its later modes; no step is ever given it) and the kept outputs
 judged: a backend that computed its answer from the golden data it could derive from its
 :class:`~compare.problem.golden.Problem`, or that answers a repeated input from memory, fails there. The cells of a
-case and mode then settle together and are stored at once (``compare.run.store``). A timing that implies more
-FLOP/s than ``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measured in the same run makes the result
+case and mode then settle together and are stored at once (``compare.run.store``). A timing that implies more FLOP/s
+than ``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measured in the same run makes the result
 ``implausible``.
 
 Each stage of a cell (skip, refuse a step without ``bind``, first call and its verdict, the calls on the harness's
@@ -54,7 +54,7 @@ from compare.results.memory import Memory
 from compare.run import budget, parity_cache, pipeline, stop
 from compare.run.budget import Budget, budget_phase
 from compare.run.cell import MODE_TENSORS, plain_reference
-from compare.run.conductor import Conductor, Executor, Finished, conduct
+from compare.run.conductor import Conductor, Executor, Finished
 from compare.run.grid import Cell as GridCell
 from compare.run.options import RunOptions
 from compare.run.progress import Display
@@ -564,11 +564,10 @@ class TpGroups:
             spec = to.specs[cell.backend]
             how = self.options.tp_launch if self.options.tp_launch in spec.launches else spec.launches[0]
             jobs.setdefault((spec.runtime, how, cell.world_size), []).append(cell)
-        first = 0
+        index = itertools.count()  # a cell's index, unique in the run
         for (runtime, how, ws), cells in jobs.items():
             stop.check()
-            tp_cells = tuple(Cell(first + i, c.backend, c.case, c.mode) for i, c in enumerate(cells))
-            first += len(cells)
+            tp_cells = tuple(Cell(next(index), c.backend, c.case, c.mode) for c in cells)
             job_specs = tuple(dict.fromkeys(to.specs[c.backend] for c in cells))
             job = Job(runtime, how, ws, tp_cells, job_specs, to.cfg, profile=self.options.profile)
             if self.progress:
@@ -597,7 +596,7 @@ def run(
     budget: Budget | None = None,
     watch: Callable[[], shared_timer.Watch | None] | None = None,
 ) -> Results:
-    """Run every (case, backend, mode, world size) through the conductor (``compare.run.conductor.conduct``): the
+    """Run every (case, backend, mode, world size) through the conductor (``compare.run.conductor``): the
     single-device cells in process (:class:`Groups`), the tensor-parallel ones in worker groups (:class:`TpGroups`);
     return the results document, ``interrupted`` when a stop ended it (the caller writes it and says so).
 
@@ -631,7 +630,7 @@ def run(
     plan.append((TpGroups(options, progress), [c for c in todo if tp(c)]))
     dtypes = list(dict.fromkeys(c.dtype for c in cases)) if options.ceilings else []
     begin = (lambda ceil: store.ceilings(ceil) if ceil is not None else None) if store is not None else None
-    got = conduct(plan, spec_of, cfg, store, dtypes=dtypes, begin=begin, budget=budget, progress=progress)
+    got = Conductor(spec_of, cfg, store, budget=budget, progress=progress).conduct(plan, dtypes, begin)
     return Results(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         config=replace(from_json(Config, options.config), timing=cfg),

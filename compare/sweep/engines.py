@@ -65,8 +65,7 @@ class EngineOptions:
 
 
 class Runner(Executor, Protocol):
-    """An open engine (the local one, or a connection to a cluster): a ``compare.run.conductor.Executor`` that the
-    sweep's header describes and that is closed when the sweep ends."""
+    """An open engine (the local one, or a connection to a cluster): a ``compare.run.conductor.Executor``."""
 
     def describe(self) -> dict[str, Any]:
         """What the header line records of it: its name, and for a cluster its address, nodes and start-up time."""

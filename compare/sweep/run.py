@@ -57,7 +57,7 @@ from compare.results import environment
 from compare.results.document import Results
 from compare.run import exitcodes
 from compare.run.budget import Budget
-from compare.run.conductor import Conductor, Finished, conduct
+from compare.run.conductor import Conductor, Finished
 from compare.run.grid import Cell, cells_from_config
 from compare.run.options import RunOptions
 from compare.run.progress import Display
@@ -110,7 +110,7 @@ def run_sweep(
     runner: Runner | None = None,
 ) -> Results:
     """Run every cell of ``config`` not yet in ``out/results.jsonl`` (of ``options``: ``retry_errors``, ``ceilings``,
-    ``isolate``, ``cell_timeout_s``) through the conductor (``compare.run.conductor.conduct``) on ``runner``
+    ``isolate``, ``cell_timeout_s``) through the conductor (``compare.run.conductor``) on ``runner``
     (``compare.sweep.engines``, opened and closed by the caller; None: the local engine), appending every attempt as
     it finishes (a lost worker's ``error`` row marked ``retrying``); return :func:`load_sweep` of the file. The
     ceilings go into this session's header line; a stop raises ``KeyboardInterrupt`` once what is done is stored.
@@ -121,9 +121,7 @@ def run_sweep(
     cfg = TimingConfig(**config["timing"])
     env = environment.collect({}, {})
     cells = cells_from_config(config)
-    if runner is None:
-        runner = LocalRunner(options.isolate, out / SCRATCH, options.cell_timeout_s)
-    engine = runner
+    engine = runner or LocalRunner(options.isolate, out / SCRATCH, options.cell_timeout_s)
     with Store(path) as w:
         check_same_grid(path, config, env)
         _remove_scratch(out)
@@ -145,18 +143,9 @@ def run_sweep(
                 measured = {"ceilings": to_json(ceil)} if ceil is not None else {}
                 w.header(config, env, isolate=options.isolate, engine=engine.describe(), **measured)
 
+            conductor = Conductor(specs, cfg, w, keyed=True, budget=budget, progress=progress)
             try:
-                got = conduct(
-                    [(engine, todo)],
-                    specs,
-                    cfg,
-                    w,
-                    dtypes=config["dtypes"] if options.ceilings else (),
-                    begin=begin,
-                    keyed=True,
-                    budget=budget,
-                    progress=progress,
-                )
+                got = conductor.conduct([(engine, todo)], config["dtypes"] if options.ceilings else (), begin)
             except OSError as exc:
                 raise exitcodes.WriteFailed(
                     f"cannot append to {path} ({exc.strerror or exc}): the {w.cells} cell lines of this session "

@@ -4,6 +4,7 @@ becomes the cell's ``error`` result. See ``compare.sweep.run``."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -92,29 +93,21 @@ def run_payload(sent: dict[str, Any], node_id: str = "") -> dict[str, Any]:
     """Run one cell of a :func:`payload` as a worker does: check its golden data against the driver's hash (when
     sent one: a difference is an ``error`` naming both), run it (:func:`run_cell_inprocess`), label the result with
     this node. Returns ``{"result": ..., "meta": ...}`` as JSON data."""
-    s = from_json(BackendSpec, sent["spec"], strict=True)
-    case = from_json(Case, sent["case"])
+    s, case = from_json(BackendSpec, sent["spec"], strict=True), from_json(Case, sent["case"])
     cell, expected = Cell(s.name, case, sent["mode"]), sent.get("golden_sha256")
     meta: dict[str, Any] = {"precision": {}, "gpu": None}
+    error = functools.partial(document.Result.for_case, s.name, case, cell.mode, "error")
     try:
         mine = golden.data_sha256(case) if expected is not None else None
     except golden.GoldenError as exc:
-        r = document.Result.for_case(
-            s.name, case, cell.mode, "error", reason=f"golden data on node {node_id or '?'}: {exc}"
-        )
+        r = error(reason=f"golden data on node {node_id or '?'}: {exc}")
     else:
         if mine != expected:
-            r = document.Result.for_case(
-                s.name,
-                case,
-                cell.mode,
-                "error",
-                reason=(
-                    f"golden data differs between the driver and this worker (case {case.name}): the driver's sha256 "
-                    f"{expected}, this worker's {mine}; the nodes hold different golden files or generation code"
-                ),
-                extras={"golden_sha256": mine, "driver_golden_sha256": expected},
+            why = (
+                f"golden data differs between the driver and this worker (case {case.name}): the driver's sha256 "
+                f"{expected}, this worker's {mine}; the nodes hold different golden files or generation code"
             )
+            r = error(reason=why, extras={"golden_sha256": mine, "driver_golden_sha256": expected})
         else:
             r, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**sent["timing"]), _PLAIN)
             r = replace(r, extras={**r.extras, "golden_sha256": mine}) if mine is not None else r
