@@ -32,7 +32,7 @@ from compare.run import conductor
 from compare.run.grid import cells_from_config
 from compare.run.options import RunOptions
 from compare.run.store import JSONL, load_sweep, read_sweep
-from compare.sweep.run import run_sweep
+from compare.run.sweep import run_sweep
 
 pytestmark = pytest.mark.quick
 

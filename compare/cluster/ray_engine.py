@@ -1,5 +1,5 @@
 """``sweep --engine ray``: each cell of a sweep is one Ray task, its outcome streamed back to the driver, which
-appends it to the sweep's store as it arrives (``compare.run.conductor``; ``compare.sweep.run.run_sweep``: resume,
+appends it to the sweep's store as it arrives (``compare.run.conductor``; ``compare.run.sweep.run_sweep``: resume,
 ``--retry-errors``, the lock and the report are the local engine's).
 
 **The cluster.** ``--address HOST:PORT`` (or ``auto``) joins a running cluster and leaves it as found (``ray.shutdown``
@@ -49,10 +49,10 @@ from compare.problem import golden
 from compare.problem.cases import Case, InputError
 from compare.results.document import Result
 from compare.run import stop
+from compare.run.cell_worker import payload, run_payload
 from compare.run.conductor import Conductor, Finished
+from compare.run.engines import EngineOptions
 from compare.run.grid import Cell
-from compare.sweep.engines import EngineOptions
-from compare.sweep.worker import payload, run_payload
 
 #: The project's root: the source tree a job ships.
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ GPU_FRAMEWORKS: tuple[str, ...] = ("torch", "jax")
 
 
 def run_task(payload: dict[str, Any]) -> dict[str, Any]:
-    """The Ray task of one cell (``compare.sweep.worker.run_payload`` on this worker's node)."""
+    """The Ray task of one cell (``compare.run.cell_worker.run_payload`` on this worker's node)."""
     import ray
 
     return run_payload(payload, ray.get_runtime_context().get_node_id())

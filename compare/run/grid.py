@@ -1,5 +1,5 @@
 """A sweep's grid: ``tokens x dtypes x modes x backends`` at a fixed model, dim and hidden, as :class:`Cell` s with
-stable keys (``backend|case name|mode``). See ``compare.sweep.run`` for the command."""
+stable keys (``backend|case name|mode``). See ``compare.run.sweep`` for the command."""
 
 from __future__ import annotations
 

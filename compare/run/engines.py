@@ -1,5 +1,5 @@
 """Where a sweep's cells run: the engines, one frozen registry line each (as the backends' registry), and the
-contract between ``compare.sweep.run`` and an engine.
+contract between ``compare.run.sweep`` and an engine.
 
 ``local`` (the default) runs the cells here, one after another, or each in its own worker process (``--isolate``).
 ``ray`` runs each cell as a Ray task on a Ray cluster (``compare.cluster.ray_engine``): Ray is an optional extra,
@@ -25,7 +25,7 @@ CLUSTER_EXTRA = "pip install -e '.[cluster]'"
 @dataclass(frozen=True, kw_only=True)
 class Engine:
     """Registry line of an engine: its name, what it is, the module that implements it (``open_runner(options) ->
-    Runner``; ``""`` for the local engine, which lives in ``compare.sweep.run``), the top-level package it needs
+    Runner``; ``""`` for the local engine, which lives in ``compare.run.sweep``), the top-level package it needs
     and how to install that package."""
 
     name: str

@@ -1,6 +1,6 @@
 """Running one sweep cell: here (``compare.run.harness.run_one``), or in a worker process (``python -m
-compare.sweep.worker CELL RESULT``, started through ``compare.run.child``) whose crash, signal or timeout
-becomes the cell's ``error`` result. See ``compare.sweep.run``."""
+compare.run.cell_worker CELL RESULT``, started through ``compare.run.child``) whose crash, signal or timeout
+becomes the cell's ``error`` result. See ``compare.run.sweep``."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def run_cell_isolated(
         cell_path, result_path = Path(tmp) / "cell.json", Path(tmp) / "result.json"
         write_text_atomic(cell_path, json.dumps(payload(s, cell, cfg)))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
-        cmd = [sys.executable, "-m", "compare.sweep.worker", str(cell_path), str(result_path)]
+        cmd = [sys.executable, "-m", "compare.run.cell_worker", str(cell_path), str(result_path)]
         worker = child.start(cmd, env=env)
         try:
             waited = worker.wait(timeout_s, check=stop.check)
@@ -123,8 +123,8 @@ def worker_main(cell_path: Path, result_path: Path) -> int:
     return 0
 
 
-if __name__ == "__main__":  # the worker process: python -m compare.sweep.worker CELL.json RESULT.json
+if __name__ == "__main__":  # the worker process: python -m compare.run.cell_worker CELL.json RESULT.json
     if len(sys.argv) != 3:
-        print("usage: python -m compare.sweep.worker CELL.json RESULT.json", file=sys.stderr)
+        print("usage: python -m compare.run.cell_worker CELL.json RESULT.json", file=sys.stderr)
         raise SystemExit(2)
     raise SystemExit(worker_main(Path(sys.argv[1]), Path(sys.argv[2])))

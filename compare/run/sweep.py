@@ -25,13 +25,13 @@ every single-device row is held to them as it is stored: a step whose fastest sa
 ``implausible`` (``compare.run.cell.against_ceilings``). ``--no-ceilings`` skips both.
 
 A backend that raises on a cell is an ``error`` result and the sweep goes on (``harness.run_one``). With
-``--isolate`` each cell runs in its own worker process (``python -m compare.sweep.worker CELL RESULT``), so a
+``--isolate`` each cell runs in its own worker process (``python -m compare.run.cell_worker CELL RESULT``), so a
 hard crash (segfault, the OOM killer, an abort) is recorded as an ``error`` naming the exit status or signal,
 and ``--cell-timeout`` turns a hang into an error too. The workers' scratch files live under ``<out>/.cells/``,
 removed when the sweep ends (however it ends) and, if a killed sweep left one, when the next one starts.
 ``--retry-errors`` runs again, on a restart, the cells whose stored result is an ``error`` (the new line wins).
 
-``--engine ray`` (``compare.sweep.engines``; ``compare.cluster.ray_engine``) runs each cell as a Ray task on a cluster
+``--engine ray`` (``compare.run.engines``; ``compare.cluster.ray_engine``) runs each cell as a Ray task on a cluster
 (``--address HOST:PORT`` or ``auto``; none: a local Ray instance, shut down at the end) and appends each outcome to
 the same file as it arrives; a lost worker or node is an attempt stored as an ``error`` line marked ``retrying`` (not
 counted as done) before the cell runs again, up to ``--retries`` times. Every cell line's result carries the node that
@@ -57,13 +57,13 @@ from compare.results import environment
 from compare.results.document import Results
 from compare.run import exitcodes
 from compare.run.budget import Budget
+from compare.run.cell_worker import run_cell_inprocess, run_cell_isolated
 from compare.run.conductor import Conductor, Finished
+from compare.run.engines import Runner
 from compare.run.grid import Cell, cells_from_config
 from compare.run.options import RunOptions
 from compare.run.progress import Display
 from compare.run.store import JSONL, Store, check_same_grid, done_keys, load_sweep
-from compare.sweep.engines import Runner
-from compare.sweep.worker import run_cell_inprocess, run_cell_isolated
 from compare.timing.timer import TimingConfig
 
 #: The workers' scratch folder under a sweep's output folder.
@@ -111,7 +111,7 @@ def run_sweep(
 ) -> Results:
     """Run every cell of ``config`` not yet in ``out/results.jsonl`` (of ``options``: ``retry_errors``, ``ceilings``,
     ``isolate``, ``cell_timeout_s``) through the conductor (``compare.run.conductor``) on ``runner``
-    (``compare.sweep.engines``, opened and closed by the caller; None: the local engine), appending every attempt as
+    (``compare.run.engines``, opened and closed by the caller; None: the local engine), appending every attempt as
     it finishes (a lost worker's ``error`` row marked ``retrying``); return :func:`load_sweep` of the file. The
     ceilings go into this session's header line; a stop raises ``KeyboardInterrupt`` once what is done is stored.
     The workers' scratch folder ``out/.cells`` is removed on the way out, and a stale one on the way in.
