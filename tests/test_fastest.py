@@ -358,16 +358,16 @@ def test_a_step_faster_than_the_measured_ceiling_is_an_implausible_status(monkey
     """A real backend against a ceiling set far too low (as a cheat's time would stand against a true one): the
     status is ``implausible``, it is a finding for the exit code, and the summary names no fastest among them."""
     from compare.cost.records import Ceilings
-    from compare.run import harness
+    from compare.run import conductor
 
-    real = harness.measure_ceilings
+    real = conductor.measure_ceilings
 
     def low(dtypes, budget_s=0.5):  # type: ignore[no-untyped-def]
         c = real(dtypes, budget_s=0.05)
         assert c is not None
         return Ceilings(c.device, {k: replace(v, flops_per_s=1e3) for k, v in c.by_dtype.items()})
 
-    monkeypatch.setattr(harness, "measure_ceilings", low)
+    monkeypatch.setattr(conductor, "measure_ceilings", low)
     doc = run([TINY], [spec("torch-eager")], ["fwd"], RunOptions(TimingConfig(warmup=1, budget_s=0.05), ceilings=True))
     (r,) = doc.results
     assert r.status == "implausible" and r.reason.startswith("implausible:"), r.reason
@@ -407,10 +407,10 @@ NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
 
 
 def _run_with_native_bf16_slowed(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    from compare.run import harness
+    from compare.run import conductor
     from torch_impl import ceilings
 
-    monkeypatch.setattr(harness, "CEILING_PROBES", ("ceilings",))  # torch's routes alone (XLA's probe: below)
+    monkeypatch.setattr(conductor, "CEILING_PROBES", ("ceilings",))  # torch's routes alone (XLA's probe: below)
     monkeypatch.setattr(ceilings, "native_matmul", _slow(1 / 0.5))  # 0.5 GFLOP/s
     case = TINY.__class__(TINY.model, TINY.shape, "bfloat16", TINY.dist, TINY.seed)
     cfg = TimingConfig(warmup=1, min_samples=10, budget_s=0.05)
@@ -463,7 +463,7 @@ def test_tensor_parallel_rows_are_checked_against_the_ceiling_of_their_hosts() -
     from compare.cost.records import Ceilings
     from compare.problem.cases import PRESETS as P
     from compare.results.document import read_json
-    from compare.run import harness
+    from compare.run.conductor import hold
 
     doc = read_json(Path(__file__).resolve().parents[1] / "reports" / "cpu-tp" / "results.json")
     assert doc.ceilings is not None
@@ -471,12 +471,12 @@ def test_tensor_parallel_rows_are_checked_against_the_ceiling_of_their_hosts() -
     rows = [r for r in doc.results if r.tp is not None and r.timing is not None]
     assert rows and {r.world_size for r in rows} == {1, 2}
     for r in rows:
-        assert harness._plausible(replace(r, status="ok"), doc.ceilings, None, cases).status == "ok", r.label
+        assert hold(replace(r, status="ok"), cases[0], doc.ceilings).status == "ok", r.label
     low = Ceilings(
         doc.ceilings.device, {k: replace(c, flops_per_s=c.flops_per_s / 1e3) for k, c in doc.ceilings.by_dtype.items()}
     )
     for r in rows:
-        flagged = harness._plausible(replace(r, status="ok"), low, None, cases)
+        flagged = hold(replace(r, status="ok"), cases[0], low)
         assert flagged.status == "implausible" and flagged.implausible, r.label
 
 

@@ -34,10 +34,11 @@ from ray.cluster_utils import Cluster
 import compare.cli.main
 from compare.backends import registry
 from compare.backends.registry import BackendSpec
-from compare.cluster.ray_engine import cell_resources, describe_failure, run_payload, slots
+from compare.cluster.ray_engine import cell_resources, describe_failure, slots
 from compare.formats.codec import to_json
 from compare.problem.cases import Case, preset
 from compare.problem.golden import data_sha256
+from compare.run.cell_worker import run_payload
 from compare.run.grid import cells_from_config
 from compare.run.store import JSONL, load_sweep, read_sweep
 from compare.timing.timer import TimingConfig

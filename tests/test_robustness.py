@@ -32,7 +32,7 @@ from compare.formats.codec import from_json
 from compare.problem.cases import PRESETS, Case, InputError, Shape
 from compare.results.document import SCHEMA_VERSION, Results, read_json, write_json
 from compare.run import exitcodes, harness, preflight, store
-from compare.sweep import run as sweep_run
+from compare.run import sweep as sweep_run
 
 pytestmark = pytest.mark.quick
 
@@ -545,13 +545,13 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
 
 
 def _workers(pid: int) -> list[int]:
-    """Live sweep workers (``python -m compare.sweep.worker ...``) whose parent is ``pid``."""
+    """Live sweep workers (``python -m compare.run.cell_worker ...``) whose parent is ``pid``."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             s = _proc_stat(int(d.name))
             with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                if s and s[1] == pid and b"compare.sweep.worker" in (d / "cmdline").read_bytes():
+                if s and s[1] == pid and b"compare.run.cell_worker" in (d / "cmdline").read_bytes():
                     out.append(int(d.name))
     return out
 

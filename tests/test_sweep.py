@@ -28,11 +28,11 @@ from compare.cli.sweep import add_parser, config_from_args
 from compare.cost.records import Ceiling, Ceilings
 from compare.formats.codec import to_json
 from compare.results.document import SCHEMA_VERSION
-from compare.run import harness
+from compare.run import conductor
 from compare.run.grid import cells_from_config
 from compare.run.options import RunOptions
 from compare.run.store import JSONL, load_sweep, read_sweep
-from compare.sweep.run import run_sweep
+from compare.run.sweep import run_sweep
 
 pytestmark = pytest.mark.quick
 
@@ -361,7 +361,7 @@ def test_rows_are_held_to_the_ceilings_measured_once(
         calls.append(list(dtypes))
         return _ceilings(flops_per_s)
 
-    monkeypatch.setattr(harness, "measure_ceilings", measure)
+    monkeypatch.setattr(conductor, "measure_ceilings", measure)
     config = config_from_args(
         parser_for_sweep().parse_args(
             ["sweep", "--preset", "tiny", "--tokens", "1", "2", "--backend", "torch-eager", "--budget", "0.02"]
@@ -383,7 +383,7 @@ def test_no_ceilings_measures_nothing_and_judges_nothing(tmp_path: Path, monkeyp
     def measure(*args: object, **kw: object) -> Ceilings:
         raise AssertionError("measured with --no-ceilings")
 
-    monkeypatch.setattr(harness, "measure_ceilings", measure)
+    monkeypatch.setattr(conductor, "measure_ceilings", measure)
     args = ["--preset", "tiny", "--tokens", "1", "--backend", "torch-eager", "--budget", "0.02", "--no-plots"]
     assert main([*args, "--no-ceilings", "--out", str(tmp_path)]) == 0
     doc = load_sweep(tmp_path)

@@ -14,7 +14,6 @@ MAY_IMPORT: tuple[str, ...] = (
     "results",
     "run",
     "report",
-    "sweep",
     "gpu_build",
     "cluster",
 )

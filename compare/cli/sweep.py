@@ -1,5 +1,5 @@
 """``python -m compare sweep``: its arguments, checked into the sweep's config and options, and the command that runs
-(or resumes) the sweep (``compare.sweep.run``, whose docstring tells the store's protocol) and writes its summary."""
+(or resumes) the sweep (``compare.run.sweep``, whose docstring tells the store's protocol) and writes its summary."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from compare.cli.outputs import write_outputs
 from compare.problem.cases import MODELS, PRESETS, InputError, check_finite
 from compare.results.memory import parse_size
 from compare.run import child, exitcodes, preflight, stop
+from compare.run import sweep as sweep_run
 from compare.run.budget import Budget
+from compare.run.engines import DEFAULT_ENGINE, ENGINES, EngineOptions, Runner, check_address, engine, open_runner
 from compare.run.grid import DEFAULT_TOKENS, cells_from_config, grid_config
 from compare.run.options import RunOptions
 from compare.run.progress import Display
 from compare.run.store import JSONL, load_sweep
-from compare.sweep import run as sweep_run
-from compare.sweep.engines import DEFAULT_ENGINE, ENGINES, EngineOptions, Runner, check_address, engine, open_runner
 from compare.timing.timer import TimingConfig
 
 

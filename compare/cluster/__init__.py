@@ -14,5 +14,4 @@ MAY_IMPORT: tuple[str, ...] = (
     "results",
     "run",
     "report",
-    "sweep",
 )

@@ -1,6 +1,6 @@
 """``sweep --engine ray``: each cell of a sweep is one Ray task, its outcome streamed back to the driver, which
-appends it to the sweep's store as it arrives (``compare.sweep.run.run_sweep``: resume, ``--retry-errors``, the
-lock and the report are the local engine's).
+appends it to the sweep's store as it arrives (``compare.run.conductor``; ``compare.run.sweep.run_sweep``: resume,
+``--retry-errors``, the lock and the report are the local engine's).
 
 **The cluster.** ``--address HOST:PORT`` (or ``auto``) joins a running cluster and leaves it as found (``ray.shutdown``
 only disconnects); without an address the driver starts a local Ray instance on this machine and shuts it down on
@@ -40,21 +40,19 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BackendSpec
-from compare.formats.codec import from_json, to_json
+from compare.formats.codec import from_json
 from compare.problem import golden
 from compare.problem.cases import Case, InputError
-from compare.results import environment
 from compare.results.document import Result
 from compare.run import stop
+from compare.run.cell_worker import payload, run_payload
+from compare.run.conductor import Conductor, Finished
+from compare.run.engines import EngineOptions
 from compare.run.grid import Cell
-from compare.sweep.engines import EngineOptions, Finished
-from compare.sweep.worker import run_cell_inprocess
-from compare.timing.timer import TimingConfig
 
 #: The project's root: the source tree a job ships.
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,47 +81,8 @@ NODES_EVERY_S = 2.0
 GPU_FRAMEWORKS: tuple[str, ...] = ("torch", "jax")
 
 
-# --- the worker side ------------------------------------------------------------------------------------------
-
-#: A worker process's plain references, one case at a time (as the local engine keeps them).
-_PLAIN: dict[str, Any] = {}
-
-
-def run_payload(payload: dict[str, Any], node_id: str = "") -> dict[str, Any]:
-    """Run one cell as a worker does: check the golden data against the driver's hash, run the cell pipeline
-    (``compare.sweep.worker.run_cell_inprocess``), label the result with this node. A pure function of the payload
-    and this process (a test calls it without Ray). Returns ``{"result": ..., "meta": ...}`` as JSON data."""
-    s = from_json(BackendSpec, payload["spec"], strict=True)
-    case = from_json(Case, payload["case"])
-    cell = Cell(s.name, case, payload["mode"])
-    expected = payload["golden_sha256"]
-    meta: dict[str, Any] = {"precision": {}, "gpu": None}
-    try:
-        mine = golden.data_sha256(case)
-    except golden.GoldenError as exc:
-        r = Result.for_case(s.name, case, cell.mode, "error", reason=f"golden data on node {node_id or '?'}: {exc}")
-    else:
-        if mine != expected:
-            r = Result.for_case(
-                s.name,
-                case,
-                cell.mode,
-                "error",
-                reason=(
-                    f"golden data differs between the driver and this worker (case {case.name}): the driver's sha256 "
-                    f"{expected}, this worker's {mine}; the nodes hold different golden files or generation code"
-                ),
-                extras={"golden_sha256": mine, "driver_golden_sha256": expected},
-            )
-        else:
-            r, meta = run_cell_inprocess(s, cell, TimingConfig(**payload["timing"]), _PLAIN)
-            r = dataclasses.replace(r, extras={**r.extras, "golden_sha256": mine})
-    r = dataclasses.replace(r, node=environment.node(node_id))
-    return {"result": to_json(r), "meta": meta}
-
-
 def run_task(payload: dict[str, Any]) -> dict[str, Any]:
-    """The Ray task of one cell (:func:`run_payload` on this worker's node)."""
+    """The Ray task of one cell (``compare.run.cell_worker.run_payload`` on this worker's node)."""
     import ray
 
     return run_payload(payload, ray.get_runtime_context().get_node_id())
@@ -251,14 +210,7 @@ class RayRunner:
             self._hashes[case.name] = golden.data_sha256(case)
         return self._hashes[case.name]
 
-    def cells(
-        self,
-        todo: list[Cell],
-        specs: dict[str, BackendSpec],
-        cfg: TimingConfig,
-        may_start: Callable[[int], bool],
-        starting: Callable[[Cell], None],
-    ) -> Iterator[Finished]:
+    def run(self, todo: list[Cell], to: Conductor) -> None:
         ray, opts = self.ray, self.options
         queue: deque[tuple[Cell, int, list[str]]] = deque((c, 1, []) for c in todo)
         inflight: dict[Any, _InFlight] = {}
@@ -271,28 +223,21 @@ class RayRunner:
                     if attempt == 1 and not starting_allowed:
                         break
                     nodes = self.nodes()
-                    res = cell_resources(specs[cell.backend], nodes, opts.cpus_per_cell)
+                    res = cell_resources(to.specs[cell.backend], nodes, opts.cpus_per_cell)
                     if isinstance(res, str):
                         queue.popleft()
-                        r = Result.for_case(cell.backend, cell.case, cell.mode, "error", reason=f"refused: {res}")
-                        yield Finished(cell, r, {"precision": {}, "gpu": None}, 0.0)
+                        to.error(cell, f"refused: {res}")
                         continue
                     if len(inflight) >= slots(nodes, res):
                         break
-                    if attempt == 1 and not may_start(len(queue)):
+                    if attempt == 1 and not to.may_start(len(queue)):
                         starting_allowed = False
                         break
                     queue.popleft()
-                    payload = {
-                        "spec": to_json(specs[cell.backend]),
-                        "case": to_json(cell.case),
-                        "mode": cell.mode,
-                        "timing": dataclasses.asdict(cfg),
-                        "golden_sha256": self._golden_hash(cell.case),
-                    }
-                    ref = self._remote.options(**res).remote(payload)
+                    sent = payload(to.specs[cell.backend], cell, to.cfg, golden_sha256=self._golden_hash(cell.case))
+                    ref = self._remote.options(**res).remote(sent)
                     inflight[ref] = _InFlight(cell, attempt, earlier, time.monotonic())
-                    starting(cell)
+                    to.starting(cell)
                 if not inflight:
                     break
                 stop.check()  # a signal asked to stop: the cells in flight are cancelled below
@@ -313,19 +258,14 @@ class RayRunner:
                         else:
                             tail = "no retries left" if again else "not retried"
                             reason = f"{cause} (attempt {f.attempt} of {attempts if again else f.attempt}; {tail})"
-                        r = Result.for_case(
-                            f.cell.backend, f.cell.case, f.cell.mode, "error", reason=reason, extras=extras
-                        )
-                        yield Finished(
-                            f.cell, r, {"precision": {}, "gpu": None}, wall, final=not (again and f.attempt < attempts)
-                        )
+                        to.error(f.cell, reason, wall, not (again and f.attempt < attempts), **extras)
                         continue
                     r = from_json(Result, out["result"])
                     if f.attempt > 1:
                         r = dataclasses.replace(
                             r, extras={**r.extras, "attempt": f.attempt, "earlier_attempts": f.earlier}
                         )
-                    yield Finished(f.cell, r, out["meta"], wall)
+                    to.done(Finished(f.cell, r, out["meta"], wall))
                 if opts.cell_timeout_s is not None:
                     now = time.monotonic()
                     for ref, f in list(inflight.items()):
@@ -334,15 +274,7 @@ class RayRunner:
                         ray.cancel(ref, force=True)
                         inflight.pop(ref)
                         reason = f"the cell timed out after {opts.cell_timeout_s:g} s and its Ray worker was killed"
-                        r = Result.for_case(
-                            f.cell.backend,
-                            f.cell.case,
-                            f.cell.mode,
-                            "error",
-                            reason=reason,
-                            extras={"attempt": f.attempt},
-                        )
-                        yield Finished(f.cell, r, {"precision": {}, "gpu": None}, now - f.started)
+                        to.error(f.cell, reason, now - f.started, attempt=f.attempt)
         finally:
             for ref in inflight:  # stopped, or an error: the cells in flight are given up, their workers ended
                 ray.cancel(ref, force=True)

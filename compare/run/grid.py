@@ -1,5 +1,5 @@
 """A sweep's grid: ``tokens x dtypes x modes x backends`` at a fixed model, dim and hidden, as :class:`Cell` s with
-stable keys (``backend|case name|mode``). See ``compare.sweep.run`` for the command."""
+stable keys (``backend|case name|mode``). See ``compare.run.sweep`` for the command."""
 
 from __future__ import annotations
 
@@ -24,11 +24,12 @@ GRID_KEYS: tuple[str, ...] = ("grid", "backends", "dtypes", "modes", "timing")
 
 @dataclass(frozen=True)
 class Cell:
-    """One unit of the sweep: a backend on a case in a mode."""
+    """One unit of a run or sweep: a backend on a case in a mode, at a world size (a run's tensor-parallel cells)."""
 
     backend: str
     case: Case
     mode: str
+    world_size: int = 1
 
     @property
     def key(self) -> str:

@@ -4,9 +4,9 @@ Every failure is contained to its (backend, case, mode): an exception becomes an
 message, and the other backends' results are still produced. A case the gate cannot judge (its plain computation
 overflows the dtype, or its reference does) makes every cell of that case an ``error`` naming the tensor.
 
-The pipeline of one case (:func:`run`): the case's fresh inputs are drawn from a seed made at run time
-(``compare.gate.fresh``); for each mode, every backend is prepared, its first call (golden inputs) judged and its
-second compared with it bit for bit; the timed ones are then timed together, interleaved
+The pipeline of one case (:class:`Groups`, :func:`run`'s in-process executor): its fresh inputs are drawn from a
+seed made at run time (``compare.gate.fresh``); for each mode, every backend is prepared, its first call (golden
+inputs) judged and its second compared with it bit for bit; the timed ones are then timed together, interleaved
 (``compare.timing.timer.measure_interleaved``: load drift hits them alike, and the comparisons between them are
 paired by round), every call on inputs the harness made (``compare.run.pipeline.Feed``: the fresh draw's tokens in
 an order of the call's own), of which each keeps a few, chosen after the fact; an untimed one makes one such call;
@@ -14,8 +14,8 @@ each is profiled when asked, and released. Only when every step of the case and 
 draw's reference computed (once per case, kept for its later modes; no step is ever given it) and the kept outputs
 judged: a backend that computed its answer from the golden data it could derive from its
 :class:`~compare.problem.golden.Problem`, or that answers a repeated input from memory, fails there. The cells of a
-case and mode then settle together and are stored at once (``compare.run.store``). A timing that implies more
-FLOP/s than ``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measured in the same run makes the result
+case and mode then settle together and are stored at once (``compare.run.store``). A timing that implies more FLOP/s
+than ``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measured in the same run makes the result
 ``implausible``.
 
 Each stage of a cell (skip, refuse a step without ``bind``, first call and its verdict, the calls on the harness's
@@ -27,7 +27,7 @@ module's own is the order across a case's backends and modes, the interleaved ti
 from __future__ import annotations
 
 import datetime
-import functools
+import itertools
 import math
 import os
 import traceback
@@ -40,7 +40,6 @@ from typing import Any
 import numpy as np
 
 from compare.backends.registry import FRAMEWORK_PACKAGES, BackendSpec, Prepared, probe
-from compare.cost.records import Ceilings
 from compare.formats.codec import FieldError, from_json, to_json
 from compare.gate import fresh, resolution
 from compare.gate.parity import UnusableCase
@@ -52,9 +51,11 @@ from compare.problem.golden import golden_for
 from compare.results import environment
 from compare.results.document import Config, Result, Results
 from compare.results.memory import Memory
-from compare.run import budget, cell, parity_cache, pipeline, stop
+from compare.run import budget, parity_cache, pipeline, stop
 from compare.run.budget import Budget, budget_phase
 from compare.run.cell import MODE_TENSORS, plain_reference
+from compare.run.conductor import Conductor, Executor, Finished
+from compare.run.grid import Cell as GridCell
 from compare.run.options import RunOptions
 from compare.run.progress import Display
 from compare.run.store import Store
@@ -471,31 +472,116 @@ def run_one(
     return _settle(case, [c], reference)[0]
 
 
-#: The ceiling probes (``compare.backends.registry.PROBES``), each a library's own GEMMs, in the order they are measured
-# (XLA's
-#: first: torch's OpenMP threads spin for a while after its GEMMs and would slow a probe that follows them); the
-#: ceiling is the higher of them, on torch's record where there is one (it holds the 16-bit routes).
-CEILING_PROBES: tuple[str, ...] = ("ceilings-xla", "ceilings")
+class Groups:
+    """The run's in-process executor (``compare.run.conductor.Executor``), case by case (the plain reference, the
+    resolution rows, a fresh draw), mode by mode: every backend started (:func:`_start`), timed together
+    (:func:`_time`), finished (:func:`_finish_steps`), settled together (:func:`_settle`); a single-device backend
+    at a world size above 1 ``skipped``."""
+
+    def __init__(self, options: RunOptions, run_timer: _Timer, progress: Display | None, store: Store | None) -> None:
+        self.options, self.timer, self.progress, self.store = options, run_timer, progress, store
+        self.precision: dict[str, Any] = {}
+        self.resolution: list[ResolutionRow] = []
+
+    def run(self, todo: list[GridCell], to: Conductor) -> None:
+        options, progress = self.options, self.progress
+        specs, interpreted = to.specs, set[tuple[str, str]]()  # (backend, mode): this case's interpreted verdicts
+
+        def report(cell: GridCell, res: Result) -> None:
+            res = replace(res, world_size=cell.world_size)
+            if (cell.backend, cell.mode) in interpreted:
+                parity_cache.save(specs[cell.backend], cell.case, cell.mode, res)
+            to.done(Finished(cell, res, {"precision": self.precision}, 0.0))
+
+        if progress:
+            progress.groups_begin()
+        for case, in_case in itertools.groupby(todo, key=lambda c: c.case):
+            stop.check()
+            of_case = list(in_case)
+            modes = list(dict.fromkeys(c.mode for c in of_case))
+            backward = any(m != "fwd" for m in modes)
+            interpreted.clear()
+            why = ""
+            try:
+                plain = plain_reference(case, backward=backward)
+                rows = case_resolution(case, plain, modes)
+                self.resolution += rows
+                if self.store is not None:
+                    self.store.resolution(rows)
+                why = "fresh inputs: "  # drawn now: no backend of this run can have seen these inputs
+                reference = pipeline.CaseReference(case, fresh.new_seed(), backward)
+            except UnusableCase as exc:  # nothing can be judged on this case: say so in every cell, go on
+                for cell in of_case:
+                    to.error(cell, f"{why}{exc}")
+                continue
+            for mode, in_mode in itertools.groupby(of_case, key=lambda c: c.mode):
+                group: list[tuple[GridCell, _Cell]] = []
+                for cell in in_mode:
+                    spec = specs[cell.backend]
+                    if cell.world_size > 1 and not spec.runtime:
+                        why = f"a single-device backend: world size {cell.world_size} is for tensor-parallel backends"
+                        report(cell, Result.for_case(spec.name, case, mode, "skipped", reason=why))
+                        continue
+                    stop.check()
+                    c = _Cell(spec, case, mode)
+                    if progress:
+                        progress.starting(c.label)
+                    reuse, graphs, memory = options.reuse_parity, options.cuda_graphs, options.memory
+                    _start(c, plain, self.precision, reference.inputs, reuse=reuse, cuda_graphs=graphs, memory=memory)
+                    if c.interpreted and c.done is None:
+                        interpreted.add((spec.name, mode))
+                    group.append((cell, c))
+                stop.check()
+                cells = [c for _, c in group]
+                if progress and group:
+                    progress.starting(f"timing {len(group)} backends of {case.name} {mode} together")
+                with budget_phase(self.timer.budget, "timing"):
+                    _time(cells, self.timer)
+                self.timer.groups_left = max(1, self.timer.groups_left - 1)
+                for c in cells:
+                    _finish_steps(c, options.profile, options.trace_dir, options.memory, self.timer)
+                if group and progress and not reference.made:
+                    progress.starting(f"{case.name}: the reference of the fresh inputs")
+                settled = _settle(case, cells, reference)
+                if progress:
+                    progress.group_done()
+                for (cell, _), res in zip(group, settled, strict=True):
+                    report(cell, res)
 
 
-def measure_ceilings(dtypes: Iterable[str], budget_s: float | None = None) -> Ceilings | None:
-    """This machine's matmul FLOP/s and copy bandwidth per dtype: every probe of :data:`CEILING_PROBES` whose
-    framework imports (XLA's, torch's on the device the torch backends use), per dtype the higher of them
-    (``Ceiling.merged``; ``budget_s`` per dtype and probe, None: each probe's default); None where none imports."""
-    dtypes = list(dtypes)
-    got: dict[str, Ceilings] = {}
-    for name in CEILING_PROBES:
-        try:
-            module = probe(name)
-        except ImportError:
-            continue
-        got[name] = from_json(Ceilings, module.measure_all(dtypes, budget_s))
-    if not got:
-        return None
-    base = got.pop("ceilings", None) or got.pop(next(iter(got)))
-    for other in got.values():
-        base = base.peak(other)
-    return base
+class TpGroups:
+    """The run's tensor-parallel executor: one worker group (``compare.run.tp_launch``) per runtime, launch
+    (``options.tp_launch`` where the backend has it, else its first) and world size, logs under ``options.tp_logs``;
+    each cell reported as the group's process 0 reports it."""
+
+    def __init__(self, options: RunOptions, progress: Display | None) -> None:
+        self.options, self.progress = options, progress
+
+    def run(self, todo: list[GridCell], to: Conductor) -> None:
+        jobs: dict[tuple[str, str, int], list[GridCell]] = {}
+        for cell in todo:
+            spec = to.specs[cell.backend]
+            how = self.options.tp_launch if self.options.tp_launch in spec.launches else spec.launches[0]
+            jobs.setdefault((spec.runtime, how, cell.world_size), []).append(cell)
+        index = itertools.count()  # a cell's index, unique in the run
+        for (runtime, how, ws), cells in jobs.items():
+            stop.check()
+            tp_cells = tuple(Cell(next(index), c.backend, c.case, c.mode) for c in cells)
+            job_specs = tuple(dict.fromkeys(to.specs[c.backend] for c in cells))
+            job = Job(runtime, how, ws, tp_cells, job_specs, to.cfg, profile=self.options.profile)
+            if self.progress:
+                self.progress.message(
+                    f"starting a tensor-parallel group: {runtime}, world size {ws}, {job.nproc} process(es) x "
+                    f"{job.threads} thread(s), {len(cells)} cells",
+                    important=True,
+                )
+            of = {(c.backend, c.case.name, c.mode): c for c in cells}
+
+            def report(doc: dict[str, Any], ws: int = ws, of: dict[tuple[str, str, str], GridCell] = of) -> None:
+                res = replace(from_json(Result, doc), world_size=ws)
+                to.done(Finished(of[res.backend, res.case, res.mode], res, {}, 0.0))
+
+            run_job(job, root=self.options.tp_logs, on_result=report)
 
 
 def run(
@@ -509,28 +595,18 @@ def run(
     budget: Budget | None = None,
     watch: Callable[[], timer.Watch | None] | None = None,
 ) -> Results:
-    """Run every (case, backend, mode, world size); return the results document (``compare.results.document.Results``).
+    """Run every (case, backend, mode, world size) through the conductor (``compare.run.conductor``): the
+    single-device cells in process (:class:`Groups`), the tensor-parallel ones in worker groups (:class:`TpGroups`);
+    return the results document, ``interrupted`` when a stop ended it (the caller writes it and says so).
 
-    How is ``options`` (``compare.run.options.RunOptions``, None: its defaults): the timer's settings, the config
-    the document records, profile and trace folder, memory, ceilings, world sizes, last-level cache mode,
-    interpreted-parity cache, CUDA graphs.
-    Single-device backends run here, at world size 1 (at a larger one they are ``skipped``); tensor-parallel
-    backends (a registry line with a ``runtime``) run in worker groups (``compare.run.tp_launch``), one group per
-    runtime, launch and world size for all of its cells, launched as ``options.tp_launch`` where the backend
-    supports it (else its first launch), with the processes' logs under ``options.tp_logs``.
-    ``progress`` (a :class:`~compare.run.progress.Display`, already entered) is told as each cell starts and ends.
-    ``store`` (``compare.run.store``) gets every finished cell the moment its verdict is known: a case's cells of one
-    mode settle together (they are timed together), a tensor-parallel cell as its group reports it.
-    A stop (Ctrl-C, SIGTERM: ``compare.run.stop``; a ``KeyboardInterrupt``) ends the run between cells: the
-    document then holds every finished cell and ``interrupted`` (the caller writes it and says so).
-    ``options.cache_mode`` (``compare.timing.llc.CACHE_MODES``): warm samples, cold ones (each call after a flush of
-    the last-level cache, :func:`cold_flush`) or both; ``budget`` (``compare.run.budget``) the time the run keeps,
-    its cuts in the document; ``options.reuse_parity`` looks interpreted cells up in ``compare.run.parity_cache``
-    (every interpreted verdict is kept there); ``watch`` makes a device watch per timed group
-    (``compare.timing.timer.Watch``); ``options.memory`` records what each step holds in memory
-    (``pipeline.memory``: saved for the backward, peak)."""
+    ``options`` (``compare.run.options.RunOptions``; None: its defaults) says how; ``progress`` (a
+    :class:`~compare.run.progress.Display`, already entered) is told as each cell starts and ends, ``store``
+    (``compare.run.store``) gets every finished cell the moment its verdict is known; ``budget``
+    (``compare.run.budget``) is the time the run keeps, its cuts in the document; ``watch`` makes a device watch per
+    timed group (``compare.timing.timer.Watch``). Cold samples (``options.cache_mode``) follow a flush of the last-level
+    cache (:func:`cold_flush`); interpreted verdicts are kept in ``compare.run.parity_cache``."""
     options = options or RunOptions()
-    cfg, cache_mode, profile, memory = options.cfg, options.cache_mode, options.profile, options.memory
+    cfg, cache_mode = options.cfg, options.cache_mode
     cases, specs, modes = list(cases), list(specs), list(modes)
     spec_of = {sp.name: sp for sp in specs}
     check_name("cache mode", cache_mode, list(llc.CACHE_MODES))
@@ -542,132 +618,26 @@ def run(
         size, flush = cold_flush(sp.framework for sp in specs)
         run_timer.flush, run_timer.flush_s = flush, llc.time_flush(flush)
         cold_setup = llc.ColdSetup(cache_mode, size, flush.bytes, flush.about, run_timer.flush_s)
-    interpreted: set[tuple[str, str, str]] = set()  # (backend, case, mode) of this run's own interpreted verdicts
-    jobs: dict[tuple[str, str, int], list[tuple[Cell, BackendSpec]]] = {}
-    ceil = None
-    precision: dict[str, Any] = {}
-    threads: dict[str, Any] = {}
-    raw: list[Result] = []  # as measured
-    results: list[Result] = []  # as stored: held to the ceilings measured first
-    res_rows: list[ResolutionRow] = []
-    flops: dict[int, tuple[int, int]] = {}  # result index -> (the FLOPs its step must do at the least, its devices)
-    interrupted = False
+    todo = [GridCell(s.name, c, m, w) for c in cases for m in modes for s in specs for w in options.world_sizes]
 
-    def record(res: Result, ws: int = 1, label: str = "") -> None:
-        threads.update(res.threads)
-        res = replace(res, world_size=ws)
-        if res.tp is None:
-            flops[len(raw)] = (cell.min_flops(_case_of(res, cases), res.mode), 1)
-        raw.append(res)
-        held = res if ceil is None else _plausible(res, ceil, flops.get(len(raw) - 1), cases)
-        results.append(held)
-        if store is not None:
-            store.cell(held, precision)
-        if (res.backend, res.case, res.mode) in interpreted:
-            parity_cache.save(spec_of[res.backend], _case_of(res, cases), res.mode, res)
-        if progress:
-            suffix = f" x{ws}" if res.tp is not None else ""
-            progress.cell(label or f"{res.backend} {res.case} {res.mode}{suffix}", res.status, res.reason)
+    def tp(c: GridCell) -> bool:
+        s = spec_of[c.backend]
+        return bool(s.runtime) and c.case.model in s.models and c.mode in s.modes
 
-    try:
-        if options.ceilings:  # this machine's matmul FLOP/s and copy bandwidth per dtype, before any backend runs
-            if progress:
-                progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
-            dtypes = list(dict.fromkeys(c.dtype for c in cases))
-            probe_s = None
-            if budget is not None:  # each dtype and probe its part of the ceilings' share
-                probe_s = budget.part("ceilings", len(dtypes) * len(CEILING_PROBES))
-                budget.cut(f"ceilings: {probe_s:.2g} s per dtype and probe (the probes' own default when unbudgeted)")
-            with budget_phase(budget, "ceilings"):
-                ceil = measure_ceilings(dtypes, probe_s)
-            if ceil is not None and store is not None:
-                store.ceilings(ceil)
-        if progress:
-            progress.groups_begin()
-        for case in cases:
-            stop.check()
-            try:
-                plain = plain_reference(case, backward=any(m != "fwd" for m in modes))
-            except UnusableCase as exc:  # nothing can be judged on this case: say so in every cell, go on
-                for mode in modes:
-                    for spec in specs:
-                        record(Result.for_case(spec.name, case, mode, "error", reason=str(exc)))
-                continue
-            rows = case_resolution(case, plain, modes)
-            res_rows += rows
-            if store is not None:
-                store.resolution(rows)
-            seed = fresh.new_seed()  # drawn now: no backend of this run can have seen these inputs
-            backward = any(m != "fwd" for m in modes)
-            try:
-                reference = pipeline.CaseReference(case, seed, backward)
-            except UnusableCase as exc:  # no fresh draw of this case can be judged: say so in every cell, go on
-                for mode in modes:
-                    for spec in specs:
-                        record(Result.for_case(spec.name, case, mode, "error", reason=f"fresh inputs: {exc}"))
-                continue
-            inputs = reference.inputs
-            for mode in modes:
-                group: list[_Cell] = []
-                for spec in specs:
-                    for ws in options.world_sizes:
-                        if spec.runtime and case.model in spec.models and mode in spec.modes:
-                            how = options.tp_launch if options.tp_launch in spec.launches else spec.launches[0]
-                            tp_cell = Cell(sum(map(len, jobs.values())), spec.name, case, mode)
-                            jobs.setdefault((spec.runtime, how, ws), []).append((tp_cell, spec))
-                        elif ws > 1 and not spec.runtime:
-                            reason = f"a single-device backend: world size {ws} is for tensor-parallel backends"
-                            record(Result.for_case(spec.name, case, mode, "skipped", reason=reason), ws)
-                        else:
-                            stop.check()
-                            c = _Cell(spec, case, mode)
-                            if progress:
-                                progress.starting(c.label)
-                            reuse, graphs = options.reuse_parity, options.cuda_graphs
-                            _start(c, plain, precision, inputs, reuse=reuse, cuda_graphs=graphs, memory=memory)
-                            if c.interpreted and c.done is None:
-                                interpreted.add((spec.name, case.name, mode))
-                            group.append(c)
-                stop.check()
-                if progress and group:
-                    progress.starting(f"timing {len(group)} backends of {case.name} {mode} together")
-                with budget_phase(budget, "timing"):
-                    _time(group, run_timer)
-                run_timer.groups_left = max(1, run_timer.groups_left - 1)
-                for c in group:
-                    _finish_steps(c, profile, options.trace_dir, memory, run_timer)
-                if group and progress and not reference.made:
-                    progress.starting(f"{case.name}: the reference of the fresh inputs")
-                settled = _settle(case, group, reference)
-                if progress:
-                    progress.group_done()
-                for res in settled:
-                    record(res)
-        for (runtime, how, ws), tp_cells in jobs.items():
-            stop.check()
-            logs, on_result = options.tp_logs, functools.partial(record, ws=ws)
-            _run_tp_job(runtime, how, ws, tp_cells, cfg, profile, logs, progress, on_result)
-    except KeyboardInterrupt:  # keep what is done; the caller writes it and says so
-        interrupted = True
-    typed = results
-    if ceil is not None and any(r.status == "implausible" for r in typed) and not interrupted:
-        # A ceiling is a peak: a probe that ran while other work held the cores reads low, and real steps timed
-        # later would look faster than the machine. Before calling a step implausible, probe again and keep
-        # each dtype's higher ceiling.
-        if progress:
-            progress.message("a step beat the ceilings: measuring them again", important=True)
-        with budget_phase(budget, "ceilings"):
-            again = measure_ceilings(dict.fromkeys(c.dtype for c in cases))
-        ceil = ceil if again is None else ceil.peak(again)
-        typed = [_plausible(r, ceil, flops.get(i), cases) for i, r in enumerate(raw)]
+    here = Groups(options, run_timer, progress, store)
+    plan: list[tuple[Executor, list[GridCell]]] = [(here, [c for c in todo if not tp(c)])]
+    plan.append((TpGroups(options, progress), [c for c in todo if tp(c)]))
+    dtypes = list(dict.fromkeys(c.dtype for c in cases)) if options.ceilings else []
+    begin = (lambda ceil: store.ceilings(ceil) if ceil is not None else None) if store is not None else None
+    got = Conductor(spec_of, cfg, store, budget=budget, progress=progress).conduct(plan, dtypes, begin)
     return Results(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         config=replace(from_json(Config, options.config), timing=cfg),
-        environment=environment.current(precision, threads),
-        results=tuple(typed),
-        resolution=tuple(res_rows),
-        ceilings=ceil,
-        interrupted=interrupted,
+        environment=environment.current(here.precision, got.threads),
+        results=tuple(got.rechecked()),
+        resolution=tuple(here.resolution),
+        ceilings=got.ceilings,
+        interrupted=got.interrupted,
         budget=budget.record() if budget is not None else None,
         cold=cold_setup,
     )
@@ -690,52 +660,6 @@ def cold_flush(frameworks: Iterable[str]) -> tuple[llc.CacheSize | None, llc.Flu
         return size, flush
     size = llc.cpu_last_level()
     return size, llc.HostFlush(llc.flush_bytes(size))
-
-
-def _case_of(r: Result, cases: Sequence[Case]) -> Case:
-    return next(c for c in cases if c.name == r.case and c.model == r.model and c.dtype == r.dtype)
-
-
-def _plausible(r: Result, ceil: Ceilings, known: tuple[int, int] | None, cases: Sequence[Case]) -> Result:
-    """``compare.run.cell.against_ceilings`` for a row: a single-device row against one device's ceiling; a
-    tensor-parallel row's whole step (every rank's FLOPs together) against the ceiling times its hosts (its ranks
-    share a host's cores)."""
-    if known is not None:
-        return cell.against_ceilings(r, ceil, known[0], known[1])
-    if r.tp is None:
-        return r
-    return cell.against_ceilings(r, ceil, cell.min_flops(_case_of(r, cases), r.mode), max(1, len(r.tp.hosts)))
-
-
-def _run_tp_job(
-    runtime: str,
-    how: str,
-    world_size: int,
-    cells: list[tuple[Cell, BackendSpec]],
-    cfg: TimingConfig,
-    profile: bool,
-    logs: Path | None,
-    progress: Display | None,
-    record: Callable[[Result], None],
-) -> None:
-    """The cells of one worker group (``compare.run.tp_launch``), each given to ``record`` as its result the moment
-    the group's process 0 reports it (an interrupt ends the group and keeps those already recorded)."""
-    job = Job(
-        runtime,
-        how,
-        world_size,
-        tuple(c for c, _ in cells),
-        tuple(dict.fromkeys(s for _, s in cells)),
-        cfg,
-        profile=profile,
-    )
-    if progress:
-        progress.message(
-            f"starting a tensor-parallel group: {runtime}, world size {world_size}, {job.nproc} process(es) x "
-            f"{job.threads} thread(s), {len(cells)} cells",
-            important=True,
-        )
-    run_job(job, root=logs, on_result=lambda doc: record(from_json(Result, doc)))
 
 
 def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[str]) -> list[ResolutionRow]:

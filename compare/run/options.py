@@ -1,5 +1,5 @@
 """The options of a measuring run, one typed, frozen object (:class:`RunOptions`): what ``compare.run.harness.run``
-and ``compare.sweep.run.run_sweep`` are asked to do, checked by the command line (``compare.cli``) before anything
+and ``compare.run.sweep.run_sweep`` are asked to do, checked by the command line (``compare.cli``) before anything
 runs. The objects that live while it runs (the progress display, the store, the time budget, a device watch, an
 engine's runner) are passed beside it."""
 

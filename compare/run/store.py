@@ -15,7 +15,7 @@ A run's store, ``<out>/cells.jsonl`` (:func:`open_run`: emptied when the run sta
 - ``{"type": "load", "load"}``: the machine's load over the measurements (``compare.results.load``), when they end;
 - ``{"type": "end"}``: the run ended (without it, :func:`read_store`'s document is ``interrupted``).
 
-A sweep's store, ``<out>/results.jsonl`` (``compare.sweep.run``), append-only: a ``header`` line per start (its run
+A sweep's store, ``<out>/results.jsonl`` (``compare.run.sweep``), append-only: a ``header`` line per start (its run
 id, config, environment, engine and, when measured, ceilings) and a ``cell`` line per finished cell (that run id, its
 ``key``, the result and what its worker reported), read by :func:`read_sweep` in grid order; resumed by cell key
 (:func:`done_keys`).

@@ -1,26 +1,22 @@
 """Where a sweep's cells run: the engines, one frozen registry line each (as the backends' registry), and the
-contract between ``compare.sweep.run`` and an engine.
+contract between ``compare.run.sweep`` and an engine.
 
 ``local`` (the default) runs the cells here, one after another, or each in its own worker process (``--isolate``).
 ``ray`` runs each cell as a Ray task on a Ray cluster (``compare.cluster.ray_engine``): Ray is an optional extra,
 imported only when that engine is asked for, so ``compare`` imports no framework and no engine at import time. An
 engine is opened (:class:`Runner`) before the sweep writes its header and closed when it ends, however it ends; in
-between it yields each finished cell (:class:`Finished`), which the sweep appends to its store at once.
+between it is the executor of the sweep's cells (``compare.run.conductor``), which stores each as it finishes.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from compare.backends.registry import BackendSpec
 from compare.problem.cases import InputError, check_name
-from compare.results.document import Result
-from compare.run.grid import Cell
+from compare.run.conductor import Executor
 from compare.run.tp_hosts import check_addr, check_port
-from compare.timing.timer import TimingConfig
 
 #: What the cluster extra installs (the message of an engine whose package is missing).
 CLUSTER_EXTRA = "pip install -e '.[cluster]'"
@@ -29,7 +25,7 @@ CLUSTER_EXTRA = "pip install -e '.[cluster]'"
 @dataclass(frozen=True, kw_only=True)
 class Engine:
     """Registry line of an engine: its name, what it is, the module that implements it (``open_runner(options) ->
-    Runner``; ``""`` for the local engine, which lives in ``compare.sweep.run``), the top-level package it needs
+    Runner``; ``""`` for the local engine, which lives in ``compare.run.sweep``), the top-level package it needs
     and how to install that package."""
 
     name: str
@@ -68,36 +64,11 @@ class EngineOptions:
     env: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Finished:
-    """One outcome of a cell: its result (with the ``node`` that measured it), what its backend reported (``meta``:
-    ``precision``, ``gpu``), the seconds it took as the driver saw them, and whether it is the cell's last attempt
-    (``final``: False for a lost worker's error row that is retried; every attempt is stored)."""
-
-    cell: Cell
-    result: Result
-    meta: dict[str, Any]
-    wall_s: float
-    final: bool = True
-
-
-class Runner(Protocol):
-    """An open engine (the local one, or a connection to a cluster)."""
+class Runner(Executor, Protocol):
+    """An open engine (the local one, or a connection to a cluster): a ``compare.run.conductor.Executor``."""
 
     def describe(self) -> dict[str, Any]:
         """What the header line records of it: its name, and for a cluster its address, nodes and start-up time."""
-        ...
-
-    def cells(
-        self,
-        todo: list[Cell],
-        specs: dict[str, BackendSpec],
-        cfg: TimingConfig,
-        may_start: Callable[[int], bool],
-        starting: Callable[[Cell], None],
-    ) -> Iterator[Finished]:
-        """Run ``todo``, yielding each outcome as it is known; ``may_start(left)`` is asked before each cell starts
-        (False: start no more; ``left`` cells were not started) and ``starting`` told of each start."""
         ...
 
     def close(self) -> None:

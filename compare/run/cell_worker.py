@@ -1,20 +1,22 @@
 """Running one sweep cell: here (``compare.run.harness.run_one``), or in a worker process (``python -m
-compare.sweep.worker CELL RESULT``, started through ``compare.run.child``) whose crash, signal or timeout
-becomes the cell's ``error`` result. See ``compare.sweep.run``."""
+compare.run.cell_worker CELL RESULT``, started through ``compare.run.child``) whose crash, signal or timeout
+becomes the cell's ``error`` result. See ``compare.run.sweep``."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BackendSpec
 from compare.formats.atomic import write_text_atomic
 from compare.formats.codec import from_json, to_json
+from compare.problem import golden
 from compare.problem.cases import Case
 from compare.results import document, environment
 from compare.run import child, harness, stop
@@ -48,12 +50,9 @@ def run_cell_isolated(
     scratch.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=scratch, prefix="cell-") as tmp:
         cell_path, result_path = Path(tmp) / "cell.json", Path(tmp) / "result.json"
-        write_text_atomic(
-            cell_path,
-            json.dumps({"spec": to_json(s), "case": to_json(cell.case), "mode": cell.mode, "timing": asdict(cfg)}),
-        )
+        write_text_atomic(cell_path, json.dumps(payload(s, cell, cfg)))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
-        cmd = [sys.executable, "-m", "compare.sweep.worker", str(cell_path), str(result_path)]
+        cmd = [sys.executable, "-m", "compare.run.cell_worker", str(cell_path), str(result_path)]
         worker = child.start(cmd, env=env)
         try:
             waited = worker.wait(timeout_s, check=stop.check)
@@ -81,20 +80,51 @@ def run_cell_isolated(
     return r, {"precision": {}, "gpu": None}
 
 
+def payload(s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, **more: Any) -> dict[str, Any]:
+    """A cell as a worker is sent it (JSON data); ``golden_sha256``: the driver's hash of its golden data."""
+    return {"spec": to_json(s), "case": to_json(cell.case), "mode": cell.mode, "timing": asdict(cfg), **more}
+
+
+#: A worker process's plain references, one case at a time (as the local engine keeps them).
+_PLAIN: dict[str, Any] = {}
+
+
+def run_payload(sent: dict[str, Any], node_id: str = "") -> dict[str, Any]:
+    """Run one cell of a :func:`payload` as a worker does: check its golden data against the driver's hash (when
+    sent one: a difference is an ``error`` naming both), run it (:func:`run_cell_inprocess`), label the result with
+    this node. Returns ``{"result": ..., "meta": ...}`` as JSON data."""
+    s, case = from_json(BackendSpec, sent["spec"], strict=True), from_json(Case, sent["case"])
+    cell, expected = Cell(s.name, case, sent["mode"]), sent.get("golden_sha256")
+    meta: dict[str, Any] = {"precision": {}, "gpu": None}
+    error = functools.partial(document.Result.for_case, s.name, case, cell.mode, "error")
+    try:
+        mine = golden.data_sha256(case) if expected is not None else None
+    except golden.GoldenError as exc:
+        r = error(reason=f"golden data on node {node_id or '?'}: {exc}")
+    else:
+        if mine != expected:
+            why = (
+                f"golden data differs between the driver and this worker (case {case.name}): the driver's sha256 "
+                f"{expected}, this worker's {mine}; the nodes hold different golden files or generation code"
+            )
+            r = error(reason=why, extras={"golden_sha256": mine, "driver_golden_sha256": expected})
+        else:
+            r, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**sent["timing"]), _PLAIN)
+            r = replace(r, extras={**r.extras, "golden_sha256": mine}) if mine is not None else r
+    return {"result": to_json(replace(r, node=environment.node(node_id))), "meta": meta}
+
+
 def worker_main(cell_path: Path, result_path: Path) -> int:
-    """Worker entry point: run the cell described in ``cell_path``, write the outcome to ``result_path``."""
+    """Worker entry point: run the cell :func:`payload` in ``cell_path`` describes, write the outcome to
+    ``result_path``."""
     child.die_with_parent()
-    d = json.loads(cell_path.read_text(encoding="utf-8"))
-    s = from_json(BackendSpec, d["spec"], strict=True)
-    case = from_json(Case, d["case"])
-    cell = Cell(s.name, case, d["mode"])
-    result, meta = run_cell_inprocess(s, cell, harness.TimingConfig(**d["timing"]), {})
-    write_text_atomic(result_path, json.dumps({"result": to_json(result), "meta": meta}, allow_nan=True))
+    out = run_payload(json.loads(cell_path.read_text(encoding="utf-8")))
+    write_text_atomic(result_path, json.dumps(out, allow_nan=True))
     return 0
 
 
-if __name__ == "__main__":  # the worker process: python -m compare.sweep.worker CELL.json RESULT.json
+if __name__ == "__main__":  # the worker process: python -m compare.run.cell_worker CELL.json RESULT.json
     if len(sys.argv) != 3:
-        print("usage: python -m compare.sweep.worker CELL.json RESULT.json", file=sys.stderr)
+        print("usage: python -m compare.run.cell_worker CELL.json RESULT.json", file=sys.stderr)
         raise SystemExit(2)
     raise SystemExit(worker_main(Path(sys.argv[1]), Path(sys.argv[2])))

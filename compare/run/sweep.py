@@ -25,13 +25,13 @@ every single-device row is held to them as it is stored: a step whose fastest sa
 ``implausible`` (``compare.run.cell.against_ceilings``). ``--no-ceilings`` skips both.
 
 A backend that raises on a cell is an ``error`` result and the sweep goes on (``harness.run_one``). With
-``--isolate`` each cell runs in its own worker process (``python -m compare.sweep.worker CELL RESULT``), so a
+``--isolate`` each cell runs in its own worker process (``python -m compare.run.cell_worker CELL RESULT``), so a
 hard crash (segfault, the OOM killer, an abort) is recorded as an ``error`` naming the exit status or signal,
 and ``--cell-timeout`` turns a hang into an error too. The workers' scratch files live under ``<out>/.cells/``,
 removed when the sweep ends (however it ends) and, if a killed sweep left one, when the next one starts.
 ``--retry-errors`` runs again, on a restart, the cells whose stored result is an ``error`` (the new line wins).
 
-``--engine ray`` (``compare.sweep.engines``; ``compare.cluster.ray_engine``) runs each cell as a Ray task on a cluster
+``--engine ray`` (``compare.run.engines``; ``compare.cluster.ray_engine``) runs each cell as a Ray task on a cluster
 (``--address HOST:PORT`` or ``auto``; none: a local Ray instance, shut down at the end) and appends each outcome to
 the same file as it arrives; a lost worker or node is an attempt stored as an ``error`` line marked ``retrying`` (not
 counted as done) before the cell runs again, up to ``--retries`` times. Every cell line's result carries the node that
@@ -47,32 +47,33 @@ import contextlib
 import dataclasses
 import shutil
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BackendSpec
+from compare.cost.records import Ceilings
 from compare.formats.codec import to_json
 from compare.results import environment
 from compare.results.document import Results
-from compare.run import exitcodes, harness, stop
+from compare.run import exitcodes
 from compare.run.budget import Budget
-from compare.run.cell import against_ceilings, min_flops
+from compare.run.cell_worker import run_cell_inprocess, run_cell_isolated
+from compare.run.conductor import Conductor, Finished
+from compare.run.engines import Runner
 from compare.run.grid import Cell, cells_from_config
 from compare.run.options import RunOptions
 from compare.run.progress import Display
 from compare.run.store import JSONL, Store, check_same_grid, done_keys, load_sweep
-from compare.sweep.engines import Finished, Runner
-from compare.sweep.worker import run_cell_inprocess, run_cell_isolated
+from compare.timing.timer import TimingConfig
 
 #: The workers' scratch folder under a sweep's output folder.
 SCRATCH = ".cells"
 
 
 class LocalRunner:
-    """The local engine: each cell here (``run_cell_inprocess``), or in its own worker process with ``isolate``
-    (``run_cell_isolated``, scratch files under ``scratch``, a hang ended after ``cell_timeout_s``); every row
-    labelled with this machine (``compare.results.environment.node``)."""
+    """The local engine (a ``compare.run.conductor.Executor``): each cell here (``run_cell_inprocess``), or in its
+    own worker process with ``isolate`` (``run_cell_isolated``, scratch files under ``scratch``, a hang ended after
+    ``cell_timeout_s``); every row labelled with this machine (``compare.results.environment.node``)."""
 
     def __init__(self, isolate: bool = False, scratch: Path | None = None, cell_timeout_s: float | None = None):
         self.isolate, self.scratch, self.cell_timeout_s = isolate, scratch, cell_timeout_s
@@ -80,26 +81,19 @@ class LocalRunner:
     def describe(self) -> dict[str, Any]:
         return {"name": "local", "isolate": self.isolate}
 
-    def cells(
-        self,
-        todo: list[Cell],
-        specs: dict[str, BackendSpec],
-        cfg: harness.TimingConfig,
-        may_start: Callable[[int], bool],
-        starting: Callable[[Cell], None],
-    ) -> Iterator[Finished]:
+    def run(self, todo: list[Cell], to: Conductor) -> None:
         plain_refs: dict[str, Any] = {}
         for i, cell in enumerate(todo):
-            if not may_start(len(todo) - i):
+            if not to.may_start(len(todo) - i):
                 return
             t0 = time.perf_counter()
-            starting(cell)
+            to.starting(cell)
             if self.isolate:
                 assert self.scratch is not None
-                r, meta = run_cell_isolated(specs[cell.backend], cell, cfg, self.scratch, self.cell_timeout_s)
+                r, meta = run_cell_isolated(to.specs[cell.backend], cell, to.cfg, self.scratch, self.cell_timeout_s)
             else:
-                r, meta = run_cell_inprocess(specs[cell.backend], cell, cfg, plain_refs)
-            yield Finished(cell, dataclasses.replace(r, node=environment.node()), meta, time.perf_counter() - t0)
+                r, meta = run_cell_inprocess(to.specs[cell.backend], cell, to.cfg, plain_refs)
+            to.done(Finished(cell, dataclasses.replace(r, node=environment.node()), meta, time.perf_counter() - t0))
 
     def close(self) -> None:
         """Nothing to end: every worker process ended with its cell."""
@@ -115,48 +109,26 @@ def run_sweep(
     budget: Budget | None = None,
     runner: Runner | None = None,
 ) -> Results:
-    """Run every cell of ``config`` not yet in ``out/results.jsonl``, appending each as it finishes.
-
-    ``specs`` maps each backend name in the config to its spec; of ``options`` (``compare.run.options``; None: the
-    defaults) the sweep
-    reads ``retry_errors`` (stored ``error`` cells run again), ``ceilings``, ``isolate`` and ``cell_timeout_s``.
-    ``runner`` is the engine that runs the cells (``compare.sweep.engines``; opened and closed by the caller); None:
-    the local engine, with ``isolate`` and ``cell_timeout_s``. Every attempt the engine reports is stored (a lost
-    worker's error row, marked ``retrying``, before the cell's next attempt; a reader takes the last attempt that is
-    not marked, and a cell whose only lines are marked is not done).
-    ``ceilings``: measure this machine's matmul and copy ceilings for the swept dtypes once, here, before any cell
-    (``harness.measure_ceilings``; they go into this session's header line) and hold every single-device row
-    measured on this machine type to them as it is stored (``compare.run.cell.against_ceilings``: its roofline
-    numbers, and ``implausible`` where its fastest sample beats the matmul ceiling; a row from another machine type
-    is not held to this one's); off, as ``compare run --no-ceilings``, the rows are stored as they come.
-    ``budget`` (``compare.run.budget``): no cell starts once it is spent; the cells left are said as its cut and
-    wait for a rerun of the same command (it resumes them). Returns :func:`load_sweep` of the file. The workers'
-    scratch folder ``out/.cells`` is removed on the way out,
-    and a stale one (a killed sweep's) on the way in, once this sweep holds the file's lock.
+    """Run every cell of ``config`` not yet in ``out/results.jsonl`` (of ``options``: ``retry_errors``, ``ceilings``,
+    ``isolate``, ``cell_timeout_s``) through the conductor (``compare.run.conductor``) on ``runner``
+    (``compare.run.engines``, opened and closed by the caller; None: the local engine), appending every attempt as
+    it finishes (a lost worker's ``error`` row marked ``retrying``); return :func:`load_sweep` of the file. The
+    ceilings go into this session's header line; a stop raises ``KeyboardInterrupt`` once what is done is stored.
+    The workers' scratch folder ``out/.cells`` is removed on the way out, and a stale one on the way in.
     """
     options = options or RunOptions()
     path = out / JSONL
-    cfg = harness.TimingConfig(**config["timing"])
+    cfg = TimingConfig(**config["timing"])
     env = environment.collect({}, {})
-    here = environment.node().machine_type()
     cells = cells_from_config(config)
-    if runner is None:
-        runner = LocalRunner(options.isolate, out / SCRATCH, options.cell_timeout_s)
+    engine = runner or LocalRunner(options.isolate, out / SCRATCH, options.cell_timeout_s)
     with Store(path) as w:
         check_same_grid(path, config, env)
         _remove_scratch(out)
         try:
             done = done_keys(path, options.retry_errors)
             todo = [c for c in cells if c.key not in done]
-            ceil = None
-            if options.ceilings and todo:  # before any backend runs, as `compare run` does
-                if progress:
-                    progress.message("measuring ceilings (matmul FLOP/s, copy bandwidth)", important=True)
-                ceil = harness.measure_ceilings(config["dtypes"])
-            measured = {"ceilings": to_json(ceil)} if ceil is not None else {}
-            w.header(config, env, isolate=options.isolate, engine=runner.describe(), **measured)  # this session's
             n_done = len(cells) - len(todo)
-            n_before = n_done
             if progress:
                 progress.resume(n_done, len(cells))
             if progress and n_done:
@@ -167,42 +139,20 @@ def run_sweep(
                     important=True,
                 )
 
-            def may_start(left: int) -> bool:
-                stop.check()  # a signal asked to stop: the cells in flight were the last
-                if budget is not None and budget.left() <= 0:
-                    budget.cut(
-                        f"sweep: {left} of {len(cells)} cells not started, the {budget.total_s:g} s budget "
-                        "being spent; rerun the same command to resume them"
-                    )
-                    if progress:
-                        progress.message(budget.cuts[-1], important=True)
-                    return False
-                return True
+            def begin(ceil: Ceilings | None) -> None:  # this session's header line
+                measured = {"ceilings": to_json(ceil)} if ceil is not None else {}
+                w.header(config, env, isolate=options.isolate, engine=engine.describe(), **measured)
 
-            def starting(cell: Cell) -> None:
-                if progress:
-                    progress.starting(cell.label())
-
-            for f in runner.cells(todo, specs, cfg, may_start, starting):
-                r = f.result
-                same_machine = r.node is None or r.node.machine_type() == here
-                if ceil is not None and r.tp is None and same_machine:  # a single-device row: can its timing be right?
-                    r = against_ceilings(r, ceil, min_flops(f.cell.case, f.cell.mode))
-                try:
-                    retrying: dict[str, Any] = {} if f.final else {"retrying": True}
-                    w.cell(r, key=f.cell.key, **f.meta, wall_s=f.wall_s, **retrying)
-                except OSError as exc:
-                    raise exitcodes.WriteFailed(
-                        f"cannot append to {path} ({exc.strerror or exc}): the {n_done - n_before} "
-                        f"cells of this session before it are stored; free space and rerun the same command to resume"
-                    ) from exc
-                if not f.final:
-                    if progress:
-                        progress.message(f"{f.cell.label()}: {r.reason}; running it again", important=True)
-                    continue
-                n_done += 1
-                if progress:
-                    progress.cell(f"{f.cell.label()} ({f.wall_s:.1f}s)", r.status, r.reason)
+            conductor = Conductor(specs, cfg, w, keyed=True, budget=budget, progress=progress)
+            try:
+                got = conductor.conduct([(engine, todo)], config["dtypes"] if options.ceilings else (), begin)
+            except OSError as exc:
+                raise exitcodes.WriteFailed(
+                    f"cannot append to {path} ({exc.strerror or exc}): the {w.cells} cell lines of this session "
+                    f"before it are stored; free space and rerun the same command to resume"
+                ) from exc
+            if got.interrupted:
+                raise KeyboardInterrupt
         finally:
             _remove_scratch(out)
     return load_sweep(path)
