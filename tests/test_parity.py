@@ -15,11 +15,11 @@ import torch
 
 from compare.backends.registry import BACKENDS, Availability, BackendSpec, Prepared, spec
 from compare.formats.codec import to_json
-from compare.gate.parity import UnusableCase, check_plain, check_tensor
+from compare.gate.parity import UnusableCase, check_all, check_plain, check_tensor
 from compare.problem import fixedbits
 from compare.problem.cases import PRESETS, Case
 from compare.problem.golden import Golden, Problem, golden_for
-from compare.problem.reference import GELU_CUBIC, SQRT_2_OVER_PI, round_to_dtype
+from compare.problem.reference import GELU_CUBIC, SQRT_2_OVER_PI, compute, round_to_dtype
 from compare.run import harness
 from compare.run.cell import implausible, plain_reference
 from compare.run.harness import run, run_one
@@ -37,6 +37,7 @@ from tests.parity_backends import (
     jax_platform,
     known_deviations,
 )
+from tests.variants import VARIANTS
 from torch_impl import runner
 from torch_impl.models import GatedMLP, GeluMLP, build_module
 
@@ -339,6 +340,26 @@ def test_the_jax_bf16_gelu_finding_in_numbers() -> None:
     assert slopes[True] > slopes[False] + 10 * t.scale_se, slopes
     # torch evaluates GELU in fp32 (its opmath) and passes on the same case
     assert parity_result("torch-eager", case, "fwd").status == "ok"
+
+
+@pytest.mark.slow
+def test_the_activation_in_bf16_deviates_on_cpu_mlp_as_jax_xla_does() -> None:
+    """The activation evaluated op by op in bf16 with its constants rounded (jax.nn.gelu's way on a bf16 input) is
+    too small to see on the committed cases (a hundred tokens: it passes there) and deviates on cpu-mlp (786k
+    outputs): y about 0.016% low, a bias far below the fail line (a unit roundoff), reported as measured and left
+    unexplained (the gate names a cause only where a twin computation predicts its size). Beside the JAX finding
+    above: both read the plain bf16 computation of cpu-mlp (about 16 s), computed once for the module's worker."""
+    case = PRESETS["cpu-mlp"].case("bfloat16")
+    g = golden_for(case)
+    variant = next(v for v in VARIANTS if v.name == "activation-in-dtype")
+    y = compute(case.model, g.x, g.params, None, variant.arith(case))["y"]
+    (t,) = check_all({"y": y}, {"y": g.ref["y"]}, plain_reference(case), case.dtype).tensors
+    assert t.tier == "deviates" and t.deviated == ["scale"], t.why
+    assert -2e-4 < t.scale_err < -1.2e-4 and abs(t.scale_err - t.scale_plain) < 0.1 * 2.0**-8, t
+    assert (
+        t.cause
+        == f"unexplained deviation: a systematic bias of {t.scale_err / 2.0**-8:+.2g} unit roundoffs of bfloat16"
+    )
 
 
 @functools.cache
