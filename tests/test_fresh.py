@@ -135,12 +135,14 @@ def test_the_drawn_rows_catch_a_step_that_gets_an_eighth_of_its_rows_wrong() -> 
 # --- the harness's inputs (compare.run.pipeline.Feed) ---------------------------------------------------------
 
 
-def _slots_backend(lazy: bool) -> tuple[object, dict[int, np.ndarray]]:
+def _slots_backend(lazy: bool, cache: bool = False) -> tuple[object, dict[int, np.ndarray]]:
     """A numpy step ``y = 2 x`` over slot buffers written in place (as the torch runner's); ``lazy``: its output is
-    a closure computed only when read."""
+    a closure computed only when read; ``cache``: a cheat that answers a slot it has seen (its buffer's identity)
+    with the output of its first call there."""
     from compare.backends.registry import Prepared
 
     slots: dict[int, np.ndarray] = {}
+    seen: dict[int, np.ndarray] = {}
 
     def bind(inputs: dict[str, np.ndarray], slot: int):  # type: ignore[no-untyped-def]
         if slot in slots:
@@ -148,6 +150,9 @@ def _slots_backend(lazy: bool) -> tuple[object, dict[int, np.ndarray]]:
         else:
             slots[slot] = inputs["x"].copy()
         buf = slots[slot]
+        if cache:
+            first = seen.setdefault(slot, 2 * buf)
+            return lambda: first
         return (lambda: lambda: 2 * buf) if lazy else (lambda: 2 * buf)
 
     def read(out):  # type: ignore[no-untyped-def]
@@ -157,10 +162,10 @@ def _slots_backend(lazy: bool) -> tuple[object, dict[int, np.ndarray]]:
     return p, slots
 
 
-def _fed(lazy: bool, blocks: int = 6, calls: int = 3):  # type: ignore[no-untyped-def]
+def _fed(lazy: bool, blocks: int = 6, calls: int = 3, cache: bool = False):  # type: ignore[no-untyped-def]
     from compare.run.pipeline import Feed
 
-    p, slots = _slots_backend(lazy)
+    p, slots = _slots_backend(lazy, cache)
     x = np.arange(8 * 2, dtype=np.float32).reshape(1, 8, 2)
     feed = Feed(p, {"x": x, "dy": x}, "test", keep=2)  # type: ignore[arg-type]
     seen = []
@@ -181,7 +186,7 @@ def test_the_feed_never_repeats_an_input_and_judges_outputs_in_the_draws_order()
     assert feed.calls == 18 and len({s.tobytes() for s in seen}) == len(seen)
     assert all(sorted(map(tuple, s.reshape(-1, 2))) == sorted(map(tuple, x.reshape(-1, 2))) for s in seen)
     calls = feed.judged()
-    assert len(calls) == 2
+    assert len(calls) == 3  # two over every call, one over the calls on a slot bound before
     for c in calls:
         assert np.array_equal(_in_draw_order(c.copies[0][1], c.order)["y"], 2 * x)
 
@@ -208,12 +213,30 @@ def test_a_lazy_output_is_read_only_after_its_inputs_were_overwritten() -> None:
 
 @pytest.mark.quick
 def test_the_kept_calls_are_spread_over_all_calls() -> None:
-    """Reservoir sampling: over many feeds, every call of 12 is kept about as often (each with probability 2/12);
-    a feed that kept the first two (the control a cache warmed in warm-up would pass) would keep only calls 0, 1."""
+    """Reservoir sampling: over many feeds, every call of 12 is kept about as often (each with probability 2/12) by
+    the two uniform picks (``judged()``'s first two); a feed that kept the first two (the control a cache warmed in
+    warm-up would pass) would keep only calls 0, 1."""
     counts = np.zeros(12)
     for _ in range(600):
         _x, feed, seen = _fed(lazy=False, blocks=4, calls=3)
-        for c in feed.judged():
+        for c in feed.judged()[:2]:
             orders = [s.reshape(-1, 2)[:, 0] // 2 for s in seen]
             counts[next(i for i, o in enumerate(orders) if np.array_equal(o, c.order))] += 1
     assert counts.min() > 0.5 * counts.mean() and counts.max() < 1.5 * counts.mean(), counts
+
+
+@pytest.mark.quick
+def test_a_cache_keyed_on_its_inputs_identity_never_escapes() -> None:
+    """A step that answers each slot it has seen from memory (right on its first call there: 3 honest calls of 6) is
+    judged wrong in every feed, by the pick among the calls on a slot bound before; the control: the two uniform
+    picks alone let it escape in about a quarter of the feeds ((3/6) ** 2)."""
+    from compare.run.pipeline import _in_draw_order
+
+    escaped, caught = 0, 0
+    for _ in range(200):
+        x, feed, _seen = _fed(lazy=False, blocks=2, calls=3, cache=True)
+        wrong = [not np.array_equal(_in_draw_order(c.copies[0][1], c.order)["y"], 2 * x) for c in feed.judged()]
+        caught += any(wrong)
+        escaped += not any(wrong[:2])
+    assert caught == 200
+    assert 20 < escaped < 80, escaped
