@@ -133,7 +133,6 @@ DTYPE_MAX: dict[str, float] = {
     "bfloat16": 3.3895313892515355e38,
     "float16": 65504.0,
 }
-CHECKS: tuple[str, ...] = ("max", "rms", "shift", "scale", "where", "dtype")
 #: The ``where`` check looks at the ``ceil(n / WHERE_PART)`` elements with the smallest ``|ref|`` (the smallest tenth).
 WHERE_PART = 10
 #: The ``where`` check's fail line: ``rms(e over the smallest tenth of |ref|) / rms(e)`` beyond this fails, when the
@@ -359,24 +358,13 @@ def narrow_precision(y64: np.ndarray, dtype: str) -> tuple[int, float] | None:
 
 
 def _fail(name: str, n: int, why: str, **kw: object) -> TensorParity:
-    nan = float("nan")
-    base: dict[str, object] = {
-        "max_abs_err": nan,
-        "max_rel_err": nan,
-        "bound": 0.0,
-        "ratio": nan,
-        "plain_err": 0.0,
-        "rms_err": nan,
-        "rms_plain": 0.0,
-        "rms_bound": 0.0,
-        "mean_err": nan,
-        "mean_plain": 0.0,
-        "mean_se": 0.0,
-        "mean_bound": 0.0,
-        "scale_err": nan,
-        "scale_plain": 0.0,
-        "scale_se": 0.0,
-        "scale_bound": 0.0,
+    # the errors were not measured (NaN); the plain computation's figures and the lines are 0
+    base: dict[str, object] = dict.fromkeys(
+        ("max_abs_err", "max_rel_err", "ratio", "rms_err", "mean_err", "scale_err"), math.nan
+    )
+    base |= dict.fromkeys(("bound", "plain_err", "rms_plain", "rms_bound", "mean_plain", "mean_se", "mean_bound"), 0.0)
+    base |= dict.fromkeys(("scale_plain", "scale_se", "scale_bound"), 0.0)
+    base |= {
         "not_representable": 0,
         "worst_ratio": math.inf,
         "worst_index": [],
@@ -395,11 +383,9 @@ def _fmt_index(idx: Iterable[Any]) -> list[int]:
 
 class Plain(dict[str, np.ndarray]):
     """The plain same-dtype computation's tensors (``compare.problem.reference``, ``Arith.plain``), and its ``envelope``
-    twin
-    where there is one: the same computation with its float32 transcendentals a few ulp off
+    twin where there is one: the same computation with its float32 transcendentals a few ulp off
     (``compare.problem.reference.envelope_activations``; float32 cases of a model with an activation, else None). The
-    pass
-    lines come from the plain tensors, the max and rms fail lines from the worse of the two."""
+    pass lines come from the plain tensors, the max and rms fail lines from the worse of the two."""
 
     def __init__(
         self,

@@ -23,8 +23,7 @@ class LastTimed:
 @dataclass(frozen=True)
 class CopyVerdict:
     """The verdict on one device's copy of a tensor-parallel step's outputs (``compare.backends.tp.DeviceCopy``):
-    ``tier``
-    the worse of the first call's and, when timed, the last timed call's; ``passed`` when that is ``pass``."""
+    ``tier`` the worse of the first call's and, when timed, the last timed call's; ``passed`` when that is ``pass``."""
 
     device: str
     passed: bool

@@ -62,10 +62,6 @@ class ResolutionRow:
     erf_scale_err: float | None = None
 
 
-def _caught(name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str, stats: PlainStats) -> bool:
-    return not check_tensor(name, y, ref, plain, dtype, stats).passed
-
-
 def scale_resolution(
     name: str,
     ref: np.ndarray,
@@ -91,7 +87,8 @@ def scale_resolution(
         for sign in (-1.0, 1.0):
 
             def fails(s: float, base: np.ndarray = base, sign: float = sign) -> bool:
-                return _caught(name, round_to_dtype(base * (1.0 + sign * s), dtype), ref, plain, dtype, stats)
+                y = round_to_dtype(base * (1.0 + sign * s), dtype)
+                return not check_tensor(name, y, ref, plain, dtype, stats).passed
 
             if not fails(S_MAX):
                 return None, f"not even a {S_MAX:.0%} scale error is caught"

@@ -49,14 +49,10 @@ class InputError(ValueError):
     """Bad user input: an unknown name or an impossible shape. The CLI turns it into exit status 2."""
 
 
-def _unknown(kind: str, name: str, known: tuple[str, ...] | list[str]) -> InputError:
-    return InputError(f"unknown {kind} {name!r}; known {kind}s: {', '.join(known)}")
-
-
 def check_name(kind: str, name: str, known: tuple[str, ...] | list[str]) -> str:
     """Return ``name`` if it is one of ``known``; else raise an :class:`InputError` listing them."""
     if name not in known:
-        raise _unknown(kind, name, known)
+        raise InputError(f"unknown {kind} {name!r}; known {kind}s: {', '.join(known)}")
     return name
 
 
@@ -247,11 +243,9 @@ COMMITTED_PRESETS: tuple[str, ...] = ("tiny", "odd", "blog-linear")
 def committed_cases() -> list[Case]:
     """Every committed golden case: ``tiny`` and ``odd`` with every model, ``blog-linear`` with its own; every
     dtype."""
-    out = []
-    for name in COMMITTED_PRESETS:
-        p = PRESETS[name]
-        models = (p.model,) if name == "blog-linear" else MODELS
-        for model in models:
-            for dtype in DTYPES:
-                out.append(p.case(dtype, model=model))
-    return out
+    return [
+        PRESETS[name].case(dtype, model=model)
+        for name in COMMITTED_PRESETS
+        for model in ((PRESETS[name].model,) if name == "blog-linear" else MODELS)
+        for dtype in DTYPES
+    ]

@@ -1,12 +1,11 @@
 """Arithmetic whose result bits are fixed by the data: the same on every CPU, BLAS kernel and instruction set.
 
 The golden reference and the plain same-dtype computation (``compare.problem.reference``) must not move with the
-machine:
-a parity verdict may change only because a backend's own output changed. numpy's matmul goes through the local BLAS,
-whose accumulation order (and so its last bits) differs between kernels (``OPENBLAS_CORETYPE=Haswell``, ``Sandybridge``,
-``Nehalem`` give different float32 and float64 products), and numpy's ``tanh``/``exp`` dispatch to SIMD versions
-chosen by the CPU. Everything here is built from IEEE basic operations (``+ - * /``, ``rint``, ``ldexp``), each
-correctly rounded and so identical everywhere, in an order fixed by the code:
+machine: a parity verdict may change only because a backend's own output changed. numpy's matmul goes through the
+local BLAS, whose accumulation order (and so its last bits) differs between kernels (``OPENBLAS_CORETYPE=Haswell``,
+``Sandybridge``, ``Nehalem`` give different float32 and float64 products), and numpy's ``tanh``/``exp`` dispatch to
+SIMD versions chosen by the CPU. Everything here is built from IEEE basic operations (``+ - * /``, ``rint``,
+``ldexp``), each correctly rounded and so identical everywhere, in an order fixed by the code:
 
 :func:`matmul64` (the golden's products)
     Ozaki's error-free splitting. Each row of ``a`` (column of ``b``) is cut into :data:`SLICES` slices of integers
@@ -71,14 +70,19 @@ def _scaled(m: np.ndarray, row_exp: np.ndarray, col_exp: np.ndarray) -> np.ndarr
     return np.ldexp(m, row_exp[:, None] + col_exp[None, :])
 
 
+def _operands(name: str, a: np.ndarray, b: np.ndarray, dtype: type[np.floating]) -> tuple[np.ndarray, np.ndarray]:
+    """``a [m, k]`` and ``b [k, n]`` as contiguous ``dtype`` arrays; a ValueError naming ``name`` otherwise."""
+    a, b = np.ascontiguousarray(a, dtype=dtype), np.ascontiguousarray(b, dtype=dtype)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"{name} needs [m, k] @ [k, n]; got {list(a.shape)} @ {list(b.shape)}")
+    return a, b
+
+
 def matmul64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a [m, k] @ b [k, n]`` in float64, the same bits on every machine (see the module docstring).
 
     Inputs must be finite. Slice products are summed from the smallest (``s + t = SLICES + 1``) to the largest."""
-    a64 = np.ascontiguousarray(a, dtype=np.float64)
-    b64 = np.ascontiguousarray(b, dtype=np.float64)
-    if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[0]:
-        raise ValueError(f"matmul64 needs [m, k] @ [k, n]; got {list(a64.shape)} @ {list(b64.shape)}")
+    a64, b64 = _operands("matmul64", a, b, np.float64)
     if not (np.all(np.isfinite(a64)) and np.all(np.isfinite(b64))):
         raise ValueError("matmul64 needs finite inputs")
     k = a64.shape[1]
@@ -87,11 +91,8 @@ def matmul64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     sb = _split_rows(np.ascontiguousarray(b64.T), beta)  # columns of b as rows
     out = np.zeros((a64.shape[0], b64.shape[1]))
     for level in range(SLICES + 1, 1, -1):  # s + t = level, smallest terms first
-        for s in range(1, level):
-            t = level - s
-            if s > SLICES or t > SLICES:
-                continue
-            (ia, ea), (ib, eb) = sa[s - 1], sb[t - 1]
+        for s in range(max(1, level - SLICES), level):  # both slices at most SLICES
+            (ia, ea), (ib, eb) = sa[s - 1], sb[level - s - 1]
             exact = ia @ ib.T  # integers: every partial sum below 2**53, so exact in any order
             out += _scaled(exact, ea, eb)
     return out
@@ -109,10 +110,7 @@ def matmul32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     rank-one update per ``k`` on :data:`_ROWS` rows at a time: ``prod = fl32(a_ip b_pj)`` then ``acc = fl32(acc +
     prod)``, numpy's float32 multiply and add, each correctly rounded. About 4 GFLOP/s here: 0.6 s for a
     1024 x 768 x 3072 product."""
-    a32 = np.ascontiguousarray(a, dtype=np.float32)
-    b32 = np.ascontiguousarray(b, dtype=np.float32)
-    if a32.ndim != 2 or b32.ndim != 2 or a32.shape[1] != b32.shape[0]:
-        raise ValueError(f"matmul32 needs [m, k] @ [k, n]; got {list(a32.shape)} @ {list(b32.shape)}")
+    a32, b32 = _operands("matmul32", a, b, np.float32)
     m, k = a32.shape
     out = np.zeros((m, b32.shape[1]), dtype=np.float32)
     for i0 in range(0, m, _ROWS):

@@ -137,8 +137,7 @@ class LazyReference(Mapping[str, np.ndarray]):
 
     def _computed(self, backward: bool) -> dict[str, np.ndarray]:
         case = self._p.case
-        what = {"case": _case_meta(case), "generator_version": GENERATOR_VERSION}
-        name = datacache.key("reference" if backward else "reference-fwd", what)
+        name = datacache.key("reference" if backward else "reference-fwd", _identity(case))
         cached = datacache.load(name)
         if cached is not None:
             return cached
@@ -181,16 +180,17 @@ def _case_meta(case: Case) -> dict[str, object]:
     return dict(to_json(case))
 
 
+def _identity(case: Case) -> dict[str, object]:
+    """What a case's generated data is a function of: the case and the generator's version."""
+    return {"case": _case_meta(case), "generator_version": GENERATOR_VERSION}
+
+
 def serialize(golden: Golden) -> bytes:
     """Safetensors bytes of a golden case (deterministic: same case, same bytes)."""
     from safetensors.numpy import save
 
     # one metadata key: safetensors keeps metadata in a hash map, whose order differs between processes
-    meta = {
-        "fusion_compare": json.dumps(
-            {"case": _case_meta(golden.case), "generator_version": GENERATOR_VERSION}, sort_keys=True
-        )
-    }
+    meta = {"fusion_compare": json.dumps(_identity(golden.case), sort_keys=True)}
     return save(_to_tensors(golden), metadata=meta)
 
 

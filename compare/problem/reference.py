@@ -85,9 +85,7 @@ class Arith:
 
     @property
     def act_dtype(self) -> str | None:
-        if self.dtype is None:
-            return None
-        return self.act_in or "float32"
+        return None if self.dtype is None else self.act_in or "float32"
 
     @staticmethod
     def exact() -> Arith:
@@ -105,7 +103,8 @@ class Arith:
         return np.float64 if self.dtype is None else np.float32
 
     def rnd(self, a: np.ndarray, out: bool = False) -> np.ndarray:
-        """``a`` rounded as a materialised tensor (``out``: an output, rounded only when ``final``)."""
+        """``a`` (a GEMM's result, or an elementwise kernel's evaluated in float64) rounded as a materialised tensor
+        (``out``: an output, rounded only when ``final``)."""
         if self.dtype is None:
             return np.asarray(a, dtype=np.float64)
         if out and not self.final:
@@ -113,9 +112,7 @@ class Arith:
         return round_to_dtype(a, self.dtype if out or self.inner is None else self.inner)
 
     def _gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        if self.dtype is None:
-            return (self.gemm or fixedbits.matmul64)(a, b)
-        return (self.gemm or fixedbits.matmul32)(a, b)
+        return (self.gemm or (fixedbits.matmul64 if self.dtype is None else fixedbits.matmul32))(a, b)
 
     def mm(self, a: np.ndarray, b: np.ndarray, out: bool = False) -> np.ndarray:
         """``a @ b`` accumulated in ``acc``, rounded once on output (as a GEMM writes it)."""
@@ -129,10 +126,6 @@ class Arith:
         """``a [T, n]`` summed over its rows (a bias gradient: a sum over the tokens) in ``acc``, rounded once."""
         ones = np.ones((1, a.shape[0]))
         return self.rnd(self._gemm(ones, a)[0], out=True)
-
-    def ew(self, a: np.ndarray, out: bool = False) -> np.ndarray:
-        """Round the result of an elementwise kernel (``a`` evaluated in float64)."""
-        return self.rnd(a, out)
 
 
 Activation = Callable[[np.ndarray], np.ndarray]
@@ -200,8 +193,7 @@ def linear_fwd_bwd(
     """``y = x @ W.T + b`` and, given ``dy``, its gradients. ``x [T, in]``, ``y, dy [T, out]`` (no activation:
     ``acts`` is ignored)."""
     w, b = params["weight"], params["bias"]
-    y = ar.addmm(x, w, b, out=True)
-    out = {"y": y}
+    out = {"y": ar.addmm(x, w, b, out=True)}
     if dy is not None:
         out["dx"] = ar.mm(dy, w, out=True)
         out["dweight"] = ar.mm(dy.T, x, out=True)
@@ -211,10 +203,7 @@ def linear_fwd_bwd(
 
 #: GELU forms: ``tanh`` is the model's (the blog post's ``approximate="tanh"``); ``erf`` is the exact form, used only to
 #: ask whether the parity gate can tell the two apart (``compare.gate.resolution``).
-GELU_FORMS: dict[str, Activations] = {
-    "tanh": (gelu_tanh, gelu_tanh_grad),
-    "erf": (gelu_erf, gelu_erf_grad),
-}
+GELU_FORMS: dict[str, Activations] = {"tanh": (gelu_tanh, gelu_tanh_grad), "erf": (gelu_erf, gelu_erf_grad)}
 
 
 def ulps_off(fn: Activation, ulps: int, seed: int | None, lo: float, hi: float) -> Activation:
@@ -350,42 +339,30 @@ def activations_in(
     return gelu_d, gelu_grad_d
 
 
-def _glu_fwd_bwd(
-    x: np.ndarray,
-    params: dict[str, np.ndarray],
-    dy: np.ndarray | None,
-    ar: Arith,
-    act: Activation,
-    act_grad: Activation,
-) -> dict[str, np.ndarray]:
-    """A gated MLP ``y = down(act(gate(x)) * up(x))`` forward and, given ``dy``, backward. ``x, y, dy [T, dim]``;
-    ``g, u, h [T, hidden]``. The activation and its derivative are evaluated in ``acc`` and rounded once."""
-    wg, wu, wd = params["gate"], params["up"], params["down"]
-    g = ar.mm(x, wg.T)
-    u = ar.mm(x, wu.T)
-    a = ar.ew(act(g))
-    h = ar.ew(_f64(a) * u)
-    y = ar.mm(h, wd.T, out=True)
-    out = {"y": y}
-    if dy is not None:
-        dh = ar.mm(dy, wd)
-        out["ddown"] = ar.mm(dy.T, h, out=True)
-        du = ar.ew(_f64(dh) * a)
-        da = ar.ew(_f64(dh) * u)
-        dg = ar.ew(_f64(da) * act_grad(g))
-        # two GEMMs, each written rounded, then added (in float64: exact for two float32 values) and rounded
-        out["dx"] = ar.ew(_f64(ar.mm(dg, wg)) + ar.mm(du, wu), out=True)
-        out["dgate"] = ar.mm(dg.T, x, out=True)
-        out["dup"] = ar.mm(du.T, x, out=True)
-    return out
-
-
 def glu_fwd_bwd(
     x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith, acts: Activations
 ) -> dict[str, np.ndarray]:
-    """GeGLU (``acts`` a GELU) or SwiGLU (SiLU) MLP forward and, given ``dy``, backward. ``x, y, dy [T, dim]``;
-    ``g, u, h [T, hidden]``."""
-    return _glu_fwd_bwd(x, params, dy, ar, *acts)
+    """GeGLU (``acts`` a GELU) or SwiGLU (SiLU) MLP ``y = down(act(gate(x)) * up(x))`` forward and, given ``dy``,
+    backward. ``x, y, dy [T, dim]``; ``g, u, h [T, hidden]``. The activation and its derivative are evaluated in
+    ``acc`` and rounded once."""
+    act, act_grad = acts
+    wg, wu, wd = params["gate"], params["up"], params["down"]
+    g = ar.mm(x, wg.T)
+    u = ar.mm(x, wu.T)
+    a = ar.rnd(act(g))
+    h = ar.rnd(_f64(a) * u)
+    out = {"y": ar.mm(h, wd.T, out=True)}
+    if dy is not None:
+        dh = ar.mm(dy, wd)
+        out["ddown"] = ar.mm(dy.T, h, out=True)
+        du = ar.rnd(_f64(dh) * a)
+        da = ar.rnd(_f64(dh) * u)
+        dg = ar.rnd(_f64(da) * act_grad(g))
+        # two GEMMs, each written rounded, then added (in float64: exact for two float32 values) and rounded
+        out["dx"] = ar.rnd(_f64(ar.mm(dg, wg)) + ar.mm(du, wu), out=True)
+        out["dgate"] = ar.mm(dg.T, x, out=True)
+        out["dup"] = ar.mm(du.T, x, out=True)
+    return out
 
 
 def gelu_mlp_fwd_bwd(
@@ -398,26 +375,20 @@ def gelu_mlp_fwd_bwd(
     act, act_grad = acts
     w1, b1, w2, b2 = params["fc1"], params["b1"], params["fc2"], params["b2"]
     f = ar.addmm(x, w1, b1)
-    a = ar.ew(act(f))
-    y = ar.addmm(a, w2, b2, out=True)
-    out = {"y": y}
+    a = ar.rnd(act(f))
+    out = {"y": ar.addmm(a, w2, b2, out=True)}
     if dy is not None:
         da = ar.mm(dy, w2)
         out["dfc2"] = ar.mm(dy.T, a, out=True)
         out["db2"] = ar.colsum(dy)
-        df = ar.ew(_f64(da) * act_grad(f))
+        df = ar.rnd(_f64(da) * act_grad(f))
         out["dx"] = ar.mm(df, w1, out=True)
         out["dfc1"] = ar.mm(df.T, x, out=True)
         out["db1"] = ar.colsum(df)
     return out
 
 
-FORWARD_BACKWARD = {
-    "linear": linear_fwd_bwd,
-    "geglu": glu_fwd_bwd,
-    "swiglu": glu_fwd_bwd,
-    "gelu-mlp": gelu_mlp_fwd_bwd,
-}
+FORWARD_BACKWARD = {"linear": linear_fwd_bwd, "geglu": glu_fwd_bwd, "swiglu": glu_fwd_bwd, "gelu-mlp": gelu_mlp_fwd_bwd}
 
 
 def activations(model: str, gelu: str = "tanh", dtype: str | None = None) -> Activations:

@@ -36,15 +36,14 @@ def sweep_goldens(make: GoldenFactory, tokens: Sequence[int]) -> list[Golden]:
         out.append(g)
     first = out[0].case
     for g in out[1:]:
-        c = g.case
-        if (c.model, c.dtype, c.shape.dim, c.shape.hidden) != (
-            first.model,
-            first.dtype,
-            first.shape.dim,
-            first.shape.hidden,
-        ):
-            raise InputError(f"a shape sweep varies tokens only; {c.name} differs from {first.name} in more")
+        if _kept(g.case) != _kept(first):
+            raise InputError(f"a shape sweep varies tokens only; {g.case.name} differs from {first.name} in more")
     return out
+
+
+def _kept(case: Case) -> tuple[str, str, int, int]:
+    """What every case of a shape sweep shares."""
+    return case.model, case.dtype, case.shape.dim, case.shape.hidden
 
 
 def row_fields(case: Case) -> dict[str, Any]:

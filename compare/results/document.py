@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,9 +157,7 @@ class Results:
 
     def summary(self) -> str:
         """Counts by status, e.g. ``3 ok, 1 skipped``."""
-        counts: dict[str, int] = {}
-        for r in self.results:
-            counts[r.status] = counts.get(r.status, 0) + 1
+        counts = Counter(r.status for r in self.results)
         return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
 
 

@@ -83,12 +83,9 @@ def xla_max_isa(xla_flags: str) -> str:
 
 def isa_caps(environ: Mapping[str, str]) -> dict[str, str]:
     """Every :data:`ISA_CAP_VARS` cap as ``environ`` sets it (``""``: unset, the library picks the widest it can)."""
-    return {
-        "OPENBLAS_CORETYPE": environ.get("OPENBLAS_CORETYPE", ""),
-        "xla_cpu_max_isa": xla_max_isa(environ.get("XLA_FLAGS", "")),
-        "ATEN_CPU_CAPABILITY": environ.get("ATEN_CPU_CAPABILITY", ""),
-        "MKL_CBWR": environ.get("MKL_CBWR", ""),
-    }
+    caps = {var: environ.get(var, "") for var in ISA_CAP_VARS}
+    caps["xla_cpu_max_isa"] = xla_max_isa(environ.get("XLA_FLAGS", ""))
+    return caps
 
 
 def _openblas_paths() -> list[str]:

@@ -22,6 +22,7 @@ step (``compare.cost.records.Cost.saved``) are compared with it byte for byte by
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -130,10 +131,7 @@ def _spell_model(saved: Sequence[tuple[str, int]]) -> str:
 
 def _spell_measured(s: Saved) -> str:
     """The measured tensors, alike ones (label, shape, bytes) once with their count (``2 x Mm 1024x3072 8 B``)."""
-    alike: dict[tuple[str, str, int], int] = {}
-    for t in s.tensors:
-        k = (t.label, "x".join(map(str, t.shape)), t.bytes)
-        alike[k] = alike.get(k, 0) + 1
+    alike = Counter((t.label, "x".join(map(str, t.shape)), t.bytes) for t in s.tensors)
     return " + ".join(f"{f'{n} x ' if n > 1 else ''}{lab} {shape} {b:,} B" for (lab, shape, b), n in alike.items()) or (
         "nothing"
     )

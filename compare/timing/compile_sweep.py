@@ -57,27 +57,23 @@ Row = dict[str, Any]
 
 
 class CompileCounter(Protocol):
-    """A framework's compile counter, read around each shape's first call and around its timed samples."""
+    """A framework's compile counter, read around each shape's first call and around its timed samples. ``start``:
+    a new window begins (the first call, then the timed samples), forget what was seen before it; ``count``: the
+    compilations counted so far in this process (only differences are used); ``first_call_fields``: extra row fields
+    read from the first call's window (``{}`` for none), placed after ``compile_counter``; ``moved(since)``: ``""``
+    when nothing compiled in this window since ``count()`` was ``since``, else what compiled (for the error, e.g.
+    ``"1 more graph(s)"``)."""
 
     #: What the count reads (each row's ``compile_counter``).
     description: str
 
-    def start(self) -> None:
-        """A new window begins (the first call, then the timed samples): forget what was seen before it."""
-        ...
+    def start(self) -> None: ...
 
-    def count(self) -> int:
-        """Compilations counted so far in this process (only differences are used)."""
-        ...
+    def count(self) -> int: ...
 
-    def first_call_fields(self) -> dict[str, Any]:
-        """Extra row fields read from the first call's window (``{}`` for none), placed after ``compile_counter``."""
-        ...
+    def first_call_fields(self) -> dict[str, Any]: ...
 
-    def moved(self, since: int) -> str:
-        """``""`` when nothing compiled in this window since ``count()`` was ``since``; else what compiled (for
-        the error, e.g. ``"1 more graph(s)"``)."""
-        ...
+    def moved(self, since: int) -> str: ...
 
 
 def goldens(make: GoldenFactory, tokens: Sequence[int], mode: str) -> list[Golden]:

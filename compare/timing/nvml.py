@@ -3,11 +3,10 @@
 NVML is called through NVIDIA's own binding, ``pynvml`` (the ``nvidia-ml-py`` package: pure Python, it loads
 ``libnvidia-ml.so.1`` only when NVML is initialised, so this module imports on any machine). Three layers:
 
-- :func:`open_device`: the few pynvml calls the watch makes, each failing one an :class:`NvmlError` naming the
-  function and NVML's code; it never raises for "no GPU here" (no driver, NVML failing to initialise, no such
-  device): it returns :class:`Unavailable` with the reason instead;
-- :class:`NvmlDevice`, the handful of per-device reads the watch makes, so that a scripted device
-  (``tests/fake_nvml.py``, used by the tests and by ``scripts/gpu_timing_check.py --fake``) stands in for a GPU;
+- :func:`open_device`: a GPU through pynvml, each failing call an :class:`NvmlError` naming the function and NVML's
+  code; "no GPU here" (no driver, NVML failing to initialise, no such device) is :class:`Unavailable`, never raised;
+- :class:`NvmlDevice`, the per-device reads the watch makes, so that a scripted device (``tests/fake_nvml.py``, used
+  by the tests and by ``scripts/gpu_timing_check.py --fake``) stands in for a GPU;
 - :class:`NvmlWatch`, which the shared timer calls around every timed block: a background thread samples the device
   every ``period_s`` (each sample stamped with ``time.perf_counter()``, the timer's clock), and each sample is
   attributed to the entrant (backend) whose block contains it. The timed thread itself reads nothing from the
@@ -57,23 +56,15 @@ from compare.formats.codec import to_json
 #: The library pynvml loads on Linux (installed by every NVIDIA driver), named in the "no driver" reason.
 NVML_LIBRARY = "libnvidia-ml.so.1"
 
-#: The clock event (throttle) reason bits, named as in the results.
-THROTTLE_BITS: dict[int, str] = {
-    pynvml.nvmlClocksEventReasonGpuIdle: "GpuIdle",
-    pynvml.nvmlClocksEventReasonApplicationsClocksSetting: "ApplicationsClocksSetting",
-    pynvml.nvmlClocksEventReasonSwPowerCap: "SwPowerCap",
-    pynvml.nvmlClocksEventReasonHwSlowdown: "HwSlowdown",
-    pynvml.nvmlClocksEventReasonSyncBoost: "SyncBoost",
-    pynvml.nvmlClocksEventReasonSwThermalSlowdown: "SwThermalSlowdown",
-    pynvml.nvmlClocksEventReasonHwThermalSlowdown: "HwThermalSlowdown",
-    pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown: "HwPowerBrakeSlowdown",
-    pynvml.nvmlClocksEventReasonDisplayClockSetting: "DisplayClockSetting",
-}
-#: The reasons that slow the clocks down against what the workload asks for: any of them makes an entrant
-#: ``throttled``. The other bits (idle, application clocks, sync boost, display clock) are notes.
+#: The clock event reasons that slow the clocks down against what the workload asks for: any of them makes an
+#: entrant ``throttled``. The others (:data:`CLOCK_NOTES`: idle, application clocks, sync boost, display clock) are
+#: notes.
 SLOWDOWNS: frozenset[str] = frozenset(
     {"SwPowerCap", "HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"}
 )
+CLOCK_NOTES: tuple[str, ...] = ("GpuIdle", "ApplicationsClocksSetting", "SyncBoost", "DisplayClockSetting")
+#: The clock event (throttle) reason bits, named as in the results (pynvml's ``nvmlClocksEventReason<name>``).
+THROTTLE_BITS: dict[int, str] = {getattr(pynvml, f"nvmlClocksEventReason{n}"): n for n in (*CLOCK_NOTES, *SLOWDOWNS)}
 
 #: Energy is unreliable when an entrant's blocks add up to fewer sampling periods than this.
 MIN_ENERGY_PERIODS = 10
@@ -82,13 +73,8 @@ SOURCE_NVML, SOURCE_FAKE = "nvml", "fake-nvml"
 
 def reason_names(mask: int) -> list[str]:
     """The names of the reason bits set in ``mask``, in bit order; an unnamed bit as ``Unknown0x...``."""
-    out = []
-    bit = 1
-    while bit <= mask:
-        if mask & bit:
-            out.append(THROTTLE_BITS.get(bit, f"Unknown{bit:#x}"))
-        bit <<= 1
-    return out
+    bits = [1 << i for i in range(mask.bit_length()) if mask >> i & 1]
+    return [THROTTLE_BITS.get(bit, f"Unknown{bit:#x}") for bit in bits]
 
 
 class NvmlError(RuntimeError):
@@ -113,48 +99,31 @@ def _call(function: str, *args: Any) -> Any:
 
 
 class NvmlDevice(Protocol):
-    """The per-device reads the watch makes. Each read raises :class:`NvmlError` when the device refuses it.
-
+    """The per-device reads the watch makes, each raising :class:`NvmlError` when the device refuses it: the product
+    name ("NVIDIA H200"), clocks (MHz), power (mW), temperature (degrees C), throttle reasons (a bitmask of
+    :data:`THROTTLE_BITS`) and the total-energy counter (mJ since the driver loaded; None when the device has none,
+    ``energy_absent_reason`` says why). ``close`` releases the device (``nvmlShutdown`` for a real one), idempotent.
     ``source`` says what answers: ``"nvml"`` (a GPU through the driver) or ``"fake-nvml"`` (a script)."""
 
     source: str
 
-    def name(self) -> str:
-        """The device's product name ("NVIDIA H200")."""
-        ...
+    def name(self) -> str: ...
 
-    def sm_clock_mhz(self) -> int:
-        """The current SM clock, MHz."""
-        ...
+    def sm_clock_mhz(self) -> int: ...
 
-    def mem_clock_mhz(self) -> int:
-        """The current memory clock, MHz."""
-        ...
+    def mem_clock_mhz(self) -> int: ...
 
-    def power_mw(self) -> int:
-        """The power draw, mW (averaged over the last second on Ampere and later, but GA100)."""
-        ...
+    def power_mw(self) -> int: ...
 
-    def temperature_c(self) -> int:
-        """The GPU core temperature, degrees C."""
-        ...
+    def temperature_c(self) -> int: ...
 
-    def throttle_reasons(self) -> int:
-        """The current clock throttle reasons, a bitmask of :data:`THROTTLE_BITS`."""
-        ...
+    def throttle_reasons(self) -> int: ...
 
-    def energy_mj(self) -> int | None:
-        """The total-energy counter, mJ since the driver loaded; None when the device has none (see
-        :meth:`energy_absent_reason`)."""
-        ...
+    def energy_mj(self) -> int | None: ...
 
-    def energy_absent_reason(self) -> str | None:
-        """Why the device has no energy counter; None when it has one."""
-        ...
+    def energy_absent_reason(self) -> str | None: ...
 
-    def close(self) -> None:
-        """Release the device (NVML's ``nvmlShutdown`` for a real one); idempotent."""
-        ...
+    def close(self) -> None: ...
 
 
 #: The clock event reasons under their current name, then under the name older drivers have.
@@ -396,10 +365,6 @@ class NvmlWatch:
         self._notes: list[str] = []
         self._name = ""
         self._energy_reason: str | None = None
-
-    @property
-    def period_s(self) -> float:
-        return self._period_s
 
     def _failed(self, quantity: str, exc: Exception) -> None:
         with self._lock:

@@ -165,6 +165,15 @@ def _run_block(fn: Callable[[], Any], sync: Callable[[Any], None], calls: int, f
     return t1 - t0
 
 
+def _checked(min_samples: int, warmup: int, min_sample_s: float) -> float:
+    """Refuse settings a warm timing cannot work with; the block length, at least 1e4 clock ticks."""
+    if min_samples < 5:
+        raise ValueError(f"min_samples must be at least 5, got {min_samples}")
+    if warmup < 1:
+        raise ValueError(f"warmup must be at least 1 (it sizes the sample block), got {warmup}")
+    return max(min_sample_s, 1e4 * CLOCK_RESOLUTION_S)
+
+
 def first_call(fn: Callable[[], Any], sync: Callable[[Any], None]) -> tuple[float, Any]:
     """Time the first call alone (compile + run for compiled backends); return (seconds, its output)."""
     t0 = CLOCK()
@@ -193,11 +202,7 @@ def measure(
     (the harness judges some of them, chosen after the fact). ``agree`` makes the
     measurement collective over a group of processes (module docstring); every process must pass the same arguments.
     """
-    if min_samples < 5:
-        raise ValueError(f"min_samples must be at least 5, got {min_samples}")
-    if warmup < 1:
-        raise ValueError(f"warmup must be at least 1 (it sizes the sample block), got {warmup}")
-    min_sample_s = max(min_sample_s, 1e4 * CLOCK_RESOLUTION_S)
+    min_sample_s = _checked(min_samples, warmup, min_sample_s)
     together = agree if agree is not None else list
     first = first_call(fn, sync)[0] if first_call_s is None else first_call_s
     fastest = float("inf")
@@ -212,19 +217,7 @@ def measure(
         samples.append(_run_block(fn, sync, calls, feed) / calls)
         wanted = len(samples) < min_samples or (CLOCK() - start < budget_s and len(samples) < max_samples)
         more = together([1.0 if wanted else 0.0])[0] > 0.0
-    samples = together(samples)
-    q1, med, q3 = quartiles(samples)
-    return Timing(
-        median_s=med,
-        iqr_s=q3 - q1,
-        min_s=min(samples),
-        max_s=max(samples),
-        n=len(samples),
-        calls_per_sample=calls,
-        first_call_s=first,
-        warmup_calls=warmup,
-        samples_s=tuple(samples),
-    )
+    return _timing(together(samples), calls, first, warmup, CONTIGUOUS, "", [])
 
 
 @dataclass(frozen=True)
@@ -309,10 +302,10 @@ def _sized_blocks(
     return shared_block_sizes(needed)
 
 
-def _in_rounds(
-    samples: list[float], rounds: list[int], calls: int, first_s: float, warmup: int, design: str, group: str
+def _timing(
+    samples: list[float], calls: int, first_s: float, warmup: int, design: str, group: str, rounds: list[int]
 ) -> Timing:
-    """The :class:`Timing` of one entrant of a group timed in rounds (interleaved or cold)."""
+    """The :class:`Timing` of per-call ``samples``: contiguous, or of one entrant of a group timed in rounds."""
     q1, med, q3 = quartiles(samples)
     return Timing(
         median_s=med,
@@ -328,6 +321,51 @@ def _in_rounds(
         group=group,
         rounds=tuple(rounds),
     )
+
+
+def _rounds(
+    entrants: Sequence[Entrant],
+    calls: list[int],
+    outcome: list[BaseException | None],
+    rng: random.Random,
+    watch: Watch | None,
+    min_samples: int,
+    max_samples: int,
+    budget_s: float,
+    before: Callable[[], None] | None = None,
+) -> tuple[list[list[float]], list[list[int]]]:
+    """The sampling rounds of a group (interleaved or cold): per round, one block of ``calls[i]`` calls of every
+    entrant still in, in an order drawn from ``rng`` (``before`` runs ahead of each block, outside its time), until
+    each has ``min_samples`` samples, then while the rounds stay under ``budget_s`` per entrant and ``max_samples``.
+    An entrant whose block raises (its step, or ``before``, named by its type) has the exception as its ``outcome``
+    and leaves the rotation. Per entrant: its per-call samples and each one's round."""
+    n = len(entrants)
+    samples: list[list[float]] = [[] for _ in range(n)]
+    rounds: list[list[int]] = [[] for _ in range(n)]
+    start = CLOCK()
+    r = 0
+    if watch is not None:
+        watch.start(n)
+    while True:
+        live = [i for i in range(n) if outcome[i] is None]
+        if not live:
+            break
+        enough = all(len(samples[i]) >= min_samples for i in live)
+        if enough and (CLOCK() - start >= budget_s * len(live) or r >= max_samples):
+            break
+        for i in _shuffled(live, rng):
+            e = entrants[i]
+            try:
+                t0, t1 = _timed_block(e.fn, e.sync, calls[i], e.feed, before)
+            except Exception as exc:  # this entrant's failure, recorded as its outcome
+                outcome[i] = exc
+                continue
+            samples[i].append((t1 - t0) / calls[i])
+            rounds[i].append(r)
+            if watch is not None:
+                watch.block(i, t0, t1, calls[i])
+        r += 1
+    return samples, rounds
 
 
 def measure_interleaved(
@@ -347,11 +385,7 @@ def measure_interleaved(
     step raised (it leaves the rotation; the others go on). ``seed`` draws the orders (any fixed value keeps the
     test exact: what matters is that the order does not depend on the load). ``budget_s`` is per entrant.
     ``watch`` (:class:`Watch`) is told of every timed block; the caller reads its records with ``watch.stop()``."""
-    if min_samples < 5:
-        raise ValueError(f"min_samples must be at least 5, got {min_samples}")
-    if warmup < 1:
-        raise ValueError(f"warmup must be at least 1 (it sizes the sample block), got {warmup}")
-    min_sample_s = max(min_sample_s, 1e4 * CLOCK_RESOLUTION_S)
+    min_sample_s = _checked(min_samples, warmup, min_sample_s)
     n = len(entrants)
     outcome: list[BaseException | None] = [None] * n
     rng = random.Random(seed)
@@ -364,36 +398,11 @@ def measure_interleaved(
             except Exception as exc:  # this entrant's failure, recorded as its outcome
                 outcome[i] = exc
     calls = _sized_blocks(entrants, outcome, warm, min_sample_s, rng)
-    samples: list[list[float]] = [[] for _ in range(n)]
-    rounds: list[list[int]] = [[] for _ in range(n)]
-    start = CLOCK()
-    r = 0
-    if watch is not None:
-        watch.start(n)
-    while True:
-        live = [i for i in range(n) if outcome[i] is None]
-        if not live:
-            break
-        short = any(len(samples[i]) < min_samples for i in live)
-        if not short and (CLOCK() - start >= budget_s * len(live) or r >= max_samples):
-            break
-        rng.shuffle(live)
-        for i in live:
-            e = entrants[i]
-            try:
-                t0, t1 = _timed_block(e.fn, e.sync, calls[i], e.feed)
-            except Exception as exc:
-                outcome[i] = exc
-                continue
-            samples[i].append((t1 - t0) / calls[i])
-            rounds[i].append(r)
-            if watch is not None:
-                watch.block(i, t0, t1, calls[i])
-        r += 1
+    samples, rounds = _rounds(entrants, calls, outcome, rng, watch, min_samples, max_samples, budget_s)
     return [
         err
         if (err := outcome[i]) is not None
-        else _in_rounds(samples[i], rounds[i], calls[i], e.first_call_s, warmup, INTERLEAVED, group)
+        else _timing(samples[i], calls[i], e.first_call_s, warmup, INTERLEAVED, group, rounds[i])
         for i, e in enumerate(entrants)
     ]
 
@@ -421,39 +430,11 @@ def measure_cold(
     exception its step raised."""
     if min_samples < 1:
         raise ValueError(f"min_samples must be at least 1, got {min_samples}")
-    n = len(entrants)
-    outcome: list[BaseException | None] = [None] * n
-    samples: list[list[float]] = [[] for _ in range(n)]
-    rounds: list[list[int]] = [[] for _ in range(n)]
+    outcome: list[BaseException | None] = [None] * len(entrants)
+    calls = [1] * len(entrants)
     rng = random.Random(seed)
-    start = CLOCK()
-    r = 0
-    if watch is not None:
-        watch.start(n)
-    while True:
-        live = [i for i in range(n) if outcome[i] is None]
-        if not live:
-            break
-        enough = all(len(samples[i]) >= min_samples for i in live)
-        if enough and (CLOCK() - start >= budget_s * len(live) or r >= max_samples):
-            break
-        for i in _shuffled(live, rng):
-            e = entrants[i]
-            try:
-                t0, t1 = _timed_block(e.fn, e.sync, 1, e.feed, before=flush)
-            except Exception as exc:  # this entrant's failure (or the flush's, named by its type), recorded
-                outcome[i] = exc
-                continue
-            samples[i].append(t1 - t0)
-            rounds[i].append(r)
-            if watch is not None:
-                watch.block(i, t0, t1, 1)
-        r += 1
-    out_: list[Timing | BaseException] = []
-    for i, e in enumerate(entrants):
-        err = outcome[i]
-        if err is not None:
-            out_.append(err)
-            continue
-        out_.append(_in_rounds(samples[i], rounds[i], 1, e.first_call_s, 0, COLD, group))
-    return out_
+    samples, rounds = _rounds(entrants, calls, outcome, rng, watch, min_samples, max_samples, budget_s, flush)
+    return [
+        err if (err := outcome[i]) is not None else _timing(samples[i], 1, e.first_call_s, 0, COLD, group, rounds[i])
+        for i, e in enumerate(entrants)
+    ]
