@@ -5,15 +5,12 @@ report's timing section).
 What it can cut, and what it cannot:
 
 - **cut**: the ceiling probes' sampling time; each group's sampling budget, its minimum samples and warm-up calls;
-  a step too slow for its share is timed on fewer samples, then, if even that does not fit, not timed beyond its
-  first call (its parity is still judged), nor run again to profile it or record its memory; the cold samples of
-  a step too slow for them; the profile of a step too slow for its part (one warm-up and one profiled step instead
-  of five calls, where the backend has that quick profile); the compile-cost sweep's token list (its smallest and
-  largest counts kept) and its sampling per shape;
-- **not cut**: parity, and the core comparison's rounds (:func:`timing_plan`). Every backend's first call and
-  its calls on the harness's inputs (a timed step's, or an untimed one's single call) run whatever the budget (the
-  interpreted ones' verdicts may come from ``compare.run.parity_cache``); compiles; golden data and the plain
-  computation (cached on disk after their first run).
+  a step too slow for its share is timed on fewer samples, then not timed beyond its first calls (its parity is
+  still judged), nor run again to profile it or record its memory; the cold samples of a step too slow for them;
+  the profile of a step too slow for its part (its quick profile, where the backend has one); the compile-cost
+  sweep's token list (its smallest and largest counts kept) and its sampling per shape;
+- **not cut**: parity (every first call and every call on the harness's inputs), the core comparison's rounds
+  (:func:`timing_plan`), compiles, golden data and the plain computation (cached on disk after their first run).
 
 So a budget below what parity alone costs on this machine is overrun, and the record says by how much. The shares
 are fractions of the whole (:data:`SHARES`), each group's part of the timing share the same; a phase that finishes
@@ -52,17 +49,13 @@ FLOOR = 0.5
 CLOCK: Callable[[], float] = time.monotonic
 
 
-def _now() -> float:
-    return CLOCK()
-
-
 @dataclass
 class Budget:
     """A run's budget of ``total_s`` seconds from ``start`` (``time.monotonic``). Phases ask for their part with
     :meth:`part`, say what they cut with :meth:`cut` and run inside :meth:`phase`, which counts their seconds."""
 
     total_s: float
-    start: float = field(default_factory=_now)
+    start: float = field(default_factory=lambda: CLOCK())
     cuts: list[str] = field(default_factory=list)
     #: seconds spent inside each phase so far, in the order they first ran
     spent_in: dict[str, float] = field(default_factory=dict)
@@ -150,14 +143,12 @@ def timing_plan(
     the cold samples' budget per entrant, and the indices of the steps timed (warm, when ``warm``) and of those timed
     cold (``flush_s``: each cold sample's flush; None: no cold samples); every cut said to ``b``.
 
-    The part is split between the warm samples and the cold (:func:`split`: each kind's floor first, then halves).
-    The core comparison (every core step: the baselines, each framework's compilers and every other timed backend,
-    not the twins) is paid first: warm-up, sizing and the paired test's :data:`~compare.timing.significance.MIN_PAIRS`
-    rounds, over the part if it must be, and the overrun is said; it is never cut. A twin that cannot fit its floor
-    (warm-up, sizing and :data:`MIN_SAMPLES`) in what is left is not timed beyond its first calls. A group whose
-    slowest step cannot fit the run's warm-up and minimum samples in its part is given fewer (down to the floor and
-    one warm-up call). The cold part, what the warm floors leave, pays :data:`MIN_SAMPLES` flushed calls of the
-    cheapest steps first, as many as fit; the others get no cold samples (their parity is still judged)."""
+    The part is split between the warm samples and the cold (:func:`split`). The core comparison (every core step:
+    not the twins) is paid first, the paired test's :data:`~compare.timing.significance.MIN_PAIRS` rounds, over the
+    part if it must be (the overrun is said). A twin that cannot fit its floor in what is left is not timed beyond
+    its first calls. A group whose slowest step cannot fit the run's warm-up and minimum samples is given fewer
+    (down to the floor and one warm-up call). The cold part pays :data:`MIN_SAMPLES` flushed calls of the cheapest
+    steps first, as many as fit; the others get no cold samples."""
     everyone = list(range(len(steps)))
     cold_ix, flush = (everyone, flush_s) if flush_s is not None else ([], 0.0)
     core = [i for i in everyone if steps[i].core] if warm else []

@@ -68,9 +68,7 @@ def plain_reference(case: Case, backward: bool = True) -> Plain:
 def model_cost(spec: BackendSpec, case: Case, mode: str) -> Cost | None:
     """The cost model's entry (``compare.cost.model.cost``) for a result; None exactly when the backend's registry
     line names no plan (it is not modelled). Any other problem is an error, not a silently missing row."""
-    if spec.plan is None:
-        return None
-    return cost(case, spec, mode)
+    return None if spec.plan is None else cost(case, spec, mode)
 
 
 def status_of(failures: list[str], deviations: list[str]) -> tuple[str, str]:

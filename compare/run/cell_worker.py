@@ -25,9 +25,6 @@ from compare.run.grid import Cell
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# --- running cells --------------------------------------------------------------------------------------------
-
-
 def run_cell_inprocess(
     s: BackendSpec, cell: Cell, cfg: harness.TimingConfig, plain_refs: dict[str, Any]
 ) -> tuple[document.Result, dict[str, Any]]:

@@ -2,13 +2,11 @@
 the tail of what it wrote to stderr. The one place the tool starts a worker process (sweep cells under
 ``--isolate``, tensor-parallel ranks, GPU-build compile workers).
 
-A child runs in a new session (``start_new_session=True``), so its process group is its own: ending the group ends
-its compile pools, ptxas runs and gloo helpers too, and a signal sent to the tool's own group (Ctrl-C) reaches the
-child only through :meth:`Child.end`. On Linux a worker also dies with the tool (a parent-death signal, SIGKILL, that
-the worker asks for first thing: :func:`die_with_parent`): a tool killed with SIGKILL, which can end nothing itself,
-leaves no worker running. Every child is tracked by ``compare.run.stop``, which kills the groups still running on a
-second signal. Its stderr goes to a file (a pipe would block a chatty child once the pipe's 64 KiB buffer fills
-while nobody reads it); :meth:`Child.tail` reads its last lines back.
+A child's process group is its own (a new session): ending it ends its compile pools, ptxas runs and gloo helpers
+too, and the tool's own Ctrl-C reaches it only through :meth:`Child.end`. On Linux a worker also dies with the tool
+(:func:`die_with_parent`), even one killed with SIGKILL. ``compare.run.stop`` tracks every child and kills the
+groups still running on a second signal. Its stderr goes to a file (a pipe would block a chatty child once its
+64 KiB buffer fills); :meth:`Child.tail` reads its last lines back.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The one conductor of every measurement (``run``, ``profile``, ``sweep``), :meth:`Conductor.conduct`, and its stage
-order: this machine's ceilings per dtype first (:func:`measure_ceilings`, under the budget's ``ceilings`` share),
-before any backend runs; then each executor (:class:`Executor`: the run's ``compare.run.harness.Groups``, one case
-and mode timed together, interleaved, and ``TpGroups``, tensor-parallel worker groups; a sweep's
-``compare.run.sweep.LocalRunner``, in process or a worker process per cell, and ``compare.cluster.ray_engine``) runs
-its cells, each finished one (:class:`Finished`) held to the ceilings (:func:`hold`), stored (``compare.run.store``)
-and said as it finishes. A stop (``compare.run.stop``) ends it between cells with what is done; no cell an executor
-may leave for a rerun starts once the budget is spent.
+order: this machine's ceilings per dtype first (:func:`measure_ceilings`, under the budget's ``ceilings`` share);
+then each executor (:class:`Executor`: the run's ``compare.run.harness.Groups`` and ``TpGroups``, a sweep's
+``compare.run.sweep.LocalRunner`` and ``compare.cluster.ray_engine``) runs its cells, each finished one
+(:class:`Finished`) held to the ceilings (:func:`hold`), stored (``compare.run.store``) and said. A stop
+(``compare.run.stop``) ends it between cells; no cell an executor may leave for a rerun starts once the budget is
+spent.
 """
 
 from __future__ import annotations

@@ -104,6 +104,4 @@ def open_runner(e: Engine, options: EngineOptions) -> Runner:
             raise InputError(
                 f"--engine {e.name} needs the {e.requires} package, which does not import here ({exc}): {e.install}"
             ) from exc
-    module = importlib.import_module(e.target)
-    runner: Runner = module.open_runner(options)
-    return runner
+    return importlib.import_module(e.target).open_runner(options)

@@ -67,11 +67,9 @@ def exit_status(fn: Callable[[], int]) -> int:
         print("interrupted", file=sys.stderr)
         return INTERRUPTED
     except Exception as exc:  # not swallowed: reported as an internal error, with the traceback on request
-        if os.environ.get(DEBUG_ENV):
+        debug = bool(os.environ.get(DEBUG_ENV))
+        if debug:
             traceback.print_exc()
-            print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        else:
-            print(
-                f"internal error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 to see the traceback)", file=sys.stderr
-            )
+        hint = "" if debug else f" (set {DEBUG_ENV}=1 to see the traceback)"
+        print(f"internal error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
         return INTERNAL_ERROR

@@ -7,14 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compare.problem.cases import (
-    MODELS,
-    Case,
-    InputError,
-    Shape,
-    check_name,
-    check_seed,
-)
+from compare.problem.cases import MODELS, Case, InputError, Shape, check_name, check_seed
 
 DEFAULT_TOKENS: tuple[int, ...] = (1, 16, 128, 1024)
 SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -53,13 +46,7 @@ def result_key(r: dict[str, Any]) -> str:
 
 
 def grid_config(
-    model: str,
-    dim: int,
-    hidden: int,
-    tokens: Sequence[int],
-    seq: int = 1,
-    dist: str = "normal",
-    seed: int = 0,
+    model: str, dim: int, hidden: int, tokens: Sequence[int], seq: int = 1, dist: str = "normal", seed: int = 0
 ) -> dict[str, Any]:
     """The ``grid`` part of a sweep's config (validated: a bad size raises :class:`InputError`)."""
     check_name("model", model, MODELS)

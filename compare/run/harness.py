@@ -4,24 +4,19 @@ Every failure is contained to its (backend, case, mode): an exception becomes an
 message, and the other backends' results are still produced. A case the gate cannot judge (its plain computation
 overflows the dtype, or its reference does) makes every cell of that case an ``error`` naming the tensor.
 
-The pipeline of one case (:class:`Groups`, :func:`run`'s in-process executor): its fresh inputs are drawn from a
-seed made at run time (``compare.gate.fresh``); for each mode, every backend is prepared, its first call (golden
-inputs) judged and its second compared with it bit for bit; the timed ones are then timed together, interleaved
-(``compare.timing.timer.measure_interleaved``: load drift hits them alike, and the comparisons between them are
-paired by round), every call on inputs the harness made (``compare.run.pipeline.Feed``: the fresh draw's tokens in
-an order of the call's own), of which each keeps a few, chosen after the fact; an untimed one makes one such call;
+One case (:class:`Groups`, :func:`run`'s in-process executor): its fresh inputs are drawn from a seed made at run
+time (``compare.gate.fresh``); for each mode, every backend is prepared and its first calls judged; the timed ones
+are then timed together, interleaved (``compare.timing.timer.measure_interleaved``: load drift hits them alike,
+and the comparisons are paired by round), every call on inputs the harness made (``compare.run.pipeline.Feed``);
 each is profiled when asked, and released. Only when every step of the case and mode has returned is the fresh
-draw's reference computed (once per case, kept for its later modes; no step is ever given it) and the kept outputs
-judged: a backend that computed its answer from the golden data it could derive from its
-:class:`~compare.problem.golden.Problem`, or that answers a repeated input from memory, fails there. The cells of a
-case and mode then settle together and are stored at once (``compare.run.store``). A timing that implies more FLOP/s
-than ``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measured in the same run makes the result
-``implausible``.
+draw's reference computed (once per case; no step is ever given it) and the kept outputs judged; the cells of a
+case and mode then settle together and are stored at once (``compare.run.store``). A timing that implies more
+FLOP/s than ``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measured in the same run makes the
+result ``implausible``.
 
-Each stage of a cell (skip, refuse a step without ``bind``, first call and its verdict, the calls on the harness's
-inputs, the fresh reference made once per case, the verdicts, the status and the result) is
-``compare.run.pipeline``'s, the same code the tensor-parallel worker (``compare.run.tp_worker``) runs; what is this
-module's own is the order across a case's backends and modes, the interleaved timing and the profile's trace folder.
+Each stage of a cell is ``compare.run.pipeline``'s, the same code the tensor-parallel worker
+(``compare.run.tp_worker``) runs; this module's own are the order across a case's backends and modes, the
+interleaved timing, the budget's cuts and the profile's trace folder.
 """
 
 from __future__ import annotations
@@ -72,9 +67,8 @@ def _summarise_error(exc: BaseException) -> tuple[str, str]:
 
 @dataclass
 class _Cell:
-    """One (backend, case, mode) on its way through the pipeline (``compare.run.pipeline``): started (prepared, first
-    call judged), timed with its group, its last timed output and its fresh-input output judged; ``done`` once it is
-    a result. A single-device step has one device copy: each verdict list holds one ``(device, verdict)``."""
+    """One (backend, case, mode) on its way through the pipeline (``compare.run.pipeline``): started, timed with its
+    group, finished, settled; ``done`` once it is a result. A single-device step has one device copy."""
 
     spec: BackendSpec
     case: Case
@@ -116,9 +110,6 @@ class _Cell:
         )
         self.prepared = None
 
-    def who(self) -> str:
-        return pipeline.who(self.spec, self.mode)
-
 
 def _start(
     c: _Cell,
@@ -126,39 +117,34 @@ def _start(
     precision: dict[str, Any],
     draw: dict[str, np.ndarray],
     prepare: Callable[[], Prepared] | None = None,
-    reuse: bool = False,
-    cuda_graphs: bool = False,
-    memory: bool = False,
+    options: RunOptions | None = None,
 ) -> None:
-    """Skip (``pipeline.skipped``), or prepare the step, refuse it without ``bind`` (``pipeline.no_fresh``), make its
-    first call (timed alone: compile + run), judge it, call it once more on the same inputs (the row's
-    ``deterministic``) and give it the :class:`pipeline.Feed` of the case's fresh ``draw`` that supplies every later
-    call's inputs (``pipeline.first_calls``). With ``reuse`` an interpreted
-    backend's cell is first looked up in ``compare.run.parity_cache`` (``c.interpreted`` says it is one); with
-    ``memory`` a cached cell without a memory record is run again (its memory is measured then)."""
+    """Stages 1 to 3 of ``compare.run.pipeline`` (skip, refuse a step without ``bind``, its first calls and its feed
+    of the case's fresh ``draw``). With ``options.reuse_parity`` an interpreted backend's cell (``c.interpreted``) is
+    first looked up in ``compare.run.parity_cache``; with ``options.memory`` a cached cell without a memory record is
+    run again; ``options.cuda_graphs`` replays a torch step from a CUDA graph (:func:`_graphed`)."""
     spec, case, mode = c.spec, c.case, c.mode
     try:
         c.done = pipeline.skipped(spec, case, mode)
         if c.done is not None:
             return
         c.interpreted = not spec.availability().timed
-        if reuse and c.interpreted and prepare is None:
+        if options is not None and options.reuse_parity and c.interpreted and prepare is None:
             c.done = parity_cache.lookup(spec, case, mode)
-            if c.done is not None and memory and c.done.memory is None:
+            if c.done is not None and options.memory and c.done.memory is None:
                 c.done = None  # a verdict cached without its memory: run it, measuring both
             if c.done is not None:
                 return
-        golden = golden_for(case)
-        prepared = prepare() if prepare else spec.load().prepare(golden.problem, mode)
+        prepared = prepare() if prepare else spec.load().prepare(golden_for(case).problem, mode)
         precision.update(prepared.precision)
         c.done = pipeline.no_fresh(spec, case, mode, prepared)
         if c.done is not None:
             return
         c.prepared = prepared
         c.first_s, c.repeat_s, c.first, c.extras["deterministic"], c.feed = pipeline.first_calls(
-            prepared, prepared.sync, pipeline.checked(mode, golden.ref), plain, case.dtype, c.who(), draw
+            prepared, prepared.sync, spec, case, mode, plain, draw
         )
-        if cuda_graphs and prepared.timed:
+        if options is not None and options.cuda_graphs and prepared.timed:
             c.extras["cuda_graph"] = _graphed(c, prepared)
     except Exception as exc:  # a backend's failure is a result, not the end of the run
         c.fail(exc)
@@ -200,9 +186,8 @@ def _graphed(c: _Cell, prepared: Prepared) -> str:
 
 @dataclass
 class _Timer:
-    """How a run times its groups: the timer's settings, the last-level cache mode (``compare.timing.llc.CACHE_MODES``)
-    and its flush (None: warm only), the budget (None: none) and its groups left, and a factory of device watches
-    (``compare.timing.timer.Watch``; None: none)."""
+    """How a run times its groups: the timer's settings, the last-level cache mode and its flush (None: warm only),
+    the budget (None: none) and its groups left, and a factory of device watches (None: none)."""
 
     cfg: TimingConfig
     cache_mode: str = "warm"
@@ -274,17 +259,26 @@ def _watched(
     cells: Sequence[_Cell],
     how: _Timer,
     measure: Callable[[list[timer.Entrant], timer.Watch | None], list[Any]],
-) -> tuple[list[Any], list[dict[str, Any] | None]]:
+    kept: str,
+    telemetry: str,
+) -> None:
     """``measure`` (a timer function) on the cells' steps under a fresh device watch (``how.watch``; none without
-    one): its outcomes, and per cell the watch's telemetry record (None where there is none). The watch's sampling
-    thread ends with the timing, whatever ended it."""
+    one): each cell's timing goes to its attribute ``kept`` (``timing`` or ``cold``) and the watch's telemetry
+    record, where there is one, to its ``extras[telemetry]``; an exception in the outcomes fails its cell. The
+    watch's sampling thread ends with the timing, whatever ended it."""
     watch = how.watch() if how.watch is not None else None
     entrants = [timer.Entrant(c.prepared.step, c.prepared.sync, c.first_s, c.feed) for c in cells if c.prepared]
     try:
         outcomes = measure(entrants, watch)
     finally:
         seen = watch.stop() if watch is not None else []
-    return outcomes, seen or [None] * len(cells)
+    for c, got, tele in zip(cells, outcomes, seen or [None] * len(cells), strict=True):
+        if isinstance(got, BaseException):
+            c.fail(got)
+            continue
+        setattr(c, kept, got)
+        if tele is not None:
+            c.extras[telemetry] = tele
 
 
 def _time(cells: Sequence[_Cell], how: _Timer) -> None:
@@ -304,14 +298,7 @@ def _time(cells: Sequence[_Cell], how: _Timer) -> None:
         def warm(entrants: list[timer.Entrant], watch: timer.Watch | None) -> list[Any]:
             return list(timer.measure_interleaved(entrants, group=group, seed=seed, watch=watch, **asdict(cfg)))
 
-        outcomes, seen = _watched(timed, how, warm)
-        for c, got, tele in zip(timed, outcomes, seen, strict=True):
-            if isinstance(got, BaseException):
-                c.fail(got)
-                continue
-            c.timing = got
-            if tele is not None:
-                c.extras["telemetry"] = tele
+        _watched(timed, how, warm, "timing", "telemetry")
     cold = [c for c in cold if c.done is None and c.prepared is not None]
     if cold and how.flush is not None:
         if not how.warm:  # warm-up before the first cold sample: the first calls compiled, now the caches are hot
@@ -333,14 +320,7 @@ def _time(cells: Sequence[_Cell], how: _Timer) -> None:
                 )
             )
 
-        got_cold, seen = _watched(cold, how, cold_rounds)
-        for c, t, tele in zip(cold, got_cold, seen, strict=True):
-            if isinstance(t, BaseException):
-                c.fail(t)
-                continue
-            c.cold = t
-            if tele is not None:
-                c.extras["telemetry_cold"] = tele
+        _watched(cold, how, cold_rounds, "cold", "telemetry_cold")
 
 
 def _quick(c: _Cell, p: Prepared, part_s: float, cut: Callable[[str], None]) -> Prepared:
@@ -357,11 +337,7 @@ def _quick(c: _Cell, p: Prepared, part_s: float, cut: Callable[[str], None]) -> 
 
 
 def _finish_steps(
-    c: _Cell,
-    profile: bool,
-    trace_dir: Path | None,
-    memory: bool = False,
-    how: _Timer | None = None,
+    c: _Cell, profile: bool, trace_dir: Path | None, memory: bool = False, how: _Timer | None = None
 ) -> None:
     """The profile and the memory record (when asked); one call on the harness's inputs for a step that made none
     (untimed: ``pipeline.Feed.judged``, the path the timed calls took); the outputs its feed kept, read; then the step
@@ -410,7 +386,7 @@ def _verdict(c: _Cell, seed: int, reference: fresh.FreshReference | None) -> Res
     if c.done is not None:
         return c.done
     assert reference is not None
-    copies = pipeline.verdicts(c.first, c.calls, c.made, reference, c.case.dtype, c.mode, seed, c.who(), c.by_device)
+    copies = pipeline.verdicts(c.first, c.calls, c.made, reference, c.spec, c.case, c.mode, seed, c.by_device)
     found, record = pipeline.findings(copies, c.by_device), pipeline.parity_record(copies)
     return pipeline.result(
         c.spec, c.case, c.mode, found, c.kept, record, c.timing, c.kernels, c.extras, cold=c.cold, memory=c.memory
@@ -454,14 +430,11 @@ def run_one(
     reference: pipeline.CaseReference | None = None,
 ) -> Result:
     """Parity, timing (alone: a group of one) and the fresh-input check of one backend on one case and mode; never
-    raises for a backend's own failure. ``memory`` adds the step's memory record (``pipeline.memory``).
-    ``reference``: the case's fresh draw and its reference, shared with other calls (as a run shares it between
-    its cells of a case; its ``backward`` must cover ``mode``); a new draw of its own when not given.
-
-    ``prepare`` overrides the backend's own preparation (tests use it for negative controls); ``time_it=False``
-    checks parity only. ``profile`` adds the kernel summary of one more step (``compare.kernels.summary``), with a trace
-    under ``trace_dir`` when given; a profiler failure is recorded in ``extras`` and does not fail the result.
-    """
+    raises for a backend's own failure. ``memory`` adds the step's memory record (``pipeline.memory``);
+    ``reference``: the case's fresh draw, shared with other calls (its ``backward`` must cover ``mode``; not given:
+    a new draw). ``prepare`` overrides the backend's own preparation (tests' negative controls); ``time_it=False``
+    checks parity only. ``profile`` adds the kernel summary of one more step, with a trace under ``trace_dir`` when
+    given; a profiler failure is recorded in ``extras`` and does not fail the result."""
     c = _Cell(spec, case, mode)
     if reference is None:
         reference = pipeline.CaseReference(case, fresh.new_seed(), mode != "fwd")
@@ -526,8 +499,7 @@ class Groups:
                     c = _Cell(spec, case, mode)
                     if progress:
                         progress.starting(c.label)
-                    reuse, graphs, memory = options.reuse_parity, options.cuda_graphs, options.memory
-                    _start(c, plain, self.precision, reference.inputs, reuse=reuse, cuda_graphs=graphs, memory=memory)
+                    _start(c, plain, self.precision, reference.inputs, options=options)
                     if c.interpreted and c.done is None:
                         interpreted.add((spec.name, mode))
                     group.append((cell, c))
@@ -599,12 +571,10 @@ def run(
     single-device cells in process (:class:`Groups`), the tensor-parallel ones in worker groups (:class:`TpGroups`);
     return the results document, ``interrupted`` when a stop ended it (the caller writes it and says so).
 
-    ``options`` (``compare.run.options.RunOptions``; None: its defaults) says how; ``progress`` (a
-    :class:`~compare.run.progress.Display`, already entered) is told as each cell starts and ends, ``store``
-    (``compare.run.store``) gets every finished cell the moment its verdict is known; ``budget``
-    (``compare.run.budget``) is the time the run keeps, its cuts in the document; ``watch`` makes a device watch per
-    timed group (``compare.timing.timer.Watch``). Cold samples (``options.cache_mode``) follow a flush of the last-level
-    cache (:func:`cold_flush`); interpreted verdicts are kept in ``compare.run.parity_cache``."""
+    ``options`` (None: the defaults) says how; ``progress`` (already entered) is told as each cell starts and ends,
+    ``store`` gets every finished cell the moment its verdict is known; ``budget`` is the time the run keeps, its
+    cuts in the document; ``watch`` makes a device watch per timed group. Cold samples (``options.cache_mode``)
+    follow a flush of the last-level cache (:func:`cold_flush`)."""
     options = options or RunOptions()
     cfg, cache_mode = options.cfg, options.cache_mode
     cases, specs, modes = list(cases), list(specs), list(modes)
@@ -649,15 +619,13 @@ def cold_flush(frameworks: Iterable[str]) -> tuple[llc.CacheSize | None, llc.Flu
     (``compare.timing.llc``: the OS's figure, a host buffer). The probe is asked only when one of the run's
     ``frameworks`` can step on a device (``compare.backends.registry.FRAMEWORK_PACKAGES``): a run of framework-free
     backends steps here, and importing torch to learn so would cost it a second and more."""
-    device = None
     if set(frameworks) & set(FRAMEWORK_PACKAGES.values()):
         try:
             device = probe("flush").device_flush()
         except ImportError:  # no torch here: the CPU's caches are the only ones a step can run in
             device = None
-    if device is not None:
-        size, flush = device
-        return size, flush
+        if device is not None:
+            return device
     size = llc.cpu_last_level()
     return size, llc.HostFlush(llc.flush_bytes(size))
 
@@ -671,8 +639,7 @@ def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[st
     label = f"{case.model} {s.batch}x{s.seq}x{s.dim}->{s.hidden}"
     # a pure function of the case's golden data and the gate's code (seconds on a large case): cached on disk
     name = datacache.key(
-        "resolution",
-        {"case": to_json(case), "tensors": wanted, "gate": datacache.source_digest(["compare/gate"])},
+        "resolution", {"case": to_json(case), "tensors": wanted, "gate": datacache.source_digest(["compare/gate"])}
     )
     cached = datacache.load_json(name)
     if isinstance(cached, list):

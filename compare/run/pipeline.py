@@ -1,24 +1,20 @@
 """The stages of one cell (backend, case, mode), written once for every runner: the in-process path
 (``compare.run.harness``, which the sweep's worker runs too) and the tensor-parallel worker (``compare.run.tp_worker``).
-
-A cell goes through them in this order; a runner adds only what is its own (how it prepares and times a step, how
-it syncs, when its fresh reference exists, the processes a tensor-parallel group gathers):
+A runner adds only what is its own (how it prepares and times a step, how it syncs, when its fresh reference exists,
+what a group gathers). In order:
 
 1. :func:`skipped`: a backend that does not implement the case's model or the mode, or is not available here;
 2. :func:`no_fresh`: a prepared step that cannot be bound to new inputs is an ``error``, judged on nothing;
-3. :func:`first_calls`: the first call on the golden inputs, timed alone (``compare.timing.timer.first_call``:
-   compile + run), the gate's verdict on every device copy of its output (:func:`judge_read`; a single-device step
-   has one copy), one call more on the same inputs, whose bits say whether the two outputs are the same (the row's
-   ``deterministic``), and the step's :class:`Feed`;
-4. the runner times the step through its :class:`Feed`: every call after those runs on inputs the harness made, no
-   two alike, and the feed keeps :data:`JUDGED` of their outputs, chosen after the fact; an untimed step makes one
-   call through its feed (:meth:`Feed.judged`), the same path;
-5. :func:`verdicts`: once the runner has the reference of the case's fresh draw (:class:`CaseReference`, made once
-   per case, only when every step has returned), per device copy the gate's verdict on each kept output
-   (:func:`judge_calls`, ``FreshCheck``) beside the first call's (:class:`CopyVerdicts`, its tier and its findings);
-6. the stored parity record (:func:`parity_record`: the worst copy's numbers) and :func:`result`: the status from the
-   findings (``compare.run.cell.status_of``) and the :class:`~compare.results.document.Result` with what the result
-   keeps of its step (:class:`Kept`), its timing, kernels and cost.
+3. :func:`first_calls`: the first call on the golden inputs, timed alone (compile + run), judged on every device
+   copy of its output (:func:`judge_read`), one call more whose bits say whether the step is ``deterministic``, and
+   the step's :class:`Feed`;
+4. the runner times the step through its :class:`Feed`: every later call runs on inputs the harness made, no two
+   alike, and the feed keeps :data:`JUDGED` of their outputs, chosen after the fact (an untimed step makes one call);
+5. :func:`verdicts`: once the case's fresh reference exists (:class:`CaseReference`, made once per case, only when
+   every step has returned), per device copy the verdict on each kept output beside the first call's
+   (:class:`CopyVerdicts`);
+6. :func:`parity_record` (the worst copy's numbers) and :func:`result`: the status from the findings and the
+   :class:`~compare.results.document.Result` with what it keeps of its step (:class:`Kept`), timing, kernels, cost.
 
 A *copy* is ``(device, tensors)``: one device's copy of a step's outputs, ``{"y": [batch, seq, out], "dx": [batch,
 seq, dim], "d<param>": <param's shape>}`` as float64 arrays (float32 where that loses nothing, in a :class:`Feed`),
@@ -100,7 +96,7 @@ def no_fresh(spec: BackendSpec, case: Case, mode: str, prepared: Prepared) -> Re
 
 
 def named(prepared: Prepared) -> bool:
-    """Whether the step's copies are read one per device (``TPParts.copies``), so each verdict names its device."""
+    """Whether each verdict names its device: the step's copies are read one per device (``TPParts.copies``)."""
     return prepared.tp is not None and prepared.tp.copies is not None
 
 
@@ -138,35 +134,33 @@ def digest(copies: Copies) -> str:
 def first_calls(
     prepared: Prepared,
     sync: Callable[[Any], None],
-    ref: dict[str, np.ndarray],
+    spec: BackendSpec,
+    case: Case,
+    mode: str,
     plain: dict[str, np.ndarray],
-    dtype: str,
-    name: str,
     draw: dict[str, np.ndarray],
     seed: int | None = None,
 ) -> tuple[float, float, Judged, bool, Feed]:
-    """The step's first call, timed alone (compile + run; ``sync`` ends it: a group's barrier too), the gate's
-    verdict on every copy of its output against ``ref`` (the tensors the mode checks), one call more on the same
-    golden inputs, outside any timing sample, and the :class:`Feed` of ``draw`` (its orders from ``seed``) that
-    supplies every later call: ``(first seconds, second call's seconds, verdicts, deterministic, feed)``, where
-    ``deterministic`` says the two calls gave the same bits (:func:`digest` of their copies), as far as two show."""
+    """Stage 3 (module docstring): ``(first seconds, second call's seconds, verdicts, deterministic, feed)``.
+    ``sync`` ends each call (a group's barrier too); the verdicts are on the tensors ``mode`` checks;
+    ``deterministic``: the two calls gave the same bits (:func:`digest`), as far as two show; the :class:`Feed` of
+    ``draw`` has its orders from ``seed``."""
+    name, ref = who(spec, mode), checked(mode, golden_for(case).ref)
     first_s, out = timer.first_call(prepared.step, sync)
     copies = read_copies(prepared, out, name)
     del out
-    judged, bits = judge_read(copies, ref, plain, dtype, name, named(prepared)), digest(copies)
+    judged, bits = judge_read(copies, ref, plain, case.dtype, name, named(prepared)), digest(copies)
     del copies
     repeat_s, out = timer.first_call(prepared.step, sync)
     again = digest(read_copies(prepared, out, name))
     return first_s, repeat_s, judged, again == bits, Feed(prepared, draw, name, seed=seed)
 
 
-#: Outputs of the calls made on the harness's inputs that a cell keeps and judges (:class:`Feed`), chosen uniformly
-#: among all of its calls after each block returned: a step stale on a share ``f`` of its calls escapes them with
-#: probability ``(1 - f) ** JUDGED``. One more is chosen among the calls on a slot bound before, the calls a cache
-#: keyed on its input's identity (pointer, version, shape) answers from memory: such a cache never escapes that one,
-#: where the uniform ones alone let it escape when its first calls on each slot (honest) are a large share of its
-#: calls (tests/test_fastest.py's bare cache cheat: 0.02% to 0.2% a cell here, more under load, where fewer calls
-#: fit the budget; one such escape failed a CI run).
+#: Outputs of the calls on the harness's inputs that a cell keeps and judges (:class:`Feed`), chosen uniformly among
+#: all of its calls after each block returned: a step stale on a share ``f`` of its calls escapes them with
+#: probability ``(1 - f) ** JUDGED``. One more is chosen among the calls on a slot bound before, which a cache keyed
+#: on its input's identity (pointer, version, shape) answers from memory: the uniform ones alone let such a cache
+#: escape (tests/test_fastest.py's bare cache cheat: 0.02% to 0.2% a cell, more under load; it failed a CI run).
 JUDGED = 2
 
 
@@ -192,30 +186,22 @@ class Feed:
     """The harness's inputs of one cell's step (``compare.timing.timer.Feed``; ``Prepared.bind``): every call after
     the first runs on the case's fresh draw (``compare.gate.fresh.draw``: ``{"x", "dy"}``, drawn at run time) with
     its ``T = batch * seq`` tokens in an order of its own, drawn from ``seed`` (the operating system's entropy
-    unless given: a group of processes passes one they share), x's and dy's rows alike. No two calls see the same
-    input values, and one reference judges them all: a token's output and input gradient depend on that token alone
-    and a weight's gradient is a sum over the tokens, so a call's outputs put back in the draw's order are the
-    draw's (the weight gradients up to the order of float64 sums). A block's slots are bound again, to new orders,
-    before the next block, and so are the slots of the outputs the feed keeps before it reads them: a step whose
-    output is computed only when read (a lazy object) then reads other values (torch, in place) or deleted arrays
-    (JAX), and fails.
+    unless given: a group of processes passes one they share). One reference judges every call: a token's output
+    and input gradient depend on that token alone and a weight's gradient is a sum over the tokens, so a call's
+    outputs put back in the draw's order are the draw's (weight gradients up to the order of float64 sums). A
+    block's slots, and those of the kept outputs, are bound again to new orders before the next block or the read:
+    a lazy output then reads other values (torch, in place) or deleted arrays (JAX), and fails.
 
     Which outputs it keeps (:data:`JUDGED`, and one more among the calls on a slot bound before) is drawn after each
-    block returned (reservoir sampling over every call, and over those calls): the step cannot know which of its
-    calls are judged. Cost: a gather of ``x`` and ``dy`` per call outside the timed
-    window (``cpu-mlp``: 3 MiB each) and, for ``bwd``, the runner's forward per call; :data:`JUDGED` outputs held
-    (float32) until the reference exists.
+    block returned (reservoir sampling): the step cannot know which calls are judged. Cost: a gather of ``x`` and
+    ``dy`` per call outside the timed window (``cpu-mlp``: 3 MiB each), for ``bwd`` the runner's forward per call,
+    and :data:`JUDGED` outputs held (float32) until the reference exists.
 
     What it cannot see: a case of few tokens has few orders (``T!``: a 1-token case repeats its input on every call);
     a step that recognises each token it has seen (a cache keyed on a row's values) still serves rows from memory."""
 
     def __init__(
-        self,
-        prepared: Prepared,
-        draw: dict[str, np.ndarray],
-        name: str,
-        keep: int = JUDGED,
-        seed: int | None = None,
+        self, prepared: Prepared, draw: dict[str, np.ndarray], name: str, keep: int = JUDGED, seed: int | None = None
     ) -> None:
         if prepared.bind is None:
             raise RuntimeError(f"{name}: its Prepared has no bind (refused before its first call)")
@@ -365,15 +351,15 @@ def verdicts(
     calls: Sequence[Call],
     made: int,
     reference: FreshReference,
-    dtype: str,
+    spec: BackendSpec,
+    case: Case,
     mode: str,
     seed: int,
-    name: str,
     by_device: bool,
 ) -> list[CopyVerdicts]:
     """Per device copy (the same order in each: one process reads its copies in one order), its verdicts: the first
     call's (``first``) and those of the kept ``calls`` (:func:`judge_calls`)."""
-    checks = judge_calls(calls, made, reference, dtype, mode, seed, name, by_device)
+    checks = judge_calls(calls, made, reference, case.dtype, mode, seed, who(spec, mode), by_device)
     return [CopyVerdicts(d, p, c) for (d, p), c in zip(first, checks, strict=True)]
 
 
@@ -397,10 +383,9 @@ def parity_record(copies: Sequence[CopyVerdicts], fresh_check: FreshCheck | None
 
 class CaseReference:
     """The fresh inputs of one case (``compare.gate.fresh.draw`` of ``seed``, with ``dy`` when ``backward``) and
-    their float64 reference, made once, the first time a cell asks (after its step has returned: no step is given
-    it), then kept for the case's later cells (every mode of a run; a group's later cells of the case). An input the
-    dtype cannot represent is an ``UnusableCase``: raised by the draw, or by the reference every time it is asked
-    for."""
+    their float64 reference, made once, the first time a cell asks (after its step has returned), then kept for the
+    case's later cells. An input the dtype cannot represent is an ``UnusableCase``: raised by the draw, or by the
+    reference every time it is asked for."""
 
     def __init__(self, case: Case, seed: int, backward: bool = True) -> None:
         self.case, self.seed, self.backward = case, seed, backward
@@ -439,9 +424,7 @@ def memory(prepared: Prepared) -> Memory:
     """What one more step holds in memory (``Prepared.memory``, outside the timed samples): the tensors its forward
     saves for the backward and its peak (``compare.results.memory``); a step without the hook is "not measured" with
     the reason, never 0. A failure of the measurement is the caller's to record (the cell's parity stands)."""
-    if prepared.memory is None:
-        return Memory.not_measured(NO_HOOK)
-    return from_json(Memory, prepared.memory())
+    return Memory.not_measured(NO_HOOK) if prepared.memory is None else from_json(Memory, prepared.memory())
 
 
 @dataclass(frozen=True)
@@ -472,10 +455,9 @@ def result(
     cold: Timing | None = None,
     memory: Memory | None = None,
 ) -> Result:
-    """The cell's result: its status and reason from ``findings`` (``(failures, deviations)`` of every copy,
-    ``compare.run.cell.status_of``), what it kept of its step, its ``parity`` record, timing, kernels, ``extras``
-    (over the step's own), its cold-cache timing (``cold``), its memory record (``memory``, None: not asked for) and
-    the cost model's entry for ``cost_case`` (default ``case``; one rank's share of a tensor-parallel step)."""
+    """The cell's result: its status and reason from ``findings`` (``(failures, deviations)`` of every copy), what
+    it kept of its step, its records, ``extras`` (over the step's own) and the cost model's entry for ``cost_case``
+    (default ``case``; one rank's share of a tensor-parallel step)."""
     status, reason = status_of(*findings)
     return Result.for_case(
         spec.name,

@@ -5,6 +5,7 @@ their payback judged, in ``compare.timing.compile_sweep``; ``compare.report.shap
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -35,10 +36,6 @@ def run_shape_sweep(
     rows: list[dict[str, Any]] = []
     chosen = list(BACKENDS.values()) if specs is None else list(specs)
     for base in cases:
-
-        def make(t: int, base: Case = base) -> Case:
-            return case_for_tokens(base, t)
-
         progress(f"shape sweep {base.model} {base.shape.dim}->{base.shape.hidden} {base.dtype}: tokens {tokens}")
         for s in chosen:
             if not s.shape_sweep or base.model not in s.models:
@@ -59,7 +56,7 @@ def run_shape_sweep(
                     continue
                 # an optional method of the Backend protocol: a registry line with ``shape_sweep`` variants promises it
                 sweep_fn = getattr(backend, "shape_sweep")  # noqa: B009
-                rows += sweep_fn(make, tokens, budget_s=budget_s, **variant)
+                rows += sweep_fn(functools.partial(case_for_tokens, base), tokens, budget_s=budget_s, **variant)
     return with_payback(rows)
 
 

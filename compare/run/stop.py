@@ -5,14 +5,12 @@ Python's own SIGINT handler raises ``KeyboardInterrupt`` wherever the main threa
 loading, where it crashed the process with SIGSEGV or SIGABRT), inside a foreign callback (where XLA swallowed it:
 "Exception ignored in _xla_gc_callback" and a run that exited 0). Under :func:`on_signals` neither signal raises:
 
-- the first one records its name and says on stderr what happens next; the loops of ``run``, ``sweep``, the
-  tensor-parallel launcher and the isolated sweep worker's wait call :func:`check`, which raises :class:`Stopped`
-  (a ``KeyboardInterrupt``, so the callers unwind as after Ctrl-C: worker groups ended, finished cells kept) at a
-  point where nothing foreign is on the stack; the cell in flight is given up, never half-stored;
-- a second one ends the process at once (``os._exit`` with status 130) after killing every child process group
-  still running (``compare.run.child`` tells :func:`track` of each one it starts): the store of finished cells (one
-  fsynced line per cell) is intact, only the summary files are not rewritten (``python -m compare report DIR``
-  rebuilds them).
+- the first one records its name and says on stderr what happens next; the commands' loops call :func:`check`,
+  which raises :class:`Stopped` (a ``KeyboardInterrupt``: worker groups ended, finished cells kept) where nothing
+  foreign is on the stack; the cell in flight is given up, never half-stored;
+- a second one ends the process at once (status 130) after killing every child process group still running
+  (:func:`track`): the store of finished cells is intact, only the summary files are not rewritten (``python -m
+  compare report DIR`` rebuilds them).
 
 This module imports nothing of the tool and only the standard library's lightest modules: ``python -m compare``
 installs its handlers (:func:`install`) before anything else loads. What no handler covers: a signal before the

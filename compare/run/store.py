@@ -55,9 +55,8 @@ def new_run_id() -> str:
 
 class Store:
     """An open store at ``path`` (emptied first when ``fresh``), its lines written for this start's ``run_id`` (given,
-    or a new one); every
-    method appends one line and returns once it is on disk. A failed write raises ``OSError`` (the lines before it
-    stay whole)."""
+    or a new one); every method appends one line and returns once it is on disk. A failed write raises ``OSError``
+    (the lines before it stay whole)."""
 
     def __init__(self, path: Path, fresh: bool = False, run_id: str = "") -> None:
         self.path, self.cells, self.run_id = path, 0, run_id or new_run_id()

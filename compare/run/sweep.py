@@ -3,42 +3,31 @@ per finished cell, resumable after a crash.
 
 The grid is ``tokens x dtypes x modes x backends`` at a fixed model, ``dim`` and ``hidden`` (from ``--preset`` or
 ``--model/--dim/--hidden``). Each token count ``T`` becomes the shape ``batch = T / seq, seq`` (``--seq``, default
-1, so ``batch = T``); ``T`` must be a multiple of ``--seq``. A *cell* is ``(backend, case, mode)`` and its key is
-``"backend|case name|mode"`` (the case name holds model, shape, dtype, distribution and seed).
+1); ``T`` must be a multiple of ``--seq``. A *cell* is ``(backend, case, mode)``, keyed ``"backend|case name|mode"``.
 
-``<out>/results.jsonl`` is append-only. Every start of the sweep appends a ``header`` line (its own run id, schema,
-time, config, environment); every finished cell is appended as one ``cell`` line (that run id, the result record, the
-precision settings its backend reported and the GPU it saw), written with a single ``write`` and flushed to disk
-(``fsync``) before the next cell starts. A restart with the same ``--out`` and the same grid skips every cell
-already in the file, so killing the sweep loses at most the cell in flight; a torn last line (the process died
-inside the write) is dropped. A different grid in the same folder is refused (bad input): one file holds one
-sweep. An exclusive lock on the file keeps a second sweep from writing it at the same time.
+``<out>/results.jsonl`` is append-only (``compare.run.store``): a ``header`` line per start, a ``cell`` line per
+finished cell, fsynced before the next cell starts. A restart with the same ``--out`` and grid skips every cell
+already in the file, so a kill loses at most the cell in flight; a different grid there is refused (bad input), and
+an exclusive lock keeps a second sweep from writing it. ``--retry-errors`` runs the stored ``error`` cells again.
+:func:`load_sweep` turns the file, at any time, into a results document; at the end the sweep writes it as
+``<out>/results.json`` with ``<out>/REPORT.md`` and plots. Every cell records its step's memory
+(``compare.results.memory``): the report plots it against tokens and, with ``--device-memory SIZE``, states the
+largest token count that fits.
 
-:func:`load_sweep` turns the file, at any time, into a regular results document (the shape of
-``compare.run.harness.run``'s); at the end the sweep writes it as ``<out>/results.json`` with ``<out>/REPORT.md`` and
-plots under ``<out>/plots/``. Every cell records what its step holds in memory (``compare.results.memory``): the
-report plots it against tokens and, with ``--device-memory SIZE``, states the largest token count that fits.
+Before the first cell each start measures this machine's matmul and copy ceilings for the swept dtypes (stored in
+its header line) and every single-device row is held to them: a step whose fastest sample beats the matmul ceiling
+is ``implausible`` (``compare.run.cell.against_ceilings``). ``--no-ceilings`` skips both.
 
-Before the first cell, each start measures this machine's matmul and copy ceilings for the swept dtypes (in this
-process, stored in its header line and as the document's ``ceilings``: the first session's that measured them) and
-every single-device row is held to them as it is stored: a step whose fastest sample beats the matmul ceiling is
-``implausible`` (``compare.run.cell.against_ceilings``). ``--no-ceilings`` skips both.
+A backend that raises is an ``error`` result and the sweep goes on. With ``--isolate`` each cell runs in its own
+worker process (``compare.run.cell_worker``): a hard crash (segfault, the OOM killer) is an ``error`` naming the exit
+status or signal, and ``--cell-timeout`` turns a hang into one too; the workers' scratch folder ``<out>/.cells/`` is
+removed when the sweep ends and, if a killed sweep left one, when the next starts. ``--engine ray``
+(``compare.run.engines``) runs each cell as a Ray task on a cluster (``--address HOST:PORT`` or ``auto``; none: a
+local instance): a lost worker or node is stored as an ``error`` line marked ``retrying`` before the cell runs
+again, up to ``--retries`` times. Every row carries the node that measured it.
 
-A backend that raises on a cell is an ``error`` result and the sweep goes on (``harness.run_one``). With
-``--isolate`` each cell runs in its own worker process (``python -m compare.run.cell_worker CELL RESULT``), so a
-hard crash (segfault, the OOM killer, an abort) is recorded as an ``error`` naming the exit status or signal,
-and ``--cell-timeout`` turns a hang into an error too. The workers' scratch files live under ``<out>/.cells/``,
-removed when the sweep ends (however it ends) and, if a killed sweep left one, when the next one starts.
-``--retry-errors`` runs again, on a restart, the cells whose stored result is an ``error`` (the new line wins).
-
-``--engine ray`` (``compare.run.engines``; ``compare.cluster.ray_engine``) runs each cell as a Ray task on a cluster
-(``--address HOST:PORT`` or ``auto``; none: a local Ray instance, shut down at the end) and appends each outcome to
-the same file as it arrives; a lost worker or node is an attempt stored as an ``error`` line marked ``retrying`` (not
-counted as done) before the cell runs again, up to ``--retries`` times. Every cell line's result carries the node that
-measured it (``node``), on either engine.
-
-Ctrl-C or SIGTERM stops the sweep: the worker in flight and everything it started are killed, what is done is
-written to ``results.json`` and ``REPORT.md``, and the exit status is 130 (rerun the same command to resume).
+Ctrl-C or SIGTERM stops the sweep: the worker in flight is killed, what is done is written to ``results.json`` and
+``REPORT.md``, and the exit status is 130 (rerun the same command to resume).
 """
 
 from __future__ import annotations

@@ -7,11 +7,10 @@ importing a framework, forming the group) and run all of its cells in order (``c
 - gives each process ``threads`` CPUs (the total split evenly; the worker pins itself to them) and sends its
   stdout/stderr to files in the job folder (nothing reaches the terminal);
 - reads the processes' event files while they run; a process that exits non-zero, or a group that makes no
-  progress for ``cell_timeout_s`` (a hung collective), ends the group: every process and its children are killed,
-  the cell in flight becomes an ``error`` result with the reason (the failing process's own words when it wrote
-  some, else its exit status or the time it hung, and the tail of its stderr), and the group starts again for the
-  cells left. A group that cannot start makes every cell left an error: nothing is lost, nothing hangs, nothing is
-  left behind.
+  progress for ``cell_timeout_s`` (a hung collective), ends the group and its children: the cell in flight becomes
+  an ``error`` result with the reason (the process's own words, else its exit status or the time it hung, and its
+  stderr's tail), and the group starts again for the cells left. A group that cannot start makes every cell left
+  an error: nothing is lost, nothing hangs, nothing is left behind.
 """
 
 from __future__ import annotations
@@ -62,11 +61,9 @@ def default_threads() -> int:
 @dataclass(frozen=True)
 class Job:
     """Every TP cell of one runtime, launch (``compare.backends.tp.LAUNCHES``) and world size. ``fresh_seed`` is the
-    seed of
-    the fresh inputs every cell's step is checked on (``compare.gate.fresh``): drawn here, in the parent, when the job
-    is
-    made (at run time, from the operating system's entropy), and handed to every process in the job file, so that
-    every rank steps on the same draw."""
+    seed of the fresh inputs every cell's step is checked on (``compare.gate.fresh``): drawn here, in the parent, when
+    the job is made (at run time, from the operating system's entropy), and handed to every process in the job file,
+    so that every rank steps on the same draw."""
 
     runtime: str
     how: str
@@ -228,17 +225,13 @@ def _failure(job: Job, a: _Attempt) -> str | None:
 
 
 def _error_result(job: Job, cell: Cell, reason: str) -> dict[str, Any]:
-    spec = next(s for s in job.specs if s.name == cell.backend)
-    doc = to_json(Result.for_case(spec.name, cell.case, cell.mode, "error", reason=reason))
+    doc = to_json(Result.for_case(cell.backend, cell.case, cell.mode, "error", reason=reason))
     doc["world_size"] = job.world_size
     return doc
 
 
 def run_job(
-    job: Job,
-    root: Path | None = None,
-    on_result: Callable[[dict[str, Any]], None] | None = None,
-    poll_s: float = 0.05,
+    job: Job, root: Path | None = None, on_result: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.05
 ) -> list[dict[str, Any]]:
     """Every cell of ``job``, in order, as result documents (``compare.results.document``; TP rows carry ``world_size``
     and ``tp``). A failing cell is an ``error`` result and the group restarts for the others; ``on_result`` is told as
@@ -262,8 +255,7 @@ def run_job(
                 doc["tp"]["setup_s"]["launch_to_ready"] = max(a.ready.values()) - a.launched
             finish(index, doc)
 
-    left = list(job.cells)
-    while left:
+    while left := [c for c in job.cells if c.index not in results]:
         a = _start(job, left, root)
         reason = None
         try:
@@ -284,9 +276,8 @@ def run_job(
         left = [c for c in left if c.index not in results]
         if not left:
             break
-        if reason is None:
-            reason = "the group exited without running this cell"
-        if not a.ready or len(a.ready) < len(a.procs):  # it never formed: the cells left cannot run either
+        reason = reason or "the group exited without running this cell"
+        if len(a.ready) < len(a.procs):  # it never formed: the cells left cannot run either
             for c in left:
                 finish(c.index, _error_result(job, c, f"tensor-parallel group could not start: {reason}"))
             break
@@ -294,5 +285,4 @@ def run_job(
         failed = min(started) if started else left[0].index
         cell = next(c for c in left if c.index == failed)
         finish(failed, _error_result(job, cell, reason))
-        left = [c for c in left if c.index not in results]
     return [results[c.index] for c in job.cells]

@@ -15,10 +15,9 @@ line, to ``<out>/rank<R>.jsonl``:
   left, so one failing cell never costs the others).
 
 Every stage of a cell that is not the group's own (the verdicts, the fresh step, the status and the result) is
-``compare.run.pipeline``'s, the code the in-process harness runs. Only the shared timer times: each sample is the
-slowest process's (``timer.measure(agree=group.max_all)``, every block ended by a barrier). After timing, every
-cell's step runs once more on fresh inputs (``compare.gate.fresh``), of the job's seed, which the parent drew at run
-time: a step that returns a stored answer fails there.
+``compare.run.pipeline``'s, the code the in-process harness runs. Each timing sample is the slowest process's
+(``timer.measure(agree=group.max_all)``, every block ended by a barrier); the fresh inputs are of the job's seed,
+which the parent drew at run time.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -77,7 +76,7 @@ class Events:
         os.fsync(self._f.fileno())
 
 
-def _pin_cpus(rank: int, nproc: int, threads: int) -> list[int]:
+def _pin_cpus(rank: int, threads: int) -> list[int]:
     """Pin this process to its share of the CPUs (``threads`` of them, disjoint between local ranks); returns them.
 
     Without it two ranks of one thread each still float over every core, and so does each framework's pool."""
@@ -92,8 +91,7 @@ def _pin_cpus(rank: int, nproc: int, threads: int) -> list[int]:
 
 def probe_bandwidth(group: Group, cfg: TimingConfig) -> dict[str, Any]:
     """The group's all-reduce bandwidth: :data:`~compare.backends.tp.PROBE_BYTES` summed over the ranks, through the
-    shared
-    timer (each sample the slowest rank's). ``bus_bytes_per_s`` is the ring traffic per rank over the time."""
+    shared timer (each sample the slowest rank's). ``bus_bytes_per_s`` is the ring traffic per rank over the time."""
     fn, sync0 = group.allreduce_probe(PROBE_BYTES)
 
     def sync(outputs: Any) -> None:
@@ -119,32 +117,25 @@ def run_cell(
     launch: Launch,
     cfg: TimingConfig,
     profile: bool,
-    init_s: float = 0.0,
-    bandwidth: dict[str, Any] | None = None,
-    *,
+    init_s: float,
+    bandwidth: dict[str, Any] | None,
     reference: pipeline.CaseReference,
-    stage: Callable[[str], None] | None = None,
+    stage: Callable[[str], None],
 ) -> dict[str, Any] | None:
-    """One cell through the stages of ``compare.run.pipeline``, in step with every process of the group: parity of
-    every device's copy on every process (``pipeline.first_calls``), then timing (full step, its
-    collectives alone, its compute alone), the full step's calls on the harness's inputs (``pipeline.Feed`` over the
-    case's fresh draw, ``reference``, of the job's seed; its orders and its choice of outputs drawn from a seed every
-    process shares, so all of them bind and read alike; an untimed step makes one call), every copy of the kept
-    outputs judged against the fresh reference, which this process computes only after the step returned and keeps
-    for the case's later cells (each process judges the copies it holds; the same bits on every machine). Each
-    process's verdicts (per copy: ``pipeline.CopyVerdicts``) are gathered on process 0, which merges them into the
-    result (``pipeline.result``): a fail-tier finding of any copy, on any call, makes it ``parity-fail`` (a deviation
-    on fresh inputs is recorded only); the record keeps this process's worst copy's numbers and the worst fresh
-    verdict.
+    """One cell through the stages of ``compare.run.pipeline``, in step with every process of the group: the first
+    calls judged on every device's copy, timing (full step, its collectives alone, its compute alone), the calls on
+    the harness's inputs (a ``pipeline.Feed`` over ``reference``'s draw, its orders and kept calls drawn from a seed
+    every process shares, so all of them bind and read alike) judged against the fresh reference, which this process
+    computes only after the step returned. Each process's verdicts are gathered on process 0, which merges them into
+    the result: a fail-tier finding of any copy, on any call, makes it ``parity-fail``; the record keeps this
+    process's worst copy's numbers and the worst fresh verdict.
 
     ``stage(name)`` is told as a long stage begins (``"timing"``, ``"fresh inputs"``, ``"fresh reference"``): the
     launcher takes it as progress. Returns the merged result's dict on process 0, None elsewhere. Raises on a backend
-    failure (see module doc); a backend whose ``Prepared`` has no ``bind`` is an ``error`` result naming it, judged
-    on nothing (``pipeline.no_fresh``)."""
-    case, mode = cell.case, cell.mode
+    failure (see module doc); a ``Prepared`` without ``bind`` is an ``error`` result (``pipeline.no_fresh``)."""
+    case, mode, ws = cell.case, cell.mode, launch.world_size
     golden = golden_for(case)
     plain = plain_reference(case)
-    ref = pipeline.checked(mode, golden.ref)
     backend = cast(TPBackend, spec.load())  # a registry line with a runtime names a TP backend
     prepared = backend.prepare(golden.problem, mode, group)
     tp = prepared.tp
@@ -152,38 +143,36 @@ def run_cell(
         raise RuntimeError(f"{spec.name} is registered with a runtime but its Prepared has no tp parts")
     refused = pipeline.no_fresh(spec, case, mode, prepared)
     if refused is not None:  # every process holds the same backend: all of them return here, no collective left
-        return to_json(replace(refused, world_size=launch.world_size)) if group.rank == 0 else None
+        return to_json(replace(refused, world_size=ws)) if group.rank == 0 else None
 
     def sync(outputs: Any) -> None:
         prepared.sync(outputs)
         group.barrier()
 
-    who, seed = pipeline.who(spec, mode), reference.seed
+    seed = reference.seed
     # every process draws the same orders and keeps the same calls: a bind or a read may be collective
     first_s, _, verdicts, deterministic, feed = pipeline.first_calls(
-        prepared, sync, ref, plain, case.dtype, who, reference.inputs, seed=seed + cell.index
+        prepared, sync, spec, case, mode, plain, reference.inputs, seed=seed + cell.index
     )
 
     def measure(fn: Any, first: float | None = None, inputs: pipeline.Feed | None = None) -> timer.Timing:
         return timer.measure(fn, sync, first_call_s=first, feed=inputs, agree=group.max_all, **asdict(cfg))
 
-    told = stage or (lambda _: None)
     tim = comm = compute = None
     if prepared.timed:
-        told("timing")
+        stage("timing")
         tim = measure(prepared.step, first_s, feed)
         comm = measure(tp.comm_only)
         compute = measure(tp.compute_only)
     # every process reads its copies of the kept calls, and only then does the draw's reference exist in this process
-    told("fresh inputs")
+    stage("fresh inputs")
     t0 = time.perf_counter()
     calls = feed.judged(sync)
-    told("fresh reference")
+    stage("fresh reference")
     t1 = time.perf_counter()
     fresh_ref = reference.get()
     t2 = time.perf_counter()
-    named = pipeline.named(prepared)
-    copies = pipeline.verdicts(verdicts, calls, feed.calls, fresh_ref, case.dtype, mode, seed, who, named)
+    copies = pipeline.verdicts(verdicts, calls, feed.calls, fresh_ref, spec, case, mode, seed, pipeline.named(prepared))
     fresh_s = {"calls": t1 - t0, "reference": t2 - t1, "judge": time.perf_counter() - t2}
     del calls, feed
     collectives = [to_json(c) for c in tp.collectives()]
@@ -211,7 +200,7 @@ def run_cell(
         for r in everyone
     ]
     tp_doc = {
-        "world_size": launch.world_size,
+        "world_size": ws,
         "nproc": launch.nproc,
         "launch": launch.how,
         "threads_per_process": launch.threads,
@@ -224,9 +213,7 @@ def run_cell(
         "hosts": sorted({r["host"] for r in everyone}),
         "ranks_checked": sum(len(r["copies"]) for r in everyone),  # the device copies judged, every process's
         "bandwidth": bandwidth,
-        "comm_model": to_json(comm_cost(case, spec.comm, mode, launch.world_size, prepared.device))
-        if spec.comm
-        else None,
+        "comm_model": to_json(comm_cost(case, spec.comm, mode, ws, prepared.device)) if spec.comm else None,
     }
     disagree = [r["rank"] for r in everyone if r["collectives"] != collectives]
     if disagree:
@@ -243,9 +230,9 @@ def run_cell(
         # process 0's seconds of the fresh-input check: its calls (an untimed step's one) and reading the kept
         # copies, the reference (0 when kept from an earlier cell of the case) and the gate
         extras={"fresh_check_s": fresh_s, "deterministic": deterministic},
-        cost_case=shard(case, launch.world_size),  # one rank's share
+        cost_case=shard(case, ws),  # one rank's share
     )
-    return to_json(replace(result, world_size=launch.world_size, tp=from_json(TPInfo, tp_doc)))
+    return to_json(replace(result, world_size=ws, tp=from_json(TPInfo, tp_doc)))
 
 
 def main(argv: list[str]) -> int:
@@ -256,17 +243,8 @@ def main(argv: list[str]) -> int:
     events = Events(out / f"rank{rank}.jsonl")
     for d in job["specs"]:
         register(from_json(BackendSpec, d, strict=True))
-    launch = Launch(
-        world_size=job["world_size"],
-        nproc=job["nproc"],
-        rank=rank,
-        how=job["how"],
-        addr=job["addr"],
-        port=job["port"],
-        threads=job["threads"],
-        timeout_s=job["timeout_s"],
-    )
-    cpus = _pin_cpus(rank, launch.nproc, launch.threads) if job.get("pin", True) else []
+    launch = Launch(rank=rank, **{f.name: job[f.name] for f in fields(Launch) if f.name != "rank"})
+    cpus = _pin_cpus(rank, launch.threads) if job.get("pin", True) else []
     t0 = time.time()
     runtime = importlib.import_module(job["runtime"])
     group: Group = runtime.init(launch)
@@ -307,8 +285,8 @@ def main(argv: list[str]) -> int:
                 bool(job.get("profile")),
                 init_s,
                 bandwidth,
-                reference=reference,
-                stage=stage,
+                reference,
+                stage,
             )
         except Exception as exc:  # this process cannot go on in step with its peers: say why and leave
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
