@@ -6,18 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from compare.backends.registry import BACKENDS, framework_baseline
 from compare.cost.model import removed, roofline
 from compare.cost.records import Achieved, Ceiling
 from compare.formats.markdown import case_label, fmt_s, si, table
-from compare.report.machines import machine_of
+from compare.report.cells import LEAD, lead, signed_s
+from compare.report.machines import same_machine
 from compare.results.document import Result, Results
-
-
-def _signed_s(s: float | None) -> str:
-
-    if s is None:
-        return "-"
-    return ("-" if s < 0 else "") + fmt_s(abs(s))
+from compare.timing.significance import NOT_TESTED, WITHIN_NOISE, compare_timing, not_tested
 
 
 def ceilings_for(doc: Results, dtype: str) -> Ceiling | None:
@@ -49,19 +45,6 @@ UNMEASURED: dict[str, str] = {
     "error": "error",
     "skipped": "skipped",
 }
-
-
-def _find_baseline(results: tuple[Result, ...], r: Result, baseline: str) -> Result | None:
-    for b in results:
-        if (
-            b.backend == baseline
-            and b.case == r.case
-            and b.mode == r.mode
-            and b.cost is not None
-            and machine_of(b) == machine_of(r)
-        ):
-            return b  # a saving is never measured across two machine types
-    return None
 
 
 def kernel_time_split(r: Result) -> tuple[float, float] | None:
@@ -103,8 +86,7 @@ def fusion_benefit(doc: Results) -> list[dict[str, Any]]:
     why, e.g. "failed parity", "baseline failed parity", "not timed"; "" when measured): ``measured_saved_s`` =
     baseline median - this median and ``measured_verdict``, this backend's timing against the baseline's by
     :func:`compare.timing.significance.compare_timing` ("faster", "slower" or "within noise": then the difference is not
-    a
-    measured saving, whatever its sign); from the profiled kernel tables (:func:`kernel_time_split`, None unless
+    a measured saving, whatever its sign); from the profiled kernel tables (:func:`kernel_time_split`, None unless
     both have a time for every kernel), ``gemm_time_saved_s`` (the baseline's GEMM kernel time per step minus this
     backend's: GEMM library and shapes, not fusion) apart from ``outside_gemm_saved_s`` (the same for every other
     kernel: what fusing the elementwise work saved), and ``baseline_outside_gemm_s`` (the baseline's time outside
@@ -114,9 +96,6 @@ def fusion_benefit(doc: Results) -> list[dict[str, Any]]:
     removes from the baseline's (:func:`compare.cost.model.removed`); empty when it fuses nothing, and then its time
     is never listed as a saving (:func:`fusion_section`, the summary).
     """
-    from compare.backends.registry import BACKENDS, framework_baseline
-    from compare.timing.significance import compare_timing
-
     results = doc.results
     rows = []
     for r in results:
@@ -125,7 +104,7 @@ def fusion_benefit(doc: Results) -> list[dict[str, Any]]:
         baseline = framework_baseline(s.framework) if s is not None else None
         if c is None or baseline is None or r.backend == baseline:
             continue
-        base = _find_baseline(results, r, baseline)
+        base = same_machine(results, r, baseline, lambda b: b.cost)
         if base is None or base.cost is None:
             continue
         bc = base.cost
@@ -173,10 +152,8 @@ def fusion_benefit(doc: Results) -> list[dict[str, Any]]:
     return rows
 
 
-def _measured_saved(f: dict[str, Any]) -> str:
+def measured_saved(f: dict[str, Any]) -> str:
     """The measured saving of a fusion-benefit row: a number only when the difference is beyond noise."""
-    from compare.timing.significance import NOT_TESTED, WITHIN_NOISE, not_tested
-
     if f.get("not_measured"):
         return f"- ({f['not_measured']})"
     if f["measured_saved_s"] is None:
@@ -185,7 +162,7 @@ def _measured_saved(f: dict[str, Any]) -> str:
         return WITHIN_NOISE
     if f.get("measured_verdict") == NOT_TESTED:
         return not_tested(f.get("measured_pairs"))
-    return _signed_s(f["measured_saved_s"])
+    return signed_s(f["measured_saved_s"])
 
 
 def fusion_section(doc: Results) -> str:
@@ -211,12 +188,12 @@ def fusion_section(doc: Results) -> str:
                 ", ".join(f["not_materialized"]) or "none",
                 si(f["intermediate_bytes_saved"], "B"),
                 si(f["bytes_saved"], "B"),
-                _signed_s(f["predicted_saved_s"]),
+                signed_s(f["predicted_saved_s"]),
                 si(f["extra_flops"], "FLOP") if f["extra_flops"] else "0",
-                _signed_s(f["predicted_extra_flops_s"]) if f["extra_flops"] else "-",
-                _measured_saved(f),
-                _signed_s(f["gemm_time_saved_s"]),
-                _signed_s(f["outside_gemm_saved_s"]),
+                signed_s(f["predicted_extra_flops_s"]) if f["extra_flops"] else "-",
+                measured_saved(f),
+                signed_s(f["gemm_time_saved_s"]),
+                signed_s(f["outside_gemm_saved_s"]),
                 fmt_s(f["baseline_median_s"]),
             ]
         )
@@ -309,10 +286,7 @@ def cost_section(doc: Results) -> str:
         t = r.timing
         rows.append(
             [
-                r.label,
-                case_label(r),
-                r.dtype,
-                r.mode,
+                *lead(r),
                 si(c.flops, "FLOP"),
                 si(c.bytes, "B"),
                 f"{c.arithmetic_intensity:.3g}",
@@ -330,10 +304,7 @@ def cost_section(doc: Results) -> str:
     parts = ["## Cost model and roofline"]
     if rows:
         head = [
-            "backend",
-            "case",
-            "dtype",
-            "mode",
+            *LEAD,
             "GEMM FLOPs",
             "bytes moved",
             "FLOP/byte",

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from compare.formats.codec import to_json
 from compare.formats.markdown import case_label, fmt_s, table
 from compare.problem.cases import InputError
+from compare.report.cells import mib
 from compare.results.document import Result, Results
 from compare.results.load import busier
 from compare.results.memory import Memory
@@ -73,14 +74,6 @@ def _index(doc: Results) -> dict[Key, Result]:
     return {_key(r): r for r in doc.results}
 
 
-def _label(r: Result) -> str:
-    return case_label(r)
-
-
-def _fmt_p(p: float | None) -> str:
-    return "-" if p is None else f"{p:.2g}"
-
-
 def _env_changes(old: Results, new: Results) -> list[str]:
     eo, en = to_json(old.environment), to_json(new.environment)
     out = [
@@ -96,10 +89,6 @@ def _env_changes(old: Results, new: Results) -> list[str]:
 #: The default tolerances of the memory comparison (module docstring).
 MEMORY_TOLERANCE_BYTES = 0
 PEAK_TOLERANCE = 0.05
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.4g} MiB"
 
 
 def memory_rows(
@@ -146,13 +135,10 @@ def memory_rows(
         rows.append(
             [
                 n.backend,
-                _label(n),
+                case_label(n),
                 n.dtype,
                 n.mode,
-                "-" if os_ is None else _mib(os_),
-                "-" if ns is None else _mib(ns),
-                "-" if op is None else _mib(op),
-                "-" if np_ is None else _mib(np_),
+                *("-" if x is None else mib(x) for x in (os_, ns, op, np_)),
                 "; ".join(verdicts),
             ]
         )
@@ -179,6 +165,7 @@ def diff(
     explains = "any change (a busy run)" if math.isinf(explained) else f"{explained:.2f}x"
     for key in common:
         o, n = old[key], new[key]
+        cell = [n.backend, case_label(n), n.dtype, n.mode]
         if o.timing is not None and n.timing is not None:
             v = compare_timing(o.timing, n.timing, threshold, k, alpha)
             moved = v.regression or v.verdict == "faster"
@@ -192,15 +179,12 @@ def diff(
             p = v.p_slower if v.ratio >= 1 else v.p_faster
             perf_rows.append(
                 [
-                    n.backend,
-                    _label(n),
-                    n.dtype,
-                    n.mode,
+                    *cell,
                     fmt_s(v.old.median),
                     fmt_s(v.new.median),
                     f"{v.ratio:.3f}",
                     f"+/-{v.tol:.1%}",
-                    _fmt_p(p),
+                    "-" if p is None else f"{p:.2g}",
                     verdict,
                 ]
             )
@@ -208,10 +192,7 @@ def diff(
             side = "old" if o.timing is not None else "new"
             perf_rows.append(
                 [
-                    n.backend,
-                    _label(n),
-                    n.dtype,
-                    n.mode,
+                    *cell,
                     fmt_s(o.timing.median_s) if o.timing is not None else "-",
                     fmt_s(n.timing.median_s) if n.timing is not None else "-",
                     "-",
@@ -225,7 +206,7 @@ def diff(
             n_parity += parity_regression
             reason = n.reason.replace("|", "\\|")
             verdict = "**regression**" if parity_regression else ("fixed" if n.status == "ok" else "changed")
-            status_rows.append([n.backend, _label(n), n.dtype, n.mode, o.status, n.status, verdict, reason])
+            status_rows.append([*cell, o.status, n.status, verdict, reason])
     added = [new[key] for key in new if key not in old]
     removed = [old[key] for key in old if key not in new]
     mem_rows, n_memory = memory_rows([(old[key], new[key]) for key in common], memory_tolerance, peak_tolerance)
@@ -296,8 +277,8 @@ def diff(
         ]
     if added or removed:
         out += ["", "## Added and removed cells", ""]
-        out += [f"- added: {r.backend} {_label(r)} {r.dtype} {r.mode} ({r.status})" for r in added]
-        out += [f"- removed: {r.backend} {_label(r)} {r.dtype} {r.mode} ({r.status})" for r in removed]
+        out += [f"- added: {r.backend} {case_label(r)} {r.dtype} {r.mode} ({r.status})" for r in added]
+        out += [f"- removed: {r.backend} {case_label(r)} {r.dtype} {r.mode} ({r.status})" for r in removed]
     return "\n".join(out) + "\n", regression
 
 

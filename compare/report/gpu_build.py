@@ -12,10 +12,6 @@ from compare.formats.markdown import table
 from compare.results.gpu_build import ARCHS, SCHEMA_VERSION, findings, first_line, row_problems
 
 
-def _fmt_bytes(n: int | None) -> str:
-    return "-" if n is None else f"{n:,}"
-
-
 def _cell_spills(row: Mapping[str, Any]) -> str:
     st, ld = row.get("spill_stores"), row.get("spill_loads")
     if st is None and ld is None:
@@ -49,7 +45,7 @@ def _row_cells(row: Mapping[str, Any]) -> list[str]:
         *head,
         str(row["registers"]),
         _cell_spills(row),
-        _fmt_bytes(row.get("stack_frame")),
+        "-" if (stack := row.get("stack_frame")) is None else f"{stack:,}",
         _cell_shared(row),
         tc if tc == "none" else f"{tc} ({n_tc})",
         _cell_occupancy(row),
@@ -92,31 +88,30 @@ def render_markdown(data: Mapping[str, Any]) -> str:
         limits = ARCHS.get(arch)
         arch_rows = [r for r in rows if r["arch"] == arch]
         n_err = sum(not r.get("ok") for r in arch_rows)
-        lines.append(f"### {arch}" + (f": {limits.gpus}" if limits else ""))
-        lines.append("")
+        lines += [f"### {arch}" + (f": {limits.gpus}" if limits else ""), ""]
         if limits:
-            lines.append(
+            lines += [
                 f"Limits: {limits.regs_per_sm} registers/SM (allocated per warp in units of "
                 f"{limits.reg_alloc_unit}), {limits.max_warps_per_sm} warps and {limits.max_blocks_per_sm} blocks per "
                 f"SM, shared memory {limits.smem_per_sm:,} B/SM and {limits.smem_per_block:,} B/block "
                 f"(+{limits.smem_reserved_per_block} B reserved per block); bf16/fp16 dots should use "
-                f"`{limits.tensor_core_instruction}`."
-            )
-            lines.append("")
-        lines.append(f"{len(arch_rows)} builds, {len(arch_rows) - n_err} compiled, {n_err} failed.")
-        lines.append("")
-        lines.append(table(_HEADER, (_row_cells(r) for r in arch_rows)))
-        lines.append("")
+                f"`{limits.tensor_core_instruction}`.",
+                "",
+            ]
+        lines += [
+            f"{len(arch_rows)} builds, {len(arch_rows) - n_err} compiled, {n_err} failed.",
+            "",
+            table(_HEADER, (_row_cells(r) for r in arch_rows)),
+            "",
+        ]
     bad = findings(data)
-    lines.append("### Autotune rule (bf16/fp16 on sm_90: no spills, shared memory within the limit)")
-    lines.append("")
+    lines += ["### Autotune rule (bf16/fp16 on sm_90: no spills, shared memory within the limit)", ""]
     if not any(r["arch"] == "sm_90" for r in rows):
         lines.append("Not checked: sm_90 was not built.")
     elif not bad:
         lines.append("Holds: no bf16/fp16 autotune config spills or exceeds shared memory on sm_90.")
     else:
-        lines.append("Violated (remove these configs or justify them in the autotune list's comments):")
-        lines.append("")
+        lines += ["Violated (remove these configs or justify them in the autotune list's comments):", ""]
         lines += [
             f"* {r['kernel']} [{r.get('launch', '-')}] {r['config_label']} {r['dtype']}: {'; '.join(p)}" for r, p in bad
         ]

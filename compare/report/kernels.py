@@ -3,9 +3,10 @@ types and their helpers are in ``compare.kernels.summary``)."""
 
 from __future__ import annotations
 
-from compare.formats.markdown import case_label
+from compare.formats.markdown import table
 from compare.kernels.names import op_name
 from compare.kernels.summary import KINDS, Kernels
+from compare.report.cells import LEAD, lead
 from compare.results.document import Results
 
 #: The most absorbed ops listed per fused kernel in the report (the JSON keeps them all).
@@ -54,24 +55,17 @@ def _counted_by(s: Kernels) -> str:
 
 
 def kernel_section(doc: Results) -> str:
-    """``## Kernels per step``: one row per (backend, case, dtype, mode) whose result has a kernel summary.
-
-    Built only from the document's results (each result's ``kernels`` summary, or None); "" when no result has one.
-    Shows kernels per step, the kernel names (short) grouped by kind with counts, the ops each fused kernel
-    absorbed, and the metadata-only ops (no kernel launched) counted apart. Pure and deterministic.
-    """
+    """``## Kernels per step``: one row per (backend, case, dtype, mode) whose result has a kernel summary ("" when
+    none has): kernels per step, the kernel names (short) grouped by kind with counts, the ops each fused kernel
+    absorbed, and the metadata-only ops (no kernel launched) counted apart."""
     rows, notes = [], []
     for r in doc.results:
         s = r.kernels
         if s is None:
             continue
-        label = f"{r.label} {case_label(r)} {r.dtype} {r.mode}"
         rows.append(
             [
-                _cell(r.label),
-                _cell(case_label(r)),
-                _cell(r.dtype),
-                _cell(r.mode),
+                *map(_cell, lead(r)),
                 _counted_by(s),
                 str(s.kernels_per_step),
                 _kernels_cell(s),
@@ -80,22 +74,17 @@ def kernel_section(doc: Results) -> str:
             ]
         )
         if s.notes:
-            notes.append(f"- {_cell(label)}: {_cell(s.notes)}")
+            notes.append(f"- {_cell(' '.join(lead(r)))}: {_cell(s.notes)}")
     if not rows:
         return ""
     header = [
-        "backend",
-        "case",
-        "dtype",
-        "mode",
+        *LEAD,
         "counted by",
         "kernels/step",
         "kernels (per step)",
         "fused kernel: ops absorbed",
         "metadata ops (no kernel)",
     ]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
     intro = (
         "Kernels launched by one step. torch: counted by `torch.profiler` over the steps each row names, "
         "divided by their number (on CUDA the device "
@@ -104,4 +93,6 @@ def kernel_section(doc: Results) -> str:
         "custom call or op. A fused kernel lists the ops it absorbed; view-like ops that launch nothing "
         "(transposes, reshapes, bitcasts) are counted apart."
     )
-    return "## Kernels per step\n\n" + intro + "\n\n" + "\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "")
+    return (
+        "## Kernels per step\n\n" + intro + "\n\n" + table(header, rows) + ("\n\n" + "\n".join(notes) if notes else "")
+    )

@@ -6,7 +6,7 @@ no node, renders as before."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from compare.results.document import Result, Results
 
@@ -18,12 +18,19 @@ def machine_of(r: Result) -> str | None:
 
 def timed_machine_types(results: Sequence[Result]) -> list[str | None]:
     """The machine types of the timed rows, in order of first appearance (None: rows without a node)."""
-    out: list[str | None] = []
-    for r in results:
-        m = machine_of(r)
-        if r.timing is not None and m not in out:
-            out.append(m)
-    return out
+    return list(dict.fromkeys(machine_of(r) for r in results if r.timing is not None))
+
+
+def same_machine(
+    results: Sequence[Result], r: Result, backend: str, measured: Callable[[Result], object]
+) -> Result | None:
+    """The first row of ``backend`` on ``r``'s case and mode with a ``measured`` figure (its cost, its timing), on
+    ``r``'s machine type: a speedup or a saving is never measured across two machine types."""
+    for b in results:
+        same = b.backend == backend and (b.case, b.mode) == (r.case, r.mode)
+        if same and measured(b) is not None and machine_of(b) == machine_of(r):
+            return b
+    return None
 
 
 def several(results: Sequence[Result]) -> bool:

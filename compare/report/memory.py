@@ -23,6 +23,7 @@ from typing import Any
 
 from compare.backends.registry import BACKENDS, DEFAULT_BASELINE
 from compare.formats.markdown import case_label, fmt_s, table
+from compare.report.cells import mib
 from compare.results.document import Result, Results
 from compare.results.memory import Memory, model_check
 from compare.timing.significance import compare_timing
@@ -30,11 +31,6 @@ from compare.timing.significance import compare_timing
 MIB = 1 << 20
 #: Statuses whose memory figures the summary weighs (a failing step's memory is no saving).
 PASSING = ("ok", "deviates", "implausible")
-
-
-def mib(n: int) -> str:
-    """Bytes as MiB, to 4 significant digits (``48 MiB``, ``0.1389 MiB``); exact bytes stay in results.json."""
-    return f"{n / MIB:.4g} MiB"
 
 
 def short_source(source: str) -> str:
@@ -58,7 +54,7 @@ def _counted_by(m: Memory | None) -> str:
     if m is None or m.saved is None:
         return "-"
     check = m.saved.cross_check
-    verdict = "" if not check else "; cross-check agrees" if check.startswith("agrees") else ""
+    verdict = "; cross-check agrees" if check.startswith("agrees") else ""
     if check.startswith("DIFFERS"):
         verdict = "; **cross-check differs**"
     return short_source(m.saved.source) + verdict
@@ -82,7 +78,8 @@ def _peak_cell(m: Memory | None) -> tuple[str, str]:
     return ("<= " if m.peak.bound else "") + mib(m.peak.bytes), short_source(m.peak.source) + bound
 
 
-def _groups(results: Sequence[Result]) -> dict[tuple[str, str], list[Result]]:
+def by_case_mode(results: Sequence[Result]) -> dict[tuple[str, str], list[Result]]:
+    """The results grouped by case (dtype included) and mode, in order of first appearance."""
     groups: dict[tuple[str, str], list[Result]] = {}
     for r in results:
         groups.setdefault((r.case, r.mode), []).append(r)
@@ -107,22 +104,17 @@ def memory_section(doc: Results) -> str:
         "most the step allocated above its inputs and weights, with its source. A figure that was not measured "
         "says why; it is never 0.",
     ]
-    sources: list[str] = []
+    sources: dict[str, None] = {}  # in order of first appearance
     findings: list[str] = []
-    for (_, mode), group in _groups(rows).items():
+    for (_, mode), group in by_case_mode(rows).items():
         body = []
         for r in group:
             m = r.memory
             check = model_check(m, r.cost)
             peak, peak_src = _peak_cell(m)
-            saved_src = _counted_by(m)
-            for s in (
-                m.saved.source if m is not None and m.saved is not None else "",
-                m.peak.source if m and m.peak else "",
-            ):
-                if s and s not in sources:
-                    sources.append(s)
-            body.append([r.label, r.status, _saved_cell(m), saved_src, check.cell, peak, peak_src])
+            if m is not None:
+                sources.update(dict.fromkeys(x.source for x in (m.saved, m.peak) if x is not None and x.source))
+            body.append([r.label, r.status, _saved_cell(m), _counted_by(m), check.cell, peak, peak_src])
             if check.finding:
                 spec = BACKENDS.get(r.backend)
                 why = f" The plan is an assumption: {spec.assumption}" if spec is not None and spec.assumption else ""
@@ -247,7 +239,8 @@ def linear_fit(what: str, points: Sequence[tuple[int, int]], device_memory: int 
     return Fit(what, tuple(sorted(points)), slope, intercept, resid, largest)
 
 
-def _family(r: Result) -> tuple[str, int, int]:
+def family(r: Result) -> tuple[str, int, int]:
+    """The plots' and fits' family of a result: its model, dim and hidden (token counts vary within one)."""
     return r.model, r.shape.dim, r.shape.hidden
 
 
@@ -269,7 +262,7 @@ def memory_fits(doc: Results) -> list[tuple[Result, Fit, Fit | None]]:
     series: dict[tuple[Any, ...], dict[int, Result]] = {}
     for r in doc.results:
         if r.memory is not None and r.memory.saved is not None and r.world_size == 1:
-            series.setdefault((_family(r), r.dtype, r.mode, r.backend), {}).setdefault(r.shape.tokens, r)
+            series.setdefault((family(r), r.dtype, r.mode, r.backend), {}).setdefault(r.shape.tokens, r)
     out = []
     dev = doc.config.device_memory
     for _, by_tokens in sorted(series.items(), key=lambda kv: kv[0]):

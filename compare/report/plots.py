@@ -28,7 +28,7 @@ from typing import Any
 from compare.backends.registry import DEFAULT_BASELINE
 from compare.cost.records import Achieved
 from compare.problem.cases import DTYPES, MODES
-from compare.report.memory import linear_fit
+from compare.report.memory import family, linear_fit
 from compare.results.document import Result, Results
 from compare.timing import significance
 from compare.timing.timer import Timing
@@ -43,10 +43,6 @@ CEILINGS: tuple[tuple[Callable[[Achieved], float], str, str], ...] = (
 
 def tokens(r: Result) -> int:
     return r.shape.tokens
-
-
-def family(r: Result) -> Family:
-    return r.model, r.shape.dim, r.shape.hidden
 
 
 def spread(t: Timing) -> tuple[float, float, float]:
@@ -99,8 +95,7 @@ def _figure(n_panels: int, title: str) -> tuple[Any, list[Any]]:
 
 
 def _colors(backends: list[str]) -> dict[str, str]:
-    palette = [f"C{i}" for i in range(10)]
-    return {b: palette[i % len(palette)] for i, b in enumerate(backends)}
+    return {b: f"C{i % 10}" for i, b in enumerate(backends)}
 
 
 def _axes_style(ax: Any, xs: Iterable[int], title: str, ylabel: str) -> None:
@@ -130,11 +125,10 @@ def _save(fig: Any, path: Path) -> Path:
 def _time_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
     series = _series(rs)
     panels = _panels(rs)
-    backends = sorted({b for (_, _, b) in series})
-    color = _colors(backends)
+    color = _colors(sorted({b for (_, _, b) in series}))
     fig, axes = _figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: median time per call")
     for ax, (dtype, mode) in zip(axes, panels, strict=True):
-        for b in backends:
+        for b, c in color.items():
             pts = series.get((dtype, mode, b))
             if not pts:
                 continue
@@ -142,7 +136,7 @@ def _time_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
             q = [spread(r.timing) for r in pts if r.timing is not None]
             ys = [m for _, m, _ in q]
             err = [[max(m - lo, 0.0) for lo, m, _ in q], [max(hi - m, 0.0) for _, m, hi in q]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, color=color[b], label=b)
+            ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, color=c, label=b)
         _axes_style(ax, (tokens(r) for r in rs), f"{dtype} {mode}", "seconds per call")
     return _save(fig, path)
 
@@ -154,17 +148,16 @@ def _speedup_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
         return None
     series = _series(others)
     panels = _panels(others)
-    backends = sorted({b for (_, _, b) in series})
-    color = _colors(backends)
+    color = _colors(sorted({b for (_, _, b) in series}))
     fig, axes = _figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: speedup over {DEFAULT_BASELINE}")
     for ax, (dtype, mode) in zip(axes, panels, strict=True):
-        for b in backends:
+        for b, c in color.items():
             pts = series.get((dtype, mode, b))
             if not pts:
                 continue
             xs = [tokens(r) for r in pts]
             ys = [base[(r.case, r.mode)] / _median(r) for r in pts]
-            ax.plot(xs, ys, marker="o", ms=3, color=color[b], label=b)
+            ax.plot(xs, ys, marker="o", ms=3, color=c, label=b)
         ax.axhline(1.0, color="grey", linestyle=":", linewidth=1, label=DEFAULT_BASELINE)
         _axes_style(ax, (tokens(r) for r in others), f"{dtype} {mode}", f"{DEFAULT_BASELINE} median / median")
     return _save(fig, path)
@@ -182,11 +175,10 @@ def _ceiling_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
         return None
     series = _series(rs)
     panels = _panels(rs)
-    backends = sorted({b for (_, _, b) in series})
-    color = _colors(backends)
+    color = _colors(sorted({b for (_, _, b) in series}))
     fig, axes = _figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: achieved fraction of ceilings")
     for ax, (dtype, mode) in zip(axes, panels, strict=True):
-        for b in backends:
+        for b, c in color.items():
             for key, what, style in CEILINGS:
                 pts = [(tokens(r), _frac(r, key)) for r in series.get((dtype, mode, b), [])]
                 pts = [(x, y) for x, y in pts if y is not None]
@@ -197,7 +189,7 @@ def _ceiling_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
                         linestyle=style,
                         marker="o",
                         ms=3,
-                        color=color[b],
+                        color=c,
                         label=f"{b} {what}",
                     )
         _axes_style(ax, (tokens(r) for r in rs), f"{dtype} {mode}", "fraction of ceiling")
@@ -221,7 +213,7 @@ def _roofline_plot(doc: Results, rs: list[Result], fam: Family, path: Path) -> P
     ]
     if not pts:
         return None
-    dtypes = _ordered((r.dtype for r, _, _ in pts), [d for d in ("float32", "bfloat16", "float16")])
+    dtypes = _ordered((r.dtype for r, _, _ in pts), DTYPES)
     backends = sorted({r.backend for r, _, _ in pts})
     color = _colors(backends)
     fig, axes = _figure(len(dtypes), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: roofline (ceilings of this run)")
@@ -292,23 +284,22 @@ def _memory_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
     weights (dashed) against tokens, one line per backend, a panel per dtype and mode."""
     series = _series(rs)
     panels = _panels(rs)
-    backends = sorted({b for (_, _, b) in series})
-    color = _colors(backends)
+    color = _colors(sorted({b for (_, _, b) in series}))
     fig, axes = _figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: memory per step")
     drawn = False
     for ax, (dtype, mode) in zip(axes, panels, strict=True):
-        for b in backends:
+        for b, c in color.items():
             pts = [r for r in series.get((dtype, mode, b), []) if r.memory is not None]
             saved = [(tokens(r), r.memory.saved.bytes) for r in pts if r.memory and r.memory.saved]
             peak = [(tokens(r), r.memory.peak.bytes) for r in pts if r.memory and r.memory.peak]
             if len(saved) >= 2 and any(y > 0 for _, y in saved):
-                ax.plot(*zip(*saved, strict=True), marker="o", ms=3, color=color[b], label=f"{b} saved")
+                ax.plot(*zip(*saved, strict=True), marker="o", ms=3, color=c, label=f"{b} saved")
                 f = linear_fit("saved", saved)
                 xs = [x for x, _ in saved]
-                ax.plot(xs, [f.intercept + f.slope * x for x in xs], ":", color=color[b], linewidth=1)
+                ax.plot(xs, [f.intercept + f.slope * x for x in xs], ":", color=c, linewidth=1)
                 drawn = True
             if len(peak) >= 2 and any(y > 0 for _, y in peak):
-                ax.plot(*zip(*peak, strict=True), "--", marker="x", ms=3, color=color[b], label=f"{b} peak")
+                ax.plot(*zip(*peak, strict=True), "--", marker="x", ms=3, color=c, label=f"{b} peak")
                 drawn = True
         _axes_style(ax, (tokens(r) for r in rs), f"{dtype} {mode}", "bytes")
     return _save(fig, path) if drawn else None
@@ -323,35 +314,26 @@ def render_plots(doc: Results, out_dir: Path) -> list[Path]:
     fams: dict[Family, list[Result]] = {}
     for r in rs:
         fams.setdefault(family(r), []).append(r)
-    written: list[Path] = []
+    written: list[Path | None] = []
     for fam in sorted(fams):
         group = fams[fam]
         stem = f"{fam[0]}-d{fam[1]}-h{fam[2]}"
-        roof = _roofline_plot(doc, group, fam, out_dir / f"roofline-{stem}.png")
-        if roof is not None:
-            written.append(roof)
-        if len({tokens(r) for r in group}) < 2:
-            continue
-        for kind, fn in (("time", _time_plot), ("speedup", _speedup_plot), ("ceiling", _ceiling_plot)):
-            p = fn(group, fam, out_dir / f"{kind}-{stem}.png")
-            if p is not None:
-                written.append(p)
+        written.append(_roofline_plot(doc, group, fam, out_dir / f"roofline-{stem}.png"))
+        if len({tokens(r) for r in group}) >= 2:
+            for kind, fn in (("time", _time_plot), ("speedup", _speedup_plot), ("ceiling", _ceiling_plot)):
+                written.append(fn(group, fam, out_dir / f"{kind}-{stem}.png"))
     mems: dict[Family, list[Result]] = {}
     for r in doc.results:
         if r.memory is not None and r.world_size == 1:
             mems.setdefault(family(r), []).append(r)
     for fam in sorted(mems):
         if len({tokens(r) for r in mems[fam]}) >= 2:
-            p = _memory_plot(mems[fam], fam, out_dir / f"memory-{fam[0]}-d{fam[1]}-h{fam[2]}.png")
-            if p is not None:
-                written.append(p)
+            written.append(_memory_plot(mems[fam], fam, out_dir / f"memory-{fam[0]}-d{fam[1]}-h{fam[2]}.png"))
     shape_rows = list(doc.shape_sweep)
     if shape_rows:
         r0 = shape_rows[0]
-        p = _compile_plot(shape_rows, out_dir / f"compile-{r0['model']}-d{r0['dim']}-h{r0['hidden']}.png")
-        if p is not None:
-            written.append(p)
-    return written
+        written.append(_compile_plot(shape_rows, out_dir / f"compile-{r0['model']}-d{r0['dim']}-h{r0['hidden']}.png"))
+    return [p for p in written if p is not None]
 
 
 _CAPTIONS = {

@@ -11,7 +11,7 @@ from compare.formats.codec import from_json
 from compare.formats.markdown import case_label, fmt_e, fmt_s, table
 from compare.gate.parity import WHERE_FAIL
 from compare.kernels import busy
-from compare.kernels.summary import Kernels
+from compare.report.cells import LEAD, lead, signed_s
 from compare.report.cost import cost_section, fusion_section
 from compare.report.gpu_build import render_markdown
 from compare.report.kernels import kernel_section
@@ -101,10 +101,7 @@ def parity_section(results: Rows) -> str:
             same = r.extras.get("deterministic")
             rows.append(
                 [
-                    r.label,
-                    case_label(r),
-                    r.dtype,
-                    r.mode,
+                    *lead(r),
                     t.tensor,
                     f"{fmt_e(t.max_abs_err)} ({fmt_e(t.bound)}; {fmt_e(t.max_fail)})",
                     f"{fmt_e(t.rms_err)} ({fmt_e(t.rms_bound)}; {fmt_e(t.rms_fail)})",
@@ -116,10 +113,7 @@ def parity_section(results: Rows) -> str:
                 ]
             )
     head = [
-        "backend",
-        "case",
-        "dtype",
-        "mode",
+        *LEAD,
         "tensor",
         "max abs err (pass line; fail line)",
         "rms err (pass line; fail line)",
@@ -209,8 +203,7 @@ def _cold_cells(r: Result) -> list[str]:
     if c is None or t is None:
         return ["-", "-", "-"]
     v = compare_timing(t, c)
-    ratio = v.said(f"{v.ratio:.2f}x")
-    return [fmt_s(c.median_s), fmt_s(c.iqr_s) + f" (n {c.n})", ratio]
+    return [fmt_s(c.median_s), fmt_s(c.iqr_s) + f" (n {c.n})", v.said(f"{v.ratio:.2f}x")]
 
 
 def _kernel_cells(r: Result) -> list[str]:
@@ -228,8 +221,7 @@ def _kernel_cells(r: Result) -> list[str]:
         if sp[name + "_share"] >= 0.005
     ]
     mark = "" if k.consistent(t.median_s) else f" (> wall by more than {busy.CONSISTENT_MARGIN:.0%})"
-    over = sp["overhead_s"]
-    return [fmt_s(sp["busy_s"]) + mark, ", ".join(parts) or "-", ("-" if over < 0 else "") + fmt_s(abs(over))]
+    return [fmt_s(sp["busy_s"]) + mark, ", ".join(parts) or "-", signed_s(sp["overhead_s"])]
 
 
 def _device_notes(r: Result) -> list[str]:
@@ -302,14 +294,10 @@ def timing_section(
         t = r.timing
         if t is None:
             continue
-        speedup = speedup_cell(results, r)
         flags = [x for x in ("noisy (IQR > 10% of median)" if t.noisy else "", r.note, *_device_notes(r)) if x]
         rows.setdefault(machine_of(r) if several(results) else None, []).append(
             [
-                r.label,
-                case_label(r),
-                r.dtype,
-                r.mode,
+                *lead(r),
                 fmt_s(t.median_s),
                 fmt_s(t.iqr_s),
                 fmt_s(t.min_s),
@@ -318,15 +306,12 @@ def timing_section(
                 *_cold_cells(r),
                 *_kernel_cells(r),
                 fmt_s(t.first_call_s),
-                speedup,
+                speedup_cell(results, r),
                 "; ".join(flags),
             ]
         )
     head = [
-        "backend",
-        "case",
-        "dtype",
-        "mode",
+        *LEAD,
         "warm median",
         "IQR",
         "min",
@@ -437,10 +422,7 @@ def xla_check_section(results: Rows) -> str:
         br = f"{xb / cost.bytes:.2f}" if xb and cost.bytes else "-"
         rows.append(
             [
-                r.label,
-                case_label(r),
-                r.dtype,
-                r.mode,
+                *lead(r),
                 f"{cost.flops:.4g}",
                 f"{xla['flops']:.4g}",
                 f"{fr:.3f}",
@@ -457,10 +439,7 @@ def xla_check_section(results: Rows) -> str:
         "keeps, which is not the same as DRAM traffic."
     )
     head = [
-        "backend",
-        "case",
-        "dtype",
-        "mode",
+        *LEAD,
         "model FLOPs",
         "XLA FLOPs",
         "XLA/model",
@@ -471,15 +450,11 @@ def xla_check_section(results: Rows) -> str:
     return "## Cost model against XLA's cost analysis\n\n" + intro + "\n\n" + table(head, rows)
 
 
-def _steps_note(k: Kernels) -> str:
-    return "" if k.steps is None else f", {k.steps} recorded step{'s' if k.steps != 1 else ''}"
-
-
 def traces_section(results: Rows) -> str:
     """Links to the profiler traces a run wrote (paths relative to the report's folder)."""
     rows = [
         f"- {r.label} ({case_label(r)}, {r.dtype}, {r.mode}): [{r.kernels.trace}]({r.kernels.trace})"
-        + _steps_note(r.kernels)
+        + ("" if (n := r.kernels.steps) is None else f", {n} recorded step{'s' if n != 1 else ''}")
         for r in results
         if r.kernels is not None and r.kernels.trace
     ]
@@ -509,23 +484,13 @@ def problems_section(results: Rows) -> str:
         return "## Skipped, failed and implausible\n\nNone: every backend ran and passed parity."
     rows = [
         [
-            r.label,
-            case_label(r),
-            r.dtype,
-            r.mode,
+            *lead(r),
             r.status + (" (timing implausible)" if r.implausible else ""),
             "; ".join(x for x in (r.reason, r.implausible, _earlier_attempts(r)) if x).replace("|", "\\|"),
         ]
         for r in bad
     ]
-    return "## Skipped, failed and implausible\n\n" + table(
-        ["backend", "case", "dtype", "mode", "status", "reason"], rows
-    )
-
-
-def summary(doc: Results) -> str:
-    """Counts by status, e.g. ``3 ok, 1 skipped`` (:meth:`Results.summary`)."""
-    return doc.summary()
+    return "## Skipped, failed and implausible\n\n" + table([*LEAD, "status", "reason"], rows)
 
 
 def machine_line(doc: Results, to: Link) -> str:

@@ -1,14 +1,11 @@
-"""The compile-cost sweep's section of the report: ``doc.shape_sweep``'s rows (schema and payback in
-``compare.timing.compile_sweep``) as markdown. Pure Python.
-
-:func:`shapes_section` renders per backend and shape the compiles, the first call, the steady state and the payback;
-the rows are measured by ``compare.run.shape_sweep``.
-"""
+"""The compile-cost sweep's section of the report: ``doc.shape_sweep``'s rows (measured by ``compare.run.shape_sweep``;
+schema and payback in ``compare.timing.compile_sweep``) as markdown."""
 
 from __future__ import annotations
 
 import math
 
+from compare.formats.markdown import fmt_s, table
 from compare.results.document import Results
 from compare.timing.compile_sweep import Row, with_payback
 from compare.timing.significance import FASTER, SLOWER, WITHIN_NOISE
@@ -40,8 +37,6 @@ def _payback(r: Row) -> str:
 def shapes_section(doc: Results) -> str:
     """Markdown for the document's ``shape_sweep``: per backend and shape, compiles, first call, steady state,
     payback."""
-    from compare.formats.markdown import fmt_s, table
-
     rows = list(doc.shape_sweep)
     if not rows:
         return ""

@@ -32,9 +32,10 @@ from typing import Any
 from compare.backends.registry import BACKENDS, DEFAULT_BASELINE, framework_baseline
 from compare.formats.markdown import case_label, fmt_s, si, table
 from compare.gate.resolution import ResolutionRow
-from compare.report.cost import MEASURED, UNMEASURED, ceilings_for, fusion_benefit, kernel_time_split
-from compare.report.machines import machine_of, machines_line, several, timed_machine_types
-from compare.report.memory import memory_line, mib, saved_bytes
+from compare.report.cells import mib, signed_s
+from compare.report.cost import MEASURED, UNMEASURED, ceilings_for, fusion_benefit, kernel_time_split, measured_saved
+from compare.report.machines import machine_of, machines_line, same_machine, several, timed_machine_types
+from compare.report.memory import by_case_mode, memory_line, saved_bytes
 from compare.report.resolution import RESOLUTION
 from compare.results.document import Result, Results
 from compare.timing.significance import MIN_PAIRS, NOT_TESTED, PAIRED, WITHIN_NOISE, compare_timing, not_tested
@@ -54,26 +55,13 @@ def _plain(cell: str) -> str:
     return cell.split("](")[0].lstrip("[")
 
 
-def _baseline(results: Sequence[Result], r: Result) -> Result | None:
-    for b in results:
-        if (
-            b.backend == DEFAULT_BASELINE
-            and b.case == r.case
-            and b.mode == r.mode
-            and b.timing is not None
-            and machine_of(b) == machine_of(r)
-        ):
-            return b  # never a speedup across two machine types
-    return None
-
-
 def speedup_cell(results: Sequence[Result], r: Result) -> str:
     """``r``'s speedup against the baseline on the same case and mode, e.g. ``1.52x``, only where the two timings
     differ beyond noise (:func:`compare.timing.significance.compare_timing`, the rule of ``compare diff``); else
     ``within noise`` (or ``not tested (N rounds)`` where the paired test had too few rounds to run). ``baseline``
     for the baseline itself, ``-`` where the baseline was not timed (on the row's machine type: a row is never
     compared with a baseline measured on another)."""
-    base = _baseline(results, r)
+    base = same_machine(results, r, DEFAULT_BASELINE, lambda b: b.timing)
     if base is None or base.timing is None or r.timing is None:
         return "-"
     if base is r:
@@ -81,14 +69,6 @@ def speedup_cell(results: Sequence[Result], r: Result) -> str:
     v = compare_timing(base.timing, r.timing)
     mark = "" if v.design == PAIRED else ", unpaired"
     return v.said(f"{1 / v.ratio:.2f}x") + mark
-
-
-def _key(r: Result) -> tuple[str, str]:
-    return r.case, r.mode
-
-
-def _label(r: Result) -> str:
-    return f"{case_label(r)} {r.dtype} {r.mode}"
 
 
 def _where_failed(r: Result) -> str:
@@ -120,12 +100,7 @@ def _parity(rows: list[Result], resolution: tuple[ResolutionRow, ...]) -> str:
     passing = [r for r in judged if r.status == "ok"]
     parts = []
     if bad:
-        what = []
-        for r in bad:
-            if r.status == "error":
-                what.append(f"{r.label} (error)")
-            else:
-                what.append(f"{r.label} ({_where_failed(r)})")
+        what = [f"{r.label} ({'error' if r.status == 'error' else _where_failed(r)})" for r in bad]
         parts.append("**FAIL**: " + "; ".join(what))
     implausible = [r for r in rows if r.status == "implausible"]
     if implausible:
@@ -227,10 +202,6 @@ def _fastest_of(rows: list[Result]) -> str:
     return text + ", " + "; ".join(verdicts)
 
 
-def _signed(s: float) -> str:
-    return ("-" if s < 0 else "") + fmt_s(abs(s))
-
-
 def _saved(f: dict[str, Any]) -> str | None:
     """What one fused backend saved over its framework's baseline (a fusion-table row), or None to say nothing.
 
@@ -242,12 +213,10 @@ def _saved(f: dict[str, Any]) -> str | None:
         return None if why.startswith("baseline") or why == "not timed" else f"{b} not measured ({why})"
     if f.get("measured_verdict") is None:
         return None
-    if f["measured_verdict"] == WITHIN_NOISE:
-        return f"{b} {WITHIN_NOISE}"
-    if f["measured_verdict"] == NOT_TESTED:
-        return f"{b} {not_tested(f.get('measured_pairs'))}"
+    text = f"{b} {measured_saved(f)}"
+    if f["measured_verdict"] in (WITHIN_NOISE, NOT_TESTED):
+        return text
     saved, bound = f["measured_saved_s"], f.get("baseline_outside_gemm_s")
-    text = f"{b} {_signed(saved)}"
     if bound is None or saved <= bound * (1 + 1e-9):  # within float rounding of the bound is the bound
         return text
     more = f"more than the {fmt_s(bound)} {f['baseline']} spends outside GEMMs"
@@ -255,7 +224,7 @@ def _saved(f: dict[str, Any]) -> str | None:
     if g is None or o is None:
         why = "the rest is not fusion but faster GEMMs or less dispatch; unsplit, a profile has no kernel times"
         return f"{text} ({more}: {why})"
-    split = f"of which GEMMs {_signed(g)}, other kernels {_signed(o)}, outside any kernel {_signed(saved - g - o)}"
+    split = f"of which GEMMs {signed_s(g)}, other kernels {signed_s(o)}, outside any kernel {signed_s(saved - g - o)}"
     return f"{text} ({more}: {split})"
 
 
@@ -277,7 +246,9 @@ def _framework_headroom(rows: list[Result], fusion: list[dict[str, Any]], baseli
     saved = [
         x
         for f in fusion
-        if f["baseline"] == baseline and f["backend"] in names and (f["case"], f["mode"]) == _key(rows[0])
+        if f["baseline"] == baseline
+        and f["backend"] in names
+        and (f["case"], f["mode"]) == (rows[0].case, rows[0].mode)
         if f["removed"]  # a plan that fuses nothing saves nothing by fusion, whatever its time
         if (x := _saved(f)) is not None
     ]
@@ -290,11 +261,7 @@ def _headroom(rows: list[Result], fusion: list[dict[str, Any]]) -> str:
     """Per framework present in the group (one case, dtype and mode), its own unfused baseline's headroom and what
     its fused backends saved over it (:func:`_framework_headroom`); frameworks named when there are several.
     Nothing here compares frameworks: that is the timing table's."""
-    frameworks: list[str] = []
-    for r in rows:
-        s = BACKENDS.get(r.backend)
-        if s is not None and s.framework not in frameworks:
-            frameworks.append(s.framework)
+    frameworks = list(dict.fromkeys(s.framework for r in rows if (s := BACKENDS.get(r.backend)) is not None))
     parts = []
     for fw in frameworks:
         baseline = framework_baseline(fw)
@@ -407,23 +374,20 @@ def case_table(doc: Results, rows: list[Result], fusion: list[dict[str, Any]], t
 def summary_section(doc: Results, to: Link = _words) -> str:
     """``## Summary``: the answer per case, dtype and mode (see the module docstring), each line followed by its
     table (:func:`case_table`); "" without results. ``to`` links words to a section of the details."""
-    groups: dict[tuple[str, str], list[Result]] = {}
-    for r in doc.results:
-        groups.setdefault(_key(r), []).append(r)
+    groups = by_case_mode(doc.results)
     if not groups:
         return ""
     fusion = fusion_benefit(doc)
 
-    def checked(rows: list[Result]) -> bool:  # plausibility: a ceiling measured for each row's dtype
-        return all(ceilings_for(doc, r.dtype) is not None for r in rows)
-
     lines = []
     for rows in groups.values():
         memory = memory_line(rows)
-        fastest = _fastest(rows, checked(rows))
+        checked = all(ceilings_for(doc, r.dtype) is not None for r in rows)  # a ceiling for each row's dtype
+        fastest = _fastest(rows, checked)
         lines.append(
-            f"- **{_label(rows[0])}**: parity {_parity(rows, doc.resolution)}. Fastest: {fastest}. "
-            f"Fusion headroom: {_headroom(rows, fusion)}." + (f" {memory[0].upper()}{memory[1:]}." if memory else "")
+            f"- **{case_label(rows[0])} {rows[0].dtype} {rows[0].mode}**: parity {_parity(rows, doc.resolution)}. "
+            f"Fastest: {fastest}. Fusion headroom: {_headroom(rows, fusion)}."
+            + (f" {memory[0].upper()}{memory[1:]}." if memory else "")
         )
         lines.append(case_table(doc, rows, fusion, to))
     plausible = (

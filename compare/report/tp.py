@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from compare.formats.markdown import fmt_s, table
+from compare.formats.markdown import case_label, fmt_s, table
 from compare.results.document import Result
 from compare.results.tp import TPInfo
 from compare.timing.significance import FASTER, compare_timing, speedup
@@ -30,8 +30,7 @@ def _tp_rows(results: Sequence[Result]) -> list[tuple[Result, TPInfo]]:
 
 
 def _label(r: Result) -> str:
-    s = r.shape
-    return f"{r.model} {s.batch}x{s.seq}x{s.dim}->{s.hidden} {r.dtype}"
+    return f"{case_label(r)} {r.dtype}"
 
 
 def _launch(tp: TPInfo) -> str:
@@ -40,10 +39,6 @@ def _launch(tp: TPInfo) -> str:
 
 def _t(t: Timing | None) -> str:
     return "-" if t is None else f"{fmt_s(t.median_s)} ± {fmt_s(t.iqr_s / 2)} (n={t.n})"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def comm_fraction(r: Result, tp: TPInfo) -> float | None:
@@ -130,7 +125,7 @@ def tp_section(results: Sequence[Result]) -> str:
             _t(r.timing),
             _t(tp.comm),
             _t(tp.compute),
-            _pct(comm_fraction(r, tp)),
+            "-" if (share := comm_fraction(r, tp)) is None else f"{100 * share:.1f}%",
         ]
         for r, tp in rows
     ]
@@ -157,11 +152,7 @@ def tp_section(results: Sequence[Result]) -> str:
             [_comm_row(r, tp) for r, tp in rows],
         ),
     ]
-    scaling = scaling_section(results)
-    if scaling:
-        parts += [scaling]
-    parts += [setup_section(rows)]
-    return "\n\n".join(parts)
+    return "\n\n".join(x for x in (*parts, scaling_section(results), setup_section(rows)) if x)
 
 
 def probe_rate(tp: TPInfo) -> float | None:
