@@ -438,10 +438,18 @@ def plain_run(
         envelope = signature = None
         if dtype == "float32" and model != "linear":
             envelope = compute(model, x, params, dy, Arith.plain(dtype), acts=envelope_activations(model, seed))
-            off = (-TRANSCENDENTAL_ERROR_ULPS, TRANSCENDENTAL_ERROR_ULPS)
-            twin = {
-                k: compute(model, x, params, dy, Arith(None, gemm=np.matmul), acts=signature_activations(model, k))
-                for k in (0, *off)
-            }
-            signature = {t: np.stack([twin[k][t] - twin[0][t] for k in off]) for t in twin[0]}
+            signature = signatures(
+                lambda ar, ulps: compute(model, x, params, dy, ar, acts=signature_activations(model, ulps))
+            )
     return unrounded, envelope, signature
+
+
+def signatures(twin: Callable[[Arith, int], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The signatures of a transcendental biased all one way (:func:`plain_run`): ``twin(ar, ulps)`` is the
+    computation in ``ar`` (float64 through the machine's BLAS) with its transcendental ``ulps`` float32 ulps off
+    (:func:`signature_activations`); per tensor ``[2, *shape]``: the twins at ``-`` and ``+``
+    :data:`TRANSCENDENTAL_ERROR_ULPS`, each less the one at 0 ulps. ``torch_impl.plain`` runs it on any module."""
+    ar = Arith(None, gemm=np.matmul)
+    off = (-TRANSCENDENTAL_ERROR_ULPS, TRANSCENDENTAL_ERROR_ULPS)
+    runs = {k: twin(ar, k) for k in (0, *off)}
+    return {t: np.stack([runs[k][t] - runs[0][t] for k in off]) for t in runs[0]}
