@@ -45,6 +45,11 @@ from compare.problem.cases import Case, InputError, Weights
 from compare.problem.reference import round_to_dtype
 
 
+class WeightsChanged(InputError):
+    """A case's weights file no longer has the sha256 the case was made with (edited or replaced since the run
+    started): a run or a worker that rebuilds the case's golden data refuses it, naming the file and both hashes."""
+
+
 @dataclass(frozen=True)
 class Source:
     """Where a canonical parameter is in a checkpoint: its name (before the prefix) and whether it is stored
@@ -220,7 +225,7 @@ def load_params(case: Case) -> dict[str, np.ndarray]:
     try:
         digest = hashlib.sha256(mm if mm is not None else b"").hexdigest()
         if digest != w.sha256:
-            raise InputError(
+            raise WeightsChanged(
                 f"weights file {w.path} changed since the run started: its sha256 is now {digest}, the case "
                 f"{case.name} was made from {w.sha256}"
             )

@@ -18,6 +18,7 @@ from compare.formats.atomic import write_text_atomic
 from compare.formats.codec import from_json, to_json
 from compare.problem import golden
 from compare.problem.cases import Case
+from compare.problem.checkpoint import WeightsChanged
 from compare.results import document, environment
 from compare.run import child, harness, stop
 from compare.run.grid import Cell
@@ -96,7 +97,7 @@ def run_payload(sent: dict[str, Any], node_id: str = "") -> dict[str, Any]:
     error = functools.partial(document.Result.for_case, s.name, case, cell.mode, "error")
     try:
         mine = golden.data_sha256(case) if expected is not None else None
-    except golden.GoldenError as exc:
+    except (golden.GoldenError, WeightsChanged) as exc:  # a weights file changed since the driver hashed it too
         r = error(reason=f"golden data on node {node_id or '?'}: {exc}")
     else:
         if mine != expected:
