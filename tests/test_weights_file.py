@@ -25,7 +25,8 @@ from compare.problem.reference import Arith, compute, round_to_dtype
 from compare.results.document import Result, read_json
 from compare.run.grid import cells_from_config, grid_config
 
-pytestmark = pytest.mark.standard
+#: in-process and well under a second each; the CLI run, the subprocess and the isolated sweep are standard
+pytestmark = pytest.mark.quick
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA = "model.layers.0.mlp."
@@ -74,7 +75,6 @@ def case_of(model: str, dtype: str, path: Path, prefix: str, shape: Shape = TINY
     return Case(model, shape, dtype, weights=checkpoint.weights(str(path), prefix))
 
 
-@pytest.mark.quick
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_llama_names_load_as_they_are_and_the_reference_is_theirs(tmp_path: Path, dtype: torch.dtype) -> None:
     path = tmp_path / "llama.safetensors"
@@ -93,7 +93,6 @@ def test_llama_names_load_as_they_are_and_the_reference_is_theirs(tmp_path: Path
     assert not np.allclose(g.ref["y"], drawn.ref["y"], rtol=0.1, atol=0.1)
 
 
-@pytest.mark.quick
 def test_gpt2_conv1d_weights_are_transposed_into_the_canonical_layout(tmp_path: Path) -> None:
     path = tmp_path / "gpt2.safetensors"
     file = gpt2(path)
@@ -109,7 +108,6 @@ def test_gpt2_conv1d_weights_are_transposed_into_the_canonical_layout(tmp_path: 
     assert g.params["fc1"].flags.c_contiguous
 
 
-@pytest.mark.quick
 def test_the_identity_tells_two_files_and_two_prefixes_apart(tmp_path: Path) -> None:
     """A case with weights: its name carries the file's sha256 (and its prefix's), its JSON (cache keys, worker jobs)
     the path, sha256 and prefix; it is never committed. A case without weights keeps its name and JSON."""
@@ -140,7 +138,6 @@ def test_the_identity_tells_two_files_and_two_prefixes_apart(tmp_path: Path) -> 
     assert "weights" not in grid_config("swiglu", 96, 328, [1, 4])
 
 
-@pytest.mark.quick
 def test_a_file_changed_since_the_case_was_made_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "llama.safetensors"
     llama(path)
@@ -150,7 +147,6 @@ def test_a_file_changed_since_the_case_was_made_is_refused(tmp_path: Path) -> No
         golden.make_problem(case)
 
 
-@pytest.mark.quick
 def test_a_float32_file_serves_a_bf16_case_only_with_bf16_values(tmp_path: Path) -> None:
     exact, inexact = tmp_path / "exact.safetensors", tmp_path / "inexact.safetensors"
     llama(exact, torch.bfloat16)  # bf16 values ...
@@ -169,7 +165,6 @@ def _load_torch(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
-@pytest.mark.quick
 def test_bad_files_are_refused_naming_both_sides(tmp_path: Path) -> None:
     path = tmp_path / "gpt2.safetensors"
     gpt2(path, hidden=300)
@@ -209,6 +204,7 @@ def _golden_state() -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(golden.GOLDEN_DIR.iterdir()) if p.is_file()}
 
 
+@pytest.mark.standard
 def test_a_run_with_weights_names_the_file_in_its_report(tmp_path: Path) -> None:
     """The CLI end to end: a torch-eager run on Llama-named bf16 weights exits 0 (or 1), its results carry the file
     and its REPORT.md names the file and its sha256; golden/ is untouched."""
@@ -275,6 +271,7 @@ def test_bad_weights_exit_2_naming_both_sides(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.standard
 def test_not_safetensors_exits_2_from_the_command_line(tmp_path: Path) -> None:
     """The real command: one line, no traceback, for a file that is not safetensors (here: a JSON file)."""
     junk = tmp_path / "config.json"
@@ -284,3 +281,44 @@ def test_not_safetensors_exits_2_from_the_command_line(tmp_path: Path) -> None:
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith(f"error: --weights {junk} is not a safetensors file: its first 8 bytes give")
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("driver_hash", [False, True])
+def test_a_worker_refuses_a_file_changed_since_the_driver_hashed_it(tmp_path: Path, driver_hash: bool) -> None:
+    """A sweep worker rebuilds the case's golden data from the job: from a file changed since the driver made the case
+    its cell is an ``error`` naming the file (a Ray worker, sent the driver's data hash, and a local one alike)."""
+    from compare.backends.registry import spec
+    from compare.run import cell_worker
+    from compare.run.grid import Cell
+    from compare.timing.timer import TimingConfig
+
+    path = tmp_path / "llama.safetensors"
+    llama(path)
+    case = case_of("swiglu", "float32", path, LLAMA)
+    sent = cell_worker.payload(spec("torch-eager"), Cell("torch-eager", case, "fwd"), TimingConfig(budget_s=0.01))
+    if driver_hash:
+        sent["golden_sha256"] = "0" * 64
+    llama(path, torch.bfloat16)  # rewritten after the driver hashed it
+    golden.golden_for.cache_clear()  # a worker process starts without the driver's golden data
+    r = from_json(Result, cell_worker.run_payload(json.loads(json.dumps(sent)))["result"])
+    assert r.status == "error" and f"weights file {path.resolve()} changed since the run started" in r.reason
+    assert r.weights == case.weights
+
+
+@pytest.mark.standard
+def test_an_isolated_sweep_reads_the_weights_in_its_workers(tmp_path: Path) -> None:
+    """``sweep --weights --isolate``: every cell runs in a worker process that rebuilds the golden data from the job's
+    case (the file, checked by its sha256); every row carries the file, and the grid records it."""
+    path = tmp_path / "gpt2.safetensors"
+    gpt2(path, dim=24, hidden=40)
+    out = tmp_path / "sweep"
+    args = ["sweep", "--model", "gelu-mlp", "--dim", "24", "--hidden", "40", "--tokens", "8", "16"]
+    args += ["--backend", "torch-eager", "--weights", str(path), "--prefix", GPT2, "--budget", "0.02", "--isolate"]
+    args += ["--no-plots", "--no-ceilings", "--quiet", "--out", str(out)]
+    assert main(args) == 0
+    doc = read_json(out / "results.json")
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert [r.status for r in doc.results] == ["ok", "ok"], [r.reason for r in doc.results]
+    assert {r.weights for r in doc.results} == {Weights(str(path.resolve()), sha, GPT2)}
+    assert doc.config.grid is not None and doc.config.grid["weights"]["sha256"] == sha
+    assert sha in (out / "REPORT.md").read_text()

@@ -33,7 +33,11 @@ def run_cell_inprocess(
     tokens); return (its result, ``{"precision": ..., "gpu": ...}`` as the backend left them)."""
     if cell.case.name not in plain_refs:
         plain_refs.clear()  # cells come case by case: keep one plain reference at a time
-        plain_refs[cell.case.name] = harness.plain_reference(cell.case)
+        try:
+            plain_refs[cell.case.name] = harness.plain_reference(cell.case)
+        except WeightsChanged as exc:  # the case's weights file changed since the driver hashed it: the cell's error
+            r = document.Result.for_case(s.name, cell.case, cell.mode, "error", reason=str(exc))
+            return r, {"precision": {}, "gpu": None}
     precision: dict[str, Any] = {}
     r = harness.run_one(s, cell.case, cell.mode, plain_refs[cell.case.name], cfg, precision, memory=True)
     return r, {"precision": precision, "gpu": environment.gpu()}
