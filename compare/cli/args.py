@@ -64,7 +64,7 @@ def add_weights_args(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--prefix",
         default="",
-        help="with --weights: what each name is looked up after, e.g. model.layers.0.mlp. (default: none)",
+        help="with --weights: put before each name, e.g. model.layers.0.mlp. (default: none)",
     )
 
 

@@ -214,16 +214,17 @@ def _first_off(values: np.ndarray, rounded: np.ndarray) -> str:
     return f"{float(values[i])!r} at {list(i)}"
 
 
-def load_params(case: Case) -> dict[str, np.ndarray]:
+def load_params(case: Case, verify: bool = True) -> dict[str, np.ndarray]:
     """``case``'s canonical parameters (``Case.weight_shapes()``'s names, ``(out, in)``, float32 arrays holding
     case-dtype values) read from its weights file, after checking the file's sha256 against the case's (a file
-    changed since the case was made is refused, naming it) and each tensor's name, shape and dtype against the case."""
+    changed since the case was made is :class:`WeightsChanged`, naming it; ``verify`` False skips it, for a check
+    made right after :func:`weights` hashed the file) and each tensor's name, shape and dtype against the case."""
     w = case.weights
     if w is None:
         raise ValueError(f"case {case.name} reads no weights file")
     mm, size = _open(w.path)
     try:
-        digest = hashlib.sha256(mm if mm is not None else b"").hexdigest()
+        digest = hashlib.sha256(mm if mm is not None else b"").hexdigest() if verify else w.sha256
         if digest != w.sha256:
             raise WeightsChanged(
                 f"weights file {w.path} changed since the run started: its sha256 is now {digest}, the case "
@@ -278,4 +279,4 @@ def check(cases: Iterable[Case]) -> None:
         key = (case.model, case.shape.dim, case.shape.hidden, case.dtype, case.weights)
         if case.weights is not None and key not in seen:
             seen.add(key)
-            load_params(case)
+            load_params(case, verify=False)  # the CLI has just hashed it (``weights``); a run checks it again
