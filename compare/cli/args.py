@@ -11,6 +11,7 @@ from typing import Any
 from compare.backends.registry import BACKENDS, spec
 from compare.cost.comm import check_world_size_value
 from compare.gate.parity import check_judgeable, judged_shapes
+from compare.problem import checkpoint
 from compare.problem.cases import (
     DTYPES,
     MODELS,
@@ -19,6 +20,7 @@ from compare.problem.cases import (
     Case,
     InputError,
     Shape,
+    Weights,
     check_finite,
     check_name,
     check_seed,
@@ -46,6 +48,37 @@ def add_case_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
     for dim in ("batch", "seq", "dim", "hidden"):
         r.add_argument(f"--{dim}", type=int, help=f"override the preset's {dim}")
+    add_weights_args(r)
+
+
+def add_weights_args(r: argparse.ArgumentParser) -> None:
+    """``--weights FILE`` and ``--prefix P``: the case's parameters from a safetensors checkpoint."""
+    names = "; ".join(f"{m}: {', '.join(checkpoint.expected_names(m))}" for m in MODELS)
+    r.add_argument(
+        "--weights",
+        metavar="FILE",
+        help="read the case's parameters from this safetensors checkpoint, by their Hugging Face names "
+        f"({names}; GPT-2's c_fc/c_proj weights transposed, as its Conv1D stores them) instead of drawing them; "
+        "the inputs are drawn from the seed as always",
+    )
+    r.add_argument(
+        "--prefix",
+        default="",
+        help="with --weights: put before each name, e.g. model.layers.0.mlp. (default: none)",
+    )
+
+
+def weights_from_args(a: argparse.Namespace) -> Weights | None:
+    """The :class:`~compare.problem.cases.Weights` of ``--weights``/``--prefix`` (the file made absolute, checked
+    to be safetensors and hashed), or None without ``--weights``; ``--prefix`` alone is refused."""
+    path, prefix = getattr(a, "weights", None), getattr(a, "prefix", "") or ""
+    if path is None:
+        if prefix:
+            raise InputError(f"--prefix {prefix!r} needs --weights (the checkpoint its names are looked up in)")
+        return None
+    if not path.strip():
+        raise InputError("--weights must name a safetensors file, got an empty path")
+    return checkpoint.weights(path, prefix)
 
 
 def resolve_case(a: argparse.Namespace, own_sizes: bool = True) -> tuple[str, Shape, str]:
@@ -63,10 +96,14 @@ def resolve_case(a: argparse.Namespace, own_sizes: bool = True) -> tuple[str, Sh
 
 
 def cases_from_args(a: argparse.Namespace) -> list[Case]:
-    """The cases of ``run``, ``profile``, ``prepare`` and ``tp-job``: one per ``--dtype`` at the resolved shape."""
+    """The cases of ``run``, ``profile``, ``prepare`` and ``tp-job``: one per ``--dtype`` at the resolved shape, with
+    the ``--weights`` file's parameters where one is given (each checked against the case: name, shape, dtype)."""
     model, shape, dist = resolve_case(a)
     dtypes = check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
-    return [Case(model, shape, d, dist, check_seed(a.seed)) for d in dtypes]
+    weights = weights_from_args(a)
+    cases = [Case(model, shape, d, dist, check_seed(a.seed), weights) for d in dtypes]
+    checkpoint.check(cases)
+    return cases
 
 
 def add_grid_args(p: argparse.ArgumentParser, budget_help: str, cache_default: str = "both") -> None:

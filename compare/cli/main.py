@@ -167,8 +167,8 @@ def _report_source(path: Path) -> tuple[document.Results, bool, str]:
 def cmd_tp_job(a: argparse.Namespace) -> int:
     """Write a multi-host tensor-parallel job (``compare.run.tp_hosts``) and print the command for each host."""
     check_grid_args(a)
-    check_inputs(a, cases_from_args(a))
-    cases = cases_from_args(a)
+    cases = cases_from_args(a)  # once: a --weights file is read and hashed here
+    check_inputs(a, cases)
     specs = [spec(b) for b in a.backend]
     plain = [s.name for s in specs if not s.runtime]
     if plain or len({s.runtime for s in specs}) != 1:

@@ -43,8 +43,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     """Check every argument, the memory the cases need, the golden files and the output folder; then measure and
     write results.json and REPORT.md (atomically). Interrupted (Ctrl-C, SIGTERM), it saves what finished: 130."""
     check_grid_args(a)
-    check_inputs(a, cases_from_args(a))
-    cases = cases_from_args(a)
+    cases = cases_from_args(a)  # once: a --weights file is read and hashed here
+    check_inputs(a, cases)
     specs = [spec(b) for b in a.backend]
     modes = [check_name("mode", m, MODES) for m in a.mode]
     world_sizes = [int(w) for w in check_unique("--world-size", [str(w) for w in a.world_size])]

@@ -12,8 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import spec
-from compare.cli.args import add_grid_args, check_grid_args, check_inputs, progress_level, resolve_case
+from compare.cli.args import (
+    add_grid_args,
+    add_weights_args,
+    check_grid_args,
+    check_inputs,
+    progress_level,
+    resolve_case,
+    weights_from_args,
+)
 from compare.cli.outputs import write_outputs
+from compare.problem import checkpoint
 from compare.problem.cases import MODELS, PRESETS, InputError, check_finite
 from compare.results.memory import parse_size
 from compare.run import child, exitcodes, preflight, stop
@@ -33,7 +42,7 @@ def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
 
     check_grid_args(a)
     model, shape, dist = resolve_case(a, own_sizes=False)
-    grid = grid_config(model, shape.dim, shape.hidden, a.tokens, a.seq, dist, a.seed)
+    grid = grid_config(model, shape.dim, shape.hidden, a.tokens, a.seq, dist, a.seed, weights_from_args(a))
     timing = dataclasses.asdict(TimingConfig(budget_s=a.budget))
     config = {
         "command": "python -m compare " + shlex.join(getattr(a, "argv", None) or ["sweep"]),
@@ -46,6 +55,7 @@ def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
         "device_memory": parse_size(a.device_memory, "--device-memory") if a.device_memory else 0,
     }
     check_inputs(a, dict.fromkeys(c.case for c in cells_from_config(config)))
+    checkpoint.check(c.case for c in cells_from_config(config))
     preflight.check_memory(dict.fromkeys(c.case for c in cells_from_config(config)))
     return config
 
@@ -171,6 +181,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
     p.add_argument("--dim", type=int, help="override the preset's dim")
     p.add_argument("--hidden", type=int, help="override the preset's hidden")
+    add_weights_args(p)
     p.add_argument(
         "--tokens",
         type=int,

@@ -16,11 +16,14 @@ Shapes:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compare.formats.codec import INLINE
+from compare.formats.codec import INLINE, LATER
 
 MODELS: tuple[str, ...] = ("linear", "geglu", "swiglu", "gelu-mlp")
 #: The gated (GLU) feed-forward families: ``down(act(gate(x)) * up(x))``; the hand-written kernels serve these.
@@ -109,8 +112,34 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class Weights:
+    """A case's parameters read from a safetensors checkpoint instead of drawn (``compare.problem.checkpoint``: the
+    Hugging Face names, the loader and its checks): the file's absolute ``path``, the ``sha256`` of its bytes (what
+    the data is a function of: a worker that rebuilds the case's golden data checks it again) and the ``prefix``
+    every name is looked up under (``model.layers.0.mlp.``)."""
+
+    path: str
+    sha256: str
+    prefix: str = ""
+
+    def __post_init__(self) -> None:
+        if not os.path.isabs(self.path):
+            raise InputError(f"a weights file's path must be absolute, got {self.path!r}")
+        if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
+            raise InputError(f"a weights file's sha256 must be 64 lower-case hex digits, got {self.sha256!r}")
+
+    @property
+    def tag(self) -> str:
+        """The case name's suffix: ``w`` and the file's sha256 (12 digits), then ``p`` and 8 of the prefix's when
+        there is one (two layers of one file are two cases)."""
+        tag = f"w{self.sha256[:12]}"
+        return tag + (f"-p{hashlib.sha256(self.prefix.encode()).hexdigest()[:8]}" if self.prefix else "")
+
+
+@dataclass(frozen=True)
 class Case:
-    """One comparison: model kind, shape, dtype, input distribution and the seed of its data."""
+    """One comparison: model kind, shape, dtype, input distribution and the seed of its data; ``weights``, where set,
+    the checkpoint its parameters are read from (None: drawn from the seed, as every committed case's)."""
 
     model: str
     #: written into the case's own object (``batch``, ``seq``, ``dim``, ``hidden`` beside ``model``): one flat
@@ -119,6 +148,9 @@ class Case:
     dtype: str
     dist: str = "normal"
     seed: int = 0
+    #: left out of the JSON while None: a case without weights has the JSON (and so the cache keys and the golden
+    #: files' metadata) it always had
+    weights: Weights | None = dataclasses.field(default=None, metadata=LATER)
 
     def __post_init__(self) -> None:
         check_name("model", self.model, MODELS)
@@ -127,9 +159,11 @@ class Case:
 
     @property
     def name(self) -> str:
-        """A stable file-name-safe identifier, e.g. ``geglu-3x37x96-328-float32-normal-s0``."""
+        """A stable file-name-safe identifier, e.g. ``geglu-3x37x96-328-float32-normal-s0``; with weights read from a
+        file, :attr:`Weights.tag` after it (``...-s0-w0123456789ab``)."""
         s = self.shape
-        return f"{self.model}-{s.batch}x{s.seq}x{s.dim}-{s.hidden}-{self.dtype}-{self.dist}-s{self.seed}"
+        name = f"{self.model}-{s.batch}x{s.seq}x{s.dim}-{s.hidden}-{self.dtype}-{self.dist}-s{self.seed}"
+        return name + (f"-{self.weights.tag}" if self.weights is not None else "")
 
     def input_shape(self) -> tuple[int, int, int]:
         return (self.shape.batch, self.shape.seq, self.shape.dim)

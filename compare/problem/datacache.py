@@ -27,6 +27,7 @@ SOURCES: tuple[str, ...] = (
     "problem/fixedbits.py",
     "problem/reference.py",
     "problem/golden.py",
+    "problem/checkpoint.py",
     "run/cell.py",
     "problem/datacache.py",
 )

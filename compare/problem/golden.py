@@ -4,7 +4,9 @@ Generation is a pure function of the :class:`~compare.problem.cases.Case`: numpy
 a CRC of its model/shape/distribution draws ``x``, the weights (scaled by ``1/sqrt(fan_in)``) and ``dy``; each is
 rounded to the case dtype (and stored as float32, which holds every bf16/fp16 value exactly); the reference is
 then computed in float64 from those rounded values. Committed cases live in ``golden/`` as safetensors files,
-listed with their sha256 in ``golden/MANIFEST.json``; other cases are generated on the fly the same way.
+listed with their sha256 in ``golden/MANIFEST.json``; other cases are generated on the fly the same way. A case with
+``weights`` (a checkpoint, ``compare.problem.checkpoint``) takes its parameters from the file as they are, after the
+same draws (``x`` and ``dy`` are those of the same case with drawn weights); it is never committed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from compare.formats.codec import to_json
-from compare.problem import datacache
+from compare.problem import checkpoint, datacache
 from compare.problem.cases import Case, committed_cases
 from compare.problem.reference import Arith, compute, round_to_dtype
 
@@ -99,14 +101,20 @@ _READS_X: tuple[str, ...] = ("gate", "up", "weight", "bias", "fc1", "b1")
 
 def make_problem(case: Case) -> Problem:
     """The inputs and weights of ``case``'s golden data, without its reference (deterministic: the draws of
-    :func:`make_golden`, a fraction of a second where the reference takes tens of seconds on a large case)."""
+    :func:`make_golden`, a fraction of a second where the reference takes tens of seconds on a large case). With
+    ``case.weights`` the parameters are the file's (``checkpoint.load_params``: its sha256, names, shapes and dtypes
+    checked); their draws are made all the same, so that ``x`` and ``dy`` are those of the case without weights."""
     rng = _rng(case)
     x = round_to_dtype(draw_input(rng, case.input_shape(), case.dist), case.dtype)
     params = {}
     for name, shape in case.weight_shapes().items():
-        fan_in = case.shape.dim if name in _READS_X else case.shape.hidden
-        params[name] = round_to_dtype(rng.standard_normal(shape) / np.sqrt(fan_in), case.dtype)
+        drawn = rng.standard_normal(shape)
+        if case.weights is None:
+            fan_in = case.shape.dim if name in _READS_X else case.shape.hidden
+            params[name] = round_to_dtype(drawn / np.sqrt(fan_in), case.dtype)
     dy = round_to_dtype(rng.standard_normal(case.output_shape()), case.dtype)
+    if case.weights is not None:
+        params = checkpoint.load_params(case)
     return Problem(case=case, inputs={"x": x, "dy": dy}, params=params)
 
 
@@ -181,7 +189,8 @@ def _case_meta(case: Case) -> dict[str, object]:
 
 
 def _identity(case: Case) -> dict[str, object]:
-    """What a case's generated data is a function of: the case and the generator's version."""
+    """What a case's generated data is a function of: the case (with its weights file's path, sha256 and prefix, where
+    it has one) and the generator's version."""
     return {"case": _case_meta(case), "generator_version": GENERATOR_VERSION}
 
 
@@ -264,7 +273,8 @@ def load_file(case: Case, directory: Path = GOLDEN_DIR) -> Golden:
 
 
 def is_committed(case: Case) -> bool:
-    return case in committed_cases()
+    """Whether ``case``'s golden data is a committed file: never for a case that reads a weights file."""
+    return case.weights is None and case in committed_cases()
 
 
 def _generated(case: Case) -> Golden:

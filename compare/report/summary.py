@@ -22,16 +22,21 @@ Each line gives
   frameworks is never a saving: it stays in the timing table;
 - **memory** (only where the run measured it, ``--memory`` or ``--profile``): what fusion keeps out of memory per
   MLP step and what recomputation saves for what time (``compare.report.memory.memory_line``).
+
+A case whose parameters came from a checkpoint (``--weights``) names the file and its sha256 in its line, and the
+report's head names each file once in full (:func:`weights_line`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import PurePath
 from typing import Any
 
 from compare.backends.registry import BACKENDS, DEFAULT_BASELINE, framework_baseline
 from compare.formats.markdown import case_label, fmt_s, si, table
 from compare.gate.resolution import ResolutionRow
+from compare.problem.cases import Weights
 from compare.report.cells import mib, signed_s
 from compare.report.cost import MEASURED, UNMEASURED, ceilings_for, fusion_benefit, kernel_time_split, measured_saved
 from compare.report.machines import machine_of, machines_line, same_machine, several, timed_machine_types
@@ -48,6 +53,30 @@ Link = Callable[[str, str], str]
 
 def _words(title: str, text: str) -> str:
     return text
+
+
+def weights_tag(w: Weights | None) -> str:
+    """`` (weights `F.safetensors`, sha256 `0123456789ab`)`` for a case read from a checkpoint; "" for drawn
+    weights."""
+    if w is None:
+        return ""
+    prefix = f", prefix `{w.prefix}`" if w.prefix else ""
+    return f" (weights `{PurePath(w.path).name}`{prefix}, sha256 `{w.sha256[:12]}`)"
+
+
+def weights_line(doc: Results) -> str:
+    """``Weights: ...``: every checkpoint the run's cases read their parameters from, with its full sha256, prefix
+    and path; "" when every case drew them from its seed."""
+    found = dict.fromkeys(r.weights for r in doc.results if r.weights is not None)
+    parts = [
+        f"`{PurePath(w.path).name}` (sha256 `{w.sha256}`"
+        + (f", prefix `{w.prefix}`" if w.prefix else "")
+        + f", read from `{w.path}`)"
+        for w in found
+    ]
+    if not parts:
+        return ""
+    return f"Weights: {'; '.join(parts)}: the parameters as the checkpoint holds them, the inputs drawn from the seed."
 
 
 def _plain(cell: str) -> str:
@@ -385,7 +414,8 @@ def summary_section(doc: Results, to: Link = _words) -> str:
         checked = all(ceilings_for(doc, r.dtype) is not None for r in rows)  # a ceiling for each row's dtype
         fastest = _fastest(rows, checked)
         lines.append(
-            f"- **{case_label(rows[0])} {rows[0].dtype} {rows[0].mode}**: parity {_parity(rows, doc.resolution)}. "
+            f"- **{case_label(rows[0])} {rows[0].dtype} {rows[0].mode}**{weights_tag(rows[0].weights)}: parity "
+            f"{_parity(rows, doc.resolution)}. "
             f"Fastest: {fastest}. Fusion headroom: {_headroom(rows, fusion)}."
             + (f" {memory[0].upper()}{memory[1:]}." if memory else "")
         )

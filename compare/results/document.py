@@ -17,7 +17,7 @@ from compare.formats.codec import LATER, FieldError, Setting, from_json, to_json
 from compare.gate.parity_record import ParityRecord
 from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
-from compare.problem.cases import Case, InputError, Shape
+from compare.problem.cases import Case, InputError, Shape, Weights
 from compare.results.environment import Environment, Node
 from compare.results.load import Load
 from compare.results.memory import Memory
@@ -80,6 +80,9 @@ class Result:
     node: Node | None = field(default=None, metadata=LATER)
     #: what the step held in memory (``compare.results.memory``): None where memory was not asked for
     memory: Memory | None = field(default=None, metadata=LATER)
+    #: the checkpoint the case's parameters were read from (path, sha256, prefix; ``compare.problem.checkpoint``):
+    #: None where they were drawn from the seed (and in older documents)
+    weights: Weights | None = field(default=None, metadata=LATER)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -87,7 +90,7 @@ class Result:
 
     @staticmethod
     def for_case(backend: str, case: Case, mode: str, status: str, **kw: Any) -> Result:
-        return Result(backend, case.model, case.dtype, case.shape, case.name, mode, status, **kw)
+        return Result(backend, case.model, case.dtype, case.shape, case.name, mode, status, weights=case.weights, **kw)
 
     @property
     def label(self) -> str:

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compare.problem.cases import MODELS, Case, InputError, Shape, check_name, check_seed
+from compare.formats.codec import from_json, to_json
+from compare.problem.cases import MODELS, Case, InputError, Shape, Weights, check_name, check_seed
 
 DEFAULT_TOKENS: tuple[int, ...] = (1, 16, 128, 1024)
 SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -46,9 +47,18 @@ def result_key(r: dict[str, Any]) -> str:
 
 
 def grid_config(
-    model: str, dim: int, hidden: int, tokens: Sequence[int], seq: int = 1, dist: str = "normal", seed: int = 0
+    model: str,
+    dim: int,
+    hidden: int,
+    tokens: Sequence[int],
+    seq: int = 1,
+    dist: str = "normal",
+    seed: int = 0,
+    weights: Weights | None = None,
 ) -> dict[str, Any]:
-    """The ``grid`` part of a sweep's config (validated: a bad size raises :class:`InputError`)."""
+    """The ``grid`` part of a sweep's config (validated: a bad size raises :class:`InputError`); ``weights``, the
+    checkpoint every case reads its parameters from, is a key only where given (a sweep without one has the grid it
+    always had)."""
     check_name("model", model, MODELS)
     check_seed(seed)
     Shape(1, seq, dim, hidden)  # validates seq, dim, hidden (before seq divides anything)
@@ -61,7 +71,7 @@ def grid_config(
             raise InputError(f"token count {t} is not a multiple of --seq {seq} (batch = tokens / seq)")
     if len(set(tokens)) != len(tokens):
         raise InputError(f"token counts repeat: {list(tokens)}")
-    return {
+    grid = {
         "model": model,
         "dim": dim,
         "hidden": hidden,
@@ -70,16 +80,18 @@ def grid_config(
         "dist": dist,
         "seed": seed,
     }
+    return grid | ({"weights": to_json(weights)} if weights is not None else {})
 
 
 def cells_from_config(config: dict[str, Any]) -> list[Cell]:
     """Every cell of a sweep config, in run order: tokens, then dtype, then mode, then backend."""
     g = config["grid"]
+    weights = from_json(Weights, g["weights"], strict=True) if g.get("weights") is not None else None
     cells: list[Cell] = []
     for t in g["tokens"]:
         shape = Shape(t // g["seq"], g["seq"], g["dim"], g["hidden"])
         for dtype in config["dtypes"]:
-            case = Case(g["model"], shape, dtype, g["dist"], g["seed"])
+            case = Case(g["model"], shape, dtype, g["dist"], g["seed"], weights)
             for mode in config["modes"]:
                 cells.extend(Cell(b, case, mode) for b in config["backends"])
     return cells

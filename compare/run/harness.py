@@ -42,6 +42,7 @@ from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
 from compare.problem import datacache
 from compare.problem.cases import Case, check_name
+from compare.problem.checkpoint import WeightsChanged
 from compare.problem.golden import golden_for
 from compare.results import environment
 from compare.results.document import Config, Result, Results
@@ -483,7 +484,7 @@ class Groups:
                     self.store.resolution(rows)
                 why = "fresh inputs: "  # drawn now: no backend of this run can have seen these inputs
                 reference = pipeline.CaseReference(case, fresh.new_seed(), backward)
-            except UnusableCase as exc:  # nothing can be judged on this case: say so in every cell, go on
+            except (UnusableCase, WeightsChanged) as exc:  # nothing can be judged on this case: say so in every cell
                 for cell in of_case:
                     to.error(cell, f"{why}{exc}")
                 continue
