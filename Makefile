@@ -103,8 +103,8 @@ test-quiet: env
 
 # What CI runs (.ci/run): everything. `make test` and the slow tier in one pytest session (its two workers balance
 # both tiers' modules; the wheel check, mostly installs, beside them), then the `isa` pass under capped instruction
-# sets, then the timer's accuracy alone.
-ci: env
+# sets, then the timer's accuracy alone. The two environments install side by side, as the first targets' needs.
+ci:
 	$(MAKE) --no-print-directory -j4 lint test-triton36 test-every wheel-check
 	$(MAKE) --no-print-directory test-isa
 	$(MAKE) --no-print-directory test-quiet

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from compare.backends.registry import BACKENDS, spec
+from compare.gate import fresh
 from compare.problem.cases import DTYPES, PRESETS
 from compare.run.cell import plain_reference
 from compare.run.harness import run_one
+from compare.run.pipeline import CaseReference
 from compare.timing.timer import TimingConfig
 
 SEEDS = range(10)
@@ -53,10 +55,11 @@ def _tiers(preset: str, model: str, dtype: str) -> dict[tuple[str, str], dict[in
     for seed in SEEDS:
         case = PRESETS[preset].case(dtype, model=model, seed=seed)
         plain = plain_reference(case)
+        shared = CaseReference(case, fresh.new_seed())  # one fresh draw per case, as a run shares it
         for b in BACKENDS_SWEPT:
             if model not in BACKENDS[b].models:
                 continue
-            r = run_one(spec(b), case, "fwd+bwd", plain, TimingConfig(), {}, time_it=False)
+            r = run_one(spec(b), case, "fwd+bwd", plain, TimingConfig(), {}, time_it=False, reference=shared)
             assert r.parity is not None, f"{b} {case.name}: {r.status} {r.reason}"
             for t in r.parity.tensors:
                 out.setdefault((b, t.tensor), {})[seed] = (t.tier, t.why)
