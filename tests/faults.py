@@ -79,16 +79,13 @@ raise SystemExit(status)
 """
 
 TINY = ["--preset", "tiny", "--budget", "0.02", "--no-ceilings", "--no-plots"]
+_BOTH = ["--mode", "fwd", "bwd"]  # the modes of the run and tp commands
 _SWEEP = ["sweep", "--preset", "tiny", "--tokens", "1", "2", "4", "--backend", "numpy-plain", "--dtype", "float32"]
 #: The commands a shot can start, by name (``--out`` is added), and their cells.
 COMMANDS: dict[str, tuple[list[str], int]] = {
-    "run": (
-        ["run", *TINY, "--backend", "numpy-plain", "--dtype", "float32", "bfloat16", "--mode", "fwd", "bwd"]
-        + ["--cache", "cold"],
-        4,
-    ),
+    "run": (["run", *TINY, "--backend", "numpy-plain", "--dtype", "float32", "bfloat16", *_BOTH, "--cache", "cold"], 4),
     "sweep": ([*_SWEEP, "--mode", "fwd", "--budget", "0.02", "--no-ceilings", "--no-plots", "--isolate"], 3),
-    "tp": (["run", *TINY, "--backend", "fake-tp", "numpy-plain", "--dtype", "float32", "--mode", "fwd", "bwd"], 4),
+    "tp": (["run", *TINY, "--backend", "fake-tp", "numpy-plain", "--dtype", "float32", *_BOTH], 4),
     "real": (["run", *TINY, "--backend", "torch-eager", "jax-xla", "--dtype", "float32", "--mode", "fwd"], 2),
 }
 #: Seconds a command may take to end after its signal, and without one.
