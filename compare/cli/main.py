@@ -31,7 +31,7 @@ from compare.problem.cases import (
     check_name,
     check_unique,
 )
-from compare.report import diff
+from compare.report import diff, export
 from compare.results import document
 from compare.results.memory import parse_size
 from compare.run import exitcodes, harness, parity_cache, preflight, stop, tp_hosts
@@ -242,6 +242,21 @@ def cmd_diff(a: argparse.Namespace) -> int:
     return exitcodes.FINDING if regression else exitcodes.OK
 
 
+def cmd_export(a: argparse.Namespace) -> int:
+    """Write the cells of a results.json, a store or a folder (as ``report`` reads them) as CSV, one row per cell
+    (``compare.report.export``), to ``--out`` or standard output; measures nothing and writes nothing else."""
+    if a.out:
+        preflight.check_file_writable(Path(a.out))
+    doc, _, _ = _report_source(Path(a.results))
+    text = export.to_csv(doc)
+    if a.out:
+        write_text_atomic(a.out, text)
+        print(f"wrote {a.out} ({len(doc.results)} rows)")
+    else:
+        print(text, end="")
+    return exitcodes.OK
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m compare",
@@ -331,6 +346,11 @@ def parser() -> argparse.ArgumentParser:
     )
     dif.add_argument("--out", help="write the markdown here instead of printing it")
     dif.set_defaults(fn=cmd_diff)
+    exp = sub(subs, "export", help="the cells of a results.json (or a run's folder) as flat rows, for spreadsheets")
+    exp.add_argument("results", help="a results.json, a run's or sweep's store, or its folder")
+    exp.add_argument("--csv", action="store_true", required=True, help="CSV, one row per cell (the one format)")
+    exp.add_argument("--out", help="write here instead of standard output")
+    exp.set_defaults(fn=cmd_export)
     gpu_build.add_parser(subs)  # python -m compare gpu-build --arch sm_90 sm_80 [--out DIR]
     return p
 
