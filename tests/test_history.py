@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 import functools
 import json
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -271,6 +273,21 @@ def test_an_entry_is_never_rewritten(tmp_path: Path) -> None:
     assert len(paths) == 3
 
 
+def test_a_file_system_without_hard_links_is_refused_before_measuring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_links(src: object, dst: object) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "link", no_links)
+    with pytest.raises(OSError):
+        write_bytes_new(tmp_path / "e.json", b"entry")
+    assert not list(tmp_path.iterdir())  # neither the file nor its temporary
+    with pytest.raises(InputError, match=r"cannot add an entry to history folder .* hard link"):
+        preflight.check_history(tmp_path / "H")
+    assert not list((tmp_path / "H").iterdir())  # the probe is gone
+
+
 def test_bad_and_foreign_files_are_named_and_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (path,) = _build(tmp_path, [1.0])
     (tmp_path / "notes.json").write_text("{not json", encoding="utf-8")
@@ -350,6 +367,20 @@ def test_a_run_appends_itself_after_its_results(
     assert _same(e.results, read_json(tmp_path / "O" / "results.json"))  # the document as written
     assert e.kind == "run" and e.run_id == e.results.run_id != "" and e.source == history.source()
     assert e.versions == e.results.environment.versions and e.machine == history.machine_of(e.results.environment)
+
+
+@pytest.mark.standard
+def test_a_sweep_appends_itself_and_its_resumption_shows_each_cell_once(tmp_path: Path, numpy_plain: None) -> None:
+    args = [
+        "sweep", "--preset", "tiny", "--tokens", "1", "2", "--backend", numpy_backend.NAME, "--dtype", "float32",
+        "--mode", "fwd", "--budget", "0.02", "--no-ceilings", "--no-plots",
+        "--out", str(tmp_path / "O"), "--history", str(tmp_path / "H"),
+    ]  # fmt: skip
+    assert main(args) == 0 and main(args) == 0  # the second finds every cell done: the same cells again
+    entries = [e for _, e in history.read(tmp_path / "H").entries]
+    assert [e.kind for e in entries] == ["sweep", "sweep"]
+    h = _history(tmp_path / "H")
+    assert len(h.cells) == 2 and {len(c.points) for c in h.cells} == {1} and h.carried == 2
 
 
 def test_an_interrupted_run_appends_nothing(tmp_path: Path, numpy_plain: None, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from compare.backends.registry import BACKENDS
 from compare.formats.markdown import case_label, fmt_s, table
 from compare.problem.cases import DTYPES, MODES, InputError
 from compare.report.plots import colors, figure, spread
@@ -191,11 +192,15 @@ def _changed(old: dict[str, str | None], new: dict[str, str | None]) -> tuple[st
     )
 
 
+def _index(x: str, known: Sequence[str]) -> int:
+    return known.index(x) if x in known else len(known)
+
+
 def _order(key: CellKey, first: Result) -> tuple[Any, ...]:
-    dtype, mode = key[2], key[3]
-    d = DTYPES.index(dtype) if dtype in DTYPES else len(DTYPES)
-    m = MODES.index(mode) if mode in MODES else len(MODES)
-    return (first.model, first.shape.tokens, first.shape.dim, first.shape.hidden, key[1], d, m, key[0], key[4])
+    """The problem's order: model, shape, dtype, mode, case, then the backends as registered, then world size."""
+    s = first.shape
+    dtype, mode = _index(key[2], DTYPES), _index(key[3], MODES)
+    return (first.model, s.tokens, s.dim, s.hidden, dtype, mode, key[1], _index(key[0], list(BACKENDS)), key[0], key[4])
 
 
 def build(entries: Sequence[Entry], machine: Machine) -> History:
@@ -283,7 +288,7 @@ HEADER = [
     "IQR",
     "n",
     "status",
-    "vs previous",
+    "time vs previous",
     "flag",
 ]
 RULE = (
@@ -345,14 +350,15 @@ def _panels(h: History) -> dict[tuple[str, str], list[CellHistory]]:
 def plot_png(h: History) -> bytes | None:
     """The PNG of the history: one panel per case, dtype and mode; one line per backend (and world size), its median
     per call at each entry with bars from the first to the third quartile; flagged points marked (slower: a red
-    triangle up, faster: a green one down); the entries' commits on the x axis. None without a cell."""
+    triangle up, faster: a green one down, black-edged over the lines); the entries' commits on the x axis. None
+    without a cell."""
     if not h.cells:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     panels = _panels(h)
-    labels = sorted({c.points[0].result.label for c in h.cells})
+    labels = list(dict.fromkeys(c.points[0].result.label for c in h.cells))  # the cells' order: as registered
     color = colors(labels)
     fig, axes = figure(len(panels), f"history of {h.machine.key}: median per call (IQR bars)")
     n = len(h.entries)
@@ -371,7 +377,9 @@ def plot_png(h: History) -> bytes | None:
             for way, (marker, col) in marks.items():
                 flagged = [(p.entry, y) for p, y in zip(c.points, ys, strict=True) if p.flag == way]
                 if flagged:
-                    ax.plot(*zip(*flagged, strict=True), marker, ms=9, mfc="none", mec=col, mew=1.5, ls="")
+                    shown = way in ax.get_legend_handles_labels()[1]
+                    ax.plot(*zip(*flagged, strict=True), marker, ms=9, mfc=col, mec="black", ls="", zorder=3,
+                            label="_" if shown else way)  # fmt: skip
         ax.set_yscale("log")
         ax.set_xticks(ticks, labels=[f"#{i + 1} {commit_label(h.entries[i])}" for i in ticks], rotation=45, ha="right")
         ax.set_xlim(-0.5, n - 0.5)
