@@ -13,6 +13,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -226,14 +227,17 @@ def test_a_resumed_sweeps_carried_cells_are_shown_once(tmp_path: Path) -> None:
 def test_a_sweep_row_of_other_hardware_is_left_out(tmp_path: Path) -> None:
     doc = _scaled(1.0, seed=0)
     other = Node(host="n2", cpu="another CPU", cpu_isa=("avx2",))
-    same = Node(host="n1", cpu=doc.environment.cpu, cpu_isa=doc.environment.cpu_isa)
-    rows = [dataclasses.replace(r, node=other if i == 0 else same) for i, r in enumerate(doc.results)]
+    gpu = Node(host="n3", cpu=doc.environment.cpu, cpu_isa=doc.environment.cpu_isa, gpu="NVIDIA H100 (CUDA 12.4)")
+    same = Node(host="n1", cpu=doc.environment.cpu, cpu_isa=doc.environment.cpu_isa)  # no GPU seen: torch not loaded
+    timed = [i for i, r in enumerate(doc.results) if r.timing is not None]
+    nodes = {timed[0]: other, timed[1]: gpu}
+    rows = [dataclasses.replace(r, node=nodes.get(i, same)) for i, r in enumerate(doc.results)]
     history.write(
         tmp_path,
         history.entry(dataclasses.replace(doc, results=tuple(rows)), "sweep", history.Source(None, None, None)),
     )
     h = _history(tmp_path)
-    assert h.elsewhere == 1 and len(h.cells) == _timed() - 1
+    assert h.elsewhere == 2 and len(h.cells) == _timed() - 2
 
 
 # --- entries: the format, the folder, the machines ------------------------------------------------------------
@@ -332,10 +336,17 @@ def test_an_empty_or_missing_history_is_bad_input(tmp_path: Path, capsys: pytest
 
 
 def test_the_source_is_this_checkouts_commit_or_none(tmp_path: Path) -> None:
+    assert history.source(tmp_path) == history.Source(None, None, history.source(tmp_path).version)  # no checkout
+    if not (ROOT / ".git").exists():  # tests run from an unpacked archive: no checkout to name
+        assert history.checkout() is None and history.source().commit is None
+        return
+    assert history.checkout() == ROOT
+    if shutil.which("git") is None:
+        assert history.source().commit is None  # git missing: unknown, never an error
+        return
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
     src = history.source()
-    assert history.checkout() == ROOT and src.commit == head.stdout.strip() and src.dirty in (True, False)
-    assert history.source(tmp_path).commit is None  # not a checkout: no commit, whatever git says
+    assert src.commit == head.stdout.strip() and src.dirty in (True, False)
 
 
 # --- the runs: appended after results.json, nothing when interrupted, refused before measuring -------------------

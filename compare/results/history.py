@@ -81,8 +81,12 @@ class Machine:
 
     def measured(self, node: Node | None) -> bool:
         """Whether a result row measured on ``node`` (a sweep row's; None: the run's own machine) ran on this
-        machine's hardware (CPU model, instruction sets, GPU: a Ray node does not report its core count)."""
-        return node is None or (node.cpu, node.cpu_isa, gpu_model(node.gpu)) == (self.cpu, self.cpu_isa, self.gpu)
+        machine's hardware: the same CPU model and instruction sets, and the same GPU where the node saw one (a node
+        reports no core count, and no GPU from a process that never loaded torch, such as an isolated JAX cell's)."""
+        if node is None:
+            return True
+        gpu = gpu_model(node.gpu)
+        return (node.cpu, node.cpu_isa) == (self.cpu, self.cpu_isa) and (gpu is None or gpu == self.gpu)
 
 
 def machine_of(env: Environment) -> Machine:
