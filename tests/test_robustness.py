@@ -341,7 +341,7 @@ def test_atomic_write_is_utf8_and_keeps_permissions(tmp_path: Path) -> None:
 
 def test_outputs_are_written_atomically_everywhere() -> None:
     """No command writes an output with a plain ``write_text``: each goes through ``write_text_atomic``."""
-    for name in ("cli/main", "cli/outputs", "results/document"):
+    for name in ("cli/main", "cli/outputs", "cli/history", "results/document"):
         source = (ROOT / "compare" / f"{name}.py").read_text(encoding="utf-8")
         assert ".write_text(" not in source and ".write_bytes(" not in source, name
         assert "write_text_atomic" in source or "write_json" in source, name

@@ -14,6 +14,7 @@ from typing import Any
 
 from compare.backends.registry import BACKENDS, spec
 from compare.cli import gpu_build
+from compare.cli import history as history_command
 from compare.cli import run as run_command
 from compare.cli import sweep as sweep_command
 from compare.cli.args import add_case_args, add_grid_args, cases_from_args, check_grid_args, check_inputs, out_arg, sub
@@ -351,6 +352,7 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--csv", action="store_true", required=True, help="CSV, one row per cell (the one format)")
     exp.add_argument("--out", help="write here instead of standard output")
     exp.set_defaults(fn=cmd_export)
+    history_command.add_parser(subs)  # python -m compare history DIR [--machine KEY] [--out FOLDER]
     gpu_build.add_parser(subs)  # python -m compare gpu-build --arch sm_90 sm_80 [--out DIR]
     return p
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from compare.backends.registry import spec
 from compare.backends.tp import LAUNCHES
+from compare.cli import history as history_command
 from compare.cli.args import (
     add_case_args,
     add_grid_args,
@@ -64,6 +65,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     preflight.check_memory([*cases, *shape_sweep_cases])
     preflight.check_golden(cases)
     out = preflight.prepare_out_dir(Path(a.out))
+    history = history_command.target(a)
     config = {
         "command": "python -m compare " + shlex.join(a.argv),
         "preset": a.preset,
@@ -88,7 +90,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     )
     plan = _Plan(
         cases, specs, modes, options, out, tuple(a.shape_sweep or ()), a.time_budget,
-        Path(a.gpu_build) if a.gpu_build else None, not a.no_plots, a.strict, progress_level(a),
+        Path(a.gpu_build) if a.gpu_build else None, not a.no_plots, a.strict, progress_level(a), history,
     )  # fmt: skip
     with preflight.lock_folder(out, shlex.join(a.argv)), stop.on_signals():
         return _run_locked(plan)
@@ -98,8 +100,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 class _Plan:
     """What ``run`` measures, every part of it checked: the cases, backends and modes, how (``options``), the
     (locked) output folder, the compile-cost sweep's token counts, the whole command's time budget (seconds; None:
-    none), the gpu-build folder whose table the report includes, whether to plot, ``--strict``, and how much to
-    print (``compare.run.progress.LEVELS``)."""
+    none), the gpu-build folder whose table the report includes, whether to plot, ``--strict``, how much to
+    print (``compare.run.progress.LEVELS``) and the history a finished run appends itself to (None: none)."""
 
     cases: list[Case]
     specs: list[Any]
@@ -112,6 +114,7 @@ class _Plan:
     plots: bool
     strict: bool
     level: str
+    history: history_command.Target | None = None
 
 
 def _run_locked(plan: _Plan) -> int:
@@ -161,6 +164,7 @@ def _run_locked(plan: _Plan) -> int:
         )
         return exitcodes.INTERRUPTED
     print(f"wrote {target} and {report_path} ({doc.summary()})")
+    history_command.record(plan.history, doc, "run")
     return exitcodes.of_statuses((r.status for r in doc.results), plan.strict)
 
 
@@ -236,6 +240,7 @@ def add_run_args(r: argparse.ArgumentParser) -> None:
     add_case_args(r)
     add_grid_args(r, budget_help="seconds of timed samples per backend and mode")
     r.add_argument("--out", default="out", help="output folder (default: out)")
+    history_command.add_history_arg(r)
     r.add_argument(
         "--no-ceilings",
         action="store_true",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import spec
+from compare.cli import history as history_command
 from compare.cli.args import (
     add_grid_args,
     add_weights_args,
@@ -75,8 +76,9 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     options = engine_options(a)
     preflight.check_golden(dict.fromkeys(c.case for c in cells_from_config(config)))
     out = preflight.prepare_out_dir(Path(a.out))
+    history = history_command.target(a)
     with preflight.lock_folder(out, shlex.join(getattr(a, "argv", None) or ["sweep"])), stop.on_signals():
-        return _sweep_locked(a, config, out, options)
+        return _sweep_locked(a, config, out, options, history)
 
 
 #: The environment variables that travel with the cells to another engine's workers (the tool's own settings: the
@@ -119,8 +121,15 @@ def engine_options(a: argparse.Namespace) -> EngineOptions:
     )
 
 
-def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path, engine_opts: EngineOptions) -> int:
-    """``cmd_sweep`` once the folder is locked and the signals set a flag."""
+def _sweep_locked(
+    a: argparse.Namespace,
+    config: dict[str, Any],
+    out: Path,
+    engine_opts: EngineOptions,
+    history: history_command.Target | None = None,
+) -> int:
+    """``cmd_sweep`` once the folder is locked and the signals set a flag; a sweep that ran to its end appends its
+    document to ``history``."""
     specs = {b: spec(b) for b in config["backends"]}
     budget = Budget(a.time_budget) if a.time_budget is not None else None
     interrupted = False
@@ -153,7 +162,7 @@ def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path, engi
     if config["device_memory"]:  # this session's --device-memory, over the first session's
         doc = dataclasses.replace(doc, config=dataclasses.replace(doc.config, device_memory=config["device_memory"]))
     try:
-        write_outputs(out, doc, plots=not a.no_plots)
+        doc = write_outputs(out, doc, plots=not a.no_plots).doc
     except OSError as exc:
         raise exitcodes.WriteFailed(
             f"cannot write the summary in {out} ({exc.strerror or exc}): every finished cell is in {out / JSONL}; "
@@ -164,6 +173,7 @@ def _sweep_locked(a: argparse.Namespace, config: dict[str, Any], out: Path, engi
     print(f"wrote {out / 'results.json'} and {out / 'REPORT.md'}: {done} ({doc.summary()})")
     if interrupted:
         return exitcodes.INTERRUPTED
+    history_command.record(history, doc, "sweep")
     return exitcodes.of_statuses((r.status for r in doc.results), a.strict)
 
 
@@ -192,6 +202,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=1, help="sequence length of every case (default: 1, batch = tokens)")
     add_grid_args(p, budget_help="seconds of timed samples per cell", cache_default="warm")
     p.add_argument("--out", default="out/sweep", help="output folder; rerun with the same one to resume")
+    history_command.add_history_arg(p)
     p.add_argument(
         "--isolate",
         action="store_true",

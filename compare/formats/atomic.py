@@ -6,6 +6,10 @@ then ``os.replace``'d over the target (atomic on POSIX and Windows within one fi
 ``fsync``'d so the rename itself survives a power cut. If anything fails before the rename (a full disk, an
 encoding error, an interrupt), the temporary file is removed, the previous file is left untouched and the error
 propagates.
+
+:func:`write_bytes_new` is the same for a file that must never replace another (a history entry): the finished
+temporary file is hard-linked to its name (``os.link``, which refuses an existing name atomically, where
+``os.replace`` would overwrite it and ``open(..., "x")`` would show a half-written file), then unlinked.
 """
 
 from __future__ import annotations
@@ -25,13 +29,9 @@ def _umask() -> int:
     return mask
 
 
-def write_bytes_atomic(path: Path | str, data: bytes) -> None:
-    """Replace ``path`` by ``data`` atomically; keep an existing file's permissions."""
-    path = Path(path)
-    try:
-        mode = path.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        mode = NEW_FILE_MODE & ~_umask()
+def _temporary(path: Path, data: bytes, mode: int) -> str:
+    """A finished temporary file beside ``path`` holding ``data`` (flushed, ``fsync``'d, its mode ``mode``); removed
+    again if anything fails."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -39,11 +39,41 @@ def write_bytes_atomic(path: Path | str, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):  # already renamed, or never got that far: nothing to remove
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    return tmp
+
+
+def write_bytes_atomic(path: Path | str, data: bytes) -> None:
+    """Replace ``path`` by ``data`` atomically; keep an existing file's permissions."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = NEW_FILE_MODE & ~_umask()
+    tmp = _temporary(path, data, mode)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):  # already renamed: nothing to remove
+            os.unlink(tmp)
+        raise
+    _fsync_folder(path.parent)
+
+
+def write_bytes_new(path: Path | str, data: bytes) -> None:
+    """Create ``path`` holding ``data`` atomically, never replacing a file of that name: ``FileExistsError`` when
+    there is one (it is left as it was). A reader sees no file or the whole one. A file system without hard links
+    raises its ``OSError``."""
+    path = Path(path)
+    tmp = _temporary(path, data, NEW_FILE_MODE & ~_umask())
+    try:
+        os.link(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
     _fsync_folder(path.parent)
 
 

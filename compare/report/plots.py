@@ -81,7 +81,9 @@ def _series(rs: list[Result]) -> dict[tuple[str, str, str], list[Result]]:
     return {k: [v[t] for t in sorted(v)] for k, v in out.items()}
 
 
-def _figure(n_panels: int, title: str) -> tuple[Any, list[Any]]:
+def figure(n_panels: int, title: str) -> tuple[Any, list[Any]]:
+    """A matplotlib ``Figure`` (no pyplot: no global state) of ``n_panels`` axes, up to 3 a row, titled; the axes in
+    reading order (also ``compare.report.history``'s)."""
     from matplotlib.figure import Figure
 
     cols = min(3, n_panels)
@@ -94,7 +96,8 @@ def _figure(n_panels: int, title: str) -> tuple[Any, list[Any]]:
     return fig, axes[:n_panels]
 
 
-def _colors(backends: list[str]) -> dict[str, str]:
+def colors(backends: list[str]) -> dict[str, str]:
+    """One color of matplotlib's default cycle per backend, in the order given."""
     return {b: f"C{i % 10}" for i, b in enumerate(backends)}
 
 
@@ -125,8 +128,8 @@ def _save(fig: Any, path: Path) -> Path:
 def _time_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
     series = _series(rs)
     panels = _panels(rs)
-    color = _colors(sorted({b for (_, _, b) in series}))
-    fig, axes = _figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: median time per call")
+    color = colors(sorted({b for (_, _, b) in series}))
+    fig, axes = figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: median time per call")
     for ax, (dtype, mode) in zip(axes, panels, strict=True):
         for b, c in color.items():
             pts = series.get((dtype, mode, b))
@@ -148,8 +151,8 @@ def _speedup_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
         return None
     series = _series(others)
     panels = _panels(others)
-    color = _colors(sorted({b for (_, _, b) in series}))
-    fig, axes = _figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: speedup over {DEFAULT_BASELINE}")
+    color = colors(sorted({b for (_, _, b) in series}))
+    fig, axes = figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: speedup over {DEFAULT_BASELINE}")
     for ax, (dtype, mode) in zip(axes, panels, strict=True):
         for b, c in color.items():
             pts = series.get((dtype, mode, b))
@@ -175,8 +178,8 @@ def _ceiling_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
         return None
     series = _series(rs)
     panels = _panels(rs)
-    color = _colors(sorted({b for (_, _, b) in series}))
-    fig, axes = _figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: achieved fraction of ceilings")
+    color = colors(sorted({b for (_, _, b) in series}))
+    fig, axes = figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: achieved fraction of ceilings")
     for ax, (dtype, mode) in zip(axes, panels, strict=True):
         for b, c in color.items():
             for key, what, style in CEILINGS:
@@ -215,8 +218,8 @@ def _roofline_plot(doc: Results, rs: list[Result], fam: Family, path: Path) -> P
         return None
     dtypes = _ordered((r.dtype for r, _, _ in pts), DTYPES)
     backends = sorted({r.backend for r, _, _ in pts})
-    color = _colors(backends)
-    fig, axes = _figure(len(dtypes), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: roofline (ceilings of this run)")
+    color = colors(backends)
+    fig, axes = figure(len(dtypes), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: roofline (ceilings of this run)")
     for ax, dtype in zip(axes, dtypes, strict=True):
         ceil = ceilings.by_dtype[dtype]
         peak_f, peak_b = float(ceil.flops_per_s), float(ceil.bytes_per_s)
@@ -252,9 +255,9 @@ def _compile_plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
     if not dtypes or len({r["tokens"] for r in timed}) < 2:
         return None
     r0 = timed[0]
-    fig, axes = _figure(len(dtypes), f"{r0['model']} dim={r0['dim']} hidden={r0['hidden']}: compile cost by shape")
+    fig, axes = figure(len(dtypes), f"{r0['model']} dim={r0['dim']} hidden={r0['hidden']}: compile cost by shape")
     keys = sorted({(r["backend"], str(r.get("dynamic"))) for r in timed})
-    color = _colors([f"{b} dynamic={d}" for b, d in keys])
+    color = colors([f"{b} dynamic={d}" for b, d in keys])
     for ax, dtype in zip(axes, dtypes, strict=True):
         for b, d in keys:
             pts = sorted(
@@ -284,8 +287,8 @@ def _memory_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
     weights (dashed) against tokens, one line per backend, a panel per dtype and mode."""
     series = _series(rs)
     panels = _panels(rs)
-    color = _colors(sorted({b for (_, _, b) in series}))
-    fig, axes = _figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: memory per step")
+    color = colors(sorted({b for (_, _, b) in series}))
+    fig, axes = figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: memory per step")
     drawn = False
     for ax, (dtype, mode) in zip(axes, panels, strict=True):
         for b, c in color.items():

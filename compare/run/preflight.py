@@ -2,6 +2,7 @@
 
 ``run`` and ``sweep`` call these after parsing their arguments and before the first backend runs: the output
 folder can be created and written (:func:`prepare_out_dir`) and is not in use by another command (:func:`lock_folder`),
+a ``--history`` folder can take an entry (:func:`check_history`),
 the cases fit in this machine's memory (:func:`check_memory`), and the committed golden files they use are intact
 (:func:`check_golden`). Each failure raises :class:`~compare.problem.cases.InputError` (or ``GoldenError``): exit status
 2.
@@ -16,6 +17,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from compare.formats.atomic import write_bytes_new
 from compare.formats.markdown import si
 from compare.problem import golden
 from compare.problem.cases import Case, InputError
@@ -42,6 +44,25 @@ def prepare_out_dir(path: Path, option: str = "--out") -> Path:
             f.flush()
     except OSError as exc:
         raise InputError(f"cannot write in output folder {path} ({option}): {_reason(exc)}") from exc
+    return path
+
+
+def check_history(path: Path) -> Path:
+    """Prove that the history folder ``path`` (``--history``) can take an entry as ``compare.results.history`` writes
+    one: the folder is made and a probe file is created there without replacing anything (a hard link, which some
+    file systems refuse) and removed again."""
+    prepare_out_dir(path, "--history")
+    probe = path / f".history-probe-{os.getpid()}"
+    try:
+        write_bytes_new(probe, b"ok")
+    except OSError as exc:
+        raise InputError(
+            f"cannot add an entry to history folder {path} (--history): {_reason(exc)}; entries are created by a "
+            "hard link, never replacing a file"
+        ) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
     return path
 
 
