@@ -122,6 +122,10 @@ def test_the_example_runs_through_the_cli_and_every_cell_passes_parity(tmp_path:
             assert {t.tensor for t in r.parity.tensors} == {
                 "y", "dx", "dup.weight", "dup.bias", "ddown.weight", "ddown.bias",
             }  # fmt: skip
+        assert r.module is not None and r.module.sha256 == sha
+    report = (out / "REPORT.md").read_text(encoding="utf-8")
+    assert f"Module: `squared_relu_mlp.py` (sha256 `{sha}`, parameters `up.weight` [328, 96]" in report
+    assert f"(module `squared_relu_mlp.py`, sha256 `{sha[:12]}`)" in report
     assert _golden_state() == before
 
 

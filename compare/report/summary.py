@@ -24,7 +24,8 @@ Each line gives
   MLP step and what recomputation saves for what time (``compare.report.memory.memory_line``).
 
 A case whose parameters came from a checkpoint (``--weights``) names the file and its sha256 in its line, and the
-report's head names each file once in full (:func:`weights_line`).
+report's head names each file once in full (:func:`weights_line`); so does a case of a user's own MLP file
+(``--module``: :func:`module_line`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 from compare.backends.registry import BACKENDS, DEFAULT_BASELINE, framework_baseline
 from compare.formats.markdown import case_label, fmt_s, si, table
 from compare.gate.resolution import ResolutionRow
-from compare.problem.cases import Weights
+from compare.problem.cases import ModuleFile, Weights
 from compare.report.cells import mib, signed_s
 from compare.report.cost import MEASURED, UNMEASURED, ceilings_for, fusion_benefit, kernel_time_split, measured_saved
 from compare.report.machines import machine_of, machines_line, same_machine, several, timed_machine_types
@@ -62,6 +63,29 @@ def weights_tag(w: Weights | None) -> str:
         return ""
     prefix = f", prefix `{w.prefix}`" if w.prefix else ""
     return f" (weights `{PurePath(w.path).name}`{prefix}, sha256 `{w.sha256[:12]}`)"
+
+
+def module_tag(m: ModuleFile | None) -> str:
+    """`` (module `F.py`, sha256 `0123456789ab`)`` for a case of a user's MLP file; "" for a built-in model."""
+    return "" if m is None else f" (module `{PurePath(m.path).name}`, sha256 `{m.sha256[:12]}`)"
+
+
+def module_line(doc: Results) -> str:
+    """``Module: ...``: every user's MLP file the run's cases computed, with its full sha256, its parameters and its
+    path; "" when every case is a built-in model."""
+    found = dict.fromkeys(r.module for r in doc.results if r.module is not None)
+    parts = [
+        f"`{PurePath(m.path).name}` (sha256 `{m.sha256}`, parameters "
+        + ", ".join(f"`{k}` {list(s)}" for k, s in m.params)
+        + f", read from `{m.path}`)"
+        for m in found
+    ]
+    if not parts:
+        return ""
+    return (
+        f"Module: {'; '.join(parts)}: your own MLP, its golden its torch module in float64, its parameters drawn "
+        "from the seed (N(0, 1) / sqrt(fan-in)) unless a --weights file gave them; no cost model (not modelled)."
+    )
 
 
 def weights_line(doc: Results) -> str:
@@ -414,7 +438,8 @@ def summary_section(doc: Results, to: Link = _words) -> str:
         checked = all(ceilings_for(doc, r.dtype) is not None for r in rows)  # a ceiling for each row's dtype
         fastest = _fastest(rows, checked)
         lines.append(
-            f"- **{case_label(rows[0])} {rows[0].dtype} {rows[0].mode}**{weights_tag(rows[0].weights)}: parity "
+            f"- **{case_label(rows[0])} {rows[0].dtype} {rows[0].mode}**{module_tag(rows[0].module)}"
+            f"{weights_tag(rows[0].weights)}: parity "
             f"{_parity(rows, doc.resolution)}. "
             f"Fastest: {fastest}. Fusion headroom: {_headroom(rows, fusion)}."
             + (f" {memory[0].upper()}{memory[1:]}." if memory else "")
