@@ -367,3 +367,19 @@ def test_a_worker_refuses_a_module_file_changed_since_the_case_was_made(tmp_path
     golden.golden_for.cache_clear()  # a worker process starts without the driver's golden data
     r = from_json(Result, cell_worker.run_payload(json.loads(json.dumps(sent)))["result"])
     assert r.status == "error" and f"module file {path} changed since the run started" in r.reason, r.reason
+
+
+@pytest.mark.standard
+def test_a_sweep_runs_the_module_over_token_counts(tmp_path: Path) -> None:
+    """``sweep --module``: the grid records the file, every row carries it and passes."""
+    out = tmp_path / "sweep"
+    args = ["sweep", "--module", str(EXAMPLE), "--dim", "32", "--hidden", "48", "--tokens", "8", "32"]
+    args += ["--backend", "torch-module", "jax-module", "--mode", "fwd+bwd", *FAST, "--out", str(out)]
+    assert main(args) == 0
+    doc = read_json(out / "results.json")
+    assert [(r.backend, r.shape.tokens) for r in doc.results] == [
+        ("torch-module", 8), ("jax-module", 8), ("torch-module", 32), ("jax-module", 32),
+    ]  # fmt: skip
+    sha = hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
+    assert all(r.status == "ok" and r.module is not None and r.module.sha256 == sha for r in doc.results)
+    assert doc.config.grid["module"]["sha256"] == sha
