@@ -126,6 +126,8 @@ def test_the_example_runs_through_the_cli_and_every_cell_passes_parity(tmp_path:
     report = (out / "REPORT.md").read_text(encoding="utf-8")
     assert f"Module: `squared_relu_mlp.py` (sha256 `{sha}`, parameters `up.weight` [328, 96]" in report
     assert f"(module `squared_relu_mlp.py`, sha256 `{sha[:12]}`)" in report
+    assert "[vs torch-module](DETAILS.md#timing)" in report and "| torch-module | pass" in report
+    assert "Fusion headroom: not modelled (your own MLP has no cost-model plan)" in report
     assert _golden_state() == before
 
 

@@ -422,6 +422,15 @@ BACKENDS: dict[str, BackendSpec] = {
     )
 }
 DEFAULT_BASELINE = "torch-eager"
+#: What a module case's (``--module``) speedups are measured against: its own torch module, eager (``torch-eager``,
+#: a built-in model's baseline, skips a module case).
+MODULE_BASELINE = "torch-module"
+
+
+def baseline_of(model: str) -> str:
+    """The backend a case of ``model`` is timed against: :data:`DEFAULT_BASELINE`, a module case's
+    :data:`MODULE_BASELINE`."""
+    return MODULE_BASELINE if model == MODULE_MODEL else DEFAULT_BASELINE
 
 
 def framework_baseline(framework: str) -> str | None:
