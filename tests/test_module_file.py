@@ -251,12 +251,17 @@ def test_a_bad_module_file_exits_2_naming_what_is_wrong(
         (["--module", "{tmp}", "--dim", "8", "--hidden", "8"], "--module {tmp} is not a file"),
         (["--module", str(EXAMPLE), "--model", "geglu"], "--module is the case's model: give no --model with it"),
         (["--module", str(EXAMPLE)], "without --preset, give every dimension; missing: --dim, --hidden"),
+        (
+            ["--module", str(EXAMPLE), "--dim", "8", "--hidden", "8", "--world-size", "2"],
+            "no tensor-parallel backend runs a module case",
+        ),
     ],
 )
 def test_bad_module_options_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
 ) -> None:
-    args = ["run", *[x.format(tmp=tmp_path) for x in extra], "--backend", "jax-module", *FAST]
+    backend = [] if "--world-size" in extra else ["--backend", "jax-module"]
+    args = ["run", *[x.format(tmp=tmp_path) for x in extra], *backend, *FAST]
     assert main([*args, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert message.format(tmp=tmp_path) in err, err

@@ -207,6 +207,11 @@ def check_grid_args(a: argparse.Namespace) -> None:
         sizes = getattr(a, "world_size", None) or [1]
         model = MODULE_MODEL if getattr(a, "module", None) is not None else None
         a.backend = default_backends(sizes if isinstance(sizes, list) else [sizes], model)
+        if not a.backend:
+            raise InputError(
+                f"no tensor-parallel backend runs a {model} case (--world-size above 1); the {model} backends run at "
+                "world size 1"
+            )
     for b in a.backend:
         spec(b)
     check_unique("backend", a.backend)
