@@ -160,8 +160,8 @@ def add_grid_args(p: argparse.ArgumentParser, budget_help: str, cache_default: s
         "--backend",
         nargs="+",
         default=None,
-        help=f"any of: {', '.join(BACKENDS)} (default: every single-device backend, or every tensor-parallel one "
-        "when a --world-size above 1 is given)",
+        help=f"any of: {', '.join(BACKENDS)} (default: every single-device backend, those of a module file with "
+        "--module, or every tensor-parallel one when a --world-size above 1 is given)",
     )
     p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
     p.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
@@ -225,11 +225,11 @@ def progress_level(a: argparse.Namespace) -> str:
 
 
 def default_backends(world_sizes: list[int], model: str | None = None) -> list[str]:
-    """Every single-device backend, or, when a world size above 1 is asked for, every tensor-parallel one; with
-    ``model`` (a ``--module`` run's) only those that implement it."""
-    parallel = max(world_sizes) > 1
+    """Every single-device backend, or, when a world size above 1 is asked for, every tensor-parallel one: those of
+    a module file (model ``module``, a ``--module`` run's) or those of the built-in models, not both."""
+    parallel, module = max(world_sizes) > 1, model == MODULE_MODEL
     return [
-        name for name, s in BACKENDS.items() if bool(s.runtime) == parallel and (model is None or model in s.models)
+        name for name, s in BACKENDS.items() if bool(s.runtime) == parallel and (MODULE_MODEL in s.models) == module
     ]
 
 
