@@ -390,3 +390,13 @@ def test_a_sweep_runs_the_module_over_token_counts(tmp_path: Path) -> None:
     sha = hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
     assert all(r.status == "ok" and r.module is not None and r.module.sha256 == sha for r in doc.results)
     assert doc.config.grid["module"]["sha256"] == sha
+
+
+def test_default_backends_are_those_of_the_run_s_kind_of_case() -> None:
+    """Without --backend a built-in run gets no module backend (no skipped rows) and a --module run only them."""
+    from compare.cli.args import default_backends
+
+    module_backends = ["torch-module", "torch-module-compile", "jax-module", "jax-module-unfused"]
+    assert default_backends([1], MODULE_MODEL) == module_backends
+    assert not set(default_backends([1])) & set(module_backends) and "torch-eager" in default_backends([1])
+    assert default_backends([2], MODULE_MODEL) == []
