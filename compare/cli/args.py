@@ -129,7 +129,7 @@ def resolve_case(a: argparse.Namespace, own_sizes: bool = True) -> tuple[str, Sh
     else:
         model = check_name("model", a.model, MODELS) if a.model else (base.model if base else None)
     if model is None:
-        raise InputError(f"give --preset, --model or --module; known models: {', '.join(MODELS)}")
+        raise InputError(f"give --preset or --model (or --module FILE.py); known models: {', '.join(MODELS)}")
     batch, seq = (a.batch, a.seq) if own_sizes else (1, 1)
     if model == MODULE_MODEL and base is None:
         batch, seq = (MODULE_TOKENS[0] if batch is None else batch), (MODULE_TOKENS[1] if seq is None else seq)
