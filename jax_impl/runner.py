@@ -31,38 +31,59 @@ def prepare(
     forward: Callable[[Any, jax.Array], jax.Array] | None = None,
     outer_jit: bool = True,
 ) -> Prepared:
-    """Build the jitted step of ``mode``. The module is split into a graph and a state pytree; the state and the
-    inputs are arguments of the jitted function (never closed-over constants), placed on the device once here.
+    """Build the jitted step of ``mode`` for an nnx module: split into a graph and a state pytree, the state the
+    parameters of :func:`prepare_params` (its modes and ``outer_jit`` there); the gradients read back under canonical
+    names, ``(out, in)``.
+
+    ``forward(state, x)`` replaces the forward (default: the module merged from ``state``, called on ``x``).
+    """
+    model = problem.case.model
+    graphdef, state = nnx.split(module)
+
+    def merged(st: Any, xx: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, st)(xx)
+
+    def grads_np(dstate: Any) -> dict[str, np.ndarray]:
+        dparams = canonical_grads(nnx.merge(graphdef, dstate), model)
+        # flax kernels are (in, out): the layout map is its own inverse, so it takes gradients back to (out, in)
+        return {f"d{k}": np.asarray(linear_weight(_np(v), "flax"), dtype=np.float64) for k, v in dparams.items()}
+
+    apply = forward if forward is not None else merged
+    return prepare_params(problem, mode, state, apply, grads_np, timed=timed, note=note, outer_jit=outer_jit)
+
+
+def prepare_params(
+    problem: Problem,
+    mode: str,
+    state: Any,
+    apply: Callable[[Any, jax.Array], jax.Array],
+    grads_np: Callable[[Any], dict[str, np.ndarray]],
+    *,
+    timed: bool = True,
+    note: str = "",
+    outer_jit: bool = True,
+) -> Prepared:
+    """Build the jitted step of ``mode`` for ``apply(state, x)``: ``state`` (a pytree of the parameters, on the
+    device) and the inputs are arguments of the jitted function (never closed-over constants), the inputs placed on
+    the device once here; ``grads_np(dstate)`` reads a gradient of ``state`` as ``{"d<param>": float64 array}``.
 
     - ``fwd``: ``y = apply(state, x)``;
     - ``fwd+bwd``: ``y, vjp = jax.vjp(apply, state, x)`` then ``vjp(dy)``, one jitted function;
     - ``bwd``: the forward's ``vjp`` closure is built once here; each step is a jitted call of it on ``dy``.
 
-    ``forward(state, x)`` replaces the forward (default: the module merged from ``state``, called on ``x``).
-    ``outer_jit=False`` leaves out every ``jax.jit`` above: each step then runs ``forward`` and ``jax.vjp`` from
-    Python, dispatching whatever computations ``forward`` jits itself one after another (an op-by-op backend), and
-    the profile reads every computation the step dispatches (``jax_impl.dispatch_profile``).
+    ``outer_jit=False`` leaves out every ``jax.jit`` above: each step then runs ``apply`` and ``jax.vjp`` from
+    Python, dispatching whatever computations ``apply`` jits itself (or each op, for plain jnp) one after another
+    (an op-by-op backend), and the profile reads every computation the step dispatches
+    (``jax_impl.dispatch_profile``).
     """
     precision = dev.pin_precision()
-    model = problem.case.model
     dtype = dev.JAX_DTYPES[problem.case.dtype]
-    graphdef, state = nnx.split(module)
     x = jax.device_put(np.asarray(problem.x)).astype(dtype)
     dy = jax.device_put(np.asarray(problem.dy)).astype(dtype)
-
-    def merged(st: Any, xx: jax.Array) -> jax.Array:
-        return nnx.merge(graphdef, st)(xx)
-
-    apply = forward if forward is not None else merged
     jit: Callable[[Any], Any] = jax.jit if outer_jit else (lambda f: f)
 
-    def grads_np(dstate: Any, dx: jax.Array) -> dict[str, np.ndarray]:
-        dparams = canonical_grads(nnx.merge(graphdef, dstate), model)
-        # flax kernels are (in, out): the layout map is its own inverse, so it takes gradients back to (out, in)
-        return {
-            "dx": _np(dx),
-            **{f"d{k}": np.asarray(linear_weight(_np(v), "flax"), dtype=np.float64) for k, v in dparams.items()},
-        }
+    def grads_of(dstate: Any, dx: jax.Array) -> dict[str, np.ndarray]:
+        return {"dx": _np(dx), **grads_np(dstate)}
 
     step: Callable[[], Any]
     to_numpy: Callable[[Any], dict[str, np.ndarray]]
@@ -109,7 +130,7 @@ def prepare(
 
         def to_numpy(out: Any) -> dict[str, np.ndarray]:
             y, (dstate, dx) = out
-            return {"y": _np(y), **grads_np(dstate, dx)}
+            return {"y": _np(y), **grads_of(dstate, dx)}
     elif mode == "bwd":
         fwd = jit(apply)
         _, vjp_fn = jax.vjp(fwd, state, x)
@@ -124,7 +145,7 @@ def prepare(
             return lambda: bwd(f, g)
 
         def to_numpy(out: Any) -> dict[str, np.ndarray]:
-            return grads_np(*out)
+            return grads_of(*out)
     else:
         raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
 

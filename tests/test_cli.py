@@ -219,7 +219,7 @@ def test_prepare_fills_the_data_cache_that_run_reads(tmp_path: Path, monkeypatch
 
     case = PRESETS["tiny"].case("bfloat16", model="geglu")
     case = type(case)(case.model, type(case.shape)(2, 5, 24, 40), "bfloat16", case.dist, 0)
-    monkeypatch.setattr(cell, "plain_run", computed)
+    monkeypatch.setattr(cell, "plain_run_of", computed)
     monkeypatch.setattr(golden, "compute", computed)
     golden.golden_for.cache_clear()
     plain = cell.plain_reference.__wrapped__(case)  # type: ignore[attr-defined]

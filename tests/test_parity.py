@@ -17,7 +17,7 @@ from compare.backends.registry import BACKENDS, Availability, BackendSpec, Prepa
 from compare.formats.codec import to_json
 from compare.gate.parity import UnusableCase, check_all, check_plain, check_tensor
 from compare.problem import fixedbits
-from compare.problem.cases import PRESETS, Case
+from compare.problem.cases import MODULE_MODEL, PRESETS, Case
 from compare.problem.golden import Golden, Problem, golden_for
 from compare.problem.reference import GELU_CUBIC, SQRT_2_OVER_PI, compute, round_to_dtype
 from compare.run import harness
@@ -70,9 +70,10 @@ def test_the_parity_groups_cover_every_backend_that_runs_here_once() -> None:
 
 
 def test_the_new_families_are_committed_and_paired_with_every_backend_that_implements_them() -> None:
-    """SwiGLU runs on every backend that runs GeGLU here; GPT-2's MLP on torch-eager, torch-compile and its
-    max-autotune twin, jax-xla, jax-unfused and the recomputation variants; the others skip it with a reason
-    (``run_one`` on a model outside the registry's ``models``)."""
+    """SwiGLU runs on every backend that runs GeGLU here (every one but those of a user's module file, which run
+    module cases alone); GPT-2's MLP on torch-eager, torch-compile and its max-autotune twin, jax-xla, jax-unfused and
+    the recomputation variants; the others skip it with a reason (``run_one`` on a model outside the registry's
+    ``models``)."""
     gelu_mlp = {
         "torch-eager",
         "torch-compile",
@@ -82,7 +83,9 @@ def test_the_new_families_are_committed_and_paired_with_every_backend_that_imple
         "jax-xla-remat",
         "jax-unfused",
     }
-    for model, want in (("swiglu", set(RUN_HERE)), ("gelu-mlp", gelu_mlp)):
+    built_in = {b for b in RUN_HERE if BACKENDS[b].models != (MODULE_MODEL,)}
+    assert set(RUN_HERE) - built_in == {"torch-module", "torch-module-compile", "jax-module", "jax-module-unfused"}
+    for model, want in (("swiglu", built_in), ("gelu-mlp", gelu_mlp)):
         cases = [c for c in CASES if c.model == model]
         assert {(c.shape, c.dtype) for c in cases} == {
             (PRESETS[p].shape, d) for p in ("tiny", "odd") for d in ("float32", "bfloat16", "float16")

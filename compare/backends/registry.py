@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from compare.backends.tp import Group, TPParts
-from compare.problem.cases import GLU_MODELS, MODELS, MODES, REMAT_MODELS, TP_MODELS, check_name
+from compare.problem import golden
+from compare.problem.cases import GLU_MODELS, MODELS, MODES, MODULE_MODEL, REMAT_MODELS, TP_MODELS, check_name
 
 if TYPE_CHECKING:
     from compare.problem.golden import Problem
@@ -327,6 +328,33 @@ BACKENDS: dict[str, BackendSpec] = {
             assumption="as torch-triton: XLA dots around a Triton elementwise kernel; residuals g, u",
         ),
         BackendSpec(
+            name="torch-module",
+            target="torch_impl.backends.module_eager",
+            about="a user's own MLP file (--module): its torch_module eager, in the case dtype",
+            models=(MODULE_MODEL,),
+        ),
+        BackendSpec(
+            name="torch-module-compile",
+            target="torch_impl.backends.module_compile",
+            about="a user's own MLP file (--module): torch.compile of its torch_module (Inductor, dynamic=False)",
+            models=(MODULE_MODEL,),
+        ),
+        BackendSpec(
+            name="jax-module",
+            target="jax_impl.backends.module_jit",
+            about="a user's own MLP file (--module): jax.jit of its jax_function, backward by jax.vjp",
+            models=(MODULE_MODEL,),
+        ),
+        BackendSpec(
+            name="jax-module-unfused",
+            target="jax_impl.backends.module_unfused",
+            about=(
+                "a user's own MLP file (--module): its jax_function without jit, op by op from Python (JAX's "
+                "unfused baseline of jax-module)"
+            ),
+            models=(MODULE_MODEL,),
+        ),
+        BackendSpec(
             name="torch-tp",
             target="torch_impl.backends.tp_dtensor",
             about="DTensor tensor parallelism: ColwiseParallel gate/up (fc1), RowwiseParallel down (fc2), eager",
@@ -394,6 +422,15 @@ BACKENDS: dict[str, BackendSpec] = {
     )
 }
 DEFAULT_BASELINE = "torch-eager"
+#: What a module case's (``--module``) speedups are measured against: its own torch module, eager (``torch-eager``,
+#: a built-in model's baseline, skips a module case).
+MODULE_BASELINE = "torch-module"
+
+
+def baseline_of(model: str) -> str:
+    """The backend a case of ``model`` is timed against: :data:`DEFAULT_BASELINE`, a module case's
+    :data:`MODULE_BASELINE`."""
+    return MODULE_BASELINE if model == MODULE_MODEL else DEFAULT_BASELINE
 
 
 def framework_baseline(framework: str) -> str | None:
@@ -424,11 +461,16 @@ def unregister(name: str) -> None:
 #: ``flush`` exposes ``device_flush() -> (CacheSize, Flush) | None``: the GPU's L2 and a flush of it
 #: (``compare.timing.llc``), None when the steps run on the CPU (the harness then flushes the CPU's caches).
 #: ``cuda-graphs`` exposes ``capture(step) -> Captured | NotCaptured``: a torch step captured in a CUDA graph.
+#: ``module-file`` is a user's own MLP file (``Case.module``): ``describe(path, batch, seq, dim, hidden) ->
+#: ModuleFile``, ``reference(case, x, params, dy)`` (its float64 golden), ``plain_run(case, x, params, dy)`` (the
+#: gate's yardstick, ``reference.plain_run``'s three parts), ``compute(case, x, params, dy, ar)`` (another
+#: ``Arith``) and ``check_reference(case)`` (the file's own numpy ``reference`` against the golden).
 PROBES: dict[str, str] = {
     "ceilings": "torch_impl.ceilings",
     "ceilings-xla": "jax_impl.ceilings",
     "flush": "torch_impl.flush",
     "cuda-graphs": "torch_impl.cuda_graphs",
+    "module-file": "torch_impl.user_module",
 }
 
 
@@ -436,3 +478,12 @@ def probe(name: str) -> Any:
     """The module of a probe (:data:`PROBES`), imported now; ImportError when its framework is missing."""
     check_name("probe", name, list(PROBES))
     return importlib.import_module(PROBES[name])
+
+
+def module_file() -> Any:
+    """The ``module-file`` probe (:data:`PROBES`): the computations of a user's own MLP file, imported now."""
+    return probe("module-file")
+
+
+# The problem layer computes a module case's data through this (it loads no framework itself).
+golden.MODULE_FILE[:] = [module_file]

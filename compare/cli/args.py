@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Iterable
 from typing import Any
 
-from compare.backends.registry import BACKENDS, spec
+from compare.backends.registry import BACKENDS, module_file, spec
 from compare.cost.comm import check_world_size_value
 from compare.gate.parity import check_judgeable, judged_shapes
 from compare.problem import checkpoint
@@ -16,9 +16,11 @@ from compare.problem.cases import (
     DTYPES,
     MODELS,
     MODES,
+    MODULE_MODEL,
     PRESETS,
     Case,
     InputError,
+    ModuleFile,
     Shape,
     Weights,
     check_finite,
@@ -48,7 +50,40 @@ def add_case_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
     for dim in ("batch", "seq", "dim", "hidden"):
         r.add_argument(f"--{dim}", type=int, help=f"override the preset's {dim}")
+    add_module_args(r)
     add_weights_args(r)
+
+
+#: The batch and sequence length of a ``--module`` case given neither nor a preset: the ``tiny`` preset's.
+MODULE_TOKENS = (PRESETS["tiny"].shape.batch, PRESETS["tiny"].shape.seq)
+
+
+def add_module_args(r: argparse.ArgumentParser) -> None:
+    """``--module FILE.py``: a user's own MLP as the case's model."""
+    r.add_argument(
+        "--module",
+        metavar="FILE.py",
+        help="your own MLP as the case: a Python file defining torch_module(dim, hidden) -> torch.nn.Module and "
+        "jax_function(params, x) -> y (params: a dict named and shaped as the module's state_dict), optionally "
+        "reference(params, x) -> y in numpy float64; sizes from --dim and --hidden (or a --preset), --batch and "
+        f"--seq default to {MODULE_TOKENS[0]} and {MODULE_TOKENS[1]}; no --model",
+    )
+
+
+def module_from_args(a: argparse.Namespace, shape: Shape) -> ModuleFile | None:
+    """The :class:`~compare.problem.cases.ModuleFile` of ``--module`` at ``shape`` (the file loaded, checked and
+    hashed, its module built and run once: the registry's ``module-file`` probe), or None without ``--module``."""
+    path = getattr(a, "module", None)
+    if path is None:
+        return None
+    if not path.strip():
+        raise InputError("--module must name a Python file, got an empty path")
+    try:
+        probe = module_file()
+    except ImportError as exc:
+        raise InputError(f"--module needs torch to read its file, and it cannot be imported: {exc}") from exc
+    record: ModuleFile = probe.describe(path, shape.batch, shape.seq, shape.dim, shape.hidden)
+    return record
 
 
 def add_weights_args(r: argparse.ArgumentParser) -> None:
@@ -87,22 +122,32 @@ def resolve_case(a: argparse.Namespace, own_sizes: bool = True) -> tuple[str, Sh
     sequence come from elsewhere (``sweep``: its token counts; ``own_sizes`` False) gives ``--dim`` and ``--hidden``
     only (the shape's batch and seq are then 1). Bad input raises InputError."""
     base = preset(a.preset) if a.preset else None
-    model = check_name("model", a.model, MODELS) if a.model else (base.model if base else None)
+    if getattr(a, "module", None) is not None:
+        if a.model:
+            raise InputError(f"--module is the case's model: give no --model with it (got --model {a.model})")
+        model: str | None = MODULE_MODEL
+    else:
+        model = check_name("model", a.model, MODELS) if a.model else (base.model if base else None)
     if model is None:
-        raise InputError(f"give --preset or --model; known models: {', '.join(MODELS)}")
+        raise InputError(f"give --preset or --model (or --module FILE.py); known models: {', '.join(MODELS)}")
     batch, seq = (a.batch, a.seq) if own_sizes else (1, 1)
+    if model == MODULE_MODEL and base is None:
+        batch, seq = (MODULE_TOKENS[0] if batch is None else batch), (MODULE_TOKENS[1] if seq is None else seq)
     shape = resolve_shape(base.shape if base else None, batch, seq, a.dim, a.hidden)
     return model, shape, base.dist if base else "normal"
 
 
 def cases_from_args(a: argparse.Namespace) -> list[Case]:
     """The cases of ``run``, ``profile``, ``prepare`` and ``tp-job``: one per ``--dtype`` at the resolved shape, with
-    the ``--weights`` file's parameters where one is given (each checked against the case: name, shape, dtype)."""
+    the ``--weights`` file's parameters where one is given (each checked against the case: name, shape, dtype) and
+    the ``--module`` file's MLP (its ``reference``, where it has one, checked against the golden's)."""
     model, shape, dist = resolve_case(a)
     dtypes = check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
-    weights = weights_from_args(a)
-    cases = [Case(model, shape, d, dist, check_seed(a.seed), weights) for d in dtypes]
+    weights, module = weights_from_args(a), module_from_args(a, shape)
+    cases = [Case(model, shape, d, dist, check_seed(a.seed), weights, module) for d in dtypes]
     checkpoint.check(cases)
+    for case in cases if module is not None else []:
+        module_file().check_reference(case)
     return cases
 
 
@@ -115,8 +160,8 @@ def add_grid_args(p: argparse.ArgumentParser, budget_help: str, cache_default: s
         "--backend",
         nargs="+",
         default=None,
-        help=f"any of: {', '.join(BACKENDS)} (default: every single-device backend, or every tensor-parallel one "
-        "when a --world-size above 1 is given)",
+        help=f"any of: {', '.join(BACKENDS)} (default: every single-device backend, those of a module file with "
+        "--module, or every tensor-parallel one when a --world-size above 1 is given)",
     )
     p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
     p.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
@@ -160,7 +205,13 @@ def check_grid_args(a: argparse.Namespace) -> None:
     check_name("--cache", a.cache, list(CACHE_MODES))
     if a.backend is None:
         sizes = getattr(a, "world_size", None) or [1]
-        a.backend = default_backends(sizes if isinstance(sizes, list) else [sizes])
+        model = MODULE_MODEL if getattr(a, "module", None) is not None else None
+        a.backend = default_backends(sizes if isinstance(sizes, list) else [sizes], model)
+        if not a.backend:
+            raise InputError(
+                f"no tensor-parallel backend runs a {model} case (--world-size above 1); the {model} backends run at "
+                "world size 1"
+            )
     for b in a.backend:
         spec(b)
     check_unique("backend", a.backend)
@@ -173,10 +224,13 @@ def progress_level(a: argparse.Namespace) -> str:
     return "quiet" if getattr(a, "quiet", False) else "verbose" if getattr(a, "verbose", False) else "normal"
 
 
-def default_backends(world_sizes: list[int]) -> list[str]:
-    """Every single-device backend, or, when a world size above 1 is asked for, every tensor-parallel one."""
-    parallel = max(world_sizes) > 1
-    return [name for name, s in BACKENDS.items() if bool(s.runtime) == parallel]
+def default_backends(world_sizes: list[int], model: str | None = None) -> list[str]:
+    """Every single-device backend, or, when a world size above 1 is asked for, every tensor-parallel one: those of
+    a module file (model ``module``, a ``--module`` run's) or those of the built-in models, not both."""
+    parallel, module = max(world_sizes) > 1, model == MODULE_MODEL
+    return [
+        name for name, s in BACKENDS.items() if bool(s.runtime) == parallel and (MODULE_MODEL in s.models) == module
+    ]
 
 
 def check_out(value: str, option: str = "--out") -> str:

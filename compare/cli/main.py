@@ -26,6 +26,7 @@ from compare.problem.cases import (
     MODEL_ABOUT,
     MODELS,
     MODES,
+    MODULE_MODEL,
     PRESETS,
     InputError,
     check_finite,
@@ -47,6 +48,7 @@ def cmd_list(_: argparse.Namespace) -> int:
     print("models:")
     for m in MODELS:
         print(f"  {m:12s} {MODEL_ABOUT[m]}")
+    print(f"  {MODULE_MODEL:12s} your own MLP: run --module FILE.py (torch_module and jax_function; see README)")
     print("presets:")
     for p in PRESETS.values():
         print(f"  {p.name:12s} {p.model:8s} {p.shape.label():22s} {p.dist:10s} {p.about}")

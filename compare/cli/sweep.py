@@ -11,13 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from compare.backends.registry import spec
+from compare.backends.registry import module_file, spec
 from compare.cli import history as history_command
 from compare.cli.args import (
     add_grid_args,
+    add_module_args,
     add_weights_args,
     check_grid_args,
     check_inputs,
+    module_from_args,
     progress_level,
     resolve_case,
     weights_from_args,
@@ -43,7 +45,8 @@ def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
 
     check_grid_args(a)
     model, shape, dist = resolve_case(a, own_sizes=False)
-    grid = grid_config(model, shape.dim, shape.hidden, a.tokens, a.seq, dist, a.seed, weights_from_args(a))
+    module = module_from_args(a, dataclasses.replace(shape, seq=a.seq))  # its forward run once on 1 x seq tokens
+    grid = grid_config(model, shape.dim, shape.hidden, a.tokens, a.seq, dist, a.seed, weights_from_args(a), module)
     timing = dataclasses.asdict(TimingConfig(budget_s=a.budget))
     config = {
         "command": "python -m compare " + shlex.join(getattr(a, "argv", None) or ["sweep"]),
@@ -57,6 +60,8 @@ def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
     }
     check_inputs(a, dict.fromkeys(c.case for c in cells_from_config(config)))
     checkpoint.check(c.case for c in cells_from_config(config))
+    for case in {c.case.dtype: c.case for c in cells_from_config(config)}.values() if module is not None else []:
+        module_file().check_reference(case)
     preflight.check_memory(dict.fromkeys(c.case for c in cells_from_config(config)))
     return config
 
@@ -191,6 +196,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
     p.add_argument("--dim", type=int, help="override the preset's dim")
     p.add_argument("--hidden", type=int, help="override the preset's hidden")
+    add_module_args(p)
     add_weights_args(p)
     p.add_argument(
         "--tokens",

@@ -38,8 +38,8 @@ import numpy as np
 from compare.formats.codec import LATER
 from compare.gate.parity import DTYPE_MAX, Parity, Plain, UnusableCase, check_plain
 from compare.problem.cases import Case
-from compare.problem.golden import draw_input
-from compare.problem.reference import Arith, activations_in, compute, plain_run, round_to_dtype
+from compare.problem.golden import compute_of, draw_input, exact_reference, plain_run_of
+from compare.problem.reference import Arith, activations_in, compute, round_to_dtype
 
 
 def new_seed() -> int:
@@ -66,10 +66,15 @@ def _in_range(case: Case, params: dict[str, np.ndarray], x: np.ndarray, dy: np.n
     """Whether ``case`` on ``(x, dy)`` stays finite in its dtype, every materialised tensor rounded to it, and every
     output and gradient within :data:`RANGE_SHARE` of its largest value (numpy's float32 GEMMs and numpy's own tanh
     and exp: a screen, not a reference, a few ulp from the gate's arithmetic where the share leaves a factor of two;
-    its values are dropped before any step sees the draw)."""
-    acts = activations_in(case.model, "tanh", "float32", tanh=np.tanh, exp=np.exp)
+    its values are dropped before any step sees the draw; a module case's module runs with the fixed arithmetic's
+    activations, ``compare.problem.golden.compute_of``)."""
+    ar = Arith(case.dtype, final=False, gemm=_blas32)
     with np.errstate(over="ignore", invalid="ignore"):
-        out = compute(case.model, x, params, dy, Arith(case.dtype, final=False, gemm=_blas32), acts=acts)
+        if case.module is None:
+            acts = activations_in(case.model, "tanh", "float32", tanh=np.tanh, exp=np.exp)
+            out = compute(case.model, x, params, dy, ar, acts=acts)
+        else:
+            out = compute_of(case, x, params, dy, ar)
     top = RANGE_SHARE * DTYPE_MAX[case.dtype]
     return all(bool(np.all(np.isfinite(v))) and float(np.max(np.abs(v), initial=0.0)) <= top for v in out.values())
 
@@ -143,8 +148,8 @@ def reference(
         rng = np.random.Generator(np.random.PCG64(rows_seed))
         picked = np.sort(rng.choice(len(tokens), size=rows, replace=False))
         x = tokens[picked][None]
-    ref = compute(case.model, x, params, dy, Arith.exact())
-    unrounded, envelope, signature = plain_run(case.model, case.dtype, case.seed, x, params, dy)
+    ref = exact_reference(case, x, params, dy)
+    unrounded, envelope, signature = plain_run_of(case, x, params, dy)
     plain = {k: round_to_dtype(v, case.dtype) for k, v in unrounded.items()}
     check_plain(f"{case.name} (fresh inputs)", case.dtype, ref, plain)
     return FreshReference(ref, Plain(plain, envelope, unrounded, signature), picked, rows_seed)

@@ -25,8 +25,9 @@ them.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -125,15 +126,22 @@ def resolution_rows(
     ref: Mapping[str, np.ndarray],
     plain: dict[str, np.ndarray],
     tensors: Iterable[str],
+    compute_in: Callable[[np.ndarray, dict[str, np.ndarray], np.ndarray | None, Arith], dict[str, np.ndarray]]
+    | None = None,
 ) -> list[ResolutionRow]:
-    """Resolution rows of one case for ``tensors`` (``golden_inputs = (x, params, dy)``)."""
+    """Resolution rows of one case for ``tensors`` (``golden_inputs = (x, params, dy)``). ``compute_in(x, params,
+    dy, ar)`` computes the case in another arithmetic (its reversed-sums twin; default: ``reference.compute`` of
+    ``model``): a module case's module (``compare.problem.golden.compute_of``), which has no erf form of a GELU
+    to tell apart (no erf row)."""
     x, params, dy = golden_inputs
     names = [t for t in tensors if t in ref]
     upstream = None if names == ["y"] else dy  # forward only: no backward to run
-    has_gelu = model in GELU_MODELS  # erf vs tanh means nothing for a model without a GELU
+    has_gelu = compute_in is None and model in GELU_MODELS  # erf vs tanh means nothing without a GELU
     erf_plain = compute(model, x, params, upstream, Arith.plain(dtype), gelu="erf") if has_gelu else None
     erf_exact = compute(model, x, params, upstream, Arith.exact(), gelu="erf") if has_gelu else None
-    twin = compute(model, x, params, upstream, Arith(dtype, final=False, gemm=_reversed_sums))
+    if compute_in is None:
+        compute_in = functools.partial(compute, model)
+    twin = compute_in(x, params, upstream, Arith(dtype, final=False, gemm=_reversed_sums))
     rows = []
     for t in names:
         stats = tensor_stats(ref, plain, t)

@@ -11,6 +11,9 @@ Shapes:
   (Llama, Mistral, Qwen); same weights, bias-free.
 - ``gelu-mlp``: ``x [batch, seq, dim] -> y [batch, seq, dim]`` with ``y = fc2(gelu_tanh(fc1(x) + b1)) + b2``
   (GPT-2/BERT style, biases included); fc1 is ``dim -> hidden``, fc2 is ``hidden -> dim``.
+- ``module`` (:data:`MODULE_MODEL`, not one of :data:`MODELS`): a user's own MLP from a Python file
+  (:class:`ModuleFile`, ``python -m compare run --module FILE.py``): ``x [batch, seq, dim] -> y [batch, seq,
+  out_dim]``, its parameters the ``state_dict`` of the file's ``torch_module(dim, hidden)``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ MODEL_ABOUT: dict[str, str] = {
     "swiglu": "y = down(silu(gate(x)) * up(x)), bias-free (Llama, Mistral, Qwen)",
     "gelu-mlp": "y = fc2(gelu_tanh(fc1(x) + b1)) + b2 (GPT-2, BERT)",
 }
+#: The model of a case whose MLP is a user's own file (``Case.module``); kept out of :data:`MODELS`, which lists the
+#: built-in models every enumeration (presets, committed golden files, checkpoint names) walks.
+MODULE_MODEL = "module"
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 DISTRIBUTIONS: tuple[str, ...] = ("normal", "student_t")
 MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
@@ -50,6 +56,11 @@ MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
 
 class InputError(ValueError):
     """Bad user input: an unknown name or an impossible shape. The CLI turns it into exit status 2."""
+
+
+class FileChanged(InputError):
+    """A file a case reads (a weights checkpoint, a module file) no longer has the sha256 the case was made with
+    (edited or replaced since the run started): every cell of the case is an error naming the file and both hashes."""
 
 
 def check_name(kind: str, name: str, known: tuple[str, ...] | list[str]) -> str:
@@ -137,9 +148,39 @@ class Weights:
 
 
 @dataclass(frozen=True)
+class ModuleFile:
+    """A user's own MLP, a Python file defining ``torch_module(dim, hidden)`` and ``jax_function(params, x)``
+    (``torch_impl.user_module`` loads and inspects it): the file's absolute ``path``, the ``sha256`` of its bytes
+    (what the case's data is a function of: a worker that rebuilds it checks the file again), the ``params`` of its
+    module at the case's ``dim`` and ``hidden`` (every ``state_dict`` name with its shape, in the module's order; the
+    torch layout, a linear's weight ``(out, in)``) and the width ``out_dim`` of its output."""
+
+    path: str
+    sha256: str
+    params: tuple[tuple[str, tuple[int, ...]], ...]
+    out_dim: int
+
+    def __post_init__(self) -> None:
+        if not os.path.isabs(self.path):
+            raise InputError(f"a module file's path must be absolute, got {self.path!r}")
+        if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
+            raise InputError(f"a module file's sha256 must be 64 lower-case hex digits, got {self.sha256!r}")
+        if not self.params:
+            raise InputError(f"module file {self.path}: its module has no parameters")
+        if isinstance(self.out_dim, bool) or not isinstance(self.out_dim, int) or self.out_dim <= 0:
+            raise InputError(f"module file {self.path}: output width must be a positive integer, got {self.out_dim!r}")
+
+    @property
+    def tag(self) -> str:
+        """The case name's suffix: ``m`` and the file's sha256 (12 digits)."""
+        return f"m{self.sha256[:12]}"
+
+
+@dataclass(frozen=True)
 class Case:
     """One comparison: model kind, shape, dtype, input distribution and the seed of its data; ``weights``, where set,
-    the checkpoint its parameters are read from (None: drawn from the seed, as every committed case's)."""
+    the checkpoint its parameters are read from (None: drawn from the seed, as every committed case's); ``module``,
+    set exactly when ``model`` is :data:`MODULE_MODEL`, the user's file whose MLP the case computes."""
 
     model: str
     #: written into the case's own object (``batch``, ``seq``, ``dim``, ``hidden`` beside ``model``): one flat
@@ -151,18 +192,26 @@ class Case:
     #: left out of the JSON while None: a case without weights has the JSON (and so the cache keys and the golden
     #: files' metadata) it always had
     weights: Weights | None = dataclasses.field(default=None, metadata=LATER)
+    #: left out of the JSON while None, as ``weights``
+    module: ModuleFile | None = dataclasses.field(default=None, metadata=LATER)
 
     def __post_init__(self) -> None:
-        check_name("model", self.model, MODELS)
+        if self.module is not None or self.model == MODULE_MODEL:
+            if self.module is None or self.model != MODULE_MODEL:
+                raise InputError(f"model {MODULE_MODEL!r} goes with a module file, and a module file with it")
+        else:
+            check_name("model", self.model, MODELS)
         check_name("dtype", self.dtype, DTYPES)
         check_name("distribution", self.dist, DISTRIBUTIONS)
 
     @property
     def name(self) -> str:
         """A stable file-name-safe identifier, e.g. ``geglu-3x37x96-328-float32-normal-s0``; with weights read from a
-        file, :attr:`Weights.tag` after it (``...-s0-w0123456789ab``)."""
+        file, :attr:`Weights.tag` after it (``...-s0-w0123456789ab``); a module case's :attr:`ModuleFile.tag` before
+        that (``module-...-s0-m0123456789ab``)."""
         s = self.shape
         name = f"{self.model}-{s.batch}x{s.seq}x{s.dim}-{s.hidden}-{self.dtype}-{self.dist}-s{self.seed}"
+        name += f"-{self.module.tag}" if self.module is not None else ""
         return name + (f"-{self.weights.tag}" if self.weights is not None else "")
 
     def input_shape(self) -> tuple[int, int, int]:
@@ -170,11 +219,15 @@ class Case:
 
     def output_shape(self) -> tuple[int, int, int]:
         out = self.shape.hidden if self.model == "linear" else self.shape.dim
+        out = self.module.out_dim if self.module is not None else out
         return (self.shape.batch, self.shape.seq, out)
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Canonical parameter shapes, torch ``(out, in)`` layout (see ``compare.problem.weights``)."""
+        """Canonical parameter shapes, torch ``(out, in)`` layout (see ``compare.problem.weights``); a module case's
+        are its module's ``state_dict`` names and shapes."""
         s = self.shape
+        if self.module is not None:
+            return dict(self.module.params)
         if self.model == "linear":
             return {"weight": (s.hidden, s.dim), "bias": (s.hidden,)}
         if self.model == "gelu-mlp":
@@ -189,8 +242,8 @@ class Case:
         computation's working set and the plain same-dtype computation's (float32: its outputs and gradients and
         its intermediates). Intermediates: a GLU family's ``g, u, act(g), h`` and their gradients (8
         ``[tokens, hidden]`` tensors), ``gelu-mlp``'s ``fc1(x) + b1``, its GELU and their gradients (4), plus a cast
-        copy of ``x`` and ``dy``; ``linear`` has only the casts. The backends' own copies (framework tensors,
-        compiled buffers, device memory) come on top and are not counted.
+        copy of ``x`` and ``dy``; ``linear`` has only the casts; a module case is counted as a GLU family. The
+        backends' own copies (framework tensors, compiled buffers, device memory) come on top and are not counted.
         """
         t = self.shape.tokens
         n_in = t * self.shape.dim

@@ -10,7 +10,8 @@ drawing them (``x`` and ``dy`` are drawn from the seed as always). Every name is
 - ``gelu-mlp`` (GPT-2): ``c_fc.weight``, ``c_fc.bias``, ``c_proj.weight``, ``c_proj.bias``; GPT-2's ``Conv1D``
   stores its weight ``(in, out)``, so ``c_fc.weight [dim, hidden]`` is canonical ``fc1`` transposed and
   ``c_proj.weight [hidden, dim]`` is ``fc2`` transposed; the biases are ``b1`` and ``b2``;
-- ``linear``: ``weight``, ``bias``.
+- ``linear``: ``weight``, ``bias``;
+- a module case (``--module``): every name of its module's ``state_dict``, as it is (torch layout).
 
 A tensor must have the case's dtype (F32, BF16, F16 for float32, bfloat16, float16); a float32 tensor is taken for a
 bfloat16 or float16 case when every value of it is one the case dtype holds exactly. The values are used as they are.
@@ -41,11 +42,11 @@ from pathlib import Path
 
 import numpy as np
 
-from compare.problem.cases import Case, InputError, Weights
+from compare.problem.cases import Case, FileChanged, InputError, Weights
 from compare.problem.reference import round_to_dtype
 
 
-class WeightsChanged(InputError):
+class WeightsChanged(FileChanged):
     """A case's weights file no longer has the sha256 the case was made with (edited or replaced since the run
     started): a run or a worker that rebuilds the case's golden data refuses it, naming the file and both hashes."""
 
@@ -94,10 +95,18 @@ def expected_names(model: str, prefix: str = "") -> list[str]:
     return [prefix + s.name for s in NAMES[model].values()]
 
 
+def sources(case: Case) -> dict[str, Source]:
+    """Per canonical parameter of ``case``, where it is in a checkpoint: :data:`NAMES` of a built-in model; a module
+    case's ``state_dict`` names as they are."""
+    if case.module is not None:
+        return {name: Source(name) for name in case.weight_shapes()}
+    return NAMES[case.model]
+
+
 def file_shape(case: Case, param: str) -> tuple[int, ...]:
     """The shape the checkpoint stores canonical parameter ``param`` of ``case`` in (transposed where due)."""
     shape = case.weight_shapes()[param]
-    return shape[::-1] if NAMES[case.model][param].transposed else shape
+    return shape[::-1] if sources(case)[param].transposed else shape
 
 
 def _not_safetensors(path: str, why: str) -> InputError:
@@ -185,7 +194,7 @@ def _sizes(case: Case) -> str:
 def _missing(case: Case, w: Weights, name: str, found: Iterable[str]) -> InputError:
     """A name not in the file: every name the case looks up and the file's names closest to the missing one."""
     found = sorted(found)
-    bare = NAMES[case.model]
+    bare = sources(case)
     ends = [f for f in found if any(f.endswith(s.name) for s in bare.values())]
     close = ends or difflib.get_close_matches(name, found, n=5, cutoff=0.5)
     shown = ", ".join(close[:8]) + (f", ... ({len(close)} in all)" if len(close) > 8 else "")
@@ -194,7 +203,7 @@ def _missing(case: Case, w: Weights, name: str, found: Iterable[str]) -> InputEr
         hint += f" ({', '.join(found[:5])}{', ...' if len(found) > 5 else ''})"
     return InputError(
         f"{name} is not in {w.path}; the case ({case.model}, --prefix {w.prefix!r}) needs "
-        f"{', '.join(expected_names(case.model, w.prefix))}; {hint}"
+        f"{', '.join(w.prefix + s.name for s in bare.values())}; {hint}"
     )
 
 
@@ -233,7 +242,7 @@ def load_params(case: Case, verify: bool = True) -> dict[str, np.ndarray]:
         entries = _header(w.path, mm, size)
         assert mm is not None  # a header was read
         params: dict[str, np.ndarray] = {}
-        for param, source in NAMES[case.model].items():
+        for param, source in sources(case).items():
             name = w.prefix + source.name
             e = entries.get(name)
             if e is None:
@@ -276,7 +285,7 @@ def check(cases: Iterable[Case]) -> None:
     them): a bad file, name, shape or dtype is refused (:func:`load_params`) before anything is measured."""
     seen = set()
     for case in cases:
-        key = (case.model, case.shape.dim, case.shape.hidden, case.dtype, case.weights)
+        key = (case.model, case.shape.dim, case.shape.hidden, case.dtype, case.weights, case.module)
         if case.weights is not None and key not in seen:
             seen.add(key)
             load_params(case, verify=False)  # the CLI has just hashed it (``weights``); a run checks it again

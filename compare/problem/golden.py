@@ -7,6 +7,13 @@ then computed in float64 from those rounded values. Committed cases live in ``go
 listed with their sha256 in ``golden/MANIFEST.json``; other cases are generated on the fly the same way. A case with
 ``weights`` (a checkpoint, ``compare.problem.checkpoint``) takes its parameters from the file as they are, after the
 same draws (``x`` and ``dy`` are those of the same case with drawn weights); it is never committed.
+
+A module case (``Case.module``, a user's own MLP file) draws its parameters by one rule (:func:`fan_in`) in its
+module's ``state_dict`` order, and its reference is the module's own forward and backward computed in float64 with
+the same bit-fixed arithmetic (``torch_impl.plain`` under ``Arith.exact()``), through :data:`MODULE_FILE`: the
+problem layer loads no framework, so ``compare.backends.registry`` (which loads them lazily) installs its loader.
+:func:`exact_reference`, :func:`plain_run_of` and :func:`compute_of` are each computation of a case, built-in or
+module.
 """
 
 from __future__ import annotations
@@ -14,18 +21,20 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from compare.formats.codec import to_json
 from compare.problem import checkpoint, datacache
 from compare.problem.cases import Case, committed_cases
-from compare.problem.reference import Arith, compute, round_to_dtype
+from compare.problem.reference import Arith, compute, plain_run, round_to_dtype
 
 #: Bump when the generation recipe changes (then regenerate and commit the files).
 GENERATOR_VERSION = 2
@@ -99,6 +108,65 @@ def draw_input(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> n
 _READS_X: tuple[str, ...] = ("gate", "up", "weight", "bias", "fc1", "b1")
 
 
+def fan_in(case: Case, name: str) -> int:
+    """The fan-in parameter ``name`` of ``case`` is drawn at (``N(0, 1) / sqrt(fan_in)``, then rounded to the dtype).
+
+    Built-in models: ``dim`` for the layers that read ``x``, ``hidden`` for those that read the hidden activation (a
+    bias at its layer's). A module case's parameters by their shapes, torch layout: a weight of two or more
+    dimensions ``(out, in, ...)`` at the product of all but its first (a linear's ``in``, its last dimension); a 1-D
+    ``<p>bias`` at the fan-in of ``<p>weight`` when that is such a weight (the width its layer reads); any other
+    1-D parameter at its own length; a scalar at 1."""
+    if case.module is None:
+        return case.shape.dim if name in _READS_X else case.shape.hidden
+    shapes = case.weight_shapes()
+    shape = shapes[name]
+    if len(shape) == 1 and name.endswith("bias"):
+        weight = shapes.get(name[: -len("bias")] + "weight", ())
+        shape = weight if len(weight) >= 2 else shape
+    return math.prod(shape[1:]) if len(shape) >= 2 else math.prod(shape)
+
+
+#: The loader of a module case's computations (``torch_impl.user_module``: ``reference``, ``plain_run``,
+#: ``compute``), installed by ``compare.backends.registry`` (module docstring); empty while it is not imported.
+MODULE_FILE: list[Callable[[], Any]] = []
+
+
+def _module_file(case: Case) -> Any:
+    if not MODULE_FILE:
+        raise RuntimeError(f"case {case.name}: no module-file loader installed (import compare.backends.registry)")
+    return MODULE_FILE[0]()
+
+
+def exact_reference(
+    case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    """The float64 reference of ``case`` on ``x`` (and its gradients given ``dy``): ``reference.compute`` of a
+    built-in model, the module's own computation in ``Arith.exact()`` for a module case."""
+    if case.module is None:
+        return compute(case.model, x, params, dy, Arith.exact())
+    return dict(_module_file(case).reference(case, x, params, dy))
+
+
+def compute_of(
+    case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith
+) -> dict[str, np.ndarray]:
+    """``reference.compute`` of ``case`` in ``ar`` (its activations in ``ar.act_dtype``), a module case's module."""
+    if case.module is None:
+        return compute(case.model, x, params, dy, ar)
+    return dict(_module_file(case).compute(case, x, params, dy, ar))
+
+
+def plain_run_of(
+    case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None, dict[str, np.ndarray] | None]:
+    """``reference.plain_run`` of ``case`` (the gate's yardstick and its twins): a built-in model's formulas, a
+    module case's module (``torch_impl.plain.plain_run_module``)."""
+    if case.module is None:
+        return plain_run(case.model, case.dtype, case.seed, x, params, dy)
+    unrounded, envelope, signature = _module_file(case).plain_run(case, x, params, dy)
+    return unrounded, envelope, signature
+
+
 def make_problem(case: Case) -> Problem:
     """The inputs and weights of ``case``'s golden data, without its reference (deterministic: the draws of
     :func:`make_golden`, a fraction of a second where the reference takes tens of seconds on a large case). With
@@ -110,8 +178,7 @@ def make_problem(case: Case) -> Problem:
     for name, shape in case.weight_shapes().items():
         drawn = rng.standard_normal(shape)
         if case.weights is None:
-            fan_in = case.shape.dim if name in _READS_X else case.shape.hidden
-            params[name] = round_to_dtype(drawn / np.sqrt(fan_in), case.dtype)
+            params[name] = round_to_dtype(drawn / np.sqrt(fan_in(case, name)), case.dtype)
     dy = round_to_dtype(rng.standard_normal(case.output_shape()), case.dtype)
     if case.weights is not None:
         params = checkpoint.load_params(case)
@@ -121,7 +188,7 @@ def make_problem(case: Case) -> Problem:
 def make_golden(case: Case) -> Golden:
     """Generate the golden data of ``case`` (deterministic; see the module docstring), its whole reference now."""
     p = make_problem(case)
-    ref = compute(case.model, p.x, p.params, p.dy, Arith.exact())
+    ref = exact_reference(case, p.x, p.params, p.dy)
     return Golden(case=case, inputs=p.inputs, params=p.params, ref=ref)
 
 
@@ -149,7 +216,7 @@ class LazyReference(Mapping[str, np.ndarray]):
         cached = datacache.load(name)
         if cached is not None:
             return cached
-        ref = compute(case.model, self._p.x, self._p.params, self._p.dy if backward else None, Arith.exact())
+        ref = exact_reference(case, self._p.x, self._p.params, self._p.dy if backward else None)
         datacache.save(name, {k: np.ascontiguousarray(v) for k, v in ref.items()})
         return ref
 
@@ -188,10 +255,22 @@ def _case_meta(case: Case) -> dict[str, object]:
     return dict(to_json(case))
 
 
+#: The code that computes a module case's data besides ``compare/problem`` (``datacache.SOURCES``): the generic plain
+#: computation and the loader of the user's file.
+MODULE_CODE: tuple[str, ...] = ("torch_impl/plain.py", "torch_impl/plain_acts.py", "torch_impl/user_module.py")
+
+
+def module_code(case: Case) -> dict[str, object]:
+    """``{"module_code": sha256}`` of :data:`MODULE_CODE` for a module case (a key of its cached data: a change to
+    that code is a miss), ``{}`` for any other (whose keys stay as they were)."""
+    return {} if case.module is None else {"module_code": datacache.source_digest(list(MODULE_CODE))}
+
+
 def _identity(case: Case) -> dict[str, object]:
     """What a case's generated data is a function of: the case (with its weights file's path, sha256 and prefix, where
-    it has one) and the generator's version."""
-    return {"case": _case_meta(case), "generator_version": GENERATOR_VERSION}
+    it has one; a module file's path, sha256, parameters and output width), the generator's version, and for a module
+    case the code that computes it (:func:`module_code`)."""
+    return {"case": _case_meta(case), "generator_version": GENERATOR_VERSION, **module_code(case)}
 
 
 def serialize(golden: Golden) -> bytes:

@@ -20,7 +20,7 @@ from compare.report.memory import memory_section
 from compare.report.plots import plots_section
 from compare.report.resolution import resolution_section
 from compare.report.shapes import shapes_section
-from compare.report.summary import Link, speedup_cell, summary_section, untimed_reason, weights_line
+from compare.report.summary import Link, module_line, speedup_cell, summary_section, untimed_reason, weights_line
 from compare.report.tp import tp_section
 from compare.results.document import Result, Results
 from compare.results.environment import ISA_FLAGS, Environment
@@ -592,8 +592,8 @@ def files(doc: Results, report_name: str = REPORT, details_name: str = DETAILS) 
         "",
         machine_line(doc, to),
     ]
-    if weights := weights_line(doc):
-        head += ["", weights]
+    for line in (module_line(doc), weights_line(doc)):
+        head += ["", line] if line else []
     index = f"## Details\n\n[{DETAILS}]({DETAILS}) holds the rest: " + " · ".join(to(t, t) for t in titles) + "."
     parts = (summary_section(doc, to), plots_section(doc), cut_section(doc, to), index)
     report = "\n".join(head) + "\n\n" + "\n\n".join(b for b in parts if b) + "\n"

@@ -24,7 +24,8 @@ Each line gives
   MLP step and what recomputation saves for what time (``compare.report.memory.memory_line``).
 
 A case whose parameters came from a checkpoint (``--weights``) names the file and its sha256 in its line, and the
-report's head names each file once in full (:func:`weights_line`).
+report's head names each file once in full (:func:`weights_line`); so does a case of a user's own MLP file
+(``--module``: :func:`module_line`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from collections.abc import Callable, Sequence
 from pathlib import PurePath
 from typing import Any
 
-from compare.backends.registry import BACKENDS, DEFAULT_BASELINE, framework_baseline
+from compare.backends.registry import BACKENDS, DEFAULT_BASELINE, MODULE_BASELINE, baseline_of, framework_baseline
 from compare.formats.markdown import case_label, fmt_s, si, table
 from compare.gate.resolution import ResolutionRow
-from compare.problem.cases import Weights
+from compare.problem.cases import ModuleFile, Weights
 from compare.report.cells import mib, signed_s
 from compare.report.cost import MEASURED, UNMEASURED, ceilings_for, fusion_benefit, kernel_time_split, measured_saved
 from compare.report.machines import machine_of, machines_line, same_machine, several, timed_machine_types
@@ -62,6 +63,29 @@ def weights_tag(w: Weights | None) -> str:
         return ""
     prefix = f", prefix `{w.prefix}`" if w.prefix else ""
     return f" (weights `{PurePath(w.path).name}`{prefix}, sha256 `{w.sha256[:12]}`)"
+
+
+def module_tag(m: ModuleFile | None) -> str:
+    """`` (module `F.py`, sha256 `0123456789ab`)`` for a case of a user's MLP file; "" for a built-in model."""
+    return "" if m is None else f" (module `{PurePath(m.path).name}`, sha256 `{m.sha256[:12]}`)"
+
+
+def module_line(doc: Results) -> str:
+    """``Module: ...``: every user's MLP file the run's cases computed, with its full sha256, its parameters and its
+    path; "" when every case is a built-in model."""
+    found = dict.fromkeys(r.module for r in doc.results if r.module is not None)
+    parts = [
+        f"`{PurePath(m.path).name}` (sha256 `{m.sha256}`, parameters "
+        + ", ".join(f"`{k}` {list(s)}" for k, s in m.params)
+        + f", read from `{m.path}`)"
+        for m in found
+    ]
+    if not parts:
+        return ""
+    return (
+        f"Module: {'; '.join(parts)}: your own MLP, its golden its torch module in float64, its parameters drawn "
+        "from the seed (N(0, 1) / sqrt(fan-in)) unless a --weights file gave them; no cost model (not modelled)."
+    )
 
 
 def weights_line(doc: Results) -> str:
@@ -90,7 +114,7 @@ def speedup_cell(results: Sequence[Result], r: Result) -> str:
     ``within noise`` (or ``not tested (N rounds)`` where the paired test had too few rounds to run). ``baseline``
     for the baseline itself, ``-`` where the baseline was not timed (on the row's machine type: a row is never
     compared with a baseline measured on another)."""
-    base = same_machine(results, r, DEFAULT_BASELINE, lambda b: b.timing)
+    base = same_machine(results, r, baseline_of(r.model), lambda b: b.timing)
     if base is None or base.timing is None or r.timing is None:
         return "-"
     if base is r:
@@ -201,9 +225,10 @@ def _fastest_of(rows: list[Result]) -> str:
     )
     if not timed:
         return "nothing timed"
-    base = next((r for r in timed if r.backend == DEFAULT_BASELINE), None)
+    baseline = baseline_of(rows[0].model)
+    base = next((r for r in timed if r.backend == baseline), None)
     if base is None:
-        row = next((r for r in rows if r.backend == DEFAULT_BASELINE), None)
+        row = next((r for r in rows if r.backend == baseline), None)
         why = (
             "not run"
             if row is None
@@ -211,7 +236,7 @@ def _fastest_of(rows: list[Result]) -> str:
             if row.status in MEASURED
             else UNMEASURED.get(row.status, row.status)
         )
-        return f"none named ({DEFAULT_BASELINE} {why}: a fastest is tested against it; the timing table has the rest)"
+        return f"none named ({baseline} {why}: a fastest is tested against it; the timing table has the rest)"
     best, *rest = timed
     assert best.timing is not None
     text = f"{best.label} {fmt_s(best.timing.median_s)}"
@@ -223,7 +248,7 @@ def _fastest_of(rows: list[Result]) -> str:
     if best is base:
         text += " (the baseline itself)"
     else:
-        verdicts.append(_against(best.timing, base, DEFAULT_BASELINE) + (", also the runner-up" * (rest[0] is base)))
+        verdicts.append(_against(best.timing, base, baseline) + (", also the runner-up" * (rest[0] is base)))
     if rest[0] is not base:
         second = rest[0]
         assert second.timing is not None
@@ -289,7 +314,10 @@ def _framework_headroom(rows: list[Result], fusion: list[dict[str, Any]], baseli
 def _headroom(rows: list[Result], fusion: list[dict[str, Any]]) -> str:
     """Per framework present in the group (one case, dtype and mode), its own unfused baseline's headroom and what
     its fused backends saved over it (:func:`_framework_headroom`); frameworks named when there are several.
-    Nothing here compares frameworks: that is the timing table's."""
+    Nothing here compares frameworks: that is the timing table's. A module case (``--module``) has no cost-model
+    plan, so nothing says what fusion removes from it: not modelled."""
+    if rows[0].module is not None:
+        return "not modelled (your own MLP has no cost-model plan)"
     frameworks = list(dict.fromkeys(s.framework for r in rows if (s := BACKENDS.get(r.backend)) is not None))
     parts = []
     for fw in frameworks:
@@ -373,7 +401,7 @@ def case_table(doc: Results, rows: list[Result], fusion: list[dict[str, Any]], t
         "backend",
         to("Parity", "parity (worst statistic)"),
         to("Timing", "warm median (IQR)"),
-        to("Timing", f"vs {DEFAULT_BASELINE}"),
+        to("Timing", f"vs {baseline_of(rows[0].model)}"),
         to("Kernels per step", "kernels/step"),
         to("What fusion buys", "intermediates fused away"),
         to("Memory", "saved activations spared"),
@@ -414,7 +442,8 @@ def summary_section(doc: Results, to: Link = _words) -> str:
         checked = all(ceilings_for(doc, r.dtype) is not None for r in rows)  # a ceiling for each row's dtype
         fastest = _fastest(rows, checked)
         lines.append(
-            f"- **{case_label(rows[0])} {rows[0].dtype} {rows[0].mode}**{weights_tag(rows[0].weights)}: parity "
+            f"- **{case_label(rows[0])} {rows[0].dtype} {rows[0].mode}**{module_tag(rows[0].module)}"
+            f"{weights_tag(rows[0].weights)}: parity "
             f"{_parity(rows, doc.resolution)}. "
             f"Fastest: {fastest}. Fusion headroom: {_headroom(rows, fusion)}."
             + (f" {memory[0].upper()}{memory[1:]}." if memory else "")
@@ -441,5 +470,7 @@ def summary_section(doc: Results, to: Link = _words) -> str:
         "In each table the worst statistic is the check that came closest to (or went furthest past) its pass "
         f"line; vs {DEFAULT_BASELINE} is by the paired signed-rank test unless marked unpaired."
     )
+    if any(r.module is not None for r in doc.results):
+        intro += f" A case of your own MLP file (--module) is timed against {MODULE_BASELINE} instead."
     notes = "\n\n".join(x for x in (machines_line(doc), _ceiling_notes(doc), _busy_note(doc)) if x)
     return "## Summary\n\n" + intro + "\n\n" + "\n\n".join(lines) + (f"\n\n{notes}" if notes else "")

@@ -17,7 +17,7 @@ from compare.formats.codec import LATER, FieldError, Setting, from_json, to_json
 from compare.gate.parity_record import ParityRecord
 from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
-from compare.problem.cases import Case, InputError, Shape, Weights
+from compare.problem.cases import Case, InputError, ModuleFile, Shape, Weights
 from compare.results.environment import Environment, Node
 from compare.results.load import Load
 from compare.results.memory import Memory
@@ -83,6 +83,9 @@ class Result:
     #: the checkpoint the case's parameters were read from (path, sha256, prefix; ``compare.problem.checkpoint``):
     #: None where they were drawn from the seed (and in older documents)
     weights: Weights | None = field(default=None, metadata=LATER)
+    #: the user's own MLP file the case computes (``--module``: path, sha256, parameters, output width): None for a
+    #: built-in model (and in older documents)
+    module: ModuleFile | None = field(default=None, metadata=LATER)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -90,7 +93,18 @@ class Result:
 
     @staticmethod
     def for_case(backend: str, case: Case, mode: str, status: str, **kw: Any) -> Result:
-        return Result(backend, case.model, case.dtype, case.shape, case.name, mode, status, weights=case.weights, **kw)
+        return Result(
+            backend,
+            case.model,
+            case.dtype,
+            case.shape,
+            case.name,
+            mode,
+            status,
+            weights=case.weights,
+            module=case.module,
+            **kw,
+        )
 
     @property
     def label(self) -> str:

@@ -18,8 +18,8 @@ from compare.formats.codec import to_json
 from compare.gate.parity import Parity, Plain, check_all, check_plain
 from compare.problem import datacache
 from compare.problem.cases import Case
-from compare.problem.golden import golden_for, prefetch_reference
-from compare.problem.reference import plain_run, round_to_dtype
+from compare.problem.golden import golden_for, module_code, plain_run_of, prefetch_reference
+from compare.problem.reference import round_to_dtype
 from compare.results.document import Result
 
 #: Which reference tensors each mode checks.
@@ -44,10 +44,13 @@ def plain_reference(case: Case, backward: bool = True) -> Plain:
     machine. A run of ``fwd`` alone needs only ``y``: the backward is two thirds of the work (on ``cpu-mlp`` float32,
     17 s of 24 s here), so it is left out when no mode needs it (a separate data cache entry).
 
+    A module case's is its module's own plain computation (``compare.problem.golden.plain_run_of``).
+
     Raises :class:`~compare.gate.parity.UnusableCase` when it (or the reference) is not finite in the case dtype."""
     g = golden_for(case)
     prefetch_reference(g, backward)
-    name = datacache.key("plain" if backward else "plain-fwd", to_json(case))
+    what = to_json(case) if case.module is None else {"case": to_json(case), **module_code(case)}
+    name = datacache.key("plain" if backward else "plain-fwd", what)
     cached = datacache.load(name)
     if cached is not None:
         parts = {
@@ -57,7 +60,7 @@ def plain_reference(case: Case, backward: bool = True) -> Plain:
         unrounded, envelope, signature = parts["unrounded"] or {}, parts["envelope"], parts["signature"]
     else:
         dy = g.dy if backward else None
-        unrounded, envelope, signature = plain_run(case.model, case.dtype, case.seed, g.x, g.params, dy)
+        unrounded, envelope, signature = plain_run_of(case, g.x, g.params, dy)
         twins = {"unrounded": unrounded, "envelope": envelope or {}, "signature": signature or {}}
         datacache.save(name, {f"{part}.{k}": v for part, d in twins.items() for k, v in d.items()})
     plain = {k: round_to_dtype(v, case.dtype) for k, v in unrounded.items()}  # what final=True computes
@@ -92,9 +95,10 @@ def judge(
     return check_all(got, ref, plain, dtype)
 
 
-def min_flops(case: Case, mode: str) -> int:
-    """GEMM FLOPs any backend's step must do on ``case`` in ``mode``: the baseline's, which recomputes nothing."""
-    return cost(case, DEFAULT_BASELINE, mode).flops
+def min_flops(case: Case, mode: str) -> int | None:
+    """GEMM FLOPs any backend's step must do on ``case`` in ``mode``: the baseline's, which recomputes nothing; None
+    for a module case (no cost model knows its GEMMs: its timing is not checked against the ceilings)."""
+    return None if case.module is not None else cost(case, DEFAULT_BASELINE, mode).flops
 
 
 def implausible(frac: float) -> str:

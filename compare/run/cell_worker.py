@@ -17,8 +17,7 @@ from compare.backends.registry import BackendSpec
 from compare.formats.atomic import write_text_atomic
 from compare.formats.codec import from_json, to_json
 from compare.problem import golden
-from compare.problem.cases import Case
-from compare.problem.checkpoint import WeightsChanged
+from compare.problem.cases import Case, FileChanged
 from compare.results import document, environment
 from compare.run import child, harness, stop
 from compare.run.grid import Cell
@@ -35,7 +34,7 @@ def run_cell_inprocess(
         plain_refs.clear()  # cells come case by case: keep one plain reference at a time
         try:
             plain_refs[cell.case.name] = harness.plain_reference(cell.case)
-        except WeightsChanged as exc:  # the case's weights file changed since the driver hashed it: the cell's error
+        except FileChanged as exc:  # a weights or module file changed since the driver hashed it: the cell's error
             r = document.Result.for_case(s.name, cell.case, cell.mode, "error", reason=str(exc))
             return r, {"precision": {}, "gpu": None}
     precision: dict[str, Any] = {}
@@ -101,7 +100,7 @@ def run_payload(sent: dict[str, Any], node_id: str = "") -> dict[str, Any]:
     error = functools.partial(document.Result.for_case, s.name, case, cell.mode, "error")
     try:
         mine = golden.data_sha256(case) if expected is not None else None
-    except (golden.GoldenError, WeightsChanged) as exc:  # a weights file changed since the driver hashed it too
+    except (golden.GoldenError, FileChanged) as exc:  # a weights or module file changed since the driver hashed it too
         r = error(reason=f"golden data on node {node_id or '?'}: {exc}")
     else:
         if mine != expected:

@@ -8,7 +8,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from compare.formats.codec import from_json, to_json
-from compare.problem.cases import MODELS, Case, InputError, Shape, Weights, check_name, check_seed
+from compare.problem.cases import (
+    MODELS,
+    MODULE_MODEL,
+    Case,
+    InputError,
+    ModuleFile,
+    Shape,
+    Weights,
+    check_name,
+    check_seed,
+)
 
 DEFAULT_TOKENS: tuple[int, ...] = (1, 16, 128, 1024)
 SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -55,11 +65,13 @@ def grid_config(
     dist: str = "normal",
     seed: int = 0,
     weights: Weights | None = None,
+    module: ModuleFile | None = None,
 ) -> dict[str, Any]:
     """The ``grid`` part of a sweep's config (validated: a bad size raises :class:`InputError`); ``weights``, the
-    checkpoint every case reads its parameters from, is a key only where given (a sweep without one has the grid it
-    always had)."""
-    check_name("model", model, MODELS)
+    checkpoint every case reads its parameters from, and ``module``, the user's MLP file every case computes (model
+    ``module``), are keys only where given (a sweep without them has the grid it always had)."""
+    if module is None or model != MODULE_MODEL:
+        check_name("model", model, MODELS)
     check_seed(seed)
     Shape(1, seq, dim, hidden)  # validates seq, dim, hidden (before seq divides anything)
     if not tokens:
@@ -80,18 +92,20 @@ def grid_config(
         "dist": dist,
         "seed": seed,
     }
-    return grid | ({"weights": to_json(weights)} if weights is not None else {})
+    grid |= {"weights": to_json(weights)} if weights is not None else {}
+    return grid | ({"module": to_json(module)} if module is not None else {})
 
 
 def cells_from_config(config: dict[str, Any]) -> list[Cell]:
     """Every cell of a sweep config, in run order: tokens, then dtype, then mode, then backend."""
     g = config["grid"]
     weights = from_json(Weights, g["weights"], strict=True) if g.get("weights") is not None else None
+    module = from_json(ModuleFile, g["module"], strict=True) if g.get("module") is not None else None
     cells: list[Cell] = []
     for t in g["tokens"]:
         shape = Shape(t // g["seq"], g["seq"], g["dim"], g["hidden"])
         for dtype in config["dtypes"]:
-            case = Case(g["model"], shape, dtype, g["dist"], g["seed"], weights)
+            case = Case(g["model"], shape, dtype, g["dist"], g["seed"], weights, module)
             for mode in config["modes"]:
                 cells.extend(Cell(b, case, mode) for b in config["backends"])
     return cells

@@ -22,6 +22,7 @@ interleaved timing, the budget's cuts and the profile's trace folder.
 from __future__ import annotations
 
 import datetime
+import functools
 import itertools
 import math
 import os
@@ -41,9 +42,8 @@ from compare.gate.parity import UnusableCase
 from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
 from compare.problem import datacache
-from compare.problem.cases import Case, check_name
-from compare.problem.checkpoint import WeightsChanged
-from compare.problem.golden import golden_for
+from compare.problem.cases import Case, FileChanged, check_name
+from compare.problem.golden import compute_of, golden_for, module_code
 from compare.results import environment
 from compare.results.document import Config, Result, Results
 from compare.results.memory import Memory
@@ -484,7 +484,7 @@ class Groups:
                     self.store.resolution(rows)
                 why = "fresh inputs: "  # drawn now: no backend of this run can have seen these inputs
                 reference = pipeline.CaseReference(case, fresh.new_seed(), backward)
-            except (UnusableCase, WeightsChanged) as exc:  # nothing can be judged on this case: say so in every cell
+            except (UnusableCase, FileChanged) as exc:  # nothing can be judged on this case: say so in every cell
                 for cell in of_case:
                     to.error(cell, f"{why}{exc}")
                 continue
@@ -640,7 +640,13 @@ def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[st
     label = f"{case.model} {s.batch}x{s.seq}x{s.dim}->{s.hidden}"
     # a pure function of the case's golden data and the gate's code (seconds on a large case): cached on disk
     name = datacache.key(
-        "resolution", {"case": to_json(case), "tensors": wanted, "gate": datacache.source_digest(["compare/gate"])}
+        "resolution",
+        {
+            "case": to_json(case),
+            "tensors": wanted,
+            "gate": datacache.source_digest(["compare/gate"]),
+            **module_code(case),
+        },
     )
     cached = datacache.load_json(name)
     if isinstance(cached, list):
@@ -648,8 +654,9 @@ def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[st
             return [from_json(ResolutionRow, r) for r in cached]
         except (FieldError, TypeError, ValueError):  # an entry of another layout: a miss, computed again below
             pass
+    compute_in = None if case.module is None else functools.partial(compute_of, case)
     rows = resolution.resolution_rows(
-        case.name, case.model, label, case.dtype, (g.x, g.params, g.dy), g.ref, plain, wanted
+        case.name, case.model, label, case.dtype, (g.x, g.params, g.dy), g.ref, plain, wanted, compute_in
     )
     datacache.save_json(name, [to_json(r) for r in rows])
     return rows

@@ -6,10 +6,11 @@ backend with ``max-autotune-no-cudagraphs``."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from compare.backends.registry import Availability, Prepared
 from compare.problem.golden import Problem
@@ -18,19 +19,24 @@ from torch_impl import device as dev
 from torch_impl import profiling, runner
 from torch_impl.models import build_module
 
+#: The eager module a backend compiles: ``build(problem, device, dtype)``.
+Build = Callable[[Problem, torch.device, torch.dtype], nn.Module]
+
 
 class CompileBackend:
-    """``torch.compile(module, mode=mode, dynamic=False, fullgraph=True)``; ``mode`` None is Inductor's default."""
+    """``torch.compile(module, mode=mode, dynamic=False, fullgraph=True)``; ``mode`` None is Inductor's default;
+    ``build`` makes the module (default: the case's built-in model, ``torch_impl.models.build_module``)."""
 
-    def __init__(self, name: str = "torch-compile", mode: str | None = None) -> None:
+    def __init__(self, name: str = "torch-compile", mode: str | None = None, build: Build = build_module) -> None:
         self.name = name
         self.mode = mode
+        self.build = build
 
     def availability(self) -> Availability:
         return Availability(True, device=str(dev.device()))
 
     def prepare(self, problem: Problem, mode: str) -> Prepared:
-        module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+        module = self.build(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
         # Every nn.Linear shares one forward code object, and Dynamo's recompile limit counts per code object:
         # start each backend instance from a clean Dynamo state so its first call is its own compile.
         torch._dynamo.reset()

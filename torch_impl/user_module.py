@@ -1,0 +1,269 @@
+"""A user's own MLP from a Python file (``python -m compare run --module FILE.py``): loading and checking the file,
+its module at the case's widths, and the computations of a module case (``compare.problem.cases.ModuleFile``).
+
+The file defines
+
+- ``torch_module(dim, hidden) -> torch.nn.Module``: its ``state_dict()`` names and shapes are the case's
+  parameters (every entry a floating parameter: no buffers, no tied weights); it maps ``x [batch, seq, dim]`` to
+  ``y [batch, seq, out]``, each token's output a function of that token alone (the harness judges reordered tokens);
+- ``jax_function(params, x) -> y``: the same MLP as a pure JAX function of a dict with the same names and shapes
+  (``jax.Array``\\ s of the case dtype) and ``x``;
+- optionally ``reference(params, x) -> y`` in numpy float64: checked once against the golden reference
+  (:func:`check_reference`).
+
+The core (``compare/``) reaches this module only through the registry's ``module-file`` probe
+(``compare.backends.registry.PROBES``): :func:`describe` makes the case's record, :func:`reference` its float64
+golden (``Arith.exact()`` with float64 activations: the bits of ``torch_impl.plain``'s fixed arithmetic, the same on
+every machine), :func:`plain_run` the gate's yardstick (``plain.plain_run_module``) and :func:`compute` any other
+arithmetic (the gate's resolution twin, the fresh draws' range screen). Every refusal is an
+:class:`~compare.problem.cases.InputError` naming the file (the CLI exits 2 with its one line).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from compare.problem.cases import Case, FileChanged, InputError, ModuleFile
+from compare.problem.golden import make_problem
+from compare.problem.reference import Arith
+from torch_impl.plain import plain_compute, plain_run_module
+from torch_impl.plain_acts import acts_plain
+
+__all__ = [
+    "REQUIRED",
+    "ModuleChanged",
+    "build",
+    "check_reference",
+    "compute",
+    "describe",
+    "jax_function",
+    "load",
+    "plain_run",
+    "reference",
+]
+
+#: What a module file must define, and how each is called.
+REQUIRED: dict[str, str] = {
+    "torch_module": "torch_module(dim, hidden) -> torch.nn.Module",
+    "jax_function": "jax_function(params, x) -> y (params: a dict of jax.Arrays named and shaped as the module's "
+    "state_dict)",
+}
+#: Relative difference (of the largest |y|) beyond which a file's ``reference`` and its module disagree.
+REFERENCE_RTOL = 1e-10
+#: Tokens of the case's inputs the ``reference`` check runs on.
+REFERENCE_TOKENS = 8
+
+
+class ModuleChanged(FileChanged):
+    """A module file no longer has the sha256 its case was made with (edited since the run started)."""
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+#: Loaded files by (path, sha256): each is executed once per process.
+_LOADED: dict[tuple[str, str], types.ModuleType] = {}
+
+
+def _read(path: str) -> bytes:
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"--module {path}: no such file")
+    if not p.is_file():
+        raise InputError(f"--module {path} is not a file (a module file is one Python file)")
+    try:
+        return p.read_bytes()
+    except OSError as exc:
+        raise InputError(f"--module {path} cannot be read: {exc.strerror or exc}") from exc
+
+
+def _execute(path: str, source: bytes, digest: str) -> types.ModuleType:
+    """The file's module, executed from the bytes that were hashed (a file edited meanwhile runs as hashed)."""
+    got = _LOADED.get((path, digest))
+    if got is not None:
+        return got
+    name = f"fusion_compare_module_{digest[:16]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None:
+        raise InputError(f"--module {path} cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses, pickling and typing look a module up by name
+    try:
+        exec(compile(source, path, "exec"), module.__dict__)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise InputError(f"--module {path} fails to import: {_one_line(exc)}") from exc
+    missing = [f for f in REQUIRED if not callable(getattr(module, f, None))]
+    if missing:
+        sys.modules.pop(name, None)
+        raise InputError(
+            f"--module {path} defines no {' and no '.join(missing)}; a module file must define "
+            + " and ".join(REQUIRED.values())
+            + ", and may define reference(params, x) -> y in numpy float64"
+        )
+    if getattr(module, "reference", None) is not None and not callable(module.reference):
+        raise InputError(f"--module {path}: its reference is not a function (reference(params, x) -> y)")
+    _LOADED[(path, digest)] = module
+    return module
+
+
+def load(mf: ModuleFile) -> types.ModuleType:
+    """The file of ``mf`` executed (once per process), after checking its sha256: a file changed since the case was
+    made is :class:`ModuleChanged`, naming it and both hashes."""
+    source = _read(mf.path)
+    digest = hashlib.sha256(source).hexdigest()
+    if digest != mf.sha256:
+        raise ModuleChanged(
+            f"module file {mf.path} changed since the run started: its sha256 is now {digest}, the case was made "
+            f"from {mf.sha256}"
+        )
+    return _execute(mf.path, source, digest)
+
+
+def _instantiate(user: types.ModuleType, path: str, dim: int, hidden: int) -> nn.Module:
+    try:
+        module = user.torch_module(dim, hidden)
+    except Exception as exc:
+        raise InputError(f"--module {path}: torch_module({dim}, {hidden}) fails: {_one_line(exc)}") from exc
+    if not isinstance(module, nn.Module):
+        raise InputError(
+            f"--module {path}: torch_module({dim}, {hidden}) returned a {type(module).__name__}, not a torch.nn.Module"
+        )
+    return module
+
+
+def _params(module: nn.Module, path: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The module's ``state_dict`` names and shapes, each entry checked to be a floating parameter of its own."""
+    state = module.state_dict(keep_vars=True)
+    named = dict(module.named_parameters(remove_duplicate=False))
+    buffers = [k for k in state if k not in named]
+    if buffers:
+        raise InputError(
+            f"--module {path}: its state_dict holds buffers ({', '.join(buffers)}); a module case's state_dict is "
+            "its parameters only (register constants as plain attributes)"
+        )
+    seen: dict[int, str] = {}
+    for k, p in state.items():
+        if not p.is_floating_point():
+            raise InputError(f"--module {path}: parameter {k} is {p.dtype}; parameters must be floating point")
+        if id(p) in seen:
+            raise InputError(f"--module {path}: parameters {seen[id(p)]} and {k} are one tensor (tied weights)")
+        seen[id(p)] = k
+    if not state:
+        raise InputError(f"--module {path}: torch_module returned a module without parameters")
+    return tuple((k, tuple(int(d) for d in p.shape)) for k, p in state.items())
+
+
+def describe(path: str, batch: int, seq: int, dim: int, hidden: int) -> ModuleFile:
+    """The record of ``--module path`` at these sizes: the file made absolute, hashed and loaded (its functions
+    checked), its ``torch_module(dim, hidden)``'s parameters, and its output width from one float32 forward of an
+    input ``[batch, seq, dim]`` (a forward that fails there, or returns anything but one ``[batch, seq, out]`` tensor,
+    is refused)."""
+    absolute = str(Path(path).expanduser().resolve())
+    source = _read(absolute)
+    digest = hashlib.sha256(source).hexdigest()
+    user = _execute(absolute, source, digest)
+    module = _instantiate(user, absolute, dim, hidden).to(torch.float32)
+    params = _params(module, absolute)
+    x = torch.randn(batch, seq, dim, generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            y = module.eval()(x)
+    except Exception as exc:
+        raise InputError(
+            f"--module {absolute}: its forward fails on an input [{batch}, {seq}, {dim}]: {_one_line(exc)}"
+        ) from exc
+    if not isinstance(y, torch.Tensor) or y.ndim != 3 or tuple(y.shape[:2]) != (batch, seq):
+        got = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise InputError(
+            f"--module {absolute}: its forward maps [{batch}, {seq}, {dim}] to {got}; it must return one tensor "
+            f"[{batch}, {seq}, out]"
+        )
+    if y.dtype != x.dtype:
+        raise InputError(f"--module {absolute}: its forward returns {y.dtype} for a float32 input (a cast inside)")
+    return ModuleFile(absolute, digest, params, int(y.shape[-1]))
+
+
+def _module_file(case: Case) -> ModuleFile:
+    if case.module is None:
+        raise ValueError(f"case {case.name} has no module file")
+    return case.module
+
+
+def build(case: Case, params: dict[str, np.ndarray], device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """The case's module on ``device`` in ``dtype`` (eval mode), its parameters ``params`` (``state_dict`` names,
+    float arrays holding case-dtype values)."""
+    mf = _module_file(case)
+    module = _instantiate(load(mf), mf.path, case.shape.dim, case.shape.hidden).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        for k, p in module.state_dict(keep_vars=True).items():
+            p.copy_(torch.from_numpy(np.asarray(params[k])).to(device=device, dtype=dtype))
+    return module.eval()
+
+
+def jax_function(case: Case) -> Any:
+    """The file's ``jax_function(params, x) -> y``."""
+    return load(_module_file(case)).jax_function
+
+
+def compute(
+    case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith
+) -> dict[str, np.ndarray]:
+    """The module's forward (and backward given ``dy``) in ``ar`` (``plain.plain_compute``), its activations in
+    ``ar.act_dtype`` as ``reference.compute``'s: ``y``, ``dx``, ``d<name>`` as float64 arrays."""
+    module = build(case, params, torch.device("cpu"), torch.float64)
+    return plain_compute(module, x, dy, ar, acts_plain(ar.act_dtype))
+
+
+def reference(case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The float64 golden of a module case (``compare.problem.golden.exact_reference``): :func:`compute` in
+    ``Arith.exact()``."""
+    return compute(case, x, params, dy, Arith.exact())
+
+
+def plain_run(
+    case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None, dict[str, np.ndarray] | None]:
+    """The gate's yardstick of a module case: ``plain.plain_run_module`` (``reference.plain_run``'s three parts)."""
+    module = build(case, params, torch.device("cpu"), torch.float64)
+    return plain_run_module(module, case.dtype, case.seed, x, dy)
+
+
+def check_reference(case: Case) -> None:
+    """Where the file defines ``reference(params, x)``: its ``y`` on :data:`REFERENCE_TOKENS` tokens of the case's
+    inputs against the golden's (:func:`reference`); a difference beyond :data:`REFERENCE_RTOL` of the largest
+    ``|y|`` means the file's two descriptions of its MLP differ, an :class:`InputError` naming it."""
+    mf = _module_file(case)
+    user = load(mf)
+    if getattr(user, "reference", None) is None:
+        return
+    p = make_problem(case)
+    x = p.x.reshape(-1, case.shape.dim)[:REFERENCE_TOKENS][None].astype(np.float64)
+    params = {k: np.asarray(v, dtype=np.float64) for k, v in p.params.items()}
+    ours = reference(case, x, params, None)["y"]
+    try:
+        theirs = np.asarray(user.reference(params, x.copy()), dtype=np.float64)
+    except Exception as exc:
+        raise InputError(f"--module {mf.path}: its reference(params, x) fails: {_one_line(exc)}") from exc
+    if theirs.shape != ours.shape:
+        raise InputError(
+            f"--module {mf.path}: its reference(params, x) gives {list(theirs.shape)} for x {list(x.shape)}, its "
+            f"torch_module {list(ours.shape)}"
+        )
+    err, top = float(np.max(np.abs(theirs - ours))), float(np.max(np.abs(ours)))
+    if not err <= REFERENCE_RTOL * top:
+        raise InputError(
+            f"--module {mf.path}: its reference(params, x) and its torch_module differ: max |difference| {err:.3g} "
+            f"against max |y| {top:.3g} on {x.shape[1]} tokens of the case's inputs (allowed: {REFERENCE_RTOL:g} of "
+            "it); the file's two descriptions of its MLP are not the same function"
+        )
