@@ -83,8 +83,9 @@ def module_line(doc: Results) -> str:
     if not parts:
         return ""
     return (
-        f"Module: {'; '.join(parts)}: your own MLP, its golden its torch module in float64, its parameters drawn "
-        "from the seed (N(0, 1) / sqrt(fan-in)) unless a --weights file gave them; no cost model (not modelled)."
+        f"Module: {'; '.join(parts)}: your own MLP; its golden is its torch module run in float64 with fixed-bit "
+        "arithmetic (the same bits on every machine), its parameters drawn from the seed (N(0, 1) / sqrt(fan-in)) "
+        "unless a --weights file gave them; no cost model (not modelled)."
     )
 
 
