@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BACKENDS, spec
+from compare.cli import ab as ab_command
 from compare.cli import gpu_build
 from compare.cli import run as run_command
 from compare.cli import sweep as sweep_command
@@ -351,6 +352,7 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--csv", action="store_true", required=True, help="CSV, one row per cell (the one format)")
     exp.add_argument("--out", help="write here instead of standard output")
     exp.set_defaults(fn=cmd_export)
+    ab_command.add_parser(subs)  # python -m compare ab --a PYTHON --b PYTHON ...
     gpu_build.add_parser(subs)  # python -m compare gpu-build --arch sm_90 sm_80 [--out DIR]
     return p
 
