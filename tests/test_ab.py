@@ -154,7 +154,7 @@ def test_a_a_calls_no_difference_in_18_of_20_trials(numpy_plain: str, busy: bool
 def test_a_a_with_torch_eager(tmp_path: Path) -> None:
     """The real path through the CLI: torch in both workers, their versions and commit said, paired timings, both
     judged ok; no difference called (an A/A false call has a chance of about 1%: one more trial is allowed)."""
-    args = ["--backend", "torch-eager", "--budget", "0.2", "--a-env", *ONE_THREAD, "--b-env", *ONE_THREAD]
+    args = ["--backend", "torch-eager", "--budget", "0.1", "--a-env", *ONE_THREAD, "--b-env", *ONE_THREAD]
     for attempt in range(2):
         status, doc = _ab(tmp_path / str(attempt), *args)
         assert doc is not None
@@ -208,5 +208,8 @@ def test_b_with_one_thread_is_slower_on_cpu_mlp(tmp_path: Path) -> None:
     doc = read_json(out / "ab.json")
     (p,) = doc.pairs
     assert p.a.threads.get("torch_intra_op") == 2 and p.b.threads.get("torch_intra_op") == 1
+    assert p.a.status == "ok" and p.b.status == "ok"
+    if not verdict(p).slower and doc.load is not None and doc.load.busy:  # a second thread needs a free core
+        pytest.skip(f"other work held the cores: {doc.load.describe()}; B/A {verdict(p).ratio_cell}")
     assert verdict(p).slower, verdict(p)
-    assert status == 1 and p.a.status == "ok" and p.b.status == "ok"
+    assert status == 1

@@ -20,6 +20,7 @@ from compare.kernels.summary import Kernels
 from compare.report.cells import mib, signed_s
 from compare.report.diff import BAD_STATUSES
 from compare.report.memory import saved_bytes
+from compare.report.render import load_note
 from compare.report.summary import parity_cell, untimed_reason
 from compare.results.ab import ABResults, Pair, Side
 from compare.results.document import Result
@@ -206,7 +207,7 @@ def render(doc: ABResults) -> str:
         "",
         verdict_line,
         "",
-        method,
+        method + (f" {load_note(doc.load)}" if doc.load is not None else ""),
         "",
         table(head, [_row(doc, p) for p in doc.pairs]) if doc.pairs else "No pair was run.",
     ]

@@ -13,6 +13,7 @@ from compare.formats.atomic import write_text_atomic
 from compare.formats.codec import FieldError, from_json, to_json
 from compare.problem.cases import InputError
 from compare.results.document import Result
+from compare.results.load import Load
 from compare.timing.timer import TimingConfig
 
 #: The layout of ``ab.json``; a file of another is refused on load.
@@ -48,7 +49,9 @@ class Pair:
 
 @dataclass(frozen=True)
 class ABResults:
-    """``ab.json``: when and how it was made, the timer's settings, the two sides and every pair, in run order."""
+    """``ab.json``: when and how it was made, the timer's settings, the two sides, every pair in run order, and the
+    machine's load over the whole run, both workers' own CPU time left out (``compare.results.load``; None: not
+    recorded)."""
 
     schema_version: int = SCHEMA_VERSION
     created: str = ""
@@ -57,6 +60,7 @@ class ABResults:
     a: Side = field(default_factory=lambda: Side("A", "", ""))
     b: Side = field(default_factory=lambda: Side("B", "", ""))
     pairs: tuple[Pair, ...] = ()
+    load: Load | None = None
 
 
 def write_json(path: Path, doc: ABResults) -> None:

@@ -35,6 +35,7 @@ from compare.backends.registry import BackendSpec
 from compare.formats.codec import from_json, to_json
 from compare.gate import fresh
 from compare.problem.cases import Case
+from compare.results import load as machine_load
 from compare.results.ab import ABResults, Pair, Side
 from compare.results.document import Result
 from compare.run import ab_worker, child, stop
@@ -278,10 +279,12 @@ def _group(remotes: Sequence[Remote], plan: Plan, case: Case, mode: str, seed: i
 
 
 def run_ab(a: Side, b: Side, plan: Plan) -> ABResults:
-    """Every case and mode of ``plan`` on both sides (module docstring); returns the document. Both workers start at
-    once (their imports overlap); every process started is ended before this returns, however it returns."""
+    """Every case and mode of ``plan`` on both sides (module docstring); returns the document, with the machine's
+    load over the run. Both workers start at once (their imports overlap); every process started is ended before
+    this returns, however it returns."""
     remotes = [Remote(a), Remote(b)]
     pairs: list[Pair] = []
+    sampler = machine_load.start()
     try:
         for r in remotes:
             with contextlib.suppress(SideDown):  # tried again, and said, when its first case needs it
@@ -294,6 +297,7 @@ def run_ab(a: Side, b: Side, plan: Plan) -> ABResults:
     finally:
         for r in remotes:
             r.close()
+    load = sampler.stop()  # the workers are reaped: their CPU time is this process's, not others'
     a, b = (replace(r.side, problem="" if r.greeted else r.lost or "no worker was started") for r in remotes)
     return ABResults(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -302,4 +306,5 @@ def run_ab(a: Side, b: Side, plan: Plan) -> ABResults:
         a=a,
         b=b,
         pairs=tuple(pairs),
+        load=load,
     )
