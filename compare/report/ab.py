@@ -8,10 +8,18 @@ beyond the noise), and what differs in kernels per step, in the ops each fused k
 the backward and in the first call (compile + run). A finding (:func:`findings`, exit status 1, as ``compare diff``):
 B slower beyond noise, B losing parity where A was ``ok`` (``compare.report.diff.BAD_STATUSES``), or an ``error`` row
 on either side (a worker that died, a backend that raised).
+
+**Load.** As ``compare diff`` does, a difference no larger than the machine's recorded load explains
+(``compare.results.load.Load.explained_ratio``: any, when others took more than a tenth of the cores) is
+*ambiguous*, not a finding. Two processes take turns here, so unlike the backends of one run they do not share their
+thread pools: with one core busy, a side's pool can keep one thread on that core for a whole trial while the other's
+does not (A/A with two OpenBLAS threads a side, one core busy: 5 of 20 trials called different; one thread a side: 0
+of 20), and the paired test cannot see that.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,17 +32,21 @@ from compare.report.render import load_note
 from compare.report.summary import parity_cell, untimed_reason
 from compare.results.ab import ABResults, Pair, Side
 from compare.results.document import Result
+from compare.results.load import Load
 from compare.timing.significance import FASTER, NOT_TESTED, SLOWER, compare_timing, not_tested
 
-#: What the paired test's "within noise" reads as between two sides.
-SAME = "same"
+#: What the paired test's "within noise" reads as between two sides, and a difference the machine's load explains.
+SAME, AMBIGUOUS = "same", "ambiguous"
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One pair judged: the timing's words (``faster``, ``slower``, ``same``, ``not tested ...``), the B/A cell,
-    whether B is slower beyond noise, and whether B lost parity where A was ``ok``."""
+    """One pair judged: the paired test's words (``test``: ``faster``, ``slower``, ``same``, ``not tested ...``),
+    what the report says (``timing``: the test's words, or ``ambiguous`` where the machine's load explains the
+    difference), the B/A cell, whether B is slower beyond noise and the load, and whether B lost parity where A was
+    ``ok``."""
 
+    test: str
     timing: str
     ratio_cell: str
     slower: bool
@@ -45,27 +57,33 @@ def _not_timed(side: str, r: Result) -> str:
     return f"{side} not timed: {untimed_reason(r) if r.status != 'skipped' else r.reason}"
 
 
-def verdict(p: Pair) -> Verdict:
-    """The pair's :class:`Verdict` (module docstring)."""
+def verdict(p: Pair, load: Load | None = None) -> Verdict:
+    """The pair's :class:`Verdict` (module docstring), a difference the machine's ``load`` explains ambiguous."""
     lost = p.a.status == "ok" and p.b.status in BAD_STATUSES
     if p.a.timing is None or p.b.timing is None:
         why = "; ".join(_not_timed(s, r) for s, r in (("A", p.a), ("B", p.b)) if r.timing is None)
-        return Verdict(f"{NOT_TESTED}: {why}", "-", False, lost)
+        return Verdict(f"{NOT_TESTED}: {why}", f"{NOT_TESTED}: {why}", "-", False, lost)
     v = compare_timing(p.a.timing, p.b.timing)
     if v.verdict == NOT_TESTED:
-        return Verdict(not_tested(v.pairs), "-", False, lost)
+        return Verdict(not_tested(v.pairs), not_tested(v.pairs), "-", False, lost)
     word = {SLOWER: SLOWER, FASTER: FASTER}.get(v.verdict, SAME)
     p_value = v.p_slower if v.ratio >= 1 else v.p_faster
     how = f"p {p_value:.2g}, {v.pairs} rounds, band +/-{v.tol:.0%}" if p_value is not None else v.design
-    cell = f"{v.ratio:.2f}x: {word} ({how})" if v.significant else f"{word}: within noise ({how})"
-    return Verdict(word, cell, v.verdict == SLOWER, lost)
+    if not v.significant:
+        return Verdict(word, word, f"{word}: within noise ({how})", False, lost)
+    explained = load.explained_ratio() if load is not None else 1.0
+    if max(v.ratio, 1 / v.ratio) <= explained:
+        says = "any change (a busy machine)" if math.isinf(explained) else f"up to {explained:.2f}x"
+        return Verdict(word, AMBIGUOUS, f"{v.ratio:.2f}x: {AMBIGUOUS} ({word}, {how}; the load explains {says})",
+                       False, lost)  # fmt: skip
+    return Verdict(word, word, f"{v.ratio:.2f}x: {word} ({how})", v.verdict == SLOWER, lost)
 
 
 def findings(doc: ABResults) -> list[str]:
     """What makes ``ab`` exit 1, one line each: B slower beyond noise, B losing parity, an error row."""
     out = []
     for p in doc.pairs:
-        v, label = verdict(p), f"{p.b.backend} {p.b.case} {p.b.mode}"
+        v, label = verdict(p, doc.load), f"{p.b.backend} {p.b.case} {p.b.mode}"
         if v.slower:
             out.append(f"{label}: B slower than A ({v.ratio_cell})")
         if v.parity_lost:
@@ -109,7 +127,7 @@ def _signed_mib(n: float) -> str:
 
 
 def _row(doc: ABResults, p: Pair) -> list[str]:
-    a, b, v = p.a, p.b, verdict(p)
+    a, b, v = p.a, p.b, verdict(p, doc.load)
     ka, kb = a.kernels, b.kernels
     fa = a.timing.first_call_s if a.timing is not None else None
     fb = b.timing.first_call_s if b.timing is not None else None
@@ -151,7 +169,7 @@ def summary_lines(doc: ABResults) -> list[str]:
     """What ``ab`` prints: one line per pair (its timing verdict and the sides' statuses), then the findings."""
     lines = []
     for p in doc.pairs:
-        v = verdict(p)
+        v = verdict(p, doc.load)
         lines.append(
             f"{p.b.backend} {p.b.case} {p.b.mode}: B/A {v.ratio_cell if v.ratio_cell != '-' else v.timing}; "
             f"A {p.a.status}, B {p.b.status}"
@@ -177,16 +195,24 @@ def render(doc: ABResults) -> str:
         "saved for backward A / B",
         "first call A / B",
     ]
+    ambiguous = sum(verdict(p, doc.load).timing == AMBIGUOUS for p in doc.pairs)
     verdict_line = (
         "**Finding**: " + "; ".join(found) + "."
         if found
         else "**No finding**: B is not slower than A beyond noise on any pair and loses no parity."
+    ) + (
+        f" {ambiguous} pair(s) differ by no more than the machine's load explains: ambiguous, not counted; rerun on "
+        "a quiet machine (or with one thread a side) to tell."
+        if ambiguous
+        else ""
     )
     method = (
         "Both sides' steps were timed in one interleaved group: every round runs one block of each, in an order "
         "drawn for the round, each block timed inside its own worker. B/A is the ratio of the medians, a number only "
         "where the exact signed-rank test over the rounds' paired log ratios says so at p < 0.01 and the ratio is "
-        "beyond the noise band (5% or both spreads); 'same' is a test that found no difference. Parity: each side's "
+        "beyond the noise band (5% or both spreads); 'same' is a test that found no difference; 'ambiguous' a "
+        "difference no larger than the machine's load explains (any, when others took over 10% of the cores: two "
+        "processes' thread pools do not share a busy core alike), as `compare diff` says. Parity: each side's "
         "gate against the same golden data. Differences read B minus A. The sides' first calls (compile + run) ran "
         "one after the other, in an order drawn per case and mode and shown in the row: with the same versions, the "
         "second may find what the first compiled in the on-disk caches (Inductor's, Triton's, JAX's)."

@@ -168,7 +168,8 @@ class Remote:
         return self._receive(timeout_s, message["op"])
 
     def close(self) -> None:
-        """Say bye, give the worker :data:`EXIT_S` to exit, then end its process group; close the socket."""
+        """Say bye, give the worker :data:`EXIT_S` to exit, then end its process group (what it started too: a compile
+        pool outlives its leader); close the socket."""
         if self.channel is not None:
             try:
                 if self.proc is not None and self.proc.poll() is None:
@@ -177,8 +178,8 @@ class Remote:
                 pass
             self.channel.sock.close()
         if self.proc is not None:
-            if self.proc.wait(EXIT_S) is None:
-                self.proc.end()
+            self.proc.wait(EXIT_S)
+            self.proc.end()
             self.proc.close()
         self.proc, self.channel, self.ready = None, None, False
 
