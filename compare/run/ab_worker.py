@@ -66,7 +66,9 @@ class Channel:
 
     def receive(self, timeout_s: float, check: Callable[[], None] | None = None) -> dict[str, Any]:
         """The next message, within ``timeout_s`` (else ``TimeoutError``); ``EOFError`` when the peer has closed
-        its end (it exited or died). ``check`` runs every :data:`POLL_S` (``compare.run.stop.check``)."""
+        its end (it exited or died). ``check`` runs first and every :data:`POLL_S` (``compare.run.stop.check``)."""
+        if check is not None:
+            check()
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
