@@ -54,7 +54,9 @@ class Verdict:
 
 
 def _not_timed(side: str, r: Result) -> str:
-    return f"{side} not timed: {untimed_reason(r) if r.status != 'skipped' else r.reason}"
+    """Why a side has no timing: an error (its reason is under the table), why it was skipped, or why not timed."""
+    why = {"error": "error", "skipped": r.reason}.get(r.status) or untimed_reason(r)
+    return f"{side} not timed: {why}"
 
 
 def verdict(p: Pair, load: Load | None = None) -> Verdict:
@@ -86,7 +88,7 @@ def findings(doc: ABResults) -> list[str]:
         v, label = verdict(p, doc.load), f"{p.b.backend} {p.b.case} {p.b.mode}"
         if v.slower:
             out.append(f"{label}: B slower than A ({v.ratio_cell})")
-        if v.parity_lost:
+        if v.parity_lost and p.b.status != "error":  # an error is said once, below
             out.append(f"{label}: B loses parity ({p.a.status} in A, {p.b.status} in B: {p.b.reason})")
         out += [f"{label}: error in {s}: {r.reason}" for s, r in (("A", p.a), ("B", p.b)) if r.status == "error"]
     return out
