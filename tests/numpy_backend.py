@@ -3,12 +3,14 @@
 starts in well under a second. ``FUSION_COMPARE_TEST_STEP_S`` makes every step sleep that long first, so a test can
 land a signal inside a cell; ``FUSION_COMPARE_TEST_MARK_DIR`` makes every ``prepare`` leave a file there named by the
 Ray node and the process that runs it (``<node id>.<pid>``; ``local.<pid>`` outside Ray), so a test can kill the
-worker or remove the node in flight. The fault-injection suite (``tests/faults.py``) and the Ray engine's tests
-(``tests/test_ray_sweep.py``) run it."""
+worker or remove the node in flight; ``FUSION_COMPARE_TEST_DIE_AFTER=N`` makes the process kill itself (SIGKILL) at
+its N-th step, a worker that dies mid-measurement (``tests/test_ab.py``). The fault-injection suite
+(``tests/faults.py``), the Ray engine's tests (``tests/test_ray_sweep.py``) and the A/B tests run it."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +33,7 @@ def blas_plain(dtype: str) -> Arith:
 NAME = "numpy-plain"
 STEP_ENV = "FUSION_COMPARE_TEST_STEP_S"
 MARK_ENV = "FUSION_COMPARE_TEST_MARK_DIR"
+DIE_ENV = "FUSION_COMPARE_TEST_DIE_AFTER"
 SPEC = BackendSpec(
     name=NAME,
     framework="numpy",
@@ -49,6 +52,7 @@ class NumpyPlain:
     def prepare(self, problem: Problem, mode: str) -> Prepared:
         case = problem.case
         pause = float(os.environ.get(STEP_ENV, "0") or 0)
+        die_after, steps = int(os.environ.get(DIE_ENV, "0") or 0), [0]
         mark = os.environ.get(MARK_ENV)
         if mark:
             ray = sys.modules.get("ray")
@@ -56,6 +60,9 @@ class NumpyPlain:
             (Path(mark) / f"{node}.{os.getpid()}").touch()
 
         def step_on(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            steps[0] += 1
+            if steps[0] == die_after:
+                os.kill(os.getpid(), signal.SIGKILL)
             if pause:
                 time.sleep(pause)
             dy = inputs["dy"] if mode != "fwd" else None

@@ -151,9 +151,9 @@ def cases_from_args(a: argparse.Namespace) -> list[Case]:
     return cases
 
 
-def add_grid_args(p: argparse.ArgumentParser, budget_help: str, cache_default: str = "both") -> None:
-    """Dtypes, backends, modes, seed, the sampling budget (``--budget``) and the command's time budget
-    (``--time-budget``): the options shared by ``run``, ``profile`` and ``sweep``."""
+def add_cell_args(p: argparse.ArgumentParser, budget_help: str) -> None:
+    """Dtypes, backends, modes, seed and the sampling budget (``--budget``): the options of every command that
+    measures cells (``run``, ``profile``, ``sweep``, ``tp-job``, ``ab``)."""
     p.add_argument("--dtype", nargs="+", default=["float32"], help=f"any of: {', '.join(DTYPES)}")
     # resolved by check_grid_args from the registry as it is then (a backend registered by a test is seen)
     p.add_argument(
@@ -166,6 +166,12 @@ def add_grid_args(p: argparse.ArgumentParser, budget_help: str, cache_default: s
     p.add_argument("--mode", nargs="+", default=["fwd"], help=f"any of: {', '.join(MODES)}")
     p.add_argument("--seed", type=int, default=0, help="seed of the golden data (a non-negative integer)")
     p.add_argument("--budget", type=float, default=1.0, help=budget_help)
+
+
+def add_grid_args(p: argparse.ArgumentParser, budget_help: str, cache_default: str = "both") -> None:
+    """:func:`add_cell_args` and the command's time budget (``--time-budget``), the cache state, the parity cache,
+    ``--strict`` and how much to print: the options shared by ``run``, ``profile`` and ``sweep``."""
+    add_cell_args(p, budget_help)
     p.add_argument(
         "--time-budget",
         type=float,
@@ -203,6 +209,17 @@ def check_grid_args(a: argparse.Namespace) -> None:
     if a.time_budget is not None:
         check_finite("--time-budget", a.time_budget)
     check_name("--cache", a.cache, list(CACHE_MODES))
+    _check_cells(a)
+
+
+def check_cell_args(a: argparse.Namespace) -> None:
+    """The options :func:`add_cell_args` defines (bad input raises InputError); no ``--backend``: the default ones."""
+    check_seed(a.seed)
+    check_finite("--budget", a.budget)
+    _check_cells(a)
+
+
+def _check_cells(a: argparse.Namespace) -> None:
     if a.backend is None:
         sizes = getattr(a, "world_size", None) or [1]
         model = MODULE_MODEL if getattr(a, "module", None) is not None else None

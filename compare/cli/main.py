@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BACKENDS, spec
+from compare.cli import ab as ab_command
 from compare.cli import gpu_build
 from compare.cli import history as history_command
 from compare.cli import run as run_command
@@ -355,6 +356,7 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", help="write here instead of standard output")
     exp.set_defaults(fn=cmd_export)
     history_command.add_parser(subs)  # python -m compare history DIR [--machine KEY] [--out FOLDER]
+    ab_command.add_parser(subs)  # python -m compare ab --a PYTHON --b PYTHON ...
     gpu_build.add_parser(subs)  # python -m compare gpu-build --arch sm_90 sm_80 [--out DIR]
     return p
 

@@ -353,7 +353,7 @@ def _busy_note(doc: Results) -> str:
     )
 
 
-def _parity_cell(r: Result) -> str:
+def parity_cell(r: Result) -> str:
     """The row's tier with its worst statistic: the tensor closest to (or furthest past) its pass line, the checks it
     failed or deviated on, and how far along its pass line it came (value / pass line, over every check)."""
     p = r.parity
@@ -410,7 +410,7 @@ def case_table(doc: Results, rows: list[Result], fusion: list[dict[str, Any]], t
     body = [
         [
             r.label,
-            _parity_cell(r),
+            parity_cell(r),
             median(r),
             speedup_cell(doc.results, r),
             str(r.kernels.kernels_per_step) if r.kernels is not None else "-",

@@ -124,9 +124,11 @@ def start(
     cwd: Path | str | None = None,
     stdout: Path | None = None,
     stderr: Path | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> Child:
     """Start ``cmd`` in its own session, stdin closed. ``stdout`` and ``stderr`` name files to write (stdout is
-    discarded when None; stderr goes to an anonymous temporary file when None); :meth:`Child.tail` reads stderr."""
+    discarded when None; stderr goes to an anonymous temporary file when None); :meth:`Child.tail` reads stderr.
+    ``pass_fds``: descriptors the child inherits (an A/B worker's end of its socket pair); no other is."""
     err: IO[bytes] = stderr.open("w+b") if stderr is not None else tempfile.TemporaryFile()  # noqa: SIM115
     out_file = stdout.open("wb") if stdout is not None else None  # the child holds its own copy
     try:
@@ -138,6 +140,7 @@ def start(
             stdout=out_file if out_file is not None else subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,
+            pass_fds=tuple(pass_fds),
         )
     except BaseException:
         err.close()

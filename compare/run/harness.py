@@ -446,6 +446,37 @@ def run_one(
     return _settle(case, [c], reference)[0]
 
 
+class Staged:
+    """The backends of one case and mode staged in this process as a run stages them (:class:`Groups`), for a caller
+    that times them itself: the A/B worker (``compare.run.ab_worker``), whose coordinator decides the rounds. Made:
+    every cell started (:func:`_start`: its first calls judged, its feed of ``reference``'s fresh draw); then
+    :meth:`entrant` is a timed cell's step (None: it was not started, or is not timed), :meth:`fail` records its
+    failure; :meth:`settle` finishes every cell (profile, memory, its calls on the fresh draw judged) and returns its
+    result, untimed (the caller adds the timing it assembled)."""
+
+    def __init__(
+        self, specs: Sequence[BackendSpec], case: Case, mode: str, plain: Any, reference: pipeline.CaseReference
+    ) -> None:
+        self.case, self.reference, self.precision = case, reference, dict[str, Any]()
+        self.cells = [_Cell(s, case, mode) for s in specs]
+        for c in self.cells:
+            _start(c, plain, self.precision, reference.inputs)
+
+    def entrant(self, i: int) -> timer.Entrant | None:
+        c = self.cells[i]
+        if c.done is not None or c.prepared is None or not c.prepared.timed:
+            return None
+        return timer.Entrant(c.prepared.step, c.prepared.sync, c.first_s, c.feed)
+
+    def fail(self, i: int, exc: BaseException) -> None:
+        self.cells[i].fail(exc)
+
+    def settle(self, profile: bool = False, memory: bool = False) -> list[Result]:
+        for c in self.cells:
+            _finish_steps(c, profile, None, memory)
+        return _settle(self.case, self.cells, self.reference)
+
+
 class Groups:
     """The run's in-process executor (``compare.run.conductor.Executor``), case by case (the plain reference, the
     resolution rows, a fresh draw), mode by mode: every backend started (:func:`_start`), timed together

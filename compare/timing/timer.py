@@ -28,7 +28,9 @@ drawn at random for that round, until every backend has ``min_samples`` samples 
 and because the order within a round is random, a round's pair of samples of two backends that are the same is as
 likely to come out one way as the other whatever the load does: the paired test of ``compare.timing.significance`` is
 exact under that design. Each sample records its round; the group has an identifier unique to the run
-(``Timing.group``), so samples of two runs are never paired.
+(``Timing.group``), so samples of two runs are never paired. An entrant times its own blocks (:class:`Timed`): here
+(:class:`Entrant`), or in a worker process of its own by that process's clock (``compare.run.ab``: the steps of two
+interpreters or checkouts in one group), the rounds and their order decided here either way.
 
 Across the processes of a tensor-parallel group (``agree``: an element-wise maximum over the processes), every
 decision is taken together and every figure is the slowest process's: the first call, the block size, whether to
@@ -220,6 +222,19 @@ def measure(
     return _timing(together(samples), calls, first, warmup, CONTIGUOUS, "", [])
 
 
+class Timed(Protocol):
+    """An entrant of a group as the rounds see it (:func:`measure_interleaved`, :func:`measure_cold`): its first
+    call's seconds and ``block(calls, before)``, one block of ``calls`` calls timed where the step runs, by that
+    process's own clock (``before`` runs ahead of it, outside its time): the clock at the block's start and end.
+    :class:`Entrant` runs its block here; ``compare.run.ab``'s entrants run theirs in a worker process, so the
+    coordinator decides the rounds and their order and never times across a pipe."""
+
+    @property
+    def first_call_s(self) -> float: ...
+
+    def block(self, calls: int, before: Callable[[], None] | None = None) -> tuple[float, float]: ...
+
+
 @dataclass(frozen=True)
 class Entrant:
     """One backend of an interleaved group: its step, its sync, its first call's seconds (already made) and the
@@ -229,6 +244,10 @@ class Entrant:
     sync: Callable[[Any], None]
     first_call_s: float
     feed: Feed | None = None
+
+    def block(self, calls: int, before: Callable[[], None] | None = None) -> tuple[float, float]:
+        """One timed block of ``calls`` calls here (:func:`_timed_block`): the clock at its start and end."""
+        return _timed_block(self.fn, self.sync, calls, self.feed, before)
 
 
 def new_group_id(label: str) -> str:
@@ -263,7 +282,7 @@ def _shuffled(items: list[int], rng: random.Random) -> list[int]:
 
 
 def _sized_blocks(
-    entrants: Sequence[Entrant],
+    entrants: Sequence[Timed],
     outcome: list[BaseException | None],
     warm: list[float],
     min_sample_s: float,
@@ -284,8 +303,8 @@ def _sized_blocks(
             break
         for i in _shuffled(todo, rng):
             try:
-                e = entrants[i]
-                seconds = _run_block(e.fn, e.sync, size[i], e.feed)
+                t0, t1 = entrants[i].block(size[i])
+                seconds = t1 - t0
             except Exception as exc:  # this entrant's failure, recorded as its outcome
                 outcome[i] = exc
                 continue
@@ -324,7 +343,7 @@ def _timing(
 
 
 def _rounds(
-    entrants: Sequence[Entrant],
+    entrants: Sequence[Timed],
     calls: list[int],
     outcome: list[BaseException | None],
     rng: random.Random,
@@ -354,9 +373,8 @@ def _rounds(
         if enough and (CLOCK() - start >= budget_s * len(live) or r >= max_samples):
             break
         for i in _shuffled(live, rng):
-            e = entrants[i]
             try:
-                t0, t1 = _timed_block(e.fn, e.sync, calls[i], e.feed, before)
+                t0, t1 = entrants[i].block(calls[i], before)
             except Exception as exc:  # this entrant's failure, recorded as its outcome
                 outcome[i] = exc
                 continue
@@ -369,7 +387,7 @@ def _rounds(
 
 
 def measure_interleaved(
-    entrants: Sequence[Entrant],
+    entrants: Sequence[Timed],
     *,
     group: str,
     warmup: int = 3,
@@ -393,8 +411,8 @@ def measure_interleaved(
     for _ in range(warmup):  # warm-up in rounds, so that what follows starts from a steady state for all
         for i in _shuffled([i for i in range(n) if outcome[i] is None], rng):
             try:
-                e = entrants[i]
-                warm[i] = min(warm[i], _run_block(e.fn, e.sync, 1, e.feed))
+                t0, t1 = entrants[i].block(1)
+                warm[i] = min(warm[i], t1 - t0)
             except Exception as exc:  # this entrant's failure, recorded as its outcome
                 outcome[i] = exc
     calls = _sized_blocks(entrants, outcome, warm, min_sample_s, rng)
@@ -408,7 +426,7 @@ def measure_interleaved(
 
 
 def measure_cold(
-    entrants: Sequence[Entrant],
+    entrants: Sequence[Timed],
     flush: Callable[[], None],
     *,
     group: str,

@@ -1,0 +1,226 @@
+"""``python -m compare ab``: two worker processes, one per side, timed in one interleaved group and judged by the gate.
+
+The A/A control (the same interpreter and checkout on both sides) must call no difference in at least 18 of 20
+trials, on a quiet machine and with one core kept busy by another process; it runs the framework-free
+``numpy-plain`` (``tests.numpy_backend``, about 1 s a trial) with one thread a side, and one trial runs torch-eager,
+the real path. A side with one thread of two is found slower; a side whose worker dies or cannot start is an error row
+for that side with the other side's rows kept; bad input exits 2 naming it. The verdicts are pure functions of the
+document (``compare.report.ab``), checked on made-up timings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from compare.backends.registry import register, unregister
+from compare.cli.main import main
+from compare.problem.cases import preset
+from compare.report.ab import findings, render, verdict
+from compare.results.ab import ABResults, Pair, Side, read_json
+from compare.results.document import Result
+from compare.results.load import Load
+from compare.run.ab import QUIET_IDLE, Plan, run_ab, side_env
+from compare.timing.significance import PAIRED, compare_timing
+from compare.timing.timer import INTERLEAVED, Timing, TimingConfig
+from tests import numpy_backend
+from tests.faults import TOKEN_ENV, wait_gone
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = preset("tiny").case("float32")
+#: One thread a side: a pool of two threads on a 2-core machine with a busy core sits, for a whole trial, with one
+#: thread on the busy core in one process and not the other (README, "A/B across versions").
+ONE_THREAD = ["OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1", "MKL_NUM_THREADS=1"]
+
+
+@pytest.fixture
+def numpy_plain() -> Iterator[str]:
+    """``numpy-plain`` registered here; the workers are sent its registry line (their registry lacks it)."""
+    register(numpy_backend.SPEC)
+    try:
+        yield numpy_backend.NAME
+    finally:
+        unregister(numpy_backend.NAME)
+
+
+def _ab(tmp_path: Path, *args: str) -> tuple[int, ABResults | None]:
+    out = tmp_path / "ab"
+    status = main(["ab", "--preset", "tiny", *args, "--out", str(out)])
+    return status, read_json(out / "ab.json") if (out / "ab.json").is_file() else None
+
+
+# ---- bad input ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--a", "/no/such/python3"], "--a '/no/such/python3': no such Python interpreter"),
+        (["--b", "python-that-is-not-there"], "--b 'python-that-is-not-there': no such Python interpreter"),
+        (["--a-env", "OMP_NUM_THREADS"], "--a-env 'OMP_NUM_THREADS' is not NAME=VALUE"),
+        (["--b-env", "=1"], "--b-env '=1' is not NAME=VALUE"),
+        (["--b-path", "/"], "--b-path / is not a checkout of fusion-compare"),
+        (["--backend", "torch-tp"], "not the tensor-parallel torch-tp"),
+    ],
+)
+def test_bad_input_exits_2_naming_it(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, doc = _ab(tmp_path, "--backend", "torch-eager", *args)
+    assert status == 2 and doc is None
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.quick
+def test_an_idle_side_sleeps_unless_told_otherwise() -> None:
+    assert side_env({}, {}) == QUIET_IDLE
+    assert side_env({"OMP_WAIT_POLICY": "active"}, {})["OMP_WAIT_POLICY"] == "active"
+    assert "KMP_BLOCKTIME" not in side_env({}, {"KMP_BLOCKTIME": "200"})
+
+
+# ---- the verdicts, on made-up timings ----------------------------------------------------------------------------
+
+
+def _timing(per_call_s: list[float], group: str = "g#1") -> Timing:
+    s = sorted(per_call_s)
+    n = len(s)
+    return Timing(
+        s[n // 2], s[3 * n // 4] - s[n // 4], s[0], s[-1], n, 1, 0.01, 3, tuple(per_call_s), INTERLEAVED, group,
+        tuple(range(n)),
+    )  # fmt: skip
+
+
+def _pair(a_s: list[float] | None, b_s: list[float] | None, b_status: str = "ok") -> Pair:
+    def row(samples: list[float] | None, status: str) -> Result:
+        return Result.for_case(
+            "numpy-plain", TINY, "fwd", status, timing=_timing(samples) if samples else None, reason=status
+        )
+
+    return Pair("numpy", row(a_s, "ok"), row(b_s, b_status))
+
+
+@pytest.mark.quick
+def test_the_verdicts_are_the_paired_tests() -> None:
+    a = [1e-3 * (1 + 0.01 * (i % 3)) for i in range(12)]
+    slower = _pair(a, [2 * x for x in a])
+    v = verdict(slower)
+    assert v.slower and v.timing == "slower" and v.ratio_cell.startswith("2.00x: slower (p 0.00024, 12 rounds")
+    assert verdict(_pair(a, list(reversed(a)))).timing == "same"
+    assert verdict(_pair(a, [x / 2 for x in a])).timing == "faster"
+    assert verdict(_pair(a[:6], a[:6])).timing == "not tested (6 rounds)"
+    assert verdict(_pair(a, None, "error")).timing == "not tested: B not timed: error"
+    busy = Load(window_s=1.0, cores=2, others_cpu_s=0.5)  # others took a quarter of the cores
+    assert verdict(slower, busy).timing == "ambiguous" and not verdict(slower, busy).slower
+    assert verdict(slower, Load(window_s=1.0, cores=2, others_cpu_s=0.1)).slower  # 5%: explains up to 1.05x
+    doc = ABResults(a=Side("A", "py", "/a"), b=Side("B", "py", "/b"), pairs=(slower, _pair(a, None, "error")))
+    found = findings(doc)
+    assert len(found) == 2 and "B slower than A" in found[0] and "error in B: error" in found[1], found
+    deviates = findings(ABResults(pairs=(_pair(a, a, "deviates"),)))
+    assert len(deviates) == 1 and "B loses parity (ok in A, deviates in B" in deviates[0], deviates
+    assert slower.a.timing is not None and slower.b.timing is not None
+    assert compare_timing(slower.a.timing, slower.b.timing).design == PAIRED
+    md = render(doc)
+    assert "**Finding**" in md and "2.00x: slower" in md and "## Errors" in md
+
+
+# ---- real workers ------------------------------------------------------------------------------------------------
+
+
+def _trial() -> str:
+    """One A/A trial on ``tiny`` float32 fwd, one thread a side: the timing verdict."""
+    plan = Plan((TINY,), (numpy_backend.SPEC,), ("fwd",), TimingConfig(budget_s=0.05), profile=False, memory=False)
+    env = side_env(dict(x.split("=") for x in ONE_THREAD))
+    doc = run_ab(Side("A", sys.executable, str(ROOT), env), Side("B", sys.executable, str(ROOT), env), plan)
+    (p,) = doc.pairs
+    assert p.a.status == "ok" and p.b.status == "ok", (p.a.reason, p.b.reason)
+    assert p.a.timing is not None and p.b.timing is not None and p.a.timing.group == p.b.timing.group
+    return verdict(p).test
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("busy", [False, True], ids=["quiet", "one-core-busy"])
+def test_a_a_calls_no_difference_in_18_of_20_trials(numpy_plain: str, busy: bool) -> None:
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    try:
+        calls = [_trial() for _ in range(20)]
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait(timeout=10)
+    assert calls.count("same") >= 18, calls
+
+
+@pytest.mark.standard
+def test_a_a_with_torch_eager(tmp_path: Path) -> None:
+    """The real path through the CLI: torch in both workers, their versions and commit said, paired timings, both
+    judged ok; no difference called (an A/A false call has a chance of about 1%: one more trial is allowed)."""
+    args = ["--backend", "torch-eager", "--budget", "0.1", "--a-env", *ONE_THREAD, "--b-env", *ONE_THREAD]
+    for attempt in range(2):
+        status, doc = _ab(tmp_path / str(attempt), *args)
+        assert doc is not None
+        (p,) = doc.pairs
+        assert p.a.status == "ok" and p.b.status == "ok", (p.a.reason, p.b.reason)
+        assert doc.a.versions.get("torch") and doc.a.commit and doc.b.versions == doc.a.versions
+        assert doc.a.env["OMP_NUM_THREADS"] == "1" and doc.a.env["OMP_WAIT_POLICY"] == "passive"
+        assert p.a.kernels is not None and p.b.kernels is not None  # profiled by default
+        if verdict(p).timing == "same":
+            assert status == 0
+            md = (tmp_path / str(attempt) / "ab" / "AB.md").read_text(encoding="utf-8")
+            assert "torch 2" in md and "No finding" in md
+            return
+    pytest.fail(f"an A/A pair of torch-eager was called different twice: {verdict(p)}")
+
+
+@pytest.mark.standard
+def test_a_dead_worker_is_an_error_row_for_its_side(numpy_plain: str, tmp_path: Path) -> None:
+    """B's worker kills itself at its sixth step, in each mode: B's rows are errors with the signal, A's are kept and
+    timed, the next mode starts B a new worker, the exit status is a finding, and no worker is left."""
+    t0, token = time.monotonic(), f"{TOKEN_ENV}=ab-{uuid.uuid4().hex}"
+    status, doc = _ab(
+        tmp_path, "--backend", numpy_plain, "--mode", "fwd", "bwd", "--budget", "0.05",
+        "--a-env", token, "--b-env", token, f"{numpy_backend.DIE_ENV}=6",
+    )  # fmt: skip
+    assert wait_gone(token.split("=")[1]) == []
+    assert status == 1 and doc is not None
+    assert [(p.a.status, p.b.status) for p in doc.pairs] == [("ok", "error")] * 2
+    for p in doc.pairs:
+        assert p.a.timing is not None and p.a.timing.n >= 10
+        assert "side B: its worker was killed by signal SIGKILL" in p.b.reason, p.b.reason
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.standard
+def test_a_worker_that_cannot_start_is_an_error_row_for_its_side(numpy_plain: str, tmp_path: Path) -> None:
+    status, doc = _ab(tmp_path, "--backend", numpy_plain, "--budget", "0.05", "--b-env", "PYTHONHOME=/nonexistent")
+    assert status == 1 and doc is not None
+    (p,) = doc.pairs
+    assert p.a.status == "ok" and p.a.timing is not None and p.b.status == "error"
+    assert "exited with status 1 (waiting for its handshake)" in p.b.reason, p.b.reason
+    assert doc.b.problem == p.b.reason.removeprefix("side B: ") and not doc.a.problem
+
+
+@pytest.mark.slow
+def test_b_with_one_thread_is_slower_on_cpu_mlp(tmp_path: Path) -> None:
+    out = tmp_path / "ab"
+    status = main(
+        ["ab", "--preset", "cpu-mlp", "--backend", "torch-eager", "--no-profile", "--out", str(out),
+         "--a-env", "OMP_NUM_THREADS=2", "MKL_NUM_THREADS=2", "--b-env", "OMP_NUM_THREADS=1", "MKL_NUM_THREADS=1"]
+    )  # fmt: skip
+    doc = read_json(out / "ab.json")
+    (p,) = doc.pairs
+    assert p.a.threads.get("torch_intra_op") == 2 and p.b.threads.get("torch_intra_op") == 1
+    assert p.a.status == "ok" and p.b.status == "ok" and doc.load is not None
+    v = verdict(p, doc.load)
+    if doc.load.busy:  # a second thread needs a free core; and a busy machine's difference is not a finding
+        if v.test != "slower":
+            pytest.skip(f"other work held the cores: {doc.load.describe()}; B/A {v.ratio_cell}")
+        assert v.timing == "ambiguous" and status == 0, (v, status)
+    else:
+        assert v.slower and status == 1, (v, status)
