@@ -207,6 +207,7 @@ def test_a_worker_that_cannot_start_is_an_error_row_for_its_side(numpy_plain: st
 
 
 @pytest.mark.slow
+@pytest.mark.quiet  # a second thread needs a free core: in `make ci`, alone, after the two test workers are done
 def test_b_with_one_thread_is_slower_on_cpu_mlp(tmp_path: Path) -> None:
     out = tmp_path / "ab"
     status = main(
