@@ -323,3 +323,30 @@ def profile_step(
         trace = str(trace_path)
     regions = interpreted_regions() if opaque is None else frozenset(opaque)
     return summarize_events(prof.events(), device, regions, trace)
+
+
+#: The counter :func:`count_flops` reads (``compare.kernels.summary``'s ``flop_count.source``).
+FLOP_COUNTER = "torch.utils.flop_counter"
+
+
+def count_flops(step: Callable[[], Any], sync: Callable[[Any], None]) -> dict[str, Any]:
+    """FLOPs of one call of ``step``, counted by ``torch.utils.flop_counter`` (a summary's ``flop_count``:
+    ``{"flops", "by_op": {op: flops}, "source"}``, or ``flops`` None and ``error`` where counting failed).
+
+    The counter counts only the ops in its registry (matmuls, convolutions, attention), so an MLP's elementwise
+    work is not in it. It runs as the counter's dispatch mode alone: ``FlopCounterMode``'s own module tracker
+    installs backward hooks that ``torch.autograd.grad`` over a leaf input refuses (the shared runner's step), and
+    every count lands under its ``"Global"`` entry anyway. ``torch.compile`` refuses to run under a dispatch mode,
+    so the runner counts a compiled backend's step on its eager module (the same FLOPs)."""
+    from torch.utils import flop_counter
+
+    counter = flop_counter.FlopCounterMode(display=False)
+    try:
+        with flop_counter._FlopCounterMode(counter):
+            sync(step())
+        counts = counter.get_flop_counts().get("Global", {})
+    except Exception as exc:  # say so in the result, with the reason: the report then shows no count
+        first = " ".join(str(exc).split("\n", 1)[0].split())[:200]
+        return {"flops": None, "by_op": {}, "source": FLOP_COUNTER, "error": f"{type(exc).__name__}: {first}"}
+    by_op = {str(op).removeprefix("aten."): float(n) for op, n in counts.items()}
+    return {"flops": float(sum(by_op.values())), "by_op": by_op, "source": FLOP_COUNTER}

@@ -56,8 +56,11 @@ def prepare(
     def grads_np(grads: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
         return {n: _np(g) for n, g in zip(names, grads, strict=True)}
 
-    def steps_on(x: torch.Tensor, dy: torch.Tensor) -> tuple[Callable[[], Any], Callable[[Any], dict[str, np.ndarray]]]:
-        """The step of ``mode`` over the inputs ``x``, ``dy`` (on the device), and how to read its output."""
+    def steps_on(
+        x: torch.Tensor, dy: torch.Tensor, forward: Forward = forward
+    ) -> tuple[Callable[[], Any], Callable[[Any], dict[str, np.ndarray]]]:
+        """The step of ``mode`` over the inputs ``x``, ``dy`` (on the device), and how to read its output; ``forward``
+        the backend's unless given (the FLOP count's eager module)."""
         wrt = [x, *params.values()]
         if mode == "fwd":
 
@@ -104,7 +107,11 @@ def prepare(
         trace = None if path is None else path / "trace.json"
         if steps is None:
             steps = (profiling.WAIT, profiling.WARMUP, profiling.ACTIVE) if timed else (0, 0, 1)
-        return profiling.profile_step(step, dev.sync, trace, device=str(device), steps=steps)
+        summary = profiling.profile_step(step, dev.sync, trace, device=str(device), steps=steps)
+        if problem.case.module is not None:  # no cost-model plan models a user's module: count its FLOPs instead
+            # on the eager module: torch.compile refuses to run under the counter's dispatch mode (same FLOPs)
+            summary["flop_count"] = profiling.count_flops(steps_on(x, dy, module)[0], dev.sync)
+        return summary
 
     def memory() -> dict[str, Any]:
         """``Prepared.memory`` (``torch_impl.memory``): one forward under the saved-tensor hooks, one step's peak."""

@@ -438,6 +438,19 @@ def framework_baseline(framework: str) -> str | None:
     return next((s.name for s in BACKENDS.values() if s.baseline and s.framework == framework), None)
 
 
+#: A module case's (``--module``) unfused baseline per framework, what its fusion is measured against: the file's
+#: torch module eager, its ``jax_function`` op by op (a built-in model's are the registry lines with ``baseline``).
+MODULE_FRAMEWORK_BASELINES: dict[str, str] = {"torch": "torch-module", "jax": "jax-module-unfused"}
+
+
+def unfused_baseline(framework: str, model: str) -> str | None:
+    """The unfused baseline of ``framework`` on a case of ``model``: a module case's
+    (:data:`MODULE_FRAMEWORK_BASELINES`), else :func:`framework_baseline`; None if it has none."""
+    if model == MODULE_MODEL:
+        return MODULE_FRAMEWORK_BASELINES.get(framework)
+    return framework_baseline(framework)
+
+
 def spec(name: str) -> BackendSpec:
     """Look up a backend; an unknown name raises ``InputError`` listing the known ones."""
     check_name("backend", name, list(BACKENDS))

@@ -26,6 +26,7 @@ A kernel summary is a JSON-able dict; every count is **per step** (one call of `
       "notes": str,
       "steps": int | None,                 # steps a profiler recorded (None: read off a compiled program)
       "xla_cost": {"flops", "bytes_accessed", "transcendentals": float | None, "error"?: str},  # JAX only
+      "flop_count": {"flops": float | None, "by_op": {op: float}, "source": str, "error"?: str},  # optional
       "kernel_time": {                     # optional; absent or None where not measured (a kernel without a time)
         "busy_us": float,                  # the kernels' intervals merged (overlaps once), per step
         "summed_us": float,                # the kernels' time_us added up
@@ -38,6 +39,10 @@ A kernel summary is a JSON-able dict; every count is **per step** (one call of `
 GEMMs, fused and unfused kernels and framework overhead: :func:`compare.kernels.busy.split`); a summary fills it
 with :func:`kernel_time_entry`. Summaries and result files written before it existed have no such field and load
 as before.
+
+``flop_count`` is what ``torch.utils.flop_counter`` counted over one step (``torch_impl.profiling.count_flops``;
+torch backends of a user's module, ``--module``, whose FLOPs no cost-model plan models); absent elsewhere and in
+older files. It counts only matmul-like ops (no elementwise FLOPs), where XLA's ``xla_cost`` counts every op.
 """
 
 from __future__ import annotations
@@ -99,7 +104,8 @@ class MetadataOp:
 class Kernels:
     """A result's kernel summary (the module docstring's schema). ``xla_cost`` is XLA's ``cost_analysis()`` of the
     compiled step (JAX backends), None elsewhere; ``kernel_time`` the step's merged kernel time, None where it was
-    not measured."""
+    not measured; ``flop_count`` ``torch.utils.flop_counter``'s count of one step (a module case's torch
+    backends), None elsewhere."""
 
     source: str
     device: str
@@ -111,6 +117,7 @@ class Kernels:
     steps: int | None = None
     xla_cost: dict[str, Any] | None = field(default=None, metadata=LATER)
     kernel_time: KernelTime | None = field(default=None, metadata=LATER)
+    flop_count: dict[str, Any] | None = field(default=None, metadata=LATER)
 
     @staticmethod
     def json_fill(d: Mapping[str, Any]) -> dict[str, Any]:

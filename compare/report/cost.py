@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from compare.backends.registry import BACKENDS, framework_baseline
+from compare.backends.registry import BACKENDS, MODULE_FRAMEWORK_BASELINES, framework_baseline, unfused_baseline
 from compare.cost.model import removed, roofline
 from compare.cost.records import Achieved, Ceiling
 from compare.formats.markdown import case_label, fmt_s, si, table
 from compare.report.cells import LEAD, lead, signed_s
 from compare.report.machines import same_machine
+from compare.report.measured import NOT_MODELLED, achieved_flops_per_s, measured_flops, not_counted, unmodelled
 from compare.results.document import Result, Results
 from compare.timing.significance import NOT_TESTED, WITHIN_NOISE, compare_timing, not_tested
 
@@ -172,8 +173,9 @@ def fusion_section(doc: Results) -> str:
     every = fusion_benefit(doc)
     rows = [f for f in every if f["removed"]]
     fuse_nothing = [f"{f['backend']} ({f['label']} {f['dtype']} {f['mode']})" for f in every if not f["removed"]]
+    module = module_fusion_part(doc)
     if not rows and not fuse_nothing:
-        return ""
+        return "## What fusion buys\n\n" + module if module else ""
     out = []
     for f in rows:
         kern = "-" if f["kernels_eliminated"] is None else str(f["kernels_eliminated"])
@@ -239,8 +241,123 @@ def fusion_section(doc: Results) -> str:
         if fuse_nothing
         else ""
     )
-    body = "\n\n".join(x for x in (table(head, out) if out else "", none) if x)
+    body = "\n\n".join(x for x in (table(head, out) if out else "", none, module) if x)
     return "## What fusion buys\n\n" + intro + "\n\n" + body
+
+
+def _saved_for_backward(r: Result) -> int | None:
+    """The bytes a result's forward saved for its backward, where ``--memory`` measured them on a passing step."""
+    if r.status not in MEASURED or r.memory is None or r.memory.saved is None:
+        return None
+    return r.memory.saved.bytes
+
+
+def module_fusion_benefit(doc: Results) -> list[dict[str, Any]]:
+    """:func:`fusion_benefit`'s measured half for a user's module (``--module``), whose backends have no cost-model
+    plan: each backend against its framework's unfused baseline on a module case
+    (:func:`compare.backends.registry.unfused_baseline`: the file's torch module eager, its ``jax_function`` op by
+    op), same case, dtype and mode. Each row: ``backend, baseline, label, dtype, mode``, ``kernels_eliminated``
+    (None unless both were profiled), ``saved_for_backward_saved`` (the baseline's saved-for-backward bytes minus
+    this backend's; None unless ``--memory`` measured both), and the measured timing and kernel-time figures of
+    :func:`fusion_benefit` (``not_measured``, ``measured_saved_s``, ``measured_verdict``, ``measured_pairs``,
+    ``gemm_time_saved_s``, ``outside_gemm_saved_s``, ``baseline_median_s``)."""
+    results = doc.results
+    rows = []
+    for r in results:
+        s = BACKENDS.get(r.backend)
+        if not unmodelled(r) or s is None:
+            continue
+        baseline = unfused_baseline(s.framework, r.model)
+        if baseline is None or r.backend == baseline:
+            continue
+        base = same_machine(results, r, baseline, lambda b: b)
+        if base is None:
+            continue
+        k_r = r.kernels.kernels_per_step if r.kernels else None
+        k_b = base.kernels.kernels_per_step if base.kernels else None
+        why = _not_measured(r, base)
+        t_r, t_b = (r.timing, base.timing) if not why else (None, None)
+        split_b = kernel_time_split(base) if base.status in MEASURED else None
+        split_r = kernel_time_split(r) if not why else None
+        gemm_saved = outside_saved = None
+        if split_r is not None and split_b is not None:
+            gemm_saved, outside_saved = split_b[0] - split_r[0], split_b[1] - split_r[1]
+        v = compare_timing(t_b, t_r) if t_r and t_b else None
+        sv_r, sv_b = _saved_for_backward(r), _saved_for_backward(base)
+        rows.append(
+            {
+                "backend": r.backend,
+                "baseline": baseline,
+                "case": r.case,
+                "label": case_label(r),
+                "dtype": r.dtype,
+                "mode": r.mode,
+                "kernels_eliminated": k_b - k_r if k_r is not None and k_b is not None else None,
+                "saved_for_backward_saved": sv_b - sv_r if sv_r is not None and sv_b is not None else None,
+                "not_measured": why,
+                "measured_saved_s": t_b.median_s - t_r.median_s if t_r and t_b else None,
+                "measured_verdict": v.verdict if v else None,
+                "measured_pairs": v.pairs if v else None,
+                "gemm_time_saved_s": gemm_saved,
+                "outside_gemm_saved_s": outside_saved,
+                "baseline_median_s": base.timing.median_s if base.timing else None,
+            }
+        )
+    return rows
+
+
+def module_fusion_part(doc: Results) -> str:
+    """Markdown: :func:`module_fusion_benefit` as a table with its intro ("" without a module row)."""
+    every = module_fusion_benefit(doc)
+    if not every:
+        return ""
+    out = []
+    for f in every:
+        sv = f["saved_for_backward_saved"]
+        out.append(
+            [
+                f["backend"],
+                f["baseline"],
+                f["label"],
+                f["dtype"],
+                f["mode"],
+                "-" if f["kernels_eliminated"] is None else str(f["kernels_eliminated"]),
+                "-" if sv is None else si(sv, "B"),
+                NOT_MODELLED,
+                NOT_MODELLED,
+                measured_saved(f),
+                signed_s(f["gemm_time_saved_s"]),
+                signed_s(f["outside_gemm_saved_s"]),
+                fmt_s(f["baseline_median_s"]),
+            ]
+        )
+    head = [
+        "backend",
+        "baseline",
+        "case",
+        "dtype",
+        "mode",
+        "kernels eliminated",
+        "saved for backward saved",
+        "bytes saved",
+        "predicted saved (bytes / bandwidth)",
+        "measured saved",
+        "GEMM kernel time saved",
+        "other kernel time saved",
+        "baseline median",
+    ]
+    intro = (
+        "A user's own MLP (`--module`): the bytes-and-FLOPs plan is not modelled for it, so what fusion saves in "
+        "traffic, and the time that predicts, is not modelled. What is measured is shown against the module's own "
+        "unfused baseline in the same framework (torch: its torch module eager, "
+        f"{MODULE_FRAMEWORK_BASELINES['torch']}; JAX: its jax_function op by op, "
+        f"{MODULE_FRAMEWORK_BASELINES['jax']}), same case, dtype and mode: kernels eliminated (the baseline's "
+        "profiled kernels per step minus this backend's, '-' where either was not profiled), the "
+        "bytes saved for the backward (the baseline's minus this backend's, where `--memory` measured both), "
+        "the medians' difference (a number only where beyond both runs' noise, the rule of `compare diff`) and "
+        "the profiled kernel time in GEMMs and outside them."
+    )
+    return intro + "\n\n" + table(head, out)
 
 
 def _ceilings_rows(doc: Results) -> list[list[str]]:
@@ -299,7 +416,8 @@ def cost_section(doc: Results) -> str:
             ]
         )
     ceil_rows = _ceilings_rows(doc)
-    if not rows and not ceil_rows:
+    module = module_cost_part(doc)
+    if not rows and not ceil_rows and not module:
         return ""
     parts = ["## Cost model and roofline"]
     if rows:
@@ -324,9 +442,50 @@ def cost_section(doc: Results) -> str:
             "= max(FLOPs / peak FLOP/s, bytes / peak bandwidth)."
         )
         parts.append(intro + "\n\n" + table(head, rows) + ("\n\n" + "\n".join(assumed) if assumed else ""))
+    if module:
+        parts.append(module)
     if ceil_rows:
         parts.append(
             "Ceilings, measured on this machine through the shared timer (each rate from its fastest sample: a "
             "peak):\n\n" + table(["device", "dtype", "peak FLOP/s", "peak bytes/s", "ridge", "how measured"], ceil_rows)
         )
     return "\n\n".join(parts)
+
+
+def module_cost_part(doc: Results) -> str:
+    """Markdown: per result of a user's module (no cost-model plan), "not modelled" where the plan's figures would
+    be, and the FLOPs its framework counted with the rate they make at the warm median ("" without such a row)."""
+    rows = []
+    for r in doc.results:
+        if not unmodelled(r):
+            continue
+        m = measured_flops(r)
+        rate = achieved_flops_per_s(r)
+        ceil = ceilings_for(doc, r.dtype)
+        of = f" ({rate / ceil.flops_per_s:.0%})" if rate is not None and ceil is not None else ""
+        t = r.timing
+        rows.append(
+            [
+                *lead(r),
+                NOT_MODELLED,
+                NOT_MODELLED,
+                si(m.flops, "FLOP") if m else not_counted(r),
+                m.source if m else "-",
+                fmt_s(t.median_s) if t else "-",
+                si(rate, "FLOP/s") + of if rate is not None else "-",
+            ]
+        )
+    if not rows:
+        return ""
+    head = [*LEAD, "GEMM FLOPs", "bytes moved", "measured FLOPs", "counted by", "median", "achieved FLOP/s"]
+    intro = (
+        "A user's own MLP (`--module`): the bytes-and-FLOPs plan is not modelled for it (no bytes moved, "
+        "intensity or roofline time). Its FLOPs are measured instead, over one profiled step of the mode: the "
+        "torch backends' by `torch.utils.flop_counter` (torch flop_counter), which counts only matmuls, so "
+        "elementwise FLOPs are not in it; the JAX backends' by XLA's `cost_analysis()` of the compiled step "
+        f"(every op, elementwise included; {MODULE_FRAMEWORK_BASELINES['jax']}: its programs' sum). Achieved FLOP/s "
+        "= measured "
+        "FLOPs / the warm median (of the measured matmul ceiling where there is one); '-' where not profiled "
+        "or not timed."
+    )
+    return intro + "\n\n" + table(head, rows)

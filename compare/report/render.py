@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 
-from compare.backends.registry import DEFAULT_BASELINE
+from compare.backends.registry import DEFAULT_BASELINE, MODULE_BASELINE
 from compare.formats.codec import from_json
 from compare.formats.markdown import case_label, fmt_e, fmt_s, table
 from compare.gate.parity import WHERE_FAIL
@@ -16,6 +16,7 @@ from compare.report.cost import cost_section, fusion_section
 from compare.report.gpu_build import render_markdown
 from compare.report.kernels import kernel_section
 from compare.report.machines import machine_of, several, timed_machine_types
+from compare.report.measured import FLOP_COUNTER, NOT_MODELLED, XLA_COST, measured_flops, unmodelled
 from compare.report.memory import memory_section
 from compare.report.plots import plots_section
 from compare.report.resolution import resolution_section
@@ -431,8 +432,9 @@ def xla_check_section(results: Rows) -> str:
                 br,
             ]
         )
+    module = module_xla_part(results)
     if not rows:
-        return ""
+        return "## Cost model against XLA's cost analysis\n\n" + module if module else ""
     intro = (
         "Model GEMM FLOPs and bytes against XLA's `cost_analysis()` of the same compiled step. XLA also counts "
         "elementwise FLOPs (a ratio a little above 1), and its bytes count every operand of every HLO op it "
@@ -447,7 +449,60 @@ def xla_check_section(results: Rows) -> str:
         "XLA bytes accessed",
         "XLA/model",
     ]
-    return "## Cost model against XLA's cost analysis\n\n" + intro + "\n\n" + table(head, rows)
+    body = intro + "\n\n" + table(head, rows) + ("\n\n" + module if module else "")
+    return "## Cost model against XLA's cost analysis\n\n" + body
+
+
+def module_xla_part(results: Rows) -> str:
+    """Markdown: a user's module's JAX results, no cost-model plan: XLA's FLOPs and bytes beside the FLOPs
+    ``torch.utils.flop_counter`` counted for its torch module (the module baseline) on the same case and
+    mode ("" without such a row)."""
+    rows = []
+    for r in results:
+        m = measured_flops(r)
+        if not unmodelled(r) or m is None or m.source != XLA_COST or r.kernels is None:
+            continue
+        xla = r.kernels.xla_cost or {}
+        torch_row = next(
+            (
+                b
+                for b in results
+                if unmodelled(b) and (b.case, b.mode) == (r.case, r.mode) and b.backend == MODULE_BASELINE
+            ),
+            None,
+        )
+        t = measured_flops(torch_row) if torch_row is not None else None
+        t = t if t is not None and t.source == FLOP_COUNTER else None
+        xb = xla.get("bytes_accessed")
+        rows.append(
+            [
+                *lead(r),
+                NOT_MODELLED,
+                f"{m.flops:.4g}",
+                "-" if t is None else f"{t.flops:.4g}",
+                "-" if t is None or not t.flops else f"{m.flops / t.flops:.3f}",
+                NOT_MODELLED,
+                "-" if xb is None else f"{xb:.4g}",
+            ]
+        )
+    if not rows:
+        return ""
+    intro = (
+        "A user's own MLP (`--module`): the bytes-and-FLOPs plan is not modelled for it, so XLA's `cost_analysis()` "
+        f"of the step is set beside the FLOPs `torch.utils.flop_counter` counted for its torch module "
+        f"({MODULE_BASELINE}) on the same case and mode. The flop counter counts only matmuls; XLA counts "
+        "elementwise FLOPs too (a ratio a little above 1)."
+    )
+    head = [
+        *LEAD,
+        "model FLOPs",
+        "XLA FLOPs",
+        "torch flop_counter FLOPs",
+        "XLA/flop_counter",
+        "model bytes",
+        "XLA bytes accessed",
+    ]
+    return intro + "\n\n" + table(head, rows)
 
 
 def traces_section(results: Rows) -> str:
