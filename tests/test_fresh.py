@@ -162,11 +162,11 @@ def _slots_backend(lazy: bool, cache: bool = False) -> tuple[object, dict[int, n
     return p, slots
 
 
-def _fed(lazy: bool, blocks: int = 6, calls: int = 3, cache: bool = False):  # type: ignore[no-untyped-def]
+def _fed(lazy: bool, blocks: int = 6, calls: int = 3, cache: bool = False, tokens: int = 8):  # type: ignore[no-untyped-def]
     from compare.run.pipeline import Feed
 
     p, slots = _slots_backend(lazy, cache)
-    x = np.arange(8 * 2, dtype=np.float32).reshape(1, 8, 2)
+    x = np.arange(tokens * 2, dtype=np.float32).reshape(1, tokens, 2)
     feed = Feed(p, {"x": x, "dy": x}, "test", keep=2)  # type: ignore[arg-type]
     seen = []
     for _ in range(blocks):
@@ -174,6 +174,13 @@ def _fed(lazy: bool, blocks: int = 6, calls: int = 3, cache: bool = False):  # t
         seen += [s.copy() for s in slots.values()]
         feed.done([f() for f in fns])
     return x, feed, seen
+
+
+@pytest.mark.quick
+def test_a_feed_of_few_orders_binds_each_once_before_it_repeats_one() -> None:
+    """3 tokens have 6 orders: 18 calls bind all 6 in their first 6, then repeat them (and do not hang)."""
+    _, feed, seen = _fed(lazy=False, tokens=3)
+    assert feed.calls == 18 and len({s.tobytes() for s in seen[:6]}) == 6 == len({s.tobytes() for s in seen})
 
 
 @pytest.mark.quick

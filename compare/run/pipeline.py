@@ -24,6 +24,7 @@ only the tensors the mode checks (``compare.run.cell.MODE_TENSORS``).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -182,6 +183,10 @@ class _Pending:
     out: Any
 
 
+#: Up to this many tokens a :class:`Feed` remembers every order it bound and draws again rather than repeat one.
+REMEMBERED_TOKENS = 12
+
+
 class Feed:
     """The harness's inputs of one cell's step (``compare.timing.timer.Feed``; ``Prepared.bind``): every call after
     the first runs on the case's fresh draw (``compare.gate.fresh.draw``: ``{"x", "dy"}``, drawn at run time) with
@@ -197,8 +202,10 @@ class Feed:
     ``dy`` per call outside the timed window (``cpu-mlp``: 3 MiB each), for ``bwd`` the runner's forward per call,
     and :data:`JUDGED` outputs held (float32) until the reference exists.
 
-    What it cannot see: a case of few tokens has few orders (``T!``: a 1-token case repeats its input on every call);
-    a step that recognises each token it has seen (a cache keyed on a row's values) still serves rows from memory."""
+    What it cannot see: a case of few tokens has few orders (``T!``): the feed binds each order once while one is new
+    (it remembers them up to :data:`REMEMBERED_TOKENS` tokens; above, two alike are rarer than a 64-bit collision),
+    then repeats them (a 1-token case repeats its input on every call); a step that recognises each token it has seen
+    (a cache keyed on a row's values) still serves rows from memory."""
 
     def __init__(
         self, prepared: Prepared, draw: dict[str, np.ndarray], name: str, keep: int = JUDGED, seed: int | None = None
@@ -215,11 +222,17 @@ class Feed:
         self._again: list[Call | _Pending] = []  # one, uniform over the calls on a slot bound before
         self._used: set[int] = set()
         self._reuses = 0
+        # the orders bound so far, on few tokens (8 tokens have 40320 orders: 18 random ones meet twice in 1 run of 260)
+        self._seen: set[bytes] | None = set() if self._tokens <= REMEMBERED_TOKENS else None
         #: calls made on the feed's inputs
         self.calls = 0
 
     def _rebind(self, slot: int) -> Callable[[], Any]:
         order = self._rng.permutation(self._tokens)
+        if self._seen is not None:
+            while order.tobytes() in self._seen and len(self._seen) < math.factorial(self._tokens):
+                order = self._rng.permutation(self._tokens)
+            self._seen.add(order.tobytes())
 
         def rows(a: np.ndarray) -> np.ndarray:
             return a.reshape(self._tokens, -1)[order].reshape(a.shape)
