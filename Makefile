@@ -96,9 +96,9 @@ test-slow: env
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PAR) -m "slow and not quiet"
 
 # The tests that judge the timer's accuracy (tests/test_timer_agreement.py, the known-cost busy loops of
-# tests/test_timing.py) and ab's slower side found slower (tests/test_ab.py): in one process, with nothing else
-# running (beside one busy core the JAX comparison swung to 1.17x, beside the other tests a 2 ms loop read 3.2 ms;
-# alone they hold within 3% and 10%).
+# tests/test_timing.py) and ab's one-thread and sleeping sides found slower (tests/test_ab.py): in one process, with
+# nothing else running (beside one busy core the JAX comparison swung to 1.17x, beside the other tests a 2 ms loop
+# read 3.2 ms; alone they hold within 3% and 10%).
 test-quiet: env
 	$(PY) -m pytest -q -p no:cacheprovider -m quiet
 

@@ -62,6 +62,13 @@ def _same_p(got: float | None, want: float | None, d: list[float] | None = None)
     return got == pytest.approx(want, rel=REL, abs=ABS)
 
 
+#: Verdicts the paired band changed since the record: it was the two sides' spreads, now the IQR of the rounds' log
+#: ratios. On these two synthetic pairs of quantized samples (ratios 0.909 and 1.095, 40 rounds) that IQR is one
+#: quantum, 10.5%, where the sides' spreads made 10% and 9.4%: both calls were within a hair of the band and are now
+#: inside it. Their p-values are still the recorded ones.
+BAND_CHANGED = {"p40*0.9t/old": WITHIN_NOISE, "p40*1.1t/old": WITHIN_NOISE}
+
+
 def test_verdicts_and_p_values_are_the_hand_written_ones() -> None:
     doc = _fixture()
     records, wrong = doc["records"], []
@@ -70,7 +77,7 @@ def test_verdicts_and_p_values_are_the_hand_written_ones() -> None:
         v = compare_timing(old, new)
         d = paired_differences(from_json(Timing, old), from_json(Timing, new))
         got = (v.verdict, v.design, v.pairs)
-        if got != (p["verdict"], p["design"], p["pairs"]):
+        if got != (BAND_CHANGED.get(p["old"], p["verdict"]), p["design"], p["pairs"]):
             wrong.append(f"{p['old']} -> {p['new']}: {got}, was {p['verdict'], p['design'], p['pairs']}")
         for side in ("p_slower", "p_faster"):
             if not _same_p(getattr(v, side), p[side], d):

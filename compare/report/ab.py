@@ -209,15 +209,15 @@ def render(doc: ABResults) -> str:
         else ""
     )
     method = (
-        "Both sides' steps were timed in one interleaved group: every round runs one block of each, in an order "
-        "drawn for the round, each block timed inside its own worker. B/A is the ratio of the medians, a number only "
-        "where the exact signed-rank test over the rounds' paired log ratios says so at p < 0.01 and the ratio is "
-        "beyond the noise band (5% or both spreads); 'same' is a test that found no difference; 'ambiguous' a "
-        "difference no larger than the machine's load explains (any, when others took over 10% of the cores: two "
-        "processes' thread pools do not share a busy core alike), as `compare diff` says. Parity: each side's "
-        "gate against the same golden data. Differences read B minus A. The sides' first calls (compile + run) ran "
-        "one after the other, in an order drawn per case and mode and shown in the row: with the same versions, the "
-        "second may find what the first compiled in the on-disk caches (Inductor's, Triton's, JAX's)."
+        "Both sides' steps were timed in one interleaved group: every round runs one block of each, in an order drawn "
+        "for the round, each block timed inside its own worker. B/A is the ratio of the medians, a number only where "
+        "the exact signed-rank test over the rounds' paired log ratios says so at p < 0.01 and the ratio is beyond the "
+        "noise band (5%, or the spread of the rounds' log ratios); 'same' is a test that found no difference; "
+        "'ambiguous' a difference no larger than the machine's load explains (any, when others took over 10% of the "
+        "cores: two processes' thread pools do not share a busy core alike), as `compare diff` says. Parity: each "
+        "side's gate against the same golden data. Differences read B minus A. The sides' first calls (compile + run) "
+        "ran one after the other, in an order drawn per case and mode and shown in the row: with the same versions, the"
+        " second may find what the first compiled in the on-disk caches (Inductor's, Triton's, JAX's)."
     )
     errors = [
         f"- {s} {r.backend} {r.case} {r.mode}: {r.reason}"

@@ -25,7 +25,11 @@ replaced by one exact test that respects the time structure. Each round gives on
 ``d = log(new sample) - log(old sample)``; under "no difference" the random order within each round makes every
 ``d`` as likely to have either sign whatever the load did over time, so the Wilcoxon signed-rank statistic's exact
 sign-flip distribution gives the p-value: valid at the nominal rate under drift, bursts and bimodal samples, which
-Mann-Whitney on two separate windows is not (it takes time-correlated samples as independent). Rule 1 stays.
+Mann-Whitney on two separate windows is not (it takes time-correlated samples as independent). Rule 1 stays, with
+the noise of the ratio itself: ``noise`` is the IQR of the ``d`` (a relative spread, as the log differences are),
+not the two sides' spreads, which hold the load's drift both sides shared and the pairing takes out. On a 2-core
+CI machine two sides whose rounds each spread +/-27% made a band of +/-38% that hid a second thread's gain, slower
+in 10 of 10 rounds.
 The test is ``scipy.stats.wilcoxon(d, method="exact")`` (:func:`signed_rank_greater`; zero ``d`` dropped) for every
 ``n``: cheap at a hundred rounds, where scipy's ``"auto"`` would turn to the normal approximation; with tied ``|d|``
 ``"auto"`` would run a permutation test (seconds at 13 pairs) or the normal approximation. Tied ``|d|`` (the timer's
@@ -131,6 +135,12 @@ def signed_rank_greater(d: Sequence[float]) -> tuple[float, float]:
     return float(res.statistic), float(res.pvalue)
 
 
+def _iqr(xs: Sequence[float]) -> float:
+    """The interquartile range of ``xs`` (``quartiles``' interpolation); of log differences, a relative spread."""
+    q1, _, q3 = quartiles(sorted(xs))
+    return q3 - q1
+
+
 def paired_differences(old: Timing, new: Timing) -> list[float] | None:
     """``log(new) - log(old)`` of every round both timed, when both come from one interleaved group; else None."""
     if old.design != INTERLEAVED or new.design != INTERLEAVED or not old.group or old.group != new.group:
@@ -188,9 +198,9 @@ def compare_timing(
     if a.median <= 0 or b.median <= 0:
         raise InputError(f"a timing median must be positive, got {a.median} and {b.median}")
     ratio = b.median / a.median
-    tol = max(threshold, k * math.hypot(a.rel_iqr, b.rel_iqr))
     p_slower = p_faster = None
     d = paired_differences(_timing(old), _timing(new))
+    tol = max(threshold, k * (_iqr(d) if d else math.hypot(a.rel_iqr, b.rel_iqr)))
     if d is not None:
         if len(d) < MIN_PAIRS:
             return TimingVerdict(a, b, ratio, tol, None, None, NOT_TESTED, PAIRED, len(d))
