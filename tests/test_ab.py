@@ -10,6 +10,7 @@ timings."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -26,9 +27,12 @@ from compare.backends.registry import register, unregister
 from compare.cli.main import main
 from compare.problem import datacache
 from compare.problem.cases import preset
-from compare.report.ab import findings, render, verdict
+from compare.report import history as view
+from compare.report.ab import findings, paired_verdicts, render, verdict
+from compare.results import history
 from compare.results.ab import ABResults, Pair, Side, read_json
 from compare.results.document import Result
+from compare.results.environment import Environment
 from compare.results.load import Load
 from compare.run.ab import QUIET_IDLE, Plan, run_ab, side_env
 from compare.timing.significance import PAIRED, compare_timing
@@ -133,6 +137,48 @@ def test_the_verdicts_are_the_paired_tests() -> None:
     assert compare_timing(slower.a.timing, slower.b.timing).design == PAIRED
     md = render(doc)
     assert "**Finding**" in md and "2.00x: slower" in md and "## Errors" in md
+
+
+@pytest.mark.quick
+def test_an_ab_entry_is_side_b_flagged_by_the_ab_verdict(tmp_path: Path) -> None:
+    """``ab --history``'s entry: B's rows, commit and versions on this machine, A named as the baseline; the history
+    flags B's point by the A/B verdict (slower here), and an ambiguous one (a busy machine) flags nothing."""
+    a = [1e-3 * (1 + 0.01 * (i % 3)) for i in range(12)]
+    slower = _pair(a, [2 * x for x in a])
+    sides = dict(a=Side("A", "py", "/a", commit="a" * 40, versions={"numpy": "2.3"}),
+                 b=Side("B", "py", "/b", commit="b" * 40 + "+modified", versions={"numpy": "2.4"}))  # fmt: skip
+    env = Environment(cpu="a CPU", cpu_count=2, cpu_isa=("avx2",), versions={"numpy": "9"})
+    for load, flag in ((None, "slower"), (Load(window_s=1.0, cores=2, others_cpu_s=0.5), "")):
+        doc = ABResults(pairs=(slower,), load=load, **sides)
+        e = history.ab_entry(doc, env, paired_verdicts(doc))
+        assert e.kind == "ab" and e.source == history.Source("b" * 40, True, None) and e.versions == {"numpy": "2.4"}
+        assert e.results.results == (slower.b,) and e.machine == history.machine_of(env)
+        (pv,) = e.paired
+        assert pv.baseline == "aaaaaaa (numpy 2.3)" and pv.ratio == pytest.approx(2.0) and pv.p is not None
+        (cell,) = view.build([e], e.machine).cells
+        assert (cell.newest.flag, cell.newest.by) == ((flag, "A/B vs aaaaaaa (numpy 2.3)") if flag else ("", ""))
+
+
+@pytest.mark.standard
+def test_ab_history_appends_side_b_and_the_history_command_reads_it(numpy_plain: str, tmp_path: Path) -> None:
+    """The CLI's path: ``ab --history H`` appends one ``ab`` entry whose paired verdicts are the A/B report's, and
+    ``history H`` flags B's point (exit 1) exactly when ``ab`` called B slower. (B sleeps 5 ms a step: on a quiet
+    machine it is called slower; beside other tests the load makes it ambiguous, and nothing is flagged.)"""
+    h = tmp_path / "h"
+    status, doc = _ab(
+        tmp_path, "--backend", numpy_plain, "--budget", "0.05", "--history", str(h), "--a-env", *ONE_THREAD,
+        "--b-env", *ONE_THREAD, f"{numpy_backend.STEP_ENV}=0.005",
+    )  # fmt: skip
+    assert doc is not None and status in (0, 1)
+    (path,) = h.glob("*/*.json")
+    e = history.load(json.loads(path.read_text(encoding="utf-8")), str(path))
+    (p,) = doc.pairs
+    v = verdict(p, doc.load)
+    assert e.kind == "ab" and e.versions == doc.b.versions and e.results.results == (p.b,)
+    assert [(x.backend, x.verdict, x.ratio) for x in e.paired] == [(p.b.backend, v.timing, v.ratio)]
+    flagged = v.timing == "slower"
+    assert main(["history", str(h), "--out", str(tmp_path / "view")]) == int(flagged)
+    assert ("**slower** (A/B vs " in (tmp_path / "view" / "HISTORY.md").read_text(encoding="utf-8")) == flagged
 
 
 # ---- real workers ------------------------------------------------------------------------------------------------

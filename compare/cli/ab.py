@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import spec
+from compare.cli import history as history_command
 from compare.cli.args import add_case_args, add_cell_args, cases_from_args, check_cell_args, check_inputs, sub
 from compare.formats.atomic import write_text_atomic
 from compare.problem.cases import MODES, InputError, check_name
 from compare.report import ab as ab_report
 from compare.results import ab as ab_results
+from compare.results import environment, history
 from compare.results.ab import Side
 from compare.run import exitcodes, preflight, stop
 from compare.run.ab import Plan, run_ab, side_env
@@ -70,6 +72,7 @@ def cmd_ab(a: argparse.Namespace) -> int:
     preflight.check_memory(cases)
     preflight.check_golden(cases)
     out = preflight.prepare_out_dir(Path(a.out))
+    keep = history_command.target(a)
     command = "python -m compare " + shlex.join(a.argv)
     plan = Plan(
         tuple(cases), tuple(specs), tuple(modes), TimingConfig(budget_s=a.budget), not a.no_profile,
@@ -85,6 +88,9 @@ def cmd_ab(a: argparse.Namespace) -> int:
     for line in ab_report.summary_lines(doc):
         print(line)
     print(f"wrote {out / 'ab.json'} and {out / 'AB.md'}")
+    if keep is not None:  # side B, with A as its baseline
+        env = environment.current({}, {})
+        history_command.record_entry(keep, history.ab_entry(doc, env, ab_report.paired_verdicts(doc)))
     return exitcodes.FINDING if ab_report.findings(doc) else exitcodes.OK
 
 
@@ -117,6 +123,7 @@ def add_parser(subs: Any) -> None:
             help=f"side {side}'s checkout of fusion-compare: its worker runs there, on its code (default: this one)",
         )
     p.add_argument("--out", default="out/ab", help="output folder (default: out/ab)")
+    history_command.add_history_arg(p)
     p.add_argument(
         "--no-profile",
         action="store_true",

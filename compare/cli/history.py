@@ -58,12 +58,16 @@ def target(a: argparse.Namespace) -> Target | None:
 
 
 def record(t: Target | None, doc: Results, kind: str) -> None:
-    """Append the written, finished document ``doc`` to the history (nothing without a target); a failed write is
-    :class:`~compare.run.exitcodes.WriteFailed` (exit 4): the run's own files are written by then."""
-    if t is None:
-        return
+    """Append the written, finished document ``doc`` to the history (nothing without a target): :func:`record_entry`."""
+    if t is not None:
+        record_entry(t, history.entry(doc, kind, t.source))
+
+
+def record_entry(t: Target, e: history.Entry) -> None:
+    """Append ``e`` to the history; a failed write is :class:`~compare.run.exitcodes.WriteFailed` (exit 4): the run's
+    own files are written by then."""
     try:
-        path = history.append(t.folder, doc, kind, t.source)
+        path = history.write(t.folder, e)
     except OSError as exc:
         raise exitcodes.WriteFailed(
             f"cannot append the run to the history {t.folder} ({exc.strerror or exc}): its results and report are "

@@ -32,6 +32,7 @@ from compare.report.render import load_note
 from compare.report.summary import parity_cell, untimed_reason
 from compare.results.ab import ABResults, Pair, Side
 from compare.results.document import Result
+from compare.results.history import PairedVerdict
 from compare.results.load import Load
 from compare.timing.significance import FASTER, NOT_TESTED, SLOWER, compare_timing, not_tested
 
@@ -51,6 +52,8 @@ class Verdict:
     ratio_cell: str
     slower: bool
     parity_lost: bool
+    ratio: float | None = None  # B's median over A's (None: a side not timed)
+    p: float | None = None  # the one-sided p-value of the ratio's direction (None: the test did not run)
 
 
 def _not_timed(side: str, r: Result) -> str:
@@ -67,18 +70,32 @@ def verdict(p: Pair, load: Load | None = None) -> Verdict:
         return Verdict(f"{NOT_TESTED}: {why}", f"{NOT_TESTED}: {why}", "-", False, lost)
     v = compare_timing(p.a.timing, p.b.timing)
     if v.verdict == NOT_TESTED:
-        return Verdict(not_tested(v.pairs), not_tested(v.pairs), "-", False, lost)
+        return Verdict(not_tested(v.pairs), not_tested(v.pairs), "-", False, lost, v.ratio)
     word = {SLOWER: SLOWER, FASTER: FASTER}.get(v.verdict, SAME)
     p_value = v.p_slower if v.ratio >= 1 else v.p_faster
     how = f"p {p_value:.2g}, {v.pairs} rounds, band +/-{v.tol:.0%}" if p_value is not None else v.design
     if not v.significant:
-        return Verdict(word, word, f"{word}: within noise ({how})", False, lost)
+        return Verdict(word, word, f"{word}: within noise ({how})", False, lost, v.ratio, p_value)
     explained = load.explained_ratio() if load is not None else 1.0
     if max(v.ratio, 1 / v.ratio) <= explained:
         says = "any change (a busy machine)" if math.isinf(explained) else f"up to {explained:.2f}x"
         return Verdict(word, AMBIGUOUS, f"{v.ratio:.2f}x: {AMBIGUOUS} ({word}, {how}; the load explains {says})",
-                       False, lost)  # fmt: skip
-    return Verdict(word, word, f"{v.ratio:.2f}x: {word} ({how})", v.verdict == SLOWER, lost)
+                       False, lost, v.ratio, p_value)  # fmt: skip
+    return Verdict(word, word, f"{v.ratio:.2f}x: {word} ({how})", v.verdict == SLOWER, lost, v.ratio, p_value)
+
+
+def paired_verdicts(doc: ABResults) -> tuple[PairedVerdict, ...]:
+    """Each timed pair's :class:`Verdict` as the history keeps it (``ab --history``): B's cell against A, named by
+    A's commit and the backend's framework version there; ``verdict`` the report's word (``slower``, ``faster``,
+    ``same``, ``ambiguous``), so the history flags what ``ab`` called, no more."""
+    out = []
+    for p in doc.pairs:
+        v = verdict(p, doc.load)
+        if v.ratio is None or v.test.startswith(NOT_TESTED):
+            continue
+        baseline = f"{doc.a.commit[:7] or 'A'} ({_version(doc.a, p.framework)})"
+        out.append(PairedVerdict(p.b.backend, p.b.case, p.b.mode, p.b.world_size, baseline, v.timing, v.ratio, v.p))
+    return tuple(out)
 
 
 def findings(doc: ABResults) -> list[str]:

@@ -6,8 +6,9 @@ Results`) with what identifies it: the :class:`Machine` it ran on (CPU model, in
 from the document's environment; :attr:`Machine.key`, a 12-hex-digit hash of them, names the machine and its
 folder), the :class:`Source` of the code (the project's git commit and whether tracked files differed from it, when
 the package runs from a checkout; the package version), the package versions, the run id, its kind and the time it
-was recorded. ``paired`` is for an A/B entry (``kind`` ``ab``, a later command's): a verdict per cell of two builds
-timed interleaved in one window, which the history shows in place of its own rule.
+was recorded. ``paired`` is for an A/B entry (``kind`` ``ab``: ``ab --history``, side B recorded with A as its
+baseline): a verdict per cell of two builds timed interleaved in one window, which the history shows in place of its
+own rule.
 
 The layout: ``DIR/<machine key>/<recorded, UTC to the microsecond>-<8 random hex digits>.json``, written atomically
 without replacing anything (``compare.formats.atomic.write_bytes_new``; a name taken is drawn again), so two runs,
@@ -16,6 +17,7 @@ also at the same moment, on one machine or on two sharing the folder, never coll
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -32,13 +34,14 @@ from compare.formats.atomic import write_bytes_new
 from compare.formats.codec import LATER, FieldError, from_json, to_json
 from compare.problem.cases import InputError
 from compare.results import document
+from compare.results.ab import ABResults
 from compare.results.document import Results
 from compare.results.environment import Environment, Node
 
 #: The layout of an entry file, stored as its ``history_schema`` (what marks a JSON file as an entry).
 HISTORY_SCHEMA = 1
-#: What appended an entry: ``run`` (``run`` and ``profile``), ``sweep``, and ``ab`` (kept for the A/B command,
-#: whose entries carry ``paired`` verdicts).
+#: What appended an entry: ``run`` (``run`` and ``profile``), ``sweep``, and ``ab`` (whose entries carry ``paired``
+#: verdicts).
 KINDS: tuple[str, ...] = ("run", "sweep", "ab")
 #: This package's distribution name (``importlib.metadata``).
 DISTRIBUTION = "fusion-compare"
@@ -158,8 +161,9 @@ def source(root: Path | None = None) -> Source:
 class PairedVerdict:
     """An A/B entry's verdict on one cell (``kind`` ``ab``): this entry's build (B) against ``baseline`` (A: its
     commit or label), both timed interleaved in one window, so the paired rule of ``compare.timing.significance``
-    decided it. ``verdict`` is that module's (``slower``, ``faster``, ``within noise``, ``not tested``), ``ratio``
-    B's median over A's, ``p`` the one-sided p-value of the verdict's direction (None: not tested)."""
+    decided it. ``verdict`` is the A/B report's word (``compare.report.ab``: ``slower``, ``faster``, ``same``,
+    ``ambiguous`` where the machine's load explains the difference); only ``slower`` and ``faster`` flag a point.
+    ``ratio`` B's median over A's, ``p`` the one-sided p-value of the ratio's direction (None: not tested)."""
 
     backend: str
     case: str
@@ -210,6 +214,25 @@ def entry(doc: Results, kind: str, src: Source, recorded: datetime.datetime | No
         dict(env.versions),
         doc,
     )
+
+
+def source_of(commit: str) -> Source:
+    """The :class:`Source` of an A/B side as its worker said it (``compare.run.ab_worker.handshake``: the hash,
+    ``+modified`` when tracked files differed; "" outside git). Its distribution version is not said."""
+    head, modified, _ = commit.partition("+modified")
+    return Source(head or None, bool(modified) if head else None, None)
+
+
+def ab_entry(doc: ABResults, env: Environment, paired: tuple[PairedVerdict, ...]) -> Entry:
+    """The :class:`Entry` of an A/B run (``ab --history``): side B is the build recorded (its results, commit and
+    package versions, on the machine of ``env``, this one's environment), A its baseline, named in ``paired``."""
+    results = Results(
+        created=doc.created,
+        environment=dataclasses.replace(env, versions=dict(doc.b.versions)),
+        results=tuple(p.b for p in doc.pairs),
+        load=doc.load,
+    )
+    return dataclasses.replace(entry(results, "ab", source_of(doc.b.commit)), paired=paired)
 
 
 def write(folder: Path, e: Entry) -> Path:

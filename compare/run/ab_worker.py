@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from compare.backends.registry import BACKENDS, BackendSpec
 from compare.formats.codec import from_json, to_json
 from compare.problem import golden
 from compare.problem.cases import Case
-from compare.results import environment
+from compare.results import environment, history
 from compare.run import child
 from compare.run.cell import plain_reference
 from compare.run.harness import Staged
@@ -91,20 +90,12 @@ class Channel:
         return got
 
 
-def _git(*args: str) -> str:
-    try:
-        p = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return p.stdout.strip() if p.returncode == 0 else ""
-
-
 def handshake() -> dict[str, Any]:
     """Who this worker is: the protocol, the checkout ``compare`` was imported from (its commit, ``+modified`` when
-    tracked files differ from it; "" outside git), the interpreter and the package versions."""
-    commit = _git("rev-parse", "HEAD")
-    if commit and _git("status", "--porcelain", "--untracked-files=no"):
-        commit += "+modified"
+    tracked files differ from it; "" outside git: ``compare.results.history.source``), the interpreter and the
+    package versions."""
+    src = history.source(ROOT)
+    commit = (src.commit or "") + ("+modified" if src.commit and src.dirty else "")
     return {
         "protocol": PROTOCOL,
         "checkout": str(ROOT),
