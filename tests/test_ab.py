@@ -162,8 +162,9 @@ def test_an_ab_entry_is_side_b_flagged_by_the_ab_verdict(tmp_path: Path) -> None
 @pytest.mark.standard
 def test_ab_history_appends_side_b_and_the_history_command_reads_it(numpy_plain: str, tmp_path: Path) -> None:
     """The CLI's path: ``ab --history H`` appends one ``ab`` entry whose paired verdicts are the A/B report's, and
-    ``history H`` flags B's point (exit 1) exactly when ``ab`` called B slower. (B sleeps 5 ms a step: on a quiet
-    machine it is called slower; beside other tests the load makes it ambiguous, and nothing is flagged.)"""
+    ``history H`` flags B's point (exit 1) exactly when ``ab`` called B slower; ``report`` rebuilds AB.md. (B sleeps
+    5 ms a step: on a quiet machine it is called slower; beside other tests the load makes it ambiguous, and nothing
+    is flagged.)"""
     h = tmp_path / "h"
     status, doc = _ab(
         tmp_path, "--backend", numpy_plain, "--budget", "0.05", "--history", str(h), "--a-env", *ONE_THREAD,
@@ -179,6 +180,11 @@ def test_ab_history_appends_side_b_and_the_history_command_reads_it(numpy_plain:
     flagged = v.timing == "slower"
     assert main(["history", str(h), "--out", str(tmp_path / "view")]) == int(flagged)
     assert ("**slower** (A/B vs " in (tmp_path / "view" / "HISTORY.md").read_text(encoding="utf-8")) == flagged
+    md = tmp_path / "ab" / "AB.md"  # `report` rebuilds AB.md from ab.json, the folder's or the file's
+    written = md.read_text(encoding="utf-8")
+    for where in (md.parent, md.parent / "ab.json"):
+        md.unlink()
+        assert main(["report", str(where)]) == 0 and md.read_text(encoding="utf-8") == written
 
 
 # ---- real workers ------------------------------------------------------------------------------------------------

@@ -94,6 +94,29 @@ def cmd_ab(a: argparse.Namespace) -> int:
     return exitcodes.FINDING if ab_report.findings(doc) else exitcodes.OK
 
 
+def ab_file(path: Path) -> Path | None:
+    """The ``ab.json`` that ``python -m compare report PATH`` renders (an ``ab.json``, or a folder holding one and no
+    run's files), or None: PATH is a run's."""
+    if path.name == "ab.json":
+        return path
+    runs = ("results.json", "cells.jsonl", "results.jsonl")
+    if path.is_dir() and (path / "ab.json").is_file() and not any((path / n).exists() for n in runs):
+        return path / "ab.json"
+    return None
+
+
+def rebuild(path: Path, out: Path | None) -> int:
+    """``AB.md`` again from ``ab.json`` (by this version's rules; measures nothing), beside it or at ``out``."""
+    doc = ab_results.read_json(path)
+    target = out or path.parent / "AB.md"
+    try:
+        write_text_atomic(target, ab_report.render(doc))
+    except OSError as exc:
+        raise exitcodes.WriteFailed(f"cannot write {target}: {exc.strerror or exc}") from exc
+    print(f"wrote {target} (from {path})")
+    return exitcodes.OK
+
+
 def add_parser(subs: Any) -> None:
     """``ab``'s parser (``python -m compare ab --help``)."""
     p = sub(

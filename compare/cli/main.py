@@ -116,16 +116,19 @@ def _prepare_parity(cases: Sequence[Any], modes: list[str]) -> None:
 
 
 def cmd_report(a: argparse.Namespace) -> int:
-    """Rebuild REPORT.md and DETAILS.md from a results.json, a sweep's results.jsonl, a run's cells.jsonl or a
-    folder holding them; measures nothing. A folder's report comes from the newest run there: its store's
-    (``cells.jsonl`` is emptied when a run starts). Its results.json is rendered only when it is that run's own
-    summary (the same run id, every stored cell); otherwise (a run or sweep killed before it wrote its summary, a
-    full disk, a results.json of an older run) results.json is rebuilt from the store and the output line says so;
-    an earlier run's results.json holding cells the store lacks is kept, and the store's document goes to
-    results.interrupted.json with REPORT.interrupted.md."""
+    """Rebuild REPORT.md and DETAILS.md from a results.json, a sweep's results.jsonl, a run's cells.jsonl or a folder
+    holding them (AB.md from an ab.json, or a folder with one and none of those); measures nothing. A folder's
+    report comes from the newest run there: its store's (``cells.jsonl`` is emptied when a run starts). Its
+    results.json is rendered only when it is that run's own summary (the same run id, every stored cell); otherwise
+    (a run or sweep killed before it wrote its summary, a full disk, a results.json of an older run) results.json is
+    rebuilt from the store and the output line says so; an earlier run's results.json holding cells the store lacks
+    is kept, and the store's document goes to results.interrupted.json with REPORT.interrupted.md."""
     path = Path(a.results)
     folder = path if path.is_dir() else path.parent
     out = Path(a.out) if a.out else None
+    ab = ab_command.ab_file(path)
+    if ab is not None:
+        return ab_command.rebuild(ab, out)
     preflight.check_file_writable(out or folder / "REPORT.md")
     with preflight.lock_folder(out.parent if out else folder, shlex.join(a.argv)):
         doc, rebuild, why = _report_source(path)
@@ -295,7 +298,8 @@ def parser() -> argparse.ArgumentParser:
     rep = sub(
         subs,
         "report",
-        help="rebuild REPORT.md and DETAILS.md from a results.json, a run's store or its folder (measures nothing)",
+        help="rebuild REPORT.md and DETAILS.md from a results.json, a run's store or its folder, or AB.md from an "
+        "ab.json (measures nothing)",
     )
     rep.add_argument("results")
     rep.add_argument(
