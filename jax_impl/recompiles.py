@@ -98,17 +98,22 @@ class _JitCounter:
         return f"cache +{grew}, {fired} backend compile events" if grew or fired else ""
 
 
+#: A forward as parameters and a pure function of them and ``x``: ``(params, apply)``, ``apply(params, x) -> y``.
+Applied = tuple[Any, Callable[[Any, jax.Array], jax.Array]]
+
+
 def shape_sweep(
     make: GoldenFactory,
     tokens: Sequence[int],
     *,
     name: str,
-    build: Callable[[Problem], nnx.Module],
+    build: Callable[[Problem], nnx.Module] | Callable[[Problem], Applied],
     mode: str = "fwd",
     budget_s: float = 0.2,
 ) -> list[dict[str, Any]]:
-    """Call one ``jax.jit`` of a backend's nnx module (``build(problem)``, the backend's own) on each token count in
-    turn; one row per shape, under the backend's ``name`` (the loop is ``compare.timing.compile_sweep.run``).
+    """Call one ``jax.jit`` of a backend's forward (``build(problem)``, the backend's own: an nnx module, or its
+    :data:`Applied` parameters and pure function) on each token count in turn; one row per shape, under the
+    backend's ``name`` (the loop is ``compare.timing.compile_sweep.run``).
 
     ``make(tokens)`` returns the :class:`~compare.problem.cases.Case` or :class:`~compare.problem.golden.Golden` of
     that token count (same model, dtype, dim and hidden for all); weights come from the first, ``x [batch, seq,
@@ -118,10 +123,15 @@ def shape_sweep(
     goldens = compile_sweep.goldens(make, tokens, mode)
     dev.pin_precision()
     dtype = dev.JAX_DTYPES[goldens[0].case.dtype]
-    graphdef, state = nnx.split(build(goldens[0].problem))
+    built = build(goldens[0].problem)
+    if isinstance(built, nnx.Module):
+        graphdef, state = nnx.split(built)
 
-    def apply(st: Any, xx: jax.Array) -> jax.Array:
-        return nnx.merge(graphdef, st)(xx)
+        def merged(st: Any, xx: jax.Array) -> jax.Array:
+            return nnx.merge(graphdef, st)(xx)
+
+        built = (state, merged)
+    state, apply = built
 
     def fwd_bwd(st: Any, xx: jax.Array, g: jax.Array) -> tuple[jax.Array, tuple[Any, jax.Array]]:
         y, vjp = jax.vjp(apply, st, xx)

@@ -338,7 +338,7 @@ def test_built_in_backends_skip_a_module_case_and_module_backends_skip_built_in_
     r = skipped(spec("torch-eager"), case, "fwd")
     assert r is not None and r.status == "skipped" and "not module" in r.reason
     builtin = Case("geglu", case.shape, "float32")
-    for name in ("torch-module", "torch-module-compile", "jax-module", "jax-module-unfused"):
+    for name in ("torch-module", "torch-module-compile", "torch-module-compile-max-autotune", "jax-module"):
         r = skipped(spec(name), builtin, "fwd")
         assert r is not None and r.status == "skipped" and "implements module only, not geglu" in r.reason
         assert skipped(spec(name), case, "fwd") is None
@@ -396,7 +396,8 @@ def test_default_backends_are_those_of_the_run_s_kind_of_case() -> None:
     """Without --backend a built-in run gets no module backend (no skipped rows) and a --module run only them."""
     from compare.cli.args import default_backends
 
-    module_backends = ["torch-module", "torch-module-compile", "jax-module", "jax-module-unfused"]
+    module_backends = ["torch-module", "torch-module-compile", "torch-module-compile-max-autotune", "jax-module"]
+    module_backends += ["jax-module-unfused"]
     assert default_backends([1], MODULE_MODEL) == module_backends
     assert not set(default_backends([1])) & set(module_backends) and "torch-eager" in default_backends([1])
     assert default_backends([2], MODULE_MODEL) == []

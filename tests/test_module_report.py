@@ -1,6 +1,6 @@
 """A user's own MLP (``--module``) gets the report a built-in case gets: the same sections, with "not modelled" where
 the cost model's bytes-and-FLOPs plan would be, and FLOPs measured by ``torch.utils.flop_counter`` (torch) and XLA's
-``cost_analysis()`` (JAX) instead."""
+``cost_analysis()`` (JAX) instead; the module's backends join the compile-cost sweep as the built-in ones do."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.standard
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "squared_relu_mlp.py"
 COMMON = ["--dtype", "float32", "--mode", "fwd+bwd", "--budget", "0.02", "--no-ceilings", "--profile", "--memory"]
-COMMON += ["--quiet"]
+COMMON += ["--quiet", "--shape-sweep", "1", "64"]
 DIM, HIDDEN = 96, 328
 
 
@@ -70,3 +70,17 @@ def test_measured_flops_are_the_gemms(runs: tuple[Path, Path]) -> None:
     fusion = details.split("## What fusion buys\n", 1)[1].split("\n## ", 1)[0]
     assert "| jax-module | jax-module-unfused |" in fusion
     assert "| torch-module-compile | torch-module |" in fusion
+
+
+def test_the_module_backends_join_the_compile_cost_sweep(runs: tuple[Path, Path]) -> None:
+    """Each sweeping module backend over both token counts, with the variants of its built-in counterpart: eager
+    compiles nothing, torch.compile (dynamic False and True) and its max-autotune twin and jax.jit compile once per
+    new shape, by their own counters."""
+    m, _ = runs
+    doc = read_json(m / "results.json")
+    rows = {(r["backend"], r["dynamic"], r["tokens"]): r for r in doc.shape_sweep}
+    want = [("torch-module", None), ("torch-module-compile", False), ("torch-module-compile", True)]
+    want += [("torch-module-compile-max-autotune", False), ("jax-module", False)]
+    assert sorted(rows) == sorted((b, d, t) for b, d in want for t in (1, 64)), sorted(rows)
+    for (backend, _, _), r in rows.items():
+        assert r["compiles"] == (0 if backend == "torch-module" else 1) and not r.get("error"), r

@@ -84,6 +84,10 @@ class GeluMLP(nn.Module):
         return self.tail(*self.heads(x))
 
 
+#: How a backend makes its eager module: ``build(problem, device, dtype)`` (:func:`build_module`, or a user's file's).
+Build = Callable[[Problem, torch.device, torch.dtype], nn.Module]
+
+
 def build_module(
     problem: Problem, device: torch.device, dtype: torch.dtype, act_mul: ActMul | None = None
 ) -> nn.Module:

@@ -6,21 +6,17 @@ backend with ``max-autotune-no-cudagraphs``."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from compare.backends.registry import Availability, Prepared
 from compare.problem.golden import Problem
 from compare.problem.shape_cases import GoldenFactory
 from torch_impl import device as dev
 from torch_impl import profiling, runner
-from torch_impl.models import build_module
-
-#: The eager module a backend compiles: ``build(problem, device, dtype)``.
-Build = Callable[[Problem, torch.device, torch.dtype], nn.Module]
+from torch_impl.models import Build, build_module
 
 
 class CompileBackend:
@@ -73,7 +69,7 @@ class CompileBackend:
         from torch_impl import recompiles
 
         def build(problem: Problem) -> tuple[torch.nn.Module, Any]:
-            module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+            module = self.build(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
             torch._dynamo.reset()  # this sweep's compiles only: no graphs of the module's forward left from before
             return module, torch.compile(
                 module, mode=self.mode, dynamic=dynamic, fullgraph=True, backend=compile_backend

@@ -12,17 +12,21 @@ from compare.problem.golden import Problem
 from compare.problem.shape_cases import GoldenFactory
 from torch_impl import device as dev
 from torch_impl import runner
-from torch_impl.models import build_module
+from torch_impl.models import Build, build_module
 
 
 class EagerBackend:
-    name = "torch-eager"
+    """The module as it is; ``build`` makes it (default: the case's built-in model, ``torch_impl.models``)."""
+
+    def __init__(self, name: str = "torch-eager", build: Build = build_module) -> None:
+        self.name = name
+        self.build = build
 
     def availability(self) -> Availability:
         return Availability(True, device=str(dev.device()))
 
     def prepare(self, problem: Problem, mode: str) -> Prepared:
-        module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+        module = self.build(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
         return runner.prepare(problem, mode, module)
 
     def shape_sweep(
@@ -32,7 +36,7 @@ class EagerBackend:
         from torch_impl import recompiles
 
         def build(problem: Problem) -> tuple[nn.Module, nn.Module]:
-            module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+            module = self.build(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
             return module, module
 
         return recompiles.shape_sweep(make, tokens, name=self.name, build=build, mode=mode, budget_s=budget_s)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from compare.backends.registry import Availability, Prepared
 from compare.problem.golden import Problem
-from torch_impl import device as dev
-from torch_impl import runner, user_module
+from torch_impl import user_module
+from torch_impl.backends.eager import EagerBackend
 
 
 def build(problem: Problem, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -16,14 +15,4 @@ def build(problem: Problem, device: torch.device, dtype: torch.dtype) -> torch.n
     return user_module.build(problem.case, problem.params, device, dtype)
 
 
-class ModuleEagerBackend:
-    name = "torch-module"
-
-    def availability(self) -> Availability:
-        return Availability(True, device=str(dev.device()))
-
-    def prepare(self, problem: Problem, mode: str) -> Prepared:
-        return runner.prepare(problem, mode, build(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype]))
-
-
-BACKEND = ModuleEagerBackend()
+BACKEND = EagerBackend("torch-module", build=build)
