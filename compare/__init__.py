@@ -79,6 +79,7 @@ __all__ = [
     "golden_for",
     "load_results",
     "measure",
+    "module_case",
     "preset",
     "register",
     "render_report",
@@ -109,6 +110,36 @@ def run_cases(
 
     options = RunOptions(cfg=harness.TimingConfig(budget_s=budget_s), ceilings=ceilings, profile=profile)
     return harness.run(list(cases), [spec(b) for b in backends], list(modes), options)
+
+
+def module_case(
+    path: str | Path,
+    dim: int,
+    hidden: int,
+    dtype: str = "float32",
+    *,
+    batch: int = 3,
+    seq: int = 37,
+    seed: int = 0,
+    weights: str | Path | None = None,
+    prefix: str = "",
+) -> Case:
+    """A user's own MLP file as a case (``--module``; the README's "Your own MLP" says what the file defines), for
+    :func:`run_cases` with its backends (``torch-module``, ``torch-module-compile``, ``jax-module``, ...): ``x
+    [batch, seq, dim]``, ``torch_module(dim, hidden)``, parameters drawn from ``seed`` or read from the safetensors
+    file ``weights`` by ``prefix`` + ``state_dict`` name. Checked as the command line checks it (the file, its
+    functions, the weights' names, shapes and dtypes, the file's ``reference`` against the golden); bad input
+    raises :class:`InputError` naming it. Needs torch."""
+    from compare.backends.registry import module_file
+    from compare.problem import checkpoint
+    from compare.problem.cases import MODULE_MODEL, Case, Shape
+    from compare.run import preflight
+
+    record = module_file().describe(str(path), batch, seq, dim, hidden)
+    read = checkpoint.weights(str(weights), prefix) if weights is not None else None
+    case = Case(MODULE_MODEL, Shape(batch, seq, dim, hidden), dtype, "normal", seed, read, record)
+    preflight.check_cases([case])
+    return case
 
 
 def load_results(path: str | Path) -> Results:

@@ -33,3 +33,23 @@ def test_the_api_refuses_bad_names() -> None:
 def test_the_public_surface_is_what_all_lists() -> None:
     assert sorted(compare.__all__) == sorted(set(compare.__all__))
     assert all(hasattr(compare, name) for name in compare.__all__)
+
+
+def test_a_module_file_is_a_case_checked_as_the_cli_checks_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compare.module_case``: the example as a case run by ``run_cases`` on its backends, both ok; a file whose
+    ``reference`` leaves out a bias refused with the CLI's words."""
+    from tests.test_module_file import EXAMPLE, module_source, write
+
+    monkeypatch.setenv("FUSION_COMPARE_CACHE", str(tmp_path / "cache"))  # this test's golden, computed here
+    case = compare.module_case(EXAMPLE, 96, 328)
+    assert case.model == "module" and case.module is not None and case.shape.tokens == 3 * 37
+    doc = compare.run_cases([case], ["torch-module", "jax-module"], modes=["fwd"], budget_s=0.05)
+    assert [(r.backend, r.status) for r in doc.results] == [("torch-module", "ok"), ("jax-module", "ok")]
+    wrong = module_source(
+        extra="""
+        def reference(params, x):
+            return np.maximum(x @ params["up.weight"].T + params["up.bias"], 0.0) ** 2 @ params["down.weight"].T
+        """
+    )
+    with pytest.raises(compare.InputError, match=r"its reference\(params, x\) and its torch_module differ"):
+        compare.module_case(write(tmp_path, wrong), 96, 96)

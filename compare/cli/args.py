@@ -30,7 +30,7 @@ from compare.problem.cases import (
     preset,
     resolve_shape,
 )
-from compare.run import exitcodes
+from compare.run import exitcodes, preflight
 from compare.run.cell import MODE_TENSORS
 from compare.run.tp_hosts import check_addr, check_port
 from compare.timing.llc import CACHE_MODES
@@ -145,9 +145,7 @@ def cases_from_args(a: argparse.Namespace) -> list[Case]:
     dtypes = check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
     weights, module = weights_from_args(a), module_from_args(a, shape)
     cases = [Case(model, shape, d, dist, check_seed(a.seed), weights, module) for d in dtypes]
-    checkpoint.check(cases)
-    for case in cases if module is not None else []:
-        module_file().check_reference(case)
+    preflight.check_cases(cases)
     return cases
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from compare.backends.registry import module_file, spec
+from compare.backends.registry import spec
 from compare.cli import history as history_command
 from compare.cli.args import (
     add_grid_args,
@@ -25,7 +25,6 @@ from compare.cli.args import (
     weights_from_args,
 )
 from compare.cli.outputs import write_outputs
-from compare.problem import checkpoint
 from compare.problem.cases import MODELS, PRESETS, InputError, check_finite
 from compare.results.memory import parse_size
 from compare.run import child, exitcodes, preflight, stop
@@ -59,9 +58,7 @@ def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
         "device_memory": parse_size(a.device_memory, "--device-memory") if a.device_memory else 0,
     }
     check_inputs(a, dict.fromkeys(c.case for c in cells_from_config(config)))
-    checkpoint.check(c.case for c in cells_from_config(config))
-    for case in {c.case.dtype: c.case for c in cells_from_config(config)}.values() if module is not None else []:
-        module_file().check_reference(case)
+    preflight.check_cases(c.case for c in cells_from_config(config))
     preflight.check_memory(dict.fromkeys(c.case for c in cells_from_config(config)))
     return config
 

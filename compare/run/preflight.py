@@ -17,9 +17,10 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from compare.backends.registry import module_file
 from compare.formats.atomic import write_bytes_new
 from compare.formats.markdown import si
-from compare.problem import golden
+from compare.problem import checkpoint, golden
 from compare.problem.cases import Case, InputError
 from compare.results import environment
 
@@ -148,3 +149,14 @@ def check_golden(cases: Iterable[Case]) -> None:
     for case in dict.fromkeys(cases):
         if golden.is_committed(case):
             golden.verify_file(f"{case.name}.safetensors")
+
+
+def check_cases(cases: Iterable[Case]) -> None:
+    """What a case reads from the user's files, checked before anything is measured: a checkpoint's parameters
+    against each case (names, shapes, dtypes: ``compare.problem.checkpoint.check``) and a module file's own
+    ``reference``, where it has one, against the golden, once per file and dtype (token counts share them). A
+    mismatch raises :class:`InputError` naming both sides."""
+    cases = list(cases)
+    checkpoint.check(cases)
+    for case in {(c.module, c.dtype): c for c in cases if c.module is not None}.values():
+        module_file().check_reference(case)
