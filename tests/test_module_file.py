@@ -218,6 +218,10 @@ BAD_FILES = {
         module_source().replace("super().__init__()", "super().__init__(); self.register_buffer('s', torch.ones(1))"),
         "its state_dict holds buffers (s)",
     ),
+    "tokens mixed": (
+        module_source(torch_act="torch.relu(self.up(x - x.mean(dim=1, keepdim=True))) ** 2"),
+        "a token's output depends on other tokens (the output of a reordered input differs",
+    ),
     "reference disagrees": (
         module_source(
             extra="""

@@ -191,7 +191,28 @@ def describe(path: str, batch: int, seq: int, dim: int, hidden: int) -> ModuleFi
         )
     if y.dtype != x.dtype:
         raise InputError(f"--module {absolute}: its forward returns {y.dtype} for a float32 input (a cast inside)")
+    _check_tokens_apart(module, x, absolute)
     return ModuleFile(absolute, digest, params, int(y.shape[-1]))
+
+
+def _check_tokens_apart(module: nn.Module, x: torch.Tensor, path: str) -> None:
+    """Refuse a module whose output for one token depends on other tokens (attention, a mean over the sequence):
+    the harness judges calls on reordered tokens. In float64, the reordered input's output must be the reordered
+    output to 1e-9 of its largest value (a GEMM's blocking may move the last bits; mixing moves whole units)."""
+    m64, x64 = module.to(torch.float64), x.to(torch.float64)
+    b, s, d = x64.shape
+    order = torch.randperm(b * s, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        y = m64(x64).reshape(b * s, -1)
+        y_moved = m64(x64.reshape(b * s, d)[order].reshape(b, s, d)).reshape(b * s, -1)
+    module.to(torch.float32)
+    off = float((y_moved - y[order]).abs().max()) / max(float(y.abs().max()), 1e-300)
+    if not off <= 1e-9:
+        raise InputError(
+            f"--module {path}: a token's output depends on other tokens (the output of a reordered input differs "
+            f"from the reordered output by {off:.2g} of its largest value); the harness judges calls on reordered "
+            "tokens, so each token's output must depend on that token alone"
+        )
 
 
 def _module_file(case: Case) -> ModuleFile:
