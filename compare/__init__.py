@@ -125,8 +125,8 @@ def module_case(
     prefix: str = "",
 ) -> Case:
     """A user's own MLP file as a case (``--module``; the README's "Your own MLP" says what the file defines), for
-    :func:`run_cases` with its backends (``torch-module``, ``torch-module-compile``, ``jax-module``, ...): ``x
-    [batch, seq, dim]``, ``torch_module(dim, hidden)``, parameters drawn from ``seed`` or read from the safetensors
+    :func:`run_cases` with the backends of module files (``python -m compare list`` names them): ``x [batch, seq,
+    dim]``, ``torch_module(dim, hidden)``, parameters drawn from ``seed`` or read from the safetensors
     file ``weights`` by ``prefix`` + ``state_dict`` name. Checked as the command line checks it (the file, its
     functions, the weights' names, shapes and dtypes, the file's ``reference`` against the golden); bad input
     raises :class:`InputError` naming it. Needs torch."""

@@ -363,9 +363,10 @@ def other_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_ab_across_two_torch_minor_versions(other_torch: Path, tmp_path: Path) -> None:
     """A: this environment's torch; B: the previous minor release. Both judged ok against the same golden data, their
-    versions said, eager and compiled both timed and paired; the report shows the compile of each."""
+    versions said, torch-eager timed paired and profiled on each. (torch-compile would add B's first Inductor set-up
+    under its own version, 30 s here; the path through ``ab`` is the same.)"""
     status, doc = _ab(
-        tmp_path, "--b", str(other_torch), "--backend", "torch-eager", "torch-compile", "--dtype", "float32",
+        tmp_path, "--b", str(other_torch), "--backend", "torch-eager", "--dtype", "float32",
         "--a-env", *ONE_THREAD, "--b-env", *ONE_THREAD,
     )  # fmt: skip
     assert doc is not None and status in (0, 1), status
@@ -373,7 +374,7 @@ def test_ab_across_two_torch_minor_versions(other_torch: Path, tmp_path: Path) -
     assert a_torch.split(".")[:2] != b_torch.split(".")[:2], (a_torch, b_torch)
     assert b_torch.startswith(_previous_torch_minor().split("==")[1].removesuffix("*")), b_torch
     assert doc.a.versions["numpy"] == doc.b.versions["numpy"]  # the rest is this environment's
-    assert [p.b.backend for p in doc.pairs] == ["torch-eager", "torch-compile"]
+    assert [p.b.backend for p in doc.pairs] == ["torch-eager"]
     for p in doc.pairs:
         assert p.a.status == "ok" and p.b.status == "ok", (p.a.reason, p.b.reason)
         assert not verdict(p, doc.load).test.startswith("not tested"), verdict(p, doc.load)

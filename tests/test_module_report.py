@@ -30,7 +30,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("module-report")
     module = ["run", "--module", str(EXAMPLE), "--dim", str(DIM), "--hidden", str(HIDDEN)]
     assert main([*module, *COMMON, "--out", str(d / "m")]) == 0
-    built_in = ["run", "--preset", "tiny", "--backend", "torch-eager", "torch-compile", "jax-xla", "jax-unfused"]
+    built_in = ["run", "--preset", "tiny", "--backend", "torch-eager", "jax-xla", "jax-unfused"]
     assert main([*built_in, *COMMON, "--out", str(d / "b")]) == 0
     return d / "m", d / "b"
 
