@@ -9,7 +9,7 @@ REPORT_DIR ?= out/report
 # The second, torch-free environment with the GPU machine's Triton (test-triton36 below).
 T36 := .venv-t36
 
-.PHONY: setup env data compilers check check-tests test test-main test-slow test-every test-isa test-quiet ci lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check gpu-wheels
+.PHONY: setup env data compilers check check-tests test test-main test-slow test-every test-isa test-quiet ci other-torch lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check gpu-wheels
 
 # Both environments, the default report's data, and Inductor's one-time set-up: what `make report` needs before it
 # measures. Side by side where they can be: the two environments' installs, then the data and Inductor's set-up.
@@ -92,7 +92,7 @@ test-main: env
 # The slow tier: the tests that take more than about 10 s each here (seed sweeps, multi-host groups, the Inductor
 # cache under two ISAs, the GPU check's dry run), the compiled backends' parity on the heavy-tailed `odd` cases (a
 # compile each) and the sm_90 build under this environment's Triton (make test builds it under the GPU machine's).
-test-slow: env
+test-slow: env other-torch
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PAR) -m "slow and not quiet"
 
 # The tests that judge the timer's accuracy (tests/test_timer_agreement.py, the known-cost busy loops of
@@ -110,8 +110,14 @@ ci:
 	$(MAKE) --no-print-directory test-isa
 	$(MAKE) --no-print-directory test-quiet
 
-test-every: env
+test-every: env other-torch
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PAR) -m "not quiet"
+
+# The previous torch minor release's environment for tests/test_ab.py's A/B across two torch versions (tests/
+# other_torch.py: 4.7 GB, into .venv-torch-prev, once), built beside the other installs; the test builds it itself
+# where it is missing. Never fails: where pip cannot install it, the test says why it skips.
+other-torch:
+	$(PYTHON) tests/other_torch.py
 
 # The package as a user gets it: the wheel built from the working tree, installed with the pinned stack into a fresh
 # virtual environment (removed afterwards), `python -m compare list`, a `tiny` run and a one-kernel gpu-build from a
@@ -198,4 +204,4 @@ golden: env
 	$(PY) scripts/make_golden.py
 
 clean:
-	rm -rf $(VENV) $(T36) out .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(T36) .venv-torch-prev out .pytest_cache .ruff_cache

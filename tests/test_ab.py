@@ -11,8 +11,6 @@ timings."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -25,7 +23,6 @@ import pytest
 
 from compare.backends.registry import register, unregister
 from compare.cli.main import main
-from compare.problem import datacache
 from compare.problem.cases import preset
 from compare.report import history as view
 from compare.report.ab import findings, paired_verdicts, render, verdict
@@ -38,6 +35,7 @@ from compare.run.ab import QUIET_IDLE, Plan, run_ab, side_env
 from compare.timing.significance import PAIRED, compare_timing
 from compare.timing.timer import INTERLEAVED, Timing, TimingConfig
 from tests import numpy_backend
+from tests import other_torch as other
 from tests.faults import TOKEN_ENV, wait_gone
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -312,52 +310,14 @@ def test_b_that_sleeps_each_step_is_slower(numpy_plain: str, tmp_path: Path) -> 
 # ---- two torch versions ------------------------------------------------------------------------------------------
 
 
-def _previous_torch_minor() -> str:
-    """The pip requirement of the torch minor release before this environment's (``torch==2.12.*`` beside 2.13)."""
-    from importlib.metadata import version
-
-    major, minor = (int(x) for x in version("torch").split(".")[:2])
-    return f"torch=={major}.{minor - 1}.*"
-
-
 @pytest.fixture(scope="module")
-def other_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A second virtual environment's interpreter: the previous torch minor release (with its own dependencies,
-    Triton's among them) installed by pip as a user would, and everything else, this checkout's dependencies, read
-    from this environment through a ``.pth`` file at the end of its path. Built once into the data cache's folder
-    (4.7 GB with the CUDA build and its libraries, the only build of an older torch the package index has; 40 s with
-    pip's download cache warm), into a temporary name renamed when complete; skipped, with pip's words, only where
-    pip cannot install it."""
-    want = _previous_torch_minor()
-    root = datacache.folder() or tmp_path_factory.mktemp("envs")
-    env = (
-        root
-        / "ab-envs"
-        / f"{want.replace('==', '-').replace('.*', '')}-py{sys.version_info.major}{sys.version_info.minor}"
-    )
-    py = env / "bin" / "python"
-    if not py.is_file():
-        building = env.with_name(f"{env.name}.{os.getpid()}")
-        shutil.rmtree(building, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(building)], check=True, timeout=120)
-        got = subprocess.run(
-            [str(building / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", want],
-            capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
-        if got.returncode != 0:
-            shutil.rmtree(building, ignore_errors=True)
-            pytest.skip(f"pip could not install {want} (exit {got.returncode}): {got.stderr.strip()[-600:]}")
-        here = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-        site = subprocess.run(
-            [str(building / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True, timeout=60,
-        ).stdout.strip()  # fmt: skip
-        (Path(site) / "zz_fusion_compare_deps.pth").write_text("\n".join(sorted(here)) + "\n", encoding="utf-8")
-        try:
-            building.rename(env)
-        except OSError:  # another process built it first
-            shutil.rmtree(building, ignore_errors=True)
-    return env / "bin" / "python"
+def other_torch() -> Path:
+    """The interpreter of ``tests.other_torch``'s environment (the previous torch minor release), built here where
+    ``make ci`` has not built it; skipped, with pip's words, only where pip cannot install it."""
+    why = other.build(sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}))
+    if why:
+        pytest.skip(why)
+    return other.python()
 
 
 @pytest.mark.slow
@@ -372,7 +332,7 @@ def test_ab_across_two_torch_minor_versions(other_torch: Path, tmp_path: Path) -
     assert doc is not None and status in (0, 1), status
     a_torch, b_torch = doc.a.versions["torch"], doc.b.versions["torch"]
     assert a_torch.split(".")[:2] != b_torch.split(".")[:2], (a_torch, b_torch)
-    assert b_torch.startswith(_previous_torch_minor().split("==")[1].removesuffix("*")), b_torch
+    assert b_torch.startswith(other.requirement().split("==")[1].removesuffix("*")), b_torch
     assert doc.a.versions["numpy"] == doc.b.versions["numpy"]  # the rest is this environment's
     assert [p.b.backend for p in doc.pairs] == ["torch-eager"]
     for p in doc.pairs:
