@@ -5,13 +5,15 @@ environment through a ``.pth`` file at the end of its path. Built once into ``.v
 (4.7 GB: the package index has only the CUDA build of an older torch, which runs on the CPU), under a temporary
 name renamed when complete.
 
-Standard library only, so that ``make ci`` builds it beside the other installs (``python tests/other_torch.py``),
-before the tests start: built inside the test session instead, it took one test worker 110 s under the other's
-load. The test builds it itself where it is missing, and skips, with pip's words, only where pip cannot install it.
+Standard library only, so that ``make ci`` builds it beside the other installs and the tests (``python
+tests/other_torch.py``): built inside the test session instead, it took one test worker 110 s under the other's load.
+One build at a time (a lock beside it): the test waits for one in progress, builds it itself where it is missing, and
+skips, with pip's words, only where pip cannot install it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -45,6 +47,19 @@ def _site(py: Path) -> Path:
 def build(layered: list[str]) -> str:
     """Build the environment unless it is there, and layer the site folders ``layered`` under it (rewritten each
     time: a test run by another interpreter than ``.venv``'s reads its own). "" when it is ready, else why not."""
+    with open(ENV.with_name(f"{ENV.name}.lock"), "w") as held:  # one build at a time: the test waits for make's
+        fcntl.flock(held, fcntl.LOCK_EX)
+        why = _build()
+    if why:
+        return why
+    layer = _site(python()) / LAYER
+    text = "".join(f"{s}\n" for s in layered)
+    if not layer.is_file() or layer.read_text(encoding="utf-8") != text:
+        layer.write_text(text, encoding="utf-8")
+    return ""
+
+
+def _build() -> str:
     if not (ENV / DONE).is_file():
         building = ENV.with_name(f"{ENV.name}.{os.getpid()}")
         shutil.rmtree(building, ignore_errors=True)
@@ -60,10 +75,6 @@ def build(layered: list[str]) -> str:
             building.rename(ENV)
         except OSError:  # another process built it first
             shutil.rmtree(building, ignore_errors=True)
-    layer = _site(python()) / LAYER
-    text = "".join(f"{s}\n" for s in layered)
-    if not layer.is_file() or layer.read_text(encoding="utf-8") != text:
-        layer.write_text(text, encoding="utf-8")
     return ""
 
 

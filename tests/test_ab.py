@@ -266,7 +266,10 @@ def test_a_worker_that_cannot_start_is_an_error_row_for_its_side(numpy_plain: st
 @pytest.mark.quiet  # a second thread needs a free core: in `make ci`, alone, after the two test workers are done
 def test_b_with_one_thread_is_slower_on_cpu_mlp(tmp_path: Path) -> None:
     """The issue's own case: B with one thread against A with two, torch-eager on ``cpu-mlp`` float32, slower beyond
-    the noise of the paired ratio (a CI machine's rounds spread +/-27% a side; B was slower in each of them)."""
+    the noise of the paired ratio (a CI machine's rounds spread +/-27% a side; B was slower in each of them). Where
+    ab finds no difference, the test measures what a second thread buys outside the tool: below 1.25x on a GEMM of
+    the case (a hyperthread sibling, a shared core), "same" is the right answer and the test skips saying so; above
+    it, ab missed a real difference and the test fails."""
     out = tmp_path / "ab"
     status = main(
         ["ab", "--preset", "cpu-mlp", "--backend", "torch-eager", "--no-profile", "--out", str(out),
@@ -281,8 +284,38 @@ def test_b_with_one_thread_is_slower_on_cpu_mlp(tmp_path: Path) -> None:
         if v.test != "slower":
             pytest.skip(f"other work held the cores: {doc.load.describe()}; B/A {v.ratio_cell}")
         assert v.timing == "ambiguous" and status == 0, (v, status)
+    elif not v.slower:  # a machine whose second thread buys little (a core's hyperthread sibling) has no finding
+        gain = _second_thread_gain()
+        if gain < SECOND_THREAD_GAIN:
+            pytest.skip(f"this machine's second thread buys {gain:.2f}x on a cpu-mlp GEMM; B/A {v.ratio_cell}")
+        pytest.fail(f"a second thread buys {gain:.2f}x on a cpu-mlp GEMM here, yet ab said {v} (exit {status})")
     else:
-        assert v.slower and status == 1, (v, status)
+        assert status == 1, (v, status)
+
+
+#: What a second thread must buy on a cpu-mlp GEMM, measured outside the tool, for ab's one-thread B to be slower.
+SECOND_THREAD_GAIN = 1.25
+
+
+def _second_thread_gain() -> float:
+    """The ``[1024, 768] @ [768, 3072]`` float32 GEMM's best of 7 with one thread over its best of 7 with two, in
+    this process, outside the tool: what the second thread buys on this machine now."""
+    import torch
+
+    x, w = torch.randn(1024, 768), torch.randn(768, 3072)
+    before, best = torch.get_num_threads(), {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            times = []
+            for _ in range(9):
+                t0 = time.perf_counter()
+                torch.matmul(x, w)
+                times.append(time.perf_counter() - t0)
+            best[n] = min(times[2:])
+    finally:
+        torch.set_num_threads(before)
+    return best[1] / best[2]
 
 
 @pytest.mark.standard
