@@ -24,8 +24,11 @@ from compare.results.ab import Side
 from compare.run import exitcodes, preflight, stop
 from compare.run.ab import Plan, run_ab, side_env
 from compare.run.ab_worker import ROOT
+from compare.run.store import CELLS, JSONL
 from compare.timing.timer import TimingConfig
 
+#: A run's files in a folder: where one is, ``report FOLDER`` renders the run, not an ``ab.json`` beside it.
+RUN_FILES = ("results.json", CELLS, JSONL)
 #: What an environment variable's name may be (``--a-env NAME=VALUE``).
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -99,8 +102,7 @@ def ab_file(path: Path) -> Path | None:
     run's files), or None: PATH is a run's."""
     if path.name == "ab.json":
         return path
-    runs = ("results.json", "cells.jsonl", "results.jsonl")
-    if path.is_dir() and (path / "ab.json").is_file() and not any((path / n).exists() for n in runs):
+    if path.is_dir() and (path / "ab.json").is_file() and not any((path / n).exists() for n in RUN_FILES):
         return path / "ab.json"
     return None
 

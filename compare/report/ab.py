@@ -70,7 +70,7 @@ def verdict(p: Pair, load: Load | None = None) -> Verdict:
         return Verdict(f"{NOT_TESTED}: {why}", f"{NOT_TESTED}: {why}", "-", False, lost)
     v = compare_timing(p.a.timing, p.b.timing)
     if v.verdict == NOT_TESTED:
-        return Verdict(not_tested(v.pairs), not_tested(v.pairs), "-", False, lost, v.ratio)
+        return Verdict(not_tested(v.pairs), not_tested(v.pairs), "-", False, lost)
     word = {SLOWER: SLOWER, FASTER: FASTER}.get(v.verdict, SAME)
     p_value = v.p_slower if v.ratio >= 1 else v.p_faster
     how = f"p {p_value:.2g}, {v.pairs} rounds, band +/-{v.tol:.0%}" if p_value is not None else v.design
@@ -91,7 +91,7 @@ def paired_verdicts(doc: ABResults) -> tuple[PairedVerdict, ...]:
     out = []
     for p in doc.pairs:
         v = verdict(p, doc.load)
-        if v.ratio is None or v.test.startswith(NOT_TESTED):
+        if v.ratio is None:  # a side not timed, or too few rounds to test
             continue
         baseline = f"{doc.a.commit[:7] or 'A'} ({_version(doc.a, p.framework)})"
         out.append(PairedVerdict(p.b.backend, p.b.case, p.b.mode, p.b.world_size, baseline, v.timing, v.ratio, v.p))
@@ -233,8 +233,8 @@ def render(doc: ABResults) -> str:
         "'ambiguous' a difference no larger than the machine's load explains (any, when others took over 10% of the "
         "cores: two processes' thread pools do not share a busy core alike), as `compare diff` says. Parity: each "
         "side's gate against the same golden data. Differences read B minus A. The sides' first calls (compile + run) "
-        "ran one after the other, in an order drawn per case and mode and shown in the row: with the same versions, the"
-        " second may find what the first compiled in the on-disk caches (Inductor's, Triton's, JAX's)."
+        "ran one after the other, in an order drawn per case and mode and shown in the row: with the same versions, "
+        "the second may find what the first compiled in the on-disk caches (Inductor's, Triton's, JAX's)."
     )
     errors = [
         f"- {s} {r.backend} {r.case} {r.mode}: {r.reason}"
