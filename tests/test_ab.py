@@ -11,6 +11,7 @@ timings."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -90,6 +91,30 @@ def test_an_idle_side_sleeps_unless_told_otherwise() -> None:
     assert side_env({}, {}) == QUIET_IDLE
     assert side_env({"OMP_WAIT_POLICY": "active"}, {})["OMP_WAIT_POLICY"] == "active"
     assert "KMP_BLOCKTIME" not in side_env({}, {"KMP_BLOCKTIME": "200"})
+
+
+@pytest.mark.quick
+def test_a_worker_keeps_its_main_thread_on_the_cpu_it_is_sent_while_timed() -> None:
+    """``Worker.place``: the calling thread alone is kept on the CPU (a thread started before keeps every CPU), one
+    it may not use leaves it where it is, and None gives it every CPU again."""
+    import threading
+
+    from compare.run.ab_worker import Worker
+
+    w, every = Worker(), os.sched_getaffinity(0)
+    seen: list[set[int]] = []
+    other = threading.Thread(target=lambda: (started.wait(10), seen.append(os.sched_getaffinity(0))))
+    started = threading.Event()
+    other.start()
+    try:
+        cpu = max(every)
+        assert w.place(cpu) == cpu and os.sched_getaffinity(0) == {cpu}
+        started.set()
+        other.join(10)
+        assert seen == [every]
+        assert w.place(max(every) + 1) is None and os.sched_getaffinity(0) == {cpu}
+    finally:
+        assert w.place(None) is None and os.sched_getaffinity(0) == every
 
 
 # ---- the verdicts, on made-up timings ----------------------------------------------------------------------------
@@ -196,6 +221,7 @@ def _trial() -> str:
     (p,) = doc.pairs
     assert p.a.status == "ok" and p.b.status == "ok", (p.a.reason, p.b.reason)
     assert p.a.timing is not None and p.b.timing is not None and p.a.timing.group == p.b.timing.group
+    assert p.a.extras["ab_cpu"] == p.b.extras["ab_cpu"] is not None  # both main threads on one CPU while timed
     return verdict(p).test
 
 

@@ -10,8 +10,11 @@ runs the shared timer's interleaved rounds (``compare.timing.timer.measure_inter
 rounds in an order drawn per round, the budget) over every backend of both sides, each block timed inside its
 worker by that worker's clock (:class:`RemoteEntrant`): the pipe is never inside a sample, only the decision of what
 runs next crosses it. The two timings of a backend share the group and its round numbers, so the paired signed-rank
-test compares them (``compare.timing.significance.compare_timing``). Last, each worker finishes its cells (profile,
-memory, its calls on the fresh draw judged) and sends back its results, to which the coordinator adds the timings.
+test compares them (``compare.timing.significance.compare_timing``). While timed, both workers' main threads stay on
+one CPU drawn per case and mode (``compare.run.ab_worker.Worker.place``: left to the scheduler, one side could stay
+the slower one for a whole trial, which no order of rounds undoes); the rows say which (``ab_cpu``). Last, each
+worker finishes its cells (profile, memory, its calls on the fresh draw judged) and sends back its results, to which
+the coordinator adds the timings.
 
 A side whose worker dies, hangs past a bound or cannot start is an ``error`` row for that side, with the worker's
 exit and the tail of its stderr; the other side's cells are kept, and the next case and mode starts a new worker.
@@ -232,16 +235,19 @@ def _group(remotes: Sequence[Remote], plan: Plan, case: Case, mode: str, seed: i
     group = timer.new_group_id(f"ab/{case.name}/{mode}")
     rng = random.Random(zlib.crc32(group.encode()))
     order = rng.sample(range(len(remotes)), len(remotes))  # which side's first calls run first: drawn per group
+    # the CPU both sides' main threads stay on while timed (``ab_worker.Worker.place``), drawn per group
+    cpu = rng.choice(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
+    placed: list[int | None] = [None, None]
     for k in order:
         r = remotes[k]
         stop.check()
         try:
             r.ensure()
-            job = {"op": "start", "case": to_json(case), "mode": mode, "backends": backends, "seed": seed}
+            job = {"op": "start", "case": to_json(case), "mode": mode, "backends": backends, "seed": seed, "cpu": cpu}
             got = r.ask(job, START_S)
             if "error" in got:
                 raise SideDown(f"its worker could not stage {case.name} {mode}: {got['error']}")
-            sha[k], first[k] = got["golden_sha256"], list(got["first_s"])
+            sha[k], first[k], placed[k] = got["golden_sha256"], list(got["first_s"]), got["cpu"]
         except SideDown as exc:
             out[k] = _errors(r.side.name, specs, case, mode, str(exc))
     if sha[0] is not None and sha[1] is not None and sha[0] != sha[1]:
@@ -269,7 +275,7 @@ def _group(remotes: Sequence[Remote], plan: Plan, case: Case, mode: str, seed: i
             if "error" in got:
                 raise SideDown(f"its worker could not finish {case.name} {mode}: {got['error']}")
             rows = [from_json(Result, d) for d in got["results"]]
-            staged = {"ab_staged": "first" if k == order[0] else "second"}
+            staged = {"ab_staged": "first" if k == order[0] else "second", "ab_cpu": placed[k]}
             out[k] = [
                 replace(res, timing=timed.get((k, i), res.timing), extras={**res.extras, **staged})
                 for i, res in enumerate(rows)

@@ -5,10 +5,11 @@ line each way (:class:`Channel`):
 
 - first, unasked, its handshake (:func:`handshake`): the protocol, the checkout it imported ``compare`` from, its
   commit, the interpreter and the package versions;
-- ``{"op": "start", "case", "mode", "backends", "seed"}``: the case's golden data hashed, then every backend staged
-  as a run stages it (``compare.run.harness.Staged``: first calls judged, the feed of the fresh draw of ``seed``,
-  which both sides share); answers ``{"golden_sha256", "first_s"}``, each timed backend's first-call seconds (None: not
-  timed, its result says why);
+- ``{"op": "start", "case", "mode", "backends", "seed", "cpu"}``: the case's golden data hashed, then every backend
+  staged as a run stages it (``compare.run.harness.Staged``: first calls judged, the feed of the fresh draw of
+  ``seed``, which both sides share), then the main thread placed on ``cpu`` until ``settle`` (:meth:`Worker.place`);
+  answers ``{"golden_sha256", "first_s", "cpu"}``, each timed backend's first-call seconds (None: not timed, its
+  result says why) and the CPU the main thread is on (None: it is not placed);
 - ``{"op": "block", "entrant", "calls"}``: one block of that backend timed here, by this process's clock
   (``compare.timing.timer.Entrant.block``): ``{"t0", "t1"}``; ``{"error"}`` when its step raised (its cell has
   failed);
@@ -43,7 +44,7 @@ from compare.run.harness import Staged
 from compare.run.pipeline import CaseReference
 
 #: The messages' layout; a coordinator refuses a worker of another (a checkout of an older or newer layout).
-PROTOCOL = 1
+PROTOCOL = 2
 #: Seconds a worker waits for its next message before it gives up on its coordinator and exits.
 IDLE_S = 900.0
 #: How often a bounded wait looks up (a ``check`` callback, the deadline).
@@ -119,9 +120,26 @@ class Worker:
     def __init__(self) -> None:
         self.staged: Staged | None = None
         self.plain: dict[tuple[str, bool], Any] = {}
+        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_setaffinity") else set()
+
+    def place(self, cpu: int | None) -> int | None:
+        """Keep the main thread (the one that calls the steps; all of a one-thread side's work) on ``cpu`` from now,
+        or let it run anywhere it may again (None); returns the CPU it is kept on. The coordinator sends both sides
+        the same CPU, drawn per case and mode. Two workers left to the scheduler move and wake on different cores,
+        and a side can stay the slower one for a whole trial: A/A trials of numpy-plain on ``tiny`` on a 2-core VM,
+        one thread a side, had a trial-to-trial spread of B/A of 5 to 9% and 3 and 8 of 60 called different (up to
+        1.33x); with both main threads kept on one CPU while timed, 1.6% and 0 of 60 (3.9% and 0 of 40 with a busy
+        loop on one core). Placed only after staging, so the thread pools a backend starts on its first calls keep
+        every CPU (a thread started later inherits the main thread's one); a CPU this process may not use leaves it
+        where it is."""
+        if not self.cpus or (cpu is not None and cpu not in self.cpus):
+            return None
+        os.sched_setaffinity(0, self.cpus if cpu is None else {cpu})  # 0: this thread alone (Linux)
+        return cpu
 
     def start(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.staged = None  # the previous group's steps released first
+        self.place(None)
         case, mode = from_json(Case, msg["case"]), msg["mode"]
         sha = golden.data_sha256(case)
         key = (case.name, mode != "fwd")
@@ -130,7 +148,8 @@ class Worker:
         reference = CaseReference(case, int(msg["seed"]), key[1])
         self.staged = Staged([_spec(b) for b in msg["backends"]], case, mode, self.plain[key], reference)
         entrants = [self.staged.entrant(i) for i in range(len(self.staged.cells))]
-        return {"golden_sha256": sha, "first_s": [e.first_call_s if e is not None else None for e in entrants]}
+        first_s = [e.first_call_s if e is not None else None for e in entrants]
+        return {"golden_sha256": sha, "first_s": first_s, "cpu": self.place(msg.get("cpu"))}
 
     def block(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.staged is not None, "block before start"
@@ -147,6 +166,7 @@ class Worker:
 
     def settle(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.staged is not None, "settle before start"
+        self.place(None)
         results = self.staged.settle(bool(msg.get("profile")), bool(msg.get("memory")))
         self.staged = None
         return {"results": [to_json(r) for r in results]}
