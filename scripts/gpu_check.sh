@@ -11,7 +11,7 @@
 #                      spill and shared-memory bill: catches a broken kernel before device time is spent (70 s)
 #                      dry run: sm_90, bf16 only
 #   3 tests            the whole suite on CUDA, no -x: every failure is listed (160 s)
-#                      dry run: the GPU-marked tests (they skip, saying why) and the Triton mode tests
+#                      dry run: the GPU-marked blog-kernel tests (they skip, saying why; the suite runs the rest)
 #   4 report           blog-mlp bf16, every backend, fwd / bwd / fwd+bwd, kernel counts, traces and memory (saved
 #                      for backward against the cost model, peak from the device allocators) (120 s)
 #                      dry run: tiny bf16 fwd, torch-eager, a short budget, with its memory
@@ -136,7 +136,7 @@ step environment 10 environment.txt bash -c env_report
 
 if [ "$DRY" = 1 ]; then
   step gpu-build 90 gpu_build.log "$PY" -m compare gpu-build --arch sm_90 --dtype bfloat16 --out "$OUT_DIR/gpu-build"
-  step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_blog_kernels.py tests/test_triton_env.py
+  step tests 200 tests.log "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_blog_kernels.py
   step report 130 run.log "$PY" -m compare run --preset tiny --dtype bfloat16 --mode fwd --backend torch-eager \
     --budget 0.05 --no-plots --memory --out "$OUT_DIR/report"
   skip bandwidth "needs CUDA (dry run)"
