@@ -63,11 +63,12 @@ lint: env
 	$(VENV)/bin/mypy
 
 # pytest-xdist: two worker processes, each test module on one of them (its shared fixtures, such as a TP worker
-# group, start once; the long parity and seed sweeps are split into modules by framework and preset), each worker
+# group, start once; the long parity and seed sweeps are split into modules by framework and preset), handed out in
+# collection order (the longest modules first: tests/conftest.py, LONG_FIRST), each worker
 # with one thread per pool (tests/conftest.py: ONE_THREAD_ENV; N workers of N threads on N cores starve each other).
 # PYTEST_WORKERS=0 runs in this process, with the default thread counts.
 PYTEST_WORKERS ?= 2
-PYTEST_PAR := -n $(PYTEST_WORKERS) --dist loadfile
+PYTEST_PAR := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The quick loop for every edit: lint, format, types and the quick tier of the tests (every test has a tier marker,
 # tests/conftest.py refuses one without; no compile at a new shape, no worker process). Under a minute on 2 cores

@@ -55,23 +55,32 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault(name, value)
 
 
-#: The test modules that take longest on 2 cores (measured), longest first: collected first, so that pytest-xdist,
-#: which hands each worker one module at a time in collection order, starts them first and the short ones fill the
-#: gaps (longest first keeps the last module to finish short). A stale list costs minutes, never a result.
+#: The test modules that take longest on 2 cores, longest first (seconds of test time in `make ci`'s main session,
+#: fresh caches, under the AVX2 caps): collected first, so that pytest-xdist, which hands each worker one module at a
+#: time in collection order (the Makefile's ``--no-loadscope-reorder``: by default it orders modules by their number
+#: of tests, which put the 40 s one-test TP modules last), starts them first and the short ones fill the gaps (longest
+#: first keeps the last module to finish short). A stale list costs minutes, never a result.
 LONG_FIRST: tuple[str, ...] = (
-    "test_parity_torch_compile_max_autotune",  # slow tier only: 7 min with cold Inductor caches
-    "test_faults",
-    "test_ray_sweep",
-    "test_parity_jax",
-    "test_parity_torch_compile",
-    "test_parity_torch",
-    "test_controls",
-    "test_tp_jax",
-    "test_tp_torch",
-    "test_tp_launch",
-    "test_cli",
-    "test_pallas_ops",
-    "test_triton_env",
+    "test_faults",  # 115
+    "test_parity",  # 65
+    "test_ray_sweep",  # 59
+    "test_ab",  # 55
+    "test_fastest",  # 46
+    "test_parity_jax",  # 45
+    "test_tp_torch",  # 45
+    "test_parity_torch_compile",  # 43
+    "test_inductor_cache",  # 43
+    "test_tp_jax",  # 40
+    "test_gpu_check",  # 39
+    "test_seeds",  # 36
+    "test_parity_torch_compile_odd",  # 33
+    "test_parity_jax_odd",  # 29
+    "test_robustness",  # 27
+    "test_gpu_build",  # 27
+    "test_triton_env",  # 26
+    "test_tp_hosts",  # 23
+    "test_cli",  # 22
+    "test_controls",  # 22
 )
 
 
