@@ -107,6 +107,7 @@ test-quiet: env
 # both tiers' modules; the wheel check, mostly installs, beside them), then the `isa` pass under capped instruction
 # sets, then the timer's accuracy alone. The two environments install side by side, as the first targets' needs.
 ci:
+	@df -h . | tail -n 1 | awk '{print "make ci: " $$4 " free on the disk of the checkout"}'
 	$(MAKE) --no-print-directory -j4 lint test-triton36 test-every wheel-check other-torch
 	$(MAKE) --no-print-directory test-isa
 	$(MAKE) --no-print-directory test-quiet
@@ -115,10 +116,10 @@ test-every: env
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PAR) -m "not quiet"
 
 # The previous torch minor release's environment for tests/test_ab.py's A/B across two torch versions (tests/
-# other_torch.py: 4.7 GB, into .venv-torch-prev, once), built in make ci beside the installs and the tests (a test
-# that needs it waits for it); the test builds it itself where it is missing. Never fails: where pip cannot install
-# it, the test says why it skips.
-other-torch:
+# other_torch.py: 4.7 GB, into .venv-torch-prev, once), built in make ci after the project's environment, beside the
+# tests (a test that needs it waits for it); the test builds it itself where it is missing. Never fails: where pip
+# cannot install it, or the disk has not the room for it, the test says why it skips.
+other-torch: $(VENV)/.installed
 	$(PYTHON) tests/other_torch.py
 
 # The package as a user gets it: the wheel built from the working tree, installed with the pinned stack into a fresh

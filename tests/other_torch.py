@@ -1,6 +1,7 @@
 """The second environment of ``tests/test_ab.py``'s A/B across two torch versions: the torch minor release before
 the one ``constraints/cpu.txt`` pins, installed by pip as a user would (its own dependencies, Triton's among them;
-``--no-compile``: 26 s against 37 s here), and everything else, this checkout's dependencies, read from the test's
+``--no-compile``: 26 s against 37 s here; ``--no-cache-dir``: 21 s, and no 3.3 GB copy of its wheels left in pip's
+cache), and everything else, this checkout's dependencies, read from the test's
 environment through a ``.pth`` file at the end of its path. Built once into ``.venv-torch-prev`` beside ``.venv``
 (4.7 GB: the package index has only the CUDA build of an older torch, which runs on the CPU), under a temporary
 name renamed when complete.
@@ -8,7 +9,9 @@ name renamed when complete.
 Standard library only, so that ``make ci`` builds it beside the other installs and the tests (``python
 tests/other_torch.py``): built inside the test session instead, it took one test worker 110 s under the other's load.
 One build at a time (a lock beside it): the test waits for one in progress, builds it itself where it is missing, and
-skips, with pip's words, only where pip cannot install it.
+skips, with pip's words, only where pip cannot install it, or where the disk has not the room for it beside
+what ``make ci`` installs and caches next to it (a full disk fails every install at once: the CI's main environment
+failed so).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = ROOT / ".venv-torch-prev"
 #: The file that marks a complete build; the ``.pth`` file that layers the test's environment under it.
 DONE, LAYER = ".installed", "zz_fusion_compare_deps.pth"
+#: Free disk, in GiB, that the build needs: pip's peak, 5.8 GiB (4.6 once installed), measured on 2.12.1, and
+#: what runs beside it in ``make ci`` (the wheel check's fresh environment, 3.2 GiB, and the tests' caches).
+ROOM_GIB = 6 + 5
 
 
 def requirement() -> str:
@@ -61,11 +67,16 @@ def build(layered: list[str]) -> str:
 
 def _build() -> str:
     if not (ENV / DONE).is_file():
+        free = shutil.disk_usage(ROOT).free / 2**30
+        if free < ROOM_GIB:
+            return (
+                f"{free:.1f} GiB free on the disk; the second torch environment takes {ROOM_GIB} (tests/other_torch.py)"
+            )
         building = ENV.with_name(f"{ENV.name}.{os.getpid()}")
         shutil.rmtree(building, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(building)], check=True, timeout=120)
         want = requirement()
-        pip = [str(building / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
+        pip = [str(building / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", "--no-cache-dir"]
         got = subprocess.run([*pip, "--disable-pip-version-check", want], capture_output=True, text=True, timeout=900)
         if got.returncode != 0:
             shutil.rmtree(building, ignore_errors=True)

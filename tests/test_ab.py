@@ -379,6 +379,22 @@ def other_torch() -> Path:
     return other.python()
 
 
+@pytest.mark.quick
+def test_the_second_torch_is_not_built_where_the_disk_has_not_the_room(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A full disk fails every install at once, the project's own among them: the build says why it did not start
+    (the test then skips with it) and writes nothing but its lock."""
+    env = tmp_path / ".venv-torch-prev"
+    monkeypatch.setattr(other, "ENV", env)
+    monkeypatch.setattr(
+        other.shutil, "disk_usage", lambda _: other.shutil._ntuple_diskusage(2**40, 2**40 - 2**30, 2**30)
+    )
+    why = other.build([])
+    assert why.startswith("1.0 GiB free on the disk;") and str(other.ROOM_GIB) in why, why
+    assert [p.name for p in tmp_path.iterdir()] == [f"{env.name}.lock"]
+
+
 @pytest.mark.slow
 def test_ab_across_two_torch_minor_versions(other_torch: Path, tmp_path: Path) -> None:
     """A: this environment's torch; B: the previous minor release. Both judged ok against the same golden data, their
