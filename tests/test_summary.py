@@ -4,16 +4,22 @@ noise), and the fusion headroom next to what fused backends saved. Built from a 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from compare.cost.model import cost
 from compare.formats.codec import from_json, to_json
+from compare.gate import resolution
+from compare.gate.parity import Plain
 from compare.kernels import summary as ks
 from compare.problem.cases import Case, Shape
+from compare.problem.reference import round_to_dtype
 from compare.report.cost import fusion_benefit, fusion_section
 from compare.report.render import files
+from compare.report.resolution import resolution_section
 from compare.report.summary import summary_section
 from compare.results.document import Results
 from compare.timing.significance import MIN_PAIRS
@@ -122,6 +128,28 @@ def test_summary_line_says_parity_resolution_fastest_and_headroom() -> None:
     assert "Fastest: torch-compile 500 us, 2.00x torch-eager (significant; separate windows, unpaired)" in text
     # per framework: torch's own baseline; jax-xla fails and jax's baseline did not run, so jax has no headroom
     assert "Fusion headroom: torch: 10% of torch-eager's kernel time (100 us a step); jax: not measured" in text
+
+
+def test_a_tensor_too_large_to_bisect_has_its_resolution_said_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above ``MAX_ELEMENTS`` the bisection is not run (a real layer's weight gradients took it past 15 minutes): the
+    row says so, the details' table says so, and the summary claims no resolution rather than "no scale error"."""
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((7, 11))
+    plain = Plain({"y": round_to_dtype(ref * (1 + 1e-3 * rng.standard_normal(ref.shape)), "bfloat16")})
+    x, twin = np.zeros((1, 1, 3)), {"y": ref * (1 + 1e-3 * rng.standard_normal(ref.shape))}
+    rows = {}
+    for cap in (ref.size, ref.size - 1):
+        monkeypatch.setattr(resolution, "MAX_ELEMENTS", cap)
+        (rows[cap],) = resolution.resolution_rows("c", "module", "module 1x7x3->11", "bfloat16", (x, {}, x), {"y": ref},
+                                                  plain, ["y"], lambda *_: twin)  # fmt: skip
+    measured, big = rows[ref.size], rows[ref.size - 1]
+    assert measured.scale_resolution is not None and measured.note != resolution.NOT_MEASURED
+    assert big.scale_resolution is None and big.note == resolution.NOT_MEASURED
+    assert "| not measured: more than" in resolution_section([big]) and "none (" not in resolution_section([big])
+    doc = _doc(fast=0.5e-3)
+    doc = replace(doc, resolution=(replace(big, case=doc.resolution[0].case, tensor="y"),))
+    text = summary_section(doc)
+    assert "parity **FAIL**: jax-xla (y:scale); 2 other(s) pass" in text and "scale error" not in text
 
 
 def test_a_difference_within_noise_is_not_a_speedup() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from compare.formats.markdown import table
-from compare.gate.resolution import ResolutionRow
+from compare.gate.resolution import NOT_MEASURED, ResolutionRow
 
 #: The section's title.
 RESOLUTION = "What a pass means: the gate's resolution"
@@ -13,7 +13,7 @@ RESOLUTION = "What a pass means: the gate's resolution"
 
 def _pct(s: float | None, note: str) -> str:
     if s is None:
-        return f"none ({note})"
+        return note if note == NOT_MEASURED else f"none ({note})"
     text = f"{s:.2g}" if s < 1e-4 else f"{s * 100:.2g}%"
     return f"< {text}" if note == "below" else f">= {text}"
 

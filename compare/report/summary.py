@@ -36,7 +36,7 @@ from typing import Any
 
 from compare.backends.registry import BACKENDS, DEFAULT_BASELINE, MODULE_BASELINE, baseline_of, framework_baseline
 from compare.formats.markdown import case_label, fmt_s, si, table
-from compare.gate.resolution import ResolutionRow
+from compare.gate.resolution import NOT_MEASURED, ResolutionRow
 from compare.problem.cases import ModuleFile, Weights
 from compare.report.cells import mib, signed_s
 from compare.report.cost import MEASURED, UNMEASURED, ceilings_for, fusion_benefit, kernel_time_split, measured_saved
@@ -169,7 +169,7 @@ def _parity(rows: list[Result], resolution: tuple[ResolutionRow, ...]) -> str:
     verdict = "; ".join(parts) + f"; {len(passing)} other(s) pass" if parts else f"all {len(judged)} pass"
     case = rows[0].case
     res = next((x for x in resolution if x.case == case and x.tensor == "y"), None)
-    if res:
+    if res and res.note != NOT_MEASURED:
         s = res.scale_resolution
         size = (
             "no scale error"
