@@ -9,7 +9,7 @@ import pytest
 from compare.backends.registry import spec
 from compare.formats.codec import from_json, to_json
 from compare.gate import fresh
-from compare.gate.parity import UnusableCase
+from compare.gate.parity import Plain, UnusableCase, tensor_stats
 from compare.problem.cases import PRESETS
 from compare.problem.golden import golden_for
 from compare.problem.reference import round_to_dtype
@@ -247,3 +247,34 @@ def test_a_cache_keyed_on_its_inputs_identity_never_escapes() -> None:
         escaped += not any(wrong[:2])
     assert caught == 200
     assert 20 < escaped < 80, escaped
+
+
+def test_kept_outputs_are_held_exactly_in_the_narrowest_type() -> None:
+    """A step's kept outputs are held in 2 bytes an element when they are 16-bit values (a real layer's gradients
+    are hundreds of millions of them), and a value no narrower type holds stays as it was: the gate reads the bits
+    the step returned."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(1000)
+    tensors = {k: round_to_dtype(a, k).astype(np.float64) for k in ("bfloat16", "float16", "float32")}
+    tensors["float64"] = a
+    tensors["with nan"] = np.array([np.nan, 1.0, np.inf])
+    tensors["past float16"] = np.array([7e4, 1.0 + 2.0**-10])  # neither 16-bit type holds both
+    held = fresh.compact(tensors)
+    assert {k: v.dtype.itemsize for k, v in held.items()} == {
+        "bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "with nan": 2, "past float16": 4,
+    }  # fmt: skip
+    for k, v in tensors.items():
+        assert np.array_equal(held[k].astype(np.float64), v, equal_nan=True), k
+
+
+def test_the_plain_statistics_are_computed_once_per_reference() -> None:
+    """Every output judged against one reference reuses its plain computation's statistics; another reference
+    array (a fresh draw's, or the same values in a new array) gets its own."""
+    rng = np.random.default_rng(1)
+    ref = {"y": rng.standard_normal((64, 48))}
+    plain = Plain({"y": round_to_dtype(ref["y"], "bfloat16")})
+    first = tensor_stats(ref, plain, "y")
+    assert tensor_stats(ref, plain, "y") is first
+    other = {"y": ref["y"] * 2.0}  # a control: the memo must not answer for it
+    assert tensor_stats(other, plain, "y").scale == 2.0 * first.scale
+    assert tensor_stats(ref, plain, "y") == first and tensor_stats(ref, plain, "y") is not first

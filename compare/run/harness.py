@@ -388,6 +388,7 @@ def _verdict(c: _Cell, seed: int, reference: fresh.FreshReference | None) -> Res
         return c.done
     assert reference is not None
     copies = pipeline.verdicts(c.first, c.calls, c.made, reference, c.spec, c.case, c.mode, seed, c.by_device)
+    c.calls = []  # judged: their outputs are not held while the next cell's are
     found, record = pipeline.findings(copies, c.by_device), pipeline.parity_record(copies)
     return pipeline.result(
         c.spec, c.case, c.mode, found, c.kept, record, c.timing, c.kernels, c.extras, cold=c.cold, memory=c.memory
@@ -510,6 +511,7 @@ class Groups:
             try:
                 plain = plain_reference(case, backward=backward)
                 rows = case_resolution(case, plain, modes)
+                plain.unrounded = None  # the resolution rows' alone: not held through the case's cells
                 self.resolution += rows
                 if self.store is not None:
                     self.store.resolution(rows)

@@ -288,14 +288,15 @@ class Feed:
 
 def _in_draw_order(tensors: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
     """A call's outputs put back in the draw's token order (``y`` and ``dx`` per token; weight gradients as they
-    are)."""
+    are), in the types they are held in (``compare.gate.fresh.compact``: the gate reads one tensor at a time in
+    float64)."""
     out = {}
     for k, v in tensors.items():
         if k in ("y", "dx"):
             back = np.empty_like(v.reshape(len(order), -1))
             back[order] = v.reshape(len(order), -1)
             v = back.reshape(v.shape)
-        out[k] = v.astype(np.float64)
+        out[k] = v
     return out
 
 
