@@ -12,6 +12,7 @@ import copy
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -222,8 +223,11 @@ def test_too_large_names_bytes_needed_and_available(
     ]
     assert main.main(args) == 2
     line = _one_line_error(capsys.readouterr().err)
-    need = Case("geglu", Shape(100000000, 1, 100000, 8), "float32").estimated_bytes()
-    assert f"({need:,} bytes) of memory" in line and "bytes) are available" in line
+    case = Case("geglu", Shape(100000000, 1, 100000, 8), "float32")
+    found = re.search(r"needs at least .* \(([\d,]+) bytes\) of memory .* for each of the (\d+) backends ", line)
+    assert found is not None and "bytes) are available" in line, line
+    need, timed = int(found[1].replace(",", "")), int(found[2])
+    assert timed >= 5 and need == preflight.held_bytes(case, timed, backward=False) > case.estimated_bytes()  # fwd
 
 
 @pytest.mark.parametrize(
@@ -257,8 +261,30 @@ def test_memory_estimate_bounds_the_golden_data() -> None:
         assert held < case.estimated_bytes() < 20 * held
     small = PRESETS["tiny"].case("float32")
     with pytest.raises(InputError, match=r"needs at least .* but only 1 kB \(1,000 bytes\) are available \(test\)"):
-        preflight.check_memory([small], (1000, "test"))
-    preflight.check_memory([small], (small.estimated_bytes(), "test"))
+        preflight.check_memory([small], available=(1000, "test"))
+    preflight.check_memory([small], available=(small.estimated_bytes(), "test"))
+
+
+def test_the_backends_timed_together_count_in_the_memory_needed() -> None:
+    """A run holds per backend timed together a copy of the inputs and weights and the outputs it keeps to judge: a
+    size whose golden data fits can still be refused for them, naming how many (a real layer through five backends
+    needs several times its golden data), and is accepted with one backend where that fits."""
+    from compare.backends.registry import spec
+
+    case = Case("swiglu", Shape(1, 16, 4096, 14336), "bfloat16")
+    five = [spec(b) for b in ("torch-eager", "torch-compile", "jax-xla", "jax-unfused", "torch-eager-remat")]
+    assert all(case.model in s.models for s in five)
+    need = preflight.held_bytes(case, 5, backward=True)
+    assert need > 4 * case.estimated_bytes()
+    assert preflight.held_bytes(case, 5, backward=False) < need / 2  # the forward keeps y alone
+    room = (need - 1, "test")
+    preflight.check_memory([case], available=room)  # no backends named: the golden data alone fits
+    with pytest.raises(InputError, match=r"for each of the 5 backends timed together.* or fewer backends$"):
+        preflight.check_memory([case], five, available=room)
+    preflight.check_memory([case], five[:1], available=room)
+    tp = spec("torch-tp-manual")
+    assert tp.runtime and preflight.held_bytes(case, 1, True) < need  # a worker group holds its own, elsewhere
+    preflight.check_memory([case], [tp, *five[:1]], available=room)
 
 
 def test_available_memory_is_read() -> None:

@@ -62,7 +62,8 @@ def cmd_run(a: argparse.Namespace) -> int:
                 raise InputError(f"--shape-sweep token counts must be positive integers, got {t}")
         check_unique("--shape-sweep token count", [str(t) for t in a.shape_sweep])
         shape_sweep_cases = [case_for_tokens(c, t) for c in cases for t in a.shape_sweep]
-    preflight.check_memory([*cases, *shape_sweep_cases])
+    preflight.check_memory(cases, specs, any(m != "fwd" for m in modes))
+    preflight.check_memory(shape_sweep_cases)
     preflight.check_golden(cases)
     out = preflight.prepare_out_dir(Path(a.out))
     history = history_command.target(a)

@@ -246,15 +246,24 @@ class Case:
         backends' own copies (framework tensors, compiled buffers, device memory) come on top and are not counted.
         """
         t = self.shape.tokens
-        n_in = t * self.shape.dim
-        n_out = t * self.output_shape()[-1]
-        n_w = sum(math.prod(shape) for shape in self.weight_shapes().values())
+        n_in, n_out, n_w = self.elements()
         n_hidden = {"linear": 0, "gelu-mlp": 4}.get(self.model, 8)  # [tokens, hidden] intermediates
         n_work = n_hidden * t * self.shape.hidden + n_in + n_out
-        stored = 4 * (n_in + n_out + n_w) + 8 * (n_out + n_in + n_w)  # golden f32 inputs/weights, f64 reference
         reference_work = 8 * n_work
         plain = 4 * (n_out + n_in + n_w) + 4 * n_work
-        return stored + max(reference_work, plain)
+        return self.golden_bytes() + max(reference_work, plain)
+
+    def elements(self) -> tuple[int, int, int]:
+        """``(x, y, weights)``: the elements of the input ``x`` (and of ``dx``), of the output ``y`` (and of ``dy``)
+        and of all the weights together (and of their gradients)."""
+        n_w = sum(math.prod(shape) for shape in self.weight_shapes().values())
+        return math.prod(self.input_shape()), math.prod(self.output_shape()), n_w
+
+    def golden_bytes(self) -> int:
+        """What the golden data holds for the whole case: its inputs and weights (float32) and its float64 reference
+        output and gradients."""
+        n_in, n_out, n_w = self.elements()
+        return 4 * (n_in + n_out + n_w) + 8 * (n_out + n_in + n_w)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ what a group gathers). In order:
    :class:`~compare.results.document.Result` with what it keeps of its step (:class:`Kept`), timing, kernels, cost.
 
 A *copy* is ``(device, tensors)``: one device's copy of a step's outputs, ``{"y": [batch, seq, out], "dx": [batch,
-seq, dim], "d<param>": <param's shape>}`` as float64 arrays (float32 where that loses nothing, in a :class:`Feed`),
+seq, dim], "d<param>": <param's shape>}`` as float64 arrays (the narrowest exact type, in a :class:`Feed`),
 only the tensors the mode checks (``compare.run.cell.MODE_TENSORS``).
 """
 
@@ -200,7 +200,7 @@ class Feed:
     Which outputs it keeps (:data:`JUDGED`, and one more among the calls on a slot bound before) is drawn after each
     block returned (reservoir sampling): the step cannot know which calls are judged. Cost: a gather of ``x`` and
     ``dy`` per call outside the timed window (``cpu-mlp``: 3 MiB each), for ``bwd`` the runner's forward per call,
-    and :data:`JUDGED` outputs held (float32) until the reference exists.
+    and :data:`JUDGED` outputs held (in the dtype's width, ``compare.gate.fresh.compact``) until the reference exists.
 
     What it cannot see: a case of few tokens has few orders (``T!``): the feed binds each order once while one is new
     (it remembers them up to :data:`REMEMBERED_TOKENS` tokens; above, two alike are rarer than a 64-bit collision),

@@ -14,15 +14,16 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from compare.backends.registry import module_file
+from compare.backends.registry import BackendSpec, module_file
 from compare.formats.atomic import write_bytes_new
 from compare.formats.markdown import si
 from compare.problem import checkpoint, golden
 from compare.problem.cases import Case, InputError
 from compare.results import environment
+from compare.run.pipeline import JUDGED
 
 LOCK_FILE = ".lock"
 
@@ -121,8 +122,30 @@ def lock_folder(path: Path, command: str = "run") -> Iterator[None]:
         os.close(fd)
 
 
-def check_memory(cases: Iterable[Case], available: tuple[int, str] | None = None) -> None:
-    """Refuse a case whose :meth:`~compare.problem.cases.Case.estimated_bytes` exceed the memory available now.
+def held_bytes(case: Case, timed: int, backward: bool) -> int:
+    """What a run holds for certain at the end of timing ``timed`` backends of ``case`` together (in one process),
+    beside the frameworks' own tensors: the golden data (:meth:`~compare.problem.cases.Case.golden_bytes`) and its
+    plain computation's outputs and gradients (float32), and per backend the copy of the inputs and weights its
+    ``prepare`` got (float32: ``Golden.problem``) and the outputs its feed keeps to judge
+    (``compare.run.pipeline.JUDGED`` and one more, in the dtype's width: ``compare.gate.fresh.compact``). A lower
+    bound: a Llama 3 8B layer (bfloat16, 16 tokens, fwd+bwd) through the five module backends holds at least 11.6 GB by
+    it, and peaked at 16.8 GB."""
+    n_in, n_out, n_w = case.elements()
+    judged = n_out + (n_in + n_w if backward else 0)  # y, and dx and each weight's gradient with a backward
+    width = 4 if case.dtype == "float32" else 2
+    per_backend = 4 * (2 * n_in + n_out + n_w) + (JUDGED + 1) * width * judged  # x, dy, weights; kept outputs
+    return case.golden_bytes() + 4 * judged + timed * per_backend
+
+
+def check_memory(
+    cases: Iterable[Case],
+    specs: Sequence[BackendSpec] = (),
+    backward: bool = True,
+    available: tuple[int, str] | None = None,
+) -> None:
+    """Refuse a case whose :meth:`~compare.problem.cases.Case.estimated_bytes`, or with ``specs`` timed together in
+    this process (those that implement its model; a tensor-parallel one runs in its own workers) its
+    :func:`held_bytes`, exceed the memory available now.
 
     Cases run one after another, so each is checked alone. Where the available memory cannot be read, nothing is
     refused.
@@ -132,12 +155,15 @@ def check_memory(cases: Iterable[Case], available: tuple[int, str] | None = None
         return
     free, source = available
     for case in cases:
-        need = case.estimated_bytes()
+        timed = sum(case.model in s.models and not s.runtime for s in specs)
+        need = max(case.estimated_bytes(), held_bytes(case, timed, backward))
         if need > free:
+            each = f" and, for each of the {timed} backends timed together, its inputs, weights and kept outputs"
             raise InputError(
                 f"case {case.name} needs at least {si(need, 'B')} ({need:,} bytes) of memory for its "
-                f"golden data, float64 reference and plain computation, but only {si(free, 'B')} "
-                f"({free:,} bytes) are available ({source}); choose smaller sizes"
+                f"golden data, float64 reference and plain computation{each if timed else ''}, but only "
+                f"{si(free, 'B')} ({free:,} bytes) are available ({source}); choose smaller sizes"
+                f"{' or fewer backends' if timed > 1 else ''}"
             )
 
 
