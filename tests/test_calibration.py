@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from compare.formats.codec import from_json, to_json
-from compare.gate.parity import WHERE_FAIL, PlainStats, TensorParity, check_tensor, tensor_stats
+from compare.gate.parity import WHERE_FAIL, WHERE_MIN, PlainStats, TensorParity, check_tensor, tensor_stats
 from compare.problem.cases import Case, committed_cases
 from compare.problem.golden import golden_for
 from compare.problem.reference import SIGNIFICAND_BITS, round_to_dtype
@@ -123,3 +123,19 @@ def test_a_parity_document_from_before_the_where_check_reads_back() -> None:
     assert isinstance(d.pop("where_ratio"), float)
     old = from_json(TensorParity, d)
     assert old.where_ratio is None and to_json(old) == d
+
+
+@pytest.mark.parametrize(("n", "judged"), [(96, False), (10 * WHERE_MIN - 10, False), (10 * WHERE_MIN - 9, True)])
+def test_the_where_check_needs_enough_small_elements(n: int, judged: bool) -> None:
+    """The same gathered error (four times the rest's on the smallest tenth, the rms past its pass line) fails the
+    ``where`` check only where that tenth holds :data:`WHERE_MIN` elements or more: over fewer, one element decides
+    the ratio (a 96-element bias gradient summed in float16 reached 2.17 on one fresh draw)."""
+    rng = np.random.default_rng(7)
+    ref = rng.standard_normal(n) * 10.0
+    plain = round_to_dtype(ref, "float16")
+    e = rng.standard_normal(n) * 0.05  # past the rms pass line: the where check is active
+    e[np.argsort(np.abs(ref))[: -(-n // 10)]] *= 4.0
+    y = round_to_dtype(ref + e, "float16")
+    t = check_tensor("db2", y, ref, plain, "float16")
+    assert t.rms_err > t.rms_bound and t.where_ratio is not None and t.where_ratio > WHERE_FAIL, t
+    assert ("where" in t.failed) is judged, t.why

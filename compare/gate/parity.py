@@ -48,7 +48,8 @@ beyond noise but below a unit roundoff), reported with its numbers and, where on
     (:func:`small_ref_share`). Rounding error scales with ``|y_ref|``, so an honest result's error is thinnest
     there; an error that is largest there is one that did not come from rounding (the smallest outputs zeroed,
     flushed or cut off). Judged only when the rms error is beyond its pass line (an error at noise level never
-    trips it, whatever its shape): then fail beyond :data:`WHERE_FAIL`; otherwise pass. It has no deviates tier.
+    trips it, whatever its shape) and the tenth holds :data:`WHERE_MIN` elements or more: then fail beyond
+    :data:`WHERE_FAIL`; otherwise pass. It has no deviates tier.
 ``dtype``
     every value is representable in the case dtype (a backend that returns the float64 answer, or computes in a
     wider type than it reports, cannot fake this), and the values use the dtype's precision: an output whose values
@@ -143,6 +144,12 @@ WHERE_PART = 10
 #: than rounding error elsewhere (it needs the rms error past its pass line), an error spread evenly over every
 #: element (ratio 1: that is the rms check's), and a wrong set of elements that are not among the smallest tenth.
 WHERE_FAIL = 2.0
+#: The ``where`` check is judged only when the smallest tenth holds at least this many elements (a tensor of 631 or
+#: more): over fewer, one element decides the ratio. A bias gradient summed over the tokens in a 16-bit dtype (96
+#: elements: JAX's GPT-2 MLP ``db2`` on ``tiny`` float16) has its errors spread evenly (ratio 1.0 at the median,
+#: 1.61 the largest of 600 fresh draws), but once put its largest error on one of the 10 smallest values: 2.17, a
+#: fail in CI. What it gives up: the ``where`` check on such small tensors (max and rms still judge them).
+WHERE_MIN = 64
 #: Fewest terms a sample variance needs (``g / (g - 1)``): over fewer elements (or clusters: rows, columns) the
 #: clustered variance is 0, so a tensor of fewer elements has shift and scale standard errors of 0 and every bias
 #: lies infinitely many of them from noise (a pass line of 0). :func:`check_judgeable` refuses such a case up front.
@@ -598,13 +605,14 @@ def check_tensor(
     dm, db = _beyond(m, m_p), _beyond(b, b_p)
     scale_tier = "fail" if paired > scale_fail else ("deviates" if db > scale_bound else "pass")
     w = small_ref_share(e, ref64)
+    gathered = w > WHERE_FAIL and -(-n // WHERE_PART) >= WHERE_MIN  # beyond the line, over enough elements
     checks = [
         Check("max", err, plain_err, bound, max_fail, _tier(err, bound, max_fail)),
         Check("rms", rms_err, rms_plain, rms_bound, rms_fail, _tier(rms_err, rms_bound, rms_fail)),
         Check("shift", dm, abs(m_p), mean_bound, mean_fail, _tier(dm, mean_bound, mean_fail), se=d_mean_se, signed=m),
         Check("scale", db, abs(b_p), scale_bound, scale_fail, scale_tier, se=d_scale_se, signed=b),
         # judged only past the rms pass line: at noise level the ratio of two small rms errors says nothing
-        Check("where", w, 0.0, WHERE_FAIL, WHERE_FAIL, "fail" if rms_err > rms_bound and w > WHERE_FAIL else "pass"),
+        Check("where", w, 0.0, WHERE_FAIL, WHERE_FAIL, "fail" if rms_err > rms_bound and gathered else "pass"),
         Check("dtype", float(n_bad), 0.0, 0.0, 0.0, "fail" if n_bad or narrow else "pass"),
     ]
     whys = []

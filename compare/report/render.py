@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from compare.backends.registry import DEFAULT_BASELINE, MODULE_BASELINE
 from compare.formats.codec import from_json
 from compare.formats.markdown import case_label, fmt_e, fmt_s, table
-from compare.gate.parity import WHERE_FAIL
+from compare.gate.parity import WHERE_FAIL, WHERE_MIN
 from compare.kernels import busy
 from compare.report.cells import LEAD, lead, signed_s
 from compare.report.cost import cost_section, fusion_section
@@ -141,7 +141,8 @@ def parity_section(results: Rows) -> str:
         "one unit roundoff of the dtype (and 8 float32 ulps). where (not a column): once the rms error is past its "
         "pass line, fail if the rms error over the tenth of elements with the smallest |ref| is more than "
         f"{WHERE_FAIL:g} x the "
-        "rms error over all (rounding puts the least error there; zeroed or cut-off small outputs the most). "
+        "rms error over all (rounding puts the least error there; zeroed or cut-off small outputs the most), "
+        f"judged where that tenth holds {WHERE_MIN} elements or more. "
         "Values not in dtype: outputs that are not values of "
         "the case dtype (computed or answered in a wider type), or that use no more bits than a narrower type, "
         "fail. Same bits twice: the step's second call on the same (golden) inputs gave the first call's bits. "
