@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from compare.backends.registry import BackendSpec, module_file
+from compare.cost.model import ITEMSIZE
 from compare.formats.atomic import write_bytes_new
 from compare.formats.markdown import si
 from compare.problem import checkpoint, golden
@@ -132,8 +133,7 @@ def held_bytes(case: Case, timed: int, backward: bool) -> int:
     it, and peaked at 16.8 GB."""
     n_in, n_out, n_w = case.elements()
     judged = n_out + (n_in + n_w if backward else 0)  # y, and dx and each weight's gradient with a backward
-    width = 4 if case.dtype == "float32" else 2
-    per_backend = 4 * (2 * n_in + n_out + n_w) + (JUDGED + 1) * width * judged  # x, dy, weights; kept outputs
+    per_backend = 4 * (n_in + n_out + n_w) + (JUDGED + 1) * ITEMSIZE[case.dtype] * judged  # x, dy, weights; kept
     return case.golden_bytes() + 4 * judged + timed * per_backend
 
 
