@@ -20,7 +20,11 @@ Built on the shared torch runner (``torch_impl.runner``), honest on every input 
 
 from __future__ import annotations
 
+import random
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -150,4 +154,132 @@ def spec(name: str) -> BackendSpec:
 
 class _CheatSpec(BackendSpec):
     def load(self) -> Any:
-        return CHEATS[self.name]
+        return {**CHEATS, **ADVERSARIAL}[self.name]
+
+
+# --- the cheats an adversarial user wrote against values seen before (each on the shared torch runner) -------------
+
+
+class RowCacheCheat:
+    """``cheat-row-cache`` (``pad`` 0) and ``cheat-row-cache-padded`` (2 throwaway projections a hit): its forward keeps
+    each token's output under its row's first four values and answers a call whose rows it has all seen from memory.
+    ``hits`` counts the calls answered so (the golden inputs' second call is one)."""
+
+    def __init__(self, name: str, pad: int) -> None:
+        self.name, self.pad, self.hits = name, pad, 0
+
+    def availability(self) -> Availability:
+        return Availability(True)
+
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+        rows: dict[tuple[float, ...], torch.Tensor] = {}
+        w = next(module.parameters())
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            flat = x.detach().reshape(-1, x.shape[-1])
+            keys = [tuple(r[:4].tolist()) for r in flat]
+            if all(k in rows for k in keys):
+                self.hits += 1
+                for _ in range(self.pad):
+                    F.linear(x, w[:, : x.shape[-1]]).sum()
+                return torch.stack([rows[k] for k in keys]).reshape(*x.shape[:-1], -1)
+            y = module(x)
+            for k, r in zip(keys, y.detach().reshape(len(keys), -1), strict=True):
+                rows[k] = r
+            return y
+
+        return runner.prepare(problem, mode, module, forward)
+
+
+class CopyCheat:
+    """``cheat-copy``: its step copies ``x`` and ``dy`` (a memcpy, all the timed window sees) and returns the copies;
+    its ``to_numpy`` computes the answer from them when read."""
+
+    name = "cheat-copy"
+
+    def availability(self) -> Availability:
+        return Availability(True)
+
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+        p = runner.prepare(problem, mode, module)
+        assert p.bind is not None
+        bind = p.bind
+        dtype = dev.TORCH_DTYPES[problem.case.dtype]
+
+        def copying_bind(inputs: dict[str, np.ndarray], slot: int) -> Callable[[], Any]:
+            x, dy = (torch.from_numpy(inputs[k]).to(dtype) for k in ("x", "dy"))
+
+            def step() -> tuple[torch.Tensor, torch.Tensor]:
+                return x.clone(), dy.clone()
+
+            return step
+
+        def to_numpy(out: tuple[torch.Tensor, torch.Tensor]) -> dict[str, np.ndarray]:
+            x, dy = (t.to(torch.float32).numpy() for t in out)
+            return p.to_numpy(bind({"x": x, "dy": dy}, 99)())
+
+        golden = copying_bind({"x": problem.x, "dy": problem.dy}, 0)
+        return Prepared(step=golden, sync=p.sync, to_numpy=to_numpy, bind=copying_bind)
+
+
+class ThreadCheat:
+    """``cheat-thread``: its forward returns an empty tensor at once and computes into it on a thread of its own
+    (20 ms later); its sync returns at once."""
+
+    name = "cheat-thread"
+
+    def availability(self) -> Availability:
+        return Availability(True)
+
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            out = torch.zeros(*x.shape[:-1], problem.case.output_shape()[-1], dtype=x.dtype)
+
+            def later() -> None:
+                time.sleep(0.02)
+                with torch.no_grad():
+                    out.copy_(module(x))
+
+            threading.Thread(target=later, daemon=True).start()
+            return out
+
+        return replace(runner.prepare(problem, "fwd", module, forward), sync=lambda _outs: None)
+
+
+class StaleCheat:
+    """``cheat-stale-10`` and ``cheat-stale-50``: on a share ``f`` of its calls (drawn per call) its forward returns
+    the previous call's output instead of computing."""
+
+    def __init__(self, name: str, share: float) -> None:
+        self.name, self.share = name, share
+
+    def availability(self) -> Availability:
+        return Availability(True)
+
+    def prepare(self, problem: Problem, mode: str) -> Prepared:
+        module = build_module(problem, dev.device(), dev.TORCH_DTYPES[problem.case.dtype])
+        last: list[torch.Tensor] = []
+        rng = random.Random()
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if last and rng.random() < self.share:
+                return last[0]
+            last[:] = [module(x)]
+            return last[0]
+
+        return runner.prepare(problem, "fwd", module, forward)
+
+
+#: The cheats of an adversarial user against inputs seen before (``tests/test_fastest.py``): by name.
+ADVERSARIAL: dict[str, Any] = {
+    "cheat-row-cache": RowCacheCheat("cheat-row-cache", 0),
+    "cheat-row-cache-padded": RowCacheCheat("cheat-row-cache-padded", 2),
+    "cheat-copy": CopyCheat(),
+    "cheat-thread": ThreadCheat(),
+    "cheat-stale-10": StaleCheat("cheat-stale-10", 0.1),
+    "cheat-stale-50": StaleCheat("cheat-stale-50", 0.5),
+}

@@ -335,6 +335,67 @@ def test_every_cheat_fails_on_the_harness_inputs_and_is_never_fastest(cheats: li
     assert exitcodes.of_statuses(r.status for r in doc.results) == exitcodes.FINDING
 
 
+#: The adversarial cheats' runs (``tests.cheat_backends.ADVERSARIAL``): blocks of 0.2 ms and 50 samples at least, so
+#: that every cell makes at least :data:`MIN_CALLS` calls on the harness's inputs (asserted), on any machine.
+ADVERSARIAL_CFG = TimingConfig(warmup=1, min_samples=50, budget_s=0.05, min_sample_s=2e-4)
+#: A step stale on a share ``f`` of its calls escapes the every-call check only if none of its ``n`` calls is stale:
+#: ``(1 - f) ** n``, 0.52% at f = 10% and n = 50 (below 1e-15 at f = 50%).
+MIN_CALLS = 50
+
+
+@pytest.mark.standard
+@pytest.mark.parametrize("ceilings", [True, False], ids=["ceilings", "no-ceilings"])
+def test_a_cheat_that_computes_late_or_stale_fails_on_the_calls_checked_at_return(ceilings: bool) -> None:
+    """A step that returns copies of its inputs and computes when read, one that computes on a thread of its own
+    after returning (its sync a no-op), and steps stale on 10% and 50% of their calls each end as ``parity-fail``
+    from the every-call check, with the ceilings on and off, and none is named fastest; torch-eager, the same code
+    honest, passes every call. Escape: ``(1 - f) ** calls`` (:data:`MIN_CALLS`), 0 for the others (every call is
+    wrong)."""
+    names = ["cheat-copy", "cheat-thread", "cheat-stale-10", "cheat-stale-50"]
+    specs = [spec("torch-eager"), *(cheat_backends.spec(n) for n in names)]
+    doc = run([TINY], specs, ["fwd"], RunOptions(ADVERSARIAL_CFG, ceilings=ceilings))
+    by = {r.backend: r for r in doc.results}
+    honest = by["torch-eager"]
+    assert honest.status == "ok", honest.reason
+    assert honest.parity is not None and honest.parity.fresh is not None
+    assert honest.parity.fresh.spot_calls == honest.parity.fresh.made, honest.parity.fresh
+    for n in names:
+        r = by[n]
+        assert r.status == "parity-fail", (n, r.status, r.reason)
+        assert r.parity is not None and r.parity.fresh is not None and r.parity.fresh.made is not None
+        if n.startswith("cheat-stale"):  # the escape rate holds at this many calls
+            assert r.parity.fresh.made >= MIN_CALLS, (n, r.parity.fresh.made)
+        assert "calls checked at return fail" in r.reason, (n, r.reason)
+    fastest = [x for x in summary_section(doc).splitlines() if x[:4] == "- **"]
+    assert fastest and all("Fastest: torch-eager" in x or "Fastest:" not in x for x in fastest), fastest
+
+
+@pytest.mark.standard
+@pytest.mark.parametrize("ceilings", [True, False], ids=["ceilings", "no-ceilings"])
+def test_a_row_value_cache_never_hits_on_a_timed_call_and_is_never_fastest(ceilings: bool) -> None:
+    """A cache keyed on each row's values (bare, and padded with throwaway work) answers only rows it has seen: every
+    call on the harness's inputs brings rows no call saw, so it never answers a timed call from memory (it counts
+    its hits: the golden inputs' second call is its only one) and computes every row, honest and slower than
+    torch-eager; it is never named fastest. Control: its hit counter does count, on the golden inputs."""
+    names = ["cheat-row-cache", "cheat-row-cache-padded"]
+    for n in names:
+        cheat_backends.ADVERSARIAL[n].hits = 0
+    doc = run(
+        [TINY],
+        [spec("torch-eager"), *(cheat_backends.spec(n) for n in names)],
+        ["fwd"],
+        RunOptions(ADVERSARIAL_CFG, ceilings=ceilings),
+    )
+    by = {r.backend: r for r in doc.results}
+    for n in names:
+        r = by[n]
+        assert r.status in ("ok", "parity-fail", "error"), (n, r.status, r.reason)
+        assert r.parity is not None and r.parity.fresh is not None and r.parity.fresh.made >= MIN_CALLS
+        assert cheat_backends.ADVERSARIAL[n].hits == 1, (n, cheat_backends.ADVERSARIAL[n].hits)
+    fastest = [x for x in summary_section(doc).splitlines() if x[:4] == "- **"]
+    assert fastest and all("Fastest: cheat" not in x for x in fastest), fastest
+
+
 def test_a_backend_that_cannot_run_on_new_inputs_is_an_error(cheats: list) -> None:
     class NoFresh(cheat_backends.Cheat):
         def prepare(self, problem, mode):  # type: ignore[no-untyped-def]

@@ -162,93 +162,97 @@ def _slots_backend(lazy: bool, cache: bool = False) -> tuple[object, dict[int, n
     return p, slots
 
 
-def _fed(lazy: bool, blocks: int = 6, calls: int = 3, cache: bool = False, tokens: int = 8):  # type: ignore[no-untyped-def]
+#: ``tiny``'s case (``y`` and ``x`` of one width, 111 tokens): the shapes and distribution the feed draws from
+CASE = PRESETS["tiny"].case("float32")
+
+
+def _fed(lazy: bool, blocks: int = 6, calls: int = 3, cache: bool = False):  # type: ignore[no-untyped-def]
+    from compare.backends.registry import NUMPY_READER
     from compare.run.pipeline import Feed
 
     p, slots = _slots_backend(lazy, cache)
-    x = np.arange(tokens * 2, dtype=np.float32).reshape(1, tokens, 2)
-    feed = Feed(p, {"x": x, "dy": x}, "test", keep=2)  # type: ignore[arg-type]
+    x = fresh.draw(CASE, 1, golden_for(CASE).params, backward=False)
+    feed = Feed(p, CASE, x, "test", NUMPY_READER)  # type: ignore[arg-type]
     seen = []
     for _ in range(blocks):
         fns = feed.take(calls)
         seen += [s.copy() for s in slots.values()]
         feed.done([f() for f in fns])
-    return x, feed, seen
+    return x["x"], feed, seen
 
 
 @pytest.mark.quick
-def test_a_feed_of_few_orders_binds_each_once_before_it_repeats_one() -> None:
-    """3 tokens have 6 orders: 18 calls bind all 6 in their first 6, then repeat them (and do not hang)."""
-    _, feed, seen = _fed(lazy=False, tokens=3)
-    assert feed.calls == 18 and len({s.tobytes() for s in seen[:6]}) == 6 == len({s.tobytes() for s in seen})
-
-
-@pytest.mark.quick
-def test_the_feed_never_repeats_an_input_and_judges_outputs_in_the_draws_order() -> None:
-    """Every call's x is the draw's tokens in an order of its own (18 calls: no two alike; the same multiset of
-    rows), and a kept output put back in the draw's order is the honest answer on the draw: ``2 x``."""
-    from compare.run.pipeline import _in_draw_order
+def test_every_call_gets_rows_no_call_saw_and_the_draws_call_is_judged_in_its_order() -> None:
+    """No row of any call's x equals, bit for bit, a row of an earlier call (18 calls of 111 tokens); exactly one
+    call holds the fresh draw's rows (in an order of its own), among the first ``DRAW_CALL_WITHIN``, and its output
+    put back in the draw's order is the honest answer on the draw: ``2 x``."""
+    from compare.run.pipeline import DRAW_CALL_WITHIN, _in_draw_order
 
     x, feed, seen = _fed(lazy=False)
-    assert feed.calls == 18 and len({s.tobytes() for s in seen}) == len(seen)
-    assert all(sorted(map(tuple, s.reshape(-1, 2))) == sorted(map(tuple, x.reshape(-1, 2))) for s in seen)
-    calls = feed.judged()
-    assert len(calls) == 3  # two over every call, one over the calls on a slot bound before
-    for c in calls:
-        assert np.array_equal(_in_draw_order(c.copies[0][1], c.order)["y"], 2 * x)
+    rows = [r.tobytes() for s in seen for r in s.reshape(-1, s.shape[-1])]
+    assert feed.calls == 18 and len(set(rows)) == len(rows) == 18 * 111
+    drawn = sorted(r.tobytes() for r in x.reshape(-1, x.shape[-1]))
+    holds = [i for i, s in enumerate(seen) if sorted(r.tobytes() for r in s.reshape(-1, s.shape[-1])) == drawn]
+    assert len(holds) == 1 and holds[0] < DRAW_CALL_WITHIN, holds
+    (call,) = feed.judged()
+    assert np.array_equal(_in_draw_order(call.copies[0][1], call.order)["y"], 2 * x)
 
 
 @pytest.mark.quick
-def test_a_lazy_output_is_read_only_after_its_inputs_were_overwritten() -> None:
-    """A step that computes only when its output is read reads the slot's next values and is judged wrong; the
-    control: the same lazy outputs read right after their block (before the slot is bound again) look right."""
-    from compare.run.pipeline import _in_draw_order
+def test_the_draws_call_is_placed_uniformly_among_the_first_calls() -> None:
+    """Over 300 feeds the draw's call falls on each of the first ``DRAW_CALL_WITHIN`` calls about equally often and
+    never later."""
+    from compare.run.pipeline import DRAW_CALL_WITHIN
 
-    x, feed, _seen = _fed(lazy=True)
-    wrong = [not np.array_equal(_in_draw_order(c.copies[0][1], c.order)["y"], 2 * x) for c in feed.judged()]
-    assert all(wrong), wrong
-    # the control: read at once, a lazy output computes on the values it was called with
-    p, _slots = _slots_backend(lazy=True)
-    from compare.run.pipeline import Feed
-
-    early = Feed(p, {"x": x, "dy": x}, "test", keep=1)  # type: ignore[arg-type]
-    fns = early.take(1)
-    (out,) = [f() for f in fns]
-    order = early._block[0]
-    assert np.array_equal(_in_draw_order(p.to_numpy(out), order)["y"], 2 * x)
-
-
-@pytest.mark.quick
-def test_the_kept_calls_are_spread_over_all_calls() -> None:
-    """Reservoir sampling: over many feeds, every call of 12 is kept about as often (each with probability 2/12) by
-    the two uniform picks (``judged()``'s first two); a feed that kept the first two (the control a cache warmed in
-    warm-up would pass) would keep only calls 0, 1."""
     counts = np.zeros(12)
-    for _ in range(600):
-        _x, feed, seen = _fed(lazy=False, blocks=4, calls=3)
-        for c in feed.judged()[:2]:
-            orders = [s.reshape(-1, 2)[:, 0] // 2 for s in seen]
-            counts[next(i for i, o in enumerate(orders) if np.array_equal(o, c.order))] += 1
-    assert counts.min() > 0.5 * counts.mean() and counts.max() < 1.5 * counts.mean(), counts
+    for _ in range(300):
+        x, _feed, seen = _fed(lazy=False, blocks=4, calls=3)
+        first = x.reshape(-1, x.shape[-1])[0].tobytes()
+        counts[next(i for i, s in enumerate(seen) if first in {r.tobytes() for r in s.reshape(-1, s.shape[-1])})] += 1
+    assert not counts[DRAW_CALL_WITHIN:].any(), counts
+    inside = counts[:DRAW_CALL_WITHIN]
+    assert inside.min() > 0.5 * inside.mean() and inside.max() < 1.5 * inside.mean(), counts
 
 
 @pytest.mark.quick
-def test_a_cache_keyed_on_its_inputs_identity_never_escapes() -> None:
-    """A step that answers each slot it has seen from memory (right on its first call there: 3 honest calls of 6) is
-    judged wrong in every feed, by the pick among the calls on a slot bound before; the control: the two uniform
-    picks alone let it escape in about a quarter of the feeds ((3/6) ** 2)."""
-    from compare.run.pipeline import _in_draw_order
-
-    escaped, caught = 0, 0
-    for _ in range(200):
-        x, feed, _seen = _fed(lazy=False, blocks=2, calls=3, cache=True)
-        wrong = [not np.array_equal(_in_draw_order(c.copies[0][1], c.order)["y"], 2 * x) for c in feed.judged()]
-        caught += any(wrong)
-        escaped += not any(wrong[:2])
-    assert caught == 200
-    assert 20 < escaped < 80, escaped
+def test_a_lazy_output_is_not_read_and_fails_every_call() -> None:
+    """A step whose output is a closure computed only when read is refused at return on every call (no array is
+    read from it); the control: the same step returning arrays gives every call's spot rows, ``2 x`` of its rows."""
+    _x, feed, _seen = _fed(lazy=True)
+    assert len(feed.spots) == 18 and all("not a numpy array" in s.error for s in feed.spots), feed.spots[0]
+    _x, feed, _seen = _fed(lazy=False)
+    assert all(not s.error and any(np.array_equal(g, 2 * s.x) for g in s.got["y"]) for s in feed.spots)
 
 
+@pytest.mark.quick
+def test_a_cache_keyed_on_its_inputs_identity_is_read_wrong_at_every_call_after_its_first() -> None:
+    """A step that answers each slot it has seen from memory (right on its first call there) returns another call's
+    answer on every later call: each of those calls' spot rows differs from ``2 x`` of the rows it was given."""
+    _x, feed, _seen = _fed(lazy=False, blocks=4, calls=3, cache=True)
+    wrong = [not any(np.array_equal(g, 2 * s.x) for g in s.got["y"]) for s in feed.spots]
+    assert wrong == [False] * 3 + [True] * 9, wrong
+
+
+@pytest.mark.standard
+def test_the_every_call_check_fails_a_stale_call_and_passes_honest_ones() -> None:
+    """``judge_spots`` on ``tiny``: honest spots (the float64 reference's own rows, rounded to the dtype) pass;
+    the same with one call's rows swapped for another call's (a stale output) fails that call alone, naming it."""
+    from compare.run.pipeline import Spot, judge_spots
+
+    params = golden_for(CASE).params
+    rng = np.random.default_rng(5)
+    spots = []
+    for i in range(5):
+        x = rng.standard_normal((2, 96)).astype(np.float32)
+        y = fresh.token_reference(CASE, params, x[None], None)["y"][0]
+        spots.append(Spot(i, np.array([0, 1]), x, x, {"y": [y.astype(np.float32).astype(np.float64)]}))
+    assert judge_spots(spots, CASE, "fwd") == (5, [])
+    spots[3] = Spot(3, spots[3].rows, spots[3].x, spots[3].dy, spots[2].got)
+    checked, failed = judge_spots(spots, CASE, "fwd")
+    assert checked == 5 and len(failed) == 1 and "1 of 5 calls" in failed[0] and "call 4:" in failed[0], failed
+
+
+@pytest.mark.quick
 def test_kept_outputs_are_held_exactly_in_the_narrowest_type() -> None:
     """A step's kept outputs are held in 2 bytes an element when they are 16-bit values (a real layer's gradients
     are hundreds of millions of them), and a value no narrower type holds stays as it was: the gate reads the bits

@@ -275,8 +275,8 @@ def test_the_backends_timed_together_count_in_the_memory_needed() -> None:
     five = [spec(b) for b in ("torch-eager", "torch-compile", "jax-xla", "jax-unfused", "torch-eager-remat")]
     assert all(case.model in s.models for s in five)
     need = preflight.held_bytes(case, 5, backward=True)
-    assert need > 4 * case.estimated_bytes()
-    assert preflight.held_bytes(case, 5, backward=False) < need / 2  # the forward keeps y alone
+    assert need > 2.5 * case.estimated_bytes()  # each kept output (one call) and input copy beside the golden
+    assert preflight.held_bytes(case, 5, backward=False) < 0.75 * need  # the forward keeps y alone
     room = (need - 1, "test")
     preflight.check_memory([case], available=room)  # no backends named: the golden data alone fits
     with pytest.raises(InputError, match=r"for each of the 5 backends timed together.* or fewer backends$"):

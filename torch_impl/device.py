@@ -6,7 +6,9 @@ import os
 import sys
 from typing import Any
 
+import numpy as np
 import torch
+import torch.utils._pytree
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -26,6 +28,22 @@ def sync(_outputs: Any = None) -> None:
     """
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def output_arrays(output: Any) -> list[torch.Tensor]:
+    """The arrays a step returned (``compare.backends.registry.OutputReader``): every leaf of ``output`` (tuples,
+    lists and dicts, ``torch.utils._pytree``) must be a plain, materialised ``torch.Tensor`` (exactly that type: a
+    subclass can compute when read), else a ``TypeError`` naming the first that is not."""
+    leaves = torch.utils._pytree.tree_leaves(output)
+    for leaf in leaves:
+        if type(leaf) is not torch.Tensor:
+            raise TypeError(f"its output holds a {type(leaf).__module__}.{type(leaf).__qualname__}, not a torch.Tensor")
+    return leaves
+
+
+def array_rows(a: torch.Tensor, rows: np.ndarray) -> np.ndarray:
+    """Rows ``rows`` of ``a`` seen as ``[T, a.shape[-1]]``, copied to float64 host memory."""
+    return a.detach().reshape(-1, a.shape[-1])[torch.from_numpy(rows).to(a.device)].to("cpu", torch.float64).numpy()
 
 
 def pin_precision() -> dict[str, Any]:

@@ -498,6 +498,49 @@ PROBES: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class OutputReader:
+    """How the harness itself reads what a step returned, not through the backend's ``to_numpy``
+    (``compare.run.pipeline.Feed``): ``sync(outputs)``, the framework's device-wide wait (torch: every CUDA stream;
+    JAX: every array of the pytree); ``arrays(output)``, its leaves, each a materialised array of the framework's own
+    type (a ``TypeError`` naming the first that is not: an object that computes when read); ``rows(array, rows)``,
+    rows of one array seen as ``[T, last]`` in float64 host memory."""
+
+    sync: Callable[[Any], None]
+    arrays: Callable[[Any], list[Any]]
+    rows: Callable[[Any, np.ndarray], np.ndarray]
+
+
+def _numpy_arrays(output: Any) -> list[Any]:
+    leaves = (
+        list(output.values())
+        if isinstance(output, dict)
+        else list(output)
+        if isinstance(output, tuple | list)
+        else [output]
+    )
+    for leaf in leaves:
+        if type(leaf) is not np.ndarray:
+            raise TypeError(f"its output holds a {type(leaf).__module__}.{type(leaf).__qualname__}, not a numpy array")
+    return leaves
+
+
+#: The reader of a backend outside torch and JAX (a test's numpy backend): a flat tuple, list or dict of arrays.
+NUMPY_READER = OutputReader(
+    lambda _outputs: None, _numpy_arrays, lambda a, rows: np.asarray(a, np.float64).reshape(-1, a.shape[-1])[rows]
+)
+
+
+def output_reader(framework: str) -> OutputReader:
+    """The :class:`OutputReader` of ``framework`` (its package's ``device`` module; :data:`NUMPY_READER` for any
+    other), imported now."""
+    package = next((p for p, f in FRAMEWORK_PACKAGES.items() if f == framework), None)
+    if package is None:
+        return NUMPY_READER
+    dev = importlib.import_module(f"{package}.device")
+    return OutputReader(dev.sync, dev.output_arrays, dev.array_rows)
+
+
 def probe(name: str) -> Any:
     """The module of a probe (:data:`PROBES`), imported now; ImportError when its framework is missing."""
     check_name("probe", name, list(PROBES))

@@ -157,6 +157,21 @@ def reference(
     return FreshReference(ref, Plain(plain, envelope, None, signature), picked, rows_seed)
 
 
+def token_reference(
+    case: Case, params: dict[str, np.ndarray], x: np.ndarray, dy: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    """The float64 ``y`` (and ``dx`` given ``dy``) of a few tokens ``x [1, K, dim]`` (``dy [1, K, out]``): the
+    every-call check's yardstick (``compare.run.pipeline.judge_spots``). Each token's outputs depend on its own row
+    alone, so ``K`` rows cost ``K`` rows of the layer's GEMMs: the machine's float64 BLAS (``Arith``'s ``gemm``: its
+    last bits do not matter against a line of an eighth of a row's scale) and no weight gradient for a built-in
+    model; a module case's module computes its weight gradients too (its own backward, ``compute_of``)."""
+    ar = Arith(None, gemm=np.matmul)
+    if case.module is None:
+        return compute(case.model, x, params, dy, ar, weights=False)
+    out = compute_of(case, x, params, dy, ar)
+    return {k: out[k] for k in ("y", "dx") if k in out}
+
+
 def compact(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A step's outputs (float64, ``Prepared.to_numpy``) held until the reference exists: each in the narrowest of
     float16, bfloat16 (``ml_dtypes``), float32 and float64 that holds every value exactly (a 16-bit step's in 2
@@ -191,6 +206,9 @@ class FreshCheck:
     rows_seed: int | None = field(default=None, metadata=LATER)
     judged: int | None = field(default=None, metadata=LATER)
     made: int | None = field(default=None, metadata=LATER)
+    #: calls whose output was read at return and checked on a few tokens (``compare.run.pipeline.judge_spots``; None:
+    #: not checked, a tensor-parallel step or an older document)
+    spot_calls: int | None = field(default=None, metadata=LATER)
 
     @staticmethod
     def of(
@@ -199,11 +217,15 @@ class FreshCheck:
         ref: FreshReference | None = None,
         judged: int | None = None,
         made: int | None = None,
+        spot: tuple[int, list[str]] = (0, []),
     ) -> FreshCheck:
+        """The check of ``parity`` (the gate on the draw's call) and ``spot``, the every-call check's ``(calls
+        checked, failures)``: a spot failure fails the check."""
         rows = None if ref is None or ref.rows is None else len(ref.rows)
         seed_rows = None if ref is None else ref.rows_seed
-        found, dev = tuple(parity.failures()), tuple(parity.deviations())
-        return FreshCheck(seed, parity.tier, found, dev, rows, seed_rows, judged, made)
+        found, dev = (*parity.failures(), *spot[1]), tuple(parity.deviations())
+        tier = "fail" if spot[1] else parity.tier
+        return FreshCheck(seed, tier, found, dev, rows, seed_rows, judged, made, spot[0] or None)
 
     @property
     def reasons(self) -> list[str]:

@@ -188,16 +188,22 @@ def silu_grad(s: np.ndarray) -> np.ndarray:
 
 
 def linear_fwd_bwd(
-    x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith, acts: Activations
+    x: np.ndarray,
+    params: dict[str, np.ndarray],
+    dy: np.ndarray | None,
+    ar: Arith,
+    acts: Activations,
+    weights: bool = True,
 ) -> dict[str, np.ndarray]:
     """``y = x @ W.T + b`` and, given ``dy``, its gradients. ``x [T, in]``, ``y, dy [T, out]`` (no activation:
-    ``acts`` is ignored)."""
+    ``acts`` is ignored). Without ``weights`` (here and in the other models') only ``y`` and ``dx``."""
     w, b = params["weight"], params["bias"]
     out = {"y": ar.addmm(x, w, b, out=True)}
     if dy is not None:
         out["dx"] = ar.mm(dy, w, out=True)
-        out["dweight"] = ar.mm(dy.T, x, out=True)
-        out["dbias"] = ar.colsum(dy)
+        if weights:
+            out["dweight"] = ar.mm(dy.T, x, out=True)
+            out["dbias"] = ar.colsum(dy)
     return out
 
 
@@ -340,7 +346,12 @@ def activations_in(
 
 
 def glu_fwd_bwd(
-    x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith, acts: Activations
+    x: np.ndarray,
+    params: dict[str, np.ndarray],
+    dy: np.ndarray | None,
+    ar: Arith,
+    acts: Activations,
+    weights: bool = True,
 ) -> dict[str, np.ndarray]:
     """GeGLU (``acts`` a GELU) or SwiGLU (SiLU) MLP ``y = down(act(gate(x)) * up(x))`` forward and, given ``dy``,
     backward. ``x, y, dy [T, dim]``; ``g, u, h [T, hidden]``. The activation and its derivative are evaluated in
@@ -354,19 +365,26 @@ def glu_fwd_bwd(
     out = {"y": ar.mm(h, wd.T, out=True)}
     if dy is not None:
         dh = ar.mm(dy, wd)
-        out["ddown"] = ar.mm(dy.T, h, out=True)
+        if weights:
+            out["ddown"] = ar.mm(dy.T, h, out=True)
         du = ar.rnd(_f64(dh) * a)
         da = ar.rnd(_f64(dh) * u)
         dg = ar.rnd(_f64(da) * act_grad(g))
         # two GEMMs, each written rounded, then added (in float64: exact for two float32 values) and rounded
         out["dx"] = ar.rnd(_f64(ar.mm(dg, wg)) + ar.mm(du, wu), out=True)
-        out["dgate"] = ar.mm(dg.T, x, out=True)
-        out["dup"] = ar.mm(du.T, x, out=True)
+        if weights:
+            out["dgate"] = ar.mm(dg.T, x, out=True)
+            out["dup"] = ar.mm(du.T, x, out=True)
     return out
 
 
 def gelu_mlp_fwd_bwd(
-    x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith, acts: Activations
+    x: np.ndarray,
+    params: dict[str, np.ndarray],
+    dy: np.ndarray | None,
+    ar: Arith,
+    acts: Activations,
+    weights: bool = True,
 ) -> dict[str, np.ndarray]:
     """GPT-2 style MLP ``y = fc2(gelu(fc1(x) + b1)) + b2`` forward and, given ``dy``, backward.
 
@@ -379,12 +397,14 @@ def gelu_mlp_fwd_bwd(
     out = {"y": ar.addmm(a, w2, b2, out=True)}
     if dy is not None:
         da = ar.mm(dy, w2)
-        out["dfc2"] = ar.mm(dy.T, a, out=True)
-        out["db2"] = ar.colsum(dy)
+        if weights:
+            out["dfc2"] = ar.mm(dy.T, a, out=True)
+            out["db2"] = ar.colsum(dy)
         df = ar.rnd(_f64(da) * act_grad(f))
         out["dx"] = ar.mm(df, w1, out=True)
-        out["dfc1"] = ar.mm(df.T, x, out=True)
-        out["db1"] = ar.colsum(df)
+        if weights:
+            out["dfc1"] = ar.mm(df.T, x, out=True)
+            out["db1"] = ar.colsum(df)
     return out
 
 
@@ -408,16 +428,18 @@ def compute(
     ar: Arith,
     gelu: str = "tanh",
     acts: Activations | None = None,
+    weights: bool = True,
 ) -> dict[str, np.ndarray]:
     """Run ``model`` on 3-D ``x [batch, seq, dim]``; every returned activation is 3-D, gradients of weights 2-D.
 
     ``gelu`` picks the GELU form (``tanh``, the model's; ``erf`` only for the gate's resolution analysis) of the
     models that have one (:data:`GELU_MODELS`); the others ignore it. ``acts`` replaces the activation and its
-    derivative (each float64 in, float64 out; ``tests/variants.py`` evaluates them other ways)."""
+    derivative (each float64 in, float64 out; ``tests/variants.py`` evaluates them other ways). Without ``weights``
+    no weight or bias gradient is computed (``y`` and ``dx`` alone: per token, so a few tokens cost a few rows)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     dy2 = None if dy is None else dy.reshape(-1, dy.shape[-1])
-    out = FORWARD_BACKWARD[model](x2, params, dy2, ar, acts or activations(model, gelu, ar.act_dtype))
+    out = FORWARD_BACKWARD[model](x2, params, dy2, ar, acts or activations(model, gelu, ar.act_dtype), weights)
     out["y"] = out["y"].reshape(*lead, -1)
     if "dx" in out:
         out["dx"] = out["dx"].reshape(*lead, -1)

@@ -84,6 +84,10 @@ class _Cell:
     feed: pipeline.Feed | None = None
     calls: list[pipeline.Call] = field(default_factory=list)
     made: int = 0
+    #: every call's spots on the harness's inputs (``pipeline.Feed.spots``), judged with ``calls``
+    spots: list[pipeline.Spot] = field(default_factory=list)
+    #: the harness's sync of the step (``pipeline.harness_sync``), set when the cell starts
+    sync: Callable[[Any], None] = field(default=lambda _outputs: None)
     timing: Timing | None = None
     cold: Timing | None = None
     kernels: Kernels | None = None
@@ -141,9 +145,9 @@ def _start(
         c.done = pipeline.no_fresh(spec, case, mode, prepared)
         if c.done is not None:
             return
-        c.prepared = prepared
+        c.prepared, c.sync = prepared, pipeline.harness_sync(spec, prepared)
         c.first_s, c.repeat_s, c.first, c.extras["deterministic"], c.feed = pipeline.first_calls(
-            prepared, prepared.sync, spec, case, mode, plain, draw
+            prepared, c.sync, spec, case, mode, plain, draw
         )
         if options is not None and options.cuda_graphs and prepared.timed:
             c.extras["cuda_graph"] = _graphed(c, prepared)
@@ -252,7 +256,7 @@ def _steady_s(c: _Cell, fair_s: float) -> float:
     assert c.prepared is not None
     t = c.repeat_s
     if fair_s < t <= RECHECK * fair_s:
-        t = min(t, timer.first_call(c.prepared.step, c.prepared.sync)[0])
+        t = min(t, timer.first_call(c.prepared.step, c.sync)[0])
     return t
 
 
@@ -268,7 +272,7 @@ def _watched(
     record, where there is one, to its ``extras[telemetry]``; an exception in the outcomes fails its cell. The
     watch's sampling thread ends with the timing, whatever ended it."""
     watch = how.watch() if how.watch is not None else None
-    entrants = [timer.Entrant(c.prepared.step, c.prepared.sync, c.first_s, c.feed) for c in cells if c.prepared]
+    entrants = [timer.Entrant(c.prepared.step, c.sync, c.first_s, c.feed) for c in cells if c.prepared]
     try:
         outcomes = measure(entrants, watch)
     finally:
@@ -305,7 +309,7 @@ def _time(cells: Sequence[_Cell], how: _Timer) -> None:
         if not how.warm:  # warm-up before the first cold sample: the first calls compiled, now the caches are hot
             for c in cold:
                 assert c.prepared is not None
-                timer.first_call(c.prepared.step, c.prepared.sync)
+                timer.first_call(c.prepared.step, c.sync)
         flush = how.flush
 
         def cold_rounds(entrants: list[timer.Entrant], watch: timer.Watch | None) -> list[Any]:
@@ -375,7 +379,7 @@ def _finish_steps(
                 c.memory = Memory.not_measured(f"the measurement raised {_summarise_error(exc)[0]}")
     try:
         assert c.feed is not None
-        c.calls, c.made = c.feed.judged(p.sync), c.feed.calls
+        c.calls, c.made, c.spots = c.feed.judged(c.sync), c.feed.calls, c.feed.spots
     except Exception as exc:
         c.fail(exc)
     c.prepared, c.feed = None, None  # release the step (its weights, compiled code) before the next backend's
@@ -387,8 +391,8 @@ def _verdict(c: _Cell, seed: int, reference: fresh.FreshReference | None) -> Res
     if c.done is not None:
         return c.done
     assert reference is not None
-    copies = pipeline.verdicts(c.first, c.calls, c.made, reference, c.spec, c.case, c.mode, seed, c.by_device)
-    c.calls = []  # judged: their outputs are not held while the next cell's are
+    copies = pipeline.verdicts(c.first, c.calls, c.made, reference, c.spec, c.case, c.mode, seed, c.by_device, c.spots)
+    c.calls, c.spots = [], []  # judged: their outputs are not held while the next cell's are
     found, record = pipeline.findings(copies, c.by_device), pipeline.parity_record(copies)
     return pipeline.result(
         c.spec, c.case, c.mode, found, c.kept, record, c.timing, c.kernels, c.extras, cold=c.cold, memory=c.memory
@@ -467,7 +471,7 @@ class Staged:
         c = self.cells[i]
         if c.done is not None or c.prepared is None or not c.prepared.timed:
             return None
-        return timer.Entrant(c.prepared.step, c.prepared.sync, c.first_s, c.feed)
+        return timer.Entrant(c.prepared.step, c.sync, c.first_s, c.feed)
 
     def fail(self, i: int, exc: BaseException) -> None:
         self.cells[i].fail(exc)

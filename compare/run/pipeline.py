@@ -34,15 +34,16 @@ from typing import Any
 
 import numpy as np
 
-from compare.backends.registry import BackendSpec, Prepared
+from compare.backends.registry import BackendSpec, OutputReader, Prepared, output_reader
 from compare.formats.codec import from_json
 from compare.gate import fresh
 from compare.gate.fresh import FreshCheck, FreshReference
-from compare.gate.parity import Parity, UnusableCase, worst_tier
+from compare.gate.parity import DTYPE_MAX, Parity, UnusableCase, worst_tier
 from compare.gate.parity_record import CopyVerdict, ParityRecord
 from compare.kernels.summary import Kernels
 from compare.problem.cases import Case
-from compare.problem.golden import golden_for
+from compare.problem.golden import draw_input, golden_for
+from compare.problem.reference import round_to_dtype
 from compare.results.document import Result
 from compare.results.memory import NO_HOOK, Memory
 from compare.run.cell import MODE_TENSORS, judge, model_cost, status_of
@@ -154,136 +155,219 @@ def first_calls(
     del copies
     repeat_s, out = timer.first_call(prepared.step, sync)
     again = digest(read_copies(prepared, out, name))
-    return first_s, repeat_s, judged, again == bits, Feed(prepared, draw, name, seed=seed)
+    reader = None if prepared.tp is not None else output_reader(spec.framework)
+    return first_s, repeat_s, judged, again == bits, Feed(prepared, case, draw, name, reader, seed=seed)
 
 
-#: Outputs of the calls on the harness's inputs that a cell keeps and judges (:class:`Feed`), chosen uniformly among
-#: all of its calls after each block returned: a step stale on a share ``f`` of its calls escapes them with
-#: probability ``(1 - f) ** JUDGED``. One more is chosen among the calls on a slot bound before, which a cache keyed
-#: on its input's identity (pointer, version, shape) answers from memory: the uniform ones alone let such a cache
-#: escape (tests/test_fastest.py's bare cache cheat: 0.02% to 0.2% a cell, more under load; it failed a CI run).
-JUDGED = 2
+#: Tokens of every call on the harness's inputs whose ``y`` and ``dx`` :class:`Feed` reads at its return and
+#: :func:`judge_spots` checks against a float64 reference of those rows (drawn after the call returned).
+SPOT_TOKENS = 2
+#: Outputs a :class:`Feed` keeps whole to judge: the fresh draw's call.
+KEPT_CALLS = 1
+#: The fresh draw's call (:class:`Feed`) is one of the first this many calls on the harness's inputs, at a place
+#: drawn in secret: the fewest a timed step makes (1 warm-up call and 5 samples, ``compare.timing.timer._checked``).
+DRAW_CALL_WITHIN = 6
 
 
 @dataclass(frozen=True)
 class Call:
-    """One kept output of a :class:`Feed`: the order of the fresh draw's tokens its inputs held (``x = draw_x[order]``
-    over the flattened tokens) and its copies, read (and compacted) only after its inputs were overwritten."""
+    """The fully judged output of a :class:`Feed`: the order of the fresh draw's tokens its inputs held (``x =
+    draw_x[order]`` over the flattened tokens) and its copies, read (and compacted) when the call had returned."""
 
     order: np.ndarray
     copies: Copies
 
 
-@dataclass
-class _Pending:
-    """A chosen output whose slot's inputs are still live: read only once they are gone (:meth:`Feed.take`)."""
+@dataclass(frozen=True)
+class Spot:
+    """What :class:`Feed` read of one call when it returned: the call's index, the tokens drawn then (``rows``, ``K``
+    of them), their inputs (``x [K, dim]``, ``dy [K, out]``), and per checked tensor (``y``, ``dx``) those rows of
+    every returned array of that tensor's shape ``[T, n]``, in float64 (by shape alone the harness cannot tell ``y``
+    from ``dx`` where ``dim == out``: either may hold the answer). ``error``: why nothing could be read (an output
+    that is not a materialised array of its framework)."""
 
-    slot: int
-    order: np.ndarray
-    out: Any
-
-
-#: Up to this many tokens a :class:`Feed` remembers every order it bound and draws again rather than repeat one.
-REMEMBERED_TOKENS = 12
+    call: int
+    rows: np.ndarray
+    x: np.ndarray
+    dy: np.ndarray
+    got: dict[str, list[np.ndarray]]
+    error: str = ""
 
 
 class Feed:
-    """The harness's inputs of one cell's step (``compare.timing.timer.Feed``; ``Prepared.bind``): every call after
-    the first runs on the case's fresh draw (``compare.gate.fresh.draw``: ``{"x", "dy"}``, drawn at run time) with
-    its ``T = batch * seq`` tokens in an order of its own, drawn from ``seed`` (the operating system's entropy
-    unless given: a group of processes passes one they share). One reference judges every call: a token's output
-    and input gradient depend on that token alone and a weight's gradient is a sum over the tokens, so a call's
-    outputs put back in the draw's order are the draw's (weight gradients up to the order of float64 sums). A
-    block's slots, and those of the kept outputs, are bound again to new orders before the next block or the read:
-    a lazy output then reads other values (torch, in place) or deleted arrays (JAX), and fails.
+    """The harness's inputs of one cell's step (``compare.timing.timer.Feed``; ``Prepared.bind``), and what it reads
+    of every call at its return.
 
-    Which outputs it keeps (:data:`JUDGED`, and one more among the calls on a slot bound before) is drawn after each
-    block returned (reservoir sampling): the step cannot know which calls are judged. Cost: a gather of ``x`` and
-    ``dy`` per call outside the timed window (``cpu-mlp``: 3 MiB each), for ``bwd`` the runner's forward per call,
-    and :data:`JUDGED` outputs held (in the dtype's width, ``compare.gate.fresh.compact``) until the reference exists.
+    **Values never seen before.** Every call on the feed gets inputs no earlier call of the step saw: new values of
+    ``x`` and ``dy`` drawn from the case's distribution (``compare.problem.golden.draw_input``, rounded to the dtype)
+    for each call, from ``seed`` (the operating system's entropy unless given: a group of processes passes one it
+    shares), except one call, placed in secret among the first :data:`DRAW_CALL_WITHIN`, which gets the case's fresh
+    draw (``compare.gate.fresh.draw``, screened to stay in range) with its tokens in an order of its own: that call's
+    output (:class:`Call`) is judged in full by the gate against the draw's float64 reference, made once per case.
+    A row-value cache never hits, and an identity cache returns another call's answer.
 
-    What it cannot see: a case of few tokens has few orders (``T!``): the feed binds each order once while one is new
-    (it remembers them up to :data:`REMEMBERED_TOKENS` tokens; above, two alike are rarer than a 64-bit collision),
-    then repeats them (a 1-token case repeats its input on every call); a step that recognises each token it has seen
-    (a cache keyed on a row's values) still serves rows from memory."""
+    **Read at return.** ``done`` runs when the block's outputs were synced (the harness's sync: the framework's
+    device-wide wait after the step's own, :func:`harness_sync`) and before anything else: for every call it checks
+    that the output is made of materialised arrays of the step's framework (``reader``,
+    ``compare.backends.registry.OutputReader``) and reads :data:`SPOT_TOKENS` of its tokens, drawn now from the
+    operating system's entropy, from every array of ``y``'s and ``dx``'s shape (:class:`Spot`); the draw's call is
+    read in full (``to_numpy``) then too. A step that computes later (on another thread or stream, or when its output
+    is read), or from a copy of its inputs, is judged on what it had returned.
+
+    **Every call checked.** :func:`judge_spots` compares every call's spots with a float64 reference of those rows:
+    a step stale on a share ``f`` of ``n`` calls fails unless each stale call's spots match, and a stale output is
+    another input's answer (about its own size off). Cost per call, outside the timed window: one draw of ``x`` and
+    ``dy`` (``cpu-mlp``: 2 x 786k values, about 20 ms) and a read of ``K`` rows.
+
+    What it cannot see: weight gradients are judged on the draw's call alone (a step right on ``y`` and ``dx`` but
+    with stale weight gradients after the first calls escapes); a tensor-parallel step (``reader`` None: its outputs
+    are sharded) is judged on the draw's call alone; the new values are not screened for range (a heavy-tailed
+    16-bit case may overflow on some rows: those rows are passed over by the spot check)."""
 
     def __init__(
-        self, prepared: Prepared, draw: dict[str, np.ndarray], name: str, keep: int = JUDGED, seed: int | None = None
+        self,
+        prepared: Prepared,
+        case: Case,
+        draw: dict[str, np.ndarray],
+        name: str,
+        reader: OutputReader | None,
+        seed: int | None = None,
     ) -> None:
         if prepared.bind is None:
             raise RuntimeError(f"{name}: its Prepared has no bind (refused before its first call)")
-        self._prepared, self._bind, self._name, self._keep = prepared, prepared.bind, name, keep
+        self._prepared, self._bind, self._name, self._case, self._reader = prepared, prepared.bind, name, case, reader
         self._x, self._dy = draw["x"], draw["dy"]
         self._tokens = int(np.prod(self._x.shape[:-1]))
         self._rng = np.random.default_rng(secrets.randbits(64) if seed is None else seed)
-        self._order: dict[int, np.ndarray] = {}  # slot -> the order its inputs hold
-        self._block: list[np.ndarray] = []  # the orders of the block taken last, in call order
-        self._chosen: list[Call | _Pending] = []  # uniform over every call
-        self._again: list[Call | _Pending] = []  # one, uniform over the calls on a slot bound before
-        self._used: set[int] = set()
-        self._reuses = 0
-        # the orders bound so far, on few tokens (8 tokens have 40320 orders: 18 random ones meet twice in 1 run of 260)
-        self._seen: set[bytes] | None = set() if self._tokens <= REMEMBERED_TOKENS else None
+        self._picks = np.random.default_rng(secrets.randbits(64))  # which tokens are read: known to no one
+        self._draw_at = int(self._rng.integers(DRAW_CALL_WITHIN))
+        self._taken = 0
+        self._block: list[tuple[dict[str, np.ndarray], np.ndarray | None]] = []
+        self._call: Call | None = None
+        #: every call's :class:`Spot`, in call order (none without a ``reader``)
+        self.spots: list[Spot] = []
         #: calls made on the feed's inputs
         self.calls = 0
 
-    def _rebind(self, slot: int) -> Callable[[], Any]:
-        order = self._rng.permutation(self._tokens)
-        if self._seen is not None:
-            while order.tobytes() in self._seen and len(self._seen) < math.factorial(self._tokens):
-                order = self._rng.permutation(self._tokens)
-            self._seen.add(order.tobytes())
-
-        def rows(a: np.ndarray) -> np.ndarray:
-            return a.reshape(self._tokens, -1)[order].reshape(a.shape)
-
-        fn = self._bind({"x": rows(self._x), "dy": rows(self._dy)}, slot)
-        self._order[slot] = order
-        return fn
-
-    def _read(self) -> None:
-        for picks in (self._chosen, self._again):
-            for i, c in enumerate(picks):
-                if isinstance(c, _Pending):
-                    copies = read_copies(self._prepared, c.out, f"{self._name} on the harness's inputs")
-                    picks[i] = Call(c.order, [(d, fresh.compact(t)) for d, t in copies])
-
-    def _release(self, calls: int) -> None:
-        """Bind every slot that holds a chosen output's inputs, unless the next block binds it, then read them."""
-        pending = {c.slot for c in (*self._chosen, *self._again) if isinstance(c, _Pending)}
-        for slot in sorted(pending - set(range(calls))):
-            self._rebind(slot)
-        self._read()
+    def _inputs(self) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """The next call's inputs and, for the draw's call, its token order."""
+        c, self._taken = self._case, self._taken + 1
+        if self._taken - 1 == self._draw_at:
+            order = self._rng.permutation(self._tokens)
+            return {
+                k: a.reshape(self._tokens, -1)[order].reshape(a.shape) for k, a in (("x", self._x), ("dy", self._dy))
+            }, order
+        x = round_to_dtype(draw_input(self._rng, c.input_shape(), c.dist), c.dtype)
+        return {"x": x, "dy": round_to_dtype(self._rng.standard_normal(c.output_shape()), c.dtype)}, None
 
     def take(self, calls: int) -> list[Callable[[], Any]]:
-        fns = [self._rebind(slot) for slot in range(calls)]
-        self._release(calls)
-        self._block = [self._order[slot] for slot in range(calls)]
-        return fns
+        self._block = [self._inputs() for _ in range(calls)]
+        return [self._bind(inputs, slot) for slot, (inputs, _) in enumerate(self._block)]
+
+    def _spot(self, inputs: dict[str, np.ndarray], out: Any) -> Spot:
+        assert self._reader is not None
+        rows = np.sort(self._picks.choice(self._tokens, size=min(SPOT_TOKENS, self._tokens), replace=False))
+        x, dy = (inputs[k].reshape(self._tokens, -1)[rows] for k in ("x", "dy"))
+        try:
+            arrays = self._reader.arrays(out)
+        except TypeError as exc:
+            return Spot(self.calls, rows, x, dy, {}, str(exc))
+        widths = {"y": dy.shape[-1], "dx": x.shape[-1]}
+        got = {
+            k: [
+                self._reader.rows(a, rows)
+                for a in arrays
+                if len(a.shape) and a.shape[-1] == n and math.prod(a.shape) == self._tokens * n
+            ]
+            for k, n in widths.items()
+        }
+        return Spot(self.calls, rows, x, dy, got)
 
     def done(self, outputs: list[Any]) -> None:
-        for slot, (order, out) in enumerate(zip(self._block, outputs, strict=True)):
+        for (inputs, order), out in zip(self._block, outputs, strict=True):
+            if self._reader is not None:
+                self.spots.append(self._spot(inputs, out))
+            if order is not None:
+                copies = read_copies(self._prepared, out, f"{self._name} on the harness's inputs")
+                self._call = Call(order, [(d, fresh.compact(t)) for d, t in copies])
             self.calls += 1
-            call = _Pending(slot, order, out)
-            if len(self._chosen) < self._keep:
-                self._chosen.append(call)
-            elif (j := int(self._rng.integers(self.calls))) < self._keep:
-                self._chosen[j] = call
-            if slot in self._used:
-                self._reuses += 1
-                if int(self._rng.integers(self._reuses)) == 0:
-                    self._again[:] = [call]
-            self._used.add(slot)
+        self._block = []
 
     def judged(self, sync: Callable[[Any], None] | None = None) -> list[Call]:
-        """The kept outputs, each read only after its slot was bound again (its inputs gone). With ``sync``, a feed
-        that made no call yet makes one first, outside any timing: how an untimed step is judged on these inputs."""
-        if sync is not None and not self.calls:
+        """The draw's call, read at its return. With ``sync``, a feed that has not made it yet (an untimed step, a
+        timing cut short) makes it now, outside any timing: how an untimed step is judged on these inputs."""
+        if self._call is None and sync is not None:
+            self._draw_at = self._taken
             outs = [self.take(1)[0]()]
             sync(outs)
             self.done(outs)
-        self._release(0)
-        return [c for c in (*self._chosen, *self._again) if isinstance(c, Call)]
+        return [] if self._call is None else [self._call]
+
+
+def harness_sync(spec: BackendSpec, prepared: Prepared) -> Callable[[Any], None]:
+    """The sync the harness ends every call with: the step's own, then its framework's device-wide one
+    (``compare.backends.registry.output_reader``: every CUDA stream; every array of a JAX pytree), so a step whose
+    own sync returns early is still waited for. A tensor-parallel step keeps its own (it ends with a barrier)."""
+    if prepared.tp is not None:
+        return prepared.sync
+    device_wide = output_reader(spec.framework).sync
+
+    def sync(outputs: Any) -> None:
+        prepared.sync(outputs)
+        device_wide(outputs)
+
+    return sync
+
+
+#: A spot's error above this share of its rows' largest ``|reference|`` fails the call (:func:`judge_spots`). An honest
+#: step's worst row error is a few units of the dtype's rounding (bfloat16: 2^-8 of a row's scale, a few times that
+#: through its intermediates); another input's answer (a stale output) is about the row's own size off, zeros 1.
+SPOT_RTOL = 0.125
+#: Failing calls named in a cell's reasons; the rest are counted.
+SPOT_NAMED = 3
+
+
+def judge_spots(spots: Sequence[Spot], case: Case, mode: str) -> tuple[int, list[str]]:
+    """``(calls checked, failures)`` of every call's :class:`Spot` against the float64 reference of its rows
+    (``compare.gate.fresh.token_reference``, all spots in one computation): a tensor the mode checks (``y``,
+    ``dx``) fails a call when no returned array of its shape is within :data:`SPOT_RTOL` of the reference on every
+    spot row whose reference the dtype can hold; an output that could not be read fails it too."""
+    if not spots:
+        return 0, []
+    want = [k for k in ("y", "dx") if MODE_TENSORS[mode](k)]
+    x = np.concatenate([s.x for s in spots])[None]
+    dy = np.concatenate([s.dy for s in spots])[None] if "dx" in want else None
+    ref = fresh.token_reference(case, golden_for(case).params, x, dy)
+    failed: list[str] = []
+    start = 0
+    for s in spots:
+        k = len(s.rows)
+        why = s.error
+        for name in want if not why else ():
+            r = ref[name].reshape(-1, ref[name].shape[-1])[start : start + k]
+            scale = np.max(np.abs(r), axis=1)
+            usable = np.isfinite(scale) & (scale > 0) & (scale <= DTYPE_MAX[case.dtype])
+            if not usable.any():
+                continue
+            if not s.got.get(name):
+                why = f"no array of {name}'s shape [T, {r.shape[-1]}] among its outputs"
+                break
+            with np.errstate(invalid="ignore"):
+                errs = [np.max(np.max(np.abs(c - r), axis=1)[usable] / scale[usable]) for c in s.got[name]]
+            err = min((e if np.isfinite(e) else np.inf) for e in errs)
+            if err > SPOT_RTOL:
+                why = (
+                    f"{name} of tokens {s.rows.tolist()} as returned is {err:.3g} x its largest |value| from the "
+                    f"float64 reference (line {SPOT_RTOL:g})"
+                )
+                break
+        start += k
+        if why:
+            failed.append(f"call {s.call + 1}: {why}")
+    if not failed:
+        return len(spots), []
+    named = failed[:SPOT_NAMED] + ([f"and {len(failed) - SPOT_NAMED} more calls"] if len(failed) > SPOT_NAMED else [])
+    return len(spots), [f"{len(failed)} of {len(spots)} calls checked at return fail: {'; '.join(named)}"]
 
 
 def _in_draw_order(tensors: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
@@ -309,10 +393,12 @@ def judge_calls(
     seed: int,
     name: str,
     by_device: bool,
+    spot: tuple[int, list[str]] = (0, []),
 ) -> list[FreshCheck]:
     """The gate's verdict on the kept outputs of a :class:`Feed` (``made``: the calls it made) against the fresh
     draw's ``reference`` (``compare.gate.fresh.reference``: of every token or of the tokens it drew): per device
-    copy, the worst of its calls' verdicts, as one :class:`~compare.gate.fresh.FreshCheck` of ``seed``."""
+    copy, the worst of its calls' verdicts, as one :class:`~compare.gate.fresh.FreshCheck` of ``seed``, with the
+    every-call check's ``(calls checked, failures)`` (:func:`judge_spots`)."""
     if not calls:
         raise RuntimeError(f"{name}: no call on the harness's inputs was kept to judge")
     want = checked(mode, reference.ref)
@@ -320,7 +406,7 @@ def judge_calls(
     for call in calls:
         got = [(d, reference.take(_in_draw_order(t, call.order))) for d, t in call.copies]
         judged = judge_read(got, want, reference.plain, dtype, f"{name} on the harness's inputs", by_device)
-        checks = [FreshCheck.of(seed, p, reference, judged=len(calls), made=made) for _, p in judged]
+        checks = [FreshCheck.of(seed, p, reference, judged=len(calls), made=made, spot=spot) for _, p in judged]
         per_copy = [[c] for c in checks] if not per_copy else [[*w, c] for w, c in zip(per_copy, checks, strict=True)]
     return [worst_fresh(w) for w in per_copy]
 
@@ -370,10 +456,13 @@ def verdicts(
     mode: str,
     seed: int,
     by_device: bool,
+    spots: Sequence[Spot] = (),
 ) -> list[CopyVerdicts]:
     """Per device copy (the same order in each: one process reads its copies in one order), its verdicts: the first
-    call's (``first``) and those of the kept ``calls`` (:func:`judge_calls`)."""
-    checks = judge_calls(calls, made, reference, case.dtype, mode, seed, who(spec, mode), by_device)
+    call's (``first``) and those of the kept ``calls`` with every call's ``spots`` (:func:`judge_calls`,
+    :func:`judge_spots`)."""
+    spot = judge_spots(spots, case, mode)
+    checks = judge_calls(calls, made, reference, case.dtype, mode, seed, who(spec, mode), by_device, spot)
     return [CopyVerdicts(d, p, c) for (d, p), c in zip(first, checks, strict=True)]
 
 

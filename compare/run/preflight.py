@@ -24,7 +24,7 @@ from compare.formats.markdown import si
 from compare.problem import checkpoint, golden
 from compare.problem.cases import Case, InputError
 from compare.results import environment
-from compare.run.pipeline import JUDGED
+from compare.run.pipeline import KEPT_CALLS
 
 LOCK_FILE = ".lock"
 
@@ -128,12 +128,11 @@ def held_bytes(case: Case, timed: int, backward: bool) -> int:
     beside the frameworks' own tensors: the golden data (:meth:`~compare.problem.cases.Case.golden_bytes`) and its
     plain computation's outputs and gradients (float32), and per backend the copy of the inputs and weights its
     ``prepare`` got (float32: ``Golden.problem``) and the outputs its feed keeps to judge
-    (``compare.run.pipeline.JUDGED`` and one more, in the dtype's width: ``compare.gate.fresh.compact``). A lower
-    bound: a Llama 3 8B layer (bfloat16, 16 tokens, fwd+bwd) through the five module backends holds at least 11.6 GB by
-    it, and peaked at 16.8 GB."""
+    (``compare.run.pipeline.KEPT_CALLS``, in the dtype's width: ``compare.gate.fresh.compact``). A lower bound: the
+    frameworks' own copies are not counted."""
     n_in, n_out, n_w = case.elements()
     judged = n_out + (n_in + n_w if backward else 0)  # y, and dx and each weight's gradient with a backward
-    per_backend = 4 * (n_in + n_out + n_w) + (JUDGED + 1) * ITEMSIZE[case.dtype] * judged  # x, dy, weights; kept
+    per_backend = 4 * (n_in + n_out + n_w) + KEPT_CALLS * ITEMSIZE[case.dtype] * judged  # x, dy, weights; kept
     return case.golden_bytes() + 4 * judged + timed * per_backend
 
 
