@@ -10,6 +10,7 @@ that the groups cover every backend that runs here, once.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +39,19 @@ TRAIN_PAIRS = PAIRS
 #:    reduces in bf16/fp16 itself, where a plain computation (and jnp.sum) accumulates in float32: the rms error is
 #:    1.1 to 2.6 times the pass line (2.5x the plain computation's) on a hundred tokens, on every seed
 #:    (tests/test_seeds.py), and grows with the token count. ``dbias`` of every 16-bit linear case, ``db1`` and
-#:    ``db2`` of every 16-bit GPT-2 MLP case. Must deviate.
-TOKEN_SUM_IN_LOW_DTYPE = "token sum accumulated in the low dtype"
+#:    ``db2`` of every 16-bit GPT-2 MLP case. Must deviate. No twin computation of the gate sums the tokens in the low
+#:    dtype, so the gate names no cause: it reports an unexplained deviation with the rms error and its ratio to the
+#:    plain computation's (:func:`unexplained_rms`); the cause above is what looking into it found.
+UNEXPLAINED_RMS = re.compile(
+    r"^unexplained deviation: (max error [^;]+; )?rms error [0-9.e+-]+, [0-9.]+x the plain computation's [0-9.e+-]+$"
+)
+
+
+def unexplained_rms(cause: str) -> bool:
+    """The gate's cause of finding 1: an unexplained deviation of the rms (and perhaps the max), in numbers."""
+    return UNEXPLAINED_RMS.match(cause) is not None
+
+
 #: 2. XLA:CPU's float32 transcendentals. With its instruction set capped (``--xla_cpu_max_isa=AVX``, as CI reruns
 #:    these tests) XLA's float32 tanh is less accurate than with AVX2/AVX-512, and on the heavy-tailed ``odd`` inputs
 #:    the gradients behind GELU's ill-conditioned derivative (``1 - tanh^2`` near tanh = -1) deviate (within what a
@@ -66,7 +78,7 @@ def known_deviations(backend: str, case: Case) -> tuple[set[str], set[str]]:
 
 
 def check_findings(r: Any, case: Case, names: list[str] | None = None) -> None:
-    """``r`` never fails; exactly the pinned tensors deviate (those that may, may), for the pinned cause."""
+    """``r`` never fails; exactly the pinned tensors deviate (those that may, may), each as the gate reads it."""
     assert r.status in ("ok", "deviates"), explain(r)
     must, may = known_deviations(r.backend, case)
     if names is not None:
@@ -74,7 +86,7 @@ def check_findings(r: Any, case: Case, names: list[str] | None = None) -> None:
     deviating = {t.tensor: t for t in r.parity.tensors if t.tier == "deviates"}
     assert must <= set(deviating) <= must | may, explain(r)
     for name in must:
-        assert TOKEN_SUM_IN_LOW_DTYPE in deviating[name].cause, deviating[name].cause
+        assert unexplained_rms(deviating[name].cause), deviating[name].cause
     assert r.status == ("deviates" if deviating else "ok"), explain(r)
 
 

@@ -4,6 +4,8 @@ over seeds. The negative controls that must fail are in ``tests/test_controls.py
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -55,14 +57,20 @@ def test_a_biased_float32_transcendental_deviates_never_fails_and_its_bias_is_me
     of the variant's (+4 or -4), many standard errors from zero, while the pure scale beside it stays within a fifth
     of a unit roundoff (measured:
     3.55 to 4.40 ulp, standard errors 0.08 to 0.64; scale 0.14 u at most). Without the fit, the bias moved y's scale
-    by up to 2.3 unit roundoffs, more than a wrong scale of 1.5 (tests/test_calibration.py)."""
+    by up to 2.3 unit roundoffs, more than a wrong scale of 1.5 (tests/test_calibration.py). Every deviating tensor's
+    cause names the fitted bias as measured, within an ulp of the variant's."""
     for name, want in (("transcendental+4ulp", 4.0), ("transcendental-4ulp-low", -4.0)):
         tiers: dict[str, set[str]] = {}
         for v, c in PAIRS:
             if v.name != name:
                 continue
             got, ref, plain = variant_outputs(name, c), golden_for(c).ref, plain_reference(c)
-            tiers.setdefault(c.dtype, set()).update(t.tier for t in check_all(got, ref, plain, c.dtype).tensors)
+            tensors = check_all(got, ref, plain, c.dtype).tensors
+            tiers.setdefault(c.dtype, set()).update(t.tier for t in tensors)
+            for t in tensors:  # a deviation names the fitted bias as what it is: measured, with its size
+                if t.tier == "deviates":
+                    m = re.match(r"measured: the fitted shape of a float32 tanh / exp ([+-][0-9.]+) ulp off", t.cause)
+                    assert m is not None and abs(float(m.group(1)) - want) < 1.0, (c.name, t.tensor, t.cause)
             if c.dtype == "float32":
                 stats = tensor_stats(ref, plain, "y")
                 b, _, fitted = _scale(got["y"] - plain["y"], ref["y"], stats.directions)

@@ -196,8 +196,8 @@ class TensorParity:
     the max check's pass line and value/line; ``worst_ratio`` is the largest value/pass line over every check (how
     close the tensor came to leaving ``pass``). ``tier`` is the worst check's: ``pass``, ``deviates`` or ``fail``;
     ``failed`` names the checks in the fail tier, ``deviated`` those in the deviates tier; ``*_fail`` are the fail
-    lines; ``cause`` is the likely cause of a deviation or failure (empty on a pass). ``passed`` is ``tier == "pass"``.
-    """
+    lines; ``cause`` is what the checks measured about a deviation or failure (:func:`cause`; empty on a pass).
+    ``passed`` is ``tier == "pass"``."""
 
     tensor: str
     n: int
@@ -478,56 +478,67 @@ def bias_fail_line(dtype: str) -> float:
     return BIAS_FAIL_UNITS * 2.0 ** -SIGNIFICAND_BITS[dtype] + TRANSCENDENTAL_ULPS * 2.0**-23
 
 
-def likely_cause(
-    name: str,
+def _statistic(c: Check, dtype: str, envelope: float | None) -> str:
+    """One deviating check in numbers: a max or rms error with its ratio to the plain computation's (and to the
+    envelope twin's, ``envelope``, where there is one), a shift or scale as its bias beyond the honest interval."""
+    if c.name == "shift":
+        return (
+            f"a constant shift: mean error {c.signed or 0.0:+.3g} lies {c.value / max(c.se or 0.0, 1e-300):.3g} "
+            "standard errors beyond the plain computation's (or zero)"
+        )
+    if c.name == "scale":
+        # the signed distance beyond the interval between 0 and the plain computation's slope has the slope's sign
+        bias = math.copysign(c.value, c.signed or 0.0)
+        return f"a systematic bias of {bias / 2.0 ** -SIGNIFICAND_BITS[dtype]:+.2g} unit roundoffs of {dtype}"
+    plain = "where the plain computation's is 0"
+    if c.plain:
+        plain = f"{c.value / c.plain:.3g}x the plain computation's {c.plain:.3g}"
+    twin = f", {c.value / envelope:.3g}x the envelope twin's {envelope:.3g}" if envelope else ""
+    return f"{c.name} error {c.value:.3g}, {plain}{twin}"
+
+
+def cause(
     dtype: str,
     tier: str,
-    checks: dict[str, str],
-    bias: float,
-    within_envelope: bool = False,
+    checks: list[Check],
+    envelope: tuple[float, float] | None = None,
     transcendental: tuple[float, float] | None = None,
 ) -> str:
-    """The likely cause of a deviation or failure from which checks left ``pass`` (``checks``: name -> tier), the
-    relative bias ``bias`` (scale minus the plain computation's), whether the error stays within the envelope twin's
-    (``within_envelope``: no worse than the plain computation with its float32 transcendentals 4 ulp off, where one
-    was computed) and the fitted transcendental signature (``transcendental``: coefficient and standard error,
-    :func:`_scale`): a reading of the pattern, not a proof; a transcendental's bias is named only when measured."""
+    """What the checks measured about a deviation or failure (empty on a pass), from ``checks`` (each with its tier),
+    the envelope twin's max and rms error (``envelope``: the plain computation with its float32 transcendentals 4 ulp
+    off, where that differs from the plain computation's) and the fitted transcendental signature
+    (``transcendental``: coefficient and standard error, :func:`_scale`).
+
+    A cause is named only where a fit measures it: the transcendental's signature. Any other deviation is an
+    ``unexplained deviation`` with the statistics that deviated, in numbers; no rule of thumb stands in for a twin
+    computation with the cause in it (a bias gradient with a few elements zeroed and one summed over the tokens in
+    the low dtype both have more error than the plain computation, and nothing here tells them apart). An error
+    within the envelope twin's never deviates: the max and rms pass lines are built from it (at 8x and 2.5x)."""
     if tier == "pass":
         return ""
-    if checks.get("dtype") == "fail":
+    tiers = {c.name: c.tier for c in checks}
+    if tiers.get("dtype") == "fail":
         return "values that do not fit the dtype's precision: computed in (or returned from) a wider or narrower type"
     if tier == "fail":
-        if checks.get("scale") == "fail" or checks.get("shift") == "fail":
+        if tiers.get("scale") == "fail" or tiers.get("shift") == "fail":
             return "a different function: a systematic error beyond any rounding (a wrong scale, shift or formula)"
-        if checks.get("where") == "fail":
+        if tiers.get("where") == "fail":
             return "a different function: an error gathered on the smallest outputs, where rounding puts the least"
         return "a different function: an error beyond any rounding (a wrong formula, operand or precision)"
-    half = dtype in ("bfloat16", "float16")
-    u = 2.0 ** -SIGNIFICAND_BITS[dtype]
     if transcendental is not None and abs(transcendental[0]) > Z_SCORE * transcendental[1]:
-        ulps = transcendental[0]
+        coef, se = transcendental
         return (
-            f"the measured shape of a float32 tanh / exp {ulps:+.2g} ulp "
-            f"off all one way ({abs(transcendental[0]) / transcendental[1]:.3g} standard errors): likely an "
-            "approximate transcendental"
+            f"measured: the fitted shape of a float32 tanh / exp {coef:+.2g} ulp off all one way, "
+            f"{abs(coef) / se:.3g} standard errors from none (an approximate transcendental)"
         )
-    if checks.get("scale") == "deviates" or checks.get("shift") == "deviates":
-        # not named: a cause (the activation in the dtype with its constants rounded) is named only where the measured
-        # bias matches the size and shape that cause predicts, which needs a twin computation with that cause in it;
-        # only the transcendental's is fitted (above), so this bias is reported as measured and left unexplained
-        return f"unexplained deviation: a systematic bias of {bias / u:+.2g} unit roundoffs of {dtype}"
-    if half and name.startswith("db"):
-        return "more rounding error than a plain computation: likely the token sum accumulated in the low dtype"
-    if within_envelope:
-        return (
-            "more error than a plain computation, within what a float32 tanh / exp 4 ulp off gives: likely an "
-            "approximate transcendental (or a cut-off where GELU's derivative is ill-conditioned)"
-        )
-    if checks.get("rms") == "deviates":
-        if half:
-            return "more rounding error than a plain computation: likely accumulation or intermediates in the dtype"
-        return "more rounding error than a plain computation: likely another accumulation order or blocking"
-    return "a few elements beyond the plain computation's worst: likely an approximate transcendental or a cut-off"
+    twin = dict(zip(("max", "rms"), envelope, strict=True)) if envelope is not None else {}
+    # not named: a cause (the activation in the dtype with its constants rounded, a token sum in the low dtype,
+    # another accumulation order) is named only where a twin computation with that cause in it predicts the size and
+    # shape of what was measured; the only twins computed are the envelope (its error is in the pass lines and the
+    # ratios) and the transcendental's signature (fitted above)
+    return "unexplained deviation: " + "; ".join(
+        _statistic(c, dtype, twin.get(c.name)) for c in checks if c.tier == "deviates"
+    )
 
 
 def check_tensor(
@@ -706,13 +717,11 @@ def check_tensor(
         scale_fail=scale_fail,
         scale_paired=paired,
         where_ratio=w,
-        cause=likely_cause(
-            name,
+        cause=cause(
             dtype,
             tier,
-            tiers,
-            b - min(max(b, min(0.0, b_p)), max(0.0, b_p)),  # signed distance beyond [0, b_p]
-            ps.envelope_err > ps.plain_err and err <= 1.5 * ps.envelope_err and rms_err <= 1.5 * ps.rms_envelope,
+            checks,
+            (ps.envelope_err, ps.rms_envelope) if ps.envelope_err > ps.plain_err else None,
             transcendental,
         ),
     )
@@ -749,7 +758,7 @@ class Parity:
         return [f"{t.tensor}: {t.why}" for t in self.tensors if t.tier == "fail"]
 
     def deviations(self) -> list[str]:
-        """The tensors in the deviates tier, with why and the likely cause."""
+        """The tensors in the deviates tier, with why and the cause (:func:`cause`)."""
         return [f"{t.tensor}: {t.why} ({t.cause})" for t in self.tensors if t.tier == "deviates"]
 
 

@@ -131,8 +131,10 @@ def parity_section(results: Rows) -> str:
     intro = (
         "Error against the float64 golden, every check of the gate (`compare/gate/parity.py`), each with a pass line "
         "and a fail line; between them a tensor *deviates*: a real, measured difference that an honest "
-        "implementation can have, with its likely cause. Every line comes from a plain same-dtype computation's "
-        "own error on the same case (float32 accumulation in a fixed order, the same bits on every machine). max: "
+        "implementation can have, with what its checks measured: a cause where a fit measures one, else an "
+        "unexplained deviation and the statistics that deviated, in numbers. Every line comes from a plain "
+        "same-dtype computation's own error on the same case (float32 accumulation in a fixed order, the same bits "
+        "on every machine). max: "
         "pass if max|err| <= 8 x plain max + one unit roundoff of max|ref|, fail beyond 8 x (2 x plain max + a "
         "unit roundoff), or 8 x the envelope's (the plain computation with float32 tanh/exp 4 ulp off) where "
         "larger. rms: pass if rms(err) <= 2.5 x plain rms (+ a tenth of a unit roundoff), fail as max. mean (a "

@@ -2,7 +2,8 @@
 
 Each line gives
 - **parity**: every backend passes, or which fail and on what (tensor: checks), which deviate (a real difference
-  an honest implementation can have) and the likely cause, with the gate's resolution on that case
+  an honest implementation can have) and the worst one's cause (``compare.gate.parity.cause``: measured, or an
+  unexplained deviation with the statistics that deviated), with the gate's resolution on that case
   (``compare.gate.resolution``: the smallest scale error it catches on ``y``, and whether erf and tanh GELU can be told
   apart), so "pass" has a size;
 - **fastest**: the fastest timed backend among those that pass or deviate (a parity failure, an error or an
@@ -140,7 +141,7 @@ def _where_failed(r: Result) -> str:
 
 
 def _deviation(r: Result) -> str:
-    """Which tensors of a deviating row deviate, and the likely cause of the worst."""
+    """Which tensors of a deviating row deviate, and the cause of the worst (measured, or an unexplained deviation)."""
     p = r.parity
     worst = max(p.tensors, key=lambda t: t.worst_ratio) if p is not None and p.tensors else None
     cause = f": {worst.cause}" if worst is not None and worst.cause else ""

@@ -31,7 +31,7 @@ from compare.timing.timer import Timing, TimingConfig
 #: on load with a clear error (rerun, or rebuild the report with the fusion-compare that wrote it). Fields added
 #: since without changing what the others mean (a result's ``world_size`` and ``tp``, a parity's ``processes``)
 #: are optional: a reader of version 2 that does not know them ignores them.
-#: 3: the graded verdict (a tensor's and a result's ``tier``: pass, deviates, fail; the fail lines; the likely cause)
+#: 3: the graded verdict (a tensor's and a result's ``tier``: pass, deviates, fail; the fail lines; the cause)
 #: and the ``deviates`` status; bounds from the machine-independent plain computation.
 #: 4: the ``implausible`` status, the verdict on fresh inputs (``parity.fresh``), interleaved timing (a timing's
 #: ``rounds`` and ``group``).
