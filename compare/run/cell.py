@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from compare.backends.registry import DEFAULT_BASELINE, BackendSpec
+from compare.backends.registry import DEFAULT_BASELINE, BackendSpec, module_file
 from compare.cost.model import cost, roofline
 from compare.cost.records import Ceilings, Cost
 from compare.formats.codec import to_json
@@ -95,10 +95,14 @@ def judge(
     return check_all(got, ref, plain, dtype)
 
 
+@functools.lru_cache(maxsize=64)
 def min_flops(case: Case, mode: str) -> int | None:
-    """GEMM FLOPs any backend's step must do on ``case`` in ``mode``: the baseline's, which recomputes nothing; None
-    for a module case (no cost model knows its GEMMs: its timing is not checked against the ceilings)."""
-    return None if case.module is not None else cost(case, DEFAULT_BASELINE, mode).flops
+    """GEMM FLOPs any backend's step must do on ``case`` in ``mode``: the baseline's, which recomputes nothing. A
+    module case's, which no cost model knows, are its torch module's eager step's as ``torch.utils.flop_counter``
+    counts them (the ``module-file`` probe's ``matmul_flops``: on shapes alone, milliseconds), a property of the
+    case: counted once and held to every backend of it (a JAX port is held to the FLOPs of the torch module it
+    ports). None where a module's cannot be counted: its timing is then not checked against the ceilings."""
+    return cost(case, DEFAULT_BASELINE, mode).flops if case.module is None else module_file().matmul_flops(case, mode)
 
 
 def implausible(frac: float) -> str:
