@@ -436,6 +436,31 @@ def test_a_step_faster_than_the_measured_ceiling_is_an_implausible_status(monkey
     assert "Fastest: nothing timed" in summary_section(doc)
 
 
+def _timed(samples: list[float]) -> Timing:
+    """A one-call-per-sample Timing of ``samples`` (seconds), its statistics as the shared timer computes them."""
+    q1, median, q3 = quartiles(samples)
+    return Timing(median, q3 - q1, min(samples), max(samples), len(samples), 1, samples[0], 1, tuple(samples))
+
+
+def test_plausibility_is_judged_on_the_median_not_on_one_fast_sample() -> None:
+    """The busy machine's honest jax-xla: one quiet moment gave a fastest sample of 33.7 ms, 1.23x the ceiling,
+    against a median of 62 ms (0.67x): it is not implausible. A step whose median beats the line (five of nine
+    calls at 20 ms: 2.07x) is, and its reason says it judged the median."""
+    from compare.cost.records import Ceiling, Ceilings
+    from compare.results.document import Result
+    from compare.run.cell import against_ceilings, min_flops
+
+    flops = min_flops(TINY, "fwd")
+    assert flops
+    ceil = Ceilings("cpu", {"float32": Ceiling(flops / (1.23 * 33.7e-3), 1e10, dtype="float32")})
+    ok = Result.for_case("jax-xla", TINY, "fwd", "ok")
+    honest = against_ceilings(replace(ok, timing=_timed([33.7e-3, *[62e-3 + i * 1e-4 for i in range(9)]])), ceil, flops)
+    assert honest.status == "ok" and honest.implausible == "", honest.reason
+    cheat = against_ceilings(replace(ok, timing=_timed([20e-3] * 5 + [62e-3] * 4)), ceil, flops)
+    assert cheat.status == "implausible" and cheat.reason.startswith("implausible: its median call"), cheat.reason
+    assert "at 2.07x the matmul ceiling" in cheat.reason, cheat.reason
+
+
 def test_verdict_names_its_design() -> None:
     t = Timing(1.0, 0.01, 0.99, 1.01, 10, 1, 0.0, 1, tuple([1.0] * 10))
     assert compare_timing(t, t).design == UNPAIRED and compare_timing(t, t).verdict == WITHIN_NOISE

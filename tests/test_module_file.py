@@ -396,6 +396,94 @@ def test_a_sweep_runs_the_module_over_token_counts(tmp_path: Path) -> None:
     assert doc.config.grid["module"]["sha256"] == sha
 
 
+# --- plausibility: a module case is held to the ceilings on its counted GEMM FLOPs -----------------------------------
+
+#: A forward that reads a value back (``meta`` tensors hold none): its FLOPs are counted on one CPU step instead.
+READS_BACK = "torch.relu(self.up(x)) ** 2 * (1.0 + 0.0 * float(x.abs().max()))"
+#: A module that answers from memory: each output kept under its input tensor (held, so that no other tensor takes
+#: its identity) and the tensor's version, and served again while both are the same (the harness writes a slot's
+#: new inputs in place, through ``.data``).
+CACHING = """
+class Caching(MLP):
+    def __init__(self, dim, hidden):
+        super().__init__(dim, hidden)
+        self.kept = {}
+
+    def forward(self, x):
+        held = self.kept.get(id(x))
+        if held is None or held[0] is not x or held[1] != x._version:
+            held = self.kept[id(x)] = (x, x._version, super().forward(x))
+        return held[2]
+
+
+def torch_module(dim, hidden):
+    return Caching(dim, hidden)
+"""
+
+
+@pytest.mark.parametrize("torch_act", [SQUARED_RELU, READS_BACK], ids=["on-shapes", "reads-back"])
+def test_a_module_case_s_gemm_flops_are_counted_per_mode(tmp_path: Path, torch_act: str) -> None:
+    """The template's 2 forward GEMMs and 4 backward ones (dx and dW of each linear), ``2 * tokens * dim * hidden``
+    FLOPs each, as ``torch.utils.flop_counter`` counts them: on shapes alone, or, for a forward that reads a value
+    back, on one CPU step; the bias adds, ReLU and square are not GEMMs."""
+    from compare.run.cell import min_flops
+
+    case = case_of(write(tmp_path, module_source(torch_act=torch_act)))
+    gemm = 2 * case.shape.tokens * 96 * 328
+    counted = {m: min_flops(case, m) for m in ("fwd", "bwd", "fwd+bwd")}
+    assert counted == {"fwd": 2 * gemm, "bwd": 4 * gemm, "fwd+bwd": 6 * gemm}
+
+
+@pytest.mark.standard
+def test_a_module_case_is_held_to_the_measured_ceilings_on_its_counted_flops(tmp_path: Path) -> None:
+    """With the ceilings measured: the honest module is ``ok`` and not flagged; one that answers from memory comes
+    back far faster than its counted GEMMs allow and is flagged implausible, whatever else fails it (here the
+    harness's fresh inputs: a slot's inputs change in place and it serves the old answer)."""
+    from compare.run.harness import run
+    from compare.run.options import RunOptions
+    from compare.timing.timer import TimingConfig
+
+    honest = case_of(write(tmp_path, module_source(), "honest.py"))
+    caching = case_of(write(tmp_path, module_source(extra=CACHING), "caching.py"))
+    cfg = TimingConfig(warmup=1, budget_s=0.05)
+    doc = run([honest, caching], [spec("torch-module")], ["fwd"], RunOptions(cfg, ceilings=True))
+    by = {r.case: r for r in doc.results}
+    fair, cheat = by[honest.name], by[caching.name]
+    assert fair.status == "ok" and fair.implausible == "", (fair.status, fair.reason)
+    assert cheat.implausible.startswith("implausible: its median call"), (cheat.status, cheat.reason)
+
+
+@pytest.mark.standard
+def test_every_backend_of_a_module_case_beating_the_ceiling_is_implausible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ceiling set far too low (1 kFLOP/s, as a cheat's time stands against a true one): the module's torch and JAX
+    backends are both ``implausible``, each held to the FLOPs counted once on the torch module, and a finding."""
+    from compare.cost.records import Ceilings
+    from compare.run import conductor, exitcodes
+    from compare.run.harness import run
+    from compare.run.options import RunOptions
+    from compare.timing.timer import TimingConfig
+
+    real = conductor.measure_ceilings
+
+    def low(dtypes, budget_s=0.5):  # type: ignore[no-untyped-def]
+        c = real(dtypes, budget_s=0.05)
+        assert c is not None
+        return Ceilings(c.device, {k: dataclasses.replace(v, flops_per_s=1e3) for k, v in c.by_dtype.items()})
+
+    monkeypatch.setattr(conductor, "measure_ceilings", low)
+    case = case_of(write(tmp_path, module_source()))
+    cfg = TimingConfig(warmup=1, budget_s=0.05)
+    doc = run([case], [spec("torch-module"), spec("jax-module")], ["fwd"], RunOptions(cfg, ceilings=True))
+    assert [(r.backend, r.status) for r in doc.results] == [
+        ("torch-module", "implausible"),
+        ("jax-module", "implausible"),
+    ]
+    assert all(r.reason.startswith("implausible: its median call") for r in doc.results)
+    assert exitcodes.of_statuses([r.status for r in doc.results]) == exitcodes.FINDING
+
+
 def test_default_backends_are_those_of_the_run_s_kind_of_case() -> None:
     """Without --backend a built-in run gets no module backend (no skipped rows) and a --module run only them."""
     from compare.cli.args import default_backends

@@ -27,6 +27,44 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float64).numpy()
 
 
+def steps(
+    mode: str, forward: Forward, params: dict[str, nn.Parameter], x: torch.Tensor, dy: torch.Tensor
+) -> tuple[Callable[[], Any], Callable[[Any], dict[str, np.ndarray]]]:
+    """The step of ``mode`` (:func:`prepare`'s) over the inputs ``x [batch, seq, dim]`` and ``dy [batch, seq, out]``,
+    gradients with respect to ``x`` and ``params`` (canonical names: ``dx``, ``d<name>``), and how to read its
+    output as float64 arrays. For ``bwd`` the forward runs here, once: the step is the backward alone."""
+    names = ["dx", *(f"d{n}" for n in params)]
+
+    def grads_np(grads: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
+        return {n: _np(g) for n, g in zip(names, grads, strict=True)}
+
+    wrt = [x, *params.values()]
+    if mode == "fwd":
+
+        def fwd() -> torch.Tensor:
+            with torch.no_grad():
+                return forward(x)
+
+        return fwd, lambda out: {"y": _np(out)}
+    if mode == "fwd+bwd":
+        x.requires_grad_(True)
+
+        def fwd_bwd() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+            y = forward(x)
+            return y.detach(), torch.autograd.grad(y, wrt, dy)
+
+        return fwd_bwd, lambda out: {"y": _np(out[0]), **grads_np(out[1])}
+    if mode == "bwd":
+        x.requires_grad_(True)
+        y_graph = forward(x)
+
+        def bwd() -> tuple[torch.Tensor, ...]:
+            return torch.autograd.grad(y_graph, wrt, dy, retain_graph=True)
+
+        return bwd, grads_np
+    raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
+
+
 def prepare(
     problem: Problem,
     mode: str,
@@ -51,41 +89,13 @@ def prepare(
     x = torch.from_numpy(problem.x).to(device=device, dtype=dtype)
     dy = torch.from_numpy(problem.dy).to(device=device, dtype=dtype)
     params = canonical_params(module, problem.case.model)
-    names = ["dx", *(f"d{n}" for n in params)]
-
-    def grads_np(grads: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
-        return {n: _np(g) for n, g in zip(names, grads, strict=True)}
 
     def steps_on(
         x: torch.Tensor, dy: torch.Tensor, forward: Forward = forward
     ) -> tuple[Callable[[], Any], Callable[[Any], dict[str, np.ndarray]]]:
         """The step of ``mode`` over the inputs ``x``, ``dy`` (on the device), and how to read its output; ``forward``
         the backend's unless given (the FLOP count's eager module)."""
-        wrt = [x, *params.values()]
-        if mode == "fwd":
-
-            def fwd() -> torch.Tensor:
-                with torch.no_grad():
-                    return forward(x)
-
-            return fwd, lambda out: {"y": _np(out)}
-        if mode == "fwd+bwd":
-            x.requires_grad_(True)
-
-            def fwd_bwd() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-                y = forward(x)
-                return y.detach(), torch.autograd.grad(y, wrt, dy)
-
-            return fwd_bwd, lambda out: {"y": _np(out[0]), **grads_np(out[1])}
-        if mode == "bwd":
-            x.requires_grad_(True)
-            y_graph = forward(x)
-
-            def bwd() -> tuple[torch.Tensor, ...]:
-                return torch.autograd.grad(y_graph, wrt, dy, retain_graph=True)
-
-            return bwd, grads_np
-        raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
+        return steps(mode, forward, params, x, dy)
 
     step, to_numpy = steps_on(x, dy)
     slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -15,7 +15,8 @@ The core (``compare/``) reaches this module only through the registry's ``module
 (``compare.backends.registry.PROBES``): :func:`describe` makes the case's record, :func:`reference` its float64
 golden (``Arith.exact()`` with float64 activations: the bits of ``torch_impl.plain``'s fixed arithmetic, the same on
 every machine), :func:`plain_run` the gate's yardstick (``plain.plain_run_module``) and :func:`compute` any other
-arithmetic (the gate's resolution twin, the fresh draws' range screen). Every refusal is an
+arithmetic (the gate's resolution twin, the fresh draws' range screen), :func:`matmul_flops` the GEMM FLOPs its
+timing is held to against the ceilings. Every refusal is an
 :class:`~compare.problem.cases.InputError` naming the file (the CLI exits 2 with its one line).
 """
 
@@ -35,6 +36,8 @@ from torch import nn
 from compare.problem.cases import Case, FileChanged, InputError, ModuleFile
 from compare.problem.golden import make_problem
 from compare.problem.reference import Arith
+from torch_impl.device import TORCH_DTYPES
+from torch_impl.models import canonical_params
 from torch_impl.plain import plain_compute, plain_run_module
 from torch_impl.plain_acts import acts_plain
 
@@ -47,6 +50,7 @@ __all__ = [
     "describe",
     "jax_function",
     "load",
+    "matmul_flops",
     "plain_run",
     "reference",
 ]
@@ -61,6 +65,13 @@ REQUIRED: dict[str, str] = {
 REFERENCE_RTOL = 1e-10
 #: Tokens of the case's inputs the ``reference`` check runs on.
 REFERENCE_TOKENS = 8
+#: Where :func:`matmul_flops` counts, in order: on shapes alone (``meta`` tensors: nothing allocated, nothing
+#: computed), then, for a module that cannot run on them (it reads a value back, or calls a kernel of its own), one
+#: real step on the CPU in float32.
+COUNT_ON: tuple[str, ...] = ("meta", "cpu")
+#: The ``torch.utils.flop_counter`` ops a matmul ceiling bounds: GEMMs, ``2 * m * n * k`` FLOPs each. Not its
+#: convolutions: a Winograd or FFT convolution does fewer multiplications than the direct ones it is counted at.
+GEMM_OPS: frozenset[str] = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"})
 
 
 class ModuleChanged(FileChanged):
@@ -230,6 +241,36 @@ def build(case: Case, params: dict[str, np.ndarray], device: torch.device, dtype
         for k, p in module.state_dict(keep_vars=True).items():
             p.copy_(torch.from_numpy(np.asarray(params[k])).to(device=device, dtype=dtype))
     return module.eval()
+
+
+def matmul_flops(case: Case, mode: str) -> int | None:
+    """The GEMM FLOPs (:data:`GEMM_OPS`) of one step of ``mode`` of the case's torch module, eager, at the case's
+    shapes (``torch_impl.runner.steps``: ``bwd`` the backward alone), as ``torch.utils.flop_counter`` counts them
+    (``torch_impl.profiling.count_flops``), on each of :data:`COUNT_ON` until one runs; None where none does, or
+    the file can no longer be loaded. A count depends on shapes alone: on ``meta`` tensors it takes milliseconds
+    whatever the size (``examples/llama_mlp.py``'s fwd+bwd, 9 GEMMs: 13 ms at 111 tokens of width 96 -> 328, 18 ms
+    at 4096 tokens of width 1024 -> 3584)."""
+    from torch_impl import profiling, runner
+
+    mf = _module_file(case)
+    try:
+        user = load(mf)
+    except InputError:  # changed since the case was made: its cells are errors, with nothing to hold to a ceiling
+        return None
+    for where in COUNT_ON:
+        device, dtype = torch.device(where), TORCH_DTYPES[case.dtype] if where == "meta" else torch.float32
+        try:
+            with device:  # parameters made on it: on ``meta`` a layer of any width costs nothing
+                module = _instantiate(user, mf.path, case.shape.dim, case.shape.hidden)
+            module = module.to(device=device, dtype=dtype).eval()
+            x, dy = (torch.zeros(s, device=device, dtype=dtype) for s in (case.input_shape(), case.output_shape()))
+            step = runner.steps(mode, module, canonical_params(module, case.model), x, dy)[0]
+        except Exception:  # the module cannot be made or run here: the next place
+            continue
+        counted = profiling.count_flops(step, lambda out: None)
+        if counted["flops"] is not None:
+            return int(sum(n for op, n in counted["by_op"].items() if op in GEMM_OPS))
+    return None
 
 
 def jax_function(case: Case) -> Any:

@@ -39,7 +39,7 @@ from compare.timing.timer import Timing, TimingConfig
 SCHEMA_VERSION = 4
 #: ``ok``: every tensor passes; ``deviates``: a real, measured difference that an honest implementation can have (no
 #: tensor fails); ``parity-fail``: a tensor fails (a different function), on the golden or on fresh inputs;
-#: ``implausible``: it passes or deviates, but its fastest sample beats the machine's measured matmul ceiling (it
+#: ``implausible``: it passes or deviates, but its median call beats the machine's measured matmul ceiling (it
 #: cannot have done its FLOPs); ``error``; ``skipped``.
 STATUSES: tuple[str, ...] = ("ok", "deviates", "parity-fail", "implausible", "error", "skipped")
 

@@ -1,5 +1,6 @@
 """The one conductor of every measurement (``run``, ``profile``, ``sweep``), :meth:`Conductor.conduct`, and its stage
-order: this machine's ceilings per dtype first (:func:`measure_ceilings`, under the budget's ``ceilings`` share);
+order: this machine's ceilings per dtype first (:func:`measure_ceilings`, under the budget's ``ceilings`` share)
+and each case's GEMM FLOPs (``compare.run.cell.min_flops``: a module case's counted, outside any timed window);
 then each executor (:class:`Executor`: the run's ``compare.run.harness.Groups`` and ``TpGroups``, a sweep's
 ``compare.run.sweep.LocalRunner`` and ``compare.cluster.ray_engine``) runs its cells, each finished one
 (:class:`Finished`) held to the ceilings (:func:`hold`), stored (``compare.run.store``) and said. A stop
@@ -177,6 +178,9 @@ class Conductor:
                     budget.cut(f"ceilings: {probe_s:.2g} s per dtype and probe ({own})")
                 with budget_phase(budget, "ceilings"):
                     self.ceilings = measure_ceilings(dtypes, probe_s)
+            if self.ceilings is not None:  # each case's FLOPs before any step runs (a module case's are counted)
+                for case, mode in dict.fromkeys((c.case, c.mode) for _, cells in plan for c in cells):
+                    min_flops(case, mode)
             if begin is not None:
                 begin(self.ceilings)
             for executor, cells in plan:

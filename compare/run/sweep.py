@@ -15,7 +15,7 @@ an exclusive lock keeps a second sweep from writing it. ``--retry-errors`` runs 
 largest token count that fits.
 
 Before the first cell each start measures this machine's matmul and copy ceilings for the swept dtypes (stored in
-its header line) and every single-device row is held to them: a step whose fastest sample beats the matmul ceiling
+its header line) and every single-device row is held to them: a step whose median call beats the matmul ceiling
 is ``implausible`` (``compare.run.cell.against_ceilings``). ``--no-ceilings`` skips both.
 
 A backend that raises is an ``error`` result and the sweep goes on. With ``--isolate`` each cell runs in its own
