@@ -433,3 +433,40 @@ def test_two_real_runs_then_the_history_command(tmp_path: Path) -> None:
     md = (tmp_path / "H" / "report" / "HISTORY.md").read_text(encoding="utf-8")
     assert len([line for line in md.splitlines() if line.startswith("| #")]) == 2
     assert (tmp_path / "H" / "report" / "history.png").read_bytes().startswith(PNG)
+
+
+def _one_build(folder: Path, factors: Sequence[float]) -> None:
+    """A history of one entry per factor, all of one build (commit ``c1...``, the committed versions), a minute
+    apart: the same code run again, each run its own process."""
+    src = history.Source("c1" + "0" * 38, False, "0.1.0")
+    for i, f in enumerate(factors):
+        history.write(folder, history.entry(_scaled(f, seed=i), "run", src, T0 + datetime.timedelta(minutes=i)))
+
+
+def test_two_runs_of_one_build_at_two_process_levels_flag_nothing(tmp_path: Path) -> None:
+    """The issue's two identical ``run --history`` runs (jax-xla 34.2 -> 39.4 ms, each tight within its process):
+    two runs measure no between-process spread, so 15% is within the floor: no flag, exit 0, and the table says so.
+    (The unpaired rule alone calls it slower.)"""
+    _one_build(tmp_path, [1.0, 39.4 / 34.2])
+    h = _history(tmp_path)
+    assert _flags(h) == {("", "")} and not h.regressions
+    v = h.cells[0].newest.vs_previous
+    assert v is not None and v.between is not None and not v.between_measured
+    first, newest = (view.unpaired(p.timing) for p in (h.cells[0].points[0], h.cells[0].newest))
+    assert compare_timing(first, newest).regression
+    assert main(["history", str(tmp_path), "--out", str(tmp_path / "view")]) == 0
+    assert "between-process spread not measured: floor 30%" in (tmp_path / "view" / "HISTORY.md").read_text("utf-8")
+
+
+def test_earlier_runs_of_one_build_measure_the_between_run_spread() -> None:
+    """Three or more earlier runs of the build of the point before: their medians' range is the band. Runs at two
+    process levels 25% apart make a 25% band (the next run at the upper level is not flagged); three tight runs make a
+    narrow one, and a 15% step below the floor is flagged; runs of other builds measure nothing."""
+    levels = [1.0, 1.25, 1.0, 1.25]
+    assert [s.flag for s in view.change_points(_timings(levels), ["b"] * 4)] == [""] * 4
+    tight = [1.0, 1.01, 0.995, 1.15]
+    steps = view.change_points(_timings(tight), ["b"] * 4)
+    assert [s.flag for s in steps] == ["", "", "", SLOWER]
+    assert steps[3].vs_previous is not None and steps[3].vs_previous.between_measured
+    assert steps[3].vs_previous.between == pytest.approx(0.015, abs=0.02)
+    assert [s.flag for s in view.change_points(_timings(tight), ["b1", "b2", "b3", "b4"])] == [""] * 4

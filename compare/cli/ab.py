@@ -1,6 +1,7 @@
 """``python -m compare ab``: its arguments, checked into the two sides (interpreter, environment variables,
-checkout) and one :class:`~compare.run.ab.Plan`; then the A/B run (``compare.run.ab.run_ab``), ``ab.json`` and
-``AB.md`` written into ``--out`` and the summary printed. Exit 1 on a finding (``compare.report.ab.findings``)."""
+checkout) and one :class:`~compare.run.ab.Plan` (``--workers`` processes a side, sharing the side's ``--budget``);
+then the A/B run (``compare.run.ab.run_ab``), ``ab.json`` and ``AB.md`` written into ``--out`` and the summary
+printed. Exit 1 on a finding (``compare.report.ab.findings``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from compare.results import ab as ab_results
 from compare.results import environment, history
 from compare.results.ab import Side
 from compare.run import exitcodes, preflight, stop
-from compare.run.ab import Plan, run_ab, side_env
+from compare.run.ab import WORKERS, Plan, run_ab, side_env
 from compare.run.ab_worker import ROOT
 from compare.run.store import CELLS, JSONL
 from compare.timing.timer import TimingConfig
@@ -77,9 +78,12 @@ def cmd_ab(a: argparse.Namespace) -> int:
     out = preflight.prepare_out_dir(Path(a.out))
     keep = history_command.target(a)
     command = "python -m compare " + shlex.join(a.argv)
+    if a.workers < 1:
+        raise InputError(f"--workers {a.workers}: a side needs one worker at least ({WORKERS} by default)")
+    # --budget is a side's: its workers share it, so K workers a side take the timed seconds one did
     plan = Plan(
-        tuple(cases), tuple(specs), tuple(modes), TimingConfig(budget_s=a.budget), not a.no_profile,
-        not a.no_profile, command,
+        tuple(cases), tuple(specs), tuple(modes), TimingConfig(budget_s=a.budget / a.workers), not a.no_profile,
+        not a.no_profile, command, a.workers,
     )  # fmt: skip
     with preflight.lock_folder(out, shlex.join(a.argv)), stop.on_signals():
         doc = run_ab(*sides, plan)
@@ -125,10 +129,11 @@ def add_parser(subs: Any) -> None:
         subs,
         "ab",
         help="time and check the same backends under two interpreters, environments or checkouts, interleaved",
-        description="One worker process per side, each with its own interpreter, environment variables and checkout "
-        "(two virtual environments with other torch or jax versions, or two clones of this project at other commits), "
-        "both on the same case and golden data; their timing rounds interleaved, each side judged by the parity gate. "
-        "Writes ab.json and AB.md into --out; exit 1 when B is slower beyond noise, loses parity, or a side errs.",
+        description="Worker processes (--workers a side), each side's with its own interpreter, environment variables "
+        "and checkout (two virtual environments with other torch or jax versions, or two clones of this project at "
+        "other commits), all on the same case and golden data; their timing rounds interleaved, each side judged by "
+        "the parity gate, B called different only beyond the spread between processes of one side. Writes ab.json "
+        "and AB.md into --out; exit 1 when B is slower beyond noise, loses parity, or a side errs.",
     )
     add_case_args(p)
     add_cell_args(p, budget_help="seconds of timed samples per backend and side")
@@ -147,6 +152,15 @@ def add_parser(subs: Any) -> None:
             metavar="DIR",
             help=f"side {side}'s checkout of fusion-compare: its worker runs there, on its code (default: this one)",
         )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=WORKERS,
+        metavar="K",
+        help=f"worker processes a side, all timed interleaved; a difference is called only beyond the spread between "
+        f"one side's processes (default: {WORKERS}; 1 measures no such spread, and nothing within the between-process "
+        "floor is called)",
+    )
     p.add_argument("--out", default="out/ab", help="output folder (default: out/ab)")
     history_command.add_history_arg(p)
     p.add_argument(

@@ -2,12 +2,18 @@
 (``compare.results.ab``). It measures nothing.
 
 Per pair (a backend on a case and mode, on both sides): each side's version of the backend's framework, its parity
-tier and worst statistic, the B/A median ratio with the paired test's verdict (``compare.timing.significance``: both
-timings come from one interleaved group, so the signed-rank test over their rounds decides; a ratio is a number only
-beyond the noise), and what differs in kernels per step, in the ops each fused kernel absorbed, in the bytes saved for
-the backward and in the first call (compile + run). A finding (:func:`findings`, exit status 1, as ``compare diff``):
+tier and worst statistic, each worker's median, the B/A ratio with its verdict (below), and what differs in kernels
+per step, in the ops each fused kernel absorbed, in the bytes saved for the backward and in the first call (compile +
+run). A finding (:func:`findings`, exit status 1, as ``compare diff``):
 B slower beyond noise, B losing parity where A was ``ok`` (``compare.report.diff.BAD_STATUSES``), or an ``error`` row
 on either side (a worker that died, a backend that raised).
+
+**Timing** (``compare.timing.significance``, "Between processes"). With K worker processes a side (``--workers``,
+``Pair.a_processes``), the process is the unit: the ratio of the sides' geometric means of per-process medians,
+called only where the t-test on the log medians says so at p < 0.01 and beyond the band ``max(5%, the largest range
+of one side's per-process medians)``; the median shown for a side is the median of its processes' medians. With one
+worker a side (``--workers 1``, a schema-1 ``ab.json``), the exact signed-rank test over the rounds of its one pair
+of processes, and nothing within the between-process floor (``BETWEEN_FLOOR``: a spread not measured) is called.
 
 **Load.** As ``compare diff`` does, a difference no larger than the machine's recorded load explains
 (``compare.results.load.Load.explained_ratio``: any, when others took more than a tenth of the cores) is
@@ -30,11 +36,21 @@ from compare.report.diff import BAD_STATUSES
 from compare.report.memory import saved_bytes
 from compare.report.render import load_note
 from compare.report.summary import parity_cell, untimed_reason
-from compare.results.ab import ABResults, Pair, Side
+from compare.results.ab import ABResults, Pair, Process, Side
 from compare.results.document import Result
 from compare.results.history import PairedVerdict
 from compare.results.load import Load
-from compare.timing.significance import FASTER, NOT_TESTED, SLOWER, compare_timing, not_tested
+from compare.timing.significance import (
+    BETWEEN_FLOOR,
+    FASTER,
+    NOT_TESTED,
+    PROCESSES,
+    SLOWER,
+    TimingVerdict,
+    compare_processes,
+    not_tested,
+)
+from compare.timing.timer import Timing
 
 #: What the paired test's "within noise" reads as between two sides, and a difference the machine's load explains.
 SAME, AMBIGUOUS = "same", "ambiguous"
@@ -54,6 +70,8 @@ class Verdict:
     parity_lost: bool
     ratio: float | None = None  # B's median over A's (None: a side not timed)
     p: float | None = None  # the one-sided p-value of the ratio's direction (None: the test did not run)
+    #: the rule's verdict (None: a side not timed): the sides' medians (of per-process medians) and the band
+    timing_verdict: TimingVerdict | None = None
 
 
 def _not_timed(side: str, r: Result) -> str:
@@ -62,26 +80,42 @@ def _not_timed(side: str, r: Result) -> str:
     return f"{side} not timed: {why}"
 
 
+def timed(processes: tuple[Process, ...], row: Result) -> list[Timing]:
+    """A side's timings, one per worker process that timed the pair; the side's row's alone in a schema-1
+    document (none: the row is not timed)."""
+    got = [x.timing for x in processes if x.timing is not None]
+    return got or ([row.timing] if row.timing is not None else [])
+
+
+def _how(v: TimingVerdict, p_value: float | None) -> str:
+    """What decided: the test's p-value, its replicates (processes a side, or rounds of one pair) and the band."""
+    if p_value is None:
+        return v.design
+    if v.design == PROCESSES:
+        return f"p {p_value:.2g}, {len(v.old.samples)}+{len(v.new.samples)} processes, band +/-{v.tol:.0%}"
+    return f"p {p_value:.2g}, {v.pairs} rounds, band +/-{v.tol:.0%}; {v.between_words()}"
+
+
 def verdict(p: Pair, load: Load | None = None) -> Verdict:
     """The pair's :class:`Verdict` (module docstring), a difference the machine's ``load`` explains ambiguous."""
     lost = p.a.status == "ok" and p.b.status in BAD_STATUSES
     if p.a.timing is None or p.b.timing is None:
         why = "; ".join(_not_timed(s, r) for s, r in (("A", p.a), ("B", p.b)) if r.timing is None)
         return Verdict(f"{NOT_TESTED}: {why}", f"{NOT_TESTED}: {why}", "-", False, lost)
-    v = compare_timing(p.a.timing, p.b.timing)
+    v = compare_processes(timed(p.a_processes, p.a), timed(p.b_processes, p.b))
     if v.verdict == NOT_TESTED:
         return Verdict(not_tested(v.pairs), not_tested(v.pairs), "-", False, lost)
     word = {SLOWER: SLOWER, FASTER: FASTER}.get(v.verdict, SAME)
     p_value = v.p_slower if v.ratio >= 1 else v.p_faster
-    how = f"p {p_value:.2g}, {v.pairs} rounds, band +/-{v.tol:.0%}" if p_value is not None else v.design
+    how = _how(v, p_value)
     if not v.significant:
-        return Verdict(word, word, f"{word}: within noise ({how})", False, lost, v.ratio, p_value)
+        return Verdict(word, word, f"{word}: within noise ({how})", False, lost, v.ratio, p_value, v)
     explained = load.explained_ratio() if load is not None else 1.0
     if max(v.ratio, 1 / v.ratio) <= explained:
         says = "any change (a busy machine)" if math.isinf(explained) else f"up to {explained:.2f}x"
         return Verdict(word, AMBIGUOUS, f"{v.ratio:.2f}x: {AMBIGUOUS} ({word}, {how}; the load explains {says})",
-                       False, lost, v.ratio, p_value)  # fmt: skip
-    return Verdict(word, word, f"{v.ratio:.2f}x: {word} ({how})", v.verdict == SLOWER, lost, v.ratio, p_value)
+                       False, lost, v.ratio, p_value, v)  # fmt: skip
+    return Verdict(word, word, f"{v.ratio:.2f}x: {word} ({how})", v.verdict == SLOWER, lost, v.ratio, p_value, v)
 
 
 def paired_verdicts(doc: ABResults) -> tuple[PairedVerdict, ...]:
@@ -145,19 +179,26 @@ def _signed_mib(n: float) -> str:
     return ("-" if n < 0 else "+") + mib(int(abs(n)))
 
 
+def _medians(processes: tuple[Process, ...]) -> str:
+    """Each worker's median, in start order (``-``: one not timed; ``-`` for a schema-1 pair)."""
+    return ", ".join(fmt_s(x.timing.median_s) if x.timing is not None else "-" for x in processes) or "-"
+
+
 def _row(doc: ABResults, p: Pair) -> list[str]:
     a, b, v = p.a, p.b, verdict(p, doc.load)
     ka, kb = a.kernels, b.kernels
     fa = a.timing.first_call_s if a.timing is not None else None
     fb = b.timing.first_call_s if b.timing is not None else None
+    tv = v.timing_verdict
     return [
         b.backend,
         f"{case_label(b)} {b.dtype} {b.mode}",
         _two(_version(doc.a, p.framework), _version(doc.b, p.framework)),
         parity_cell(a),
         parity_cell(b),
-        fmt_s(a.timing.median_s) if a.timing is not None else "-",
-        fmt_s(b.timing.median_s) if b.timing is not None else "-",
+        fmt_s(tv.old.median) if tv is not None else fmt_s(a.timing.median_s) if a.timing is not None else "-",
+        fmt_s(tv.new.median) if tv is not None else fmt_s(b.timing.median_s) if b.timing is not None else "-",
+        f"{_medians(p.a_processes)} / {_medians(p.b_processes)}",
         v.ratio_cell if v.ratio_cell != "-" else v.timing,
         _pair(_count(ka), _count(kb), lambda n: f"{n:g}", lambda n: f"{n:+g}"),
         _two(_fused(ka), _fused(kb)) if ka is not None or kb is not None else "-",
@@ -208,7 +249,8 @@ def render(doc: ABResults) -> str:
         "parity B",
         "median A",
         "median B",
-        "B/A (paired test)",
+        "per-process medians A / B",
+        "B/A (between processes)",
         "kernels/step A / B",
         "fused (absorbed ops) A / B",
         "saved for backward A / B",
@@ -226,10 +268,15 @@ def render(doc: ABResults) -> str:
         else ""
     )
     method = (
-        "Both sides' steps were timed in one interleaved group: every round runs one block of each, in an order drawn "
-        "for the round, each block timed inside its own worker. B/A is the ratio of the medians, a number only where "
-        "the exact signed-rank test over the rounds' paired log ratios says so at p < 0.01 and the ratio is beyond the "
-        "noise band (5%, or the spread of the rounds' log ratios); 'same' is a test that found no difference; "
+        f"{doc.workers} worker process(es) a side; every worker's steps were timed in one interleaved group: every "
+        "round runs one block of each, in an order drawn for the round, each block timed inside its own worker. With "
+        "two or more workers a side, the process is the unit: B/A is the ratio of the sides' geometric means of "
+        "per-process medians (a side's median: the median of its processes'), a number only where the t-test on the "
+        "log per-process medians says so at p < 0.01 and the ratio is beyond the band (5%, or the largest range of "
+        "one side's per-process medians: what differs between two processes of one build). With one worker a side, "
+        "the exact signed-rank test over the rounds' paired log ratios at p < 0.01, beyond the noise band (5%, or the "
+        f"spread of the rounds' log ratios) and beyond the between-process floor ({BETWEEN_FLOOR:.0%}: the spread "
+        "between processes is not measured then). 'same' is a test that found no difference; "
         "'ambiguous' a difference no larger than the machine's load explains (any, when others took over 10% of the "
         "cores: two processes' thread pools do not share a busy core alike), as `compare diff` says. Parity: each "
         "side's gate against the same golden data. Differences read B minus A. The sides' first calls (compile + run) "

@@ -18,6 +18,14 @@ compile paybacks use it too). Each side's quartiles (q1, median, q3) come from i
 **Faster** is the mirror image (``ratio < 1 / (1 + tol)``, ``new q3 < old q1``, the test the other way); anything
 else is **within noise**. A cell timed on only one side is "not compared".
 
+**Between processes.** Each run is one process, and two processes of one build differ by more than their samples
+do (two identical ``run --history`` runs 18 s apart: jax-xla 34.2 -> 39.4 ms), so the rule above cannot tell a
+change from another process. Two runs measure no between-process spread: a change at or below the floor
+``compare.timing.significance.BETWEEN_FLOOR`` (the A/A between-process spread measured on the project's development
+VM; another machine has its own) is within noise, and the verdict says the spread was not measured
+(``significance.beyond_processes``). ``history`` measures the spread where it holds runs of one build; ``ab`` times K
+processes a side.
+
 **Load** (``compare.results.load``; where a run recorded it). Each run's machine load is shown. A slower (or
 faster) cell is **ambiguous**, not a regression, when the ratio (or its inverse) is no more than what the busier
 run's load explains (``Load.explained_ratio``): any change when that run was busy (others and steal took more than
@@ -52,9 +60,11 @@ from compare.results.load import busier
 from compare.results.memory import Memory
 from compare.timing.significance import (
     ALPHA,
+    BETWEEN_FLOOR,
     MIN_SAMPLES_FOR_TEST,
     NOISE_K,
     THRESHOLD,
+    beyond_processes,
     compare_timing,
 )
 
@@ -167,7 +177,7 @@ def diff(
         o, n = old[key], new[key]
         cell = [n.backend, case_label(n), n.dtype, n.mode]
         if o.timing is not None and n.timing is not None:
-            v = compare_timing(o.timing, n.timing, threshold, k, alpha)
+            v = beyond_processes(compare_timing(o.timing, n.timing, threshold, k, alpha), None, k)
             moved = v.regression or v.verdict == "faster"
             if moved and max(v.ratio, 1 / v.ratio) <= explained:  # within what the busier run's load explains
                 n_ambiguous += 1
@@ -175,7 +185,7 @@ def diff(
             else:
                 n_slow += v.regression
                 n_fast += v.verdict == "faster"
-                verdict = "**slower: regression**" if v.regression else v.verdict
+                verdict = "**slower: regression**" if v.regression else v.said(v.verdict)
             p = v.p_slower if v.ratio >= 1 else v.p_faster
             perf_rows.append(
                 [
@@ -249,7 +259,11 @@ def diff(
         f"the mirror image. p is the test's p-value in the direction of the change. Two runs are made at "
         f"different times and cannot be interleaved: their samples cannot be paired by round as the backends of "
         f"one run are (`compare run` times them together), so this unpaired rule is the one that applies, and a "
-        f"change of load between the runs can move a cell: rerun both on a quiet machine before trusting one. A "
+        f"change of load between the runs can move a cell: rerun both on a quiet machine before trusting one. Each "
+        f"run is one process, and two processes of one build differ by more than their samples: the between-process "
+        f"spread is not measured here, so no change of {BETWEEN_FLOOR:.0%} or less is called (the A/A spread "
+        f"between processes measured on a 2-core development VM; `compare ab` with several workers a side, or a "
+        f"history with runs of one build, measures it). A "
         f"change by no more than the busier run's recorded load explains (any change when it was busy, else 1 / (1 "
         f"- the share of the cores' time others took): {explains} here) is 'ambiguous', not counted.",
         "",

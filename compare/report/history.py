@@ -14,6 +14,15 @@ point ``i``, point ``i`` is *above its level* when it is slower than a strict ma
 1. it is above its level, and
 2. it is slower than point ``i-1`` too, or point ``i-1`` was not itself above its own level.
 
+**Between runs.** Each entry is one process, and two processes of one build differ by more than their samples do
+(two identical ``run --history`` runs 18 s apart: jax-xla 34.2 -> 39.4 ms, flagged slower by the rule above alone).
+So every comparison ``j`` -> ``i`` also has to be beyond the between-run spread
+(``compare.timing.significance.beyond_processes``): where the points before ``i`` hold :data:`~compare.timing.
+significance.MIN_RUNS` (3) or more of the build of point ``i-1`` (the same commit, dirty flag and package versions:
+:func:`build_of`), the relative range ``max / min - 1`` of the medians of the last :data:`SPREAD_RUNS` of them is the
+spread; else it is not measured and nothing at or below ``BETWEEN_FLOOR`` (the A/A between-process spread measured
+on the project's 2-core development VM) is flagged, and the table says so.
+
 **Faster** is the mirror image. So a single noisy earlier point neither raises a flag (a fast outlier is one vote of
 the window, outvoted) nor hides one (a slow outlier or a wide spread at ``i-1`` is outvoted by the points before it,
 and the second clause lets the flag through when ``i-1`` was still at the old level); a step is flagged once, where
@@ -43,11 +52,21 @@ from compare.problem.cases import DTYPES, MODES, InputError
 from compare.report.plots import colors, figure, spread
 from compare.results.document import Result
 from compare.results.history import Entry, Machine
-from compare.timing.significance import FASTER, SLOWER, TimingVerdict, compare_timing
+from compare.timing.significance import (
+    BETWEEN_FLOOR,
+    FASTER,
+    MIN_RUNS,
+    SLOWER,
+    TimingVerdict,
+    beyond_processes,
+    compare_timing,
+)
 from compare.timing.timer import CONTIGUOUS, Timing
 
 #: Points before a point that make its level (the window of the rule).
 WINDOW = 3
+#: The most recent runs of one build whose medians' range is the between-run spread (module docstring).
+SPREAD_RUNS = 5
 #: At most this many commits are named on the plot's x axis (every k-th beyond it).
 MAX_TICKS = 16
 #: A cell: backend, case, dtype, mode, world size.
@@ -75,14 +94,32 @@ class Step:
     vs_previous: TimingVerdict | None
 
 
-def change_points(timings: Sequence[Timing]) -> list[Step]:
-    """The rule of the module docstring on one cell's timings, oldest first: one :class:`Step` per timing."""
+def build_of(e: Entry) -> tuple[Any, ...]:
+    """What makes two entries one build for the between-run spread: the commit, the dirty flag and the package
+    versions."""
+    return (e.source.commit, e.source.dirty, tuple(sorted(e.versions.items(), key=lambda kv: kv[0])))
+
+
+def run_spread(timings: Sequence[Timing], builds: Sequence[Any], i: int) -> float | None:
+    """The between-run spread that bounds a comparison with point ``i``: the relative range of the medians of the
+    last :data:`SPREAD_RUNS` points before ``i`` of point ``i-1``'s build, when there are :data:`MIN_RUNS` or more;
+    None (not measured) else."""
+    if i < 1:
+        return None
+    same = [t.median_s for t, b in zip(timings[:i], builds[:i], strict=True) if b == builds[i - 1]][-SPREAD_RUNS:]
+    return max(same) / min(same) - 1 if len(same) >= MIN_RUNS and min(same) > 0 else None
+
+
+def change_points(timings: Sequence[Timing], builds: Sequence[Any] | None = None) -> list[Step]:
+    """The rule of the module docstring on one cell's timings, oldest first: one :class:`Step` per timing.
+    ``builds``: each point's build (:func:`build_of`; None: every point another's, no spread measured)."""
     ts = [unpaired(t) for t in timings]
+    kinds = list(builds) if builds is not None else [object() for _ in ts]
     memo: dict[tuple[int, int], TimingVerdict] = {}
 
     def vs(j: int, i: int) -> TimingVerdict:
         if (j, i) not in memo:
-            memo[(j, i)] = compare_timing(ts[j], ts[i])
+            memo[(j, i)] = beyond_processes(compare_timing(ts[j], ts[i]), run_spread(timings, kinds, i))
         return memo[(j, i)]
 
     def above(i: int, way: str) -> bool:  # beyond a strict majority of the window before i
@@ -223,7 +260,7 @@ def build(entries: Sequence[Entry], machine: Machine) -> History:
             pts.append((i, r))
     cells = []
     for key, pts in series.items():
-        steps = change_points([r.timing for _, r in pts if r.timing is not None])
+        steps = change_points([r.timing for _, r in pts if r.timing is not None], [build_of(mine[i]) for i, _ in pts])
         points = []
         for n, ((i, r), step) in enumerate(zip(pts, steps, strict=True)):
             flag, by = step.flag, "change point" if step.flag else ""
@@ -293,7 +330,10 @@ HEADER = [
 ]
 RULE = (
     "A point is flagged **slower** when it is slower (`compare_timing`, unpaired: beyond 5% and the IQR noise band, "
-    "quartiles apart, Mann-Whitney p < 0.01) than a strict majority of the up to 3 points before it, and either "
+    "quartiles apart, Mann-Whitney p < 0.01; and beyond the between-run spread: the range of the medians of the last "
+    "up to 5 earlier runs of one build where there are 3 or more, else, not measured, beyond "
+    f"{BETWEEN_FLOOR:.0%}, the A/A spread between processes measured on a 2-core development VM) than a strict "
+    "majority of the up to 3 points before it, and either "
     "slower than the point just before it or that point was not itself above its level; **faster** the same way "
     "down. One noisy point neither raises nor hides a flag; a step is flagged once; a one-entry excursion and the step "
     "back are not a new change."

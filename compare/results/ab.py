@@ -1,7 +1,12 @@
 """The A/B document (``ab.json``, ``python -m compare ab``): the two sides (interpreter, checkout, environment
-variables, and what each worker said of itself) and, per backend, case and mode, each side's result; the timings of a
-pair share one interleaved group, so ``compare.timing.significance.compare_timing`` pairs them by round. The report
-(``compare.report.ab``) is a pure function of it."""
+variables, and what each worker said of itself) and, per backend, case and mode, each side's result and each of its
+worker processes' timing (``--workers K`` a side, all in one interleaved group): the process is the unit of
+replication (``compare.timing.significance.compare_processes``). The report (``compare.report.ab``) is a pure
+function of it.
+
+Schema 2 added the per-process timings (:class:`Process`, ``Pair.a_processes``/``b_processes``) and ``workers``;
+a schema-1 document (one worker a side) still reads, its pairs without them: its verdict is the paired test of its
+one pair of processes beyond the between-process floor."""
 
 from __future__ import annotations
 
@@ -10,14 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compare.formats.atomic import write_text_atomic
-from compare.formats.codec import FieldError, from_json, to_json
+from compare.formats.codec import LATER, FieldError, from_json, to_json
 from compare.problem.cases import InputError
 from compare.results.document import Result
 from compare.results.load import Load
-from compare.timing.timer import TimingConfig
+from compare.timing.timer import Timing, TimingConfig
 
-#: The layout of ``ab.json``; a file of another is refused on load.
-SCHEMA_VERSION = 1
+#: The layout of ``ab.json`` written; :data:`READABLE` are read, a file of another is refused on load (exit 2).
+SCHEMA_VERSION = 2
+READABLE = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -38,19 +44,33 @@ class Side:
 
 
 @dataclass(frozen=True)
+class Process:
+    """One worker process of a side on one pair: its process id, its row's status and its timing (None: not timed,
+    the row says why)."""
+
+    pid: int
+    status: str
+    timing: Timing | None = None
+
+
+@dataclass(frozen=True)
 class Pair:
     """One backend on one case and mode, on both sides; ``framework``: the package whose version tells the sides
-    apart (the backend's registry line)."""
+    apart (the backend's registry line). ``a`` and ``b``: each side's row (its first worker's; an error row where
+    any worker of the side erred); ``a_processes``/``b_processes``: every worker of the side, in start order (empty
+    in a schema-1 document)."""
 
     framework: str
     a: Result
     b: Result
+    a_processes: tuple[Process, ...] = field(default=(), metadata=LATER)
+    b_processes: tuple[Process, ...] = field(default=(), metadata=LATER)
 
 
 @dataclass(frozen=True)
 class ABResults:
     """``ab.json``: when and how it was made, the timer's settings, the two sides, every pair in run order, and the
-    machine's load over the whole run, both workers' own CPU time left out (``compare.results.load``; None: not
+    machine's load over the whole run, the workers' own CPU time left out (``compare.results.load``; None: not
     recorded)."""
 
     schema_version: int = SCHEMA_VERSION
@@ -61,6 +81,8 @@ class ABResults:
     b: Side = field(default_factory=lambda: Side("B", "", ""))
     pairs: tuple[Pair, ...] = ()
     load: Load | None = None
+    #: worker processes a side (``--workers``); 1 in a schema-1 document
+    workers: int = field(default=1, metadata=LATER)
 
 
 def write_json(path: Path, doc: ABResults) -> None:
@@ -74,8 +96,12 @@ def read_json(path: Path) -> ABResults:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"A/B file {path} cannot be read: {exc}") from exc
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(f"A/B file {path} is not an ab.json of schema_version {SCHEMA_VERSION}")
+    if not isinstance(data, dict) or data.get("schema_version") not in READABLE:
+        got = data.get("schema_version") if isinstance(data, dict) else None
+        raise InputError(
+            f"A/B file {path} is not an ab.json this version reads (schema_version {got!r}; it reads "
+            f"{', '.join(map(str, READABLE))})"
+        )
     try:
         return from_json(ABResults, data)
     except FieldError as exc:

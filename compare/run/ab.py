@@ -1,23 +1,32 @@
-"""The A/B coordinator (``python -m compare ab``): the same backends, cases and modes in two worker processes, one
-per side, each with its own interpreter, environment variables and checkout (two virtual environments with other
-torch or jax versions, or two clones of this project at other commits), timed in one interleaved group.
+"""The A/B coordinator (``python -m compare ab``): the same backends, cases and modes in worker processes, K a side
+(``Plan.workers``, default :data:`WORKERS`), each side's with its own interpreter, environment variables and
+checkout (two virtual environments with other torch or jax versions, or two clones of this project at other
+commits), all 2K timed in one interleaved group: every round runs one block of each backend of each worker, in an
+order drawn for the round.
 
-Each side's worker (``compare.run.ab_worker``) runs from its checkout (its working folder and ``PYTHONPATH``), says
+Why K: what differs between two processes of one build (XLA's thread pool placement, the memory layout, the compile)
+stays for a process's whole life, and no order of rounds inside one pair of processes takes it out: A/A of jax-xla on
+``cpu-mlp`` with one worker a side had one at 32-34 ms and the other at 40 ms, called different in 3 of 8 trials.
+With K a side, the verdict (``compare.timing.significance.compare_processes``) takes the process as its unit and
+calls a difference only beyond the spread between the processes of one side. Each worker's timing is kept
+(``ab.json``'s per-process figures).
+
+Each worker (``compare.run.ab_worker``) runs from its checkout (its working folder and ``PYTHONPATH``), says
 first who it is (the checkout it imported ``compare`` from, which must be the side's; its commit and versions), and
 stages each case and mode as a run does (``compare.run.harness.Staged``: the first calls judged by the gate against
 the golden data, whose hash both sides must share, and the fresh draw of one seed both share). The coordinator then
 runs the shared timer's interleaved rounds (``compare.timing.timer.measure_interleaved``: warm-up, block sizing,
-rounds in an order drawn per round, the budget) over every backend of both sides, each block timed inside its
+rounds in an order drawn per round, the budget) over every backend of every worker, each block timed inside its
 worker by that worker's clock (:class:`RemoteEntrant`): the pipe is never inside a sample, only the decision of what
-runs next crosses it. The two timings of a backend share the group and its round numbers, so the paired signed-rank
-test compares them (``compare.timing.significance.compare_timing``). While timed, both workers' main threads stay on
-one CPU drawn per case and mode (``compare.run.ab_worker.Worker.place``: left to the scheduler, one side could stay
-the slower one for a whole trial, which no order of rounds undoes); the rows say which (``ab_cpu``). Last, each
+runs next crosses it. The timings of a backend share the group and its round numbers. While timed, every worker's
+main thread stays on one CPU drawn per case and mode (``compare.run.ab_worker.Worker.place``: left to the
+scheduler, one side could stay the slower one for a whole trial, which no order of rounds undoes); the rows say which
+(``ab_cpu``). Last, each
 worker finishes its cells (profile, memory, its calls on the fresh draw judged) and sends back its results, to which
 the coordinator adds the timings.
 
-A side whose worker dies, hangs past a bound or cannot start is an ``error`` row for that side, with the worker's
-exit and the tail of its stderr; the other side's cells are kept, and the next case and mode starts a new worker.
+A worker that dies, hangs past a bound or cannot start makes an ``error`` row for its side, with the worker's exit
+and the tail of its stderr; the other workers' cells are kept, and the next case and mode starts a new worker.
 """
 
 from __future__ import annotations
@@ -39,12 +48,19 @@ from compare.formats.codec import from_json, to_json
 from compare.gate import fresh
 from compare.problem.cases import Case
 from compare.results import load as machine_load
-from compare.results.ab import ABResults, Pair, Side
+from compare.results.ab import ABResults, Pair, Process, Side
 from compare.results.document import Result
 from compare.run import ab_worker, child, stop
 from compare.timing import timer
 from compare.timing.timer import Timing, TimingConfig
 
+#: Worker processes a side by default: the fewest whose per-process medians the t-test of ``compare_processes`` can
+#: judge with power (two a side: 53% for 1.84x at a 10% between-process spread; three: 99%), and whose A/A false
+#: alarms stay under 2% a direction even when processes fall on two levels 25% apart at random. The cost: every
+#: worker imports, stages (its float64 reference, its compile) and settles in turn, so ``ab --preset cpu-mlp --backend
+#: torch-eager jax-xla --no-profile`` took 118 s with three a side against 35 s with one, back to back on a 2-core VM
+#: that others kept busy; the timed seconds are the same (a side's ``--budget`` is shared by its workers).
+WORKERS = 3
 #: Seconds from a worker's start to its handshake (an interpreter importing ``compare``).
 HANDSHAKE_S = 120.0
 #: Seconds a worker may take to stage a case and mode (golden data, plain computation, first calls: a compile).
@@ -89,6 +105,8 @@ class Remote:
     lost: str = ""
     #: whether a worker of this side ever said who it is
     greeted: bool = False
+    #: the process id its last worker said in its handshake (0: none said)
+    pid: int = 0
 
     def spawn(self) -> None:
         """Start the worker: the side's interpreter, in its checkout, with its variables over this environment."""
@@ -127,6 +145,7 @@ class Remote:
                 f"its worker imported compare from {checkout}, not from its checkout {self.side.path} (PYTHONPATH "
                 "or an installed fusion-compare shadows it)"
             )
+        self.pid = int(hello.get("pid") or 0)
         self.side = replace(
             self.side,
             commit=str(hello.get("commit", "")),
@@ -217,6 +236,8 @@ class Plan:
     profile: bool = True
     memory: bool = True
     command: str = ""
+    #: worker processes a side (``--workers``): the unit of replication of the verdict
+    workers: int = WORKERS
 
 
 def _errors(name: str, specs: Sequence[BackendSpec], case: Case, mode: str, reason: str) -> list[Result]:
@@ -225,19 +246,20 @@ def _errors(name: str, specs: Sequence[BackendSpec], case: Case, mode: str, reas
 
 
 def _group(remotes: Sequence[Remote], plan: Plan, case: Case, mode: str, seed: int) -> list[list[Result]]:
-    """One case and mode on both sides: staged, timed together, settled; per side its results, in ``plan.specs``
-    order (a side that failed: its error rows)."""
+    """One case and mode on every worker of both sides: staged, timed together, settled; per worker its results, in
+    ``plan.specs`` order (a worker that failed: its error rows)."""
     specs = plan.specs
-    out: list[list[Result] | None] = [None, None]
-    first: list[list[float | None]] = [[], []]
-    sha: list[str | None] = [None, None]
+    n = len(remotes)
+    out: list[list[Result] | None] = [None] * n
+    first: list[list[float | None]] = [[] for _ in range(n)]
+    sha: list[str | None] = [None] * n
     backends = [{"name": s.name, "spec": to_json(s)} for s in specs]
     group = timer.new_group_id(f"ab/{case.name}/{mode}")
     rng = random.Random(zlib.crc32(group.encode()))
-    order = rng.sample(range(len(remotes)), len(remotes))  # which side's first calls run first: drawn per group
-    # the CPU both sides' main threads stay on while timed (``ab_worker.Worker.place``), drawn per group
+    order = rng.sample(range(n), n)  # which worker's first calls run first: drawn per group
+    # the CPU every worker's main thread stays on while timed (``ab_worker.Worker.place``), drawn per group
     cpu = rng.choice(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
-    placed: list[int | None] = [None, None]
+    placed: list[int | None] = [None] * n
     for k in order:
         r = remotes[k]
         stop.check()
@@ -250,8 +272,9 @@ def _group(remotes: Sequence[Remote], plan: Plan, case: Case, mode: str, seed: i
             sha[k], first[k], placed[k] = got["golden_sha256"], list(got["first_s"]), got["cpu"]
         except SideDown as exc:
             out[k] = _errors(r.side.name, specs, case, mode, str(exc))
-    if sha[0] is not None and sha[1] is not None and sha[0] != sha[1]:
-        why = f"the sides' golden data for {case.name} differ (A sha256 {sha[0]}, B {sha[1]}): nothing to compare"
+    if len({x for x in sha if x is not None}) > 1:
+        said = ", ".join(f"{r.side.name} {x}" for r, x in zip(remotes, sha, strict=True) if x is not None)
+        why = f"the workers' golden data for {case.name} differ (sha256 {said}): nothing to compare"
         return [_errors(r.side.name, specs, case, mode, why) for r in remotes]
     entrants = [
         (k, i, RemoteEntrant(r, i, f))
@@ -282,14 +305,38 @@ def _group(remotes: Sequence[Remote], plan: Plan, case: Case, mode: str, seed: i
             ]
         except SideDown as exc:
             out[k] = _errors(r.side.name, specs, case, mode, str(exc))
-    return [rows for rows in out if rows is not None]
+    return [rows if rows is not None else [] for rows in out]
+
+
+def _side_row(rows: Sequence[Result]) -> Result:
+    """A side's row of one pair from its workers' rows: the first error where a worker erred, else the first
+    worker's."""
+    return next((r for r in rows if r.status == "error"), rows[0])
+
+
+def _pairs(remotes: Sequence[Remote], plan: Plan, rows: Sequence[Sequence[Result]]) -> list[Pair]:
+    """The pairs of one case and mode from every worker's rows (``remotes`` and ``rows``: side A's workers, then
+    B's): per backend, each side's row and its workers' figures."""
+    k = len(remotes) // 2
+    out = []
+    for j, s in enumerate(plan.specs):
+        sides = [
+            [(r, got[j]) for r, got in zip(remotes[h * k : (h + 1) * k], rows[h * k : (h + 1) * k], strict=True)]
+            for h in (0, 1)
+        ]
+        a, b = (_side_row([res for _, res in side]) for side in sides)
+        pa, pb = (tuple(Process(r.pid, res.status, res.timing) for r, res in side) for side in sides)
+        out.append(Pair(s.framework, a, b, pa, pb))
+    return out
 
 
 def run_ab(a: Side, b: Side, plan: Plan) -> ABResults:
-    """Every case and mode of ``plan`` on both sides (module docstring); returns the document, with the machine's
-    load over the run. Both workers start at once (their imports overlap); every process started is ended before
-    this returns, however it returns."""
-    remotes = [Remote(a), Remote(b)]
+    """Every case and mode of ``plan`` on both sides, ``plan.workers`` worker processes a side (module docstring);
+    returns the document, with the machine's load over the run. Every worker starts at once (their imports
+    overlap); every process started is ended before this returns, however it returns."""
+    if plan.workers < 1:
+        raise ValueError(f"a side needs a worker at least, got workers={plan.workers}")
+    remotes = [Remote(a) for _ in range(plan.workers)] + [Remote(b) for _ in range(plan.workers)]
     pairs: list[Pair] = []
     sampler = machine_load.start()
     try:
@@ -299,13 +346,12 @@ def run_ab(a: Side, b: Side, plan: Plan) -> ABResults:
         for case in plan.cases:
             seed = fresh.new_seed()  # one fresh draw per case, for both sides
             for mode in plan.modes:
-                ra, rb = _group(remotes, plan, case, mode, seed)
-                pairs += [Pair(s.framework, x, y) for s, x, y in zip(plan.specs, ra, rb, strict=True)]
+                pairs += _pairs(remotes, plan, _group(remotes, plan, case, mode, seed))
     finally:
         for r in remotes:
             r.close()
     load = sampler.stop()  # the workers are reaped: their CPU time is this process's, not others'
-    a, b = (replace(r.side, problem="" if r.greeted else r.lost or "no worker was started") for r in remotes)
+    a, b = (_said(remotes[: plan.workers]), _said(remotes[plan.workers :]))
     return ABResults(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         command=plan.command,
@@ -314,4 +360,12 @@ def run_ab(a: Side, b: Side, plan: Plan) -> ABResults:
         b=b,
         pairs=tuple(pairs),
         load=load,
+        workers=plan.workers,
     )
+
+
+def _said(side: Sequence[Remote]) -> Side:
+    """A side as its first worker that said who it is said it (its problem: "" then), else as asked, with why its
+    first worker is gone."""
+    r = next((r for r in side if r.greeted), side[0])
+    return replace(r.side, problem="" if r.greeted else r.lost or "no worker was started")

@@ -42,6 +42,39 @@ were.
 Timings of two runs (``compare diff``) or of separate windows (tensor-parallel groups, sweep cells) cannot be paired:
 they get the unpaired rule, and the verdict's ``design`` says which one was used.
 
+**Between processes** (``ab``, ``diff``, ``history``: the sides are other processes). Rounds interleaved inside one
+pair of processes cannot take out what differs between the processes themselves (XLA's thread pool placement, the
+memory layout, the compile): A/A of jax-xla on ``cpu-mlp`` on a quiet 2-core VM, one worker a side, had one worker
+at 32-34 ms and the other at about 40 ms for a whole trial, and the paired test called 3 of 8 trials different
+(0.79x to 1.21x at p < 0.001). There the process is the unit of replication:
+
+- ``ab`` runs K processes a side (``--workers``), all in one interleaved group. :func:`compare_processes` takes each
+  process's median, ``a_i`` and ``b_i`` their logs, and calls B **slower** only if both hold:
+
+  1. ``ratio = exp(mean(b) - mean(a)) > 1 + tol``, ``tol = max(threshold, k * spread)``, ``spread`` the between-process
+     spread: the largest relative range ``max / min - 1`` of the per-process medians within one side
+     (:func:`process_spread`). A side whose processes sit at 32 and 40 ms makes a band of 25%, not a finding;
+  2. the one-sided two-sample t-test on the log medians (``scipy.stats.ttest_ind``, pooled variance, ``2K - 2``
+     degrees of freedom) at ``p < alpha``: the difference of the sides' means against the between-process
+     variance, with the processes as the samples.
+
+  **Faster** is the mirror image. False-alarm rate and power, by simulation (200,000 trials of K = 3 a side, each
+  process's log median drawn around its side's level): A/A calls B slower in 1.0% of trials with a lognormal
+  between-process SD of 10% (rule 2's nominal rate) and 0.07% with 2% (rule 1 takes it lower); 1.6% (``2^-6``) where
+  each process falls on one of two levels 25% apart with equal chance (32 or 40 ms: all of one side on the lower
+  level, all of the other on the upper, which no rule on 3 + 3 processes can tell from a difference; K = 4: 0.4%,
+  K = 2: 6%). Faster is the same. Power (called slower): 1.84x (one thread of two) at a 10% between-process SD 99%,
+  1.5x at 10% 81%, 1.25x at 5% 88%, 1.10x at 2% 92% (K = 2: 53%, 29%, 34%, 37%). Measured A/A (``ab --preset
+  cpu-mlp --backend torch-eager jax-xla``, 3 a side, 4 trials on the 2-core VM while others held 50-75% of its
+  cores): no pair called; the sides' per-process ranges were 5-42% (jax-xla) and 3-25% (torch-eager) there.
+  Fewer than :data:`MIN_PROCESSES` processes a side measure no spread: the within-process rule, then the floor.
+- ``diff`` and ``history`` compare runs of one process each. Where a history holds :data:`MIN_RUNS` or more earlier
+  runs of the same build (commit and package versions) of a cell, their relative range is the spread
+  (``history``); else the spread is not measured and no difference at or below :data:`BETWEEN_FLOOR` is called
+  (:func:`beyond_processes`). The floor is this project's measured A/A between-process spread on its 2-core
+  development VM (:data:`BETWEEN_FLOOR`'s note): it depends on the machine and the backend, and bounds what one run
+  against another can tell there.
+
 No framework and no report: the rank tests are ``scipy.stats``', imported on first use (about a second).
 """
 
@@ -49,8 +82,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from compare.formats.codec import from_json
 from compare.problem.cases import InputError
@@ -77,6 +112,21 @@ SLOWER, FASTER, WITHIN_NOISE, NOT_TESTED = "slower", "faster", "within noise", "
 PAIRED, UNPAIRED = "paired by round", "unpaired"
 #: Below this many common rounds the paired test is not run (2^-7 < 0.01: 8 rounds is the least that can reach it).
 MIN_PAIRS = 8
+#: The design of a verdict over K processes a side (``ab --workers K``, :func:`compare_processes`).
+PROCESSES = "between processes"
+#: The fewest processes a side whose spread :func:`process_spread` measures.
+MIN_PROCESSES = 2
+#: The fewest earlier runs of one build whose spread the history measures (``compare.report.history``).
+MIN_RUNS = 3
+#: The relative difference between two single processes (two runs, or one worker a side) at or below which no
+#: difference is called where the between-process spread is not measured. Where it comes from: A/A between processes
+#: of one build on the project's 2-core development VM, quiet, jax-xla on ``cpu-mlp`` fwd: one worker at 32-34 ms
+#: and the other at 40 ms for whole trials (called 0.79x, 0.82x and 1.21x: up to 27% apart), and two identical
+#: ``run --history`` runs 34.2 -> 39.4 ms (15%); rounded up. Busy (others holding 50-75% of both cores), the range of
+#: three workers of one side reached 42% for jax-xla and 25% for torch-eager in 3 trials: a busy machine's spread is
+#: wider still, and there the load rule (``compare.results.load``) already makes such a change ambiguous. It depends
+#: on the machine and the backend: a history with MIN_RUNS runs of one build measures it instead.
+BETWEEN_FLOOR = 0.30
 
 
 @dataclass(frozen=True)
@@ -165,8 +215,13 @@ class TimingVerdict:
     p_slower: float | None
     p_faster: float | None
     verdict: str  # SLOWER, FASTER, WITHIN_NOISE or NOT_TESTED (paired, fewer than MIN_PAIRS rounds)
-    design: str = UNPAIRED  # PAIRED or UNPAIRED: which rule decided
+    design: str = UNPAIRED  # PAIRED, UNPAIRED or PROCESSES: which rule decided
     pairs: int | None = None  # PAIRED: the rounds both sides timed; None when unpaired
+    #: across processes (:func:`beyond_processes`, :func:`compare_processes`): the between-process band, relative
+    #: (the measured spread, or :data:`BETWEEN_FLOOR`); None: not a comparison across processes
+    between: float | None = None
+    #: whether ``between`` was measured (processes a side, earlier runs of the build) or is the floor
+    between_measured: bool = False
 
     @property
     def regression(self) -> bool:
@@ -181,7 +236,18 @@ class TimingVerdict:
         noise" (a test ran) or "not tested (N rounds)" (too few rounds for the paired test to run)."""
         if self.significant:
             return figure
-        return WITHIN_NOISE if self.verdict == WITHIN_NOISE else not_tested(self.pairs)
+        if self.verdict == NOT_TESTED:
+            return not_tested(self.pairs)
+        return WITHIN_NOISE + (f" ({self.between_words()})" if self.between is not None else "")
+
+    def between_words(self) -> str:
+        """What bounded the comparison across processes: ``between-process spread 12%`` or ``between-process spread
+        not measured: floor 30%``."""
+        if self.between is None:
+            return ""
+        if self.between_measured:
+            return f"between-process spread {self.between:.0%}"
+        return f"between-process spread not measured: floor {self.between:.0%}"
 
 
 def not_tested(pairs: int | None) -> str:
@@ -224,3 +290,67 @@ def speedup(baseline: TimingLike, timing: TimingLike) -> tuple[float, TimingVerd
     """``baseline median / this median`` and the verdict of ``timing`` against ``baseline`` ("faster": it is)."""
     v = compare_timing(baseline, timing)
     return 1.0 / v.ratio, v
+
+
+# --- across processes ------------------------------------------------------------------------------------------
+
+
+def process_spread(sides: Sequence[Sequence[float]]) -> float | None:
+    """The between-process spread of per-process medians (seconds), one sequence a side: the largest relative range
+    ``max / min - 1`` over the sides with :data:`MIN_PROCESSES` or more; None when no side has."""
+    ranges = [max(m) / min(m) - 1 for m in sides if len(m) >= MIN_PROCESSES]
+    return max(ranges) if ranges else None
+
+
+def beyond_processes(v: TimingVerdict, spread: float | None, k: float = NOISE_K) -> TimingVerdict:
+    """``v`` (one process against another) with a difference called only beyond the between-process band: ``k *
+    spread`` when measured, else :data:`BETWEEN_FLOOR` (module docstring); a difference inside it is within noise."""
+    band = BETWEEN_FLOOR if spread is None else k * spread
+    inside = v.significant and max(v.ratio, 1 / v.ratio) <= 1 + band
+    return replace(v, verdict=WITHIN_NOISE if inside else v.verdict, between=band, between_measured=spread is not None)
+
+
+def _process_spread(medians: Sequence[float]) -> Spread:
+    q1, med, q3 = quartiles(sorted(medians))
+    return Spread(q1, med, q3, tuple(medians))
+
+
+def compare_processes(
+    old: Sequence[TimingLike],
+    new: Sequence[TimingLike],
+    threshold: float = THRESHOLD,
+    k: float = NOISE_K,
+    alpha: float = ALPHA,
+) -> TimingVerdict:
+    """``new``'s processes against ``old``'s, one timing each (module docstring, "Between processes"): with
+    :data:`MIN_PROCESSES` or more a side, the t-test on the log medians beyond the between-process band (``old`` and
+    ``new`` in the verdict: the quartiles of the per-process medians; ``ratio`` the ratio of their geometric means);
+    with fewer, the first timings by :func:`compare_timing` (paired when they share a group) beyond the floor."""
+    if not old or not new:
+        raise ValueError("compare_processes needs a timing a side")
+    if min(len(old), len(new)) < MIN_PROCESSES:
+        return beyond_processes(compare_timing(old[0], new[0], threshold, k, alpha), None, k)
+    from scipy import stats
+
+    ma, mb = ([spread(t).median for t in side] for side in (old, new))
+    if min(ma + mb) <= 0:
+        raise InputError(f"a timing median must be positive, got {ma} and {mb}")
+    la, lb = np.log(ma), np.log(mb)
+    ratio = float(np.exp(lb.mean() - la.mean()))
+    between = process_spread([ma, mb])
+    assert between is not None
+    tol = max(threshold, k * between)
+
+    def p(way: str) -> float:  # NaN when no side varies at all: no evidence either way
+        got = float(stats.ttest_ind(lb, la, alternative=way).pvalue)
+        return 1.0 if math.isnan(got) else got
+
+    p_slower, p_faster = p("greater"), p("less")
+    if ratio > 1 + tol and p_slower < alpha:
+        verdict = SLOWER
+    elif ratio < 1 / (1 + tol) and p_faster < alpha:
+        verdict = FASTER
+    else:
+        verdict = WITHIN_NOISE
+    a, b = _process_spread(ma), _process_spread(mb)
+    return TimingVerdict(a, b, ratio, tol, p_slower, p_faster, verdict, PROCESSES, None, between, True)
