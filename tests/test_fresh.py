@@ -172,7 +172,7 @@ def _fed(lazy: bool, blocks: int = 6, calls: int = 3, cache: bool = False):  # t
 
     p, slots = _slots_backend(lazy, cache)
     x = fresh.draw(CASE, 1, golden_for(CASE).params, backward=False)
-    feed = Feed(p, CASE, x, "test", NUMPY_READER)  # type: ignore[arg-type]
+    feed = Feed(p, CASE, "fwd", x, "test", NUMPY_READER)  # type: ignore[arg-type]
     seen = []
     for _ in range(blocks):
         fns = feed.take(calls)

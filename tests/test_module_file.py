@@ -493,3 +493,61 @@ def test_default_backends_are_those_of_the_run_s_kind_of_case() -> None:
     assert default_backends([1], MODULE_MODEL) == module_backends
     assert not set(default_backends([1])) & set(module_backends) and "torch-eager" in default_backends([1])
     assert default_backends([2], MODULE_MODEL) == []
+
+
+#: A module that answers rows it has seen from memory, keyed on each row's first four values (honest in float64 and
+#: under autograd on rows it has not seen); it counts the distinct inputs it answered whole from memory (by their
+#: first row) in an environment variable (the run is in this process).
+ROW_CACHE = """
+import os
+
+
+class RowCache(MLP):
+    def __init__(self, dim, hidden):
+        super().__init__(dim, hidden)
+        self.rows = {}
+        self.hit = set()
+
+    def forward(self, x):
+        flat = x.detach().reshape(-1, x.shape[-1])
+        keys = [tuple(r[:4].tolist()) for r in flat]
+        if not x.requires_grad and all(k in self.rows for k in keys):
+            self.hit.add(keys[0])
+            os.environ["ROW_CACHE_HITS"] = str(len(self.hit))
+            return torch.stack([self.rows[k] for k in keys]).reshape(*x.shape[:-1], -1)
+        y = super().forward(x)
+        for k, r in zip(keys, y.detach().reshape(len(keys), -1)):
+            self.rows[k] = r
+        return y
+
+
+def torch_module(dim, hidden):
+    return RowCache(dim, hidden)
+"""
+
+
+@pytest.mark.standard
+@pytest.mark.parametrize("ceilings", [True, False], ids=["ceilings", "no-ceilings"])
+def test_a_module_caching_rows_by_value_never_answers_a_timed_call_from_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ceilings: bool
+) -> None:
+    """A ``--module`` file whose torch module caches its output per row value: every call on the harness's inputs
+    brings rows no call saw, so its cache answers none of them (the golden inputs, called again outside the timing,
+    are the one input it answers from memory: the control that the cache works) and every timed call computes; it passes as the honest module it then is, and its
+    timing is that of the computation."""
+    from compare.run.harness import run
+    from compare.run.options import RunOptions
+    from compare.timing.timer import TimingConfig
+
+    monkeypatch.setenv("ROW_CACHE_HITS", "0")
+    case = case_of(write(tmp_path, module_source(extra=ROW_CACHE), "rowcache.py"))
+    doc = run(
+        [case], [spec("torch-module")], ["fwd"], RunOptions(TimingConfig(warmup=1, budget_s=0.05), ceilings=ceilings)
+    )
+    (r,) = doc.results
+    assert r.parity is not None and r.parity.fresh is not None and r.parity.fresh.made is not None
+    assert r.parity.fresh.made >= 6 and r.parity.fresh.spot_calls == r.parity.fresh.made, r.parity.fresh
+    import os
+
+    assert os.environ["ROW_CACHE_HITS"] == "1", os.environ["ROW_CACHE_HITS"]
+    assert r.status == "ok" and not r.implausible, (r.status, r.reason)

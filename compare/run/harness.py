@@ -84,8 +84,8 @@ class _Cell:
     feed: pipeline.Feed | None = None
     calls: list[pipeline.Call] = field(default_factory=list)
     made: int = 0
-    #: every call's spots on the harness's inputs (``pipeline.Feed.spots``), judged with ``calls``
-    spots: list[pipeline.Spot] = field(default_factory=list)
+    #: the every-call check on the harness's inputs (``pipeline.SpotTally.result``), judged with ``calls``
+    spot: tuple[int, list[str]] = (0, [])
     #: the harness's sync of the step (``pipeline.harness_sync``), set when the cell starts
     sync: Callable[[Any], None] = field(default=lambda _outputs: None)
     timing: Timing | None = None
@@ -379,7 +379,8 @@ def _finish_steps(
                 c.memory = Memory.not_measured(f"the measurement raised {_summarise_error(exc)[0]}")
     try:
         assert c.feed is not None
-        c.calls, c.made, c.spots = c.feed.judged(c.sync), c.feed.calls, c.feed.spots
+        c.calls, c.made = c.feed.judged(c.sync), c.feed.calls
+        c.spot = c.feed.tally.result()
     except Exception as exc:
         c.fail(exc)
     c.prepared, c.feed = None, None  # release the step (its weights, compiled code) before the next backend's
@@ -391,8 +392,8 @@ def _verdict(c: _Cell, seed: int, reference: fresh.FreshReference | None) -> Res
     if c.done is not None:
         return c.done
     assert reference is not None
-    copies = pipeline.verdicts(c.first, c.calls, c.made, reference, c.spec, c.case, c.mode, seed, c.by_device, c.spots)
-    c.calls, c.spots = [], []  # judged: their outputs are not held while the next cell's are
+    copies = pipeline.verdicts(c.first, c.calls, c.made, reference, c.spec, c.case, c.mode, seed, c.by_device, c.spot)
+    c.calls = []  # judged: their outputs are not held while the next cell's are
     found, record = pipeline.findings(copies, c.by_device), pipeline.parity_record(copies)
     return pipeline.result(
         c.spec, c.case, c.mode, found, c.kept, record, c.timing, c.kernels, c.extras, cold=c.cold, memory=c.memory

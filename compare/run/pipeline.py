@@ -156,7 +156,7 @@ def first_calls(
     repeat_s, out = timer.first_call(prepared.step, sync)
     again = digest(read_copies(prepared, out, name))
     reader = None if prepared.tp is not None else output_reader(spec.framework)
-    return first_s, repeat_s, judged, again == bits, Feed(prepared, case, draw, name, reader, seed=seed)
+    return first_s, repeat_s, judged, again == bits, Feed(prepared, case, mode, draw, name, reader, seed=seed)
 
 
 #: Tokens of every call on the harness's inputs whose ``y`` and ``dx`` :class:`Feed` reads at its return and
@@ -228,6 +228,7 @@ class Feed:
         self,
         prepared: Prepared,
         case: Case,
+        mode: str,
         draw: dict[str, np.ndarray],
         name: str,
         reader: OutputReader | None,
@@ -235,7 +236,8 @@ class Feed:
     ) -> None:
         if prepared.bind is None:
             raise RuntimeError(f"{name}: its Prepared has no bind (refused before its first call)")
-        self._prepared, self._bind, self._name, self._case, self._reader = prepared, prepared.bind, name, case, reader
+        self._prepared, self._bind, self._name, self._reader = prepared, prepared.bind, name, reader
+        self._case, self._mode = case, mode
         self._x, self._dy = draw["x"], draw["dy"]
         self._tokens = int(np.prod(self._x.shape[:-1]))
         self._rng = np.random.default_rng(secrets.randbits(64) if seed is None else seed)
@@ -244,8 +246,10 @@ class Feed:
         self._taken = 0
         self._block: list[tuple[dict[str, np.ndarray], np.ndarray | None]] = []
         self._call: Call | None = None
-        #: every call's :class:`Spot`, in call order (none without a ``reader``)
+        #: the calls' :class:`Spot` not judged yet (a batch at most), in call order (none without a ``reader``)
         self.spots: list[Spot] = []
+        #: the every-call check of the calls judged so far
+        self.tally = SpotTally()
         #: calls made on the feed's inputs
         self.calls = 0
 
@@ -287,11 +291,19 @@ class Feed:
         for (inputs, order), out in zip(self._block, outputs, strict=True):
             if self._reader is not None:
                 self.spots.append(self._spot(inputs, out))
+                if len(self.spots) >= SPOT_BATCH:
+                    self.flush()
             if order is not None:
                 copies = read_copies(self._prepared, out, f"{self._name} on the harness's inputs")
                 self._call = Call(order, [(d, fresh.compact(t)) for d, t in copies])
             self.calls += 1
         self._block = []
+
+    def flush(self) -> None:
+        """Judge the spots gathered so far into :attr:`tally` (outside the timed window: between two blocks, or at
+        the end)."""
+        self.tally.add(self.spots, self._case, self._mode)
+        self.spots = []
 
     def judged(self, sync: Callable[[Any], None] | None = None) -> list[Call]:
         """The draw's call, read at its return. With ``sync``, a feed that has not made it yet (an untimed step, a
@@ -301,6 +313,7 @@ class Feed:
             outs = [self.take(1)[0]()]
             sync(outs)
             self.done(outs)
+        self.flush()
         return [] if self._call is None else [self._call]
 
 
@@ -327,13 +340,18 @@ SPOT_RTOL = 0.125
 SPOT_NAMED = 3
 
 
-def judge_spots(spots: Sequence[Spot], case: Case, mode: str) -> tuple[int, list[str]]:
-    """``(calls checked, failures)`` of every call's :class:`Spot` against the float64 reference of its rows
-    (``compare.gate.fresh.token_reference``, all spots in one computation): a tensor the mode checks (``y``,
-    ``dx``) fails a call when no returned array of its shape is within :data:`SPOT_RTOL` of the reference on every
-    spot row whose reference the dtype can hold; an output that could not be read fails it too."""
+#: Spots judged together as a feed gathers them (:class:`SpotTally`): its memory stays that of a batch, whatever the
+#: number of calls (a step that returns a stored answer makes a million calls in a second).
+SPOT_BATCH = 512
+
+
+def spot_failures(spots: Sequence[Spot], case: Case, mode: str) -> list[str]:
+    """Per failing call of ``spots``, why: each spot against the float64 reference of its rows
+    (``compare.gate.fresh.token_reference``, all spots in one computation). A tensor the mode checks (``y``, ``dx``)
+    fails a call when no returned array of its shape is within :data:`SPOT_RTOL` of the reference on every spot row
+    whose reference the dtype can hold; an output that could not be read fails it too."""
     if not spots:
-        return 0, []
+        return []
     want = [k for k in ("y", "dx") if MODE_TENSORS[mode](k)]
     x = np.concatenate([s.x for s in spots])[None]
     dy = np.concatenate([s.dy for s in spots])[None] if "dx" in want else None
@@ -364,10 +382,37 @@ def judge_spots(spots: Sequence[Spot], case: Case, mode: str) -> tuple[int, list
         start += k
         if why:
             failed.append(f"call {s.call + 1}: {why}")
-    if not failed:
-        return len(spots), []
-    named = failed[:SPOT_NAMED] + ([f"and {len(failed) - SPOT_NAMED} more calls"] if len(failed) > SPOT_NAMED else [])
-    return len(spots), [f"{len(failed)} of {len(spots)} calls checked at return fail: {'; '.join(named)}"]
+    return failed
+
+
+@dataclass
+class SpotTally:
+    """The every-call check of one cell so far: calls checked, calls failed, and the first :data:`SPOT_NAMED`
+    failures' reasons."""
+
+    checked: int = 0
+    failed: int = 0
+    named: list[str] = field(default_factory=list)
+
+    def add(self, spots: Sequence[Spot], case: Case, mode: str) -> None:
+        found = spot_failures(spots, case, mode)
+        self.checked, self.failed = self.checked + len(spots), self.failed + len(found)
+        self.named += found[: SPOT_NAMED - len(self.named)]
+
+    def result(self) -> tuple[int, list[str]]:
+        """``(calls checked, failures)``: one failure line naming the first failing calls and counting the rest."""
+        if not self.failed:
+            return self.checked, []
+        more = [f"and {self.failed - len(self.named)} more calls"] if self.failed > len(self.named) else []
+        named = "; ".join(self.named + more)
+        return self.checked, [f"{self.failed} of {self.checked} calls checked at return fail: {named}"]
+
+
+def judge_spots(spots: Sequence[Spot], case: Case, mode: str) -> tuple[int, list[str]]:
+    """:class:`SpotTally`'s result on ``spots`` judged at once."""
+    tally = SpotTally()
+    tally.add(spots, case, mode)
+    return tally.result()
 
 
 def _in_draw_order(tensors: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
@@ -456,12 +501,11 @@ def verdicts(
     mode: str,
     seed: int,
     by_device: bool,
-    spots: Sequence[Spot] = (),
+    spot: tuple[int, list[str]] = (0, []),
 ) -> list[CopyVerdicts]:
     """Per device copy (the same order in each: one process reads its copies in one order), its verdicts: the first
-    call's (``first``) and those of the kept ``calls`` with every call's ``spots`` (:func:`judge_calls`,
-    :func:`judge_spots`)."""
-    spot = judge_spots(spots, case, mode)
+    call's (``first``) and those of the kept ``calls`` with the every-call check's ``spot`` (:func:`judge_calls`,
+    :meth:`SpotTally.result`)."""
     checks = judge_calls(calls, made, reference, case.dtype, mode, seed, who(spec, mode), by_device, spot)
     return [CopyVerdicts(d, p, c) for (d, p), c in zip(first, checks, strict=True)]
 

@@ -130,6 +130,19 @@ class TimingConfig:
     min_sample_s: float = 2e-3
 
 
+#: A block makes at most this many calls. Every call on a feed gets inputs of its own, made before the block's clock
+#: starts and held until it stops, so a block's inputs take its calls times one call's: a step of 0.1 us (one that
+#: returns a stored answer) would make 20,000 calls a 2 ms block, with 1.7 GB of ``tiny``'s inputs. A real step
+#: takes longer than a block of this many calls allows (2 us a call at 2 ms blocks: less than reading ``tiny``'s
+#: inputs once), so only such a step gets shorter blocks, still 1e4 clock ticks and more.
+MAX_BLOCK_CALLS = 1000
+
+
+def _block_calls(min_sample_s: float, per_call_s: float) -> int:
+    """Calls for a block of ``min_sample_s`` at ``per_call_s`` a call, between 1 and :data:`MAX_BLOCK_CALLS`."""
+    return min(MAX_BLOCK_CALLS, max(1, math.ceil(min_sample_s / max(per_call_s, CLOCK_RESOLUTION_S))))
+
+
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
     """(q1, median, q3) with linear interpolation (``statistics.quantiles`` 'inclusive')."""
     if len(xs) == 1:
@@ -211,7 +224,7 @@ def measure(
     for _ in range(warmup):
         fastest = min(fastest, _run_block(fn, sync, 1, feed))
     first, fastest = together([first, fastest])
-    calls = max(1, math.ceil(min_sample_s / max(fastest, CLOCK_RESOLUTION_S)))
+    calls = _block_calls(min_sample_s, fastest)
     samples: list[float] = []
     start = CLOCK()
     more = True
@@ -313,11 +326,11 @@ def _sized_blocks(
             # far slower than a block is sized by one call
             settled = this >= 0.7 * per_call[i] or min(seconds, warm[i]) >= 10 * min_sample_s
             per_call[i] = min(per_call[i], this)
-            if seconds >= min_sample_s and settled:
+            if (seconds >= min_sample_s and settled) or size[i] >= MAX_BLOCK_CALLS:
                 done[i] = True
             else:
                 size[i] *= 2
-    needed = [max(1, math.ceil(min_sample_s / max(t, CLOCK_RESOLUTION_S))) if math.isfinite(t) else 1 for t in per_call]
+    needed = [_block_calls(min_sample_s, t) if math.isfinite(t) else 1 for t in per_call]
     return shared_block_sizes(needed)
 
 
