@@ -200,7 +200,7 @@ def test_every_record_of_a_committed_store_writes_back_as_stored(path: Path) -> 
                 want = {**data, "timing": None} if cls is Config and "timing" not in data else data
                 assert _text(to_json(from_json(cls, data))) == _text(want), f"line {n}: {key}"
                 seen.add(cls)
-    assert seen == {Config, Environment, Ceilings, Result, ResolutionRow}
+    assert seen >= {Config, Environment, Ceilings, Result, ResolutionRow}  # and Load, in a store that recorded it
 
 
 def _planted(rows: list[dict[str, Any]]) -> tuple[int, str]:

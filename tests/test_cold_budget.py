@@ -494,7 +494,7 @@ _TICKING: dict[str, _Ticking] = {}
 def _ticking(name: str, step_s: float, twin_of: str = "") -> BackendSpec:
     """A registry line for a :class:`_Ticking` backend (``twin_of``: outside the core comparison)."""
     _TICKING[name] = _Ticking(name, step_s)
-    return _TickSpec(name=name, framework="torch", target="tests.test_cold_budget", about="a test", twin_of=twin_of)
+    return _TickSpec(name=name, framework="numpy", target="tests.test_cold_budget", about="a test", twin_of=twin_of)
 
 
 @pytest.mark.standard

@@ -19,7 +19,7 @@ compile paybacks use it too). Each side's quartiles (q1, median, q3) come from i
 else is **within noise**. A cell timed on only one side is "not compared".
 
 **Between processes.** Each run is one process, and two processes of one build differ by more than their samples
-do (two identical ``run --history`` runs 18 s apart: jax-xla 34.2 -> 39.4 ms), so the rule above cannot tell a
+do (two identical ``run --history`` runs 18 s apart: the XLA backend 34.2 -> 39.4 ms), so the rule above cannot tell a
 change from another process. Two runs measure no between-process spread: a change at or below the floor
 ``compare.timing.significance.BETWEEN_FLOOR`` (the A/A between-process spread measured on the project's development
 VM; another machine has its own) is within noise, and the verdict says the spread was not measured

@@ -15,8 +15,8 @@ point ``i``, point ``i`` is *above its level* when it is slower than a strict ma
 2. it is slower than point ``i-1`` too, or point ``i-1`` was not itself above its own level.
 
 **Between runs.** Each entry is one process, and two processes of one build differ by more than their samples do
-(two identical ``run --history`` runs 18 s apart: jax-xla 34.2 -> 39.4 ms, flagged slower by the rule above alone).
-So every comparison ``j`` -> ``i`` also has to be beyond the between-run spread
+(two identical ``run --history`` runs 18 s apart: the XLA backend 34.2 -> 39.4 ms, flagged slower by the rule above
+alone). So every comparison ``j`` -> ``i`` also has to be beyond the between-run spread
 (``compare.timing.significance.beyond_processes``): where the points before ``i`` hold :data:`~compare.timing.
 significance.MIN_RUNS` (3) or more of the build of point ``i-1`` (the same commit, dirty flag and package versions:
 :func:`build_of`), the relative range ``max / min - 1`` of the medians of the last :data:`SPREAD_RUNS` of them is the

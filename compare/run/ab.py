@@ -5,10 +5,10 @@ commits), all 2K timed in one interleaved group: every round runs one block of e
 order drawn for the round.
 
 Why K: what differs between two processes of one build (XLA's thread pool placement, the memory layout, the compile)
-stays for a process's whole life, and no order of rounds inside one pair of processes takes it out: A/A of jax-xla on
-``cpu-mlp`` with one worker a side had one at 32-34 ms and the other at 40 ms, called different in 3 of 8 trials.
-With K a side, the verdict (``compare.timing.significance.compare_processes``) takes the process as its unit and
-calls a difference only beyond the spread between the processes of one side. Each worker's timing is kept
+stays for a process's whole life, and no order of rounds inside one pair of processes takes it out: A/A of the jitted
+JAX backend on ``cpu-mlp`` with one worker a side had one at 32-34 ms and the other at 40 ms, called different in 3 of
+8 trials. With K a side, the verdict (``compare.timing.significance.compare_processes``) takes the process as its unit
+and calls a difference only beyond the spread between the processes of one side. Each worker's timing is kept
 (``ab.json``'s per-process figures).
 
 Each worker (``compare.run.ab_worker``) runs from its checkout (its working folder and ``PYTHONPATH``), says
@@ -58,8 +58,9 @@ from compare.timing.timer import Timing, TimingConfig
 #: judge with power (two a side: 53% for 1.84x at a 10% between-process spread; three: 99%), and whose A/A false
 #: alarms stay under 2% a direction even when processes fall on two levels 25% apart at random. The cost: every
 #: worker imports, stages (its float64 reference, its compile) and settles in turn, so ``ab --preset cpu-mlp --backend
-#: torch-eager jax-xla --no-profile`` took 118 s with three a side against 35 s with one, back to back on a 2-core VM
-#: that others kept busy; the timed seconds are the same (a side's ``--budget`` is shared by its workers).
+#: torch-eager`` and the jitted JAX backend ``--no-profile`` took 118 s with three a side against 35 s with one, back
+#: to back on a 2-core VM that others kept busy; the timed seconds are the same (a side's ``--budget`` is shared by
+#: its workers).
 WORKERS = 3
 #: Seconds from a worker's start to its handshake (an interpreter importing ``compare``).
 HANDSHAKE_S = 120.0

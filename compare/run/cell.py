@@ -127,10 +127,10 @@ def against_ceilings(r: Result, ceil: Ceilings, min_step_flops: int | None, devi
     The step is judged on its median per-call time, against a best-of ceiling (each probe's fastest sample at its
     best size, the higher library, the higher of a re-measure: ``compare.cost.records.Ceilings.peak``). The median
     and not the minimum: the fastest of n samples on a loaded machine is an extreme-value statistic, the one moment
-    the load let go, and need not fall where the ceiling's probe had its luck. On a busy 2-core machine an honest
-    jax-xla and jax-unfused had their fastest samples at 33.7 ms against a median of 62 ms, and were called 1.23x and
-    1.24x the ceiling; their medians stand at about 0.67x. An honest step's median cannot beat the machine's best
-    rate whatever the load (load only slows it), while a step that answers from memory does so on every call, so
+    the load let go, and need not fall where the ceiling's probe had its luck. On a busy 2-core machine honest
+    JAX backends (jitted and op by op) had their fastest samples at 33.7 ms against a median of 62 ms, and were called
+    1.23x and 1.24x the ceiling; their medians stand at about 0.67x. An honest step's median cannot beat the machine's
+    best rate whatever the load (load only slows it), while a step that answers from memory does so on every call, so
     its median is as fast as its minimum. Not the lower quartile: it would add only a cheat fast on a quarter to a
     half of its calls, for half the median's robustness (a quarter of samples, not half, moves it); and the median
     is what the report's roofline (``cost.achieved``) divides by, so the flag and a row's achieved FLOP/s there

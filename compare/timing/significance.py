@@ -44,9 +44,9 @@ they get the unpaired rule, and the verdict's ``design`` says which one was used
 
 **Between processes** (``ab``, ``diff``, ``history``: the sides are other processes). Rounds interleaved inside one
 pair of processes cannot take out what differs between the processes themselves (XLA's thread pool placement, the
-memory layout, the compile): A/A of jax-xla on ``cpu-mlp`` on a quiet 2-core VM, one worker a side, had one worker
-at 32-34 ms and the other at about 40 ms for a whole trial, and the paired test called 3 of 8 trials different
-(0.79x to 1.21x at p < 0.001). There the process is the unit of replication:
+memory layout, the compile): A/A of the jitted JAX backend on ``cpu-mlp`` on a quiet 2-core VM, one worker a side, had
+one worker at 32-34 ms and the other at about 40 ms for a whole trial, and the paired test called 3 of 8 trials
+different (0.79x to 1.21x at p < 0.001). There the process is the unit of replication:
 
 - ``ab`` runs K processes a side (``--workers``), all in one interleaved group. :func:`compare_processes` takes each
   process's median, ``a_i`` and ``b_i`` their logs, and calls B **slower** only if both hold:
@@ -65,8 +65,8 @@ at 32-34 ms and the other at about 40 ms for a whole trial, and the paired test 
   level, all of the other on the upper, which no rule on 3 + 3 processes can tell from a difference; K = 4: 0.4%,
   K = 2: 6%). Faster is the same. Power (called slower): 1.84x (one thread of two) at a 10% between-process SD 99%,
   1.5x at 10% 81%, 1.25x at 5% 88%, 1.10x at 2% 92% (K = 2: 53%, 29%, 34%, 37%). Measured A/A (``ab --preset
-  cpu-mlp --backend torch-eager jax-xla``, 3 a side, 4 trials on the 2-core VM while others held 50-75% of its
-  cores): no pair called; the sides' per-process ranges were 5-42% (jax-xla) and 3-25% (torch-eager) there.
+  cpu-mlp`` with the eager torch and jitted JAX backends, 3 a side, 4 trials on the 2-core VM while others held 50-75%
+  of its cores): no pair called; the sides' per-process ranges were 5-42% (JAX) and 3-25% (torch-eager) there.
   Fewer than :data:`MIN_PROCESSES` processes a side measure no spread: the within-process rule, then the floor.
 - ``diff`` and ``history`` compare runs of one process each. Where a history holds :data:`MIN_RUNS` or more earlier
   runs of the same build (commit and package versions) of a cell, their relative range is the spread
@@ -120,10 +120,10 @@ MIN_PROCESSES = 2
 MIN_RUNS = 3
 #: The relative difference between two single processes (two runs, or one worker a side) at or below which no
 #: difference is called where the between-process spread is not measured. Where it comes from: A/A between processes
-#: of one build on the project's 2-core development VM, quiet, jax-xla on ``cpu-mlp`` fwd: one worker at 32-34 ms
-#: and the other at 40 ms for whole trials (called 0.79x, 0.82x and 1.21x: up to 27% apart), and two identical
+#: of one build on the project's 2-core development VM, quiet, the jitted JAX backend on ``cpu-mlp`` fwd: one worker at
+#: 32-34 ms and the other at 40 ms for whole trials (called 0.79x, 0.82x and 1.21x: up to 27% apart), and two identical
 #: ``run --history`` runs 34.2 -> 39.4 ms (15%); rounded up. Busy (others holding 50-75% of both cores), the range of
-#: three workers of one side reached 42% for jax-xla and 25% for torch-eager in 3 trials: a busy machine's spread is
+#: three workers of one side reached 42% for JAX and 25% for torch-eager in 3 trials: a busy machine's spread is
 #: wider still, and there the load rule (``compare.results.load``) already makes such a change ambiguous. It depends
 #: on the machine and the backend: a history with MIN_RUNS runs of one build measures it instead.
 BETWEEN_FLOOR = 0.30
