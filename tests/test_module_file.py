@@ -533,8 +533,8 @@ def test_a_module_caching_rows_by_value_never_answers_a_timed_call_from_memory(
 ) -> None:
     """A ``--module`` file whose torch module caches its output per row value: every call on the harness's inputs
     brings rows no call saw, so its cache answers none of them (the golden inputs, called again outside the timing,
-    are the one input it answers from memory: the control that the cache works) and every timed call computes; it passes as the honest module it then is, and its
-    timing is that of the computation."""
+    are the one input it answers from memory: the control that the cache works) and every timed call computes; it
+    passes as the honest module it then is, and its timing is that of the computation."""
     from compare.run.harness import run
     from compare.run.options import RunOptions
     from compare.timing.timer import TimingConfig
