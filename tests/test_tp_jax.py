@@ -31,7 +31,6 @@ from jax_impl import collectives as jax_collectives
 from jax_impl import tp_common, tp_runtime
 from tests.jax_tp_corrupt_backend import NAME as CORRUPT
 from tests.jax_tp_corrupt_backend import SPEC as CORRUPT_SPEC
-from tests.parity_backends import unexplained_rms
 
 pytestmark = pytest.mark.slow  # two worker groups start once per module: about a minute
 
@@ -247,6 +246,8 @@ def test_parity_on_every_process(groups: dict[str, Rows], how: str, cell: Key) -
     for t in r["parity"]["tensors"]:
         if t["tensor"] in known:  # the deviating check: the rms, past its pass line, read as unexplained
             assert f"{t['tensor']}:rms" in r["parity"]["deviated"] and t["tier"] == "deviates", _explain(r)
+            from tests.parity_backends import unexplained_rms  # here: its import reads every backend's availability
+
             assert unexplained_rms(t["cause"]), t["cause"]
     assert not any(p["passed"] for p in r["parity"]["processes"])
     assert all(p["tier"] == "deviates" for p in r["parity"]["processes"])
