@@ -64,8 +64,9 @@ def main() -> int:
     ap.add_argument("kind", choices=("aa", "report"))
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--busy", action="store_true", help="keep one core busy with another process")
-    ap.add_argument("extra", nargs="*", help="after --: more arguments for the command")
-    args = ap.parse_args()
+    cut = sys.argv.index("--") if "--" in sys.argv else len(sys.argv)
+    args = ap.parse_args(sys.argv[1:cut])
+    args.extra = sys.argv[cut + 1 :]  # after --: more arguments for the command
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     called = 0
     try:
