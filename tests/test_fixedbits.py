@@ -17,6 +17,7 @@ import pytest
 from compare.problem import fixedbits
 from compare.problem.cases import PRESETS
 from compare.problem.golden import GOLDEN_DIR, MANIFEST
+from compare.problem.reference import round_to_dtype
 
 pytestmark = pytest.mark.quick
 
@@ -208,3 +209,46 @@ def test_a_generated_reference_is_computed_as_read_and_equals_the_whole_one(
         with pytest.raises(KeyError):
             lazy.ref["dnope"]
         monkeypatch.setattr(golden, "compute", real)
+
+
+def _matmul64_unshortened(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """matmul64 as defined (module docstring), without its shortcuts: every slice product of every row and column,
+    ``ldexp`` for every scaling. The shortcuts must leave every bit of it."""
+    k = a.shape[1]
+    beta = fixedbits._beta(k)
+
+    def split(m: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        rest, e, out = m.copy(), fixedbits._row_exponents(m) - beta, []
+        for _ in range(fixedbits.SLICES):
+            ints = np.rint(np.ldexp(rest, -e[:, None]))
+            rest = rest - np.ldexp(ints, e[:, None])
+            out.append((ints, e.copy()))
+            e = e - beta
+        return out
+
+    sa, sb = split(a), split(np.ascontiguousarray(b.T))
+    out = np.zeros((a.shape[0], b.shape[1]))
+    for level in range(fixedbits.SLICES + 1, 1, -1):
+        for s in range(max(1, level - fixedbits.SLICES), level):
+            (ia, ea), (ib, eb) = sa[s - 1], sb[level - s - 1]
+            out += np.ldexp(ia @ ib.T, ea[:, None] + eb[None, :])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_matmul64_shortcuts_keep_every_bit(seed: int) -> None:
+    """Rows of zeros, 16-bit values (most rows need one slice), exponents far apart, tiny values near the subnormal
+    range, and more columns than one block: the same bits as the form without shortcuts."""
+    rng = np.random.default_rng(seed)
+    m, k, n = int(rng.integers(1, 40)), int(rng.integers(1, 300)), int(rng.integers(1, 90))
+    a = rng.standard_normal((m, k)) * np.exp(rng.uniform(-30, 30, (m, 1)))
+    b = rng.standard_normal((k, n)) * np.exp(rng.uniform(-30, 30, (1, n)))
+    if seed % 3 == 0:
+        a = round_to_dtype(a, "bfloat16").astype(np.float64)
+    if seed % 4 == 0:
+        a[rng.random(a.shape) < 0.3] = 0.0
+        b[:, rng.random(n) < 0.2] = 0.0
+    if seed % 5 == 0:
+        a *= 1e-300
+    want = _matmul64_unshortened(a, b)
+    assert np.array_equal(fixedbits.matmul64(a, b).view(np.int64), want.view(np.int64))

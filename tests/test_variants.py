@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from compare.gate.parity import Z_SCORE, _scale, check_all, tensor_stats
+from compare.gate.parity import Z_SCORE, check_all, slope_fit, tensor_stats
 from compare.problem.cases import MODES, PRESETS, Case, committed_cases
 from compare.problem.golden import golden_for
 from compare.run.cell import MODE_TENSORS, plain_reference
@@ -73,7 +73,7 @@ def test_a_biased_float32_transcendental_deviates_never_fails_and_its_bias_is_me
                     assert m is not None and abs(float(m.group(1)) - want) < 1.0, (c.name, t.tensor, t.cause)
             if c.dtype == "float32":
                 stats = tensor_stats(ref, plain, "y")
-                b, _, fitted = _scale(got["y"] - plain["y"], ref["y"], stats.directions)
+                b, _, fitted = slope_fit(got["y"] - plain["y"], ref["y"], stats.directions)
                 assert fitted is not None, c.name
                 ulps, se = fitted
                 assert abs(ulps - want) < 1.0 and abs(ulps) > Z_SCORE * se and abs(b) < 0.2 * 2.0**-24, (c.name, fitted)

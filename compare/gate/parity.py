@@ -85,9 +85,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from compare.formats.codec import LATER
+from compare.gate.stream import (
+    Clustered,
+    Design,
+    blocks,
+    columns,
+    dot,
+    kth_smallest_abs,
+    matrix_shape,
+    rows64,
+    rows_raw,
+)
 from compare.problem.cases import Case, InputError
 from compare.problem.reference import SIGNIFICAND_BITS, TRANSCENDENTAL_ERROR_ULPS, round_to_dtype
 
@@ -243,29 +255,6 @@ class TensorParity:
             raise ValueError(f"unknown parity tier {self.tier!r}; known: {', '.join(TIERS)}")
 
 
-def _matrix(a: np.ndarray) -> np.ndarray:
-    """A tensor as ``[rows, columns]`` (``[-1, last dim]``; a vector is one column)."""
-    return a.reshape(-1, 1) if a.ndim <= 1 else a.reshape(-1, a.shape[-1])
-
-
-def _cluster_sum_var(sums: np.ndarray) -> float:
-    g = sums.size
-    if g < MIN_TERMS:
-        return 0.0
-    d = sums - sums.mean()
-    return g / (g - 1) * float(d @ d)
-
-
-def _clustered_var(contrib: np.ndarray) -> float:
-    """Variance of ``contrib.sum()`` (``contrib`` 2-D, one term per element), robust to the two ways rounding errors
-    are shared: every element independent, rows as clusters, columns as clusters, and both at once (Cameron,
-    Gelbach and Miller's two-way estimate ``V_rows + V_cols - V_elements``); the largest is used."""
-    v_el = _cluster_sum_var(contrib.ravel())
-    v_rows = _cluster_sum_var(contrib.sum(axis=1)) if contrib.shape[0] >= MIN_TERMS else 0.0
-    v_cols = _cluster_sum_var(contrib.sum(axis=0)) if contrib.shape[1] >= MIN_TERMS else 0.0
-    return max(v_el, v_rows, v_cols, v_rows + v_cols - v_el)
-
-
 def judged_shapes(case: Case) -> dict[str, tuple[int, ...]]:
     """The shape of every tensor the gate can judge on ``case``, by the names ``compare.problem.reference`` gives
     them: the output ``y``, and the gradients ``dx`` and ``d<weight>`` of each weight (``Case.weight_shapes``)."""
@@ -291,57 +280,8 @@ def check_judgeable(case: Case, tensors: Iterable[str] | None = None) -> Case:
     return case
 
 
-def _shift(e: np.ndarray) -> tuple[float, float]:
-    """Mean signed error and its standard error."""
-    m = _matrix(e)
-    return float(m.mean()), SE_INFLATION * math.sqrt(_clustered_var(m)) / m.size
-
-
-def _scale(
-    e: np.ndarray, ref: np.ndarray, directions: np.ndarray | None = None
-) -> tuple[float, float, tuple[float, float] | None]:
-    """Least-squares slope ``b`` of ``e`` on ``ref`` (the ref^2-weighted mean relative error) and its standard error;
-    with ``directions`` (``[k, *ref.shape]``: a transcendental's signatures, :class:`PlainStats`) fitted beside it. The
-    third value is then the transcendental's fitted bias in float32 ulps (up minus down, ``directions`` being 4 ulp
-    down and up) and its standard error; None without. Each coefficient is ``w . e`` with ``w`` a row of the
-    pseudo-inverse, so its variance is the clustered variance of ``w * residual``."""
-    cols = [ref.ravel()] + ([] if directions is None else [d.ravel() for d in directions])
-    x = np.stack(cols, axis=1)
-    norms = np.sqrt(np.sum(x * x, axis=0))
-    norms[norms == 0] = 1.0
-    xn = x / norms  # unit columns: ref is O(1), the signature O(1e-7); a Gram matrix of such columns is singular
-    # pinv(A) = pinv(A^T A) A^T: the [k, k] Gram of unit columns instead of an SVD of the [n, k] matrix (0.8 s on a
-    # 58.7M-element weight gradient, three times a check); k is 1, or 3 with a transcendental's signatures
-    pinv = np.linalg.pinv(xn.T @ xn) @ xn.T  # [k, n]
-    coef = pinv @ e.ravel() / norms
-    resid = e.ravel() - x @ coef
-    w = pinv / norms[:, None]
-    if directions is not None:  # one row more: up minus down, in ulps
-        w = np.vstack([w, TRANSCENDENTAL_ERROR_ULPS * (w[2] - w[1])])
-    se = [SE_INFLATION * math.sqrt(_clustered_var(_matrix((wi * resid).reshape(e.shape)))) for wi in w]
-    return float(coef[0]), se[0], None if directions is None else (float(w[-1] @ e.ravel()), se[-1])
-
-
 def _rms(a: np.ndarray) -> float:
     return float(np.sqrt(np.mean(a * a))) if a.size else 0.0
-
-
-def small_ref_share(e: np.ndarray, ref: np.ndarray) -> float:
-    """``rms(e)`` over the ``ceil(n / WHERE_PART)`` elements with the smallest ``|ref|`` (ties: any), divided by
-    ``rms(e)`` over all (0 when ``e`` is all zeros): 1 for an error spread evenly, below 1 for rounding error (it
-    grows with ``|ref|``), above 1 for an error gathered on the smallest outputs."""
-    total = _rms(e)
-    if total == 0.0:
-        return 0.0
-    a, r = e.ravel(), np.abs(ref).ravel()
-    k = -(-a.size // WHERE_PART)
-    return _rms(a[np.argpartition(r, k - 1)[:k]]) / total
-
-
-def not_representable(y64: np.ndarray, dtype: str) -> np.ndarray:
-    """Mask of the finite values of ``y64`` that are not values of ``dtype``."""
-    back = round_to_dtype(y64, dtype).astype(np.float64)
-    return np.isfinite(y64) & (back != y64)
 
 
 #: The next narrower significand below each dtype's (bits, with the implicit one): float16's 11 below float32's 24,
@@ -352,21 +292,111 @@ NARROW_MIN_VALUES = 64
 #: An honest output has about ``1 - 2**-(p - p_narrow)`` (87.5% and more) of its values using more significand bits
 #: than the narrower type has; one computed in the narrower type has none. Below this fraction it was.
 NARROW_FRACTION = 0.01
+#: Each dtype's numpy type (``ml_dtypes`` for bfloat16), its explicit fraction bits and its exponent field's mask:
+#: an output held in its case dtype's type (``compare.gate.fresh.compact``) is representable by construction, and its
+#: significand bits are read off its bit pattern.
+_HELD: dict[str, tuple[Any, type[np.unsignedinteger[Any]], int, int]] = {
+    "bfloat16": (ml_dtypes.bfloat16, np.uint16, 7, 0x7F80),
+    "float16": (np.float16, np.uint16, 10, 0x7C00),
+    "float32": (np.float32, np.uint32, 23, 0x7F800000),
+}
 
 
-def narrow_precision(y64: np.ndarray, dtype: str) -> tuple[int, float] | None:
-    """``(bits, fraction)`` when ``y64``'s values carry no more significand bits than the next narrower type
-    (:data:`NARROWER_BITS`): ``fraction`` of its normal nonzero values use more (below :data:`NARROW_FRACTION`:
-    computed in a narrower type, e.g. bfloat16 math in a float16 case); None when not, or too few values to tell."""
+def _dtype_counts(raw: np.ndarray, y64: np.ndarray, dtype: str) -> tuple[int, int, int, int]:
+    """Of one block of an output (``raw`` as held, ``y64`` its float64 values, all finite): ``(values not of dtype,
+    the first such's index in the block or -1, normal nonzero values, those of them with more significand bits than
+    the next narrower type)``."""
+    held, uint, frac, exp_mask = _HELD[dtype]
+    extra = frac - (NARROWER_BITS[dtype] - 1)  # fraction bits the narrower type lacks
+    if raw.dtype == held:  # representable by construction: the bits say the rest
+        bits = raw.ravel().view(uint)
+        normal = (bits & uint(exp_mask)) != 0
+        more = (bits & uint((1 << extra) - 1)) != 0
+        return 0, -1, int(np.count_nonzero(normal)), int(np.count_nonzero(normal & more))
+    flat = y64.ravel()
+    bad = round_to_dtype(flat, dtype).astype(np.float64) != flat
+    n_bad = int(np.count_nonzero(bad))
     tiny = float(np.finfo(np.float16).tiny) if dtype == "float16" else float(np.finfo(np.float32).tiny)
-    v = y64[np.isfinite(y64) & (np.abs(y64) >= tiny)]
-    if v.size < NARROW_MIN_VALUES:
-        return None
-    bits = NARROWER_BITS[dtype]
+    v = flat[np.abs(flat) >= tiny]
     m, _ = np.frexp(v)  # |m| in [0.5, 1): m * 2**bits is an integer exactly when v has at most ``bits`` bits
-    scaled = np.abs(m) * 2.0**bits
-    frac = float(np.count_nonzero(scaled != np.floor(scaled))) / v.size
-    return (bits, frac) if frac < NARROW_FRACTION else None
+    scaled = np.abs(m) * 2.0 ** NARROWER_BITS[dtype]
+    return n_bad, int(np.argmax(bad)) if n_bad else -1, int(v.size), int(np.count_nonzero(scaled != np.floor(scaled)))
+
+
+def _narrow(normal: int, more: int, dtype: str) -> tuple[int, float] | None:
+    """``(bits, fraction)`` when an output's values carry no more significand bits than the next narrower type
+    (:data:`NARROWER_BITS`): ``fraction`` (``more / normal``) of its normal nonzero values use more (below
+    :data:`NARROW_FRACTION`: computed in a narrower type, e.g. bfloat16 math in a float16 case); None when not, or
+    too few values to tell."""
+    if normal < NARROW_MIN_VALUES:
+        return None
+    frac = more / normal
+    return (NARROWER_BITS[dtype], frac) if frac < NARROW_FRACTION else None
+
+
+@dataclass
+class _Fit:
+    """One least-squares fit of a target on a :class:`~compare.gate.stream.Design` over a stream of blocks: ``xt``
+    (``X^T t``) in the first pass, the coefficients' clustered variances over the residuals in the second."""
+
+    design: Design
+    cols: int
+    xt: np.ndarray = field(init=False)
+    coef: np.ndarray = field(init=False)
+    spread: list[Clustered] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.xt = np.zeros(self.design.m.shape[0])
+        self.spread = [Clustered(self.cols) for _ in self.design.rows]
+
+    def first(self, x: list[np.ndarray], t: np.ndarray) -> None:
+        """``x``: the block's columns (``compare.gate.stream.columns``), ``t`` its target."""
+        self.xt += [dot(c, t) for c in x]
+
+    def solve(self) -> None:
+        self.coef = self.design.m @ self.xt
+
+    def second(self, x: list[np.ndarray], t: np.ndarray) -> None:
+        resid = t.ravel() - self.coef[0] * x[0]
+        for c, b in zip(x[1:], self.coef[1:], strict=True):
+            resid -= b * c
+        for row, acc in zip(self.design.rows, self.spread, strict=True):
+            w = row[0] * x[0]
+            for c, b in zip(x[1:], row[1:], strict=True):
+                w += b * c
+            acc.add((w * resid).reshape(-1, self.cols))
+
+    def result(self) -> tuple[float, float, tuple[float, float] | None]:
+        """The slope on ``ref`` and its standard error; with directions, the transcendental's bias in ulps and its
+        standard error (:func:`slope_fit`)."""
+        se = [SE_INFLATION * math.sqrt(acc.var()) for acc in self.spread]
+        extra = None if len(se) == 1 else (float(self.design.rows[-1] @ self.xt), se[-1])
+        return float(self.coef[0]), se[0], extra
+
+
+def _with(r: np.ndarray, directions: Any | None, i0: int, i1: int) -> list[np.ndarray]:
+    """The fit's columns of rows ``[i0, i1)`` (``compare.gate.stream.columns``) with ``ref``'s, ``r``, already read."""
+    return [r.ravel()] + ([] if directions is None else [rows64(d, i0, i1).ravel() for d in directions])
+
+
+def slope_fit(
+    t: np.ndarray, ref: Any, directions: Any | None = None, design: Design | None = None
+) -> tuple[float, float, tuple[float, float] | None]:
+    """Least-squares slope ``b`` of ``t`` on ``ref`` (the ref^2-weighted mean relative error of an error ``t``) and
+    its standard error; with ``directions`` (``[k, *ref.shape]``: a transcendental's signatures, :class:`PlainStats`)
+    fitted beside it, the third value is the transcendental's fitted bias in float32 ulps (up minus down,
+    ``directions`` being 4 ulp down and up) and its standard error; None without. Each coefficient is ``w . t`` with
+    ``w`` a row of the pseudo-inverse, so its variance is the clustered variance of ``w * residual``. Two passes over
+    blocks of rows (``compare.gate.stream``); ``design``: the fit's :class:`~compare.gate.stream.Design` when the
+    caller has it."""
+    design = design if design is not None else Design.of(ref, directions, TRANSCENDENTAL_ERROR_ULPS)
+    fit = _Fit(design, matrix_shape(ref.shape)[1])
+    for i0, i1 in blocks(ref.shape):
+        fit.first(columns(ref, directions, i0, i1), rows64(t, i0, i1))
+    fit.solve()
+    for i0, i1 in blocks(ref.shape):
+        fit.second(columns(ref, directions, i0, i1), rows64(t, i0, i1))
+    return fit.result()
 
 
 def _fail(name: str, n: int, why: str, **kw: object) -> TensorParity:
@@ -436,34 +466,68 @@ class PlainStats:
     slope_se: float
     envelope_err: float  # max|e| of the envelope twin (the plain computation's own where there is none)
     rms_envelope: float
-    #: ``[2, *ref.shape]`` float64: the shapes of a transcendental biased all one way (:class:`Plain`'s
-    #: ``signature``), fitted beside the scale (None: no activation, or a 16-bit dtype where a float32
-    #: transcendental's bias is far below a unit roundoff)
+    #: ``[2, *ref.shape]``: the shapes of a transcendental biased all one way (:class:`Plain`'s ``signature``), fitted
+    #: beside the scale (None: no activation, or a 16-bit dtype where a float32 transcendental's bias is far below a
+    #: unit roundoff)
     directions: np.ndarray | None = field(default=None, compare=False, repr=False)
+    #: the fits of the scale check (``compare.gate.stream.Design``): on ``ref`` alone, and paired (on ``ref`` and the
+    #: ``directions``, where there are)
+    ref_design: Design | None = field(default=None, compare=False, repr=False)
+    paired_design: Design | None = field(default=None, compare=False, repr=False)
+    #: the ``where`` check's smallest tenth of ``|ref|``: ``(t, below, k)``, the ``k``-th smallest ``|ref|`` and how
+    #: many lie below it (the ``k - below`` first elements equal to ``t``, in order, complete it)
+    small: tuple[float, int, int] = field(default=(0.0, 0, 0), compare=False, repr=False)
 
 
-def plain_stats(
-    ref: np.ndarray, plain: np.ndarray, envelope: np.ndarray | None = None, signature: np.ndarray | None = None
-) -> PlainStats:
+def plain_stats(ref: Any, plain: Any, envelope: Any | None = None, signature: Any | None = None) -> PlainStats:
     """The :class:`PlainStats` of ``plain`` (and its ``envelope`` and ``signature`` twins, :class:`Plain`) against the
-    float64 ``ref`` (same shape)."""
-    ref64 = np.asarray(ref, dtype=np.float64)
-    e_p = np.asarray(plain, dtype=np.float64) - ref64
-    (m_p, m_p_se), (b_p, b_p_se, _) = _shift(e_p), _scale(e_p, ref64)
-    plain_err = float(np.max(np.abs(e_p))) if e_p.size else 0.0
-    e_env = None if envelope is None else np.asarray(envelope, dtype=np.float64) - ref64
+    float64 ``ref`` (same shape), a block of rows at a time (``compare.gate.stream``)."""
+    rows, cols = matrix_shape(ref.shape)
+    n = rows * cols
+    ref_design = Design.of(ref)
+    paired = ref_design if signature is None else Design.of(ref, signature, TRANSCENDENTAL_ERROR_ULPS)
+    fit, shift = _Fit(ref_design, cols), Clustered(cols)
+    scale = plain_err = env_err = 0.0
+    sum_ref = sum_plain = sum_env = 0.0
+    for i0, i1 in blocks(ref.shape):
+        r = rows64(ref, i0, i1)
+        e_p = rows64(plain, i0, i1) - r
+        if r.size:
+            scale, plain_err = max(scale, float(np.max(np.abs(r)))), max(plain_err, float(np.max(np.abs(e_p))))
+        sum_ref, sum_plain = sum_ref + dot(r, r), sum_plain + dot(e_p, e_p)
+        shift.add(e_p)
+        fit.first([r.ravel()], e_p)
+        if envelope is not None:
+            e_env = rows64(envelope, i0, i1) - r
+            if e_env.size:
+                env_err = max(env_err, float(np.max(np.abs(e_env))))
+            sum_env += dot(e_env, e_env)
+    fit.solve()
+    for i0, i1 in blocks(ref.shape):
+        r = rows64(ref, i0, i1)
+        fit.second([r.ravel()], rows64(plain, i0, i1) - r)
+    b_p, b_p_se, _ = fit.result()
+    k = -(-n // WHERE_PART)
+    t, below = kth_smallest_abs(ref, k) if n else (0.0, 0)
+
+    def rms(total: float) -> float:
+        return math.sqrt(total / n) if n else 0.0
+
     return PlainStats(
-        scale=float(np.max(np.abs(ref64))) if ref64.size else 0.0,
-        rms_ref=_rms(ref64),
+        scale=scale,
+        rms_ref=rms(sum_ref),
         plain_err=plain_err,
-        rms_plain=_rms(e_p),
-        mean=m_p,
-        mean_se=m_p_se,
+        rms_plain=rms(sum_plain),
+        mean=shift.total / n if n else 0.0,
+        mean_se=SE_INFLATION * math.sqrt(shift.var()) / max(n, 1),
         slope=b_p,
         slope_se=b_p_se,
-        envelope_err=plain_err if e_env is None or not e_env.size else float(np.max(np.abs(e_env))),
-        rms_envelope=_rms(e_p) if e_env is None else _rms(e_env),
-        directions=None if signature is None else np.asarray(signature, dtype=np.float64),
+        envelope_err=plain_err if envelope is None or not n else env_err,
+        rms_envelope=rms(sum_plain) if envelope is None else rms(sum_env),
+        directions=signature,
+        ref_design=ref_design,
+        paired_design=paired,
+        small=(t, below, k),
     )
 
 
@@ -541,58 +605,121 @@ def cause(
     )
 
 
-def check_tensor(
-    name: str, y: np.ndarray, ref: np.ndarray, plain: np.ndarray, dtype: str, stats: PlainStats | None = None
-) -> TensorParity:
-    """Compare ``y`` with the float64 ``ref``; ``plain`` is the same-dtype computation. All the same shape.
+@dataclass
+class _Pass:
+    """What the first pass of :func:`check_tensor` gathers over an output's blocks."""
+
+    nonfinite: int = 0
+    first_nonfinite: int = -1
+    err: float = -1.0
+    worst: int = 0
+    got: float = 0.0
+    want: float = 0.0
+    sum_e2: float = 0.0
+    small_e2: float = 0.0
+    ties_left: int = 0
+    n_bad: int = 0
+    first_bad: int = -1
+    bad_value: Any = None
+    normal: int = 0
+    more: int = 0
+
+
+def check_tensor(name: str, y: Any, ref: Any, plain: Any, dtype: str, stats: PlainStats | None = None) -> TensorParity:
+    """Compare ``y`` with the float64 ``ref``; ``plain`` is the same-dtype computation. All the same shape; each an
+    array of any float type or an object with ``read_rows`` (``compare.gate.stream``): every statistic is gathered a
+    block of rows at a time, in two passes (the second for the scale check's residuals), with float64 work arrays
+    the size of a block.
 
     ``stats`` is ``plain_stats(ref, plain)`` when the caller already has it (it is computed here otherwise)."""
-    if y.shape != ref.shape:
+    if tuple(y.shape) != tuple(ref.shape):
         return _fail(
             name,
-            int(np.size(y)),
+            int(np.prod(y.shape)),
             f"shape {list(y.shape)} differs from the reference's {list(ref.shape)}",
             failed=["shape"],
             cause="a different output: the wrong shape",
         )
-    y64 = np.asarray(y, dtype=np.float64)
-    ref64 = np.asarray(ref, dtype=np.float64)
-    scale = stats.scale if stats is not None else (float(np.max(np.abs(ref64))) if ref64.size else 0.0)
+    ps = stats if stats is not None else plain_stats(ref, plain)
+    scale = ps.scale
     if not np.isfinite(scale) or scale < DEGENERATE_FACTOR * ATOL[dtype]:
         raise DegenerateGolden(
             f"reference {name!r} is degenerate: max|ref| = {scale:.3g} < {DEGENERATE_FACTOR:g} x atol ({ATOL[dtype]:g})"
         )
-    ps = stats if stats is not None else plain_stats(ref64, plain)
     u = 2.0 ** -SIGNIFICAND_BITS[dtype]
-    n = int(y64.size)
+    rows, cols = matrix_shape(ref.shape)
+    n = rows * cols
     plain_err = ps.plain_err
     # the pass lines allow what the plain computation or its envelope twin does (an ordinary float32 library's tanh
     # or exp, 4 ulp off, is still a plain computation); the twin differs only where an activation's derivative is
     # ill-conditioned (float32 cases of a model with an activation)
     bound = MAX_FACTOR * max(plain_err, ps.envelope_err) + u * scale
     max_base = PLAIN_FACTOR * plain_err + u * scale
-    finite = np.isfinite(y64)
-    nonfinite = int(n - np.count_nonzero(finite))
-    if nonfinite:
-        worst = _fmt_index(np.unravel_index(int(np.argmax(~finite)), y64.shape))
+    ref_design = ps.ref_design if ps.ref_design is not None else Design.of(ref)
+    paired_design = ps.paired_design if ps.paired_design is not None else ref_design
+    fit_e, fit_d, shift = _Fit(ref_design, cols), _Fit(paired_design, cols), Clustered(cols)
+    if ps.small[2]:
+        t_small, below, k_small = ps.small
+    else:
+        k_small = -(-n // WHERE_PART)
+        t_small, below = kth_smallest_abs(ref, k_small) if n else (0.0, 0)
+    p = _Pass(ties_left=max(k_small - below, 0))
+    for i0, i1 in blocks(ref.shape):
+        raw = rows_raw(y, i0, i1)
+        y64 = np.asarray(raw, dtype=np.float64)
+        at = i0 * cols
+        finite = np.isfinite(y64)
+        if not finite.all():
+            if not p.nonfinite:
+                p.first_nonfinite = at + int(np.argmax(~finite.ravel()))
+            p.nonfinite += int(finite.size - np.count_nonzero(finite))
+        if p.nonfinite:  # the output fails as not finite: nothing else is measured
+            continue
+        r = rows64(ref, i0, i1)
+        e = y64 - r
+        flat = int(np.argmax(np.abs(e))) if e.size else 0
+        if e.size and abs(float(e.flat[flat])) > p.err:
+            p.err, p.worst = abs(float(e.flat[flat])), at + flat
+            p.got, p.want = float(y64.flat[flat]), float(r.flat[flat])
+        ev = e.ravel()
+        p.sum_e2 += dot(ev, ev)
+        shift.add(e)
+        fit_e.first([r.ravel()], e)
+        fit_d.first(_with(r, ps.directions, i0, i1), y64 - rows64(plain, i0, i1))
+        mag = np.abs(r.ravel())
+        small = ev[mag < t_small]
+        p.small_e2 += dot(small, small)
+        if p.ties_left:
+            tied = ev[np.flatnonzero(mag == t_small)[: p.ties_left]]
+            p.small_e2, p.ties_left = p.small_e2 + dot(tied, tied), p.ties_left - tied.size
+        n_bad, first_bad, normal, more = _dtype_counts(raw, y64, dtype)
+        if n_bad and not p.n_bad:
+            p.first_bad, p.bad_value = at + first_bad, y64.flat[first_bad]
+        p.n_bad, p.normal, p.more = p.n_bad + n_bad, p.normal + normal, p.more + more
+    if p.nonfinite:
+        worst = _fmt_index(np.unravel_index(p.first_nonfinite, tuple(y.shape)))
         return _fail(
             name,
             n,
-            f"{nonfinite} NaN/Inf values, first at {worst}",
+            f"{p.nonfinite} NaN/Inf values, first at {worst}",
             bound=bound,
             plain_err=plain_err,
             worst_index=worst,
-            nonfinite=nonfinite,
+            nonfinite=p.nonfinite,
         )
-    e = y64 - ref64
-    diff = np.abs(e)
-    flat = int(np.argmax(diff))
-    worst = _fmt_index(np.unravel_index(flat, diff.shape))
-    err = float(diff.flat[flat])
-    rms_err, rms_plain = _rms(e), ps.rms_plain
+    fit_e.solve()
+    fit_d.solve()
+    for i0, i1 in blocks(ref.shape):
+        y64, r = rows64(y, i0, i1), rows64(ref, i0, i1)
+        fit_e.second([r.ravel()], y64 - r)
+        fit_d.second(_with(r, ps.directions, i0, i1), y64 - rows64(plain, i0, i1))
+    worst = _fmt_index(np.unravel_index(p.worst, tuple(y.shape)))
+    err = max(p.err, 0.0)
+    rms_err, rms_plain = (math.sqrt(p.sum_e2 / n) if n else 0.0), ps.rms_plain
     rms_bound = RMS_FACTOR * max(rms_plain, ps.rms_envelope) + 0.1 * u * ps.rms_ref
     rms_base = PLAIN_FACTOR * rms_plain + u * ps.rms_ref
-    (m, m_se), (m_p, m_p_se) = _shift(e), (ps.mean, ps.mean_se)
+    m, m_se = shift.total / n, SE_INFLATION * math.sqrt(shift.var()) / n
+    m_p, m_p_se = ps.mean, ps.mean_se
     # the mean is judged as a difference from the plain computation's own, against the noise of both
     d_mean_se = math.hypot(m_se, m_p_se)
     mean_bound = Z_SCORE * d_mean_se
@@ -600,23 +727,24 @@ def check_tensor(
     # the scale deviates when its error against the reference lies beyond the plain computation's, against the
     # noise of both; it fails on the paired slope of y - plain, whose noise is only what this output's rounding adds
     # to the plain computation's, with a transcendental biased all one way fitted beside it (``directions``)
-    (b, b_se, _), b_p = _scale(e, ref64), ps.slope
+    (b, b_se, _), b_p = fit_e.result(), ps.slope
     d_scale_se = math.hypot(b_se, ps.slope_se)
     scale_bound = Z_SCORE * d_scale_se
-    b_d, pair_se, transcendental = _scale(y64 - np.asarray(plain, dtype=np.float64), ref64, ps.directions)
+    b_d, pair_se, transcendental = fit_d.result()
     paired = _beyond(b_p + b_d, b_p)
     scale_fail = Z_SCORE * pair_se + SCALE_FAIL_UNITS * u
     max_fail = FAIL_FACTOR * max(max_base, ps.envelope_err)
     rms_fail = FAIL_FACTOR * max(rms_base, ps.rms_envelope)
-    bad_dtype = not_representable(y64, dtype)
-    n_bad = int(np.count_nonzero(bad_dtype))
-    narrow = None if n_bad else narrow_precision(y64, dtype)
+    n_bad = p.n_bad
+    narrow = None if n_bad else _narrow(p.normal, p.more, dtype)
     # an honest bias lies between none (a correctly rounded result) and the plain computation's own (which rounds
     # more often than a fused kernel): a bias is judged by its distance from that interval
     dm, db = _beyond(m, m_p), _beyond(b, b_p)
     scale_tier = "fail" if paired > scale_fail else ("deviates" if db > scale_bound else "pass")
-    w = small_ref_share(e, ref64)
-    gathered = w > WHERE_FAIL and -(-n // WHERE_PART) >= WHERE_MIN  # beyond the line, over enough elements
+    # ``where``: rms(e over the smallest tenth of |ref|) / rms(e) (0 when e is all zeros): 1 for an error spread
+    # evenly, below 1 for rounding error (it grows with |ref|), above 1 for an error gathered on the smallest outputs
+    w = math.sqrt(p.small_e2 / k_small) / rms_err if rms_err > 0 and k_small else 0.0
+    gathered = w > WHERE_FAIL and k_small >= WHERE_MIN  # beyond the line, over enough elements
     checks = [
         Check("max", err, plain_err, bound, max_fail, _tier(err, bound, max_fail)),
         Check("rms", rms_err, rms_plain, rms_bound, rms_fail, _tier(rms_err, rms_bound, rms_fail)),
@@ -633,7 +761,7 @@ def check_tensor(
         beyond = "fail line" if c.tier == "fail" else "pass line"
         if c.name == "max":
             whys.append(
-                f"max abs error {err:.3g} at {worst} (got {y64.flat[flat]:.6g}, want {ref64.flat[flat]:.6g}) is "
+                f"max abs error {err:.3g} at {worst} (got {p.got:.6g}, want {p.want:.6g}) is "
                 f"{err / bound:.3g}x the pass line {bound:.3g} = {MAX_FACTOR:g} x plain {dtype} error "
                 f"{plain_err:.3g} + eps (fail line {max_fail:.3g})"
             )
@@ -673,9 +801,9 @@ def check_tensor(
                 f"result: most of them): the output was computed in a narrower type than {dtype}"
             )
         else:
-            first = _fmt_index(np.unravel_index(int(np.argmax(bad_dtype)), y64.shape))
+            first = _fmt_index(np.unravel_index(p.first_bad, tuple(y.shape)))
             whys.append(
-                f"{n_bad} of {n} values are not {dtype} values (first at {first}: {y64[tuple(first)]!r}): "
+                f"{n_bad} of {n} values are not {dtype} values (first at {first}: {p.bad_value!r}): "
                 f"the output was not computed in {dtype}"
             )
     tiers = {c.name: c.tier for c in checks}
