@@ -18,7 +18,8 @@ from jax_impl.models import canonical_grads
 
 
 def _np(a: jax.Array) -> np.ndarray:
-    return np.asarray(jax.device_get(a)).astype(np.float64)
+    """``a`` copied to host memory in its own float type (bfloat16 as ``ml_dtypes.bfloat16``, as JAX holds it)."""
+    return np.array(jax.device_get(a), copy=True)
 
 
 def prepare(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from compare.gate import stream
 from compare.gate.parity import check_tensor, plain_stats, slope_fit
 from compare.gate.stream import Clustered, Spread, kth_smallest_abs
+from compare.problem import datacache
 from compare.problem.reference import round_to_dtype
 
 pytestmark = pytest.mark.quick
@@ -109,3 +111,33 @@ def test_a_verdict_over_many_blocks_is_the_verdict_over_one(
                 assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300), f.name
             elif f.name not in ("why", "cause"):
                 assert a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)), f.name
+
+
+def test_a_cache_entry_read_from_disk_a_block_at_a_time_is_judged_as_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``datacache.load(lazy=True)`` and ``datacache.spill`` leave a tensor on disk (``Stored``); the gate reads it
+    a block of rows at a time with the same verdict, and a spilled file leaves nothing behind in the folder."""
+    monkeypatch.setenv(datacache.ENV, str(tmp_path))
+    monkeypatch.setattr(datacache, "LAZY_BYTES", 0)
+    monkeypatch.setattr(stream, "BLOCK_ELEMENTS", 200)
+    ref, plain, _ = _case("bfloat16")
+    y = round_to_dtype(ref * (1 + 2.0**-6), "bfloat16")  # a scale error: fails
+    datacache.save("entry", {"ref": ref, "plain": plain})
+    lazy = datacache.load("entry", lazy=True)
+    assert lazy is not None and isinstance(lazy["ref"], datacache.Stored)
+    spilled = datacache.spill({"ref": ref})
+    assert isinstance(spilled["ref"], datacache.Stored) and [p.name for p in tmp_path.iterdir()] == [
+        "entry.safetensors"
+    ]
+    want = check_tensor("y", y, ref, plain, "bfloat16")
+    for r, p in ((lazy["ref"], lazy["plain"]), (spilled["ref"], plain)):
+        got = check_tensor("y", y, r, p, "bfloat16")
+        assert (got.tier, got.failed, got.max_abs_err, got.scale_err) == (
+            want.tier,
+            want.failed,
+            want.max_abs_err,
+            want.scale_err,
+        )
+        assert np.array_equal(np.asarray(r), ref)
+    assert want.tier == "fail" and "scale" in want.failed

@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 #: Mode of a newly created file (before the umask), as ``open(path, "w")`` would create it.
 NEW_FILE_MODE = 0o666
@@ -29,13 +31,17 @@ def _umask() -> int:
     return mask
 
 
-def _temporary(path: Path, data: bytes, mode: int) -> str:
-    """A finished temporary file beside ``path`` holding ``data`` (flushed, ``fsync``'d, its mode ``mode``); removed
-    again if anything fails."""
+def _temporary(path: Path, data: bytes | Callable[[BinaryIO], None], mode: int) -> str:
+    """A finished temporary file beside ``path`` holding ``data`` (or what ``data(file)`` writes: a large file
+    written in parts, never whole in memory), flushed, ``fsync``'d, its mode ``mode``; removed again if anything
+    fails."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
@@ -46,8 +52,9 @@ def _temporary(path: Path, data: bytes, mode: int) -> str:
     return tmp
 
 
-def write_bytes_atomic(path: Path | str, data: bytes) -> None:
-    """Replace ``path`` by ``data`` atomically; keep an existing file's permissions."""
+def write_bytes_atomic(path: Path | str, data: bytes | Callable[[BinaryIO], None]) -> None:
+    """Replace ``path`` by ``data`` (or what ``data(file)`` writes) atomically; keep an existing file's
+    permissions."""
     path = Path(path)
     try:
         mode = path.stat().st_mode & 0o7777

@@ -31,16 +31,19 @@ from __future__ import annotations
 
 import secrets
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from compare.formats.codec import LATER
 from compare.gate.parity import DTYPE_MAX, Parity, Plain, UnusableCase, check_plain
+from compare.problem import datacache
 from compare.problem.cases import Case
 from compare.problem.golden import compute_of, draw_input, exact_reference, plain_run_of
-from compare.problem.reference import Arith, activations_in, compute, round_to_dtype
+from compare.problem.reference import Arith, activations_in, compute, held, round_to_dtype
 
 
 def new_seed() -> int:
@@ -112,7 +115,7 @@ class FreshReference:
     """The reference of a fresh draw (:func:`reference`): the float64 ``ref`` and the ``plain`` computation of the
     draw's tokens ``rows`` (sorted indices into its flattened tokens, from ``rows_seed``; None: every token)."""
 
-    ref: dict[str, np.ndarray]
+    ref: Mapping[str, Any]
     plain: Plain
     rows: np.ndarray | None = None
     rows_seed: int | None = None
@@ -149,9 +152,10 @@ def reference(
         rng = np.random.Generator(np.random.PCG64(rows_seed))
         picked = np.sort(rng.choice(len(tokens), size=rows, replace=False))
         x = tokens[picked][None]
-    ref = exact_reference(case, x, params, dy)
+    ref = datacache.spill(exact_reference(case, x, params, dy))  # read a block at a time: on disk, not in memory
     unrounded, envelope, signature = plain_run_of(case, x, params, dy)
-    plain = {k: round_to_dtype(v, case.dtype) for k, v in unrounded.items()}
+    plain = {k: held(round_to_dtype(v, case.dtype), case.dtype) for k, v in unrounded.items()}
+    del unrounded
     check_plain(f"{case.name} (fresh inputs)", case.dtype, ref, plain)
     # without the unrounded tensors: only the golden's resolution rows read them
     return FreshReference(ref, Plain(plain, envelope, None, signature), picked, rows_seed)
@@ -173,18 +177,23 @@ def token_reference(
 
 
 def compact(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A step's outputs (float64, ``Prepared.to_numpy``) held until the reference exists: each in the narrowest of
-    float16, bfloat16 (``ml_dtypes``), float32 and float64 that holds every value exactly (a 16-bit step's in 2
-    bytes an element, a float32 step's in 4), so a case's cells hold a quarter of their float64 size. A Llama 3 8B
-    layer's three weight gradients are 176M elements: 5 backends keep 3 calls each, 5.3 GB in bfloat16 where
-    float64 would be 21 GB. Read back with ``astype(np.float64)``."""
+    """A step's outputs (``Prepared.to_numpy``: float arrays of any width) held until the reference exists: each in
+    the narrowest of bfloat16 (``ml_dtypes``), float16, float32 and its own type that holds every value exactly (a
+    16-bit step's in 2 bytes an element, a float32 step's in 4), so a case's cells hold a quarter of their float64
+    size. A Llama 3 8B layer's three weight gradients are 176M elements: 5 backends keep one call each, 1.8 GB in
+    bfloat16 where float64 would be 7 GB. Read back with ``astype(np.float64)``."""
     out = {}
     for k, v in tensors.items():
-        out[k] = v = np.asarray(v, dtype=np.float64)
+        out[k] = v = np.asarray(v)
+        if v.dtype.kind != "f" and v.dtype != ml_dtypes.bfloat16:
+            out[k] = v = v.astype(np.float64)
+        bits = np.dtype(f"i{v.dtype.itemsize}")
         for narrow in (ml_dtypes.bfloat16, np.float16, np.float32):  # the first that is exact
+            if np.dtype(narrow).itemsize >= v.dtype.itemsize:
+                continue
             with np.errstate(over="ignore"):  # a value past the narrow type's range is not exact: it stays wider
                 n = v.astype(narrow)
-            if np.array_equal(n.astype(np.float64).view(np.int64), v.view(np.int64)):  # the same bits (a NaN stays)
+            if np.array_equal(n.astype(v.dtype).view(bits), v.view(bits)):  # the same bits (a NaN stays)
                 out[k] = n
                 break
     return out

@@ -917,20 +917,21 @@ def tensor_stats(ref: Mapping[str, np.ndarray], plain: dict[str, np.ndarray], k:
     return stats
 
 
-def check_plain(case_name: str, dtype: str, ref: Mapping[str, np.ndarray], plain: dict[str, np.ndarray]) -> None:
+def check_plain(case_name: str, dtype: str, ref: Mapping[str, Any], plain: dict[str, Any]) -> None:
     """Refuse a case the gate cannot judge: a reference beyond the dtype's range, or a plain computation with
     NaN/Inf (its bounds would be NaN or infinite, and ``err > nan`` is False), for the tensors the plain computation
-    made (the ones a run judges). Raises :class:`UnusableCase`."""
+    made (the ones a run judges), read a block of rows at a time. Raises :class:`UnusableCase`."""
     for k in plain:
         r = ref[k]
-        top = float(np.max(np.abs(r))) if r.size else 0.0
-        if not np.isfinite(top) or top > DTYPE_MAX[dtype]:
+        tops = [float(np.max(np.abs(rows64(r, i0, i1)))) for i0, i1 in blocks(r.shape)] if r.size else []
+        top = math.nan if any(math.isnan(t) for t in tops) else max(tops, default=0.0)
+        if r.size and (not np.isfinite(top) or top > DTYPE_MAX[dtype]):
             raise UnusableCase(
                 f"case {case_name}: the reference {k!r} reaches {top:.4g}, beyond {dtype}'s largest "
                 f"finite value {DTYPE_MAX[dtype]:.6g}; no {dtype} computation can represent it"
             )
     for k, p in plain.items():
-        bad = int(np.size(p) - np.count_nonzero(np.isfinite(p)))
+        bad = sum(int(np.count_nonzero(~np.isfinite(rows64(p, i0, i1)))) for i0, i1 in blocks(p.shape))
         if bad:
             raise UnusableCase(
                 f"case {case_name}: the plain {dtype} computation of {k!r} has {bad} NaN/Inf values "

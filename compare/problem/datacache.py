@@ -12,10 +12,11 @@ that cannot be read (truncated, foreign) is a miss and is written again.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -59,8 +60,15 @@ def key(kind: str, what: dict[str, Any]) -> str:
     return f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 
 
-def load(name: str) -> dict[str, np.ndarray] | None:
-    """The tensors of entry ``name``, or None (cache off, no entry, or an entry that cannot be read)."""
+#: A tensor of at least this many bytes is left on disk by :func:`load` with ``lazy`` and by :func:`spill` (a
+#: :class:`Stored`); a smaller one is read into memory (every built-in preset's: ``blog-mlp``'s largest, 50 MB).
+LAZY_BYTES = 1 << 26
+
+
+def load(name: str, lazy: bool = False) -> dict[str, Any] | None:
+    """The tensors of entry ``name``, or None (cache off, no entry, or an entry that cannot be read). ``lazy``: each
+    of :data:`LAZY_BYTES` or more a :class:`Stored`, read from the file when asked (the gate reads a block of rows at
+    a time), for entries of float types (every entry the cache holds)."""
     d = folder()
     if d is None:
         return None
@@ -71,9 +79,78 @@ def load(name: str) -> dict[str, np.ndarray] | None:
     from safetensors.numpy import load as st_load
 
     try:
-        return st_load(path.read_bytes())
-    except (OSError, SafetensorError):  # truncated or foreign: a miss, written again by the caller
+        return _stored(path) if lazy else st_load(path.read_bytes())
+    except (
+        OSError,
+        SafetensorError,
+        ValueError,
+        KeyError,
+    ):  # truncated or foreign: a miss, written again by the caller
         return None
+
+
+#: safetensors' dtype names of the float types an entry holds.
+_DTYPES: dict[str, np.dtype[Any]] = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+}
+
+
+class Stored:
+    """One tensor of a cache entry, on disk: ``shape``, ``dtype`` and its bytes at ``offset`` of an open file (a
+    descriptor held while the object lives: an entry replaced or removed meanwhile is still read as it was). The gate
+    reads it a block of rows at a time (``read_rows``, ``compare.gate.stream``) and never holds it whole; ``numpy``
+    reads it whole (``np.asarray``)."""
+
+    def __init__(self, file: _File, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> None:
+        self._file, self.offset, self.dtype, self.shape = file, offset, dtype, shape
+        self.ndim, self.size = len(shape), int(np.prod(shape))
+        self.nbytes = self.size * dtype.itemsize
+
+    def _read(self, start: int, count: int) -> np.ndarray:
+        out = np.empty(count, dtype=self.dtype)
+        view, at = out.view(np.uint8).data, self.offset + start * self.dtype.itemsize
+        got = 0
+        while got < len(view):
+            n = os.preadv(self._file.fd, [view[got:]], at + got)
+            if n <= 0:
+                raise OSError(f"a cache entry ended early: {got} of {len(view)} bytes at {at}")
+            got += n
+        return out
+
+    def read_rows(self, i0: int, i1: int) -> np.ndarray:
+        """Rows ``[i0, i1)`` of the tensor seen as ``[-1, last dim]`` (a vector: one column)."""
+        cols = self.shape[-1] if self.ndim > 1 else 1
+        return self._read(i0 * cols, (i1 - i0) * cols).reshape(i1 - i0, cols)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self._read(0, self.size).reshape(self.shape)
+        return a if dtype is None else a.astype(dtype)
+
+
+class _File:
+    """An open file, closed when the last :class:`Stored` of it goes."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
+def _stored(path: Path) -> dict[str, Any]:
+    """Every tensor of the safetensors file ``path``: a :class:`Stored` where it has :data:`LAZY_BYTES` or more, else
+    read."""
+    file = _File(path)
+    n = int.from_bytes(os.pread(file.fd, 8, 0), "little")
+    header = json.loads(os.pread(file.fd, n, 8))
+    out: dict[str, Any] = {}
+    for k, e in header.items():
+        if k != "__metadata__":
+            t = Stored(file, 8 + n + int(e["data_offsets"][0]), _DTYPES[e["dtype"]], tuple(e["shape"]))
+            out[k] = t if t.nbytes >= LAZY_BYTES else np.asarray(t)
+    return out
 
 
 def save(name: str, tensors: dict[str, np.ndarray]) -> None:
@@ -81,13 +158,52 @@ def save(name: str, tensors: dict[str, np.ndarray]) -> None:
     d = folder()
     if d is None:
         return
-    from safetensors.numpy import save as st_save
-
     try:
         d.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(d / f"{name}.safetensors", st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()}))
+        write_bytes_atomic(d / f"{name}.safetensors", lambda f: _write(f, tensors))
     except OSError:  # the cache is an optimisation: the caller already holds the values
         return
+
+
+def spill(tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``tensors`` moved to disk: written to a file of the cache folder, read back as :class:`Stored` and unlinked at
+    once (the open descriptor keeps the data until the last :class:`Stored` goes; nothing stays behind). For data that
+    is no pure function of the case and is read a block at a time (a fresh draw's float64 reference, 1.4 GB on a
+    Llama 3 8B layer). Where the cache is off or cannot be written: ``tensors`` as they are."""
+    d = folder()
+    if d is None or all(np.asarray(v).nbytes < LAZY_BYTES for v in tensors.values()):
+        return tensors
+    path = d / f"spill-{os.getpid()}-{next(_SPILLS)}.safetensors"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            _write(f, tensors)
+        return _stored(path)
+    except OSError:
+        return tensors
+    finally:
+        path.unlink(missing_ok=True)
+
+
+_SPILLS = itertools.count()
+#: safetensors' names of the dtypes an entry may hold.
+_NAMES: dict[np.dtype[Any], str] = {v: k for k, v in _DTYPES.items()}
+
+
+def _write(f: BinaryIO, tensors: dict[str, np.ndarray]) -> None:
+    """``tensors`` in the safetensors format, written from the arrays themselves (``safetensors.numpy.save`` copies
+    each into a bytes object first: 1.4 GB more for a Llama 3 8B layer's reference): an 8-byte length, the JSON
+    header (padded with spaces to 8 bytes, as safetensors pads it), the data in the header's order."""
+    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    header, at = {}, 0
+    for k, v in arrays.items():
+        header[k] = {"dtype": _NAMES[v.dtype], "shape": list(v.shape), "data_offsets": [at, at + v.nbytes]}
+        at += v.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    f.write(len(text).to_bytes(8, "little") + text)
+    for v in arrays.values():
+        f.write(v.view(np.uint8).data)
 
 
 def source_digest(paths: list[str]) -> str:

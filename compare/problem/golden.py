@@ -210,15 +210,17 @@ class LazyReference(Mapping[str, np.ndarray]):
         self._fwd: dict[str, np.ndarray] | None = None
         self._all: dict[str, np.ndarray] | None = None
 
-    def _computed(self, backward: bool) -> dict[str, np.ndarray]:
+    def _computed(self, backward: bool) -> dict[str, Any]:
+        """The reference, as the disk cache holds it (``datacache.Stored``: read a block at a time by the gate, never
+        held whole: a Llama 3 8B layer's is 1.4 GB), or in memory where the cache is off or cannot be written."""
         case = self._p.case
         name = datacache.key("reference" if backward else "reference-fwd", _identity(case))
-        cached = datacache.load(name)
+        cached = datacache.load(name, lazy=True)
         if cached is not None:
             return cached
         ref = exact_reference(case, self._p.x, self._p.params, self._p.dy if backward else None)
         datacache.save(name, {k: np.ascontiguousarray(v) for k, v in ref.items()})
-        return ref
+        return datacache.load(name, lazy=True) or ref
 
     def prefetch(self, backward: bool) -> None:
         """Compute now what a run will read: with ``backward`` the whole reference at once (reading ``y`` first

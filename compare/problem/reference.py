@@ -20,7 +20,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from compare.problem import fixedbits
@@ -52,6 +54,16 @@ def round_to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
         out = bits.astype(np.uint32).view(np.float32)
         return np.where(np.isnan(a32), a32, out)
     raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(SIGNIFICAND_BITS)}")
+
+
+#: The numpy type that holds each dtype's values exactly (``ml_dtypes`` for bfloat16).
+HELD_TYPES: dict[str, Any] = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def held(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a`` (values of ``dtype``, e.g. :func:`round_to_dtype`'s) in :data:`HELD_TYPES`' type: a bfloat16 tensor in
+    2 bytes an element instead of a float32's 4 (exact: every value is one of the type's)."""
+    return np.asarray(a).astype(HELD_TYPES[dtype])
 
 
 @dataclass(frozen=True)

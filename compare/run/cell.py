@@ -19,7 +19,7 @@ from compare.gate.parity import Parity, Plain, check_all, check_plain
 from compare.problem import datacache
 from compare.problem.cases import Case
 from compare.problem.golden import golden_for, module_code, plain_run_of, prefetch_reference
-from compare.problem.reference import round_to_dtype
+from compare.problem.reference import held, round_to_dtype
 from compare.results.document import Result
 
 #: Which reference tensors each mode checks.
@@ -63,7 +63,8 @@ def plain_reference(case: Case, backward: bool = True) -> Plain:
         unrounded, envelope, signature = plain_run_of(case, g.x, g.params, dy)
         twins = {"unrounded": unrounded, "envelope": envelope or {}, "signature": signature or {}}
         datacache.save(name, {f"{part}.{k}": v for part, d in twins.items() for k, v in d.items()})
-    plain = {k: round_to_dtype(v, case.dtype) for k, v in unrounded.items()}  # what final=True computes
+    # what final=True computes, held in the dtype's own type (half a float32's memory in bfloat16)
+    plain = {k: held(round_to_dtype(v, case.dtype), case.dtype) for k, v in unrounded.items()}
     check_plain(case.name, case.dtype, g.ref, plain)
     return Plain(plain, envelope, unrounded, signature)
 
