@@ -15,6 +15,7 @@ from compare.report.cells import LEAD, lead, signed_s
 from compare.report.cost import cost_section, fusion_section
 from compare.report.gpu_build import render_markdown
 from compare.report.kernels import kernel_section
+from compare.report.layers import layers_section
 from compare.report.machines import machine_of, several, timed_machine_types
 from compare.report.measured import FLOP_COUNTER, NOT_MODELLED, XLA_COST, measured_flops, unmodelled
 from compare.report.memory import memory_section
@@ -653,7 +654,7 @@ def files(doc: Results, report_name: str = REPORT, details_name: str = DETAILS) 
     for line in (module_line(doc), weights_line(doc)):
         head += ["", line] if line else []
     index = f"## Details\n\n[{DETAILS}]({DETAILS}) holds the rest: " + " · ".join(to(t, t) for t in titles) + "."
-    parts = (summary_section(doc, to), plots_section(doc), cut_section(doc, to), index)
+    parts = (layers_section(doc), summary_section(doc, to), plots_section(doc), cut_section(doc, to), index)
     report = "\n".join(head) + "\n\n" + "\n\n".join(b for b in parts if b) + "\n"
     return {REPORT: report, DETAILS: details}
 
