@@ -142,6 +142,9 @@ class Weights:
     prefix: str = ""
     layer: int | None = dataclasses.field(default=None, metadata=LATER)
     dtypes: tuple[str, ...] = dataclasses.field(default=(), metadata=LATER, compare=False)
+    #: a sharded checkpoint's case: per tensor it reads, its own sha256 (``checkpoint.tensor_digests``; ``sha256`` is
+    #: theirs together), so that a change is refused naming the tensor and its shard; out of equality, as ``dtypes``
+    tensors: tuple[tuple[str, str], ...] = dataclasses.field(default=(), metadata=LATER, compare=False)
 
     def __post_init__(self) -> None:
         if not os.path.isabs(self.path):

@@ -296,19 +296,26 @@ def _names_of(case_names: Iterable[str] | None, prefix: str) -> list[str]:
     return sorted({prefix + n for n in case_names or ()})
 
 
-def tensors_sha256(ck: Checkpoint, names: Iterable[str]) -> str:
-    """The sha256 a sharded checkpoint's case is identified by: per tensor it reads (``names``, sorted; each must be
-    there), its name, dtype and shape (a JSON line) and its bytes (their count first)."""
-    h = hashlib.sha256()
-    for name in sorted(names):
+def tensor_digests(ck: Checkpoint, names: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """Per tensor ``names`` (sorted; each must be there), its sha256: of its name, dtype and shape (a JSON line), its
+    byte count and its bytes."""
+    out = []
+    for name in sorted(set(names)):
         found = ck.entry(name)
         if found is None:
             raise InputError(f"{name} is not in {ck.path}")
         _, mm, e = found
-        h.update(json.dumps([name, e.dtype, list(e.shape)]).encode() + b"\n")
+        h = hashlib.sha256(json.dumps([name, e.dtype, list(e.shape)]).encode() + b"\n")
         h.update((e.end - e.begin).to_bytes(8, "little"))
         h.update(memoryview(mm)[e.begin : e.end])
-    return h.hexdigest()
+        out.append((name, h.hexdigest()))
+    return tuple(out)
+
+
+def tensors_sha256(digests: Iterable[tuple[str, str]]) -> str:
+    """The sha256 a sharded checkpoint's case is identified by: of its tensors' :func:`tensor_digests`, one line
+    ``name digest`` each, in name order."""
+    return hashlib.sha256("".join(f"{n} {d}\n" for n, d in sorted(digests)).encode()).hexdigest()
 
 
 def _file_sha256(path: str) -> str:
@@ -350,11 +357,12 @@ def weights(path: str, prefix: str = "", names: Iterable[str] | None = None, lay
                         f"{name} is not in {absolute}; --prefix {prefix!r} needs "
                         f"{', '.join(wanted)}{_like(name, ck.names())}"
                     )
-            digest = tensors_sha256(ck, wanted)
+            digests = tensor_digests(ck, wanted)
+            digest = tensors_sha256(digests)
         else:
-            digest = _file_sha256(absolute)
+            digests, digest = (), _file_sha256(absolute)
         dtypes = _dtypes(ck, wanted)
-    return Weights(absolute, digest, prefix, layer, dtypes)
+    return Weights(absolute, digest, prefix, layer, dtypes, digests)
 
 
 def _like(name: str, found: list[str]) -> str:
@@ -471,8 +479,9 @@ def layer_weights(path: str, template: str, spec: str, names: Iterable[str]) -> 
         for i in layers:
             prefix = layer_prefix(template, i)
             mine = _names_of(bare, prefix)
-            sha = digest or tensors_sha256(ck, mine)
-            out.append(Weights(absolute, sha, prefix, i, _dtypes(ck, mine)))
+            digests = tensor_digests(ck, mine) if ck.index is not None else ()
+            sha = digest or tensors_sha256(digests)
+            out.append(Weights(absolute, sha, prefix, i, _dtypes(ck, mine), digests))
     return out
 
 
@@ -553,14 +562,17 @@ def _changed(case: Case, w: Weights, ck: Checkpoint) -> WeightsChanged | None:
             f"weights file {w.path} changed since the run started: it no longer maps {', '.join(missing)}, which the "
             f"case {case.name} was made from"
         )
-    digest = tensors_sha256(ck, names)
+    digests = tensor_digests(ck, names)
+    digest = tensors_sha256(digests)
     if digest == w.sha256:
         return None
-    files = ", ".join(sorted({str(ck.where(n)) for n in names}))
+    was = dict(w.tensors)
+    changed = [n for n, d in digests if was.get(n) != d] if was else sorted(names)
+    files = " or ".join(sorted({str(ck.where(n)) for n in changed}))
     return WeightsChanged(
-        f"weights file {files} changed since the run started: the tensors of {w.prefix or 'the case'} "
-        f"({', '.join(sorted(names))}) now hash to {digest}, the case {case.name} was made from {w.sha256} "
-        f"(index {w.path})"
+        f"weights file {files} changed since the run started: {', '.join(changed)} (index {w.path}) "
+        f"{'is' if len(changed) == 1 else 'are'} no longer what the case {case.name} was made from (its tensors' "
+        f"sha256 {w.sha256}, now {digest})"
     )
 
 
