@@ -632,9 +632,10 @@ def anchors(md: str) -> set[str]:
 
 
 def files(doc: Results, report_name: str = REPORT, details_name: str = DETAILS) -> dict[str, str]:
-    """The report as files, name -> text: ``REPORT.md`` (one page: the answer with its per-backend tables, the
-    machine, the plots, what was cut or skipped) and ``DETAILS.md`` beside it (every other section), linked from it
-    by section title (other names: the links follow them)."""
+    """The report as files, name -> text: ``REPORT.md`` (one page: a checkpoint's layers side by side where the run
+    has two or more, the answer with its per-backend tables, the machine, the plots, what was cut or skipped) and
+    ``DETAILS.md`` beside it (every other section), linked from it by section title (other names: the links follow
+    them)."""
     REPORT, DETAILS = report_name, details_name  # the module's names, as this call has them
     body = "\n\n".join(b for b in (section(doc) for section in SECTIONS) if b)
     details = f"# fusion-compare report: details\n\nThe sections [{REPORT}]({REPORT}) links to.\n\n{body}\n"

@@ -24,9 +24,9 @@ Each line gives
 - **memory** (only where the run measured it, ``--memory`` or ``--profile``): what fusion keeps out of memory per
   MLP step and what recomputation saves for what time (``compare.report.memory.memory_line``).
 
-A case whose parameters came from a checkpoint (``--weights``) names the file and its sha256 in its line, and the
-report's head names each file once in full (:func:`weights_line`); so does a case of a user's own MLP file
-(``--module``: :func:`module_line`).
+A case whose parameters came from a checkpoint (``--weights``) names the file and its sha256 (and its layer, with
+``--layers``) in its line, and the report's head names each file once in full, with the dtypes a case widened
+(:func:`weights_line`); so does a case of a user's own MLP file (``--module``: :func:`module_line`).
 """
 
 from __future__ import annotations
