@@ -415,8 +415,13 @@ def plots_section(doc: Results, plot_paths: list[str] | None = None) -> str:
     lines = [
         "## Plots",
         "",
-        "Token count on x (batch x seq; the layer plot's: the layer index); one line per backend, one panel per "
-        "dtype and mode. Error bars span the first to the third quartile of the samples.",
+        "Token count on x (batch x seq); one line per backend, one panel per dtype and mode. Error bars span "
+        "the first to the third quartile of the samples."
+        + (
+            " The layer plot has the layer index on x, the pass line dotted."
+            if any(Path(p).stem.startswith(PLOT_KIND + "-") for p in paths)
+            else ""
+        ),
     ]
     for p in paths:
         stem = Path(p).stem
