@@ -126,17 +126,18 @@ def module_case(
 ) -> Case:
     """A user's own MLP file as a case (``--module``; the README's "Your own MLP" says what the file defines), for
     :func:`run_cases` with the backends of module files (``python -m compare list`` names them): ``x [batch, seq,
-    dim]``, ``torch_module(dim, hidden)``, parameters drawn from ``seed`` or read from the safetensors
-    file ``weights`` by ``prefix`` + ``state_dict`` name. Checked as the command line checks it (the file, its
-    functions, the weights' names, shapes and dtypes, the file's ``reference`` against the golden); bad input
-    raises :class:`InputError` naming it. Needs torch."""
+    dim]``, ``torch_module(dim, hidden)``, parameters drawn from ``seed`` or read from the safetensors file
+    ``weights`` (or a sharded checkpoint's ``model.safetensors.index.json``) by ``prefix`` + ``state_dict`` name.
+    Checked as the command line checks it (the file, its functions, the weights' names, shapes and dtypes, the
+    file's ``reference`` against the golden); bad input raises :class:`InputError` naming it. Needs torch."""
     from compare.backends.registry import module_file
     from compare.problem import checkpoint
     from compare.problem.cases import MODULE_MODEL, Case, Shape
     from compare.run import preflight
 
     record = module_file().describe(str(path), batch, seq, dim, hidden)
-    read = checkpoint.weights(str(weights), prefix) if weights is not None else None
+    names = checkpoint.bare_names(MODULE_MODEL, record)  # a sharded checkpoint's case is identified by them
+    read = checkpoint.weights(str(weights), prefix, names) if weights is not None else None
     case = Case(MODULE_MODEL, Shape(batch, seq, dim, hidden), dtype, "normal", seed, read, record)
     preflight.check_cases([case])
     return case

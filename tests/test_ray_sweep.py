@@ -370,6 +370,27 @@ def test_a_hanging_cell_is_ended_at_the_cell_timeout(cluster: Cluster, tmp_path:
     assert not [x for x in _lines(tmp_path) if x.get("retrying")]
 
 
+@pytest.mark.slow  # 65 s alone on a busy 2-core machine (the job's first Ray workers start); less after the others
+def test_the_layers_of_a_sharded_checkpoint_fan_out_over_the_cluster(
+    cluster: Cluster, numpy_plain: Path, tmp_path: Path
+) -> None:
+    """``sweep --layers`` on the cluster: each layer's cells are Ray tasks whose workers rebuild the layer's case from
+    the job's JSON and read it from its shards (a cluster's nodes share the checkpoint's path; here, one machine);
+    every row ok, each layer its own case, the report's Layers section."""
+    from tests.test_checkpoint_layers import DIM, HIDDEN, INDEX, TEMPLATE, make_checkpoint
+
+    make_checkpoint(tmp_path / "ck")
+    args = ["--model", "swiglu", "--dim", str(DIM), "--hidden", str(HIDDEN), "--tokens", "16", "--seq", "16"]
+    args += ["--weights", str(tmp_path / "ck" / INDEX), "--prefix", TEMPLATE, "--layers", "0,1,3"]
+    args += ["--backend", "numpy-plain", "--budget", "0.02", "--no-ceilings", "--no-plots", "--quiet"]
+    assert main([*args, "--engine", "ray", "--address", cluster.address, "--out", str(tmp_path / "ray")]) == 0
+    doc = load_sweep(tmp_path / "ray")
+    rows = sorted(doc.results, key=lambda r: r.weights.layer if r.weights and r.weights.layer is not None else -1)
+    assert [(r.weights.layer if r.weights else None, r.status) for r in rows] == [(0, "ok"), (1, "ok"), (3, "ok")]
+    assert len({r.case for r in rows}) == 3 and all(r.node is not None for r in rows)
+    assert "## Layers" in (tmp_path / "ray" / "REPORT.md").read_text()
+
+
 # --- without a cluster --------------------------------------------------------------------------------------------
 
 

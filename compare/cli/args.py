@@ -87,33 +87,55 @@ def module_from_args(a: argparse.Namespace, shape: Shape) -> ModuleFile | None:
 
 
 def add_weights_args(r: argparse.ArgumentParser) -> None:
-    """``--weights FILE`` and ``--prefix P``: the case's parameters from a safetensors checkpoint."""
+    """``--weights FILE``, ``--prefix P`` and ``--layers L``: the case's parameters from a safetensors checkpoint, one
+    case per layer with ``--layers``."""
     names = "; ".join(f"{m}: {', '.join(checkpoint.expected_names(m))}" for m in MODELS)
     r.add_argument(
         "--weights",
         metavar="FILE",
-        help="read the case's parameters from this safetensors checkpoint, by their Hugging Face names "
-        f"({names}; GPT-2's c_fc/c_proj weights transposed, as its Conv1D stores them) instead of drawing them; "
-        "the inputs are drawn from the seed as always",
+        help="read the case's parameters from this safetensors checkpoint (one .safetensors file, or a sharded "
+        f"one's model.safetensors.index.json), by their Hugging Face names ({names}; GPT-2's c_fc/c_proj weights "
+        "transposed, as its Conv1D stores them) instead of drawing them; the inputs are drawn from the seed as "
+        "always. BF16 or F16 weights serve a float32 case, widened exactly",
     )
     r.add_argument(
         "--prefix",
         default="",
-        help="with --weights: put before each name, e.g. model.layers.0.mlp. (default: none)",
+        help="with --weights: put before each name, e.g. model.layers.0.mlp.; with --layers a template with {i} "
+        "where the layer index goes, e.g. model.layers.{i}.mlp. (default: none)",
+    )
+    r.add_argument(
+        "--layers",
+        metavar="LAYERS",
+        help="with --weights and a --prefix template: one case per layer, each with its own golden: all (every "
+        "layer the checkpoint holds), a range 0-3, or a list 0,5,7",
     )
 
 
-def weights_from_args(a: argparse.Namespace) -> Weights | None:
-    """The :class:`~compare.problem.cases.Weights` of ``--weights``/``--prefix`` (the file made absolute, checked
-    to be safetensors and hashed), or None without ``--weights``; ``--prefix`` alone is refused."""
+def weights_from_args(a: argparse.Namespace, model: str, module: ModuleFile | None = None) -> list[Weights]:
+    """The :class:`~compare.problem.cases.Weights` of ``--weights``/``--prefix``/``--layers`` for a case of ``model``
+    (and ``module``: its names): one (the checkpoint made absolute, checked and hashed), one per layer with
+    ``--layers`` (``compare.problem.checkpoint.layer_weights``), none without ``--weights``. ``--prefix`` or
+    ``--layers`` alone is refused, and so is a template (``{i}``) without ``--layers`` or ``--layers`` without one."""
     path, prefix = getattr(a, "weights", None), getattr(a, "prefix", "") or ""
+    layers = getattr(a, "layers", None)
     if path is None:
         if prefix:
             raise InputError(f"--prefix {prefix!r} needs --weights (the checkpoint its names are looked up in)")
-        return None
+        if layers is not None:
+            raise InputError(f"--layers {layers} needs --weights (the checkpoint its layers are read from)")
+        return []
     if not path.strip():
         raise InputError("--weights must name a safetensors file, got an empty path")
-    return checkpoint.weights(path, prefix)
+    names = checkpoint.bare_names(model, module)
+    if layers is None:
+        if checkpoint.LAYER in prefix:
+            raise InputError(
+                f"--prefix {prefix!r} is a layer template ({checkpoint.LAYER}): give --layers (all, a range like 0-3 "
+                "or a list like 0,5,7) to say which layers, or a prefix without it"
+            )
+        return [checkpoint.weights(path, prefix, names)]
+    return checkpoint.layer_weights(path, prefix, layers, names)
 
 
 def resolve_case(a: argparse.Namespace, own_sizes: bool = True) -> tuple[str, Shape, str]:
@@ -138,13 +160,16 @@ def resolve_case(a: argparse.Namespace, own_sizes: bool = True) -> tuple[str, Sh
 
 
 def cases_from_args(a: argparse.Namespace) -> list[Case]:
-    """The cases of ``run``, ``profile``, ``prepare`` and ``tp-job``: one per ``--dtype`` at the resolved shape, with
-    the ``--weights`` file's parameters where one is given (each checked against the case: name, shape, dtype) and
+    """The cases of ``run``, ``profile``, ``prepare`` and ``tp-job``: one per ``--dtype`` at the resolved shape (and
+    per layer of ``--layers``, layer by layer), with the ``--weights`` checkpoint's parameters where one is given
+    (each checked against the case: name, shape, dtype) and
     the ``--module`` file's MLP (its ``reference``, where it has one, checked against the golden's)."""
     model, shape, dist = resolve_case(a)
     dtypes = check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
-    weights, module = weights_from_args(a), module_from_args(a, shape)
-    cases = [Case(model, shape, d, dist, check_seed(a.seed), weights, module) for d in dtypes]
+    module = module_from_args(a, shape)
+    seed = check_seed(a.seed)
+    layers: list[Weights | None] = [*weights_from_args(a, model, module)] or [None]
+    cases = [Case(model, shape, d, dist, seed, w, module) for w in layers for d in dtypes]
     preflight.check_cases(cases)
     return cases
 

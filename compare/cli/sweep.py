@@ -45,7 +45,8 @@ def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
     check_grid_args(a)
     model, shape, dist = resolve_case(a, own_sizes=False)
     module = module_from_args(a, dataclasses.replace(shape, seq=a.seq))  # its forward run once on 1 x seq tokens
-    grid = grid_config(model, shape.dim, shape.hidden, a.tokens, a.seq, dist, a.seed, weights_from_args(a), module)
+    weights = weights_from_args(a, model, module)  # one per layer with --layers
+    grid = grid_config(model, shape.dim, shape.hidden, a.tokens, a.seq, dist, a.seed, weights, module)
     timing = dataclasses.asdict(TimingConfig(budget_s=a.budget))
     config = {
         "command": "python -m compare " + shlex.join(getattr(a, "argv", None) or ["sweep"]),

@@ -125,26 +125,50 @@ class Shape:
 @dataclass(frozen=True)
 class Weights:
     """A case's parameters read from a safetensors checkpoint instead of drawn (``compare.problem.checkpoint``: the
-    Hugging Face names, the loader and its checks): the file's absolute ``path``, the ``sha256`` of its bytes (what
-    the data is a function of: a worker that rebuilds the case's golden data checks it again) and the ``prefix``
-    every name is looked up under (``model.layers.0.mlp.``)."""
+    Hugging Face names, the loader and its checks): the checkpoint's absolute ``path`` (one ``.safetensors`` file, or
+    a sharded checkpoint's ``model.safetensors.index.json``), the ``sha256`` the case's data is a function of (a
+    worker that rebuilds the case's golden data checks it again: a single file's, of its bytes; a sharded
+    checkpoint's, of the tensors the case reads, :func:`compare.problem.checkpoint.tensors_sha256`, so that no run
+    hashes a whole checkpoint) and the ``prefix`` every name is looked up under (``model.layers.0.mlp.``).
+
+    ``layer``: the layer index of a case made by ``--layers`` from a prefix template (``model.layers.{i}.mlp.``),
+    what a report groups layers by; None otherwise (and in older documents). ``dtypes``: the safetensors dtypes
+    (``F32``, ``BF16``, ``F16``) of the tensors the case reads, where the command line looked them up (what the
+    report says was widened: bfloat16 weights for a float32 case); a property of the bytes the sha256 names, so
+    left out of equality."""
 
     path: str
     sha256: str
     prefix: str = ""
+    layer: int | None = dataclasses.field(default=None, metadata=LATER)
+    dtypes: tuple[str, ...] = dataclasses.field(default=(), metadata=LATER, compare=False)
+    #: a sharded checkpoint's case: per tensor it reads, its own sha256 (``checkpoint.tensor_digests``; ``sha256`` is
+    #: theirs together), so that a change is refused naming the tensor and its shard; out of equality, as ``dtypes``
+    tensors: tuple[tuple[str, str], ...] = dataclasses.field(default=(), metadata=LATER, compare=False)
 
     def __post_init__(self) -> None:
         if not os.path.isabs(self.path):
             raise InputError(f"a weights file's path must be absolute, got {self.path!r}")
         if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
             raise InputError(f"a weights file's sha256 must be 64 lower-case hex digits, got {self.sha256!r}")
+        if self.layer is not None and (
+            not isinstance(self.layer, int) or isinstance(self.layer, bool) or self.layer < 0
+        ):
+            raise InputError(f"a layer index must be a non-negative integer, got {self.layer!r}")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the path is a sharded checkpoint's index (its sha256 then the tensors' the case reads)."""
+        return self.path.endswith(".json")
 
     @property
     def tag(self) -> str:
-        """The case name's suffix: ``w`` and the file's sha256 (12 digits), then ``p`` and 8 of the prefix's when
-        there is one (two layers of one file are two cases)."""
+        """The case name's suffix: ``w`` and the sha256 (12 digits), then ``p`` and 8 of the prefix's when there is
+        one (two layers of one file are two cases); a ``--layers`` case's starts with ``l`` and its index
+        (``l3-w0123456789ab-p01234567``)."""
         tag = f"w{self.sha256[:12]}"
-        return tag + (f"-p{hashlib.sha256(self.prefix.encode()).hexdigest()[:8]}" if self.prefix else "")
+        tag += f"-p{hashlib.sha256(self.prefix.encode()).hexdigest()[:8]}" if self.prefix else ""
+        return tag if self.layer is None else f"l{self.layer}-{tag}"
 
 
 @dataclass(frozen=True)
@@ -213,6 +237,11 @@ class Case:
         name = f"{self.model}-{s.batch}x{s.seq}x{s.dim}-{s.hidden}-{self.dtype}-{self.dist}-s{self.seed}"
         name += f"-{self.module.tag}" if self.module is not None else ""
         return name + (f"-{self.weights.tag}" if self.weights is not None else "")
+
+    @property
+    def layer(self) -> int | None:
+        """The layer index of a case made by ``--layers`` (its weights'), None for any other."""
+        return self.weights.layer if self.weights is not None else None
 
     def input_shape(self) -> tuple[int, int, int]:
         return (self.shape.batch, self.shape.seq, self.shape.dim)

@@ -1,8 +1,8 @@
 """Real checkpoint weights for the built-in models: the Hugging Face names of each model's parameters and the loader
-of a safetensors file into the canonical ``(out, in)`` parameters of ``Case.weight_shapes()`` (numpy only).
+of a safetensors checkpoint into the canonical ``(out, in)`` parameters of ``Case.weight_shapes()`` (numpy only).
 
 ``--weights FILE [--prefix P]`` (``compare.cli.args``) makes a case whose :class:`~compare.problem.cases.Weights`
-name the file (absolute path, sha256, prefix); ``golden.make_problem`` then reads its parameters here instead of
+name the checkpoint (absolute path, sha256, prefix); ``golden.make_problem`` then reads its parameters here instead of
 drawing them (``x`` and ``dy`` are drawn from the seed as always). Every name is looked up as ``prefix + name``:
 
 - ``geglu``, ``swiglu`` (Llama, Mistral, Qwen, Gemma): ``gate_proj.weight``, ``up_proj.weight``,
@@ -13,11 +13,26 @@ drawing them (``x`` and ``dy`` are drawn from the seed as always). Every name is
 - ``linear``: ``weight``, ``bias``;
 - a module case (``--module``): every name of its module's ``state_dict``, as it is (torch layout).
 
-A tensor must have the case's dtype (F32, BF16, F16 for float32, bfloat16, float16); a float32 tensor is taken for a
-bfloat16 or float16 case when every value of it is one the case dtype holds exactly. The values are used as they are.
-Every refusal (no such file, not safetensors, a missing name, another shape, another dtype, a value that is not
-finite, a file changed since its sha256 was taken) is an :class:`~compare.problem.cases.InputError` naming both
-sides: the CLI exits 2 with its one line.
+A checkpoint is one ``.safetensors`` file, or a sharded one: its ``model.safetensors.index.json``, whose
+``weight_map`` maps each tensor name to the shard file (in the index's folder) that holds it; a tensor is read from
+its shard. A single file is identified by the sha256 of its bytes; a sharded checkpoint (many gigabytes) by the
+tensors a case reads (:func:`tensors_sha256`: their names, dtypes, shapes and bytes), so a case is hashed, and checked
+again by a worker, in the time its own tensors take to read, and one layer's case does not change when another
+layer's tensors do.
+
+Layers (``--layers all``, ``0-3``, ``0,5,7`` with a prefix template such as ``model.layers.{i}.mlp.``):
+:func:`layer_weights` makes one :class:`~compare.problem.cases.Weights` per layer index, ``{i}`` replaced by it;
+``all`` is every index for which the template's names are in the checkpoint (read from the index's or the header's
+names). A layer that lacks a name, an index not there, or a template that matches nothing is refused naming it.
+
+Dtypes: a tensor of the case's dtype (F32, BF16, F16 for float32, bfloat16, float16) is used as it is; a BF16 or F16
+tensor serves a float32 case, widened (exact: float32 holds every bfloat16 and float16 value), and the case's
+``Weights.dtypes`` record it, so the report says so; a float32 tensor is taken for a bfloat16 or float16 case when
+every value of it is one the case dtype holds exactly. Any other pair (F16 for a bfloat16 case, BF16 for a float16
+one: neither holds the other's values) is refused. The values are used as they are. Every refusal (no such file, not
+safetensors, a missing name, another shape, another dtype, a value that is not finite, a file changed since its
+sha256 was taken) is an :class:`~compare.problem.cases.InputError` naming both sides: the CLI exits 2 with its one
+line.
 
 Why a hand-written reader: ``safetensors.numpy`` has no bfloat16 (numpy has no such dtype; ``safe_open(...,
 framework="numpy")`` reads a BF16 tensor's header but raises "data type 'bfloat16' not understood" on its data), and
@@ -36,13 +51,14 @@ import json
 import math
 import mmap
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from compare.problem.cases import Case, FileChanged, InputError, Weights
+from compare.problem.cases import Case, FileChanged, InputError, ModuleFile, Weights
 from compare.problem.reference import round_to_dtype
 
 
@@ -78,6 +94,8 @@ FILE_DTYPES: dict[str, str] = {"float32": "F32", "bfloat16": "BF16", "float16": 
 _ITEMSIZE: dict[str, int] = {"F32": 4, "BF16": 2, "F16": 2}
 #: A header larger than this is no checkpoint's (the format's own readers cap it at 100 MB).
 MAX_HEADER = 100_000_000
+#: How a sharded checkpoint's index is named (``model.safetensors.index.json``): a path ending so is read as one.
+INDEX_SUFFIX = ".json"
 
 
 @dataclass(frozen=True)
@@ -113,19 +131,23 @@ def _not_safetensors(path: str, why: str) -> InputError:
     return InputError(f"--weights {path} is not a safetensors file: {why}")
 
 
-def _open(path: str) -> tuple[mmap.mmap | None, int]:
-    """The file mapped read-only (None when empty) and its size; no file, a folder or an unreadable one raises."""
+def _open(path: str, what: str = "--weights") -> tuple[mmap.mmap | None, int]:
+    """The file mapped read-only (None when empty) and its size; no file, a folder or an unreadable one raises
+    (``what``: how the message names it, ``--weights`` or a shard of an index)."""
     p = Path(path)
     if not p.exists():
-        raise InputError(f"--weights {path}: no such file")
+        raise InputError(f"{what} {path}: no such file")
     if not p.is_file():
-        raise InputError(f"--weights {path} is not a file (a safetensors checkpoint is one file)")
+        raise InputError(
+            f"{what} {path} is not a file (a checkpoint is one safetensors file, or a sharded one's "
+            "model.safetensors.index.json)"
+        )
     try:
         with open(p, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             return (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None), size
     except OSError as exc:
-        raise InputError(f"--weights {path} cannot be read: {exc.strerror or exc}") from exc
+        raise InputError(f"{what} {path} cannot be read: {exc.strerror or exc}") from exc
 
 
 def _header(path: str, mm: mmap.mmap | None, size: int) -> dict[str, Entry]:
@@ -173,17 +195,297 @@ def _close(mm: mmap.mmap | None) -> None:
             mm.close()
 
 
-def weights(path: str, prefix: str = "") -> Weights:
-    """The :class:`~compare.problem.cases.Weights` of ``--weights path --prefix prefix``: the path made absolute, the
-    file checked to be a readable safetensors file (its header), its sha256 taken."""
-    absolute = str(Path(path).expanduser().resolve())
-    mm, size = _open(absolute)
+def is_index(path: str) -> bool:
+    """Whether ``path`` names a sharded checkpoint's index (``*.json``): what decides how a checkpoint is read and
+    identified (:class:`~compare.problem.cases.Weights`' ``sharded``)."""
+    return path.endswith(INDEX_SUFFIX)
+
+
+def _index(path: str) -> dict[str, str]:
+    """A sharded checkpoint's ``weight_map``: tensor name -> shard file name (a plain name, in the index's folder).
+    A JSON file that is no index (no ``weight_map`` object) is refused as not safetensors, as it always was."""
+    mm, size = _open(path)
     try:
-        _header(absolute, mm, size)
-        digest = hashlib.sha256(mm if mm is not None else b"").hexdigest()
+        raw = mm[:] if mm is not None and size <= MAX_HEADER else b""
     finally:
         _close(mm)
-    return Weights(absolute, digest, prefix)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("weight_map"), dict):
+        mm, size = _open(path)
+        try:
+            _header(path, mm, size)  # a safetensors file under a .json name is still no index
+        except InputError as exc:
+            raise InputError(f"{exc} (nor a sharded checkpoint's index: no weight_map object in it)") from None
+        finally:
+            _close(mm)
+        raise InputError(f"--weights {path} is not a sharded checkpoint's index: it holds no weight_map object")
+    shards: dict[str, str] = {}
+    for name, shard in data["weight_map"].items():
+        if not isinstance(shard, str) or not shard or Path(shard).name != shard or shard in (".", ".."):
+            raise InputError(
+                f"--weights {path}: tensor {name!r} maps to {shard!r}, not the name of a shard file in its folder"
+            )
+        shards[name] = shard
+    if not shards:
+        raise InputError(f"--weights {path}: its weight_map names no tensor")
+    return shards
+
+
+class Checkpoint:
+    """A checkpoint opened for reading: one safetensors file, or a sharded checkpoint's index and the shards it
+    names, each shard mapped and its header read on first use. A context manager: leaving it unmaps them."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.index = _index(path) if is_index(path) else None
+        self._files: dict[str, tuple[mmap.mmap | None, dict[str, Entry]]] = {}
+        if self.index is None:
+            self._file(path)  # the file's header read now: a bad file is refused at once
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for mm, _ in self._files.values():
+            _close(mm)
+        self._files.clear()
+
+    def _file(self, path: str) -> tuple[mmap.mmap | None, dict[str, Entry]]:
+        if path not in self._files:
+            what = "--weights" if path == self.path else f"--weights {self.path}: shard"
+            mm, size = _open(path, what)
+            try:
+                self._files[path] = (mm, _header(path, mm, size))
+            except BaseException:
+                _close(mm)
+                raise
+        return self._files[path]
+
+    def names(self) -> list[str]:
+        """Every tensor name of the checkpoint (the index's, or the file's header's), sorted."""
+        return sorted(self.index if self.index is not None else self._file(self.path)[1])
+
+    def where(self, name: str) -> str | None:
+        """The file that holds tensor ``name`` (a shard's absolute path, or the file), None when it is not there."""
+        if self.index is None:
+            return self.path if name in self._file(self.path)[1] else None
+        shard = self.index.get(name)
+        return None if shard is None else str(Path(self.path).parent / shard)
+
+    def entry(self, name: str) -> tuple[str, mmap.mmap, Entry] | None:
+        """Tensor ``name``: the file holding it, that file mapped and its entry; None when the checkpoint lacks it. A
+        name the index maps to a shard whose header lacks it is refused."""
+        file = self.where(name)
+        if file is None:
+            return None
+        mm, entries = self._file(file)
+        e = entries.get(name)
+        if e is None:
+            raise InputError(f"{name} is not in {file}, though {self.path} maps it there")
+        assert mm is not None  # a header was read
+        return file, mm, e
+
+
+def _names_of(case_names: Iterable[str] | None, prefix: str) -> list[str]:
+    return sorted({prefix + n for n in case_names or ()})
+
+
+def tensor_digests(ck: Checkpoint, names: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """Per tensor ``names`` (sorted; each must be there), its sha256: of its name, dtype and shape (a JSON line), its
+    byte count and its bytes."""
+    out = []
+    for name in sorted(set(names)):
+        found = ck.entry(name)
+        if found is None:
+            raise InputError(f"{name} is not in {ck.path}")
+        _, mm, e = found
+        h = hashlib.sha256(json.dumps([name, e.dtype, list(e.shape)]).encode() + b"\n")
+        h.update((e.end - e.begin).to_bytes(8, "little"))
+        h.update(memoryview(mm)[e.begin : e.end])
+        out.append((name, h.hexdigest()))
+    return tuple(out)
+
+
+def tensors_sha256(digests: Iterable[tuple[str, str]]) -> str:
+    """The sha256 a sharded checkpoint's case is identified by: of its tensors' :func:`tensor_digests`, one line
+    ``name digest`` each, in name order."""
+    return hashlib.sha256("".join(f"{n} {d}\n" for n, d in sorted(digests)).encode()).hexdigest()
+
+
+def _file_sha256(path: str) -> str:
+    mm, _ = _open(path)
+    try:
+        return hashlib.sha256(mm if mm is not None else b"").hexdigest()
+    finally:
+        _close(mm)
+
+
+def _dtypes(ck: Checkpoint, names: list[str]) -> tuple[str, ...]:
+    """The dtypes of the tensors ``names`` that the checkpoint holds (a missing one is the loader's to name)."""
+    found = (ck.entry(n) for n in names if ck.where(n) is not None)
+    return tuple(sorted({f[2].dtype for f in found if f is not None}))
+
+
+def bare_names(model: str, module: ModuleFile | None = None) -> list[str]:
+    """The names (before the prefix) a case of ``model`` reads: :data:`NAMES`' for a built-in model, the
+    ``state_dict`` names of a module case's file."""
+    if module is not None:
+        return [name for name, _ in module.params]
+    return [s.name for s in NAMES[model].values()]
+
+
+def weights(path: str, prefix: str = "", names: Iterable[str] | None = None, layer: int | None = None) -> Weights:
+    """The :class:`~compare.problem.cases.Weights` of ``--weights path --prefix prefix``: the path made absolute, the
+    checkpoint checked to be readable (a file's header; an index and its shards' headers), its sha256 taken (a
+    file's bytes; a sharded checkpoint's tensors ``prefix + names``, the names the case reads: :func:`bare_names`,
+    needed there) and the dtypes of those tensors (where ``names`` are given)."""
+    absolute = str(Path(path).expanduser().resolve())
+    wanted = _names_of(names, prefix)
+    with Checkpoint(absolute) as ck:
+        if ck.index is not None:
+            if names is None:
+                raise ValueError("a sharded checkpoint's case is identified by the tensors it reads: give their names")
+            for name in wanted:
+                if ck.where(name) is None:
+                    raise InputError(
+                        f"{name} is not in {absolute}; --prefix {prefix!r} needs "
+                        f"{', '.join(wanted)}{_like(name, ck.names())}"
+                    )
+            digests = tensor_digests(ck, wanted)
+            digest = tensors_sha256(digests)
+        else:
+            digests, digest = (), _file_sha256(absolute)
+        dtypes = _dtypes(ck, wanted)
+    return Weights(absolute, digest, prefix, layer, dtypes, digests)
+
+
+def _like(name: str, found: list[str]) -> str:
+    """``; names there like it: ...`` (the checkpoint's names closest to a missing one), or ""."""
+    close = difflib.get_close_matches(name, found, n=5, cutoff=0.5)
+    return f"; names there like it: {', '.join(close)}" if close else f"; none like it among its {len(found)} names"
+
+
+# --- layers -----------------------------------------------------------------------------------------------------
+
+#: What a prefix template holds where the layer index goes.
+LAYER = "{i}"
+_LAYERS_HELP = "give all, a range like 0-3 or a list like 0,5,7"
+
+
+def parse_layers(spec: str) -> list[int] | None:
+    """The layer indices of ``--layers``: None for ``all``; else a range ``A-B`` (both included), a list ``a,b,c``,
+    or both comma-separated (``0-3,7``), in the order given. Bad input (empty, not an index, a range that runs
+    down, an index twice) raises :class:`InputError` naming it."""
+    text = spec.strip()
+    if text == "all":
+        return None
+    if not text:
+        raise InputError(f"--layers {spec!r} is empty: {_LAYERS_HELP}")
+    out: list[int] = []
+    for item in text.split(","):
+        lo, dash, hi = item.strip().partition("-")
+        ends = [lo, hi] if dash else [lo]
+        if not all(e.strip().isdecimal() for e in ends):
+            raise InputError(f"--layers {spec}: {item.strip()!r} is not a layer index or a range ({_LAYERS_HELP})")
+        a, b = int(ends[0]), int(ends[-1])
+        if b < a:
+            raise InputError(f"--layers {spec}: the range {a}-{b} runs down, so it holds no layer ({_LAYERS_HELP})")
+        out += range(a, b + 1)
+    seen: set[int] = set()
+    for i in out:
+        if i in seen:
+            raise InputError(f"--layers {spec}: layer {i} is given twice")
+        seen.add(i)
+    return out
+
+
+def span(indices: Iterable[int]) -> str:
+    """Layer indices in short: ``0-3, 7``."""
+    xs = sorted(set(indices))
+    runs: list[list[int]] = []
+    for i in xs:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def layer_prefix(template: str, i: int) -> str:
+    """The prefix of layer ``i``: the template with each ``{i}`` replaced by the index."""
+    return template.replace(LAYER, str(i))
+
+
+def found_layers(names: Iterable[str], template: str, bare: Iterable[str]) -> set[int]:
+    """Every index ``i`` for which some name ``template(i) + b`` (``b`` in ``bare``) is among ``names`` (an index
+    written as Python writes it: ``7``, never ``07``)."""
+    parts = [re.escape(p) for p in template.split(LAYER)]
+    pattern = re.compile(parts[0] + "".join(r"(\d+)" + p if k == 0 else r"\1" + p for k, p in enumerate(parts[1:])))
+    ends = tuple(bare)
+    out = set()
+    for name in names:
+        m = pattern.match(name)
+        if m and name[m.end() :] in ends and str(int(m[1])) == m[1]:
+            out.add(int(m[1]))
+    return out
+
+
+def layer_weights(path: str, template: str, spec: str, names: Iterable[str]) -> list[Weights]:
+    """One :class:`~compare.problem.cases.Weights` per layer of ``--layers spec`` (:func:`parse_layers`), each with
+    its prefix (``template``'s ``{i}`` replaced) and its index, in the order given (``all``: ascending). Every layer
+    must hold every name the case reads (``names``, :func:`bare_names`). A single file is hashed once for all of
+    them; a sharded checkpoint's layer by its own tensors. Refused, naming what is wrong: a template without
+    ``{i}``, no layer matched, an index the checkpoint lacks, a layer that lacks one of the names."""
+    if LAYER not in template:
+        raise InputError(
+            f"--layers needs a --prefix template with {LAYER} where the layer index goes (e.g. "
+            f"model.layers.{LAYER}.mlp.), got --prefix {template!r}"
+        )
+    wanted = parse_layers(spec)
+    bare = sorted(set(names))
+    absolute = str(Path(path).expanduser().resolve())
+    with Checkpoint(absolute) as ck:
+        present = ck.names()
+        found = found_layers(present, template, bare)
+        first = template + bare[0]
+        if not found:
+            sample = ", ".join(present[:3]) + (", ..." if len(present) > 3 else "")
+            raise InputError(
+                f"--layers {spec}: no layer of {absolute} matches --prefix {template!r}: no name like {first} among "
+                f"its {len(present)} names ({sample})"
+            )
+        layers = sorted(found) if wanted is None else wanted
+        for i in layers:
+            if i not in found:
+                raise InputError(
+                    f"--layers {spec}: layer {i} is not in {absolute} (no {layer_prefix(template, i)}{bare[0]}); "
+                    f"its layers under --prefix {template!r}: {span(found)}"
+                )
+            for b in bare:
+                name = layer_prefix(template, i) + b
+                if ck.where(name) is None:
+                    raise InputError(
+                        f"--layers {spec}: layer {i} lacks {name} in {absolute}; the case needs "
+                        f"{', '.join(layer_prefix(template, i) + x for x in bare)}"
+                    )
+        digest = _file_sha256(absolute) if ck.index is None else ""
+        out = []
+        for i in layers:
+            prefix = layer_prefix(template, i)
+            mine = _names_of(bare, prefix)
+            digests = tensor_digests(ck, mine) if ck.index is not None else ()
+            sha = digest or tensors_sha256(digests)
+            out.append(Weights(absolute, sha, prefix, i, _dtypes(ck, mine), digests))
+    return out
+
+
+# --- loading ----------------------------------------------------------------------------------------------------
 
 
 def _sizes(case: Case) -> str:
@@ -223,61 +525,107 @@ def _first_off(values: np.ndarray, rounded: np.ndarray) -> str:
     return f"{float(values[i])!r} at {list(i)}"
 
 
+#: Per case dtype, the file dtypes it takes: its own, F32 holding only its values (checked), and for float32 the
+#: narrower BF16 and F16 (widened: exact).
+TAKES: dict[str, tuple[str, ...]] = {
+    "float32": ("F32", "BF16", "F16"),
+    "bfloat16": ("BF16", "F32"),
+    "float16": ("F16", "F32"),
+}
+#: The case dtype of each file dtype (the report's words).
+DTYPE_NAMES: dict[str, str] = {v: k for k, v in FILE_DTYPES.items()}
+
+
+def widened(w: Weights | None, dtype: str) -> list[str]:
+    """The dtypes (``bfloat16``, ``float16``) of ``w``'s tensors that a ``dtype`` case widens (exactly, to float32);
+    empty for drawn weights, a case of the tensors' own dtype, or weights whose dtypes were not recorded."""
+    if w is None or dtype != "float32":
+        return []
+    return [DTYPE_NAMES[d] for d in w.dtypes if d in DTYPE_NAMES and d != FILE_DTYPES[dtype]]
+
+
+def _changed(case: Case, w: Weights, ck: Checkpoint) -> WeightsChanged | None:
+    """The refusal of a checkpoint whose sha256 is no longer the case's (None while it is): a single file's bytes,
+    a sharded checkpoint's tensors of the case (the shards holding them named)."""
+    if ck.index is None:
+        digest = _file_sha256(w.path)
+        if digest == w.sha256:
+            return None
+        return WeightsChanged(
+            f"weights file {w.path} changed since the run started: its sha256 is now {digest}, the case "
+            f"{case.name} was made from {w.sha256}"
+        )
+    names = [w.prefix + s.name for s in sources(case).values()]
+    missing = [n for n in names if ck.where(n) is None]
+    if missing:
+        return WeightsChanged(
+            f"weights file {w.path} changed since the run started: it no longer maps {', '.join(missing)}, which the "
+            f"case {case.name} was made from"
+        )
+    digests = tensor_digests(ck, names)
+    digest = tensors_sha256(digests)
+    if digest == w.sha256:
+        return None
+    was = dict(w.tensors)
+    changed = [n for n, d in digests if was.get(n) != d] if was else sorted(names)
+    files = " or ".join(sorted({str(ck.where(n)) for n in changed}))
+    return WeightsChanged(
+        f"weights file {files} changed since the run started: {', '.join(changed)} (index {w.path}) "
+        f"{'is' if len(changed) == 1 else 'are'} no longer what the case {case.name} was made from (its tensors' "
+        f"sha256 {w.sha256}, now {digest})"
+    )
+
+
 def load_params(case: Case, verify: bool = True) -> dict[str, np.ndarray]:
     """``case``'s canonical parameters (``Case.weight_shapes()``'s names, ``(out, in)``, float32 arrays holding
-    case-dtype values) read from its weights file, after checking the file's sha256 against the case's (a file
-    changed since the case was made is :class:`WeightsChanged`, naming it; ``verify`` False skips it, for a check
-    made right after :func:`weights` hashed the file) and each tensor's name, shape and dtype against the case."""
+    case-dtype values) read from its checkpoint, after checking its sha256 against the case's (a file, or a sharded
+    checkpoint's tensors of the case, changed since the case was made is :class:`WeightsChanged`, naming it;
+    ``verify`` False skips it, for a check made right after :func:`weights` hashed it) and each tensor's name, shape
+    and dtype against the case."""
     w = case.weights
     if w is None:
         raise ValueError(f"case {case.name} reads no weights file")
-    mm, size = _open(w.path)
-    try:
-        digest = hashlib.sha256(mm if mm is not None else b"").hexdigest() if verify else w.sha256
-        if digest != w.sha256:
-            raise WeightsChanged(
-                f"weights file {w.path} changed since the run started: its sha256 is now {digest}, the case "
-                f"{case.name} was made from {w.sha256}"
-            )
-        entries = _header(w.path, mm, size)
-        assert mm is not None  # a header was read
+    with Checkpoint(w.path) as ck:
+        if verify and (changed := _changed(case, w, ck)) is not None:
+            raise changed
         params: dict[str, np.ndarray] = {}
         for param, source in sources(case).items():
             name = w.prefix + source.name
-            e = entries.get(name)
-            if e is None:
-                raise _missing(case, w, name, entries)
+            found = ck.entry(name)
+            if found is None:
+                raise _missing(case, w, name, ck.names())
+            file, mm, e = found
             want = file_shape(case, param)
             if e.shape != want:
                 canonical = f"{param} {list(case.weight_shapes()[param])} transposed, as GPT-2's Conv1D stores it"
                 raise InputError(
-                    f"{name} is {list(e.shape)} in {w.path}; {_sizes(case)} needs {list(want)}"
+                    f"{name} is {list(e.shape)} in {file}; {_sizes(case)} needs {list(want)}"
                     + (f" ({canonical})" if source.transposed else f" (canonical {param})")
                 )
             wanted = FILE_DTYPES[case.dtype]
-            exact = f"{wanted}, or F32 holding only {case.dtype} values" if case.dtype != "float32" else wanted
-            if e.dtype not in (wanted, "F32"):
-                raise InputError(
-                    f"{name} is {e.dtype} in {w.path}; the case ({case.model}, {case.dtype}) needs {exact}"
-                )
+            exact = (
+                f"{wanted}, or F32 holding only {case.dtype} values"
+                if case.dtype != "float32"
+                else f"{wanted}, or BF16 or F16 (widened exactly)"
+            )
+            if e.dtype not in TAKES[case.dtype]:
+                raise InputError(f"{name} is {e.dtype} in {file}; the case ({case.model}, {case.dtype}) needs {exact}")
             if e.end - e.begin != math.prod(e.shape) * _ITEMSIZE[e.dtype]:
                 raise _not_safetensors(
-                    w.path, f"tensor {name!r} holds {e.end - e.begin} bytes, not the {e.dtype} {list(e.shape)}'s"
+                    file, f"tensor {name!r} holds {e.end - e.begin} bytes, not the {e.dtype} {list(e.shape)}'s"
                 )
             values = _decode(mm, e)
             if not np.isfinite(values).all():
                 i = tuple(int(k) for k in np.argwhere(~np.isfinite(values))[0])
-                raise InputError(f"{name} in {w.path} holds {values[i]} at {list(i)}: weights must be finite")
+                raise InputError(f"{name} in {file} holds {values[i]} at {list(i)}: weights must be finite")
             rounded = round_to_dtype(values, case.dtype)
             if not np.array_equal(values, rounded):
                 raise InputError(
-                    f"{name} is {e.dtype} in {w.path} with values {case.dtype} cannot hold exactly (e.g. "
+                    f"{name} is {e.dtype} in {file} with values {case.dtype} cannot hold exactly (e.g. "
                     f"{_first_off(values, rounded)}); the case ({case.model}, {case.dtype}) needs {exact}"
                 )
             params[param] = np.ascontiguousarray(values.T if source.transposed else values)
         return params
-    finally:
-        _close(mm)
 
 
 def check(cases: Iterable[Case]) -> None:

@@ -48,6 +48,7 @@ COLUMNS: tuple[str, ...] = (
     "saved_bytes",
     "peak_bytes",
     "weights_sha256",
+    "layer",
     "versions",
     "machine",
 )
@@ -101,6 +102,7 @@ def row(doc: Results, r: Result) -> dict[str, Any]:
         "saved_bytes": saved_bytes(r) if saved_bytes(r) is not None else "",
         "peak_bytes": peak.bytes if peak is not None else "",
         "weights_sha256": r.weights.sha256 if r.weights is not None else "",
+        "layer": r.weights.layer if r.weights is not None and r.weights.layer is not None else "",
         "versions": " ".join(f"{k}={v}" for k, v in sorted(versions.items()) if v),
         "machine": machine,
     }

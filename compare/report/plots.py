@@ -13,7 +13,12 @@ count (``batch x seq``) and each panel is one (dtype, mode). Per family, with fi
   ``compare.report.memory``; its fit and the largest token count within a device memory are in the report's table);
 - ``ceiling-<model>-d<dim>-h<hidden>.png``: achieved fraction of the compute (solid) and bandwidth (dashed)
   ceilings, only if results carry the cost model's roofline numbers (``cost.achieved``: ``flops_fraction`` and
-  ``bytes_fraction``, made by ``compare.cost.model.roofline`` when the run measured its ceilings).
+  ``bytes_fraction``, made by ``compare.cost.model.roofline`` when the run measured its ceilings);
+- ``layers-<model>-d<dim>-h<hidden>.png`` (a ``--layers`` run of two layers or more, ``compare.report.layers``):
+  each backend's worst gate statistic (its parity's ``worst_ratio``, a multiple of its pass line) against the layer
+  index, log scale, the pass line dotted, a panel per dtype, mode (and token count); a statistic beyond the axis
+  (an infinite one: a failure no number measures, or zero) is drawn at its edge as a triangle. Every judged result
+  counts, timed or not.
 
 A family with fewer than two token counts gets no plot (the ``sweep`` command's job; one point per line says
 nothing), and a plot with nothing to draw is skipped. matplotlib is imported only inside :func:`render_plots`, with Agg.
@@ -28,6 +33,7 @@ from typing import Any
 from compare.backends.registry import DEFAULT_BASELINE
 from compare.cost.records import Achieved
 from compare.problem.cases import DTYPES, MODES
+from compare.report.layers import PLOT_KIND, layer_of, layer_rows, worst_ratio
 from compare.report.memory import family, linear_fit
 from compare.results.document import Result, Results
 from compare.timing import significance
@@ -308,6 +314,50 @@ def _memory_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
     return _save(fig, path) if drawn else None
 
 
+#: The layer plot's y range (multiples of the pass line): a statistic beyond it is drawn at its edge.
+LAYER_RANGE = (1e-4, 1e4)
+
+
+def _layers_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
+    """Each backend's worst gate statistic against the layer index, a panel per dtype, mode and (where several)
+    token count; the pass line (1) dotted."""
+    pts = [r for r in rs if worst_ratio(r) is not None]
+    if len({layer_of(r) for r in pts}) < 2:
+        return None
+    several = len({tokens(r) for r in pts}) > 1
+    keys = sorted(
+        {(r.dtype, r.mode, tokens(r)) for r in pts},
+        key=lambda k: (DTYPES.index(k[0]) if k[0] in DTYPES else 9, MODES.index(k[1]) if k[1] in MODES else 9, k[2]),
+    )
+    color = colors(list(dict.fromkeys(r.label for r in pts)))
+    lo, hi = LAYER_RANGE
+    fig, axes = figure(len(keys), f"{fam[0]} d={fam[1]} h={fam[2]}: worst statistic by layer")
+    for ax, (dtype, mode, t) in zip(axes, keys, strict=True):
+        for b, c in color.items():
+            mine = sorted(
+                (r for r in pts if (r.label, r.dtype, r.mode, tokens(r)) == (b, dtype, mode, t)),
+                key=lambda r: layer_of(r) or 0,
+            )
+            if not mine:
+                continue
+            xs = [layer_of(r) or 0 for r in mine]
+            ys = [min(max(worst_ratio(r) or 0.0, lo), hi) for r in mine]
+            ax.plot(xs, ys, marker="o", ms=3, color=c, label=b)
+            out = [(x, y) for x, y in zip(xs, ys, strict=True) if y in (lo, hi)]
+            if out:
+                ax.plot(*zip(*out, strict=True), linestyle="", marker="^", ms=7, color=c)
+        ax.axhline(1.0, color="grey", linestyle=":", linewidth=1, label="pass line")
+        ax.set_yscale("log")
+        layers = sorted({layer_of(r) or 0 for r in pts})
+        ax.set_xticks(layers if len(layers) <= 32 else layers[:: -(-len(layers) // 32)])
+        ax.set_title(f"{dtype} {mode}" + (f" ({t} tokens)" if several else ""))
+        ax.set_xlabel("layer")
+        ax.set_ylabel("worst statistic / pass line")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
 def render_plots(doc: Results, out_dir: Path) -> list[Path]:
     """Write the PNG plots of ``doc`` into ``out_dir``; return their paths (sorted by family, then kind)."""
     import matplotlib
@@ -332,6 +382,12 @@ def render_plots(doc: Results, out_dir: Path) -> list[Path]:
     for fam in sorted(mems):
         if len({tokens(r) for r in mems[fam]}) >= 2:
             written.append(_memory_plot(mems[fam], fam, out_dir / f"memory-{fam[0]}-d{fam[1]}-h{fam[2]}.png"))
+    layered: dict[Family, list[Result]] = {}
+    for r in layer_rows(doc.results):
+        layered.setdefault(family(r), []).append(r)
+    for fam in sorted(layered):
+        path = out_dir / f"{PLOT_KIND}-{fam[0]}-d{fam[1]}-h{fam[2]}.png"
+        written.append(_layers_plot(layered[fam], fam, path))
     shape_rows = list(doc.shape_sweep)
     if shape_rows:
         r0 = shape_rows[0]
@@ -346,6 +402,7 @@ _CAPTIONS = {
     "roofline": "achieved FLOP/s against arithmetic intensity, under this run's measured roofs",
     "compile": "first call (compile + run, dashed) and steady-state median (solid) against tokens",
     "memory": "saved for backward (solid, fit dotted) and peak above inputs and weights (dashed) against tokens",
+    PLOT_KIND: "each backend's worst gate statistic (x its pass line) against the layer index",
 }
 
 
@@ -359,7 +416,12 @@ def plots_section(doc: Results, plot_paths: list[str] | None = None) -> str:
         "## Plots",
         "",
         "Token count on x (batch x seq); one line per backend, one panel per dtype and mode. Error bars span "
-        "the first to the third quartile of the samples.",
+        "the first to the third quartile of the samples."
+        + (
+            " The layer plot has the layer index on x, the pass line dotted."
+            if any(Path(p).stem.startswith(PLOT_KIND + "-") for p in paths)
+            else ""
+        ),
     ]
     for p in paths:
         stem = Path(p).stem

@@ -15,6 +15,7 @@ from compare.report.cells import LEAD, lead, signed_s
 from compare.report.cost import cost_section, fusion_section
 from compare.report.gpu_build import render_markdown
 from compare.report.kernels import kernel_section
+from compare.report.layers import layers_section
 from compare.report.machines import machine_of, several, timed_machine_types
 from compare.report.measured import FLOP_COUNTER, NOT_MODELLED, XLA_COST, measured_flops, unmodelled
 from compare.report.memory import memory_section
@@ -631,9 +632,10 @@ def anchors(md: str) -> set[str]:
 
 
 def files(doc: Results, report_name: str = REPORT, details_name: str = DETAILS) -> dict[str, str]:
-    """The report as files, name -> text: ``REPORT.md`` (one page: the answer with its per-backend tables, the
-    machine, the plots, what was cut or skipped) and ``DETAILS.md`` beside it (every other section), linked from it
-    by section title (other names: the links follow them)."""
+    """The report as files, name -> text: ``REPORT.md`` (one page: a checkpoint's layers side by side where the run
+    has two or more, the answer with its per-backend tables, the machine, the plots, what was cut or skipped) and
+    ``DETAILS.md`` beside it (every other section), linked from it by section title (other names: the links follow
+    them)."""
     REPORT, DETAILS = report_name, details_name  # the module's names, as this call has them
     body = "\n\n".join(b for b in (section(doc) for section in SECTIONS) if b)
     details = f"# fusion-compare report: details\n\nThe sections [{REPORT}]({REPORT}) links to.\n\n{body}\n"
@@ -653,7 +655,7 @@ def files(doc: Results, report_name: str = REPORT, details_name: str = DETAILS) 
     for line in (module_line(doc), weights_line(doc)):
         head += ["", line] if line else []
     index = f"## Details\n\n[{DETAILS}]({DETAILS}) holds the rest: " + " · ".join(to(t, t) for t in titles) + "."
-    parts = (summary_section(doc, to), plots_section(doc), cut_section(doc, to), index)
+    parts = (layers_section(doc), summary_section(doc, to), plots_section(doc), cut_section(doc, to), index)
     report = "\n".join(head) + "\n\n" + "\n\n".join(b for b in parts if b) + "\n"
     return {REPORT: report, DETAILS: details}
 

@@ -24,9 +24,9 @@ Each line gives
 - **memory** (only where the run measured it, ``--memory`` or ``--profile``): what fusion keeps out of memory per
   MLP step and what recomputation saves for what time (``compare.report.memory.memory_line``).
 
-A case whose parameters came from a checkpoint (``--weights``) names the file and its sha256 in its line, and the
-report's head names each file once in full (:func:`weights_line`); so does a case of a user's own MLP file
-(``--module``: :func:`module_line`).
+A case whose parameters came from a checkpoint (``--weights``) names the file and its sha256 (and its layer, with
+``--layers``) in its line, and the report's head names each file once in full, with the dtypes a case widened
+(:func:`weights_line`); so does a case of a user's own MLP file (``--module``: :func:`module_line`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Any
 from compare.backends.registry import BACKENDS, DEFAULT_BASELINE, MODULE_BASELINE, baseline_of, framework_baseline
 from compare.formats.markdown import case_label, fmt_s, si, table
 from compare.gate.resolution import NOT_MEASURED, ResolutionRow
+from compare.problem import checkpoint
 from compare.problem.cases import ModuleFile, Weights
 from compare.report.cells import mib, signed_s
 from compare.report.cost import MEASURED, UNMEASURED, ceilings_for, fusion_benefit, kernel_time_split, measured_saved
@@ -58,12 +59,13 @@ def _words(title: str, text: str) -> str:
 
 
 def weights_tag(w: Weights | None) -> str:
-    """`` (weights `F.safetensors`, sha256 `0123456789ab`)`` for a case read from a checkpoint; "" for drawn
-    weights."""
+    """`` (weights `F.safetensors`, sha256 `0123456789ab`)`` for a case read from a checkpoint (its layer and prefix
+    where it has them); "" for drawn weights."""
     if w is None:
         return ""
+    layer = f", layer {w.layer}" if w.layer is not None else ""
     prefix = f", prefix `{w.prefix}`" if w.prefix else ""
-    return f" (weights `{PurePath(w.path).name}`{prefix}, sha256 `{w.sha256[:12]}`)"
+    return f" (weights `{PurePath(w.path).name}`{layer}{prefix}, sha256 `{w.sha256[:12]}`)"
 
 
 def module_tag(m: ModuleFile | None) -> str:
@@ -92,17 +94,43 @@ def module_line(doc: Results) -> str:
 
 def weights_line(doc: Results) -> str:
     """``Weights: ...``: every checkpoint the run's cases read their parameters from, with its full sha256, prefix
-    and path; "" when every case drew them from its seed."""
+    and path (a ``--layers`` run's: its layers, each layer's prefix and sha256 in the per-case lines), and the dtypes
+    a case widened (bfloat16 weights for a float32 case: exact); "" when every case drew them from its seed."""
     found = dict.fromkeys(r.weights for r in doc.results if r.weights is not None)
-    parts = [
-        f"`{PurePath(w.path).name}` (sha256 `{w.sha256}`"
-        + (f", prefix `{w.prefix}`" if w.prefix else "")
-        + f", read from `{w.path}`)"
-        for w in found
-    ]
+    by_path: dict[str, list[Weights]] = {}
+    for w in found:
+        by_path.setdefault(w.path, []).append(w)
+    parts = []
+    for path, ws in by_path.items():
+        what = "sha256 of the tensors it reads" if ws[0].sharded else "sha256"
+        layers = sorted({w.layer for w in ws if w.layer is not None})
+        if len(ws) == 1 or not layers:
+            parts += [
+                f"`{PurePath(w.path).name}` ({what} `{w.sha256}`"
+                + (f", layer {w.layer}" if w.layer is not None else "")
+                + (f", prefix `{w.prefix}`" if w.prefix else "")
+                + f", read from `{w.path}`)"
+                for w in ws
+            ]
+            continue
+        shas = {w.sha256 for w in ws}
+        sha = f"sha256 `{ws[0].sha256}`" if len(shas) == 1 else f"each layer's {what} in its case's line"
+        parts.append(
+            f"`{PurePath(path).name}` ({len(layers)} layers, {checkpoint.span(layers)}, prefixes "
+            f"`{ws[0].prefix}` to `{ws[-1].prefix}`, {sha}, read from `{path}`)"
+        )
     if not parts:
         return ""
-    return f"Weights: {'; '.join(parts)}: the parameters as the checkpoint holds them, the inputs drawn from the seed."
+    widen = sorted({(d, r.dtype) for r in doc.results for d in checkpoint.widened(r.weights, r.dtype)})
+    said = (
+        " " + "; ".join(f"{a} weights widened to {b} (exact: {b} holds every {a} value)" for a, b in widen) + "."
+        if widen
+        else ""
+    )
+    return (
+        f"Weights: {'; '.join(parts)}: the parameters as the checkpoint holds them, the inputs drawn from the seed."
+        + said
+    )
 
 
 def _plain(cell: str) -> str:

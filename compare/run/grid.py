@@ -64,12 +64,13 @@ def grid_config(
     seq: int = 1,
     dist: str = "normal",
     seed: int = 0,
-    weights: Weights | None = None,
+    weights: Weights | Sequence[Weights] | None = None,
     module: ModuleFile | None = None,
 ) -> dict[str, Any]:
     """The ``grid`` part of a sweep's config (validated: a bad size raises :class:`InputError`); ``weights``, the
     checkpoint every case reads its parameters from, and ``module``, the user's MLP file every case computes (model
-    ``module``), are keys only where given (a sweep without them has the grid it always had)."""
+    ``module``), are keys only where given (a sweep without them has the grid it always had). ``weights`` as a list
+    (``--layers``: one per layer) is the key ``layers``, and every token count, dtype and mode runs on each."""
     if module is None or model != MODULE_MODEL:
         check_name("model", model, MODELS)
     check_seed(seed)
@@ -92,20 +93,34 @@ def grid_config(
         "dist": dist,
         "seed": seed,
     }
-    grid |= {"weights": to_json(weights)} if weights is not None else {}
+    one = weights if isinstance(weights, Weights) else None
+    many = list(weights) if weights is not None and not isinstance(weights, Weights) else []
+    if len(many) == 1 and many[0].layer is None:
+        one, many = many[0], []
+    grid |= {"weights": to_json(one)} if one is not None else {}
+    grid |= {"layers": [to_json(w) for w in many]} if many else {}
     return grid | ({"module": to_json(module)} if module is not None else {})
 
 
+def grid_weights(g: dict[str, Any]) -> list[Weights | None]:
+    """The checkpoints of a sweep's grid, one per layer (``layers``), or its one (``weights``); ``[None]`` for drawn
+    weights."""
+    if g.get("layers"):
+        return [from_json(Weights, w, strict=True) for w in g["layers"]]
+    return [from_json(Weights, g["weights"], strict=True) if g.get("weights") is not None else None]
+
+
 def cells_from_config(config: dict[str, Any]) -> list[Cell]:
-    """Every cell of a sweep config, in run order: tokens, then dtype, then mode, then backend."""
+    """Every cell of a sweep config, in run order: layers (``--layers``), then tokens, then dtype, then mode, then
+    backend."""
     g = config["grid"]
-    weights = from_json(Weights, g["weights"], strict=True) if g.get("weights") is not None else None
     module = from_json(ModuleFile, g["module"], strict=True) if g.get("module") is not None else None
     cells: list[Cell] = []
-    for t in g["tokens"]:
-        shape = Shape(t // g["seq"], g["seq"], g["dim"], g["hidden"])
-        for dtype in config["dtypes"]:
-            case = Case(g["model"], shape, dtype, g["dist"], g["seed"], weights, module)
-            for mode in config["modes"]:
-                cells.extend(Cell(b, case, mode) for b in config["backends"])
+    for weights in grid_weights(g):
+        for t in g["tokens"]:
+            shape = Shape(t // g["seq"], g["seq"], g["dim"], g["hidden"])
+            for dtype in config["dtypes"]:
+                case = Case(g["model"], shape, dtype, g["dist"], g["seed"], weights, module)
+                for mode in config["modes"]:
+                    cells.extend(Cell(b, case, mode) for b in config["backends"])
     return cells
