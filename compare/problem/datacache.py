@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import ml_dtypes
 import numpy as np
 
 from compare.formats.atomic import write_bytes_atomic, write_text_atomic
@@ -75,17 +76,10 @@ def load(name: str, lazy: bool = False) -> dict[str, Any] | None:
     path = d / f"{name}.safetensors"
     if not path.is_file():
         return None
-    from safetensors import SafetensorError
-    from safetensors.numpy import load as st_load
-
     try:
-        return _stored(path) if lazy else st_load(path.read_bytes())
-    except (
-        OSError,
-        SafetensorError,
-        ValueError,
-        KeyError,
-    ):  # truncated or foreign: a miss, written again by the caller
+        got = _stored(path, LAZY_BYTES if lazy else None)
+        return got if lazy else {k: np.asarray(v) for k, v in got.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # truncated or foreign: a miss, written again
         return None
 
 
@@ -94,6 +88,7 @@ _DTYPES: dict[str, np.dtype[Any]] = {
     "F64": np.dtype(np.float64),
     "F32": np.dtype(np.float32),
     "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
 }
 
 
@@ -139,17 +134,21 @@ class _File:
         os.close(self.fd)
 
 
-def _stored(path: Path) -> dict[str, Any]:
-    """Every tensor of the safetensors file ``path``: a :class:`Stored` where it has :data:`LAZY_BYTES` or more, else
-    read."""
+def _stored(path: Path, lazy_bytes: int | None = LAZY_BYTES) -> dict[str, Any]:
+    """Every tensor of the safetensors file ``path``: a :class:`Stored` where it has ``lazy_bytes`` or more (None:
+    none: every one read), else read. The format is the one ``safetensors`` writes (``compare.problem.checkpoint``
+    reads it by hand too: ``safetensors.numpy`` has no bfloat16); a tensor whose bytes lie past the file's end
+    raises ``OSError`` when read."""
     file = _File(path)
     n = int.from_bytes(os.pread(file.fd, 8, 0), "little")
+    if not 0 < n <= min(os.fstat(file.fd).st_size - 8, 100 << 20):
+        raise ValueError(f"{path} is not a safetensors file: a header of {n} bytes")
     header = json.loads(os.pread(file.fd, n, 8))
     out: dict[str, Any] = {}
     for k, e in header.items():
         if k != "__metadata__":
             t = Stored(file, 8 + n + int(e["data_offsets"][0]), _DTYPES[e["dtype"]], tuple(e["shape"]))
-            out[k] = t if t.nbytes >= LAZY_BYTES else np.asarray(t)
+            out[k] = t if lazy_bytes is not None and t.nbytes >= lazy_bytes else np.asarray(t)
     return out
 
 
