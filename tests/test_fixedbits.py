@@ -289,6 +289,7 @@ def test_a_generated_reference_is_computed_as_read_and_equals_the_whole_one(
         calls.clear()
         lazy = golden._generated(case)
         assert sorted(lazy.ref) == sorted(whole.ref) and calls == []  # the names, nothing computed
+        assert "dx" in lazy.ref and "dnope" not in lazy.ref and calls == []  # so is membership
         assert np.array_equal(lazy.ref["y"], whole.ref["y"]) and calls == [False]  # the forward alone
         assert all(np.array_equal(lazy.ref[k], whole.ref[k]) for k in whole.ref) and calls == [False, True]
         assert np.array_equal(golden._generated(case).ref["dx"], whole.ref["dx"]) and calls == [False, True]  # cached
