@@ -140,12 +140,13 @@ def resolve_case(a: argparse.Namespace, own_sizes: bool = True) -> tuple[str, Sh
 def cases_from_args(a: argparse.Namespace) -> list[Case]:
     """The cases of ``run``, ``profile``, ``prepare`` and ``tp-job``: one per ``--dtype`` at the resolved shape, with
     the ``--weights`` file's parameters where one is given (each checked against the case: name, shape, dtype) and
-    the ``--module`` file's MLP (its ``reference``, where it has one, checked against the golden's)."""
+    the ``--module`` file's MLP (every op of it, forward and, where a ``--mode`` needs it, backward, with a rule in the
+    plain computation; its ``reference``, where it has one, checked against the golden's)."""
     model, shape, dist = resolve_case(a)
     dtypes = check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
     weights, module = weights_from_args(a), module_from_args(a, shape)
     cases = [Case(model, shape, d, dist, check_seed(a.seed), weights, module) for d in dtypes]
-    preflight.check_cases(cases)
+    preflight.check_cases(cases, backward=any(m != "fwd" for m in getattr(a, "mode", None) or ["fwd+bwd"]))
     return cases
 
 
