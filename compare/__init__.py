@@ -128,8 +128,10 @@ def module_case(
     :func:`run_cases` with the backends of module files (``python -m compare list`` names them): ``x [batch, seq,
     dim]``, ``torch_module(dim, hidden)``, parameters drawn from ``seed`` or read from the safetensors file
     ``weights`` (or a sharded checkpoint's ``model.safetensors.index.json``) by ``prefix`` + ``state_dict`` name.
-    Checked as the command line checks it (the file, its functions, the weights' names, shapes and dtypes, the
-    file's ``reference`` against the golden); bad input raises :class:`InputError` naming it. Needs torch."""
+    Checked as the command line checks it (the file, its functions, the weights' names, shapes and dtypes, a rule in
+    the plain computation for every op of its forward, the file's ``reference`` against the golden); bad input
+    raises :class:`InputError` naming it (an op of the backward without a rule: when :func:`run_cases` first needs
+    the gradients). Needs torch."""
     from compare.backends.registry import module_file
     from compare.problem import checkpoint
     from compare.problem.cases import MODULE_MODEL, Case, Shape
@@ -139,7 +141,7 @@ def module_case(
     names = checkpoint.bare_names(MODULE_MODEL, record)  # a sharded checkpoint's case is identified by them
     read = checkpoint.weights(str(weights), prefix, names) if weights is not None else None
     case = Case(MODULE_MODEL, Shape(batch, seq, dim, hidden), dtype, "normal", seed, read, record)
-    preflight.check_cases([case])
+    preflight.check_cases([case], backward=False)
     return case
 
 

@@ -162,6 +162,13 @@ WRONG_PORTS = {
         "    return jax.nn.gelu(x @ up_w.T + up_b, approximate=False) @ down_w.T + down_b",
         {"y"},
     ),
+    # the other way round: nn.GELU()'s default (erf) ported with JAX's default (tanh); float32 judges it with the
+    # erf GELU's envelope twin and signatures, which must not cover the other form
+    "tanh GELU for erf": (
+        "F.gelu(self.up(x))",
+        "    return jax.nn.gelu(x @ up_w.T + up_b) @ down_w.T + down_b",
+        {"y"},
+    ),
 }
 
 
@@ -222,6 +229,14 @@ BAD_FILES = {
         module_source(torch_act="torch.relu(self.up(x - x.mean(dim=1, keepdim=True))) ** 2"),
         "a token's output depends on other tokens (the output of a reordered input differs",
     ),
+    "an op without a rule": (
+        module_source(torch_act="torch.exp(self.up(x))"),
+        "the plain computation has no rule for aten.exp.default; aten ops with a rule: add, addmm,",
+    ),
+    "a normalisation": (
+        module_source(torch_act="F.layer_norm(torch.relu(self.up(x)), (96,))"),
+        "the plain computation has no rule for aten.native_layer_norm.default;",
+    ),
     "reference disagrees": (
         module_source(
             extra="""
@@ -270,6 +285,58 @@ def test_bad_module_options_exit_2(
     err = capsys.readouterr().err
     assert message.format(tmp=tmp_path) in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+#: A module whose backward has an op without a rule (slicing's ``slice_backward``); its forward has none.
+SLICED = "torch.cat([torch.relu(self.up(x))[..., :40], torch.relu(self.up(x))[..., 40:]], -1)"
+
+
+def test_an_op_only_the_backward_lacks_is_refused_only_where_a_mode_needs_gradients(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plain computation's check runs the forward always and the backward where a ``--mode`` needs it: the
+    forward alone passes it, ``fwd+bwd`` exits 2 naming the op, before anything is measured."""
+    from compare.run import preflight
+
+    path = write(tmp_path, module_source(torch_act=SLICED))
+    case = case_of(path, dim=96, hidden=96)
+    preflight.check_cases([case], backward=False)
+    with pytest.raises(InputError, match=r"no rule for aten\.slice_backward\.default"):
+        preflight.check_cases([case], backward=True)
+    assert main(_run_module(tmp_path, str(path), "--mode", "fwd", "fwd+bwd")) == 2
+    err = capsys.readouterr().err
+    assert f"--module {path}: the plain computation has no rule for aten.slice_backward.default" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_an_activation_without_its_twins_exits_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kind the float32 twins lack (every kind has them now: here one is taken away) is bad input naming the kind
+    and the file, never an internal error; in bfloat16, which has no twins, the same file passes the check."""
+    from torch_impl import plain_acts, user_module
+
+    def no_envelope(seed: int) -> plain_acts.ActsFor:
+        def acts_for(kind: str) -> plain_acts.Activations:
+            raise plain_acts.NoActivation(f"{kind} has no envelope twin")
+
+        return acts_for
+
+    monkeypatch.setattr(user_module, "acts_envelope", no_envelope)
+    path = write(tmp_path, module_source(torch_act="F.gelu(self.up(x))"))
+    assert main(_run_module(tmp_path, str(path), "--dtype", "float32")) == 2
+    err = capsys.readouterr().err
+    assert f"--module {path}: gelu_erf has no envelope twin" in err and len(err.strip().splitlines()) == 1, err
+    module_file().check_plain(case_of(path, "bfloat16", dim=96, hidden=96))
+
+
+def test_the_api_refuses_an_op_without_a_rule(tmp_path: Path) -> None:
+    """``compare.module_case`` checks the forward's ops as the command line does (InputError naming the op)."""
+    import compare
+
+    path = write(tmp_path, module_source(torch_act="torch.exp(self.up(x))"))
+    with pytest.raises(InputError, match=r"no rule for aten\.exp\.default"):
+        compare.module_case(path, 96, 96)
 
 
 def test_a_good_reference_is_accepted_and_the_example_has_one(tmp_path: Path) -> None:

@@ -69,13 +69,19 @@ def case_of(model: str, dtype: str) -> Golden:
     return golden_for(PRESETS["tiny"].case(dtype, model=model))
 
 
-def test_control_erf_gelu_differs_everywhere_and_has_no_twins() -> None:
+def test_control_erf_gelu_differs_everywhere_and_has_its_twins() -> None:
+    """The erf GELU (``nn.GELU()``'s default) where the model has the tanh form: every tensor differs; its envelope
+    twin (erf and exp 4 ulps off) and signatures exist, as the tanh form's do. An unknown kind has no form."""
     g = case_of("geglu", "float32")
     module = build_module(g.problem, CPU, torch.float64, act_mul=lambda a, u: F.gelu(a) * u)  # erf, not tanh
     got = plain_compute(module, g.x, g.dy, unrounded_arith("float32"), acts_plain("float32"))
     assert differing(unrounded_reference(g), canonical("geglu", got)) == {"y", "dx", "dgate", "dup", "ddown"}
-    with pytest.raises(NoActivation, match="gelu_erf has no envelope twin"):
-        plain_run_module(module, "float32", g.case.seed, g.x, g.dy)
+    unrounded, envelope, signature = plain_run_module(module, "float32", g.case.seed, g.x, g.dy)
+    assert envelope is not None and signature is not None
+    assert differing(unrounded, envelope) == set(unrounded)
+    assert all(signature[k].shape == (2, *unrounded[k].shape) and np.any(signature[k] != 0) for k in unrounded)
+    with pytest.raises(NoActivation, match="no activation of kind 'swish'; kinds: gelu_tanh, gelu_erf, silu, mish"):
+        acts_plain("float32")("swish")
 
 
 def gemm_rounded_once(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -154,7 +160,7 @@ def test_an_op_without_a_rule_is_refused_by_name() -> None:
 
 
 class Mixed(nn.Module):
-    """Every other rule: addmm, relu, tanh, sigmoid, neg, pow, div, sub, rsub, bmm, silu, erf GELU, sum over a
+    """Every other rule: addmm, relu, tanh, sigmoid, neg, pow, div, sub, rsub, bmm, silu, erf GELU, Mish, sum over a
     dimension, an in-place add."""
 
     def __init__(self) -> None:
@@ -170,7 +176,7 @@ class Mixed(nn.Module):
         h = self.lin(x)
         a = 1.0 - (torch.relu(h) + torch.tanh(h) * torch.sigmoid(-h) - h**3 / 7.0)
         b = torch.bmm(a, self.w)
-        b = F.silu(b) + F.gelu(b)
+        b = F.silu(b) + F.gelu(b) + F.mish(b)
         out = b * b.sum(dim=1, keepdim=True)
         out.add_(b)
         return out
@@ -182,24 +188,24 @@ class Squashed(nn.Module):
         self.lin = lin
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.lin(x)) * torch.sigmoid(self.lin(x))
+        return torch.tanh(self.lin(x)) * torch.sigmoid(self.lin(x)) + F.mish(self.lin(x))
 
 
-def test_the_other_rules_compute_torchs_float64_math_and_the_twins_of_tanh_and_sigmoid() -> None:
+def test_the_other_rules_compute_torchs_float64_math_and_the_twins_of_tanh_sigmoid_and_mish() -> None:
     rng = np.random.default_rng(0)
     x, dy = rng.standard_normal((2, 3, 6)), rng.standard_normal((2, 3, 4))
     module = Mixed()
     mode = PlainMode(Arith.exact(), acts_plain(None))
     got = compute_under(mode, module, x, dy)
     assert list(got) == ["y", "dx", *(f"d{k}" for k in module.state_dict())]
-    assert mode.kinds == {"tanh", "sigmoid", "silu", "gelu_erf"}
+    assert mode.kinds == {"tanh", "sigmoid", "silu", "gelu_erf", "mish"}
     xt = torch.from_numpy(x).requires_grad_(True)
     y = module(xt)
     want = [y, *torch.autograd.grad(y, [xt, module.w, module.lin.weight, module.lin.bias], torch.from_numpy(dy))]
     for k, w in zip(got, want, strict=True):
         np.testing.assert_allclose(got[k], w.detach().numpy(), rtol=1e-12, atol=1e-13, err_msg=k)
     assert list(compute_under(PlainMode(Arith.exact(), acts_plain(None)), module, x, None)) == ["y"]
-    # float32 twins for tanh and sigmoid (not for the erf GELU: it has none)
+    # float32 twins for tanh, sigmoid and Mish
     squashed = Squashed(module.lin)
     unrounded, envelope, signature = plain_run_module(
         squashed, "float32", 0, x.astype(np.float32), dy[..., :1] + x[..., :5]

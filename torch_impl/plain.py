@@ -18,11 +18,12 @@ arithmetic, bits fixed by the data (``compare.problem.fixedbits``), in an :class
   reference's does. A Python scalar operand is taken in ``ar.acc`` (float32 in the plain run: an eager kernel's
   opmath);
 - activations by kind (``torch_impl.plain_acts``) through ``acts_for(kind)``, a (value, derivative) pair
-  (``reference.Activations``): ``gelu`` (``approximate='tanh'``: ``gelu_tanh``, ``'none'``: ``gelu_erf``) and
-  ``silu`` and their backward ops, ``rnd(grad) * derivative(rnd(input))`` in float64, as the reference's
-  ``dg = rnd(da * act_grad(g))``; ``tanh`` and ``sigmoid`` take their value from ``acts_for`` and compute their
-  backward from the saved output in float64 (``grad (1 - y^2)``, ``grad y (1 - y)``); ``relu`` and its
-  ``threshold_backward`` are exact;
+  (``reference.Activations``): ``gelu`` (``approximate='tanh'``: ``gelu_tanh``, ``'none'``, ``nn.GELU()``'s
+  default: ``gelu_erf``), ``silu`` and ``mish`` and their backward ops, ``rnd(grad) * derivative(rnd(input))`` in
+  float64, as the reference's ``dg = rnd(da * act_grad(g))``; ``tanh`` and ``sigmoid`` take their value from
+  ``acts_for`` and compute their backward from the saved output in float64 (``grad (1 - y^2)``, ``grad y (1 - y)``);
+  ``relu`` and its ``threshold_backward`` are exact (no kind: nothing to be a few ulps off), and so is squared ReLU
+  (``relu(x) ** 2`` and ``torch.square`` dispatch ``pow``; its backward ``pow``, ``mul`` and ``threshold_backward``);
 - view, copy and creation ops pass through untouched (:data:`PASS_THROUGH`): they move or make values, they do no
   arithmetic.
 
@@ -37,8 +38,9 @@ indexing, ``where``, comparisons: anything integer or boolean, which the module 
 ``out=`` variants (in-place ``op_`` forms of the rules are computed, then copied into their tensor); casts to
 another dtype inside the module (``.float()``); RNG ops (dropout in training mode: call ``module.eval()``); a GEMM
 scaled by ``alpha``/``beta``; integer or boolean operands of an arithmetic rule. Nothing runs on another device
-(a GPU module's kernels are not seen: it runs on a float64 CPU copy). An activation kind the run's ``acts_for``
-lacks (the erf GELU in a twin) raises ``plain_acts.NoActivation``.
+(a GPU module's kernels are not seen: it runs on a float64 CPU copy). Every activation with a rule has its envelope
+and signature twins (``plain_acts.KINDS``); a kind without them would raise ``plain_acts.NoActivation``.
+``torch_impl.user_module`` turns either refusal into the one-line input error of a module file (exit status 2).
 """
 
 from __future__ import annotations
@@ -334,6 +336,8 @@ _RULES: dict[Any, Rule] = {
     aten.gelu_backward: _act_backward("gelu"),
     aten.silu: _act("silu"),
     aten.silu_backward: _act_backward("silu"),
+    aten.mish: _act("mish"),
+    aten.mish_backward: _act_backward("mish"),
     aten.tanh: _act("tanh"),
     aten.tanh_backward: _tanh_backward,
     aten.sigmoid: _act("sigmoid"),

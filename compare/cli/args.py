@@ -162,15 +162,16 @@ def resolve_case(a: argparse.Namespace, own_sizes: bool = True) -> tuple[str, Sh
 def cases_from_args(a: argparse.Namespace) -> list[Case]:
     """The cases of ``run``, ``profile``, ``prepare`` and ``tp-job``: one per ``--dtype`` at the resolved shape (and
     per layer of ``--layers``, layer by layer), with the ``--weights`` checkpoint's parameters where one is given
-    (each checked against the case: name, shape, dtype) and
-    the ``--module`` file's MLP (its ``reference``, where it has one, checked against the golden's)."""
+    (each checked against the case: name, shape, dtype) and the ``--module`` file's MLP (every op of it, forward and,
+    where a ``--mode`` needs it, backward, with a rule in the plain computation; its ``reference``, where it has one,
+    checked against the golden's)."""
     model, shape, dist = resolve_case(a)
     dtypes = check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
     module = module_from_args(a, shape)
     seed = check_seed(a.seed)
     layers: list[Weights | None] = [*weights_from_args(a, model, module)] or [None]
     cases = [Case(model, shape, d, dist, seed, w, module) for w in layers for d in dtypes]
-    preflight.check_cases(cases)
+    preflight.check_cases(cases, backward=any(m != "fwd" for m in getattr(a, "mode", None) or ["fwd+bwd"]))
     return cases
 
 

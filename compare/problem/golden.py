@@ -228,6 +228,10 @@ class LazyReference(Mapping[str, np.ndarray]):
         if backward and self._all is None:
             self._all = self._computed(backward=True)
 
+    def __contains__(self, k: object) -> bool:
+        """By name, computing nothing (``Mapping``'s own would read the value: the whole backward for a gradient)."""
+        return k in self._names
+
     def __getitem__(self, k: str) -> np.ndarray:
         if k not in self._names:
             raise KeyError(k)

@@ -156,21 +156,19 @@ def gelu_tanh(g: np.ndarray, tanh: Activation = fixedbits.tanh) -> np.ndarray:
     return 0.5 * g * (1.0 + tanh(SQRT_2_OVER_PI * (g + GELU_CUBIC * (g * g * g))))
 
 
-def gelu_erf(g: np.ndarray) -> np.ndarray:
-    """Exact GELU, ``g Phi(g) = 0.5 g (1 + erf(g / sqrt(2)))``: the form the tanh GELU is checked against."""
+def gelu_erf(g: np.ndarray, erf: Activation = fixedbits.erf) -> np.ndarray:
+    """Exact GELU, ``g Phi(g) = 0.5 g (1 + erf(g / sqrt(2)))``: the form the tanh GELU is checked against, and
+    torch's default ``nn.GELU()`` in a module file's golden (``torch_impl.plain``). ``erf`` is
+    :func:`~compare.problem.fixedbits.erf` (the same bits on every machine; libm's ``math.erf`` need not be),
+    replaceable: the signature twin makes it a little too large (:func:`signature_activations`)."""
     g = _f64(g)
-    return 0.5 * g * (1.0 + _erf(g / math.sqrt(2.0)))
+    return 0.5 * g * (1.0 + erf(g / math.sqrt(2.0)))
 
 
-def gelu_erf_grad(g: np.ndarray) -> np.ndarray:
-    """d/dg of :func:`gelu_erf`: ``Phi(g) + g phi(g)``."""
+def gelu_erf_grad(g: np.ndarray, erf: Activation = fixedbits.erf, exp: Activation = fixedbits.exp) -> np.ndarray:
+    """d/dg of :func:`gelu_erf`: ``Phi(g) + g phi(g)`` (``erf`` and the density's ``exp`` replaceable)."""
     g = _f64(g)
-    return 0.5 * (1.0 + _erf(g / math.sqrt(2.0))) + g * fixedbits.exp(-0.5 * g * g) / math.sqrt(2.0 * math.pi)
-
-
-#: libm's erf element by element (not a SIMD version numpy picks by CPU); only the resolution analysis and controls
-#: use the erf form, never the golden data.
-_erf = np.vectorize(math.erf, otypes=[np.float64])
+    return 0.5 * (1.0 + erf(g / math.sqrt(2.0))) + g * exp(-0.5 * g * g) / math.sqrt(2.0 * math.pi)
 
 
 def gelu_tanh_grad(g: np.ndarray, tanh: Activation = fixedbits.tanh) -> np.ndarray:
@@ -219,23 +217,26 @@ def linear_fwd_bwd(
     return out
 
 
-#: GELU forms: ``tanh`` is the model's (the blog post's ``approximate="tanh"``); ``erf`` is the exact form, used only to
-#: ask whether the parity gate can tell the two apart (``compare.gate.resolution``).
+#: GELU forms: ``tanh`` is the model's (the blog post's ``approximate="tanh"``); ``erf`` is the exact form, used by the
+#: built-in models only to ask whether the parity gate can tell the two apart (``compare.gate.resolution``), and the
+#: golden of a module file whose GELU is torch's default (``torch_impl.plain_acts``).
 GELU_FORMS: dict[str, Activations] = {"tanh": (gelu_tanh, gelu_tanh_grad), "erf": (gelu_erf, gelu_erf_grad)}
 
 
-def ulps_off(fn: Activation, ulps: int, seed: int | None, lo: float, hi: float) -> Activation:
+def ulps_off(fn: Activation, ulps: int, seed: int | None, lo: float, hi: float, stream: int = 0) -> Activation:
     """``fn`` as a float32 library computes it, off by up to ``ulps`` float32 ulps: the accurate value rounded to
     float32, moved by a whole number of ulps (uniformly at random in ``[-ulps, ulps]``, drawn from ``seed``; or all by
     ``ulps`` when ``seed`` is None), kept within the function's range ``[lo, hi]`` (a float32 tanh never leaves
-    [-1, 1]). Deterministic: the same draw on every machine."""
+    [-1, 1]). Deterministic: the same draw on every machine. The draw depends on the seed and the array's size
+    alone; ``stream`` (0 by default) gives a second transcendental of the same activation a draw of its own."""
 
     def out(x: np.ndarray) -> np.ndarray:
         v = fn(x).astype(np.float32)
         if seed is None:
             k = np.full(v.shape, ulps, dtype=np.int64)
         else:
-            k = np.random.Generator(np.random.PCG64([seed, v.size])).integers(-ulps, ulps + 1, v.shape)
+            entropy = [seed, v.size] if stream == 0 else [seed, v.size, stream]
+            k = np.random.Generator(np.random.PCG64(entropy)).integers(-ulps, ulps + 1, v.shape)
         for _ in range(abs(ulps)):  # one ulp at a time: exact float32 neighbours, across binades
             v = np.where(k != 0, np.nextafter(v, v + np.sign(k).astype(np.float32)), v)
             k = k - np.sign(k)
@@ -250,17 +251,27 @@ def exp_saturating(x: np.ndarray) -> np.ndarray:
         return fixedbits.exp(np.minimum(x, 710.0))
 
 
-#: How far (float32 ulps) a library's tanh or exp may be off: the plain computation's envelope twin
+#: How far (float32 ulps) a library's tanh, exp or erf may be off: the plain computation's envelope twin
 #: (:func:`envelope_activations`) draws its errors within this.
 TRANSCENDENTAL_ERROR_ULPS = 4
 
 
-def envelope_activations(model: str, seed: int) -> Activations:
+def envelope_activations(model: str, seed: int, gelu: str = "tanh") -> Activations:
     """The plain computation's float32 activation with its tanh (GELU) or exp (SiLU) off by up to
     :data:`TRANSCENDENTAL_ERROR_ULPS` ulps at random (drawn from ``seed``): a float32 library of ordinary accuracy.
     Where GELU's derivative is ill-conditioned (``1 - tanh^2`` with tanh near -1, on heavy-tailed inputs) this moves
-    the result far more than the plain computation's own error; the gate's fail lines allow for it."""
+    the result far more than the plain computation's own error; the gate's fail lines allow for it. The erf GELU
+    (``gelu="erf"``, a module file's; no built-in model has it) has its erf off so, and the ``exp`` of its
+    derivative's density with a draw of its own."""
     e = TRANSCENDENTAL_ERROR_ULPS
+    if gelu == "erf" and model != "swiglu":
+        return activations_in(
+            model,
+            "erf",
+            "float32",
+            erf=ulps_off(fixedbits.erf, e, seed, -1.0, 1.0),
+            exp=ulps_off(exp_saturating, e, seed, 0.0, math.inf, stream=1),
+        )
     return activations_in(
         model,
         "tanh",
@@ -270,14 +281,14 @@ def envelope_activations(model: str, seed: int) -> Activations:
     )
 
 
-def signature_activations(model: str, ulps: int) -> Activations:
+def signature_activations(model: str, ulps: int, gelu: str = "tanh") -> Activations:
     """The float64 activation of ``model`` and its derivative with its transcendental (GELU's tanh, SiLU's ``exp(-s)``
     in ``1 / (1 + exp(-s))``, as libraries write the sigmoid) a float32 library's: rounded to float32 and moved by
     ``ulps`` ulps all one way (:func:`ulps_off`), everything else exact. Two such twins, ``+-``
     :data:`TRANSCENDENTAL_ERROR_ULPS`, less the one at 0 ulps, give the shapes over every output element of a
     transcendental biased all one way: the parity gate's ``scale`` check fits them beside a pure scale error, so the
     two are told apart (a float32 tanh 4 ulp high moves y's scale by about 2 unit roundoffs; a wrong scale of 1.5
-    must still fail)."""
+    must still fail). The erf GELU (``gelu="erf"``) has its erf and its derivative's ``exp`` moved so together."""
     if model == "swiglu":
         exp = ulps_off(exp_saturating, ulps, None, 0.0, math.inf)
 
@@ -285,26 +296,37 @@ def signature_activations(model: str, ulps: int) -> Activations:
             return 1.0 / (1.0 + exp(-_f64(s)))
 
         return (lambda s: _f64(s) * sig(s)), (lambda s: sig(s) * (1.0 + _f64(s) * (1.0 - sig(s))))
+    if gelu == "erf":
+        erf = ulps_off(fixedbits.erf, ulps, None, -1.0, 1.0)
+        exp = ulps_off(exp_saturating, ulps, None, 0.0, math.inf)
+        return (lambda g: gelu_erf(g, erf)), (lambda g: gelu_erf_grad(g, erf, exp))
     tanh = ulps_off(fixedbits.tanh, ulps, None, -1.0, 1.0)
     return (lambda g: gelu_tanh(g, tanh)), (lambda g: gelu_tanh_grad(g, tanh))
 
 
 def activations_in(
-    model: str, gelu: str, dtype: str, tanh: Activation | None = None, exp: Activation | None = None
+    model: str,
+    gelu: str,
+    dtype: str,
+    tanh: Activation | None = None,
+    exp: Activation | None = None,
+    erf: Activation | None = None,
 ) -> Activations:
     """The activation of ``model`` and its derivative evaluated op by op in ``dtype``, as a framework's elementwise
     kernel does: every intermediate and every constant rounded to ``dtype``, each transcendental (tanh, exp, erf)
     evaluated accurately and rounded. float32 is the plain computation's (what eager frameworks do in every dtype:
     16-bit inputs are computed in float32); a 16-bit ``dtype`` is ``jax.nn.gelu``'s way on 16-bit inputs. Takes and
-    returns float64 arrays holding ``dtype`` values; ``tanh`` and ``exp`` may be replaced (``tests/variants.py``
-    makes them a few ulp off). In float32 the derivative of GELU loses its relative accuracy
-    where ``tanh`` rounds to -1 (``1 - t*t``: a few ulp of 1 times a large factor): so does every float32 kernel."""
+    returns float64 arrays holding ``dtype`` values; ``tanh``, ``exp`` and ``erf`` may be replaced
+    (``tests/variants.py`` makes them a few ulp off; so does the erf GELU's envelope twin). In float32 the derivative
+    of GELU loses its relative accuracy where ``tanh`` rounds to -1 (``1 - t*t``: a few ulp of 1 times a large
+    factor): so does every float32 kernel."""
 
     def r(a: np.ndarray | float) -> np.ndarray:
         return round_to_dtype(np.asarray(a, dtype=np.float64), dtype).astype(np.float64)
 
     tanh = tanh or fixedbits.tanh
     exp = exp or exp_saturating
+    erf = erf or fixedbits.erf
     half, one = r(0.5), r(1.0)
     if model == "swiglu":
 
@@ -326,7 +348,7 @@ def activations_in(
         inv_sqrt2, inv_sqrt_2pi = r(1.0 / math.sqrt(2.0)), r(1.0 / math.sqrt(2.0 * math.pi))
 
         def cdf(g: np.ndarray) -> np.ndarray:
-            return r(half * r(one + r(_erf(r(g * inv_sqrt2)))))
+            return r(half * r(one + r(erf(r(g * inv_sqrt2)))))
 
         def erf_d(g: np.ndarray) -> np.ndarray:
             g = r(g)
@@ -334,7 +356,7 @@ def activations_in(
 
         def erf_grad_d(g: np.ndarray) -> np.ndarray:
             g = r(g)
-            pdf = r(r(fixedbits.exp(r(r(-half * g) * g))) * inv_sqrt_2pi)
+            pdf = r(r(exp(r(r(-half * g) * g))) * inv_sqrt_2pi)
             return r(cdf(g) + r(g * pdf))
 
         return erf_d, erf_grad_d

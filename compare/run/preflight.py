@@ -176,12 +176,15 @@ def check_golden(cases: Iterable[Case]) -> None:
             golden.verify_file(f"{case.name}.safetensors")
 
 
-def check_cases(cases: Iterable[Case]) -> None:
+def check_cases(cases: Iterable[Case], backward: bool = True) -> None:
     """What a case reads from the user's files, checked before anything is measured: a checkpoint's parameters
-    against each case (names, shapes, dtypes: ``compare.problem.checkpoint.check``) and a module file's own
-    ``reference``, where it has one, against the golden, once per file and dtype (token counts share them). A
-    mismatch raises :class:`InputError` naming both sides."""
+    against each case (names, shapes, dtypes: ``compare.problem.checkpoint.check``) and, once per module file and
+    dtype (token counts share them), that the plain computation has a rule for every op of its module's forward and,
+    with ``backward`` (a mode that needs gradients), its backward, and the file's own ``reference``, where it has
+    one, against the golden. A mismatch raises :class:`InputError` naming both sides; an op without a rule, naming
+    the file and the op."""
     cases = list(cases)
     checkpoint.check(cases)
     for case in {(c.module, c.dtype): c for c in cases if c.module is not None}.values():
+        module_file().check_plain(case, backward)
         module_file().check_reference(case)
