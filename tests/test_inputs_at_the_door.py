@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from compare.cli.args import cases_from_args, check_grid_args, check_inputs, check_out
+from compare.cli.args import cases_from_args, check_cases, check_grid_args, check_inputs, check_out
 from compare.cli.main import main, parser
 from compare.gate.parity import MIN_TERMS, check_judgeable, judged_shapes
 from compare.problem.cases import Case, InputError, Shape
@@ -45,7 +45,9 @@ def _door(args: list[str]) -> argparse.Namespace:
     """The arguments of ``run`` (or ``tp-job``) through every check at its door, and no further."""
     a = parser().parse_args(args)
     check_grid_args(a)
-    check_inputs(a, cases_from_args(a))
+    cases = cases_from_args(a)
+    check_inputs(a, cases)
+    check_cases(a, cases)
     return a
 
 

@@ -215,7 +215,7 @@ BAD_FILES = {
     "syntax error": ("def torch_module(dim, hidden)\n", "fails to import: SyntaxError: expected ':'"),
     "forward fails at the shape": (
         module_source(torch_act="self.up(x[..., :-1])"),
-        "its forward fails on an input [3, 37, 96]: RuntimeError: mat1 and mat2 shapes cannot be multiplied",
+        "its forward fails on an input [3, 37, 96]: RuntimeError: ",  # its shapes are checked on the meta device
     ),
     "not a module": (
         module_source().replace("return MLP(dim, hidden)", "return lambda x: x"),

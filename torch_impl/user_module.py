@@ -49,6 +49,7 @@ __all__ = [
     "REQUIRED",
     "ModuleChanged",
     "build",
+    "check_module",
     "check_plain",
     "check_reference",
     "compute",
@@ -182,33 +183,58 @@ def _params(module: nn.Module, path: str) -> tuple[tuple[str, tuple[int, ...]], 
 
 def describe(path: str, batch: int, seq: int, dim: int, hidden: int) -> ModuleFile:
     """The record of ``--module path`` at these sizes: the file made absolute, hashed and loaded (its functions
-    checked), its ``torch_module(dim, hidden)``'s parameters, and its output width from one float32 forward of an
-    input ``[batch, seq, dim]`` (a forward that fails there, or returns anything but one ``[batch, seq, out]`` tensor,
-    is refused)."""
+    checked), its ``torch_module(dim, hidden)``'s parameters, and its output width from one forward of an input
+    ``[batch, seq, dim]`` (a forward that fails there, or returns anything but one ``[batch, seq, out]`` tensor of
+    the input's type, is refused). Built on the ``meta`` device (shapes, no memory: the memory check runs on this
+    record before any module is built, :func:`check_module` then checks its values); a module that cannot be built
+    or run there (a forward that reads a value: ``.item()``), or that is refused there, is built for real, whose
+    refusal is the one said."""
     absolute = str(Path(path).expanduser().resolve())
     source = _read(absolute)
     digest = hashlib.sha256(source).hexdigest()
     user = _execute(absolute, source, digest)
-    module = _instantiate(user, absolute, dim, hidden).to(torch.float32)
-    params = _params(module, absolute)
-    x = torch.randn(batch, seq, dim, generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.device("meta"):
+            module = _instantiate(user, absolute, dim, hidden).to(torch.float32)
+            params = _params(module, absolute)
+            y = _forward(module, torch.empty(batch, seq, dim), absolute)
+    except Exception:  # a module that cannot be built or run on the meta device (or a refusal): again for real
+        module = _instantiate(user, absolute, dim, hidden).to(torch.float32)
+        params = _params(module, absolute)
+        y = _forward(module, torch.zeros(batch, seq, dim), absolute)
+    return ModuleFile(absolute, digest, params, int(y.shape[-1]))
+
+
+def _forward(module: nn.Module, x: torch.Tensor, path: str) -> torch.Tensor:
+    """``module(x)`` (float32), refused unless it is one ``[batch, seq, out]`` tensor of ``x``'s type."""
+    batch, seq, dim = x.shape
     try:
         with torch.no_grad():
             y = module.eval()(x)
     except Exception as exc:
         raise InputError(
-            f"--module {absolute}: its forward fails on an input [{batch}, {seq}, {dim}]: {_one_line(exc)}"
+            f"--module {path}: its forward fails on an input [{batch}, {seq}, {dim}]: {_one_line(exc)}"
         ) from exc
     if not isinstance(y, torch.Tensor) or y.ndim != 3 or tuple(y.shape[:2]) != (batch, seq):
         got = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         raise InputError(
-            f"--module {absolute}: its forward maps [{batch}, {seq}, {dim}] to {got}; it must return one tensor "
+            f"--module {path}: its forward maps [{batch}, {seq}, {dim}] to {got}; it must return one tensor "
             f"[{batch}, {seq}, out]"
         )
     if y.dtype != x.dtype:
-        raise InputError(f"--module {absolute}: its forward returns {y.dtype} for a float32 input (a cast inside)")
-    _check_tokens_apart(module, x, absolute)
-    return ModuleFile(absolute, digest, params, int(y.shape[-1]))
+        raise InputError(f"--module {path}: its forward returns {y.dtype} for a float32 input (a cast inside)")
+    return y
+
+
+def check_module(case: Case) -> None:
+    """The checks of a module case's values, run after the memory check (``compare.run.preflight.check_cases``): its
+    module built for real, one float32 forward of the case's shape (as :func:`describe`'s) and each token's output
+    depending on that token alone (:func:`_check_tokens_apart`)."""
+    mf = _module_file(case)
+    module = _instantiate(load(mf), mf.path, case.shape.dim, case.shape.hidden).to(torch.float32)
+    x = torch.randn(case.shape.batch, case.shape.seq, case.shape.dim, generator=torch.Generator().manual_seed(0))
+    _forward(module, x, mf.path)
+    _check_tokens_apart(module, x, mf.path)
 
 
 def _check_tokens_apart(module: nn.Module, x: torch.Tensor, path: str) -> None:

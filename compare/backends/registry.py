@@ -488,7 +488,8 @@ def unregister(name: str) -> None:
 #: ``module-file`` is a user's own MLP file (``Case.module``): ``describe(path, batch, seq, dim, hidden) ->
 #: ModuleFile``, ``reference(case, x, params, dy)`` (its float64 golden), ``plain_run(case, x, params, dy)`` (the
 #: gate's yardstick, ``reference.plain_run``'s three parts), ``compute(case, x, params, dy, ar)`` (another
-#: ``Arith``), ``check_reference(case)`` (the file's own numpy ``reference`` against the golden) and
+#: ``Arith``), ``check_module(case)`` (its values: a real forward, tokens apart), ``check_plain(case, backward)``
+#: (a rule for every op), ``check_reference(case)`` (the file's own numpy ``reference`` against the golden) and
 #: ``matmul_flops(case, mode)`` (the GEMM FLOPs of one step of its torch module, or None).
 PROBES: dict[str, str] = {
     "ceilings": "torch_impl.ceilings",

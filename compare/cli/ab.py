@@ -15,7 +15,15 @@ from typing import Any
 
 from compare.backends.registry import spec
 from compare.cli import history as history_command
-from compare.cli.args import add_case_args, add_cell_args, cases_from_args, check_cell_args, check_inputs, sub
+from compare.cli.args import (
+    add_case_args,
+    add_cell_args,
+    cases_from_args,
+    check_cases,
+    check_cell_args,
+    check_inputs,
+    sub,
+)
 from compare.formats.atomic import write_text_atomic
 from compare.problem.cases import MODES, InputError, check_name
 from compare.report import ab as ab_report
@@ -74,6 +82,7 @@ def cmd_ab(a: argparse.Namespace) -> int:
     modes = [check_name("mode", m, MODES) for m in a.mode]
     sides = side_from_args(a, "a"), side_from_args(a, "b")
     preflight.check_memory(cases)
+    check_cases(a, cases)
     preflight.check_golden(cases)
     out = preflight.prepare_out_dir(Path(a.out))
     keep = history_command.target(a)

@@ -162,17 +162,19 @@ def resolve_case(a: argparse.Namespace, own_sizes: bool = True) -> tuple[str, Sh
 def cases_from_args(a: argparse.Namespace) -> list[Case]:
     """The cases of ``run``, ``profile``, ``prepare`` and ``tp-job``: one per ``--dtype`` at the resolved shape (and
     per layer of ``--layers``, layer by layer), with the ``--weights`` checkpoint's parameters where one is given
-    (each checked against the case: name, shape, dtype) and the ``--module`` file's MLP (every op of it, forward and,
-    where a ``--mode`` needs it, backward, with a rule in the plain computation; its ``reference``, where it has one,
-    checked against the golden's)."""
+    (each checked against the case: name, shape, dtype) and the ``--module`` file's MLP (its record, made on shapes
+    alone: :func:`check_cases` checks its values, after the memory check)."""
     model, shape, dist = resolve_case(a)
     dtypes = check_unique("dtype", [check_name("dtype", d, DTYPES) for d in a.dtype])
     module = module_from_args(a, shape)
     seed = check_seed(a.seed)
     layers: list[Weights | None] = [*weights_from_args(a, model, module)] or [None]
-    cases = [Case(model, shape, d, dist, seed, w, module) for w in layers for d in dtypes]
+    return [Case(model, shape, d, dist, seed, w, module) for w in layers for d in dtypes]
+
+
+def check_cases(a: argparse.Namespace, cases: list[Case]) -> None:
+    """``compare.run.preflight.check_cases`` of ``cases`` with the modes of ``a``: run after the memory check."""
     preflight.check_cases(cases, backward=any(m != "fwd" for m in getattr(a, "mode", None) or ["fwd+bwd"]))
-    return cases
 
 
 def add_cell_args(p: argparse.ArgumentParser, budget_help: str) -> None:

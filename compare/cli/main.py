@@ -18,7 +18,16 @@ from compare.cli import gpu_build
 from compare.cli import history as history_command
 from compare.cli import run as run_command
 from compare.cli import sweep as sweep_command
-from compare.cli.args import add_case_args, add_grid_args, cases_from_args, check_grid_args, check_inputs, out_arg, sub
+from compare.cli.args import (
+    add_case_args,
+    add_grid_args,
+    cases_from_args,
+    check_cases,
+    check_grid_args,
+    check_inputs,
+    out_arg,
+    sub,
+)
 from compare.cli.outputs import write_outputs
 from compare.cost.comm import check_world_size
 from compare.formats.atomic import write_text_atomic
@@ -85,6 +94,7 @@ def cmd_prepare(a: argparse.Namespace) -> int:
             f"the data cache is off (${datacache.ENV}=off): there is nowhere to keep what prepare computes"
         )
     preflight.check_memory(cases)
+    check_cases(a, cases)
     backward = any(m != "fwd" for m in modes)
     for case in cases:
         stop.check()
@@ -186,6 +196,7 @@ def cmd_tp_job(a: argparse.Namespace) -> int:
         )
     for c in cases:
         check_world_size(c, a.world_size)
+    check_cases(a, cases)
     modes = [check_name("mode", m, MODES) for m in a.mode]
     cells = tuple(
         Cell(i, s.name, c, m)

@@ -21,6 +21,7 @@ from compare.cli.args import (
     add_case_args,
     add_grid_args,
     cases_from_args,
+    check_cases,
     check_grid_args,
     check_inputs,
     progress_level,
@@ -64,6 +65,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         shape_sweep_cases = [case_for_tokens(c, t) for c in cases for t in a.shape_sweep]
     preflight.check_memory(cases, specs, any(m != "fwd" for m in modes))
     preflight.check_memory(shape_sweep_cases)
+    check_cases(a, cases)  # a module is built at its size: after the memory check
     preflight.check_golden(cases)
     out = preflight.prepare_out_dir(Path(a.out))
     history = history_command.target(a)

@@ -59,8 +59,8 @@ def config_from_args(a: argparse.Namespace) -> dict[str, Any]:
         "device_memory": parse_size(a.device_memory, "--device-memory") if a.device_memory else 0,
     }
     check_inputs(a, dict.fromkeys(c.case for c in cells_from_config(config)))
-    preflight.check_cases((c.case for c in cells_from_config(config)), backward=any(m != "fwd" for m in a.mode))
     preflight.check_memory(dict.fromkeys(c.case for c in cells_from_config(config)))
+    preflight.check_cases((c.case for c in cells_from_config(config)), backward=any(m != "fwd" for m in a.mode))
     return config
 
 

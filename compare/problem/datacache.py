@@ -134,7 +134,7 @@ class _File:
         os.close(self.fd)
 
 
-def _stored(path: Path, lazy_bytes: int | None = LAZY_BYTES) -> dict[str, Any]:
+def _stored(path: Path, lazy_bytes: int | None) -> dict[str, Any]:
     """Every tensor of the safetensors file ``path``: a :class:`Stored` where it has ``lazy_bytes`` or more (None:
     none: every one read), else read. The format is the one ``safetensors`` writes (``compare.problem.checkpoint``
     reads it by hand too: ``safetensors.numpy`` has no bfloat16); a tensor whose bytes lie past the file's end
@@ -177,7 +177,7 @@ def spill(tensors: dict[str, np.ndarray]) -> dict[str, Any]:
         d.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
             _write(f, tensors)
-        return _stored(path)
+        return _stored(path, LAZY_BYTES)
     except OSError:
         return tensors
     finally:

@@ -177,7 +177,8 @@ def check_golden(cases: Iterable[Case]) -> None:
 
 
 def check_cases(cases: Iterable[Case], backward: bool = True) -> None:
-    """What a case reads from the user's files, checked before anything is measured: a checkpoint's parameters
+    """What a case reads from the user's files, checked before anything is measured and after the memory check
+    (:func:`check_memory`: a module is built here at its real size): a checkpoint's parameters
     against each case (names, shapes, dtypes: ``compare.problem.checkpoint.check``) and, once per module file and
     dtype (token counts share them), that the plain computation has a rule for every op of its module's forward and,
     with ``backward`` (a mode that needs gradients), its backward, and the file's own ``reference``, where it has
@@ -186,5 +187,6 @@ def check_cases(cases: Iterable[Case], backward: bool = True) -> None:
     cases = list(cases)
     checkpoint.check(cases)
     for case in {(c.module, c.dtype): c for c in cases if c.module is not None}.values():
+        module_file().check_module(case)
         module_file().check_plain(case, backward)
         module_file().check_reference(case)
