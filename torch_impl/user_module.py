@@ -39,11 +39,11 @@ from torch import nn
 
 from compare.problem.cases import Case, FileChanged, InputError, ModuleFile
 from compare.problem.golden import make_problem
-from compare.problem.reference import TRANSCENDENTAL_ERROR_ULPS, Arith, round_to_dtype
+from compare.problem.reference import TRANSCENDENTAL_ERROR_ULPS, Activations, Arith, round_to_dtype
 from torch_impl.device import TORCH_DTYPES
 from torch_impl.models import canonical_params
 from torch_impl.plain import UnsupportedOp, plain_compute, plain_run_module
-from torch_impl.plain_acts import Activations, NoActivation, acts_envelope, acts_plain, acts_signature
+from torch_impl.plain_acts import NoActivation, acts_envelope, acts_plain, acts_signature
 
 __all__ = [
     "REQUIRED",

@@ -14,6 +14,7 @@ from typing import Any
 
 from compare.backends.registry import BACKENDS, spec
 from compare.cli import ab as ab_command
+from compare.cli import cache as cache_command
 from compare.cli import gpu_build
 from compare.cli import history as history_command
 from compare.cli import run as run_command
@@ -104,7 +105,7 @@ def cmd_prepare(a: argparse.Namespace) -> int:
         print(f"prepared {case.name} ({', '.join(modes)}) in {time.monotonic() - t0:.1f} s", flush=True)
     if a.parity:
         _prepare_parity(cases, modes)
-    print(f"data cache: {datacache.folder()}")
+    print(cache_command.use_line(cache_command.use_record()) or f"data cache: {datacache.folder()}")
     return exitcodes.OK
 
 
@@ -305,6 +306,7 @@ def parser() -> argparse.ArgumentParser:
         help="also judge the backends this machine runs interpreted (parity only) and keep their verdicts in the "
         "interpreted-parity cache, which later runs reuse",
     )
+    cache_command.add_data_cache_arg(prep)
     prep.set_defaults(fn=cmd_prepare)
     rep = sub(
         subs,
@@ -373,6 +375,7 @@ def parser() -> argparse.ArgumentParser:
     history_command.add_parser(subs)  # python -m compare history DIR [--machine KEY] [--out FOLDER]
     ab_command.add_parser(subs)  # python -m compare ab --a PYTHON --b PYTHON ...
     gpu_build.add_parser(subs)  # python -m compare gpu-build --arch sm_90 sm_80 [--out DIR]
+    cache_command.add_parser(subs)  # python -m compare cache [--trim | --clear]
     return p
 
 
@@ -381,4 +384,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parser().parse_args(argv)
     a.argv = argv
-    return exitcodes.exit_status(lambda: a.fn(a))
+    return exitcodes.exit_status(lambda: cache_command.run_in_scope(a))

@@ -16,6 +16,7 @@ from typing import Any
 
 from compare.backends.registry import spec
 from compare.backends.tp import LAUNCHES
+from compare.cli import cache as cache_command
 from compare.cli import history as history_command
 from compare.cli.args import (
     add_case_args,
@@ -147,6 +148,7 @@ def _run_locked(plan: _Plan) -> int:
     build = _gpu_build_table(plan.gpu_build) if plan.gpu_build else None
     if build is not None:
         doc = dataclasses.replace(doc, gpu_build=build)
+    doc = cache_command.with_use(doc)
     try:
         written = write_outputs(out, doc, plots=plan.plots and not doc.interrupted)
     except OSError as exc:
@@ -243,6 +245,7 @@ def add_run_args(r: argparse.ArgumentParser) -> None:
     add_case_args(r)
     add_grid_args(r, budget_help="seconds of timed samples per backend and mode")
     r.add_argument("--out", default="out", help="output folder (default: out)")
+    cache_command.add_data_cache_arg(r)
     history_command.add_history_arg(r)
     r.add_argument(
         "--no-ceilings",

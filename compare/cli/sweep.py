@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import spec
+from compare.cli import cache as cache_command
 from compare.cli import history as history_command
 from compare.cli.args import (
     add_grid_args,
@@ -164,6 +165,7 @@ def _sweep_locked(
             runner.close()
     if config["device_memory"]:  # this session's --device-memory, over the first session's
         doc = dataclasses.replace(doc, config=dataclasses.replace(doc.config, device_memory=config["device_memory"]))
+    doc = cache_command.with_use(doc)
     try:
         doc = write_outputs(out, doc, plots=not a.no_plots).doc
     except OSError as exc:
@@ -206,6 +208,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=1, help="sequence length of every case (default: 1, batch = tokens)")
     add_grid_args(p, budget_help="seconds of timed samples per cell", cache_default="warm")
     p.add_argument("--out", default="out/sweep", help="output folder; rerun with the same one to resume")
+    cache_command.add_data_cache_arg(p)
     history_command.add_history_arg(p)
     p.add_argument(
         "--isolate",

@@ -42,8 +42,9 @@ def _cpu(env: Environment) -> str:
 
 
 def environment_section(env: Environment, load: Load | None = None) -> str:
-    """The platform, versions and settings; with the machine's load over the measurements where the run recorded it
-    (``compare.results.load``; a run before it was recorded shows no row)."""
+    """The platform, versions and settings; with the machine's load over the measurements and what the run added to
+    the data cache where the run recorded them (``compare.results.load``, ``DataCacheUse``; a run before they were
+    recorded shows no row)."""
     rows = [
         ["platform", env.platform],
         ["CPU", _cpu(env)],
@@ -62,6 +63,8 @@ def environment_section(env: Environment, load: Load | None = None) -> str:
         ]
     if load is not None:
         rows.append(["machine load", load.describe()])
+    if env.data_cache is not None:
+        rows.append(["data cache", env.data_cache.describe()])
     return "## Environment\n\n" + table(["", ""], rows)
 
 
@@ -649,6 +652,7 @@ def files(doc: Results, report_name: str = REPORT, details_name: str = DETAILS) 
         "",
         f"Run {doc.created}: {doc.summary()}.",
         f"Command: `{doc.config.command}`" if doc.config.command else "",
+        *([f"Data cache: {doc.environment.data_cache.describe()}."] if doc.environment.data_cache else []),
         "",
         machine_line(doc, to),
     ]

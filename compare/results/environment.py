@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.formats.codec import LATER, Setting, to_json
+from compare.formats.markdown import si
 from compare.timing import nvml
 
 #: Distribution names (normalised: importlib.metadata treats - and _ alike).
@@ -174,13 +175,40 @@ def available_memory_bytes() -> tuple[int, str] | None:
 
 
 @dataclass(frozen=True)
+class DataCacheUse:
+    """What a run did to the data cache (``compare.problem.datacache``, its ``run_use``), in bytes: the entries it
+    added, the older entries gone by its end (trimmed to the bound, least recently used first), the cache's size at
+    the end and its bound; ``off``: the cache was off (``FUSION_COMPARE_CACHE=off``), nothing kept. A write by a
+    command running beside it counts as the run's."""
+
+    added: int = 0
+    removed: int = 0
+    size: int = 0
+    bound: int = 0
+    off: bool = False
+
+    def describe(self) -> str:
+        """In words, e.g. ``+2.1 GB this run, 5.3 GB of its 20 GB bound``."""
+        if self.off:
+            return "off (FUSION_COMPARE_CACHE=off): nothing kept"
+        added = f"+{si(self.added, 'B')}" if self.added else "nothing added"
+        text = f"{added} this run, {si(self.size, 'B')} of its {si(self.bound, 'B')} bound"
+        if self.removed:
+            text += f", {si(self.removed, 'B')} of older entries removed"
+        if self.size > self.bound:
+            text += "; over the bound: this run's own entries are kept (a later run trims them)"
+        return text
+
+
+@dataclass(frozen=True)
 class Environment:
     """The ``environment`` of a results document: platform, CPU model and logical cores, the GPU (None without one),
     package versions (None: not installed), the thread settings and the precision settings the backends reported,
     and ``TRITON_INTERPRET`` as it was set. What decides the ceilings and the bits: ``cpu_isa``, the
     :data:`ISA_FLAGS` present (None: unknown, no ``/proc/cpuinfo``), numpy's ``blas`` and the kernel it picked
-    (``blas_core``), and ``isa_caps``, the :data:`ISA_CAP_VARS` as set (``""``: unset). An older document lacks
-    them: they take their defaults, and are left out of its JSON while they hold them."""
+    (``blas_core``), and ``isa_caps``, the :data:`ISA_CAP_VARS` as set (``""``: unset). What the run did to the data
+    cache: ``data_cache`` (None: not recorded). An older document lacks them: they take their defaults, and are left
+    out of its JSON while they hold them."""
 
     platform: str = ""
     cpu: str = ""
@@ -194,6 +222,7 @@ class Environment:
     blas: str = field(default="", metadata=LATER)
     blas_core: str = field(default="", metadata=LATER)
     isa_caps: dict[str, str] = field(default_factory=dict, metadata=LATER)
+    data_cache: DataCacheUse | None = field(default=None, metadata=LATER)
 
 
 def collect(precision: Mapping[str, Setting], threads: Mapping[str, Setting]) -> dict[str, Any]:
