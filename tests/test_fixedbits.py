@@ -340,3 +340,17 @@ def test_matmul64_shortcuts_keep_every_bit(seed: int) -> None:
         a *= 1e-300
     want = _matmul64_unshortened(a, b)
     assert np.array_equal(fixedbits.matmul64(a, b).view(np.int64), want.view(np.int64))
+
+
+def test_bfloat16_rounding_is_round_to_nearest_even_on_the_bit_pattern() -> None:
+    """``round_to_dtype(., "bfloat16")`` (``ml_dtypes``' cast) against its definition on the bits: add ``0x7FFF``
+    plus the lowest kept bit, clear the low 16 bits; on random float32 bit patterns of every exponent, the largest
+    finite values (which round to infinity), subnormals and signed zeros; a NaN keeps its own bits."""
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([0.0, -0.0, np.inf, -np.inf, 3.3895314e38, 3.4e38, -3.4e38, 1e-45, 9.2e-41], dtype=np.float32)
+    a = np.concatenate([bits.view(np.float32), edges])
+    wide = a.view(np.uint32).astype(np.uint64)
+    want = ((wide + 0x7FFF + ((wide >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    want = np.where(np.isnan(a), a, want)
+    assert np.array_equal(round_to_dtype(a, "bfloat16").view(np.uint32), want.view(np.uint32))

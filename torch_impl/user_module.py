@@ -320,11 +320,19 @@ def jax_function(case: Case) -> Any:
 
 
 def compute(
-    case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith
+    case: Case,
+    x: np.ndarray,
+    params: dict[str, np.ndarray],
+    dy: np.ndarray | None,
+    ar: Arith,
+    weights: bool = True,
 ) -> dict[str, np.ndarray]:
     """The module's forward (and backward given ``dy``) in ``ar`` (``plain.plain_compute``), its activations in
-    ``ar.act_dtype`` as ``reference.compute``'s: ``y``, ``dx``, ``d<name>`` as float64 arrays."""
+    ``ar.act_dtype`` as ``reference.compute``'s: ``y``, ``dx``, ``d<name>`` as float64 arrays; ``weights=False``:
+    no weight gradient (``y`` and ``dx`` of a few tokens, the every-call check's: a Llama 3 8B layer's weight
+    gradients cost seconds each time)."""
     module = build(case, params, torch.device("cpu"), torch.float64)
+    module.requires_grad_(weights)
     with _plain_refusals(_module_file(case).path):
         return plain_compute(module, x, dy, ar, acts_plain(ar.act_dtype))
 

@@ -167,12 +167,9 @@ def token_reference(
     """The float64 ``y`` (and ``dx`` given ``dy``) of a few tokens ``x [1, K, dim]`` (``dy [1, K, out]``): the
     every-call check's yardstick (``compare.run.pipeline.judge_spots``). Each token's outputs depend on its own row
     alone, so ``K`` rows cost ``K`` rows of the layer's GEMMs: the machine's float64 BLAS (``Arith``'s ``gemm``: its
-    last bits do not matter against a line of an eighth of a row's scale) and no weight gradient for a built-in
-    model; a module case's module computes its weight gradients too (its own backward, ``compute_of``)."""
-    ar = Arith(None, gemm=np.matmul)
-    if case.module is None:
-        return compute(case.model, x, params, dy, ar, weights=False)
-    out = compute_of(case, x, params, dy, ar)
+    last bits do not matter against a line of an eighth of a row's scale) and no weight gradient (``compute_of``'s
+    ``weights=False``: a module case's module with its parameters not requiring one)."""
+    out = compute_of(case, x, params, dy, Arith(None, gemm=np.matmul), weights=False)
     return {k: out[k] for k in ("y", "dx") if k in out}
 
 

@@ -148,12 +148,18 @@ def exact_reference(
 
 
 def compute_of(
-    case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith
+    case: Case,
+    x: np.ndarray,
+    params: dict[str, np.ndarray],
+    dy: np.ndarray | None,
+    ar: Arith,
+    weights: bool = True,
 ) -> dict[str, np.ndarray]:
-    """``reference.compute`` of ``case`` in ``ar`` (its activations in ``ar.act_dtype``), a module case's module."""
+    """``reference.compute`` of ``case`` in ``ar`` (its activations in ``ar.act_dtype``), a module case's module;
+    ``weights=False``: without the weight gradients."""
     if case.module is None:
-        return compute(case.model, x, params, dy, ar)
-    return dict(_module_file(case).compute(case, x, params, dy, ar))
+        return compute(case.model, x, params, dy, ar, weights=weights)
+    return dict(_module_file(case).compute(case, x, params, dy, ar, weights))
 
 
 def plain_run_of(
