@@ -9,7 +9,7 @@ REPORT_DIR ?= out/report
 # The second, torch-free environment with the GPU machine's Triton (test-triton36 below).
 T36 := .venv-t36
 
-.PHONY: setup env data compilers check check-tests test test-main test-slow test-every test-isa test-quiet ci other-torch lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check gpu-wheels
+.PHONY: bench-layer setup env data compilers check check-tests test test-main test-slow test-every test-isa test-quiet ci other-torch lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check gpu-wheels
 
 # Both environments, the default report's data, and Inductor's one-time set-up: what `make report` needs before it
 # measures. Side by side where they can be: the two environments' installs, then the data and Inductor's set-up.
@@ -187,6 +187,12 @@ CPU_REPORT := $(PY) -m compare run --preset cpu-mlp --dtype float32 bfloat16 --p
 report: $(VENV)/.installed
 	$(PREPARED)
 	$(CPU_REPORT) --out $(REPORT_DIR); rc=$$?; [ $$rc -le 1 ] || exit $$rc
+
+# What judging a real layer costs (scripts/real_layer.py): the README's module command on Llama 3 8B's, Llama 3.2
+# 1B's and Qwen2.5 0.5B's MLP shapes (random bfloat16 weights), from nothing and with the golden cached: wall time,
+# peak memory and the share spent judging, into out/real-layer/real-layer.json. Minutes; a figure of this machine.
+bench-layer: $(VENV)/.installed
+	$(PY) scripts/real_layer.py --out out/real-layer
 
 # The committed reports/cpu, and the README's excerpt of it (tests/test_readme.py holds the two together).
 report-cpu: $(VENV)/.installed

@@ -381,7 +381,9 @@ def compute_under(mode: PlainMode, module: nn.Module, x: np.ndarray, dy: np.ndar
             )
             out["dx"] = grads[0]
             out.update({f"d{k}": g for (k, _), g in zip(params, grads[1:], strict=True)})
-    return {k: np.array(v.detach().numpy(), dtype=np.float64) for k, v in out.items()}
+    # float64 already (the module's copy): the arrays share the tensors' memory, no second copy of a 58.7M-element
+    # weight gradient
+    return {k: np.asarray(v.detach().numpy(), dtype=np.float64) for k, v in out.items()}
 
 
 def plain_compute(

@@ -326,6 +326,14 @@ def _time(cells: Sequence[_Cell], how: _Timer) -> None:
             )
 
         _watched(cold, how, cold_rounds, "cold", "telemetry_cold")
+        _release(flush)
+
+
+def _release(flush: llc.Flush) -> None:
+    """A host flush's buffer unmapped between timings (``llc.HostFlush.release``; a device flush keeps its own)."""
+    release = getattr(flush, "release", None)
+    if release is not None:
+        release()
 
 
 def _quick(c: _Cell, p: Prepared, part_s: float, cut: Callable[[str], None]) -> Prepared:
@@ -626,6 +634,7 @@ def run(
     if cache_mode != "warm":
         size, flush = cold_flush(sp.framework for sp in specs)
         run_timer.flush, run_timer.flush_s = flush, llc.time_flush(flush)
+        _release(flush)
         cold_setup = llc.ColdSetup(cache_mode, size, flush.bytes, flush.about, run_timer.flush_s)
     todo = [GridCell(s.name, c, m, w) for c in cases for m in modes for s in specs for w in options.world_sizes]
 

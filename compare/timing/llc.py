@@ -99,8 +99,10 @@ class Flush(Protocol):
 
 class HostFlush:
     """A host buffer of ``nbytes`` read and written by one pass per call (``buf += 1`` on int64: each line is loaded
-    and dirtied, where a plain fill may use streaming stores that bypass the cache). Its pages are touched once here,
-    so the first timed flush does not pay the page faults.
+    and dirtied, where a plain fill may use streaming stores that bypass the cache). Its pages are touched once when
+    it is mapped, so the first timed flush does not pay the page faults; :meth:`release` unmaps it between timings
+    (the harness's golden data and judging never run beside it: 1.5 GB on a VM whose OS lists a 480 MB L3), and the
+    next call maps it again.
 
     The buffer is a plain anonymous mapping, not numpy's allocator: numpy asks the kernel for huge pages on large
     arrays (``madvise``), and a kernel that then compacts memory to find them (its THP ``defrag`` setting) took
@@ -108,14 +110,30 @@ class HostFlush:
     cold. A flush evicts the cache the same in either page size."""
 
     def __init__(self, nbytes: int) -> None:
-        self._map = mmap.mmap(-1, max(8, nbytes // 8 * 8))
-        self._buf = np.frombuffer(self._map, dtype=np.int64)
-        self._buf += 1
-        self.bytes = int(self._buf.nbytes)
+        self._n = max(8, nbytes // 8 * 8)
+        self._map: mmap.mmap | None = None
+        self._buf: np.ndarray | None = None
+        self._mapped()
+        self.bytes = self._n
         self.about = f"a {self.bytes / 2**20:.0f} MiB host buffer read and written before each call"
 
+    def _mapped(self) -> np.ndarray:
+        if self._buf is None:
+            self._map = mmap.mmap(-1, self._n)
+            self._buf = np.frombuffer(self._map, dtype=np.int64)
+            self._buf += 1
+        return self._buf
+
     def __call__(self) -> None:
-        self._buf += 1
+        buf = self._mapped()
+        buf += 1
+
+    def release(self) -> None:
+        """Unmap the buffer (its memory goes back to the system) until the next call."""
+        self._buf = None  # the array's hold on the mapping goes first
+        if self._map is not None:
+            self._map.close()
+            self._map = None
 
 
 @dataclass(frozen=True)
