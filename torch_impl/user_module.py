@@ -277,11 +277,22 @@ def build(case: Case, params: dict[str, np.ndarray], device: torch.device, dtype
     """The case's module on ``device`` in ``dtype`` (eval mode), its parameters ``params`` (``state_dict`` names,
     float arrays holding case-dtype values)."""
     mf = _module_file(case)
-    module = _instantiate(load(mf), mf.path, case.shape.dim, case.shape.hidden).to(device=device, dtype=dtype)
+    user = load(mf)
+    with torch.device("meta"):  # no initialisation to overwrite (seconds for a Llama 3 8B layer's 176M weights)
+        module = _instantiate(user, mf.path, case.shape.dim, case.shape.hidden)
+    if _tensor_attributes(module):  # a tensor kept as a plain attribute would stay on the meta device
+        module = _instantiate(user, mf.path, case.shape.dim, case.shape.hidden)
+    module = module.to(dtype=dtype).to_empty(device=device)
     with torch.no_grad():
         for k, p in module.state_dict(keep_vars=True).items():
             p.copy_(torch.from_numpy(np.asarray(params[k])).to(device=device, dtype=dtype))
     return module.eval()
+
+
+def _tensor_attributes(module: nn.Module) -> bool:
+    """Whether a submodule of ``module`` keeps a tensor as a plain attribute (not a parameter): built on the ``meta``
+    device, it would have no values."""
+    return any(isinstance(v, torch.Tensor) for m in module.modules() for v in vars(m).values())
 
 
 def matmul_flops(case: Case, mode: str) -> int | None:
