@@ -338,23 +338,27 @@ def test_cuda_graphs_on_a_machine_without_cuda_say_why_not() -> None:
     assert "CUDA graph: not captured" in files(doc)["DETAILS.md"]
 
 
-def test_the_eta_of_cells_that_finish_in_groups_reads_the_groups_pace() -> None:
+def test_the_eta_of_cells_that_finish_in_groups_reads_the_stages_times() -> None:
+    """A case's cells of one mode settle together: after the first of two like groups (8 cells each, 30 s), the time
+    left is one more group and the compile-cost sweep's part, not the pace per cell's 15 x 30 s / 8."""
     import io
 
-    from compare.run.progress import Display, group_eta
+    from compare.run.progress import Display, run_stages
 
-    assert group_eta(0, 2, 10.0, 5.0) is None
-    assert group_eta(1, 2, 30.0, 7.0) == pytest.approx(37.0)  # one more group like the first, then the sweep
-    assert group_eta(2, 2, 60.0, 7.0) == pytest.approx(7.0)
+    t = [0.0]
+    case = PRESETS["tiny"].case("float32")
+    cells = [(c, "fwd", f"b{i}") for c in (case, replace(case, seed=1)) for i in range(8)]
+    stages = run_stages(cells)
     out = io.StringIO()
-    with Display(16, stream=out, live=False) as d:
-        d.plan(2, lambda: 7.0)
-        d.groups_begin()
-        d._groups_start = d.start - 30.0  # the first group took 30 s
-        d.group_done()
-        d.cell("a", "ok")
-    # the cell pace would say 15 x 30 s; the groups' pace says one more group and the sweep
-    assert "about 37" in out.getvalue(), out.getvalue()
+    with Display(16, stream=out, live=False, clock=lambda: t[0], tick_s=None) as d:
+        d.expect(stages, 16)
+        d.after(lambda: 7.0)
+        for s in stages[: len(stages) // 2]:
+            d.stage(s.kind, s.case, s.mode, s.backend)
+            t[0] += 30.0 / (len(stages) // 2)
+            if s.kind == "judging":  # each cell said as its verdict is made
+                d.cell(s.backend, "ok")
+    assert "about 37" in out.getvalue().splitlines()[7], out.getvalue()
 
 
 @pytest.mark.quick

@@ -192,12 +192,9 @@ def _measure(plan: _Plan, store: Store) -> document.Results:
         watch, telemetry = (lambda: nvml.NvmlWatch(opened)), f"NVML on {device.name()}"
     with Display(cells, plan.level, title="run", deadline=deadline) as display:
         sampler = machine_load.start()  # the machine's load over the measurements (compare.results.load)
-        if not any(s.runtime for s in plan.specs):  # one group per case and mode (tensor-parallel jobs are not)
+        if budget is not None and plan.shape_sweep:  # the compile-cost sweep's part follows the cells
             left = budget
-            display.plan(
-                len(cases) * len(plan.modes),
-                (lambda: left.part("shape_sweep")) if left is not None and plan.shape_sweep else None,
-            )
+            display.after(lambda: left.part("shape_sweep"))
         doc = harness.run(
             cases, plan.specs, plan.modes, plan.options, progress=display, store=store, budget=budget, watch=watch
         )

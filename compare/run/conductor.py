@@ -24,7 +24,7 @@ from compare.run import stop
 from compare.run.budget import Budget, budget_phase
 from compare.run.cell import against_ceilings, min_flops
 from compare.run.grid import Cell
-from compare.run.progress import Display
+from compare.run.progress import Display, short
 from compare.run.store import Store
 from compare.timing.timer import TimingConfig
 
@@ -131,7 +131,7 @@ class Conductor:
             self.store.cell(r, fields.pop("precision") if self.keyed else self.precision, **fields, **more)
         if not f.final:
             if progress:
-                progress.message(f"{f.cell.label()}: {r.reason}; running it again", important=True)
+                progress.message(f"{f.cell.label()}: {short(r.reason)}; running it again", important=True)
             return
         self.raw.append((f.result, f.cell.case))
         self.results.append(r)

@@ -9,10 +9,10 @@ time (``compare.gate.fresh``); for each mode, every backend is prepared and its 
 are then timed together, interleaved (``compare.timing.timer.measure_interleaved``: load drift hits them alike,
 and the comparisons are paired by round), every call on inputs the harness made (``compare.run.pipeline.Feed``);
 each is profiled when asked, and released. Only when every step of the case and mode has returned is the fresh
-draw's reference computed (once per case; no step is ever given it) and the kept outputs judged; the cells of a
-case and mode then settle together and are stored at once (``compare.run.store``). A timing that implies more
-FLOP/s than ``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measured in the same run makes the
-result ``implausible``.
+draw's reference computed (once per case; no step is ever given it) and the kept outputs judged, each cell stored
+(``compare.run.store``) and said as soon as its verdict is made. A timing that implies more FLOP/s than
+``compare.run.cell.IMPLAUSIBLE_FACTOR`` x the matmul ceiling measured in the same run makes the result
+``implausible``.
 
 Each stage of a cell is ``compare.run.pipeline``'s, the same code the tensor-parallel worker
 (``compare.run.tp_worker``) runs; this module's own are the order across a case's backends and modes, the
@@ -43,7 +43,7 @@ from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
 from compare.problem import datacache
 from compare.problem.cases import Case, FileChanged, check_name
-from compare.problem.golden import compute_of, golden_for, module_code
+from compare.problem.golden import compute_of, golden_for, module_code, prefetch_reference
 from compare.results import environment
 from compare.results.document import Config, Result, Results
 from compare.results.memory import Memory
@@ -53,7 +53,7 @@ from compare.run.cell import MODE_TENSORS, plain_reference
 from compare.run.conductor import Conductor, Executor, Finished
 from compare.run.grid import Cell as GridCell
 from compare.run.options import RunOptions
-from compare.run.progress import Display
+from compare.run.progress import Display, run_stages
 from compare.run.store import Store
 from compare.run.tp_launch import Job, run_job
 from compare.run.tp_worker import Cell
@@ -408,11 +408,20 @@ def _verdict(c: _Cell, seed: int, reference: fresh.FreshReference | None) -> Res
     )
 
 
-def _settle(case: Case, cells: Sequence[_Cell], fresh_ref: pipeline.CaseReference) -> list[Result]:
+def _settle(
+    case: Case,
+    cells: Sequence[_Cell],
+    fresh_ref: pipeline.CaseReference,
+    judging: Callable[[_Cell | None], None] | None = None,
+    each: Callable[[int, Result], None] | None = None,
+) -> list[Result]:
     """Every cell's result, once every step of ``cells`` has returned: the fresh draw's reference is asked for only
-    now (made once per case)."""
+    now (made once per case). ``judging`` is told before the reference is made (None) and before each cell's verdict,
+    ``each`` of each result (its index in ``cells``) as soon as it is made."""
     reference = None
     if any(c.done is None for c in cells):
+        if judging is not None and not fresh_ref.made:
+            judging(None)
         try:
             reference = fresh_ref.get()
         except UnusableCase as exc:  # a draw the dtype cannot represent: no cell can be judged on it
@@ -420,13 +429,17 @@ def _settle(case: Case, cells: Sequence[_Cell], fresh_ref: pipeline.CaseReferenc
                 if c.done is None:
                     c.done = Result.for_case(c.spec.name, case, c.mode, "error", reason=f"fresh inputs: {exc}")
     results = []
-    for c in cells:
+    for i, c in enumerate(cells):
+        if judging is not None:
+            judging(c)
         try:
             results.append(_verdict(c, fresh_ref.seed, reference))
         except Exception as exc:
             c.fail(exc)
             assert c.done is not None
             results.append(c.done)
+        if each is not None:
+            each(i, results[-1])
     return results
 
 
@@ -494,8 +507,9 @@ class Staged:
 class Groups:
     """The run's in-process executor (``compare.run.conductor.Executor``), case by case (the plain reference, the
     resolution rows, a fresh draw), mode by mode: every backend started (:func:`_start`), timed together
-    (:func:`_time`), finished (:func:`_finish_steps`), settled together (:func:`_settle`); a single-device backend
-    at a world size above 1 ``skipped``."""
+    (:func:`_time`), finished (:func:`_finish_steps`), settled together (:func:`_settle`), each cell reported as its
+    verdict is made; a single-device backend at a world size above 1 ``skipped``. Each stage is told to the progress
+    display (``compare.run.progress.run_stages``), planned before the first."""
 
     def __init__(self, options: RunOptions, run_timer: _Timer, progress: Display | None, store: Store | None) -> None:
         self.options, self.timer, self.progress, self.store = options, run_timer, progress, store
@@ -512,8 +526,11 @@ class Groups:
                 parity_cache.save(specs[cell.backend], cell.case, cell.mode, res)
             to.done(Finished(cell, res, {"precision": self.precision}, 0.0))
 
-        if progress:
-            progress.groups_begin()
+        if progress:  # the stages of the cells run here (a single-device backend at a world size above 1 is not)
+            here = [(c.case, c.mode, c.backend) for c in todo if c.world_size == 1 or specs[c.backend].runtime]
+            how = {"profile": options.profile, "memory": options.memory, "cold": self.timer.cold}
+            stages = run_stages(here, timing_s=self.timer.cfg.budget_s, **how)
+            progress.expect(stages, len(here))
         for case, in_case in itertools.groupby(todo, key=lambda c: c.case):
             stop.check()
             of_case = list(in_case)
@@ -522,7 +539,14 @@ class Groups:
             interpreted.clear()
             why = ""
             try:
+                if progress:
+                    progress.stage("golden", case.name)
+                _golden(case, backward)
+                if progress:
+                    progress.stage("plain", case.name)
                 plain = plain_reference(case, backward=backward)
+                if progress:
+                    progress.stage("resolution", case.name)
                 rows = case_resolution(case, plain, modes)
                 plain.unrounded = None  # the resolution rows' alone: not held through the case's cells
                 self.resolution += rows
@@ -545,7 +569,7 @@ class Groups:
                     stop.check()
                     c = _Cell(spec, case, mode)
                     if progress:
-                        progress.starting(c.label)
+                        progress.stage("first", case.name, mode, spec.name)
                     _start(c, plain, self.precision, reference.inputs, options=options)
                     if c.interpreted and c.done is None:
                         interpreted.add((spec.name, mode))
@@ -553,19 +577,37 @@ class Groups:
                 stop.check()
                 cells = [c for _, c in group]
                 if progress and group:
-                    progress.starting(f"timing {len(group)} backends of {case.name} {mode} together")
+                    progress.stage("timing", case.name, mode)
                 with budget_phase(self.timer.budget, "timing"):
                     _time(cells, self.timer)
                 self.timer.groups_left = max(1, self.timer.groups_left - 1)
                 for c in cells:
+                    if progress:
+                        progress.stage("finish", case.name, mode, c.spec.name)
                     _finish_steps(c, options.profile, options.trace_dir, options.memory, self.timer)
-                if group and progress and not reference.made:
-                    progress.starting(f"{case.name}: the reference of the fresh inputs")
-                settled = _settle(case, cells, reference)
-                if progress:
-                    progress.group_done()
-                for (cell, _), res in zip(group, settled, strict=True):
-                    report(cell, res)
+                # each cell reported (stored, said) as soon as its verdict is made
+                hook = functools.partial(_judging, progress, case.name, mode) if progress else None
+                _settle(case, cells, reference, hook, functools.partial(_each, report, [cell for cell, _ in group]))
+
+
+def _golden(case: Case, backward: bool) -> None:
+    """The case's golden reference, made (or read) now: what the plain computation reads first."""
+    g = golden_for(case)
+    prefetch_reference(g, backward)
+    if "y" in g.ref:
+        _ = g.ref["y"]  # a forward-only run's reference: its output alone
+
+
+def _each(report: Callable[[GridCell, Result], None], cells: Sequence[GridCell], i: int, res: Result) -> None:
+    report(cells[i], res)
+
+
+def _judging(progress: Display, case: str, mode: str, c: _Cell | None) -> None:
+    """The stage :func:`_settle` is at: the reference of the fresh inputs (``c`` None), or a cell's verdict."""
+    if c is None:
+        progress.stage("reference", case)
+    else:
+        progress.stage("judging", case, mode, c.spec.name)
 
 
 class TpGroups:
