@@ -11,6 +11,7 @@ the cases fit in this machine's memory (:func:`check_memory`), and the committed
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import tempfile
 import time
@@ -21,7 +22,7 @@ from compare.backends.registry import BackendSpec, module_file
 from compare.cost.model import ITEMSIZE
 from compare.formats.atomic import write_bytes_new
 from compare.formats.markdown import si
-from compare.problem import checkpoint, golden
+from compare.problem import checkpoint, datacache, golden
 from compare.problem.cases import Case, InputError
 from compare.results import environment
 from compare.run.pipeline import KEPT_CALLS
@@ -125,15 +126,24 @@ def lock_folder(path: Path, command: str = "run") -> Iterator[None]:
 
 def held_bytes(case: Case, timed: int, backward: bool) -> int:
     """What a run holds for certain at the end of timing ``timed`` backends of ``case`` together (in one process),
-    beside the frameworks' own tensors: the golden data (:meth:`~compare.problem.cases.Case.golden_bytes`) and its
-    plain computation's outputs and gradients (float32), and per backend the copy of the inputs and weights its
-    ``prepare`` got (float32: ``Golden.problem``) and the outputs its feed keeps to judge
-    (``compare.run.pipeline.KEPT_CALLS``, in the dtype's width: ``compare.gate.fresh.compact``). A lower bound: the
-    frameworks' own copies are not counted."""
+    beside the frameworks' own tensors: the golden inputs and weights (float32), its float64 reference (a tensor of
+    ``compare.problem.datacache.LAZY_BYTES`` or more is read from the data cache a block at a time, not held, while
+    the cache is on), the plain computation's outputs and gradients (in the dtype's width:
+    ``compare.problem.reference.held``), and per backend the copy of the inputs and weights its ``prepare`` got
+    (float32: ``Golden.problem``) and the outputs its feed keeps to judge (``compare.run.pipeline.KEPT_CALLS``, in the
+    dtype's width: ``compare.gate.fresh.compact``; a large one spilled to disk). A lower bound: the frameworks' own
+    copies, the golden computation's working set and the cache flush's buffer are not counted."""
     n_in, n_out, n_w = case.elements()
-    judged = n_out + (n_in + n_w if backward else 0)  # y, and dx and each weight's gradient with a backward
-    per_backend = 4 * (n_in + n_out + n_w) + KEPT_CALLS * ITEMSIZE[case.dtype] * judged  # x, dy, weights; kept
-    return case.golden_bytes() + 4 * judged + timed * per_backend
+    sizes = [n_out] + ([n_in, *(math.prod(s) for s in case.weight_shapes().values())] if backward else [])
+    width = ITEMSIZE[case.dtype]
+    on_disk = datacache.folder() is not None
+
+    def in_memory(item: int) -> int:  # elements of the judged tensors held in memory at ``item`` bytes an element
+        return sum(n for n in sizes if not (on_disk and item * n >= datacache.LAZY_BYTES))
+
+    problem = 4 * (n_in + n_out + n_w)  # x, dy, the weights (float32)
+    per_backend = problem + KEPT_CALLS * width * in_memory(width)
+    return problem + 8 * in_memory(8) + width * sum(sizes) + timed * per_backend
 
 
 def check_memory(
