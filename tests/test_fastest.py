@@ -361,10 +361,10 @@ def test_a_cheat_that_computes_late_or_stale_fails_on_the_calls_checked_at_retur
     assert honest.parity.fresh.spot_calls == honest.parity.fresh.made, honest.parity.fresh
     for n in names:
         r = by[n]
-        assert r.status == "parity-fail", (n, r.status, r.reason)
         assert r.parity is not None and r.parity.fresh is not None and r.parity.fresh.made is not None
-        if n.startswith("cheat-stale"):  # the escape rate holds at this many calls
-            assert r.parity.fresh.made >= MIN_CALLS, (n, r.parity.fresh.made)
+        if n.startswith("cheat-stale"):  # the escape rate holds at this many calls (said first: a busy machine
+            assert r.parity.fresh.made >= MIN_CALLS, (n, r.parity.fresh.made)  # that times fewer is the cause)
+        assert r.status == "parity-fail", (n, r.status, r.reason, r.parity.fresh.made)
         assert "calls checked at return fail" in r.reason, (n, r.reason)
     fastest = [x for x in summary_section(doc).splitlines() if x[:4] == "- **"]
     assert fastest and all("Fastest: torch-eager" in x or "Fastest:" not in x for x in fastest), fastest

@@ -172,7 +172,7 @@ def test_a_signal_while_jax_loads_stops_the_run_cleanly(tmp_path: Path, sig: sig
     out, err = tmp_path / "o", tmp_path / "o.err"
     token = uuid.uuid4().hex
     p = faults.start([*argv, "--verbose"], out, token)
-    _wait_for(p, err, "... jax-xla geglu")
+    _wait_for(p, err, "jax-xla: prepare and first calls")
     p.send_signal(sig)
     assert p.wait(timeout=faults.END_S) == 130, err.read_text()
     text = err.read_text()
