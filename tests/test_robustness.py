@@ -293,7 +293,32 @@ def test_available_memory_is_read() -> None:
 
     got = available_memory_bytes()
     if Path("/proc/meminfo").is_file():
-        assert got is not None and got[0] > 0 and "MemAvailable" in got[1]
+        assert got is not None and got[0] > 0 and ("MemAvailable" in got[1] or "control group" in got[1])
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_control_groups_memory_limit_is_the_memory_available(tmp_path: Path, version: int) -> None:
+    """A container's limit, not the host's free memory: the room left under the process's control group's limit
+    (cgroup v2's memory.max less memory.current; v1's limit_in_bytes less usage_in_bytes) where it is smaller than
+    MemAvailable; no limit ("max", or v1's huge number) leaves MemAvailable. Control: the same tree without a
+    limit."""
+    from compare.results.environment import available_memory_bytes
+
+    proc, cg = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text("MemTotal: 32000000 kB\nMemAvailable: 20000000 kB\n")
+    group = cg / "job" if version == 2 else cg / "memory" / "job"
+    group.mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text("0::/job\n" if version == 2 else "4:memory:/job\n")
+    limit, usage = (
+        ("memory.max", "memory.current") if version == 2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    )
+    (group / limit).write_text(f"{4 << 30}\n")
+    (group / usage).write_text(f"{1 << 30}\n")
+    got = available_memory_bytes(cg, proc)
+    assert got is not None and got[0] == 3 << 30 and "control group" in got[1], got
+    (group / limit).write_text("max\n" if version == 2 else "9223372036854771712\n")
+    assert available_memory_bytes(cg, proc) == (20000000 * 1024, "MemAvailable in /proc/meminfo")
 
 
 # --- atomic writes ---------------------------------------------------------------------------------------------

@@ -154,13 +154,23 @@ def gpu() -> str | None:
     return None
 
 
-def available_memory_bytes() -> tuple[int, str] | None:
-    """Memory a new allocation can get without swapping, and where the number came from; None if unknown.
+def available_memory_bytes(cgroup: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc")) -> tuple[int, str] | None:
+    """Memory a new allocation can get without swapping or meeting its control group's limit, and where the number
+    came from; None if unknown.
 
     Linux's ``MemAvailable`` (``/proc/meminfo``) first, else ``os.sysconf``'s free physical pages (which leave out
-    reclaimable caches, so they understate it).
-    """
-    meminfo = Path("/proc/meminfo")
+    reclaimable caches, so they understate it); then, where the process's control group has a memory limit (cgroup
+    v2's ``memory.max`` less ``memory.current`` of the group in ``/proc/self/cgroup``; v1's ``memory.limit_in_bytes``
+    less ``memory.usage_in_bytes``), the smaller of the two: a container's limit, not the host's free memory."""
+    host = _host_available(proc)
+    limit = _cgroup_room(cgroup, proc)
+    if limit is not None and (host is None or limit[0] < host[0]):
+        return limit
+    return host
+
+
+def _host_available(proc: Path) -> tuple[int, str] | None:
+    meminfo = proc / "meminfo"
     if meminfo.is_file():
         for line in meminfo.read_text(encoding="utf-8").splitlines():
             if line.startswith("MemAvailable:"):
@@ -171,6 +181,35 @@ def available_memory_bytes() -> tuple[int, str] | None:
         pages, size = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
         if pages > 0 and size > 0:
             return pages * size, "free physical pages (os.sysconf)"
+    return None
+
+
+def _cgroup_room(cgroup: Path, proc: Path) -> tuple[int, str] | None:
+    """``limit - usage`` of this process's memory control group, or None without a limit (or where unreadable)."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controllers == "":  # v2: one unified hierarchy
+            where, limit_name, usage_name = cgroup / rel.lstrip("/"), "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):  # v1: the memory controller's own hierarchy
+            where, limit_name, usage_name = (
+                cgroup / "memory" / rel.lstrip("/"),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        else:
+            continue
+        try:
+            raw = (where / limit_name).read_text(encoding="utf-8").strip()
+            usage = int((where / usage_name).read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
+            continue
+        if raw == "max" or not raw.isdigit() or int(raw) >= 1 << 60:  # no limit (v1 writes a huge number)
+            continue
+        return max(0, int(raw) - usage), f"the memory limit of its control group ({where / limit_name})"
     return None
 
 
