@@ -161,11 +161,11 @@ gpu-wheels:
 
 # The GPU machine's Triton (3.6.0) compiles the kernels for sm_90 too: the compile tests in a second, torch-free
 # environment (tests/conftest.py imports torch, hence --noconftest), with the layer tests, which import every module
-# of the framework-neutral triton_impl there (only triton, numpy and pytest installed).
+# of the framework-neutral triton_impl there (only triton, numpy, ml_dtypes (the core's bfloat16) and pytest installed).
 $(T36)/.installed:
 	$(PYTHON) -m venv $(T36)
 	$(T36)/bin/python -m pip install -q --upgrade pip
-	$(T36)/bin/python -m pip install -q triton==3.6.0 numpy==2.4.6 pytest==9.2.0
+	$(T36)/bin/python -m pip install -q triton==3.6.0 numpy==2.4.6 ml_dtypes==0.6.0 pytest==9.2.0
 	touch $@
 
 test-triton36: $(T36)/.installed
