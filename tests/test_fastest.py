@@ -596,13 +596,28 @@ def test_steps_of_about_the_same_speed_share_a_block_size() -> None:
     assert timer.shared_block_sizes([]) == []
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+class _VirtualClock:
+    """The timer's clock, advanced only by the simulated steps: these tests decide on the timer's arithmetic, never on
+    this machine's speed or load (a real spin of 0.1 ms failed on a busy CI machine)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def spin(self, seconds: float) -> None:
+        self.now += seconds
 
 
-def test_a_step_that_stalls_on_every_wake_up_gets_the_block_size_of_its_twin() -> None:
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _VirtualClock:
+    c = _VirtualClock()
+    monkeypatch.setattr(timer, "CLOCK", c)
+    return c
+
+
+def test_a_step_that_stalls_on_every_wake_up_gets_the_block_size_of_its_twin(clock: _VirtualClock) -> None:
     """Two steps of 0.1 ms; the second pays a 2.5 ms stall whenever the other ran just before it (a thread's wake-up
     under a busy core). Sized from single calls, its blocks would be 1 call long against its twin's 20, and the pair
     would not be exchangeable; sized by growing blocks, both get the same size."""
@@ -611,9 +626,9 @@ def test_a_step_that_stalls_on_every_wake_up_gets_the_block_size_of_its_twin() -
     def step(name: str, stall: float):
         def fn() -> str:
             if last["who"] != name:
-                _spin(stall)
+                clock.spin(stall)
             last["who"] = name
-            _spin(1e-4)
+            clock.spin(1e-4)
             return name
 
         return fn
@@ -632,14 +647,14 @@ def test_a_step_that_stalls_on_every_wake_up_gets_the_block_size_of_its_twin() -
     assert ta.calls_per_sample == tb.calls_per_sample >= 15, (ta.calls_per_sample, tb.calls_per_sample)
 
 
-def test_twins_with_jittery_calls_get_one_block_size() -> None:
+def test_twins_with_jittery_calls_get_one_block_size(clock: _VirtualClock) -> None:
     """Two copies of one step whose calls take 0.1 ms times a seeded jitter of up to 1.5x: sized each on its own,
     their blocks came out of different lengths (the fastest of a few calls differs between them); shared, they do
     not."""
     rng = random.Random(3)
 
     def fn() -> None:
-        _spin(1e-4 * (1 + 0.5 * rng.random()))
+        clock.spin(1e-4 * (1 + 0.5 * rng.random()))
 
     out = measure_interleaved(
         [Entrant(fn, lambda _o: None, 0.0), Entrant(fn, lambda _o: None, 0.0)],
