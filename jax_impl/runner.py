@@ -17,7 +17,7 @@ from jax_impl import dispatch_profile, memory, profiling
 from jax_impl.models import canonical_grads
 
 
-def _np(a: jax.Array) -> np.ndarray:
+def host(a: jax.Array) -> np.ndarray:
     """``a`` copied to host memory in its own float type (bfloat16 as ``ml_dtypes.bfloat16``, as JAX holds it)."""
     return np.array(jax.device_get(a), copy=True)
 
@@ -47,7 +47,7 @@ def prepare(
     def grads_np(dstate: Any) -> dict[str, np.ndarray]:
         dparams = canonical_grads(nnx.merge(graphdef, dstate), model)
         # flax kernels are (in, out): the layout map is its own inverse, so it takes gradients back to (out, in)
-        return {f"d{k}": np.asarray(linear_weight(_np(v), "flax"), dtype=np.float64) for k, v in dparams.items()}
+        return {f"d{k}": np.asarray(linear_weight(host(v), "flax")) for k, v in dparams.items()}
 
     apply = forward if forward is not None else merged
     return prepare_params(problem, mode, state, apply, grads_np, timed=timed, note=note, outer_jit=outer_jit)
@@ -66,7 +66,8 @@ def prepare_params(
 ) -> Prepared:
     """Build the jitted step of ``mode`` for ``apply(state, x)``: ``state`` (a pytree of the parameters, on the
     device) and the inputs are arguments of the jitted function (never closed-over constants), the inputs placed on
-    the device once here; ``grads_np(dstate)`` reads a gradient of ``state`` as ``{"d<param>": float64 array}``.
+    the device once here; ``grads_np(dstate)`` reads a gradient of ``state`` as ``{"d<param>": array}`` in its own
+    float type (:func:`host`).
 
     - ``fwd``: ``y = apply(state, x)``;
     - ``fwd+bwd``: ``y, vjp = jax.vjp(apply, state, x)`` then ``vjp(dy)``, one jitted function;
@@ -84,7 +85,7 @@ def prepare_params(
     jit: Callable[[Any], Any] = jax.jit if outer_jit else (lambda f: f)
 
     def grads_of(dstate: Any, dx: jax.Array) -> dict[str, np.ndarray]:
-        return {"dx": _np(dx), **grads_np(dstate)}
+        return {"dx": host(dx), **grads_np(dstate)}
 
     step: Callable[[], Any]
     to_numpy: Callable[[Any], dict[str, np.ndarray]]
@@ -113,7 +114,7 @@ def prepare_params(
             return lambda: fwd(state, xx)
 
         def to_numpy(out: jax.Array) -> dict[str, np.ndarray]:
-            return {"y": _np(out)}
+            return {"y": host(out)}
     elif mode == "fwd+bwd":
 
         @jit
@@ -131,7 +132,7 @@ def prepare_params(
 
         def to_numpy(out: Any) -> dict[str, np.ndarray]:
             y, (dstate, dx) = out
-            return {"y": _np(y), **grads_of(dstate, dx)}
+            return {"y": host(y), **grads_of(dstate, dx)}
     elif mode == "bwd":
         fwd = jit(apply)
         _, vjp_fn = jax.vjp(fwd, state, x)

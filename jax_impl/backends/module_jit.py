@@ -29,9 +29,10 @@ def applied(problem: Problem) -> tuple[dict[str, jax.Array], Callable[[Any, jax.
 def prepare_module(problem: Problem, mode: str, *, outer_jit: bool, note: str) -> Prepared:
     """The step of ``mode`` over the file's ``jax_function``, its parameters placed on the device once."""
     params, function = applied(problem)
+    names = list(problem.params)  # not ``problem`` itself: its float32 weights would stay held by the closure
 
     def grads_np(dparams: Any) -> dict[str, np.ndarray]:
-        return {f"d{k}": np.asarray(jax.device_get(dparams[k])).astype(np.float64) for k in problem.params}
+        return {f"d{k}": runner.host(dparams[k]) for k in names}
 
     return runner.prepare_params(problem, mode, params, function, grads_np, outer_jit=outer_jit, note=note)
 
