@@ -327,9 +327,10 @@ def harness_sync(spec: BackendSpec, prepared: Prepared) -> Callable[[Any], None]
     if prepared.tp is not None:
         return prepared.sync
     device_wide = output_reader(spec.framework).sync
+    own = prepared.sync  # not ``prepared``: the harness releases the step while its sync may stay referenced
 
     def sync(outputs: Any) -> None:
-        prepared.sync(outputs)
+        own(outputs)
         device_wide(outputs)
 
     return sync
