@@ -248,7 +248,6 @@ def test_the_memory_reading_keeps_the_profilers_chatter_off_the_terminal(capfd: 
     assert peak and "profiler_st" not in capfd.readouterr().err
 
 
-
 def _held_after_prepare(prepare: Any, case: Any) -> list[str]:
     """What of the :class:`Problem` ``prepare(problem, mode)`` (a backend's) was given is still alive once the call
     returned and the caller dropped it: the problem itself, and each of its weight arrays by name."""
