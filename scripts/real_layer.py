@@ -1,7 +1,7 @@
 """What judging a real layer costs: the README's module command on a layer of a real model's shape, from nothing and
 with its golden cached, its wall time, peak memory and where the time went.
 
-    python scripts/real_layer.py                      # Llama 3 8B's MLP (4096 -> 14336), then 3.2 1B, Qwen2.5 0.5B
+    python scripts/real_layer.py                      # Llama 3 8B's MLP (4096 -> 14336), 3.2 3B and 1B, Qwen2.5 0.5B
     python scripts/real_layer.py --layer llama3.2-1b --out out/real-layer
 
 For each layer: a safetensors file of random bfloat16 weights under Hugging Face's names (``model.layers.0.mlp.``,
@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: name -> (hidden size, intermediate size), from the models' published configs.
 LAYERS: dict[str, tuple[int, int]] = {
     "llama3-8b": (4096, 14336),
+    "llama3.2-3b": (3072, 8192),
     "llama3.2-1b": (2048, 8192),
     "qwen2.5-0.5b": (896, 4864),
 }
@@ -69,6 +70,17 @@ def write_layer(path: Path, dim: int, hidden: int) -> None:
     )
 
 
+def predicted_peak(dim: int, hidden: int) -> int:
+    """The preflight's predicted peak (``compare.run.preflight.peak_plan``) of the run :func:`run_once` makes: five
+    backends, fwd+bwd, with the cold-cache flush of this machine."""
+    from compare.problem.cases import Case, Shape
+    from compare.run import preflight
+    from compare.timing import llc
+
+    case = Case("swiglu", Shape(1, 16, dim, hidden), "bfloat16")  # the module's three weights, of the same shapes
+    return preflight.peak_plan(case, 5, True, llc.flush_bytes(llc.cpu_last_level())).peak
+
+
 def run_once(dim: int, hidden: int, weights: Path, cache: Path, out: Path, prof: Path) -> dict[str, float]:
     """One run of the README's command: wall seconds, peak resident bytes, seconds per part."""
     cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "compare", "run"]
@@ -106,10 +118,12 @@ def main() -> None:
             write_layer(t / "model.safetensors", dim, hidden)
             for label in ("from nothing", "cached"):
                 got = run_once(dim, hidden, t / "model.safetensors", t / "cache", t / "run", t / "profile")
-                rows.append({"layer": name, "dim": dim, "hidden": hidden, "run": label, **got})
+                predicted = predicted_peak(dim, hidden)
+                rows.append({"layer": name, "dim": dim, "hidden": hidden, "run": label, **got, "predicted": predicted})
                 r = rows[-1]
                 print(
-                    f"{name:13} {label:12} {r['wall_s']:6.1f} s  peak {r['peak_bytes'] / 1e9:5.2f} GB  "
+                    f"{name:13} {label:12} {r['wall_s']:6.1f} s  peak {r['peak_bytes'] / 1e9:5.2f} GB "
+                    f"(predicted {predicted / 1e9:5.2f} GB, {predicted / r['peak_bytes'] - 1:+.0%})  "
                     f"golden {r['golden_s']:5.1f} s  judging {r['judging_s']:5.1f} s "
                     f"({r['judging_s'] / r['wall_s']:.0%})",
                     flush=True,

@@ -224,10 +224,10 @@ def test_too_large_names_bytes_needed_and_available(
     assert main.main(args) == 2
     line = _one_line_error(capsys.readouterr().err)
     case = Case("geglu", Shape(100000000, 1, 100000, 8), "float32")
-    found = re.search(r"needs at least .* \(([\d,]+) bytes\) of memory .* for each of the (\d+) backends ", line)
+    found = re.search(r"needs about .* \(([\d,]+) bytes\) of memory at its peak \((\w+): ", line)
     assert found is not None and "bytes) are available" in line, line
-    need, timed = int(found[1].replace(",", "")), int(found[2])
-    assert timed >= 5 and need == preflight.held_bytes(case, timed, backward=False) > case.estimated_bytes()  # fwd
+    plan = preflight.peak_plan(case, 5, backward=False)  # fwd: the default mode of --model
+    assert int(found[1].replace(",", "")) == plan.peak and found[2] == plan.phase == "fresh", line
 
 
 @pytest.mark.parametrize(
@@ -251,41 +251,65 @@ def test_diff_refuses_non_finite_options(
     assert message in _one_line_error(capsys.readouterr().err)
 
 
-def test_memory_estimate_bounds_the_golden_data() -> None:
-    """The estimate counts at least what the golden data and the plain computation really hold."""
+def test_the_peak_plan_bounds_what_the_golden_data_holds() -> None:
+    """Every phase of the plan holds at least the golden data's weights and inputs, as ``Golden`` holds them."""
     from compare.problem.golden import make_golden
 
     for case in (PRESETS["tiny"].case("float32"), PRESETS["blog-linear"].case("bfloat16")):
         g = make_golden(case)
-        held = sum(a.nbytes for d in (g.inputs, g.params, g.ref) for a in d.values())
-        assert held < case.estimated_bytes() < 20 * held
+        held = sum(a.nbytes for d in (g.inputs, g.params) for a in d.values())
+        plan = preflight.peak_plan(case, 0, backward=True)
+        assert all(
+            held <= sum(parts.values()) < 20 * held + sum(a.nbytes for a in g.ref.values()) * 3
+            for parts in plan.phases.values()
+        )
     small = PRESETS["tiny"].case("float32")
-    with pytest.raises(InputError, match=r"needs at least .* but only 1 kB \(1,000 bytes\) are available \(test\)"):
+    with pytest.raises(InputError, match=r"needs about .* but only 1 kB \(1,000 bytes\) are available \(test\)"):
         preflight.check_memory([small], available=(1000, "test"))
-    preflight.check_memory([small], available=(small.estimated_bytes(), "test"))
+    preflight.check_memory([small], available=(preflight.peak_plan(small, 0, True).peak, "test"))
 
 
 def test_the_backends_timed_together_count_in_the_memory_needed() -> None:
-    """A run holds per backend timed together a copy of the inputs and weights (and the outputs it keeps to judge,
-    where they are too small to spill to disk): a size whose golden data fits can still be refused for them, naming
-    how many (a real layer through five backends needs more than its golden data), and is accepted with one backend
-    where that fits."""
+    """A run holds per backend timed together its weights in the dtype and one call's gradients: a real layer
+    whose golden data fits can be refused for them, naming how many would fit, and is accepted with that many; a
+    tensor-parallel backend runs in its own workers and is not counted here."""
     from compare.backends.registry import spec
 
     case = Case("swiglu", Shape(1, 16, 4096, 14336), "bfloat16")
     five = [spec(b) for b in ("torch-eager", "torch-compile", "jax-xla", "jax-unfused", "torch-eager-remat")]
     assert all(case.model in s.models for s in five)
-    need = preflight.held_bytes(case, 5, backward=True)
-    assert need > 1.5 * case.estimated_bytes()  # each backend's input and weight copy beside the golden data
-    assert preflight.held_bytes(case, 5, backward=False) < need  # the forward keeps y alone
+    flush = 1_500_000_000  # timed with cold samples: the flush's buffer is held while the backends are
+    need = preflight.peak_plan(case, 5, True, flush).peak
+    assert preflight.peak_plan(case, 5, True, flush).phase == "timing"
+    assert need > preflight.peak_plan(case, 0, True, flush).peak
+    assert preflight.peak_plan(case, 5, False, flush).peak < need  # the forward holds no gradients
     room = (need - 1, "test")
-    preflight.check_memory([case], available=room)  # no backends named: the golden data alone fits
-    with pytest.raises(InputError, match=r"for each of the 5 backends timed together.* or fewer backends$"):
-        preflight.check_memory([case], five, available=room)
-    preflight.check_memory([case], five[:1], available=room)
+    preflight.check_memory([case], available=room, flush=flush)  # no backends named: the golden data alone fits
+    refused = r"5 backends' weights .* try at most 4 backends or --cache warm \(no cold-cache flush\)$"
+    with pytest.raises(InputError, match=refused):
+        preflight.check_memory([case], five, available=room, flush=flush)
+    preflight.check_memory([case], five[:4], available=room, flush=flush)
     tp = spec("torch-tp-manual")
-    assert tp.runtime and preflight.held_bytes(case, 1, True) < need  # a worker group holds its own, elsewhere
-    preflight.check_memory([case], [tp, *five[:1]], available=room)
+    assert tp.runtime
+    preflight.check_memory([case], [tp, *five[:4]], available=room, flush=flush)  # its workers hold their own
+
+
+def test_the_cold_flush_and_a_wide_dtype_are_named_when_dropping_them_would_fit() -> None:
+    """The refusal says what would fit: ``--dtype bfloat16`` for a float32 case, ``--cache warm`` when the flush's
+    buffer is what tips it over."""
+    from compare.backends.registry import spec
+
+    five = [spec(b) for b in ("torch-eager", "torch-compile", "jax-xla", "jax-unfused", "torch-eager-remat")]
+    flush = 1_500_000_000
+    case = Case("swiglu", Shape(1, 16, 4096, 14336), "bfloat16")
+    warm = preflight.peak_plan(case, 5, True, 0).peak
+    timing = [sum(preflight.peak_plan(case, 5, True, f).phases["timing"].values()) for f in (0, flush)]
+    assert timing[1] == timing[0] + flush  # the flush's buffer is held while timing
+    with pytest.raises(InputError, match=r"try at most 4 backends or --cache warm \(no cold-cache flush\)$"):
+        preflight.check_memory([case], five, available=(warm, "test"), flush=flush)
+    wide = Case("swiglu", case.shape, "float32")
+    with pytest.raises(InputError, match=r"float32.* try --dtype bfloat16$"):
+        preflight.check_memory([wide], five, available=(warm + flush, "test"), flush=flush)
 
 
 def test_available_memory_is_read() -> None:

@@ -39,7 +39,7 @@ from compare.run.budget import Budget, budget_phase
 from compare.run.options import RunOptions
 from compare.run.progress import Display
 from compare.run.store import CELLS, Store, open_run
-from compare.timing import nvml
+from compare.timing import llc, nvml
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -64,7 +64,8 @@ def cmd_run(a: argparse.Namespace) -> int:
                 raise InputError(f"--shape-sweep token counts must be positive integers, got {t}")
         check_unique("--shape-sweep token count", [str(t) for t in a.shape_sweep])
         shape_sweep_cases = [case_for_tokens(c, t) for c in cases for t in a.shape_sweep]
-    preflight.check_memory(cases, specs, any(m != "fwd" for m in modes))
+    flush = llc.flush_bytes(llc.cpu_last_level()) if a.cache != "warm" else 0  # a host buffer (a GPU's: on it)
+    preflight.check_memory(cases, specs, any(m != "fwd" for m in modes), flush=flush)
     preflight.check_memory(shape_sweep_cases)
     check_cases(a, cases)  # a module is built at its size: after the memory check
     preflight.check_golden(cases)

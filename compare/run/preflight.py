@@ -16,16 +16,16 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from compare.backends.registry import BackendSpec, module_file
 from compare.cost.model import ITEMSIZE
 from compare.formats.atomic import write_bytes_new
 from compare.formats.markdown import si
-from compare.problem import checkpoint, datacache, golden
+from compare.problem import checkpoint, golden
 from compare.problem.cases import Case, InputError
 from compare.results import environment
-from compare.run.pipeline import KEPT_CALLS
 
 LOCK_FILE = ".lock"
 
@@ -124,26 +124,84 @@ def lock_folder(path: Path, command: str = "run") -> Iterator[None]:
         os.close(fd)
 
 
-def held_bytes(case: Case, timed: int, backward: bool) -> int:
-    """What a run holds for certain at the end of timing ``timed`` backends of ``case`` together (in one process),
-    beside the frameworks' own tensors: the golden inputs and weights (float32), its float64 reference (a tensor of
-    ``compare.problem.datacache.LAZY_BYTES`` or more is read from the data cache a block at a time, not held, while
-    the cache is on), the plain computation's outputs and gradients (in the dtype's width:
-    ``compare.problem.reference.held``), and per backend the copy of the inputs and weights its ``prepare`` got
-    (float32: ``Golden.problem``) and the outputs its feed keeps to judge (``compare.run.pipeline.KEPT_CALLS``, in the
-    dtype's width: ``compare.gate.fresh.compact``; a large one spilled to disk). A lower bound: the frameworks' own
-    copies, the golden computation's working set and the cache flush's buffer are not counted."""
+#: A run's own memory before any data: the interpreter with numpy, torch, JAX, Inductor and XLA loaded and the
+#: ceilings' probes run. Measured: a 64 -> 96 module case through the five module backends peaks at 1.12 GB warm
+#: (2-core Xeon VM, torch 2.13, jax 0.9), and at 2.41 GB with its 1.5 GB cold-cache flush.
+BASE_BYTES = 1_000_000_000
+#: The same for a run whose backends import no framework (numpy ones): the interpreter and numpy.
+BASE_BYTES_NO_FRAMEWORK = 150_000_000
+
+
+@dataclass(frozen=True)
+class PeakPlan:
+    """A run's predicted peak memory for one case: per phase (run one after another, each freeing what it made),
+    what it holds in bytes by part; the peak is the base plus the largest phase.
+
+    Counted from what the code holds, per element of the weights ``W`` and of the judged tensors ``E`` (``y``, and
+    with a backward ``dx`` and every weight's gradient), ``d`` bytes an element of the case dtype:
+
+    - every phase: the golden inputs and weights in float32 (``Golden``: 4 per element) and, from the plain
+      computation on, its tensors: held in the dtype and unrounded in float32 (``d + 4`` per ``E``); in float32 for a
+      model with an activation also its envelope twin (4) and signatures (``[2, ...]`` float64: 16);
+    - ``golden``: the float64 module its reference is computed on, with its gradients (16 per ``E``), and one float64
+      copy of the largest weight for ``compare.problem.fixedbits.matmul64``;
+    - ``resolution``: the float64 computation with an error injected (16 per ``E``) and one float32 gradient (4);
+    - ``timing``: per backend timed together its weights in the dtype (``d`` per ``W``: a step's float32 copy is
+      released once it is built), one call's outputs in flight (``d`` per ``E``: one backend runs at a time), and
+      the cold-cache flush's buffer (``compare.timing.llc.flush_bytes``) when cold samples are taken;
+    - ``fresh``: the fresh draw's float64 reference (16 per ``E``, spilled to disk once made), then its plain
+      computation: a float64 module (8 per ``W``), its unrounded tensors (4 per ``E``) and, where the case has
+      twins, the envelope (4) and the signatures' three float64 runs and their differences (48). The steps are
+      released by then.
+
+    Measured against it (``scripts/real_layer.py`` prints both): within 20% on Llama-shaped layers of 2048 -> 8192
+    and 4096 -> 14336 in bfloat16 and 2048 -> 8192 in float32. What it leaves out: the allocator's retained heap.
+    glibc keeps freed blocks of up to 32 MB for reuse, and a layer whose weight tensors are smaller than that
+    (Qwen2.5 0.5B's 8.7 MB) grows by up to 1.4 GB while it is timed, a third over this plan; fixing the allocator's
+    threshold removed the growth but made every step 1.5 to 1.9 times slower, so a run keeps the default."""
+
+    base: int
+    phases: dict[str, dict[str, int]]
+
+    @property
+    def phase(self) -> str:
+        return max(self.phases, key=lambda p: sum(self.phases[p].values()))
+
+    @property
+    def peak(self) -> int:
+        return self.base + sum(self.phases[self.phase].values())
+
+    def describe(self) -> str:
+        """The peak's phase and its parts, e.g. ``timing: base 1 GB, golden data 0.7 GB, ...``."""
+        parts = ", ".join(f"{k} {si(v, 'B')}" for k, v in self.phases[self.phase].items() if v)
+        return f"{self.phase}: base {si(self.base, 'B')}, {parts}"
+
+
+def peak_plan(case: Case, timed: int, backward: bool, flush: int = 0, frameworks: bool = True) -> PeakPlan:
+    """The :class:`PeakPlan` of ``case`` with ``timed`` backends timed together in this process, gradients with
+    ``backward``, a cold-cache flush of ``flush`` bytes (0: warm only); ``frameworks``: some backend imports torch
+    or JAX (:data:`BASE_BYTES`)."""
     n_in, n_out, n_w = case.elements()
-    sizes = [n_out] + ([n_in, *(math.prod(s) for s in case.weight_shapes().values())] if backward else [])
-    width = ITEMSIZE[case.dtype]
-    on_disk = datacache.folder() is not None
-
-    def in_memory(item: int) -> int:  # elements of the judged tensors held in memory at ``item`` bytes an element
-        return sum(n for n in sizes if not (on_disk and item * n >= datacache.LAZY_BYTES))
-
-    problem = 4 * (n_in + n_out + n_w)  # x, dy, the weights (float32)
-    per_backend = problem + KEPT_CALLS * width * in_memory(width)
-    return problem + 8 * in_memory(8) + width * sum(sizes) + timed * per_backend
+    d, g = ITEMSIZE[case.dtype], int(backward)
+    e = n_out + g * (n_in + n_w)  # the judged tensors' elements
+    twins = case.dtype == "float32" and case.model != "linear"  # envelope and signatures (``reference.plain_run``)
+    golden = 4 * (n_w + n_in + n_out)
+    plain = (d + 4 + (4 + 16) * twins) * e
+    largest = max(math.prod(s) for s in case.weight_shapes().values())
+    fresh_plain = 8 * n_w + (4 + (4 + 48) * twins) * e
+    phases = {
+        "golden": {"golden data": golden, "float64 reference": 16 * e + 8 * largest},
+        "resolution": {"golden data": golden, "plain": plain, "float64 twin": 16 * e + 4 * g * n_w},
+        "timing": {
+            "golden data": golden,
+            "plain": plain,
+            f"{timed} backends' weights": timed * d * n_w,
+            "a call's outputs": d * e if timed else 0,
+            "cold-cache flush": flush if timed else 0,
+        },
+        "fresh": {"golden data": golden, "plain": plain, "fresh draw's reference": max(16 * e, fresh_plain)},
+    }
+    return PeakPlan(BASE_BYTES if frameworks else BASE_BYTES_NO_FRAMEWORK, phases)
 
 
 def check_memory(
@@ -151,10 +209,11 @@ def check_memory(
     specs: Sequence[BackendSpec] = (),
     backward: bool = True,
     available: tuple[int, str] | None = None,
+    flush: int = 0,
 ) -> None:
-    """Refuse a case whose :meth:`~compare.problem.cases.Case.estimated_bytes`, or with ``specs`` timed together in
-    this process (those that implement its model; a tensor-parallel one runs in its own workers) its
-    :func:`held_bytes`, exceed the memory available now.
+    """Refuse a case whose :func:`peak_plan` (with ``specs`` timed together in this process: those that implement
+    its model; a tensor-parallel one runs in its own workers; ``flush``: the cold-cache flush's bytes) exceeds the
+    memory available now, naming the phase, its parts, and what would fit (fewer backends, a narrower dtype).
 
     Cases run one after another, so each is checked alone. Where the available memory cannot be read, nothing is
     refused.
@@ -163,17 +222,26 @@ def check_memory(
     if available is None:
         return
     free, source = available
+    frameworks = not specs or any(s.framework in ("torch", "jax") for s in specs)
     for case in cases:
         timed = sum(case.model in s.models and not s.runtime for s in specs)
-        need = max(case.estimated_bytes(), held_bytes(case, timed, backward))
-        if need > free:
-            each = f" and, for each of the {timed} backends timed together, its inputs, weights and kept outputs"
-            raise InputError(
-                f"case {case.name} needs at least {si(need, 'B')} ({need:,} bytes) of memory for its "
-                f"golden data, float64 reference and plain computation{each if timed else ''}, but only "
-                f"{si(free, 'B')} ({free:,} bytes) are available ({source}); choose smaller sizes"
-                f"{' or fewer backends' if timed > 1 else ''}"
-            )
+        plan = peak_plan(case, timed, backward, flush, frameworks)
+        if plan.peak <= free:
+            continue
+        fits = [n for n in range(timed - 1, 0, -1) if peak_plan(case, n, backward, flush, frameworks).peak <= free]
+        hints = [f"at most {fits[0]} backends" if fits else ""]
+        if case.dtype == "float32":
+            narrow = replace(case, dtype="bfloat16")
+            if peak_plan(narrow, timed, backward, flush, frameworks).peak <= free:
+                hints.append("--dtype bfloat16")
+        if flush and peak_plan(case, timed, backward, 0, frameworks).peak <= free:
+            hints.append("--cache warm (no cold-cache flush)")
+        hint = " or ".join(h for h in hints if h) or "a smaller layer"
+        raise InputError(
+            f"case {case.name} needs about {si(plan.peak, 'B')} ({plan.peak:,} bytes) of memory at its peak "
+            f"({plan.describe()}), but only {si(free, 'B')} ({free:,} bytes) are available ({source}); "
+            f"try {hint}"
+        )
 
 
 def check_golden(cases: Iterable[Case]) -> None:
