@@ -9,7 +9,7 @@ REPORT_DIR ?= out/report
 # The second, torch-free environment with the GPU machine's Triton (test-triton36 below).
 T36 := .venv-t36
 
-.PHONY: bench-layer setup env data compilers check check-tests test test-main test-slow test-every test-isa test-quiet ci other-torch lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check gpu-wheels
+.PHONY: bench-layer bench-checkpoint setup env data compilers check check-tests test test-main test-slow test-every test-isa test-quiet ci other-torch lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check gpu-wheels
 
 # Both environments, the default report's data, and Inductor's one-time set-up: what `make report` needs before it
 # measures. Side by side where they can be: the two environments' installs, then the data and Inductor's set-up.
@@ -193,6 +193,10 @@ report: $(VENV)/.installed
 # peak memory and the share spent judging, into out/real-layer/real-layer.json. Minutes; a figure of this machine.
 bench-layer: $(VENV)/.installed
 	$(PY) scripts/real_layer.py --out out/real-layer
+
+# every layer of a 24-layer checkpoint of Qwen2.5 0.5B's shape, in one run
+bench-checkpoint: $(VENV)/.installed
+	$(PY) scripts/real_layer.py --layer qwen2.5-0.5b --checkpoint 24 --out out/real-layer
 
 # The committed reports/cpu, and the README's excerpt of it (tests/test_readme.py holds the two together).
 report-cpu: $(VENV)/.installed

@@ -3,6 +3,7 @@ with its golden cached, its wall time, peak memory and where the time went.
 
     python scripts/real_layer.py                      # Llama 3 8B's MLP (4096 -> 14336), 3.2 3B and 1B, Qwen2.5 0.5B
     python scripts/real_layer.py --layer llama3.2-1b --out out/real-layer
+    python scripts/real_layer.py --layer qwen2.5-0.5b --checkpoint 24   # every layer of a 24-layer checkpoint
 
 For each layer: a safetensors file of random bfloat16 weights under Hugging Face's names (``model.layers.0.mlp.``,
 as a checkpoint's shard holds them), then ``python -m compare run --module examples/llama_mlp.py ... --dtype bfloat16
@@ -12,6 +13,8 @@ Python calls; the work is in numpy, torch and XLA), and ``os.wait4`` gives its o
 parted into the golden data (reference, plain computation, resolution, the fresh draw's reference), judging (the
 gate on every judged output, the every-call check) and the rest (imports, compiles, timing), from the profile's
 cumulative times. Writes ``real-layer.json`` and prints a table; no test reads it (a figure of this machine).
+``--checkpoint N`` instead writes N such layers in two shards with their ``model.safetensors.index.json`` and runs the
+command once on all of them (``--prefix 'model.layers.{i}.mlp.' --layers all``), from nothing, without the profiler.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 #: name -> (hidden size, intermediate size), from the models' published configs.
@@ -34,6 +38,8 @@ LAYERS: dict[str, tuple[int, int]] = {
     "llama3.2-1b": (2048, 8192),
     "qwen2.5-0.5b": (896, 4864),
 }
+#: The Hugging Face names' prefix of layer ``i``'s MLP.
+TEMPLATE = "model.layers.{i}.mlp."
 #: Cumulative profile entries (file suffix, function) of each part; none of one part runs inside another's.
 PARTS: dict[str, tuple[tuple[str, str], ...]] = {
     "golden": (
@@ -51,23 +57,42 @@ PARTS: dict[str, tuple[tuple[str, str], ...]] = {
 
 def write_layer(path: Path, dim: int, hidden: int) -> None:
     """Random bfloat16 weights of a Llama-style MLP, ``N(0, 1) / sqrt(fan_in)``, under Hugging Face's names."""
-    import torch
     from safetensors.torch import save_file
+
+    save_file(_layers(dim, hidden, 1), str(path))
+
+
+def _layers(dim: int, hidden: int, layers: int) -> dict[str, Any]:
+    """``layers`` Llama-style MLPs' random bfloat16 weights by their Hugging Face names (``model.layers.{i}.mlp.``)."""
+    import torch
 
     g = torch.Generator().manual_seed(0)
 
     def w(out: int, inp: int) -> torch.Tensor:
         return (torch.randn(out, inp, generator=g) / inp**0.5).to(torch.bfloat16)
 
-    prefix = "model.layers.0.mlp."
-    save_file(
-        {
-            f"{prefix}gate_proj.weight": w(hidden, dim),
-            f"{prefix}up_proj.weight": w(hidden, dim),
-            f"{prefix}down_proj.weight": w(dim, hidden),
-        },
-        str(path),
-    )
+    tensors = {}
+    for i in range(layers):
+        prefix = TEMPLATE.format(i=i)
+        tensors |= {f"{prefix}gate_proj.weight": w(hidden, dim), f"{prefix}up_proj.weight": w(hidden, dim)}
+        tensors[f"{prefix}down_proj.weight"] = w(dim, hidden)
+    return tensors
+
+
+def write_checkpoint(folder: Path, dim: int, hidden: int, layers: int) -> Path:
+    """A sharded checkpoint of ``layers`` such MLPs, the first half in one shard and the rest in another, as Hugging
+    Face writes them: the path of its ``model.safetensors.index.json``."""
+    from safetensors.torch import save_file
+
+    tensors = _layers(dim, hidden, layers)
+    shards = [f"model-0000{k}-of-00002.safetensors" for k in (1, 2)]
+    where = {n: shards[int(n.split(".")[2]) >= layers // 2] for n in tensors}
+    for shard in shards:
+        save_file({n: t for n, t in tensors.items() if where[n] == shard}, str(folder / shard))
+    index = folder / "model.safetensors.index.json"
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": where}))
+    return index
 
 
 def predicted_peak(dim: int, hidden: int) -> int:
@@ -81,12 +106,16 @@ def predicted_peak(dim: int, hidden: int) -> int:
     return preflight.peak_plan(case, 5, True, llc.flush_bytes(llc.cpu_last_level())).peak
 
 
-def run_once(dim: int, hidden: int, weights: Path, cache: Path, out: Path, prof: Path) -> dict[str, float]:
-    """One run of the README's command: wall seconds, peak resident bytes, seconds per part."""
-    cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "compare", "run"]
+def run_once(
+    dim: int, hidden: int, weights: Path, cache: Path, out: Path, prof: Path | None, layers: bool = False
+) -> dict[str, float]:
+    """One run of the README's command (``layers``: on every layer of a sharded checkpoint, ``--layers all``): wall
+    seconds, peak resident bytes, seconds per part (under the profiler at ``prof``; None: no profiler, no parts)."""
+    cmd = [sys.executable, *(["-m", "cProfile", "-o", str(prof)] if prof else []), "-m", "compare", "run"]
     cmd += ["--module", str(ROOT / "examples" / "llama_mlp.py"), "--dim", str(dim), "--hidden", str(hidden)]
     cmd += ["--batch", "1", "--seq", "16", "--dtype", "bfloat16", "--mode", "fwd+bwd", "--weights", str(weights)]
-    cmd += ["--prefix", "model.layers.0.mlp.", "--out", str(out), "--quiet"]
+    cmd += ["--prefix", TEMPLATE if layers else TEMPLATE.format(i=0), "--out", str(out), "--quiet"]
+    cmd += ["--layers", "all"] if layers else []
     env = {**os.environ, "FUSION_COMPARE_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
@@ -94,8 +123,10 @@ def run_once(dim: int, hidden: int, weights: Path, cache: Path, out: Path, prof:
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"the run exited {os.waitstatus_to_exitcode(status)}: {' '.join(cmd)}")
-    stats = pstats.Stats(str(prof)).stats  # type: ignore[attr-defined]
     parts = {name: 0.0 for name in PARTS}
+    if prof is None:
+        return {"wall_s": wall, "peak_bytes": usage.ru_maxrss * 1024}
+    stats = pstats.Stats(str(prof)).stats  # type: ignore[attr-defined]
     for (file, _, func), (_, _, _, cum, _) in stats.items():
         for name, where in PARTS.items():
             if any(file.endswith(f) and func == fn for f, fn in where):
@@ -103,13 +134,35 @@ def run_once(dim: int, hidden: int, weights: Path, cache: Path, out: Path, prof:
     return {"wall_s": wall, "peak_bytes": usage.ru_maxrss * 1024, **{f"{k}_s": v for k, v in parts.items()}}
 
 
+def checkpoint(name: str, layers: int, out: Path) -> None:
+    """Every layer of a generated ``layers``-layer checkpoint of ``name``'s shape in one run, from nothing (not
+    under the profiler: its overhead on Python calls would grow with the layers)."""
+    dim, hidden = LAYERS[name]
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        t = Path(tmp)
+        index = write_checkpoint(t, dim, hidden, layers)
+        got = run_once(dim, hidden, index, t / "cache", t / "run", None, layers=True)
+        row = {"layer": name, "layers": layers, "dim": dim, "hidden": hidden, **got}
+    print(
+        f"{name}: {layers} layers in {row['wall_s']:.0f} s ({row['wall_s'] / layers:.1f} s a layer), "
+        f"peak {row['peak_bytes'] / 1e9:.2f} GB",
+        flush=True,
+    )
+    (out / f"checkpoint-{name}-{layers}.json").write_text(json.dumps({"machine": _machine(), "run": row}) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layer", nargs="+", default=list(LAYERS), choices=list(LAYERS))
     ap.add_argument("--out", default="out/real-layer")
+    ap.add_argument(
+        "--checkpoint", type=int, default=0, help="instead: every layer of a checkpoint of this many layers of --layer"
+    )
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.checkpoint:
+        return checkpoint(a.layer[0], a.checkpoint, out)
     rows = []
     for name in a.layer:
         dim, hidden = LAYERS[name]
@@ -128,20 +181,15 @@ def main() -> None:
                     f"({r['judging_s'] / r['wall_s']:.0%})",
                     flush=True,
                 )
-    cpu = (
-        next(
-            (
-                ln.split(":", 1)[1].strip()
-                for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")
-            ),
-            "?",
-        )
-        if Path("/proc/cpuinfo").exists()
-        else "?"
-    )
-    machine = {"cpu": cpu, "cpus": os.cpu_count(), "load_before": os.getloadavg()[0]}
-    (out / "real-layer.json").write_text(json.dumps({"machine": machine, "runs": rows}, indent=1) + "\n")
+    (out / "real-layer.json").write_text(json.dumps({"machine": _machine(), "runs": rows}, indent=1) + "\n")
+
+
+def _machine() -> dict[str, Any]:
+    """The CPU's model name, its count and the load before the run."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    cpu = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "?")
+    return {"cpu": cpu, "cpus": os.cpu_count(), "load_before": os.getloadavg()[0]}
 
 
 if __name__ == "__main__":

@@ -282,3 +282,32 @@ def test_the_plain_statistics_are_computed_once_per_reference() -> None:
     other = {"y": ref["y"] * 2.0}  # a control: the memo must not answer for it
     assert tensor_stats(other, plain, "y").scale == 2.0 * first.scale
     assert tensor_stats(ref, plain, "y") == first and tensor_stats(ref, plain, "y") is not first
+
+
+@pytest.mark.standard
+def test_a_module_case_s_every_call_check_runs_its_module_in_float32() -> None:
+    """A module case's spot reference is its torch module in float32 (``user_module.spot_reference``): within
+    float32's rounding of the float64 computation's ``y`` and ``dx`` (far below the check's eighth of a row), and
+    it catches a stale call as the built-in models' does."""
+    import compare
+    from compare.problem.golden import compute_of
+    from compare.problem.reference import Arith
+    from compare.run.pipeline import Spot, judge_spots
+
+    case = compare.module_case("examples/llama_mlp.py", 64, 96, "bfloat16", batch=1, seq=16)
+    params = golden_for(case).params
+    rng = np.random.default_rng(6)
+    x, dy = rng.standard_normal((1, 2, 64)), rng.standard_normal((1, 2, 64))
+    got = fresh.token_reference(case, params, x, dy)
+    exact = compute_of(case, x, params, dy, Arith(None, gemm=np.matmul), weights=False)
+    for k in ("y", "dx"):
+        assert np.max(np.abs(got[k] - exact[k])) <= 1e-5 * np.max(np.abs(exact[k])), k
+    spots = []
+    for i in range(4):
+        xi, dyi = rng.standard_normal((2, 64)), rng.standard_normal((2, 64))
+        ref = fresh.token_reference(case, params, xi[None], dyi[None])
+        spots.append(Spot(i, np.array([0, 1]), xi, dyi, {k: [ref[k][0]] for k in ("y", "dx")}))
+    assert judge_spots(spots, case, "fwd+bwd") == (4, [])
+    spots[1] = Spot(1, spots[1].rows, spots[1].x, spots[1].dy, spots[0].got)
+    checked, failed = judge_spots(spots, case, "fwd+bwd")
+    assert checked == 4 and len(failed) == 1 and "call 2:" in failed[0], failed

@@ -348,6 +348,24 @@ def compute(
         return plain_compute(module, x, dy, ar, acts_plain(ar.act_dtype))
 
 
+def spot_reference(
+    case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    """``y`` (and ``dx`` given ``dy``) of the few tokens ``x [1, K, dim]`` (``dy [1, K, out]``) through the module in
+    float32, torch's own kernels, no weight gradient (``compare.gate.fresh.token_reference``: errors of an eighth
+    of a row's scale are what it looks for; float32's are 2**-20 of that). A Llama 3 8B layer's module is built in
+    float32 (0.7 GB, released on return) where the plain computation's dispatch needed float64."""
+    module = build(case, params, torch.device("cpu"), torch.float32)
+    module.requires_grad_(False)
+    xt = torch.from_numpy(np.asarray(x, dtype=np.float32)).requires_grad_(dy is not None)
+    y = module(xt)
+    out = {"y": y.detach().to(torch.float64).numpy()}
+    if dy is not None:
+        (dx,) = torch.autograd.grad(y, xt, torch.from_numpy(np.asarray(dy, dtype=np.float32)))
+        out["dx"] = dx.to(torch.float64).numpy()
+    return out
+
+
 def reference(case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None) -> dict[str, np.ndarray]:
     """The float64 golden of a module case (``compare.problem.golden.exact_reference``): :func:`compute` in
     ``Arith.exact()``."""

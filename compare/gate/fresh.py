@@ -43,7 +43,7 @@ from compare.formats.codec import LATER
 from compare.gate.parity import DTYPE_MAX, Parity, Plain, UnusableCase, check_plain
 from compare.problem import datacache
 from compare.problem.cases import Case
-from compare.problem.golden import compute_of, draw_input, plain_run_of
+from compare.problem.golden import compute_of, draw_input, plain_run_of, spot_reference_of
 from compare.problem.reference import Arith, activations_in, compute, held, round_to_dtype
 
 
@@ -168,11 +168,15 @@ def reference(
 def token_reference(
     case: Case, params: dict[str, np.ndarray], x: np.ndarray, dy: np.ndarray | None
 ) -> dict[str, np.ndarray]:
-    """The float64 ``y`` (and ``dx`` given ``dy``) of a few tokens ``x [1, K, dim]`` (``dy [1, K, out]``): the
-    every-call check's yardstick (``compare.run.pipeline.judge_spots``). Each token's outputs depend on its own row
-    alone, so ``K`` rows cost ``K`` rows of the layer's GEMMs: the machine's float64 BLAS (``Arith``'s ``gemm``: its
-    last bits do not matter against a line of an eighth of a row's scale) and no weight gradient (``compute_of``'s
-    ``weights=False``: a module case's module with its parameters not requiring one)."""
+    """The ``y`` (and ``dx`` given ``dy``) of a few tokens ``x [1, K, dim]`` (``dy [1, K, out]``): the every-call
+    check's yardstick (``compare.run.pipeline.judge_spots``), against which an error of an eighth of a row's scale
+    fails a call, so its last bits do not matter. Each token's outputs depend on its own row alone, so ``K`` rows
+    cost ``K`` rows of the layer's GEMMs, and no weight gradient is made. A built-in model's: float64 through the
+    machine's BLAS (``Arith``'s ``gemm``); a module case's: its module in float32 through torch's own kernels
+    (``compare.problem.golden.spot_reference_of``), where the float64 module the plain computation's dispatch runs
+    took seconds a batch to build on a real layer."""
+    if case.module is not None:
+        return spot_reference_of(case, x, params, dy)
     out = compute_of(case, x, params, dy, Arith(None, gemm=np.matmul), weights=False)
     return {k: out[k] for k in ("y", "dx") if k in out}
 

@@ -162,6 +162,14 @@ def compute_of(
     return dict(_module_file(case).compute(case, x, params, dy, ar, weights))
 
 
+def spot_reference_of(
+    case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    """A module case's ``y`` (and ``dx`` given ``dy``) of a few tokens in float32, its module through its framework's
+    own kernels (``torch_impl.user_module.spot_reference``): the every-call check's yardstick."""
+    return dict(_module_file(case).spot_reference(case, x, params, dy))
+
+
 def plain_run_of(
     case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None, dict[str, np.ndarray] | None]:
