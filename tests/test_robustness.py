@@ -825,3 +825,16 @@ def test_a_command_refused_while_the_holder_is_still_writing_its_line_names_the_
         assert ("pid 4243: python -m compare run" if writes else "a process starting up") in str(err.value)
     finally:
         os.close(fd)
+
+
+def test_a_case_whose_tokens_are_its_cost_is_told_how_many_would_fit() -> None:
+    """Where the tokens, not the weights, fill the memory (a long sequence through a small layer), the refusal names
+    a token count that fits."""
+    case = Case("swiglu", Shape(64, 4096, 256, 512), "bfloat16")
+    need = preflight.peak_plan(case, 1, True).peak
+    fits = preflight.peak_plan(Case("swiglu", Shape(1, 4096, 256, 512), "bfloat16"), 1, True).peak
+    assert fits < need
+    from compare.backends.registry import spec
+
+    with pytest.raises(InputError, match=r"try at most 4096 tokens \(--batch 1 --seq 4096\)$"):
+        preflight.check_memory([case], [spec("torch-eager")], available=(fits, "test"))

@@ -213,7 +213,8 @@ def check_memory(
 ) -> None:
     """Refuse a case whose :func:`peak_plan` (with ``specs`` timed together in this process: those that implement
     its model; a tensor-parallel one runs in its own workers; ``flush``: the cold-cache flush's bytes) exceeds the
-    memory available now, naming the phase, its parts, and what would fit (fewer backends, a narrower dtype).
+    memory available now, naming the phase, its parts, and what would fit (fewer backends, a narrower dtype, no
+    cold-cache flush, fewer tokens).
 
     Cases run one after another, so each is checked alone. Where the available memory cannot be read, nothing is
     refused.
@@ -236,12 +237,24 @@ def check_memory(
                 hints.append("--dtype bfloat16")
         if flush and peak_plan(case, timed, backward, 0, frameworks).peak <= free:
             hints.append("--cache warm (no cold-cache flush)")
+        tokens = case.shape.batch * case.shape.seq
+        one = peak_plan(_tokens(case, 1), timed, backward, flush, frameworks).peak
+        if plan.peak - one >= plan.peak / 10:  # the tokens are a cost worth naming, not the weights alone
+            for t in (tokens // 2**k for k in range(1, tokens.bit_length())):
+                if peak_plan(_tokens(case, t), timed, backward, flush, frameworks).peak <= free:
+                    hints.append(f"at most {t} tokens (--batch 1 --seq {t})")
+                    break
         hint = " or ".join(h for h in hints if h) or "a smaller layer"
         raise InputError(
             f"case {case.name} needs about {si(plan.peak, 'B')} ({plan.peak:,} bytes) of memory at its peak "
             f"({plan.describe()}), but only {si(free, 'B')} ({free:,} bytes) are available ({source}); "
             f"try {hint}"
         )
+
+
+def _tokens(case: Case, tokens: int) -> Case:
+    """``case`` with ``tokens`` tokens in one sequence (its weights and dtype as they were)."""
+    return replace(case, shape=replace(case.shape, batch=1, seq=tokens))
 
 
 def check_golden(cases: Iterable[Case]) -> None:
