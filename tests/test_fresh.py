@@ -311,3 +311,20 @@ def test_a_module_case_s_every_call_check_runs_its_module_in_float32() -> None:
     spots[1] = Spot(1, spots[1].rows, spots[1].x, spots[1].dy, spots[0].got)
     checked, failed = judge_spots(spots, case, "fwd+bwd")
     assert checked == 4 and len(failed) == 1 and "call 2:" in failed[0], failed
+
+
+@pytest.mark.quick
+def test_the_fresh_reference_is_float64_for_float32_data() -> None:
+    """The fresh draw's reference goes through the machine's BLAS with its operands widened to float64: ``np.matmul``
+    of a built-in model's float32 arrays is a float32 product, which on a machine whose BLAS adds in order without FMA
+    equals the plain computation bit for bit, and every honest backend then failed. Held to the golden's error-free
+    products within float64's rounding."""
+    from compare.problem.golden import exact_reference
+
+    case = PRESETS["tiny"].case("float32")
+    params = golden_for(case).params
+    inputs = fresh.draw(case, 11, params)
+    got = fresh.reference(case, params, inputs).ref
+    exact = exact_reference(case, inputs["x"], params, inputs["dy"])
+    for k, v in exact.items():
+        assert np.max(np.abs(np.asarray(got[k]) - v)) <= 1e-12 * np.max(np.abs(v)), k

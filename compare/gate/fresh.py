@@ -67,6 +67,13 @@ def _blas32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float32) @ np.asarray(b, dtype=np.float32)
 
 
+def _blas64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` through the machine's float64 BLAS, the operands widened first: a built-in model's are float32
+    arrays, and ``np.matmul`` of those is a float32 product (whose rounding the plain computation's equals, bit for
+    bit, where the BLAS adds in order without FMA: a capped-ISA machine then passed no error at all)."""
+    return np.asarray(a, dtype=np.float64) @ np.asarray(b, dtype=np.float64)
+
+
 def _in_range(case: Case, params: dict[str, np.ndarray], x: np.ndarray, dy: np.ndarray | None) -> bool:
     """Whether ``case`` on ``(x, dy)`` stays finite in its dtype, every materialised tensor rounded to it, and every
     output and gradient within :data:`RANGE_SHARE` of its largest value (numpy's float32 GEMMs and numpy's own tanh
@@ -156,7 +163,7 @@ def reference(
     # float64 through the machine's BLAS, not the golden's error-free products: the draw is new every run, so its
     # bits need not be the same on every machine, and its error (about k * 2**-53 of a row's scale) is 2**29 below
     # float32's rounding. A Llama 3 8B layer's fwd+bwd: seconds, where the golden's products took 25 s or more.
-    ref = datacache.spill(compute_of(case, x, params, dy, Arith(None, gemm=np.matmul)))  # read a block at a time
+    ref = datacache.spill(compute_of(case, x, params, dy, Arith(None, gemm=_blas64)))  # read a block at a time
     unrounded, envelope, signature = plain_run_of(case, x, params, dy)
     plain = {k: held(round_to_dtype(v, case.dtype), case.dtype) for k, v in unrounded.items()}
     del unrounded
@@ -177,7 +184,7 @@ def token_reference(
     took seconds a batch to build on a real layer."""
     if case.module is not None:
         return spot_reference_of(case, x, params, dy)
-    out = compute_of(case, x, params, dy, Arith(None, gemm=np.matmul), weights=False)
+    out = compute_of(case, x, params, dy, Arith(None, gemm=_blas64), weights=False)
     return {k: out[k] for k in ("y", "dx") if k in out}
 
 
