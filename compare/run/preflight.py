@@ -126,7 +126,7 @@ def lock_folder(path: Path, command: str = "run") -> Iterator[None]:
 
 #: A run's own memory before any data: the interpreter with numpy, torch, JAX, Inductor and XLA loaded and the
 #: ceilings' probes run. Measured: a 64 -> 96 module case through the five module backends peaks at 1.12 GB warm
-#: (2-core Xeon VM, torch 2.13, jax 0.9), and at 2.41 GB with its 1.5 GB cold-cache flush.
+#: (2-core Xeon VM, torch 2.13, jax 0.10.2), and at 2.41 GB with its 1.5 GB cold-cache flush.
 BASE_BYTES = 1_000_000_000
 #: The same for a run whose backends import no framework (numpy ones): the interpreter and numpy.
 BASE_BYTES_NO_FRAMEWORK = 150_000_000
