@@ -11,6 +11,7 @@ import hashlib
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -307,6 +308,39 @@ def test_an_op_only_the_backward_lacks_is_refused_only_where_a_mode_needs_gradie
     err = capsys.readouterr().err
     assert f"--module {path}: the plain computation has no rule for aten.slice_backward.default" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+#: A module whose ops change with its width: ``exp`` (no rule) only past the widths the preflight's check builds at.
+WIDE_ONLY = "(torch.exp(self.up(x)) if self.up.out_features > 328 else torch.relu(self.up(x)))"
+
+
+def test_the_check_builds_a_narrow_module_and_an_op_only_the_wide_one_has_still_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preflight's plain-rule check builds the module at no more than ``CHECK_WIDTHS`` (the widths it was
+    called with are recorded); a module whose ops change past them passes that check, and its op without a rule is
+    then refused by the golden's computation, still exit 2 naming it and before anything is measured. Control: at
+    the narrow widths the same file's op set is the checked one (relu), which passes."""
+    from compare.run import preflight
+    from torch_impl import user_module
+
+    widths: list[tuple[int, int]] = []
+    build = user_module._instantiate
+
+    def recorded(user: Any, path: str, dim: int, hidden: int) -> Any:
+        widths.append((dim, hidden))
+        return build(user, path, dim, hidden)
+
+    monkeypatch.setattr(user_module, "_instantiate", recorded)
+    path = write(tmp_path, module_source(torch_act=WIDE_ONLY))
+    preflight.check_cases([case_of(path, dim=160, hidden=400)], backward=True)
+    assert (96, 328) in widths, widths  # the case's own module is built too (its names and shapes), not checked
+    argv = _run_module(tmp_path, str(path), "--mode", "fwd")
+    argv[argv.index("--hidden") + 1] = "400"
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--module {path}: the plain computation has no rule for aten.exp.default" in err, err
+    assert not (tmp_path / "out" / "results.json").exists()
 
 
 def test_an_activation_without_its_twins_exits_2_naming_it(

@@ -71,6 +71,8 @@ REQUIRED: dict[str, str] = {
 REFERENCE_RTOL = 1e-10
 #: Tokens of the case's inputs the ``reference`` check runs on, and of the inputs :func:`check_plain` draws.
 REFERENCE_TOKENS = 8
+#: The widest ``(dim, hidden)`` :func:`check_plain` builds a module at (``tiny``'s).
+CHECK_WIDTHS = (96, 328)
 #: Where :func:`matmul_flops` counts, in order: on shapes alone (``meta`` tensors: nothing allocated, nothing
 #: computed), then, for a module that cannot run on them (it reads a value back, or calls a kernel of its own), one
 #: real step on the CPU in float32.
@@ -387,16 +389,29 @@ def check_plain(case: Case, backward: bool = True) -> None:
     has a rule, and every activation its forms (the case dtype's; in float32, where the gate uses them, the envelope
     and signature twins' too: ``plain_acts``, looked up, not evaluated). Run before anything is measured, so that an
     op without a rule is an :class:`InputError` naming the file and the op (the CLI exits 2) rather than a failure
-    in the middle of a run. The values do not matter, so the arithmetic is float64 through the machine's BLAS: 0.01 s
-    at width 96 -> 328, 0.7 s at 1024 -> 3584 and 7 to 10 s at 4096 -> 14336 here (``examples/llama_mlp.py``
-    forward and backward: most of it its three 58.7M-element weight gradients)."""
+    in the middle of a run. The values do not matter, so the arithmetic is float64 through the machine's BLAS, and
+    the module is built at no more than :data:`CHECK_WIDTHS` (the ops an MLP dispatches do not depend on its width;
+    a file whose ``torch_module`` refuses the narrow widths is checked at the case's own): 0.01 s, where at the
+    case's 4096 -> 14336 (``examples/llama_mlp.py`` forward and backward) it took 7 to 10 s here, most of it the
+    three 58.7M-element float64 weight gradients. What the narrow build cannot see: a module whose ops change with
+    its width; an op without a rule there fails the golden's computation instead, also before anything is timed."""
     mf = _module_file(case)
-    module = _instantiate(load(mf), mf.path, case.shape.dim, case.shape.hidden)
+    user = load(mf)
+    dim, hidden = min(case.shape.dim, CHECK_WIDTHS[0]), min(case.shape.hidden, CHECK_WIDTHS[1])
+    out_dim = mf.out_dim
+    try:
+        module = _instantiate(user, mf.path, dim, hidden)
+        if (dim, hidden) != (case.shape.dim, case.shape.hidden):
+            with torch.no_grad():
+                out_dim = int(module(torch.zeros(1, 1, dim)).shape[-1])
+    except Exception:  # the narrow widths are refused (or give no tensor): the case's own, whose failure is named
+        dim, hidden, out_dim = case.shape.dim, case.shape.hidden, mf.out_dim
+        module = _instantiate(user, mf.path, dim, hidden)
     rng = np.random.default_rng(0)
-    x = round_to_dtype(rng.standard_normal((1, REFERENCE_TOKENS, case.shape.dim)), case.dtype).astype(np.float64)
+    x = round_to_dtype(rng.standard_normal((1, REFERENCE_TOKENS, dim)), case.dtype).astype(np.float64)
     dy = None
     if backward:
-        dy = round_to_dtype(rng.standard_normal((1, REFERENCE_TOKENS, mf.out_dim)), case.dtype).astype(np.float64)
+        dy = round_to_dtype(rng.standard_normal((1, REFERENCE_TOKENS, out_dim)), case.dtype).astype(np.float64)
     forms = [acts_plain(Arith.plain(case.dtype).act_dtype)]
     if case.dtype == "float32":
         forms += [acts_envelope(case.seed), acts_signature(TRANSCENDENTAL_ERROR_ULPS)]
