@@ -8,13 +8,16 @@ with its golden cached, its wall time, peak memory and where the time went.
 For each layer: a safetensors file of random bfloat16 weights under Hugging Face's names (``model.layers.0.mlp.``,
 as a checkpoint's shard holds them), then ``python -m compare run --module examples/llama_mlp.py ... --dtype bfloat16
 --mode fwd+bwd`` (the README's five module backends, 1 x 16 tokens) twice in a fresh data cache: the first computes
-the golden data, the second finds it cached. Each run is a child process under ``cProfile`` (its overhead is on
-Python calls; the work is in numpy, torch and XLA), and ``os.wait4`` gives its own peak resident memory. The time is
-parted into the golden data (reference, plain computation, resolution, the fresh draw's reference), judging (the
-gate on every judged output, the every-call check) and the rest (imports, compiles, timing), from the profile's
-cumulative times. Writes ``real-layer.json`` and prints a table; no test reads it (a figure of this machine).
+the golden data, the second finds it cached. Each run is a child process (this script with ``--child``: the CLI
+in-process, the functions of :data:`PARTS` wrapped by a clock), and ``os.wait4`` gives its own peak resident
+memory. Its time is parted into judging (the gate on a judged output, the every-call check), the golden data (the
+float64 reference, the plain computation, the resolution rows, the fresh draw and its reference), the timed samples
+alone (every backend's median call times its samples' calls, from ``results.json``), the first calls (compiles
+included) and the rest. No profiler: ``cProfile``'s cost per Python call made the gate's many small numpy calls
+look three times their cost. Writes ``real-layer.json`` and prints a table; no test reads it (a figure of this
+machine).
 ``--checkpoint N`` instead writes N such layers in two shards with their ``model.safetensors.index.json`` and runs the
-command once on all of them (``--prefix 'model.layers.{i}.mlp.' --layers all``), from nothing, without the profiler.
+command once on all of them (``--prefix 'model.layers.{i}.mlp.' --layers all``), from nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pstats
 import subprocess
 import sys
 import tempfile
@@ -40,17 +42,18 @@ LAYERS: dict[str, tuple[int, int]] = {
 }
 #: The Hugging Face names' prefix of layer ``i``'s MLP.
 TEMPLATE = "model.layers.{i}.mlp."
-#: Cumulative profile entries (file suffix, function) of each part; none of one part runs inside another's.
+#: The functions whose seconds make each part of a run (module, name: each called through its module's namespace,
+#: where the wrapper replaces it): judging (the gate on a judged output, the every-call check) and the golden data
+#: (the float64 reference, the plain computation, the resolution rows, the fresh draw and its reference). A call
+#: inside another of its part counts once.
 PARTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "judging": (("compare.run.pipeline", "judge_read"), ("compare.run.pipeline", "spot_failures")),
     "golden": (
-        ("compare/run/cell.py", "plain_reference"),
-        ("compare/run/harness.py", "case_resolution"),
-        ("compare/run/pipeline.py", "get"),
-    ),
-    "judging": (
-        ("compare/run/pipeline.py", "judge_read"),
-        ("compare/run/pipeline.py", "judge_calls"),
-        ("compare/run/pipeline.py", "add"),
+        ("compare.run.harness", "_golden"),
+        ("compare.run.harness", "plain_reference"),
+        ("compare.run.harness", "case_resolution"),
+        ("compare.gate.fresh", "draw"),
+        ("compare.gate.fresh", "reference"),
     ),
 }
 
@@ -106,42 +109,92 @@ def predicted_peak(dim: int, hidden: int) -> int:
     return preflight.peak_plan(case, 5, True, llc.flush_bytes(llc.cpu_last_level())).peak
 
 
-def run_once(
-    dim: int, hidden: int, weights: Path, cache: Path, out: Path, prof: Path | None, layers: bool = False
-) -> dict[str, float]:
+def run_once(dim: int, hidden: int, weights: Path, cache: Path, out: Path, layers: bool = False) -> dict[str, Any]:
     """One run of the README's command (``layers``: on every layer of a sharded checkpoint, ``--layers all``): wall
-    seconds, peak resident bytes, seconds per part (under the profiler at ``prof``; None: no profiler, no parts)."""
-    cmd = [sys.executable, *(["-m", "cProfile", "-o", str(prof)] if prof else []), "-m", "compare", "run"]
-    cmd += ["--module", str(ROOT / "examples" / "llama_mlp.py"), "--dim", str(dim), "--hidden", str(hidden)]
-    cmd += ["--batch", "1", "--seq", "16", "--dtype", "bfloat16", "--mode", "fwd+bwd", "--weights", str(weights)]
-    cmd += ["--prefix", TEMPLATE if layers else TEMPLATE.format(i=0), "--out", str(out), "--quiet"]
-    cmd += ["--layers", "all"] if layers else []
+    seconds, peak resident bytes, seconds judging and on the golden data, the timed samples' and first calls'
+    seconds, and the seconds from each progress line to the next (the CLI prints a stage's line only now and then
+    where its output is not a terminal: a guide, not a breakdown)."""
+    args = ["run", "--module", str(ROOT / "examples" / "llama_mlp.py"), "--dim", str(dim), "--hidden", str(hidden)]
+    args += ["--batch", "1", "--seq", "16", "--dtype", "bfloat16", "--mode", "fwd+bwd", "--weights", str(weights)]
+    args += ["--prefix", TEMPLATE if layers else TEMPLATE.format(i=0), "--out", str(out)]
+    args += ["--layers", "all"] if layers else []
+    spent = out.parent / "judging.json"
     env = {**os.environ, "FUSION_COMPARE_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(spent), "--", *args]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
+    assert proc.stdout is not None
+    lines = [(time.perf_counter() - t0, line.rstrip("\n")) for line in proc.stdout]
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"the run exited {os.waitstatus_to_exitcode(status)}: {' '.join(cmd)}")
-    parts = {name: 0.0 for name in PARTS}
-    if prof is None:
-        return {"wall_s": wall, "peak_bytes": usage.ru_maxrss * 1024}
-    stats = pstats.Stats(str(prof)).stats  # type: ignore[attr-defined]
-    for (file, _, func), (_, _, _, cum, _) in stats.items():
-        for name, where in PARTS.items():
-            if any(file.endswith(f) and func == fn for f, fn in where):
-                parts[name] += cum
-    return {"wall_s": wall, "peak_bytes": usage.ru_maxrss * 1024, **{f"{k}_s": v for k, v in parts.items()}}
+        tail = "\n".join(text for _, text in lines[-20:])
+        raise SystemExit(f"the run exited {os.waitstatus_to_exitcode(status)}: {' '.join(cmd)}\n{tail}")
+    stages: dict[str, float] = {"start-up": lines[0][0] if lines else wall}
+    for (t, text), (t_next, _) in zip(lines, [*lines[1:], (wall, "")], strict=True):
+        label = text.split("  (elapsed")[0].removeprefix("... ").removeprefix("fwd+bwd: ")
+        label = "judging and the end" if label.startswith(("[", "judging ", "data cache", "wrote ")) else label
+        stages[label] = stages.get(label, 0.0) + t_next - t
+    got = {"wall_s": wall, "peak_bytes": usage.ru_maxrss * 1024, **_samples_s(out / "results.json")}
+    return {**got, **json.loads(spent.read_text()), "stages": stages}
+
+
+def child(spent: Path, argv: list[str]) -> None:
+    """The CLI on ``argv`` in this process, with :data:`PARTS`' functions wrapped by a clock; each part's seconds
+    go to ``spent`` (``{"judging_s": ..., "golden_s": ...}``) whatever the exit."""
+    import importlib
+
+    from compare.cli.main import main
+
+    total = dict.fromkeys(PARTS, 0.0)
+    depth = dict.fromkeys(PARTS, 0)
+    for part, where in PARTS.items():
+        for module, name in where:
+            mod = importlib.import_module(module)
+
+            fn = getattr(mod, name)
+
+            def timed(*a: Any, _fn: Any = fn, _part: str = part, **k: Any) -> Any:
+                depth[_part] += 1
+                t0 = time.perf_counter()
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    depth[_part] -= 1
+                    if not depth[_part]:
+                        total[_part] += time.perf_counter() - t0
+
+            setattr(mod, name, timed)
+    try:
+        code = main(argv)
+    finally:
+        spent.write_text(json.dumps({f"{k}_s": v for k, v in total.items()}))
+    raise SystemExit(code)
+
+
+def _samples_s(results: Path) -> dict[str, float]:
+    """What the run's timed samples alone took (``samples_s``: every backend's median call times its warm and cold
+    samples' calls, the least any timing of these steps with these sample counts costs) and its first calls
+    (``first_calls_s``: compiles included), from its ``results.json``."""
+    samples = first = 0.0
+    for r in json.loads(results.read_text())["results"]:
+        for key in ("timing", "cold"):
+            t = r.get(key)
+            if t:
+                samples += t["median_s"] * t["n"] * t["calls_per_sample"]
+        first += (r.get("timing") or {}).get("first_call_s") or 0.0
+    return {"samples_s": samples, "first_calls_s": first}
 
 
 def checkpoint(name: str, layers: int, out: Path) -> None:
-    """Every layer of a generated ``layers``-layer checkpoint of ``name``'s shape in one run, from nothing (not
-    under the profiler: its overhead on Python calls would grow with the layers)."""
+    """Every layer of a generated ``layers``-layer checkpoint of ``name``'s shape in one run, from nothing."""
     dim, hidden = LAYERS[name]
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         t = Path(tmp)
         index = write_checkpoint(t, dim, hidden, layers)
-        got = run_once(dim, hidden, index, t / "cache", t / "run", None, layers=True)
+        got = run_once(dim, hidden, index, t / "cache", t / "run", layers=True)
         row = {"layer": name, "layers": layers, "dim": dim, "hidden": hidden, **got}
     print(
         f"{name}: {layers} layers in {row['wall_s']:.0f} s ({row['wall_s'] / layers:.1f} s a layer), "
@@ -158,7 +211,10 @@ def main() -> None:
     ap.add_argument(
         "--checkpoint", type=int, default=0, help="instead: every layer of a checkpoint of this many layers of --layer"
     )
-    a = ap.parse_args()
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # run_once's child: the CLI on the arguments after --
+    a, rest = ap.parse_known_args()
+    if a.child:
+        return child(Path(a.child), rest[1:] if rest[:1] == ["--"] else rest)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.checkpoint:
@@ -170,7 +226,7 @@ def main() -> None:
             t = Path(tmp)
             write_layer(t / "model.safetensors", dim, hidden)
             for label in ("from nothing", "cached"):
-                got = run_once(dim, hidden, t / "model.safetensors", t / "cache", t / "run", t / "profile")
+                got = run_once(dim, hidden, t / "model.safetensors", t / "cache", t / "run")
                 predicted = predicted_peak(dim, hidden)
                 rows.append({"layer": name, "dim": dim, "hidden": hidden, "run": label, **got, "predicted": predicted})
                 r = rows[-1]
@@ -178,7 +234,8 @@ def main() -> None:
                     f"{name:13} {label:12} {r['wall_s']:6.1f} s  peak {r['peak_bytes'] / 1e9:5.2f} GB "
                     f"(predicted {predicted / 1e9:5.2f} GB, {predicted / r['peak_bytes'] - 1:+.0%})  "
                     f"golden {r['golden_s']:5.1f} s  judging {r['judging_s']:5.1f} s "
-                    f"({r['judging_s'] / r['wall_s']:.0%})",
+                    f"({r['judging_s'] / r['wall_s']:.0%})  timed samples {r['samples_s']:5.1f} s  "
+                    f"first calls {r['first_calls_s']:5.1f} s",
                     flush=True,
                 )
     (out / "real-layer.json").write_text(json.dumps({"machine": _machine(), "runs": rows}, indent=1) + "\n")
