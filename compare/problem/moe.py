@@ -1,0 +1,239 @@
+"""Mixture-of-experts MLP blocks in numpy, forward and backward, in an :class:`~compare.problem.reference.Arith`:
+the router, ``E`` gated experts and the weighted combine, as Qwen3-MoE, Mixtral and gpt-oss compute them.
+
+With ``Arith.exact()`` this is the float64 golden, with the same bits on every machine, as the dense models'
+(``compare.problem.reference``): every GEMM, every sum over experts, tokens or features goes through the Arith's
+GEMM (``fixedbits.matmul64``, Ozaki's error-free splitting), the exponential is ``fixedbits.exp``, and the rest is
+IEEE elementwise arithmetic. With a plain Arith the tensors an eager framework materialises are rounded as for the
+dense GLU models (router logits, each expert's ``gate_up``, its activation, its output and every gradient).
+
+Routing: per token the ``k`` experts of largest score, ties to the lower expert index (a stable sort; what an
+honest backend may choose instead on a near-tie is the gate's business, ``compare.gate``), in one of two orders:
+``softmax-topk`` (Qwen3-MoE, Mixtral: a softmax over all ``E`` logits, the ``k`` largest probabilities, optionally
+renormalised to sum to 1) or ``topk-softmax`` (gpt-oss: the ``k`` largest logits, a softmax over those ``k``).
+With renormalisation the two orders are one function (``p_j / sum_K p = exp(l_j) / sum_K exp(l)``); without it they
+differ.
+Experts: ``swiglu`` (``silu(gate) * up``) or gpt-oss's ``clamped`` SwiGLU (``(up + 1) * gate * sigmoid(alpha *
+gate)`` with ``gate`` clamped above at ``limit`` and ``up`` to ``[-limit, limit]``), gate and up rows of one fused
+``gate_up`` weight either ``concat`` (gate rows first, then up: ``chunk(2)``) or ``interleaved`` (gate at even
+rows: ``[..., ::2]``). The combine adds each expert's weighted output to its tokens' rows in expert order
+(``index_add_``'s).
+
+Parameters, canonical names in torch's ``(out, in)`` layout: ``router [E, dim]``, ``gate_up [E, 2 * hidden, dim]``,
+``down [E, dim, hidden]`` and, with ``biases`` (gpt-oss), ``router_bias [E]``, ``gate_up_bias [E, 2 * hidden]``,
+``down_bias [E, dim]``. Activations are 2-D ``[tokens, features]``; the gradients are ``dx`` and ``d<name>`` for
+every parameter (the router's through the combine weights: the top-k choice itself has no gradient).
+
+Not here yet: shared experts (DeepSeek-V3, Qwen2-MoE), and a router's auxiliary load-balancing loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from compare.problem import fixedbits
+from compare.problem.reference import Arith, _f64, _sigmoid_pair, silu, silu_grad
+
+ROUTER_ORDERS = ("softmax-topk", "topk-softmax")
+GLUS = ("swiglu", "clamped")
+LAYOUTS = ("concat", "interleaved")
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """What a mixture-of-experts block computes (module docstring): ``experts`` (``E``) and ``top_k`` (``k``), the
+    router's ``order`` and whether the ``k`` weights are ``renormalize``-d, the experts' ``glu`` and ``layout``, and
+    whether every linear has a bias; ``alpha`` and ``limit`` are the clamped SwiGLU's (gpt-oss: 1.702 and 7)."""
+
+    experts: int
+    top_k: int
+    order: str = "softmax-topk"
+    renormalize: bool = True
+    glu: str = "swiglu"
+    layout: str = "concat"
+    biases: bool = False
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"top_k must be in 1..experts ({self.experts}), got {self.top_k}")
+        for name, value, known in (("order", self.order, ROUTER_ORDERS), ("glu", self.glu, GLUS)):
+            if value not in known:
+                raise ValueError(f"unknown {name} {value!r}; known: {', '.join(known)}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}; known: {', '.join(LAYOUTS)}")
+
+    def weight_shapes(self, dim: int, hidden: int) -> dict[str, tuple[int, ...]]:
+        """Each parameter's shape (module docstring), in the order a checkpoint lists them."""
+        e = self.experts
+        shapes: dict[str, tuple[int, ...]] = {
+            "router": (e, dim),
+            "gate_up": (e, 2 * hidden, dim),
+            "down": (e, dim, hidden),
+        }
+        if self.biases:
+            shapes |= {"router_bias": (e,), "gate_up_bias": (e, 2 * hidden), "down_bias": (e, dim)}
+        return shapes
+
+
+@dataclass(frozen=True)
+class Routing:
+    """A router's decision on ``T`` tokens: ``experts [T, k]`` (each row's experts, largest score first) and their
+    combine ``weights [T, k]``, with what the backward needs: ``probs [T, E]`` (``softmax-topk``: the softmax over
+    all experts) or ``[T, k]`` (``topk-softmax``: the softmax over the chosen), and the renormalising sums ``[T]``."""
+
+    experts: np.ndarray
+    weights: np.ndarray
+    probs: np.ndarray
+    sums: np.ndarray | None
+
+
+def _sum_last(a: np.ndarray, ar: Arith) -> np.ndarray:
+    """``a [T, n]`` summed over its last axis through the Arith's GEMM (numpy's own reduction may reassociate with
+    the CPU's vector width), rounded as a sum's output."""
+    return ar.rnd(ar._gemm(a, np.ones((a.shape[-1], 1)))[:, 0])
+
+
+def softmax(logits: np.ndarray, ar: Arith) -> np.ndarray:
+    """Softmax over the last axis of ``logits [T, n]``: ``exp(l - max l)`` (``fixedbits.exp``) over its sum."""
+    e = fixedbits.exp(_f64(logits) - np.max(logits, axis=-1, keepdims=True))
+    return ar.rnd(e / _f64(_sum_last(e, ar))[:, None])
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """The indices ``[T, k]`` of each row's ``k`` largest ``scores``, largest first, ties to the lower index."""
+    return np.argsort(-_f64(scores), axis=-1, kind="stable")[:, :k]
+
+
+def route(logits: np.ndarray, spec: MoeSpec, ar: Arith) -> Routing:
+    """The router's :class:`Routing` from its ``logits [T, E]``."""
+    rows = np.arange(logits.shape[0])[:, None]
+    if spec.order == "softmax-topk":
+        probs = softmax(logits, ar)
+        experts = top_k(probs, spec.top_k)
+        weights = probs[rows, experts]
+        sums = None
+        if spec.renormalize:
+            sums = _sum_last(weights, ar)
+            weights = ar.rnd(_f64(weights) / _f64(sums)[:, None])
+        return Routing(experts, weights, probs, sums)
+    experts = top_k(logits, spec.top_k)
+    probs = softmax(logits[rows, experts], ar)
+    return Routing(experts, probs, probs, None)
+
+
+def route_backward(d_weights: np.ndarray, r: Routing, spec: MoeSpec, ar: Arith) -> np.ndarray:
+    """``d logits [T, E]`` from the gradient of the combine weights ``[T, k]`` (zero at the experts not chosen)."""
+    t, e = d_weights.shape[0], spec.experts
+    rows = np.arange(t)[:, None]
+    dw = _f64(d_weights)
+    if spec.order == "topk-softmax":  # w = softmax(l_K): dl_K = w (dw - sum(w dw))
+        w = _f64(r.probs)
+        dl = np.zeros((t, e))
+        dl[rows, r.experts] = ar.rnd(w * (dw - _f64(_sum_last(w * dw, ar))[:, None]))
+        return dl
+    dp_k = dw
+    if r.sums is not None:  # w_j = p_j / S: dp_j = (dw_j - sum_i dw_i w_i) / S
+        w = _f64(r.weights)
+        dp_k = (dw - _f64(_sum_last(dw * w, ar))[:, None]) / _f64(r.sums)[:, None]
+    dp = np.zeros((t, e))
+    dp[rows, r.experts] = dp_k
+    p = _f64(r.probs)  # p = softmax(l): dl = p (dp - sum(p dp))
+    return ar.rnd(p * (dp - _f64(_sum_last(p * dp, ar))[:, None]))
+
+
+def _gate_up(gu: np.ndarray, spec: MoeSpec) -> tuple[np.ndarray, np.ndarray]:
+    """``gate, up [T, hidden]`` of a fused ``gate_up [T, 2 * hidden]`` in the spec's layout."""
+    if spec.layout == "interleaved":
+        return gu[:, ::2], gu[:, 1::2]
+    half = gu.shape[1] // 2
+    return gu[:, :half], gu[:, half:]
+
+
+def _fused(dg: np.ndarray, du: np.ndarray, spec: MoeSpec) -> np.ndarray:
+    """The inverse of :func:`_gate_up`: ``[T, 2 * hidden]`` from the two halves."""
+    if spec.layout == "interleaved":
+        out = np.empty((dg.shape[0], 2 * dg.shape[1]))
+        out[:, ::2], out[:, 1::2] = dg, du
+        return out
+    return np.concatenate([dg, du], axis=1)
+
+
+def _glu(gate: np.ndarray, up: np.ndarray, spec: MoeSpec, ar: Arith) -> np.ndarray:
+    """The expert's gated activation ``h [T, hidden]`` (module docstring)."""
+    g, u = _f64(gate), _f64(up)
+    if spec.glu == "swiglu":
+        return ar.rnd(ar.rnd(silu(g)) * u)
+    gc, uc = np.minimum(g, spec.limit), np.clip(u, -spec.limit, spec.limit)
+    glu = ar.rnd(gc * _sigmoid_pair(spec.alpha * gc)[0])
+    return ar.rnd((uc + 1.0) * glu)
+
+
+def _glu_backward(dh: np.ndarray, gate: np.ndarray, up: np.ndarray, spec: MoeSpec, ar: Arith) -> np.ndarray:
+    """``d gate_up [T, 2 * hidden]`` from ``dh``: a clamp passes the gradient where its input is within its limits
+    (torch's ``clamp`` backward: the bounds included)."""
+    g, u, d = _f64(gate), _f64(up), _f64(dh)
+    if spec.glu == "swiglu":
+        return _fused(ar.rnd(d * u * silu_grad(g)), ar.rnd(d * _f64(ar.rnd(silu(g)))), spec)
+    gc, uc = np.minimum(g, spec.limit), np.clip(u, -spec.limit, spec.limit)
+    sig, sig_neg = _sigmoid_pair(spec.alpha * gc)
+    glu = _f64(ar.rnd(gc * sig))
+    dglu = sig * (1.0 + spec.alpha * gc * sig_neg)  # d/dg of g sigmoid(alpha g)
+    dg = ar.rnd(d * (uc + 1.0) * dglu * (g <= spec.limit))
+    du = ar.rnd(d * glu * (np.abs(u) <= spec.limit))
+    return _fused(dg, du, spec)
+
+
+def moe_fwd_bwd(
+    x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith, spec: MoeSpec, weights: bool = True
+) -> dict[str, np.ndarray]:
+    """The block's ``y [T, dim]`` on ``x [T, dim]`` and, given ``dy``, ``dx`` and (with ``weights``) every
+    parameter's gradient; ``routing`` too (the experts chosen, ``[T, k]`` integers), for the gate to compare."""
+    b = spec.biases
+    wr = params["router"]
+    logits = ar.addmm(x, wr, params["router_bias"]) if b else ar.mm(x, wr.T)
+    r = route(logits, spec, ar)
+    y = np.zeros((x.shape[0], params["down"].shape[1]))
+    kept = []  # per expert hit: (e, tokens, slots, gate, up, h, out)
+    for e in range(spec.experts):
+        tok, slot = np.nonzero(r.experts == e)
+        if not tok.size:
+            continue
+        xe = x[tok]
+        gu = ar.addmm(xe, params["gate_up"][e], params["gate_up_bias"][e]) if b else ar.mm(xe, params["gate_up"][e].T)
+        gate, up = _gate_up(_f64(gu), spec)
+        h = _glu(gate, up, spec, ar)
+        wd = params["down"][e]
+        out = ar.addmm(h, wd, params["down_bias"][e]) if b else ar.mm(h, wd.T)
+        y[tok] += _f64(ar.rnd(_f64(out) * _f64(r.weights[tok, slot])[:, None]))
+        kept.append((e, tok, slot, gate, up, h, out))
+    res = {"y": ar.rnd(y, out=True), "routing": r.experts}
+    if dy is None:
+        return res
+    dx = np.zeros(x.shape)
+    d_weights = np.zeros(r.weights.shape)
+    grads = {k: np.zeros(v.shape) for k, v in params.items()} if weights else {}
+    for e, tok, slot, gate, up, h, out in kept:
+        dye = _f64(dy[tok])
+        d_weights[tok, slot] = _sum_last(_f64(out) * dye, ar)
+        dout = ar.rnd(dye * _f64(r.weights[tok, slot])[:, None])
+        dh = ar.mm(dout, params["down"][e])
+        dgu = _glu_backward(dh, gate, up, spec, ar)
+        dx[tok] += _f64(ar.mm(dgu, params["gate_up"][e]))
+        if weights:
+            grads["down"][e] = ar.mm(dout.T, h, out=True)
+            grads["gate_up"][e] = ar.mm(dgu.T, x[tok], out=True)
+            if b:
+                grads["down_bias"][e] = ar.colsum(dout)
+                grads["gate_up_bias"][e] = ar.colsum(dgu)
+    dl = route_backward(d_weights, r, spec, ar)
+    res["dx"] = ar.rnd(dx + _f64(ar.mm(dl, wr)), out=True)
+    if weights:
+        grads["router"] = ar.mm(dl.T, x, out=True)
+        if b:
+            grads["router_bias"] = ar.colsum(dl)
+        res |= {f"d{k}": v for k, v in grads.items()}
+    return res
