@@ -215,3 +215,57 @@ def test_a_spec_outside_the_known_forms_is_refused() -> None:
         moe.MoeSpec(8, 9)
     with pytest.raises(ValueError, match="unknown order 'sorted'"):
         moe.MoeSpec(8, 2, order="sorted")
+
+
+# --- near-ties: the golden of a backend's own routing ------------------------------------------------------------
+
+
+def _tied(spec: moe.MoeSpec, gap: float, seed: int = 2) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """Parameters and inputs whose token 0 has its k-th and (k+1)-th router logits ``gap`` apart (expert ``a`` just
+    above ``b``): the router's row of ``b`` is moved so that ``l_b = l_a - gap`` on that token. Returns the params,
+    ``x`` and ``(a, b)``."""
+    rng = np.random.default_rng(seed)
+    params = {k: rng.standard_normal(s) / np.sqrt(s[-1]) for k, s in spec.weight_shapes(DIM, HIDDEN).items()}
+    x = rng.standard_normal((TOKENS, DIM))
+    logits = x @ params["router"].T
+    order = np.argsort(-logits[0], kind="stable")
+    a, b = order[spec.top_k - 1], order[spec.top_k]
+    want = logits[0, a] - gap
+    params["router"][b] += (want - logits[0, b]) * x[0] / (x[0] @ x[0])
+    return params, x, np.array([a, b])
+
+
+def test_a_near_tie_chosen_either_way_is_routable_and_judged_against_its_own_golden() -> None:
+    """On a token whose k-th and (k+1)-th logits are 1e-9 apart, the choice with the two swapped is a top-k choice
+    of logits within 1e-8 (``routable``), and the golden of that choice (``chosen``) is what a backend that made it
+    computes: equal on every other token, and on that token differing from the golden's own by far more than
+    rounding (so judging it against the golden's routing would fail an honest backend)."""
+    spec = moe.MoeSpec(8, 2)
+    params, x, (a, b) = _tied(spec, 1e-9)
+    gold = moe.moe_fwd_bwd(x, params, None, Arith.exact(), spec)
+    assert a in gold["routing"][0] and b not in gold["routing"][0]
+    theirs = gold["routing"].copy()
+    theirs[0, theirs[0] == a] = b
+    assert moe.routable(theirs, gold["logits"], 1e-8).all()
+    assert not moe.routable(theirs, gold["logits"], 0.0)[0]  # the exact top k is the golden's
+    other = moe.moe_fwd_bwd(x, params, None, Arith.exact(), spec, chosen=theirs)
+    assert np.array_equal(other["y"][1:], gold["y"][1:])
+    assert np.max(np.abs(other["y"][0] - gold["y"][0])) > 1e-3 * np.max(np.abs(gold["y"][0]))
+
+
+def test_a_wrong_router_is_not_routable() -> None:
+    """Controls: a router that takes the (k+1)-th expert for the k-th on tokens with ordinary margins, or repeats an
+    expert, or names one out of range, is not routable within a tolerance far above float64's rounding."""
+    spec = moe.MoeSpec(8, 2)
+    params, x, _ = _tied(spec, 0.5)
+    gold = moe.moe_fwd_bwd(x, params, None, Arith.exact(), spec)
+    logits = gold["logits"]
+    order = np.argsort(-logits, axis=1, kind="stable")
+    wrong = order[:, [0, 2]]  # the third-ranked instead of the second
+    gap = logits[np.arange(TOKENS), order[:, 1]] - logits[np.arange(TOKENS), order[:, 2]]
+    assert not moe.routable(wrong, logits, 1e-6)[gap > 2e-6].any() and (gap > 2e-6).sum() > TOKENS // 2
+    assert moe.routable(gold["routing"], logits, 0.0).all()
+    repeated = gold["routing"].copy()
+    repeated[:, 1] = repeated[:, 0]
+    assert not moe.routable(repeated, logits, 1.0).any()
+    assert not moe.routable(np.full_like(gold["routing"], 8), logits, 1.0).any()

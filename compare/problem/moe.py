@@ -7,8 +7,8 @@ GEMM (``fixedbits.matmul64``, Ozaki's error-free splitting), the exponential is 
 IEEE elementwise arithmetic. With a plain Arith the tensors an eager framework materialises are rounded as for the
 dense GLU models (router logits, each expert's ``gate_up``, its activation, its output and every gradient).
 
-Routing: per token the ``k`` experts of largest score, ties to the lower expert index (a stable sort; what an
-honest backend may choose instead on a near-tie is the gate's business, ``compare.gate``), in one of two orders:
+Routing: per token the ``k`` experts of largest score, ties to the lower expert index (a stable sort), in one of
+two orders:
 ``softmax-topk`` (Qwen3-MoE, Mixtral: a softmax over all ``E`` logits, the ``k`` largest probabilities, optionally
 renormalised to sum to 1) or ``topk-softmax`` (gpt-oss: the ``k`` largest logits, a softmax over those ``k``).
 With renormalisation the two orders are one function (``p_j / sum_K p = exp(l_j) / sum_K exp(l)``); without it they
@@ -23,6 +23,12 @@ Parameters, canonical names in torch's ``(out, in)`` layout: ``router [E, dim]``
 ``down [E, dim, hidden]`` and, with ``biases`` (gpt-oss), ``router_bias [E]``, ``gate_up_bias [E, 2 * hidden]``,
 ``down_bias [E, dim]``. Activations are 2-D ``[tokens, features]``; the gradients are ``dx`` and ``d<name>`` for
 every parameter (the router's through the combine weights: the top-k choice itself has no gradient).
+
+Near-ties: top-k is discontinuous, and a backend whose logits are off by its dtype's rounding may choose another
+expert where two scores are that close. :func:`routable` says whether a backend's choice is a top-k choice of
+logits within a tolerance of the golden's, and ``chosen`` computes the golden of the experts a backend chose: an
+honest backend is judged against the golden of its own routing, a wrong router (a choice no such logits make) is
+named as one.
 
 Not here yet: shared experts (DeepSeek-V3, Qwen2-MoE), and a router's auxiliary load-balancing loss.
 """
@@ -108,19 +114,41 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-_f64(scores), axis=-1, kind="stable")[:, :k]
 
 
-def route(logits: np.ndarray, spec: MoeSpec, ar: Arith) -> Routing:
-    """The router's :class:`Routing` from its ``logits [T, E]``."""
+def routable(chosen: np.ndarray, logits: np.ndarray, tol: np.ndarray | float) -> np.ndarray:
+    """Per token ``[T]``: whether the experts ``chosen [T, k]`` are a top-k choice of logits each within ``tol`` (per
+    token, or one figure) of ``logits [T, E]``: a router whose logits are that far off may choose them honestly. A set
+    ``S`` is the top k of some such logits exactly when ``min_S l + tol >= max_(not S) l - tol``. With ``tol`` 0 that
+    is the exact top k, ties either way. Rows with a repeated or out-of-range expert are not routable."""
+    lg = _f64(logits)
+    t, e = lg.shape
+    k = chosen.shape[1]
+    ok = np.all((chosen >= 0) & (chosen < e), axis=1)
+    picked = np.zeros((t, e), dtype=bool)
+    rows = np.arange(t)[:, None]
+    safe = np.where(ok[:, None], chosen, 0)
+    picked[rows, safe] = True
+    ok &= picked.sum(axis=1) == k  # k distinct experts
+    low = np.min(np.where(picked, lg, np.inf), axis=1)
+    high = np.max(np.where(picked, -np.inf, lg), axis=1) if k < e else np.full(t, -np.inf)
+    return ok & (low + np.asarray(tol) >= high - np.asarray(tol))
+
+
+def route(logits: np.ndarray, spec: MoeSpec, ar: Arith, chosen: np.ndarray | None = None) -> Routing:
+    """The router's :class:`Routing` from its ``logits [T, E]``; ``chosen [T, k]``: those experts instead of its own
+    top k (the golden of what a backend chose on near-ties, :func:`routable`), in that order."""
     rows = np.arange(logits.shape[0])[:, None]
+    if chosen is not None and chosen.shape != (logits.shape[0], spec.top_k):
+        raise ValueError(f"chosen experts of shape {chosen.shape}; the router chooses {(logits.shape[0], spec.top_k)}")
     if spec.order == "softmax-topk":
         probs = softmax(logits, ar)
-        experts = top_k(probs, spec.top_k)
+        experts = top_k(probs, spec.top_k) if chosen is None else chosen
         weights = probs[rows, experts]
         sums = None
         if spec.renormalize:
             sums = _sum_last(weights, ar)
             weights = ar.rnd(_f64(weights) / _f64(sums)[:, None])
         return Routing(experts, weights, probs, sums)
-    experts = top_k(logits, spec.top_k)
+    experts = top_k(logits, spec.top_k) if chosen is None else chosen
     probs = softmax(logits[rows, experts], ar)
     return Routing(experts, probs, probs, None)
 
@@ -188,14 +216,21 @@ def _glu_backward(dh: np.ndarray, gate: np.ndarray, up: np.ndarray, spec: MoeSpe
 
 
 def moe_fwd_bwd(
-    x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith, spec: MoeSpec, weights: bool = True
+    x: np.ndarray,
+    params: dict[str, np.ndarray],
+    dy: np.ndarray | None,
+    ar: Arith,
+    spec: MoeSpec,
+    weights: bool = True,
+    chosen: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The block's ``y [T, dim]`` on ``x [T, dim]`` and, given ``dy``, ``dx`` and (with ``weights``) every
-    parameter's gradient; ``routing`` too (the experts chosen, ``[T, k]`` integers), for the gate to compare."""
+    parameter's gradient; ``routing`` (the experts chosen, ``[T, k]`` integers) and ``logits [T, E]`` too, for the
+    gate to compare. ``chosen``: route each token to these experts instead (:func:`route`)."""
     b = spec.biases
     wr = params["router"]
     logits = ar.addmm(x, wr, params["router_bias"]) if b else ar.mm(x, wr.T)
-    r = route(logits, spec, ar)
+    r = route(logits, spec, ar, chosen)
     y = np.zeros((x.shape[0], params["down"].shape[1]))
     kept = []  # per expert hit: (e, tokens, slots, gate, up, h, out)
     for e in range(spec.experts):
@@ -210,7 +245,7 @@ def moe_fwd_bwd(
         out = ar.addmm(h, wd, params["down_bias"][e]) if b else ar.mm(h, wd.T)
         y[tok] += _f64(ar.rnd(_f64(out) * _f64(r.weights[tok, slot])[:, None]))
         kept.append((e, tok, slot, gate, up, h, out))
-    res = {"y": ar.rnd(y, out=True), "routing": r.experts}
+    res = {"y": ar.rnd(y, out=True), "routing": r.experts, "logits": _f64(logits)}
     if dy is None:
         return res
     dx = np.zeros(x.shape)
