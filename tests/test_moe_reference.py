@@ -23,7 +23,14 @@ from compare.problem.reference import Arith
 
 pytestmark = pytest.mark.standard
 
+#: the CPU-sized presets' widths and tokens (one for all three)
 DIM, HIDDEN, TOKENS = 64, 32, 24
+
+
+def _preset(name: str) -> moe.MoeSpec:
+    p = moe.MOE_PRESETS[name]
+    assert (p.dim, p.hidden, p.tokens) == (DIM, HIDDEN, TOKENS)
+    return p.spec
 
 
 def _qwen3() -> tuple[torch.nn.Module, moe.MoeSpec]:
@@ -33,7 +40,7 @@ def _qwen3() -> tuple[torch.nn.Module, moe.MoeSpec]:
     cfg = Qwen3MoeConfig(
         hidden_size=DIM, moe_intermediate_size=HIDDEN, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True
     )
-    return Qwen3MoeSparseMoeBlock(cfg), moe.MoeSpec(128, 8)
+    return Qwen3MoeSparseMoeBlock(cfg), _preset("qwen3-moe-cpu")
 
 
 def _mixtral() -> tuple[torch.nn.Module, moe.MoeSpec]:
@@ -41,7 +48,7 @@ def _mixtral() -> tuple[torch.nn.Module, moe.MoeSpec]:
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
     cfg = MixtralConfig(hidden_size=DIM, intermediate_size=HIDDEN, num_local_experts=8, num_experts_per_tok=2)
-    return MixtralSparseMoeBlock(cfg), moe.MoeSpec(8, 2)
+    return MixtralSparseMoeBlock(cfg), _preset("mixtral-cpu")
 
 
 def _gpt_oss() -> tuple[torch.nn.Module, moe.MoeSpec]:
@@ -49,7 +56,8 @@ def _gpt_oss() -> tuple[torch.nn.Module, moe.MoeSpec]:
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 
     cfg = GptOssConfig(hidden_size=DIM, intermediate_size=HIDDEN, num_local_experts=32, num_experts_per_tok=4)
-    spec = moe.MoeSpec(32, 4, "topk-softmax", False, "clamped", "interleaved", True, cfg.swiglu_alpha, cfg.swiglu_limit)
+    spec = _preset("gpt-oss-20b-cpu")
+    assert (spec.alpha, spec.limit) == (cfg.swiglu_alpha, cfg.swiglu_limit)
     return GptOssMLP(cfg), spec
 
 

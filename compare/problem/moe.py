@@ -85,6 +85,47 @@ class MoeSpec:
         return shapes
 
 
+def gpt_oss(experts: int, top_k: int) -> MoeSpec:
+    """gpt-oss's :class:`MoeSpec` with ``experts`` and ``top_k`` (transformers' ``GptOssTopKRouter`` and
+    ``GptOssExperts``): top-k then a softmax over the k, the clamped SwiGLU with interleaved gate and up, biases."""
+    return MoeSpec(experts, top_k, "topk-softmax", False, "clamped", "interleaved", True)
+
+
+@dataclass(frozen=True)
+class MoePreset:
+    """A mixture-of-experts block of a published model: its :class:`MoeSpec`, the model's width ``dim``, each
+    expert's ``hidden`` width, the ``tokens`` a run takes by default, and what it is."""
+
+    name: str
+    spec: MoeSpec
+    dim: int
+    hidden: int
+    tokens: int
+    about: str
+
+
+#: The published blocks, each from the model's config.json on its Hugging Face model card (named beside it), and
+#: CPU-sized ones that keep the real expert count and top-k with narrow experts and few tokens (transformers' own
+#: blocks agree with their goldens: tests/test_moe_reference.py).
+MOE_PRESETS: dict[str, MoePreset] = {
+    p.name: p
+    for p in (
+        # Qwen/Qwen3-30B-A3B: hidden_size 2048, moe_intermediate_size 768, num_experts 128, num_experts_per_tok 8,
+        # norm_topk_prob true
+        MoePreset("qwen3-moe", MoeSpec(128, 8), 2048, 768, 16, "Qwen3-30B-A3B's MoE block (2048 -> 128 x 768, top-8)"),
+        # mistralai/Mixtral-8x7B-v0.1: hidden_size 4096, intermediate_size 14336, num_local_experts 8,
+        # num_experts_per_tok 2 (renormalised: transformers' MixtralTopKRouter)
+        MoePreset("mixtral", MoeSpec(8, 2), 4096, 14336, 16, "Mixtral 8x7B's MoE block (4096 -> 8 x 14336, top-2)"),
+        # openai/gpt-oss-20b: hidden_size 2880, intermediate_size 2880, num_local_experts 32, num_experts_per_tok 4,
+        # swiglu_limit 7.0 (alpha 1.702: transformers' GptOssConfig)
+        MoePreset("gpt-oss-20b", gpt_oss(32, 4), 2880, 2880, 16, "gpt-oss-20b's MoE block (2880 -> 32 x 2880, top-4)"),
+        MoePreset("qwen3-moe-cpu", MoeSpec(128, 8), 64, 32, 24, "Qwen3-30B-A3B's routing (128 experts, top-8), narrow"),
+        MoePreset("mixtral-cpu", MoeSpec(8, 2), 64, 32, 24, "Mixtral 8x7B's routing (8 experts, top-2), narrow"),
+        MoePreset("gpt-oss-20b-cpu", gpt_oss(32, 4), 64, 32, 24, "gpt-oss-20b's routing and experts, narrow"),
+    )
+}
+
+
 @dataclass(frozen=True)
 class Routing:
     """A router's decision on ``T`` tokens: ``experts [T, k]`` (each row's experts, largest score first) and their
