@@ -4,8 +4,10 @@ the router, ``E`` gated experts and the weighted combine, as Qwen3-MoE, Mixtral 
 With ``Arith.exact()`` this is the float64 golden, with the same bits on every machine, as the dense models'
 (``compare.problem.reference``): every GEMM, every sum over experts, tokens or features goes through the Arith's
 GEMM (``fixedbits.matmul64``, Ozaki's error-free splitting), the exponential is ``fixedbits.exp``, and the rest is
-IEEE elementwise arithmetic. With a plain Arith the tensors an eager framework materialises are rounded as for the
-dense GLU models (router logits, each expert's ``gate_up``, its activation, its output and every gradient).
+IEEE elementwise arithmetic. A plain Arith rounds where the dense GLU models' plain computation does (router
+logits, each expert's ``gate_up``, its activation, its output, every gradient); where each model's eager block
+rounds otherwise (transformers keeps Mixtral's combine weights in float32, takes every router's softmax in float32
+and adds gpt-oss's biases after its GEMMs) is not modelled yet, and no plain MoE computation is judged with yet.
 
 Routing: per token the ``k`` experts of largest score, ties to the lower expert index (a stable sort), in one of
 two orders:
