@@ -214,6 +214,12 @@ BAD_FILES = {
         "fails to import: RuntimeError: no GPU here",
     ),
     "syntax error": ("def torch_module(dim, hidden)\n", "fails to import: SyntaxError: expected ':'"),
+    # the file's own exit is its failure, never the tool's status (it was exit 0 with no output)
+    "sys.exit at import": ("import sys\nsys.exit(0)\n", "fails to import: SystemExit: 0"),
+    "SystemExit in torch_module": (
+        module_source().replace("return MLP(dim, hidden)", "raise SystemExit(1)"),
+        "torch_module(96, 96) fails: SystemExit: 1",
+    ),
     "forward fails at the shape": (
         module_source(torch_act="self.up(x[..., :-1])"),
         "its forward fails on an input [3, 37, 96]: RuntimeError: ",  # its shapes are checked on the meta device
@@ -262,6 +268,44 @@ def test_a_bad_module_file_exits_2_naming_what_is_wrong(
     assert f"--module {path}" in err and message in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_module_s_own_keyboard_interrupt_exits_2_while_the_tool_s_signal_handlers_are_in_place(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under ``python -m compare`` a signal only sets a flag (``compare.run.stop``), so a ``KeyboardInterrupt``
+    out of a module file is the file's own: exit 2 naming it, not 130 ("interrupted"). Without the handlers (the
+    Python API) it is a Ctrl-C and stays one: the control."""
+    import signal
+
+    from compare.run import stop
+
+    path = write(tmp_path, module_source().replace("return MLP(dim, hidden)", "raise KeyboardInterrupt"))
+    previous = signal.signal(signal.SIGINT, stop._handler)
+    try:
+        assert main(_run_module(tmp_path, str(path))) == 2
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert "torch_module(96, 96) fails: KeyboardInterrupt" in capsys.readouterr().err
+    assert main(_run_module(tmp_path, str(path))) == 130
+
+
+@pytest.mark.standard
+def test_a_jax_function_that_exits_mid_run_is_an_error_cell_and_the_finished_cells_are_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sys.exit(0)`` inside ``jax_function``, called only once the run measures: the JAX cell is an ``error``
+    naming it, the torch cell finished before it is in ``results.json``, and the status is the finding (1); it
+    was exit 0 with no ``results.json``."""
+    body = "    import sys\n    sys.exit(0)"
+    path = write(tmp_path, module_source(jax_body=body))
+    out = tmp_path / "out"
+    args = ["run", "--module", str(path), "--dim", "96", "--hidden", "96", *FAST, "--out", str(out)]
+    assert main([*args, "--backend", "torch-module", "jax-module"]) == 1
+    rows = {r["backend"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    assert rows["torch-module"]["status"] == "ok", rows["torch-module"]
+    assert rows["jax-module"]["status"] == "error"
+    assert "its code raised SystemExit(0) itself" in rows["jax-module"]["reason"], rows["jax-module"]["reason"]
 
 
 @pytest.mark.parametrize(

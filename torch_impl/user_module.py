@@ -40,6 +40,7 @@ from torch import nn
 from compare.problem.cases import Case, FileChanged, InputError, ModuleFile
 from compare.problem.golden import make_problem
 from compare.problem.reference import TRANSCENDENTAL_ERROR_ULPS, Activations, Arith, round_to_dtype
+from compare.run import stop
 from torch_impl.device import TORCH_DTYPES
 from torch_impl.models import canonical_params
 from torch_impl.plain import UnsupportedOp, plain_compute, plain_run_module
@@ -119,7 +120,8 @@ def _execute(path: str, source: bytes, digest: str) -> types.ModuleType:
     sys.modules[name] = module  # dataclasses, pickling and typing look a module up by name
     try:
         exec(compile(source, path, "exec"), module.__dict__)
-    except Exception as exc:
+    except stop.CODE_ERRORS as exc:  # sys.exit() at import too: the file's failure, never the tool's status
+        stop.reraise_stop(exc)
         sys.modules.pop(name, None)
         raise InputError(f"--module {path} fails to import: {_one_line(exc)}") from exc
     missing = [f for f in REQUIRED if not callable(getattr(module, f, None))]
@@ -152,7 +154,8 @@ def load(mf: ModuleFile) -> types.ModuleType:
 def _instantiate(user: types.ModuleType, path: str, dim: int, hidden: int) -> nn.Module:
     try:
         module = user.torch_module(dim, hidden)
-    except Exception as exc:
+    except stop.CODE_ERRORS as exc:
+        stop.reraise_stop(exc)
         raise InputError(f"--module {path}: torch_module({dim}, {hidden}) fails: {_one_line(exc)}") from exc
     if not isinstance(module, nn.Module):
         raise InputError(
@@ -200,7 +203,10 @@ def describe(path: str, batch: int, seq: int, dim: int, hidden: int) -> ModuleFi
             module = _instantiate(user, absolute, dim, hidden).to(torch.float32)
             params = _params(module, absolute)
             y = _forward(module, torch.empty(batch, seq, dim), absolute)
-    except Exception:  # a module that cannot be built or run on the meta device (or a refusal): again for real
+    except (
+        stop.CODE_ERRORS
+    ) as exc:  # a module that cannot be built or run on the meta device (or a refusal): again for real
+        stop.reraise_stop(exc)
         module = _instantiate(user, absolute, dim, hidden).to(torch.float32)
         params = _params(module, absolute)
         y = _forward(module, torch.zeros(batch, seq, dim), absolute)
@@ -213,7 +219,8 @@ def _forward(module: nn.Module, x: torch.Tensor, path: str) -> torch.Tensor:
     try:
         with torch.no_grad():
             y = module.eval()(x)
-    except Exception as exc:
+    except stop.CODE_ERRORS as exc:
+        stop.reraise_stop(exc)
         raise InputError(
             f"--module {path}: its forward fails on an input [{batch}, {seq}, {dim}]: {_one_line(exc)}"
         ) from exc
@@ -319,7 +326,8 @@ def matmul_flops(case: Case, mode: str) -> int | None:
             module = module.to(device=device, dtype=dtype).eval()
             x, dy = (torch.zeros(s, device=device, dtype=dtype) for s in (case.input_shape(), case.output_shape()))
             step = runner.steps(mode, module, canonical_params(module, case.model), x, dy)[0]
-        except Exception:  # the module cannot be made or run here: the next place
+        except stop.CODE_ERRORS as exc:  # the module cannot be made or run here: the next place
+            stop.reraise_stop(exc)
             continue
         counted = profiling.count_flops(step, lambda out: None)
         if counted["flops"] is not None:
@@ -404,7 +412,8 @@ def check_plain(case: Case, backward: bool = True) -> None:
         if (dim, hidden) != (case.shape.dim, case.shape.hidden):
             with torch.no_grad():
                 out_dim = int(module(torch.zeros(1, 1, dim)).shape[-1])
-    except Exception:  # the narrow widths are refused (or give no tensor): the case's own, whose failure is named
+    except stop.CODE_ERRORS as exc:  # the narrow widths are refused (or give no tensor): the case's own, named
+        stop.reraise_stop(exc)
         dim, hidden, out_dim = case.shape.dim, case.shape.hidden, mf.out_dim
         module = _instantiate(user, mf.path, dim, hidden)
     rng = np.random.default_rng(0)
@@ -440,7 +449,8 @@ def check_reference(case: Case) -> None:
     ours = reference(case, x, params, None)["y"]
     try:
         theirs = np.asarray(user.reference(params, x.copy()), dtype=np.float64)
-    except Exception as exc:
+    except stop.CODE_ERRORS as exc:
+        stop.reraise_stop(exc)
         raise InputError(f"--module {mf.path}: its reference(params, x) fails: {_one_line(exc)}") from exc
     if theirs.shape != ours.shape:
         raise InputError(

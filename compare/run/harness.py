@@ -60,10 +60,22 @@ from compare.run.tp_worker import Cell
 from compare.timing import llc, timer
 from compare.timing.timer import Timing, TimingConfig
 
+#: The longest reason an error row gets (the traceback's tail is kept beside it): one message ran to 5,076 characters
+#: on a progress line.
+REASON_CHARS = 400
+
 
 def _summarise_error(exc: BaseException) -> tuple[str, str]:
+    """An error's reason, on one line of at most :data:`REASON_CHARS` characters, and its traceback's tail. A
+    ``SystemExit`` or ``KeyboardInterrupt`` the backend's code raised itself is named as such (``stop.CODE_ERRORS``)."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:])
-    return f"{type(exc).__name__}: {exc}".strip(), tb
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if isinstance(exc, SystemExit | KeyboardInterrupt):
+        code = exc.args[0] if exc.args else ""
+        text = f"its code raised {type(exc).__name__}({code}) itself (a sys.exit or an interrupt of its own)"
+    if len(text) > REASON_CHARS:
+        text = f"{text[: REASON_CHARS - 30]}... ({len(text)} characters)"
+    return text, tb
 
 
 @dataclass
@@ -151,7 +163,8 @@ def _start(
         )
         if options is not None and options.cuda_graphs and prepared.timed:
             c.extras["cuda_graph"] = _graphed(c, prepared)
-    except Exception as exc:  # a backend's failure is a result, not the end of the run
+    except stop.CODE_ERRORS as exc:  # a backend's failure is a result, not the end of the run
+        stop.reraise_stop(exc)
         c.fail(exc)
 
 
@@ -227,7 +240,8 @@ def _budgeted(timed: Sequence[_Cell], how: _Timer, label: str) -> tuple[TimingCo
     for c in cells:
         try:
             step_s[id(c)] = _steady_s(c, part / len(cells) / budget.FLOOR_CALLS)
-        except Exception as exc:  # this step's failure, recorded as its result
+        except stop.CODE_ERRORS as exc:  # this step's failure, recorded as its result
+            stop.reraise_stop(exc)
             c.fail(exc)
     cells = [c for c in cells if c.done is None]
     steps = [budget.Step(c.label, c.spec.name, step_s[id(c)], c.spec.core) for c in cells]
@@ -279,6 +293,7 @@ def _watched(
         seen = watch.stop() if watch is not None else []
     for c, got, tele in zip(cells, outcomes, seen or [None] * len(cells), strict=True):
         if isinstance(got, BaseException):
+            stop.reraise_stop(got)
             c.fail(got)
             continue
         setattr(c, kept, got)
@@ -378,18 +393,23 @@ def _finish_steps(
                 p = _quick(c, p, how.budget.part("profile", of=how.cells), how.budget.cut)
             try:
                 c.kernels = pipeline.profile(p, trace, trace_dir.parent if trace_dir is not None else None)
-            except Exception as exc:  # the profile is extra information: keep the parity and timing results
+            except stop.CODE_ERRORS as exc:  # the profile is extra information: keep the parity and timing results
+                stop.reraise_stop(exc)
                 c.extras["profile_error"] = _summarise_error(exc)[0]
         if memory:
             try:
                 c.memory = pipeline.memory(p)
-            except Exception as exc:  # recorded as the reason both figures are absent; the parity and timing stand
+            except (
+                stop.CODE_ERRORS
+            ) as exc:  # recorded as the reason both figures are absent; the parity and timing stand
+                stop.reraise_stop(exc)
                 c.memory = Memory.not_measured(f"the measurement raised {_summarise_error(exc)[0]}")
     try:
         assert c.feed is not None
         c.calls, c.made = c.feed.judged(c.sync), c.feed.calls
         c.spot = c.feed.tally.result()
-    except Exception as exc:
+    except stop.CODE_ERRORS as exc:
+        stop.reraise_stop(exc)
         c.fail(exc)
     c.prepared, c.feed = None, None  # release the step (its weights, compiled code) before the next backend's
 
@@ -434,7 +454,8 @@ def _settle(
             judging(c)
         try:
             results.append(_verdict(c, fresh_ref.seed, reference))
-        except Exception as exc:
+        except stop.CODE_ERRORS as exc:
+            stop.reraise_stop(exc)
             c.fail(exc)
             assert c.done is not None
             results.append(c.done)

@@ -53,6 +53,23 @@ class Stopped(KeyboardInterrupt):
     """Raised by :func:`check` once a signal has asked the command to stop."""
 
 
+#: What the tool catches around code that is not its own (a backend's, a user's module file): any exception, and a
+#: ``SystemExit`` or ``KeyboardInterrupt`` that code raised itself (``sys.exit()`` in a module file), which is that
+#: code's failure and never the tool's exit status. Each such ``except`` calls :func:`reraise_stop` first.
+CODE_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit, KeyboardInterrupt)
+
+
+def reraise_stop(exc: BaseException) -> None:
+    """Raise ``exc`` again where it is a stop rather than the failure of the code it came out of (:data:`CODE_ERRORS`):
+    a :class:`Stopped`, or a ``KeyboardInterrupt`` while SIGINT is Python's own (a Ctrl-C in the Python API, not the
+    code's). Under :func:`on_signals` and after :func:`install` a signal only sets the flag, so any other
+    ``KeyboardInterrupt`` was raised by the code itself."""
+    if isinstance(exc, Stopped) or (
+        isinstance(exc, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is not _handler
+    ):
+        raise exc
+
+
 def requested() -> str | None:
     """The name of the signal that asked to stop (``SIGINT``, ``SIGTERM``), None when none has."""
     return _requested

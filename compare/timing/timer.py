@@ -51,6 +51,11 @@ from typing import Any, ClassVar, Protocol
 
 from compare.formats.codec import LATER, later
 
+#: What a step may raise that ends its entrant alone, recorded as its outcome: any exception, and a ``SystemExit`` or
+#: ``KeyboardInterrupt`` it raised itself (``sys.exit()`` in a user's module file). The caller raises a stop among the
+#: outcomes again (``compare.run.stop.reraise_stop``, whose ``CODE_ERRORS`` this is).
+STEP_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit, KeyboardInterrupt)
+
 #: A result whose IQR is more than this fraction of its median is marked noisy.
 NOISY_IQR_FRACTION = 0.10
 CLOCK = time.perf_counter
@@ -318,7 +323,7 @@ def _sized_blocks(
             try:
                 t0, t1 = entrants[i].block(size[i])
                 seconds = t1 - t0
-            except Exception as exc:  # this entrant's failure, recorded as its outcome
+            except STEP_ERRORS as exc:  # this entrant's failure, recorded as its outcome
                 outcome[i] = exc
                 continue
             this = seconds / size[i]
@@ -388,7 +393,7 @@ def _rounds(
         for i in _shuffled(live, rng):
             try:
                 t0, t1 = entrants[i].block(calls[i], before)
-            except Exception as exc:  # this entrant's failure, recorded as its outcome
+            except STEP_ERRORS as exc:  # this entrant's failure, recorded as its outcome
                 outcome[i] = exc
                 continue
             samples[i].append((t1 - t0) / calls[i])
@@ -426,7 +431,7 @@ def measure_interleaved(
             try:
                 t0, t1 = entrants[i].block(1)
                 warm[i] = min(warm[i], t1 - t0)
-            except Exception as exc:  # this entrant's failure, recorded as its outcome
+            except STEP_ERRORS as exc:  # this entrant's failure, recorded as its outcome
                 outcome[i] = exc
     calls = _sized_blocks(entrants, outcome, warm, min_sample_s, rng)
     samples, rounds = _rounds(entrants, calls, outcome, rng, watch, min_samples, max_samples, budget_s)
