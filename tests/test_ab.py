@@ -367,6 +367,36 @@ def test_a_dead_worker_is_an_error_row_for_its_side(numpy_plain: str, tmp_path: 
 
 
 @pytest.mark.standard
+def test_a_signal_while_the_workers_end_exits_130_and_keeps_the_last_ab_json(
+    numpy_plain: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGINT sent as the first worker is told to end (after the last look at the flag between cells): exit 130,
+    the previous ``ab.json`` untouched and no worker left. It was "stopping after the cell in flight", then the
+    previous ``ab.json`` overwritten and exit 0."""
+    import signal
+
+    from compare.run import ab as ab_run
+
+    out = tmp_path / "ab"
+    out.mkdir()
+    (out / "ab.json").write_text("the previous run's\n")
+    close, sent = ab_run.Remote.close, []
+
+    def interrupted(self: ab_run.Remote) -> None:
+        if not sent:  # once: a second signal ends the process at once, by design
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+        close(self)
+
+    monkeypatch.setattr(ab_run.Remote, "close", interrupted)
+    token = f"{TOKEN_ENV}=ab-{uuid.uuid4().hex}"
+    args = ["--backend", numpy_plain, "--mode", "fwd", "--budget", "0.05", "--a-env", token]
+    status = main(["ab", "--preset", "tiny", *args, "--out", str(out)])
+    assert wait_gone(token.split("=")[1]) == []
+    assert status == 130
+    assert (out / "ab.json").read_text() == "the previous run's\n"
+
+
+@pytest.mark.standard
 def test_a_worker_that_cannot_start_is_an_error_row_for_its_side(numpy_plain: str, tmp_path: Path) -> None:
     status, doc = _ab(tmp_path, "--backend", numpy_plain, "--budget", "0.05", "--b-env", "PYTHONHOME=/nonexistent")
     assert status == 1 and doc is not None

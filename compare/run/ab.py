@@ -352,6 +352,7 @@ def run_ab(a: Side, b: Side, plan: Plan) -> ABResults:
         for r in remotes:
             r.close()
     load = sampler.stop()  # the workers are reaped: their CPU time is this process's, not others'
+    stop.check()  # a signal while the workers were ending asked to stop too: no document (the last one is kept)
     a, b = (_said(remotes[: plan.workers]), _said(remotes[plan.workers :]))
     return ABResults(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
