@@ -774,11 +774,47 @@ def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path, secon
         doc = read_json(out / "results.json")
         assert doc.interrupted is True
         assert [(r.backend, r.dtype, r.status) for r in doc.results] == first_case
+        # the report's first line says so (it read "Run ...: 2 ok.")
+        assert "cut short (killed, or its disk full): 2 of 4 planned cells**: 2 ok." in _run_line(out)
         return
     assert f"interrupted: saved 2 finished cells to {out / 'results.json'}" in text
     doc = read_json(out / "results.json")
     assert doc.interrupted is True
     assert [(r.backend, r.dtype, r.status) for r in doc.results] == first_case
+    assert "interrupted by SIGINT: 2 of 4 planned cells**: 2 ok." in _run_line(out)
+    assert main.main(["report", str(out)]) == 0  # rebuilt from the store: the same words
+    assert "interrupted by SIGINT: 2 of 4 planned cells**: 2 ok." in _run_line(out)
+
+
+def _run_line(out: Path) -> str:
+    """REPORT.md's first line after its title."""
+    return (out / "REPORT.md").read_text(encoding="utf-8").splitlines()[2]
+
+
+def test_a_new_run_into_a_cut_short_run_s_folder_keeps_its_stored_cells(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run killed with a cell in ``cells.jsonl`` and no ``results.json``: the next run into the folder moves the
+    store to ``cells.<run id>.jsonl`` (and says so) before it empties its own; ``report`` that file rebuilds the
+    killed run. A finished run's store is emptied as before (the control)."""
+    out = tmp_path / "o"
+    out.mkdir()
+    row = from_json(Results, _doc()).results[0]
+    with store.open_run(out, {"command": "the killed run"}) as killed:
+        killed.cell(row)
+
+    def partial(*args: object, **kw: object) -> Results:
+        return from_json(Results, {**_doc(), "interrupted": True})
+
+    monkeypatch.setattr(harness, "run", partial)
+    assert main.main(["run", *TINY, "--out", str(out)]) == 130
+    aside = out / f"cells.{killed.run_id}.jsonl"
+    assert f"kept a cut-short run's store: {out / 'cells.jsonl'} is now {aside}" in capsys.readouterr().err
+    assert [r.backend for r in store.read_store(aside).results] == ["torch-eager"]
+    assert store.read_store(aside).run_id == killed.run_id
+    assert store.set_aside(out) is None  # this run's results.json holds its one cell: nothing to keep
+    assert main.main(["report", str(aside), "--out", str(tmp_path / "KILLED.md")]) == 0
+    assert "cut short (killed, or its disk full): 1 cell**" in (tmp_path / "KILLED.md").read_text(encoding="utf-8")
 
 
 def test_a_results_file_of_another_schema_version_is_refused(

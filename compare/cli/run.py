@@ -38,7 +38,7 @@ from compare.run import exitcodes, harness, preflight, shape_sweep, stop
 from compare.run.budget import Budget, budget_phase
 from compare.run.options import RunOptions
 from compare.run.progress import Display
-from compare.run.store import CELLS, Store, open_run
+from compare.run.store import CELLS, Store, open_run, set_aside
 from compare.timing import llc, nvml
 
 
@@ -78,6 +78,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         "dtypes": a.dtype,
         "modes": modes,
         "world_sizes": world_sizes,
+        "planned": len(cases) * len(modes) * len(a.backend) * len(world_sizes),
     }
     options = RunOptions(
         cfg=harness.TimingConfig(budget_s=a.budget),
@@ -128,6 +129,9 @@ def _run_locked(plan: _Plan) -> int:
     fewer cells when interrupted (the interrupted run's document then goes to ``results.interrupted.json``)."""
     out = plan.out
     try:
+        aside = set_aside(out)
+        if aside is not None:
+            print(f"kept a cut-short run's store: {out / CELLS} is now {aside}", file=sys.stderr)
         store = open_run(out, plan.options.config)
     except OSError as exc:
         raise InputError(f"cannot write the store {out / CELLS}: {exc.strerror or exc}") from exc
@@ -140,12 +144,12 @@ def _run_locked(plan: _Plan) -> int:
                 f"free space and run `python -m compare report {out}`: it rebuilds results.json and REPORT.md from "
                 f"this run's store (run {store.run_id}), not from an older run's results.json there"
             ) from exc
-        doc = dataclasses.replace(doc, run_id=store.run_id)
+        stopped_by = (stop.requested() or "Ctrl-C") if doc.interrupted else ""
+        doc = dataclasses.replace(doc, run_id=store.run_id, stopped_by=stopped_by)
         with contextlib.suppress(OSError):  # the load and the end mark only tell a rebuild more
             if doc.load is not None:
                 store.load(doc.load)
-            if not doc.interrupted:
-                store.end()
+            store.end(stopped_by)
     build = _gpu_build_table(plan.gpu_build) if plan.gpu_build else None
     if build is not None:
         doc = dataclasses.replace(doc, gpu_build=build)
@@ -165,7 +169,7 @@ def _run_locked(plan: _Plan) -> int:
     if doc.interrupted:
         print(
             f"interrupted: saved {len(doc.results)} finished cells to {target} and {report_path} "
-            f"({stop.requested() or 'Ctrl-C'}; the store {store.path} holds {store.cells})",
+            f"({stopped_by}; the store {store.path} holds {store.cells})",
             file=sys.stderr,
         )
         return exitcodes.INTERRUPTED

@@ -650,7 +650,9 @@ def files(doc: Results, report_name: str = REPORT, details_name: str = DETAILS) 
     head = [
         "# fusion-compare report",
         "",
-        f"Run {doc.created}: {doc.summary()}.",
+        f"Run {doc.created}: {doc.summary()}."
+        if not doc.interrupted
+        else f"**Run {doc.created}: {doc.cut_short()}**: {doc.summary() or 'none finished'}.",
         f"Command: `{doc.config.command}`" if doc.config.command else "",
         *([f"Data cache: {doc.environment.data_cache.describe()}."] if doc.environment.data_cache else []),
         "",

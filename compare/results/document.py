@@ -139,6 +139,8 @@ class Config:
     progress: Progress | None = field(default=None, metadata=LATER)
     #: the device memory the report fits the measured memory against (``--device-memory``, bytes; 0: none given)
     device_memory: int = field(default=0, metadata=LATER)
+    #: the cells the run planned: every case, mode, backend and world size (0: not recorded, an older document)
+    planned: int = field(default=0, metadata=LATER)
 
 
 @dataclass(frozen=True)
@@ -171,11 +173,24 @@ class Results:
     load: Load | None = field(default=None, metadata=LATER)
     #: the run's id, also in its store's lines: which run wrote this document ("": an older run, or none recorded)
     run_id: str = field(default="", metadata=LATER)
+    #: what cut an ``interrupted`` run short: the signal's name; "": it ended without saying (killed, or its disk
+    #: full: a store without its end line)
+    stopped_by: str = field(default="", metadata=LATER)
 
     def summary(self) -> str:
         """Counts by status, e.g. ``3 ok, 1 skipped``."""
         counts = Counter(r.status for r in self.results)
         return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+    def cut_short(self) -> str:
+        """How an ``interrupted`` run ended and how many of its planned cells it holds, e.g. ``interrupted by SIGINT:
+        3 of 12 planned cells``; "" for a run that finished."""
+        if not self.interrupted:
+            return ""
+        how = f"interrupted by {self.stopped_by}" if self.stopped_by else "cut short (killed, or its disk full)"
+        n = len(self.results)
+        of = f"{n} of {self.config.planned} planned cells" if self.config.planned else f"{n} cell{'s' * (n != 1)}"
+        return f"{how}: {of}"
 
 
 def write_json(path: Path, doc: Results) -> None:

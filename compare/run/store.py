@@ -3,7 +3,8 @@ run or sweep killed at any moment (SIGKILL, a power cut, a full disk) loses at m
 (:class:`Store`) and one reader (:func:`lines`: a torn last line dropped, the first line a header, every line of a
 known type) for both:
 
-A run's store, ``<out>/cells.jsonl`` (:func:`open_run`: emptied when the run starts, it holds one run), in order:
+A run's store, ``<out>/cells.jsonl`` (:func:`open_run`: emptied when the run starts, it holds one run; a cut-short
+run's store whose cells no ``results.json`` holds is moved aside first, :func:`set_aside`), in order:
 
 - ``{"type": "header", "kind": "run", "run_id", "schema_version", "created", "config", "environment"}``: once (the
   ``run_id`` (:func:`new_run_id`) its cell lines and its ``results.json`` carry too);
@@ -13,7 +14,8 @@ A run's store, ``<out>/cells.jsonl`` (:func:`open_run`: emptied when the run sta
   it, already held to the ceilings measured first), appended the moment its verdict is known;
 - ``{"type": "shape_sweep", "rows"}``: the compile-cost rows, when that sweep ends;
 - ``{"type": "load", "load"}``: the machine's load over the measurements (``compare.results.load``), when they end;
-- ``{"type": "end"}``: the run ended (without it, :func:`read_store`'s document is ``interrupted``).
+- ``{"type": "end"}``: the run ended (without it, :func:`read_store`'s document is ``interrupted``, cut short
+  without a word: killed, or its disk full); ``{"type": "end", "stopped_by": "SIGINT"}``: a signal stopped it.
 
 A sweep's store, ``<out>/results.jsonl`` (``compare.run.sweep``), append-only: a ``header`` line per start (its run
 id, config, environment, engine and, when measured, ceilings) and a ``cell`` line per finished cell (that run id, its
@@ -87,8 +89,9 @@ class Store:
     def load(self, record: Load) -> None:
         self._w.append({"type": "load", "load": to_json(record)})
 
-    def end(self) -> None:
-        self._w.append({"type": "end"})
+    def end(self, stopped_by: str = "") -> None:
+        """The run's last line: it ended, finished or stopped by the signal ``stopped_by``."""
+        self._w.append({"type": "end", **({"stopped_by": stopped_by} if stopped_by else {})})
 
     def close(self) -> None:
         self._w.close()
@@ -100,8 +103,32 @@ class Store:
         self.close()
 
 
+def set_aside(out: Path) -> Path | None:
+    """Move a cut-short run's store out of the way of a new run in ``out``: ``cells.jsonl`` holding cells that no
+    ``results.json`` of its run holds (a run killed, or stopped with its disk full, before its summary) becomes
+    ``cells.<its run id>.jsonl`` (``python -m compare report`` that file renders it). Returns where it went; None
+    where there was nothing to keep (no store, no cell, or a ``results.json`` of that run with every cell)."""
+    path = out / CELLS
+    try:
+        stored = read_store(path) if is_store(path) else None
+    except InputError:  # unreadable: not a store this tool can rebuild; the new run starts it afresh
+        return None
+    if stored is None or not stored.results:
+        return None
+    try:
+        summary = read_json(out / "results.json") if (out / "results.json").is_file() else None
+    except InputError:
+        summary = None
+    if summary is not None and not is_older_run(summary, stored) and not keys(stored) - keys(summary):
+        return None
+    target = out / f"cells.{stored.run_id or 'unnamed'}.jsonl"
+    path.rename(target)
+    return target
+
+
 def open_run(out: Path, config: dict[str, Any], run_id: str = "") -> Store:
-    """A run's store ``out/cells.jsonl``, emptied, its header written."""
+    """A run's store ``out/cells.jsonl``, emptied (a cut-short run's store set aside first, :func:`set_aside`), its
+    header written."""
     store = Store(out / CELLS, fresh=True, run_id=run_id)
     try:
         store.header(config, kind="run")
@@ -178,10 +205,11 @@ def read_store(path: Path) -> Results:
         results=doc.results,
         resolution=tuple(from_json(ResolutionRow, x) for r in records if r["type"] == "resolution" for x in r["rows"]),
         ceilings=from_json(Ceilings, first["ceilings"]["ceilings"]) if "ceilings" in first else None,
-        interrupted=records[-1]["type"] != "end",
+        interrupted=records[-1]["type"] != "end" or "stopped_by" in records[-1],
         shape_sweep=tuple(first["shape_sweep"]["rows"]) if "shape_sweep" in first else (),
         load=from_json(Load, first["load"]["load"]) if "load" in first else None,
         run_id=str(head.get("run_id") or ""),
+        stopped_by=str(records[-1].get("stopped_by") or ""),
     )
 
 
@@ -261,6 +289,11 @@ def cell_key(r: Result) -> tuple[str, str, str, int]:
     return r.backend, r.case, r.mode, r.world_size
 
 
+def keys(doc: Results) -> set[tuple[str, str, str, int]]:
+    """The cells of ``doc`` (:func:`cell_key`)."""
+    return {cell_key(r) for r in doc.results}
+
+
 def never_fewer(existing: Path, doc: Results) -> Results | None:
     """The results document that may replace ``existing`` (a ``results.json``): ``doc`` unless ``existing`` is a
     readable results document holding cells ``doc`` lacks (an earlier run's), and then None: keep it."""
@@ -270,7 +303,7 @@ def never_fewer(existing: Path, doc: Results) -> Results | None:
         old = read_json(existing)
     except InputError:  # not a results document we can read: nothing there to keep
         return doc
-    return None if {cell_key(r) for r in old.results} - {cell_key(r) for r in doc.results} else doc
+    return None if keys(old) - keys(doc) else doc
 
 
 def is_older_run(existing: Results, stored: Results) -> bool:
