@@ -1,7 +1,8 @@
-"""The README's module map of ``compare/``, generated from the code: each package's job (its docstring), what it
-may import (its ``MAY_IMPORT``, which ``tests/test_layers.py`` enforces) and its modules. Standard library only.
+"""The module map of ``compare/`` in ``docs/layout.md``, generated from the code: each package's job (its
+docstring), what it may import (its ``MAY_IMPORT``, which ``tests/test_layers.py`` enforces) and its modules.
+Standard library only.
 
-``python scripts/module_map.py`` prints it; ``--write`` replaces it in README.md between its markers."""
+``python scripts/module_map.py`` prints it; ``--write`` replaces it in docs/layout.md between its markers."""
 
 from __future__ import annotations
 
@@ -59,11 +60,11 @@ def main(argv: list[str]) -> int:
     if "--write" not in argv:
         print(text)
         return 0
-    readme = ROOT / "README.md"
-    s = readme.read_text(encoding="utf-8")
+    layout = ROOT / "docs" / "layout.md"
+    s = layout.read_text(encoding="utf-8")
     head, rest = s.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
-    readme.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}", encoding="utf-8")
+    layout.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}", encoding="utf-8")
     return 0
 
 

@@ -45,7 +45,7 @@ from tests.faults import TOKEN_ENV, wait_gone
 ROOT = Path(__file__).resolve().parent.parent
 TINY = preset("tiny").case("float32")
 #: One thread a side: a pool of two threads on a 2-core machine with a busy core sits, for a whole trial, with one
-#: thread on the busy core in one process and not the other (README, "A/B across versions").
+#: thread on the busy core in one process and not the other (docs/ab-and-history.md, "Two processes are not one").
 ONE_THREAD = ["OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1", "MKL_NUM_THREADS=1"]
 
 

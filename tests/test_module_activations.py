@@ -51,7 +51,7 @@ def _golden_state() -> dict[str, bytes]:
 
 def _judged(r: Result) -> None:
     """No cell fails; every float32 cell and every torch one passes. JAX in bfloat16 may deviate (its activation
-    evaluated in bfloat16, its bias gradients' token sums: README's findings), never fail."""
+    evaluated in bfloat16, its bias gradients' token sums: docs/correctness.md's findings), never fail."""
     assert r.parity is not None and not r.parity.failed, (r.backend, r.dtype, r.mode, r.parity and r.parity.failed)
     if r.dtype == "float32" or r.backend.startswith("torch-"):
         assert r.status == "ok", (r.backend, r.dtype, r.mode, r.reason)

@@ -102,8 +102,8 @@ def _golden_state() -> dict[str, bytes]:
 def test_the_example_runs_through_the_cli_and_every_cell_passes_parity(tmp_path: Path) -> None:
     """``examples/squared_relu_mlp.py`` through ``run`` on torch-module, jax-module and jax-module-unfused in float32
     and bfloat16, fwd and fwd+bwd: exit 0, no cell fails; a deviation only where JAX is known to have one (its
-    bias gradients' token sums in bfloat16, README's findings); results and report name the file; golden/ is
-    untouched."""
+    bias gradients' token sums in bfloat16, docs/correctness.md's findings); results and report name the file;
+    golden/ is untouched."""
     before = _golden_state()
     out = tmp_path / "out"
     args = ["run", "--module", str(EXAMPLE), "--dim", "96", "--hidden", "328", "--backend", *MODULE_BACKENDS]
