@@ -397,6 +397,20 @@ def test_a_signal_while_the_workers_end_exits_130_and_keeps_the_last_ab_json(
 
 
 @pytest.mark.standard
+def test_an_environment_value_that_is_not_utf_8_reaches_the_worker_and_is_recorded_escaped(
+    numpy_plain: str, tmp_path: Path
+) -> None:
+    """``--b-env $'FOO=\\xff'``: B's worker runs with it and ``ab.json`` and ``AB.md`` record it escaped; it was exit
+    3 at the folder's lock."""
+    status, doc = _ab(tmp_path, "--backend", numpy_plain, "--mode", "fwd", "--budget", "0.05", "--b-env",
+                      os.fsdecode(b"FOO=\xff"))  # fmt: skip
+    assert status in (0, 1) and doc is not None
+    assert [(p.a.status, p.b.status) for p in doc.pairs] == [("ok", "ok")]
+    assert "FOO=\\xff" in doc.command
+    assert "FOO=\\xff" in (tmp_path / "ab" / "AB.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.standard
 def test_a_worker_that_cannot_start_is_an_error_row_for_its_side(numpy_plain: str, tmp_path: Path) -> None:
     status, doc = _ab(tmp_path, "--backend", numpy_plain, "--budget", "0.05", "--b-env", "PYTHONHOME=/nonexistent")
     assert status == 1 and doc is not None

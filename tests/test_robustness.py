@@ -786,6 +786,24 @@ def test_ctrl_c_during_a_real_run_saves_the_finished_cells(tmp_path: Path, secon
     assert "interrupted by SIGINT: 2 of 4 planned cells**: 2 ok." in _run_line(out)
 
 
+def test_an_argument_that_is_not_utf_8_is_a_path_and_a_recorded_escape(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out $'a\\xff'`` (Python's surrogateescape: ``a\\udcff``): the folder is made with that byte, the run's
+    files are written and the command is recorded with ``\\xff``; it was exit 3 at the folder's lock, leaving a
+    folder that held only ``.lock``."""
+
+    def finished(*args: Any, **kw: object) -> Results:
+        return from_json(Results, {**_doc(), "config": args[3].config})  # harness.run's options
+
+    monkeypatch.setattr(harness, "run", finished)
+    out = tmp_path / os.fsdecode(b"a\xff")
+    assert main.main(["run", *TINY, "--out", str(out)]) == 0, capsys.readouterr().err
+    assert (os.fsencode(tmp_path) + b"/a\xff/results.json") in [os.fsencode(p) for p in out.iterdir()]
+    assert f"--out '{tmp_path}/a\\xff'" in read_json(out / "results.json").config.command
+    assert "a\\xff" in (out / "REPORT.md").read_text(encoding="utf-8")
+
+
 def _run_line(out: Path) -> str:
     """REPORT.md's first line after its title."""
     return (out / "REPORT.md").read_text(encoding="utf-8").splitlines()[2]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import io
+import os
 import shlex
 import sys
 import time
@@ -383,5 +385,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m compare``: the exit status is one of :mod:`compare.run.exitcodes` (see ``--help``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parser().parse_args(argv)
-    a.argv = argv
+    # the command as recorded (lock, results, history): bytes that are not UTF-8 as \xff escapes; a path or an
+    # environment value keeps its bytes where it is used (Python's surrogateescape)
+    a.argv = [os.fsencode(x).decode("utf-8", "backslashreplace") for x in argv]
+    for stream in (sys.stdout, sys.stderr):  # a message naming such a path prints it escaped, never raises
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     return exitcodes.exit_status(lambda: cache_command.run_in_scope(a))

@@ -85,8 +85,9 @@ def write_bytes_new(path: Path | str, data: bytes) -> None:
 
 
 def write_text_atomic(path: Path | str, text: str) -> None:
-    """Replace ``path`` by ``text`` (UTF-8) atomically; see the module docstring."""
-    write_bytes_atomic(path, text.encode("utf-8"))
+    """Replace ``path`` by ``text`` (UTF-8) atomically; see the module docstring. A path or value in ``text`` that
+    held bytes that are not UTF-8 (an argument's, kept by Python's surrogateescape) is written escaped."""
+    write_bytes_atomic(path, text.encode("utf-8", "backslashreplace"))
 
 
 def _fsync_folder(folder: Path) -> None:
