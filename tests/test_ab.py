@@ -251,6 +251,26 @@ def test_an_ab_json_with_per_process_figures_round_trips(tmp_path: Path) -> None
 
 
 @pytest.mark.quick
+def test_an_ab_json_is_validated_on_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A timing whose samples and rounds differ, and a document of only its schema version, exit 2 naming the file
+    and what is wrong (the first was exit 3 in ``report``, at a ``zip``; the second rendered "No finding", exit 0)."""
+    pair = _process_pair([32, 40, 33], [40, 33, 39])
+    path = tmp_path / "ab.json"
+    write_json(path, ABResults(a=Side("A", "py", "/a"), b=Side("B", "py", "/b"), pairs=(pair,), workers=3))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    timing = data["pairs"][0]["b"]["timing"]
+    assert len(timing["rounds"]) == len(timing["samples_s"]) > 1
+    timing["rounds"] = timing["rounds"][:-1]
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(InputError, match=r"pairs\[0\]\.b\.timing.*rounds has \d+ items but samples_s has \d+"):
+        read_json(path)
+    assert main(["report", str(path)]) == 2
+    path.write_text(json.dumps({"schema_version": 1}), encoding="utf-8")
+    assert main(["report", str(path)]) == 2
+    assert "lacks created, command, timing, a, b, pairs" in capsys.readouterr().err
+
+
+@pytest.mark.quick
 def test_an_ab_entry_is_side_b_flagged_by_the_ab_verdict(tmp_path: Path) -> None:
     """``ab --history``'s entry: B's rows, commit and versions on this machine, A named as the baseline; the history
     flags B's point by the A/B verdict (slower here), and an ambiguous one (a busy machine) flags nothing."""

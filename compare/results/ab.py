@@ -24,6 +24,8 @@ from compare.timing.timer import Timing, TimingConfig
 #: The layout of ``ab.json`` written; :data:`READABLE` are read, a file of another is refused on load (exit 2).
 SCHEMA_VERSION = 2
 READABLE = (1, 2)
+#: What every ``ab.json`` holds (their defaults are for building one, not for reading one that lacks them).
+REQUIRED = ("created", "command", "timing", "a", "b", "pairs")
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,11 @@ def read_json(path: Path) -> ABResults:
         raise InputError(
             f"A/B file {path} is not an ab.json this version reads (schema_version {got!r}; it reads "
             f"{', '.join(map(str, READABLE))})"
+        )
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise InputError(
+            f"A/B file {path} lacks {', '.join(missing)}: not an ab.json that `python -m compare ab` wrote"
         )
     try:
         return from_json(ABResults, data)

@@ -109,6 +109,12 @@ class Timing:
     #: written after the fields (``compare.formats.codec``)
     JSON_DERIVED: ClassVar[tuple[str, ...]] = ("noisy",)
 
+    def __post_init__(self) -> None:
+        """A document's timing is refused where its lists disagree (every reader zips them: a hand-edited or torn
+        ``ab.json`` was an internal error in ``export``, ``diff`` and ``report``)."""
+        if self.rounds and len(self.rounds) != len(self.samples_s):
+            raise ValueError(f"rounds has {len(self.rounds)} items but samples_s has {len(self.samples_s)}")
+
     @property
     def noisy(self) -> bool:
         return self.iqr_s > NOISY_IQR_FRACTION * self.median_s
