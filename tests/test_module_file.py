@@ -232,6 +232,11 @@ BAD_FILES = {
         module_source().replace("super().__init__()", "super().__init__(); self.register_buffer('s', torch.ones(1))"),
         "its state_dict holds buffers (s)",
     ),
+    "NaN out": (
+        module_source(torch_act="torch.relu(self.up(x)) ** 2 * float('nan')"),
+        "its forward returns 10656 NaN or infinite values of 10656 on a standard normal input [3, 37, 96] in float64, "
+        "the first at token 0, column 0",
+    ),
     "tokens mixed": (
         module_source(torch_act="torch.relu(self.up(x - x.mean(dim=1, keepdim=True))) ** 2"),
         "a token's output depends on other tokens (the output of a reordered input differs",

@@ -804,6 +804,30 @@ def test_an_argument_that_is_not_utf_8_is_a_path_and_a_recorded_escape(
     assert "a\\xff" in (out / "REPORT.md").read_text(encoding="utf-8")
 
 
+def test_a_store_with_a_bad_middle_line_and_diff_of_folders_say_the_real_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run's store whose middle line is torn: ``report`` and ``export`` exit 2 naming the store and the line (they
+    said "results.json does not exist"). ``diff`` and ``export`` of run folders read them as ``report`` does (``diff``
+    said "does not exist"); ``export`` needs no ``--csv``."""
+    out = tmp_path / "o"
+    out.mkdir()
+    row = from_json(Results, _doc()).results[0]
+    with store.open_run(out, {"command": "the run"}) as s:
+        s.cell(row)
+        s.end()
+    assert main.main(["report", str(out)]) == 0
+    assert main.main(["diff", str(out), str(out)]) == 0
+    assert main.main(["export", str(out), "--out", str(tmp_path / "cells.csv")]) == 0
+    capsys.readouterr()
+    lines = (out / store.CELLS).read_text(encoding="utf-8").splitlines()
+    (out / store.CELLS).write_text("\n".join([lines[0], lines[1][:40], *lines[2:]]) + "\n", encoding="utf-8")
+    (out / "results.json").unlink()
+    for command in (["report", str(out)], ["export", str(out)]):
+        assert main.main(command) == 2
+        assert f"store {out / store.CELLS}: line 2 is not valid JSON" in _one_line_error(capsys.readouterr().err)
+
+
 def _run_line(out: Path) -> str:
     """REPORT.md's first line after its title."""
     return (out / "REPORT.md").read_text(encoding="utf-8").splitlines()[2]

@@ -250,7 +250,8 @@ def cmd_diff(a: argparse.Namespace) -> int:
     check_finite("--alpha", a.alpha, at_most=1.0)
     if a.out:
         preflight.check_file_writable(Path(a.out))
-    old_doc, new_doc = document.read_json(Path(a.old)), document.read_json(Path(a.new))
+    # a results.json, a run's or sweep's folder or store: the document ``report`` would render
+    old_doc, new_doc = _report_source(Path(a.old))[0], _report_source(Path(a.new))[0]
     diff.check_shared(old_doc, new_doc, a.old, a.new)
     check_finite("--peak-tolerance", a.peak_tolerance, zero_ok=True)
     tolerance = parse_size(a.memory_tolerance, "--memory-tolerance")
@@ -347,8 +348,8 @@ def parser() -> argparse.ArgumentParser:
         help="compare two results.json; exit 1 on a performance, parity or memory regression",
         description=f"{diff.__doc__}\n{DIFF_EXIT}",
     )
-    dif.add_argument("old", help="the baseline results.json")
-    dif.add_argument("new", help="the results.json to judge")
+    dif.add_argument("old", help="the baseline: a results.json, a run's or sweep's store, or its folder")
+    dif.add_argument("new", help="the results to judge: a results.json, a store, or a folder")
     dif.add_argument(
         "--threshold", type=float, default=THRESHOLD, help="smallest relative change that counts (finite, >= 0)"
     )
@@ -371,7 +372,7 @@ def parser() -> argparse.ArgumentParser:
     dif.set_defaults(fn=cmd_diff)
     exp = sub(subs, "export", help="the cells of a results.json (or a run's folder) as flat rows, for spreadsheets")
     exp.add_argument("results", help="a results.json, a run's or sweep's store, or its folder")
-    exp.add_argument("--csv", action="store_true", required=True, help="CSV, one row per cell (the one format)")
+    exp.add_argument("--csv", action="store_true", help="CSV, one row per cell: the one format, so the default")
     exp.add_argument("--out", help="write here instead of standard output")
     exp.set_defaults(fn=cmd_export)
     history_command.add_parser(subs)  # python -m compare history DIR [--machine KEY] [--out FOLDER]

@@ -30,6 +30,7 @@ A ``results.json`` is only ever replaced by a document that holds at least the c
 from __future__ import annotations
 
 import datetime
+import json
 import secrets
 import sys
 from pathlib import Path
@@ -171,12 +172,14 @@ def _environment(head: dict[str, Any], cells: list[dict[str, Any]]) -> dict[str,
 
 
 def is_store(path: Path) -> bool:
-    """True when ``path`` is a run's store (its first line is a run header)."""
+    """True when ``path`` is a run's store: its first line is a run header (a bad line after it is the store's to
+    name, :func:`read_store`; it read as "not a store", and then "results.json does not exist")."""
     try:
-        first = read_records(path)[:1]
+        with path.open("rb") as f:
+            first = json.loads(f.readline())
     except (OSError, ValueError):
         return False
-    return bool(first) and isinstance(first[0], dict) and first[0].get("kind") == "run"
+    return isinstance(first, dict) and first.get("kind") == "run"
 
 
 def read_store(path: Path) -> Results:
