@@ -296,6 +296,25 @@ def test_a_module_s_own_keyboard_interrupt_exits_2_while_the_tool_s_signal_handl
 
 
 @pytest.mark.standard
+def test_a_module_s_gelu_is_told_apart_from_its_other_form_or_said_not_to_be(tmp_path: Path) -> None:
+    """A module with a tanh GELU and its JAX port with erf: in float32 the gate tells the two forms apart (the port
+    fails), in bfloat16 it cannot, and the report says so on the case's line (it read "parity all 2 pass" with no
+    word, and DETAILS.md "- (no GELU)"). A module without a GELU has none to tell apart (the control)."""
+    erf_port = "    return jax.nn.gelu(x @ up_w.T + up_b, approximate=False) @ down_w.T + down_b"
+    path = write(tmp_path, module_source(torch_act="F.gelu(self.up(x), approximate='tanh')", jax_body=erf_port))
+    out = tmp_path / "out"
+    args = ["run", "--module", str(path), "--dim", "96", "--hidden", "96", "--backend", "jax-module", "--mode", "fwd"]
+    assert main([*args, "--dtype", "float32", "bfloat16", *FAST, "--out", str(out)]) == 1
+    doc = read_json(out / "results.json")
+    assert {r.dtype: r.erf_distinguishable for r in doc.resolution} == {"float32": True, "bfloat16": False}
+    assert {r.dtype: r.status for r in doc.results} == {"float32": "parity-fail", "bfloat16": "ok"}
+    report = (out / "REPORT.md").read_text(encoding="utf-8")
+    assert "erf vs tanh GELU not distinguishable" in report and "erf vs tanh GELU told apart" in report
+    assert "no GELU" not in (out / "DETAILS.md").read_text(encoding="utf-8")
+    assert golden.has_gelu(case_of(path)) and not golden.has_gelu(case_of(write(tmp_path, module_source(), "r.py")))
+
+
+@pytest.mark.standard
 def test_a_jax_function_that_exits_mid_run_is_an_error_cell_and_the_finished_cells_are_kept(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -84,3 +84,32 @@ def test_the_module_backends_join_the_compile_cost_sweep(runs: tuple[Path, Path]
     assert sorted(rows) == sorted((b, d, t) for b, d in want for t in (1, 64)), sorted(rows)
     for (backend, _, _), r in rows.items():
         assert r["compiles"] == (0 if backend == "torch-module" else 1) and not r.get("error"), r
+
+
+def test_a_module_run_reads_as_one_against_its_own_baseline(runs: tuple[Path, Path]) -> None:
+    """A module run names torch-module as its baseline everywhere it speaks of one (its legends said "tested against
+    torch-eager" and "vs eager"), its CSV compares against torch-module (it said "not compared" on every row) with
+    the module's sha256, and a failing row has no speedup (it read "151.20x")."""
+    import csv
+    import dataclasses
+    import io
+
+    from compare.report import export
+    from compare.report.render import files
+    from compare.report.summary import speedup_cell
+
+    m, _ = runs
+    text = (m / "REPORT.md").read_text(encoding="utf-8") + (m / "DETAILS.md").read_text(encoding="utf-8")
+    assert "torch-eager" not in text and "vs eager" not in text
+    assert "tested against torch-module" in text and "[vs torch-module](" in text
+    doc = read_json(m / "results.json")
+    rows = list(csv.DictReader(io.StringIO(export.to_csv(doc))))
+    verdicts = {r["backend"]: r["speedup_verdict"] for r in rows}
+    assert verdicts["torch-module"] == "baseline"
+    assert all(v != "not compared" for v in verdicts.values()), verdicts
+    assert {r["module_sha256"] for r in rows} == {doc.results[0].module.sha256}  # type: ignore[union-attr]
+    failed = dataclasses.replace(doc.results[-1], status="parity-fail")
+    assert failed.backend != "torch-module" and failed.timing is not None
+    assert speedup_cell([*doc.results[:-1], failed], failed) == "- (parity-fail)"
+    assert export.row(dataclasses.replace(doc, results=(*doc.results[:-1], failed)), failed)["speedup"] == ""
+    assert "- (parity-fail)" in files(dataclasses.replace(doc, results=(*doc.results[:-1], failed)))["REPORT.md"]

@@ -353,15 +353,50 @@ def compute(
     dy: np.ndarray | None,
     ar: Arith,
     weights: bool = True,
+    other_gelu: bool = False,
 ) -> dict[str, np.ndarray]:
     """The module's forward (and backward given ``dy``) in ``ar`` (``plain.plain_compute``), its activations in
     ``ar.act_dtype`` as ``reference.compute``'s: ``y``, ``dx``, ``d<name>`` as float64 arrays; ``weights=False``:
     no weight gradient (``y`` and ``dx`` of a few tokens, the every-call check's: a Llama 3 8B layer's weight
-    gradients cost seconds each time)."""
+    gradients cost seconds each time). ``other_gelu``: each GELU in its other form (erf for tanh and tanh for erf:
+    the gate's resolution asks whether the two are told apart, :func:`activation_kinds` says whether it has one)."""
     module = build(case, params, torch.device("cpu"), torch.float64)
     module.requires_grad_(weights)
+    acts = acts_plain(ar.act_dtype)
+    if other_gelu:
+        base = acts
+
+        def acts(kind: str) -> Activations:
+            return base(OTHER_GELU.get(kind, kind))
+
     with _plain_refusals(_module_file(case).path):
-        return plain_compute(module, x, dy, ar, acts_plain(ar.act_dtype))
+        return plain_compute(module, x, dy, ar, acts)
+
+
+#: Each GELU form's other (``compute(other_gelu=True)``).
+OTHER_GELU = {"gelu_tanh": "gelu_erf", "gelu_erf": "gelu_tanh"}
+
+
+def activation_kinds(case: Case) -> frozenset[str]:
+    """The activation kinds the module's plain computation evaluates (``gelu_tanh``, ``silu``, ...), read from one
+    token through its module at no more than :data:`CHECK_WIDTHS` (milliseconds on a real layer's file)."""
+    mf = _module_file(case)
+    dim, hidden = min(case.shape.dim, CHECK_WIDTHS[0]), min(case.shape.hidden, CHECK_WIDTHS[1])
+    try:
+        module = _instantiate(load(mf), mf.path, dim, hidden).to(torch.float64)
+    except InputError:  # refused at the narrow widths: the case's own (as check_plain builds it)
+        dim, hidden = case.shape.dim, case.shape.hidden
+        module = _instantiate(load(mf), mf.path, dim, hidden).to(torch.float64)
+    seen: set[str] = set()
+    acts = acts_plain(None)
+
+    def recording(kind: str) -> Activations:
+        seen.add(kind)
+        return acts(kind)
+
+    with _plain_refusals(mf.path), np.errstate(over="ignore", invalid="ignore"):
+        plain_compute(module, np.zeros((1, 1, dim)), None, Arith(None, gemm=np.matmul), recording)
+    return frozenset(seen)
 
 
 def spot_reference(

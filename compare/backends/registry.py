@@ -14,7 +14,7 @@ Only ``compare.timing.timer`` times anything; backends only build callables.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -442,6 +442,21 @@ def baseline_of(model: str) -> str:
     """The backend a case of ``model`` is timed against: :data:`DEFAULT_BASELINE`, a module case's
     :data:`MODULE_BASELINE`."""
     return MODULE_BASELINE if model == MODULE_MODEL else DEFAULT_BASELINE
+
+
+def baselines_said(models: Iterable[str]) -> str:
+    """The baseline of a report's speedups in words, for the cases of ``models`` (:func:`baseline_of`):
+    ``torch-eager``, ``torch-module``, or ``torch-eager (torch-module for a case of your own MLP file)``."""
+    found = set(models)
+    own, built_in = MODULE_MODEL in found, bool(found - {MODULE_MODEL})
+    if own and built_in:
+        return f"{DEFAULT_BASELINE} ({MODULE_BASELINE} for a case of your own MLP file)"
+    return MODULE_BASELINE if own else DEFAULT_BASELINE
+
+
+#: The statuses whose row gets no speedup: a step that does not compute its answer (or did not run) has no speed
+#: worth comparing (a failing row read "151.20x").
+NO_SPEEDUP = ("parity-fail", "implausible", "error", "skipped")
 
 
 def framework_baseline(framework: str) -> str | None:

@@ -124,6 +124,12 @@ def _rel_rms(a: np.ndarray, ref: np.ndarray) -> float:
     return d / r if r else math.inf
 
 
+def _built_in(
+    model: str, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, ar: Arith, other_gelu: bool = False
+) -> dict[str, np.ndarray]:
+    return compute(model, x, params, dy, ar, gelu="erf" if other_gelu else "tanh")
+
+
 def resolution_rows(
     case_name: str,
     model: str,
@@ -133,21 +139,23 @@ def resolution_rows(
     ref: Mapping[str, np.ndarray],
     plain: dict[str, np.ndarray],
     tensors: Iterable[str],
-    compute_in: Callable[[np.ndarray, dict[str, np.ndarray], np.ndarray | None, Arith], dict[str, np.ndarray]]
-    | None = None,
+    compute_in: Callable[..., dict[str, np.ndarray]] | None = None,
+    gelu: bool | None = None,
 ) -> list[ResolutionRow]:
     """Resolution rows of one case for ``tensors`` (``golden_inputs = (x, params, dy)``). ``compute_in(x, params,
-    dy, ar)`` computes the case in another arithmetic (its reversed-sums twin; default: ``reference.compute`` of
-    ``model``): a module case's module (``compare.problem.golden.compute_of``), which has no erf form of a GELU
-    to tell apart (no erf row)."""
+    dy, ar, other_gelu=False)`` computes the case in another arithmetic (its reversed-sums twin; default:
+    ``reference.compute`` of ``model``), with ``other_gelu`` its GELU in the other form (erf for tanh, and for a
+    module's erf GELU tanh): a module case's module (``compare.problem.golden.compute_of``). ``gelu``: whether the
+    case has a GELU to tell apart from its other form (None: ``model`` is one of ``GELU_MODELS``)."""
     x, params, dy = golden_inputs
     names = [t for t in tensors if t in ref]
     upstream = None if names == ["y"] else dy  # forward only: no backward to run
-    has_gelu = compute_in is None and model in GELU_MODELS  # erf vs tanh means nothing without a GELU
-    erf_plain = compute(model, x, params, upstream, Arith.plain(dtype), gelu="erf") if has_gelu else None
-    erf_exact = compute(model, x, params, upstream, Arith.exact(), gelu="erf") if has_gelu else None
     if compute_in is None:
-        compute_in = functools.partial(compute, model)
+        compute_in = functools.partial(_built_in, model)
+    if gelu is None:
+        gelu = model in GELU_MODELS  # erf vs tanh means nothing without a GELU
+    erf_plain = compute_in(x, params, upstream, Arith.plain(dtype), other_gelu=True) if gelu else None
+    erf_exact = compute_in(x, params, upstream, Arith.exact(), other_gelu=True) if gelu else None
     twin = compute_in(x, params, upstream, Arith(dtype, final=False, gemm=_reversed_sums))
     rows = []
     for t in names:

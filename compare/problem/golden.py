@@ -34,7 +34,7 @@ import numpy as np
 from compare.formats.codec import to_json
 from compare.problem import checkpoint, datacache
 from compare.problem.cases import Case, committed_cases
-from compare.problem.reference import Arith, compute, plain_run, round_to_dtype
+from compare.problem.reference import GELU_MODELS, Arith, compute, plain_run, round_to_dtype
 
 #: Bump when the generation recipe changes (then regenerate and commit the files).
 GENERATOR_VERSION = 2
@@ -154,12 +154,22 @@ def compute_of(
     dy: np.ndarray | None,
     ar: Arith,
     weights: bool = True,
+    other_gelu: bool = False,
 ) -> dict[str, np.ndarray]:
     """``reference.compute`` of ``case`` in ``ar`` (its activations in ``ar.act_dtype``), a module case's module;
-    ``weights=False``: without the weight gradients."""
+    ``weights=False``: without the weight gradients; ``other_gelu``: its GELU in the other form (a built-in model's
+    tanh GELU as erf, a module's each way round; the gate's resolution, ``compare.gate.resolution``)."""
     if case.module is None:
-        return compute(case.model, x, params, dy, ar, weights=weights)
-    return dict(_module_file(case).compute(case, x, params, dy, ar, weights))
+        return compute(case.model, x, params, dy, ar, gelu="erf" if other_gelu else "tanh", weights=weights)
+    return dict(_module_file(case).compute(case, x, params, dy, ar, weights, other_gelu))
+
+
+def has_gelu(case: Case) -> bool:
+    """Whether ``case`` computes a GELU (a built-in model of ``GELU_MODELS``; a module whose plain computation
+    evaluates one), so that its other form can be told apart or not."""
+    if case.module is None:
+        return case.model in GELU_MODELS
+    return bool(set(_module_file(case).activation_kinds(case)) & {"gelu_tanh", "gelu_erf"})
 
 
 def spot_reference_of(

@@ -14,7 +14,7 @@ import csv
 import io
 from typing import Any
 
-from compare.backends.registry import DEFAULT_BASELINE
+from compare.backends.registry import NO_SPEEDUP, baseline_of
 from compare.report.machines import same_machine
 from compare.report.memory import saved_bytes
 from compare.results.document import Result, Results
@@ -48,6 +48,7 @@ COLUMNS: tuple[str, ...] = (
     "saved_bytes",
     "peak_bytes",
     "weights_sha256",
+    "module_sha256",
     "layer",
     "versions",
     "machine",
@@ -55,8 +56,11 @@ COLUMNS: tuple[str, ...] = (
 
 
 def _speedup(doc: Results, r: Result) -> tuple[str, str, str]:
-    """(speedup, verdict, test) of ``r`` against the baseline, as the summary table judges it."""
-    base = same_machine(doc.results, r, DEFAULT_BASELINE, lambda b: b.timing)
+    """(speedup, verdict, test) of ``r`` against its case's baseline (``torch-module`` for a module case), as the
+    summary table judges it; a row that fails is not compared."""
+    if r.status in NO_SPEEDUP:
+        return "", f"not compared ({r.status})", ""
+    base = same_machine(doc.results, r, baseline_of(r.model), lambda b: b.timing)
     if base is None or base.timing is None or r.timing is None:
         return "", "not compared", ""
     if base is r:
@@ -102,6 +106,7 @@ def row(doc: Results, r: Result) -> dict[str, Any]:
         "saved_bytes": saved_bytes(r) if saved_bytes(r) is not None else "",
         "peak_bytes": peak.bytes if peak is not None else "",
         "weights_sha256": r.weights.sha256 if r.weights is not None else "",
+        "module_sha256": r.module.sha256 if r.module is not None else "",
         "layer": r.weights.layer if r.weights is not None and r.weights.layer is not None else "",
         "versions": " ".join(f"{k}={v}" for k, v in sorted(versions.items()) if v),
         "machine": machine,

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compare.backends.registry import BACKENDS, DEFAULT_BASELINE
+from compare.backends.registry import BACKENDS, baseline_of
 from compare.formats.markdown import case_label, fmt_s, table
 from compare.report.cells import mib
 from compare.results.document import Result, Results
@@ -167,9 +167,10 @@ def memory_line(rows: Sequence[Result]) -> str:
         return "memory: inference forwards that keep tensors alive: " + ", ".join(
             f"{n} {mib(b)}" for n, b in alive.items()
         )
-    base = saved_bytes(by_name.get(DEFAULT_BASELINE))
+    baseline = baseline_of(rows[0].model)
+    base = saved_bytes(by_name.get(baseline))
     if base is None:
-        return f"memory: not compared ({DEFAULT_BASELINE}'s saved activations not measured)"
+        return f"memory: not compared ({baseline}'s saved activations not measured)"
     remats = {n for n, s in BACKENDS.items() if s.remat_of}
     fused = [
         (b, r)
@@ -184,7 +185,7 @@ def memory_line(rows: Sequence[Result]) -> str:
         kept = base - least
         share = f"{kept / base:.0%}" if base else "-"
         text += (
-            f"fusion keeps {mib(kept)} out of memory per MLP ({who.backend}; {share} of {DEFAULT_BASELINE}'s saved "
+            f"fusion keeps {mib(kept)} out of memory per MLP ({who.backend}; {share} of {baseline}'s saved "
             f"activations, {mib(base)})"
         )
     for name in sorted(remats & set(by_name)):

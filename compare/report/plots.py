@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from compare.backends.registry import DEFAULT_BASELINE
+from compare.backends.registry import baseline_of
 from compare.cost.records import Achieved
 from compare.problem.cases import DTYPES, MODES
 from compare.report.layers import PLOT_KIND, layer_of, layer_rows, worst_ratio
@@ -151,14 +151,15 @@ def _time_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
 
 
 def _speedup_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
-    base = {(r.case, r.mode): _median(r) for r in rs if r.backend == DEFAULT_BASELINE}
-    others = [r for r in rs if r.backend != DEFAULT_BASELINE and (r.case, r.mode) in base]
+    baseline = baseline_of(fam[0])
+    base = {(r.case, r.mode): _median(r) for r in rs if r.backend == baseline}
+    others = [r for r in rs if r.backend != baseline and (r.case, r.mode) in base]
     if not others:
         return None
     series = _series(others)
     panels = _panels(others)
     color = colors(sorted({b for (_, _, b) in series}))
-    fig, axes = figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: speedup over {DEFAULT_BASELINE}")
+    fig, axes = figure(len(panels), f"{fam[0]} dim={fam[1]} hidden={fam[2]}: speedup over {baseline}")
     for ax, (dtype, mode) in zip(axes, panels, strict=True):
         for b, c in color.items():
             pts = series.get((dtype, mode, b))
@@ -167,8 +168,8 @@ def _speedup_plot(rs: list[Result], fam: Family, path: Path) -> Path | None:
             xs = [tokens(r) for r in pts]
             ys = [base[(r.case, r.mode)] / _median(r) for r in pts]
             ax.plot(xs, ys, marker="o", ms=3, color=c, label=b)
-        ax.axhline(1.0, color="grey", linestyle=":", linewidth=1, label=DEFAULT_BASELINE)
-        _axes_style(ax, (tokens(r) for r in others), f"{dtype} {mode}", f"{DEFAULT_BASELINE} median / median")
+        ax.axhline(1.0, color="grey", linestyle=":", linewidth=1, label=baseline)
+        _axes_style(ax, (tokens(r) for r in others), f"{dtype} {mode}", f"{baseline} median / median")
     return _save(fig, path)
 
 
@@ -397,7 +398,7 @@ def render_plots(doc: Results, out_dir: Path) -> list[Path]:
 
 _CAPTIONS = {
     "time": "median time per call against tokens",
-    "speedup": f"speedup over {DEFAULT_BASELINE}",
+    "speedup": "speedup over the baseline (torch-eager; torch-module for your own MLP file)",
     "ceiling": "achieved fraction of the compute and bandwidth ceilings",
     "roofline": "achieved FLOP/s against arithmetic intensity, under this run's measured roofs",
     "compile": "first call (compile + run, dashed) and steady-state median (solid) against tokens",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 
-from compare.backends.registry import DEFAULT_BASELINE, MODULE_BASELINE
+from compare.backends.registry import MODULE_BASELINE, baselines_said
 from compare.formats.codec import from_json
 from compare.formats.markdown import case_label, fmt_e, fmt_s, table
 from compare.gate.parity import WHERE_FAIL, WHERE_MIN
@@ -332,14 +332,15 @@ def timing_section(
         "kernel time split",
         "overhead",
         "first call",
-        "vs eager",
+        "vs baseline",
         "notes",
     ]
     intro = (
         f"Per call, steady state, after warm-up; every sample ends with a full device sync. "
         f"First call (compile + run) apart. The backends of one case, dtype and mode are timed together, in "
         f"rounds of one sample each in a random order (design 'interleaved'), so that load drift hits them alike. "
-        f"Speedup is {DEFAULT_BASELINE}'s median over this one's, shown only where the two differ beyond noise "
+        f"Speedup is the baseline's ({baselines_said(r.model for r in results)}) median over this one's, shown "
+        f"only where the two differ beyond noise "
         f"(`compare.timing.significance`: median ratio outside the band of both IQRs and, for an interleaved pair, an "
         f"exact signed-rank test on the rounds' paired log ratios, which stays at its nominal rate under any load; "
         f"a pair timed in separate windows, e.g. a tensor-parallel group's rows, is marked 'unpaired' and gets "
@@ -383,7 +384,8 @@ def timing_section(
     if several(results):  # one table per machine type, each row's speedup against the baseline of its own type
         notes.append(
             "The rows were measured on several machine types: one table per type, each speedup against "
-            f"{DEFAULT_BASELINE} on the same type; no speedup is computed across two machine types."
+            f"{baselines_said(r.model for r in results)} on the same type; no speedup is computed across two machine "
+            "types."
         )
         tables = "\n\n".join(
             f"### On {m or 'a machine not recorded'}\n\n" + table(head, rows[m]) for m in timed_machine_types(results)
@@ -413,8 +415,8 @@ def modes_section(results: Rows) -> str:
     label = {r.case: case_label(r) for r in results}
     rows = [[b, label[c], d, *(cells.get((b, c, d, m), "-") for m in modes)] for b, c, d in keys]
     return (
-        f"## Timing by mode\n\nMedian per call (speedup against {DEFAULT_BASELINE}, where beyond noise).\n\n"
-        + table(["backend", "case", "dtype", *modes], rows)
+        f"## Timing by mode\n\nMedian per call (speedup against {baselines_said(r.model for r in results)}, where "
+        "beyond noise).\n\n" + table(["backend", "case", "dtype", *modes], rows)
     )
 
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import PurePath
 from typing import Any
 
-from compare.backends.registry import BACKENDS, DEFAULT_BASELINE, MODULE_BASELINE, baseline_of, framework_baseline
+from compare.backends.registry import BACKENDS, NO_SPEEDUP, baseline_of, baselines_said, framework_baseline
 from compare.formats.markdown import case_label, fmt_s, si, table
 from compare.gate.resolution import NOT_MEASURED, ResolutionRow
 from compare.problem import checkpoint
@@ -144,6 +144,8 @@ def speedup_cell(results: Sequence[Result], r: Result) -> str:
     ``within noise`` (or ``not tested (N rounds)`` where the paired test had too few rounds to run). ``baseline``
     for the baseline itself, ``-`` where the baseline was not timed (on the row's machine type: a row is never
     compared with a baseline measured on another)."""
+    if r.status in NO_SPEEDUP:
+        return f"- ({r.status})"
     base = same_machine(results, r, baseline_of(r.model), lambda b: b.timing)
     if base is None or base.timing is None or r.timing is None:
         return "-"
@@ -484,12 +486,13 @@ def summary_section(doc: Results, to: Link = _words) -> str:
         if doc.ceilings is not None
         else "whose plausibility was not checked (this run measured no ceilings)"
     )
+    against = baselines_said(r.model for r in doc.results)
     intro = (
         "One line per case, dtype and mode, then its table. Parity: every backend against the float64 golden (the "
         f"gate's statistics in {to('Parity', 'Parity')}, its resolution in "
         f"{to(RESOLUTION, 'What a pass means')}). Fastest: the quickest timed backend that passes or deviates and "
-        f"{plausible}, tested against {DEFAULT_BASELINE} and against the runner-up; none is named when "
-        f"{DEFAULT_BASELINE} was not timed. A speedup is a number only beyond the noise, by the paired test when the "
+        f"{plausible}, tested against {against} and against the runner-up; none is named when "
+        "that baseline was not timed. A speedup is a number only beyond the noise, by the paired test when the "
         "two were timed together (interleaved), else by the unpaired rule, and the line says which; 'not tested' "
         f"where the paired test had fewer than {MIN_PAIRS} rounds. Fusion headroom, per "
         "framework: the share of its own unfused baseline's profiled kernel time spent outside its GEMMs, the most "
@@ -498,9 +501,7 @@ def summary_section(doc: Results, to: Link = _words) -> str:
         "plan removes something); a saving beyond that share says "
         f"where the rest came from. Speed across frameworks is the {to('Timing', 'timing table')}'s, not a saving. "
         "In each table the worst statistic is the check that came closest to (or went furthest past) its pass "
-        f"line; vs {DEFAULT_BASELINE} is by the paired signed-rank test unless marked unpaired."
+        "line; the speedup against the baseline is by the paired signed-rank test unless marked unpaired."
     )
-    if any(r.module is not None for r in doc.results):
-        intro += f" A case of your own MLP file (--module) is timed against {MODULE_BASELINE} instead."
     notes = "\n\n".join(x for x in (machines_line(doc), _ceiling_notes(doc), _busy_note(doc)) if x)
     return "## Summary\n\n" + intro + "\n\n" + "\n\n".join(lines) + (f"\n\n{notes}" if notes else "")

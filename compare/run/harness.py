@@ -43,7 +43,7 @@ from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
 from compare.problem import datacache
 from compare.problem.cases import Case, FileChanged, check_name
-from compare.problem.golden import compute_of, golden_for, module_code, prefetch_reference
+from compare.problem.golden import compute_of, golden_for, has_gelu, module_code, prefetch_reference
 from compare.results import environment
 from compare.results.document import Config, Result, Results
 from compare.results.memory import Memory
@@ -766,7 +766,8 @@ def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[st
             pass
     compute_in = None if case.module is None else functools.partial(compute_of, case)
     rows = resolution.resolution_rows(
-        case.name, case.model, label, case.dtype, (g.x, g.params, g.dy), g.ref, plain, wanted, compute_in
-    )
+        case.name, case.model, label, case.dtype, (g.x, g.params, g.dy), g.ref, plain, wanted, compute_in,
+        has_gelu(case),
+    )  # fmt: skip
     datacache.save_json(name, [to_json(r) for r in rows])
     return rows
