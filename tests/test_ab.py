@@ -29,7 +29,7 @@ from compare.backends.registry import register, unregister
 from compare.cli.main import main
 from compare.problem.cases import InputError, preset
 from compare.report import history as view
-from compare.report.ab import findings, paired_verdicts, render, verdict
+from compare.report.ab import findings, paired_verdicts, render, summary_lines, verdict
 from compare.results import history
 from compare.results.ab import ABResults, Pair, Process, Side, read_json, write_json
 from compare.results.document import Result
@@ -248,6 +248,19 @@ def test_an_ab_json_with_per_process_figures_round_trips(tmp_path: Path) -> None
     with pytest.raises(InputError, match=r"schema_version 99; it reads 1, 2"):
         read_json(path)
     assert main(["report", str(path)]) == 2
+
+
+@pytest.mark.quick
+def test_ab_says_what_sets_b_apart_from_a() -> None:
+    """Two sides of one commit and versions that differ in a variable alone: AB.md and the printed lines name it
+    (a "1.96x slower" read beside identical versions and nothing else); two identical sides say so (the control)."""
+    pair = _process_pair([32, 40, 33], [40, 33, 39])
+    same = Side("A", "py", "/a", {"OMP_NUM_THREADS": "2"}, "c1", "3.11.7", {"torch": "2.13.0"})
+    doc = ABResults(a=same, b=replace(same, name="B"), pairs=(pair,), workers=3)
+    assert "B differs from A in: nothing recorded (the same build and settings)." in render(doc)
+    doc = replace(doc, b=replace(same, name="B", env={"OMP_NUM_THREADS": "2", "FOO": "1"}))
+    assert "B differs from A in: $FOO - -> 1." in render(doc)
+    assert "B differs from A in: $FOO - -> 1" in summary_lines(doc)
 
 
 @pytest.mark.quick

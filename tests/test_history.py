@@ -131,6 +131,25 @@ def test_a_step_at_commit_3_flags_the_newest_slower_and_exits_1(
     assert "slower: torch-eager · geglu 8x128x768->3072 · float32 · fwd at entry #3 (c300000)" in out
 
 
+def test_a_setting_that_alone_tells_two_entries_of_one_commit_apart_is_named(tmp_path: Path) -> None:
+    """Entries of the same commit and versions: the third run with an instruction-set cap set, then an A/B entry
+    whose side B ran with a variable; each row names what changed (it said "-" beside "1.96x slower"). The first
+    two rows name nothing (the control)."""
+    src = history.Source("c1" + "0" * 38, False, "0.1.0")
+    for i in range(3):
+        doc = _scaled(1.0 if i < 2 else 1.96, seed=i)
+        if i == 2:
+            caps = {**doc.environment.isa_caps, "ATEN_CPU_CAPABILITY": "avx2"}
+            doc = dataclasses.replace(doc, environment=dataclasses.replace(doc.environment, isa_caps=caps))
+        history.write(tmp_path, history.entry(doc, "run", src, T0 + datetime.timedelta(hours=i)))
+    e = history.entry(_scaled(1.96, seed=3), "ab", src, T0 + datetime.timedelta(hours=3))
+    history.write(tmp_path, dataclasses.replace(e, variables={"FOO": "1"}))
+    changed = [p.changed for p in _history(tmp_path).cells[0].points]
+    assert changed == [(), (), ("$ATEN_CPU_CAPABILITY - -> avx2",), ("$ATEN_CPU_CAPABILITY avx2 -> -", "$FOO - -> 1")]
+    assert main(["history", str(tmp_path)]) in (0, 1)
+    assert "$ATEN_CPU_CAPABILITY - -> avx2" in (tmp_path / "report" / "HISTORY.md").read_text(encoding="utf-8")
+
+
 def test_a_single_slow_outlier_in_the_middle_flags_nothing_on_its_return(tmp_path: Path) -> None:
     _build(tmp_path, [1.0, 1.5, 1.0])
     h = _history(tmp_path)

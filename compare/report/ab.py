@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from compare.formats.markdown import case_label, fmt_s, table
 from compare.kernels.summary import Kernels
-from compare.report.cells import mib, signed_s
+from compare.report.cells import changes, mib, signed_s
 from compare.report.diff import BAD_STATUSES
 from compare.report.memory import saved_bytes
 from compare.report.render import load_note
@@ -214,6 +214,22 @@ def _first(a: Result, b: Result) -> str:
     return "; A first" if a.extras.get("ab_staged") == "first" else "; B first" if b.extras.get("ab_staged") else ""
 
 
+def differences(doc: ABResults) -> tuple[str, ...]:
+    """What sets side B apart from A as recorded: checkout, commit, interpreter, Python, package versions and the
+    variables set (``$FOO - -> 1``); empty where nothing recorded differs."""
+    a, b = doc.a, doc.b
+    said = {"checkout": (a.path, b.path), "commit": (a.commit, b.commit), "interpreter": (a.python, b.python)}
+    said["Python"] = (a.python_version, b.python_version)
+    of_a = {k: x for k, (x, _) in said.items()} | a.versions | {f"${k}": v for k, v in a.env.items()}
+    of_b = {k: y for k, (_, y) in said.items()} | b.versions | {f"${k}": v for k, v in b.env.items()}
+    return changes(of_a, of_b)
+
+
+def _differ_line(doc: ABResults) -> str:
+    found = differences(doc)
+    return "B differs from A in: " + ("; ".join(found) if found else "nothing recorded (the same build and settings)")
+
+
 def _side_line(s: Side) -> str:
     if s.problem:
         return f"**{s.name}**: `{s.python}` in `{s.path}`: no worker answered ({s.problem})"
@@ -235,6 +251,7 @@ def summary_lines(doc: ABResults) -> list[str]:
             f"A {p.a.status}, B {p.b.status}"
         )
     found = findings(doc)
+    lines.append(_differ_line(doc))
     return lines + ([f"finding: {f}" for f in found] or ["no finding: B is not slower beyond noise and keeps parity"])
 
 
@@ -294,6 +311,8 @@ def render(doc: ABResults) -> str:
         "",
         _side_line(doc.a) + "  ",
         _side_line(doc.b),
+        "",
+        _differ_line(doc) + ".",
         "",
         f"Made {doc.created} by `{doc.command}`." if doc.command else f"Made {doc.created}.",
         "",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from compare.formats.markdown import case_label, fmt_s
 from compare.results.document import Result
 
@@ -22,3 +24,11 @@ def mib(n: int) -> str:
 def signed_s(s: float | None) -> str:
     """Seconds with their sign (:func:`~compare.formats.markdown.fmt_s` shows none); None is ``-``."""
     return "-" if s is None else ("-" if s < 0 else "") + fmt_s(abs(s))
+
+
+def changes(old: Mapping[str, str | None], new: Mapping[str, str | None]) -> tuple[str, ...]:
+    """What differs between two records of versions or settings, by name: ``torch 2.12.0 -> 2.13.0``, ``$FOO - ->
+    1`` (``-``: not there)."""
+    return tuple(
+        f"{k} {old.get(k) or '-'} -> {new.get(k) or '-'}" for k in sorted({*old, *new}) if old.get(k) != new.get(k)
+    )

@@ -49,6 +49,7 @@ from typing import Any
 from compare.backends.registry import BACKENDS
 from compare.formats.markdown import case_label, fmt_s, table
 from compare.problem.cases import DTYPES, MODES, InputError
+from compare.report.cells import changes
 from compare.report.plots import colors, figure, spread
 from compare.results.document import Result
 from compare.results.history import Entry, Machine
@@ -138,7 +139,8 @@ def change_points(timings: Sequence[Timing], builds: Sequence[Any] | None = None
 @dataclass(frozen=True)
 class Point:
     """One entry's result of a cell: the entry's index in the machine's time order, the result, the package
-    versions changed since the cell's previous point (``torch 2.12.0 -> 2.13.0``), its comparison with that point,
+    versions and settings changed since the cell's previous point (``torch 2.12.0 -> 2.13.0``, :func:`settings`), its
+    comparison with that point,
     its flag and what decided it (``change point`` or ``A/B vs <baseline>``; ``""`` without a flag)."""
 
     entry: int
@@ -223,10 +225,12 @@ def pick(found: Sequence[tuple[Machine, int]], wanted: str | None) -> Machine:
     return hits[0]
 
 
-def _changed(old: dict[str, str | None], new: dict[str, str | None]) -> tuple[str, ...]:
-    return tuple(
-        f"{k} {old.get(k) or '-'} -> {new.get(k) or '-'}" for k in sorted({*old, *new}) if old.get(k) != new.get(k)
-    )
+def settings(e: Entry) -> dict[str, str | None]:
+    """What an entry's timings may depend on besides the code: the package versions, the instruction-set caps set
+    (``$ATEN_CPU_CAPABILITY``) and the variables its build ran with (an A/B entry's side B: ``--b-env``). Only an
+    environment variable told two entries of one commit apart, and the row said "-"."""
+    caps = {f"${k}": v for k, v in e.results.environment.isa_caps.items() if v}
+    return {**e.versions, **caps, **{f"${k}": v for k, v in e.variables.items()}}
 
 
 def _index(x: str, known: Sequence[str]) -> int:
@@ -268,8 +272,8 @@ def build(entries: Sequence[Entry], machine: Machine) -> History:
             if ab is not None:
                 flag = ab.verdict if ab.verdict in (SLOWER, FASTER) else ""
                 by = f"A/B vs {ab.baseline}" if flag else ""
-            before = mine[pts[n - 1][0]].versions if n else mine[i].versions
-            points.append(Point(i, r, _changed(before, mine[i].versions), step.vs_previous, flag, by))
+            before = settings(mine[pts[n - 1][0]] if n else mine[i])
+            points.append(Point(i, r, changes(before, settings(mine[i])), step.vs_previous, flag, by))
         cells.append(CellHistory(key, tuple(points)))
     cells.sort(key=lambda c: _order(c.key, c.points[0].result))
     return History(machine, mine, tuple(cells), carried, elsewhere)
@@ -320,7 +324,7 @@ HEADER = [
     "entry",
     "recorded (UTC)",
     "commit",
-    "versions changed",
+    "versions or settings changed",
     "median",
     "IQR",
     "n",

@@ -191,6 +191,8 @@ class Entry:
     versions: dict[str, str | None]
     results: Results
     paired: tuple[PairedVerdict, ...] = field(default=(), metadata=LATER)
+    #: the environment variables the recorded build ran with beyond this machine's (an A/B entry's side B's)
+    variables: dict[str, str] = field(default_factory=dict, metadata=LATER)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -232,7 +234,7 @@ def ab_entry(doc: ABResults, env: Environment, paired: tuple[PairedVerdict, ...]
         results=tuple(p.b for p in doc.pairs),
         load=doc.load,
     )
-    return dataclasses.replace(entry(results, "ab", source_of(doc.b.commit)), paired=paired)
+    return dataclasses.replace(entry(results, "ab", source_of(doc.b.commit)), paired=paired, variables=dict(doc.b.env))
 
 
 def write(folder: Path, e: Entry) -> Path:
