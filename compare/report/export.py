@@ -56,7 +56,7 @@ COLUMNS: tuple[str, ...] = (
 
 
 def _speedup(doc: Results, r: Result) -> tuple[str, str, str]:
-    """(speedup, verdict, test) of ``r`` against its case's baseline (``torch-module`` for a module case), as the
+    """(speedup, verdict, test) of ``r`` against its case's baseline (``baseline_of``: a module case's own), as the
     summary table judges it; a row that fails is not compared."""
     if r.status in NO_SPEEDUP:
         return "", f"not compared ({r.status})", ""

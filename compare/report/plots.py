@@ -398,7 +398,7 @@ def render_plots(doc: Results, out_dir: Path) -> list[Path]:
 
 _CAPTIONS = {
     "time": "median time per call against tokens",
-    "speedup": "speedup over the baseline (torch-eager; torch-module for your own MLP file)",
+    "speedup": "speedup over the case's baseline (its eager torch step: the built-in module's, or your own MLP file's)",
     "ceiling": "achieved fraction of the compute and bandwidth ceilings",
     "roofline": "achieved FLOP/s against arithmetic intensity, under this run's measured roofs",
     "compile": "first call (compile + run, dashed) and steady-state median (solid) against tokens",
