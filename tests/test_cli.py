@@ -155,10 +155,12 @@ def test_a_failing_backend_keeps_the_others(tmp_path: Path) -> None:
     ],
 )
 def test_bad_input_exits_2_naming_what_is_wrong(
-    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)
     assert main(args) == 2
     assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir()), "bad input left files behind"  # `report nowhere/...` made nowhere/.lock
 
 
 def test_drifted_golden_exits_2_naming_the_file(tmp_path: Path) -> None:

@@ -139,6 +139,8 @@ def cmd_report(a: argparse.Namespace) -> int:
     path = Path(a.results)
     folder = path if path.is_dir() else path.parent
     out = Path(a.out) if a.out else None
+    if not path.exists():  # before any folder or lock file is made for it
+        raise InputError(f"results file {path} does not exist")
     ab = ab_command.ab_file(path)
     if ab is not None:
         return ab_command.rebuild(ab, out)
