@@ -17,6 +17,7 @@ from compare.problem.cases import (
     MODELS,
     MODES,
     MODULE_MODEL,
+    MOE_MODELS,
     PRESETS,
     Case,
     InputError,
@@ -27,6 +28,7 @@ from compare.problem.cases import (
     check_name,
     check_seed,
     check_unique,
+    is_moe,
     preset,
     resolve_shape,
 )
@@ -47,7 +49,7 @@ def sub(subparsers: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
 def add_case_args(r: argparse.ArgumentParser) -> None:
     """The case options: a preset, its model and sizes."""
     r.add_argument("--preset", help=f"one of: {', '.join(PRESETS)}")
-    r.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the preset's)")
+    r.add_argument("--model", help=f"one of: {', '.join(MODELS + MOE_MODELS)} (default: the preset's)")
     for dim in ("batch", "seq", "dim", "hidden"):
         r.add_argument(f"--{dim}", type=int, help=f"override the preset's {dim}")
     add_module_args(r)
@@ -119,6 +121,8 @@ def weights_from_args(a: argparse.Namespace, model: str, module: ModuleFile | No
     ``--layers`` alone is refused, and so is a template (``{i}``) without ``--layers`` or ``--layers`` without one."""
     path, prefix = getattr(a, "weights", None), getattr(a, "prefix", "") or ""
     layers = getattr(a, "layers", None)
+    if path is not None and is_moe(model):
+        raise InputError(f"--weights: a {model} case reads no checkpoint yet (its parameters are drawn from the seed)")
     if path is None:
         if prefix:
             raise InputError(f"--prefix {prefix!r} needs --weights (the checkpoint its names are looked up in)")
@@ -149,9 +153,10 @@ def resolve_case(a: argparse.Namespace, own_sizes: bool = True) -> tuple[str, Sh
             raise InputError(f"--module is the case's model: give no --model with it (got --model {a.model})")
         model: str | None = MODULE_MODEL
     else:
-        model = check_name("model", a.model, MODELS) if a.model else (base.model if base else None)
+        model = check_name("model", a.model, MODELS + MOE_MODELS) if a.model else (base.model if base else None)
     if model is None:
-        raise InputError(f"give --preset or --model (or --module FILE.py); known models: {', '.join(MODELS)}")
+        known = ", ".join(MODELS + MOE_MODELS)
+        raise InputError(f"give --preset or --model (or --module FILE.py); known models: {known}")
     batch, seq = (a.batch, a.seq) if own_sizes else (1, 1)
     if model == MODULE_MODEL and base is None:
         batch, seq = (MODULE_TOKENS[0] if batch is None else batch), (MODULE_TOKENS[1] if seq is None else seq)
@@ -249,6 +254,10 @@ def _check_cells(a: argparse.Namespace) -> None:
     if a.backend is None:
         sizes = getattr(a, "world_size", None) or [1]
         model = MODULE_MODEL if getattr(a, "module", None) is not None else None
+        if model is None and getattr(a, "model", None) in MOE_MODELS:
+            model = a.model
+        elif model is None and getattr(a, "model", None) is None and getattr(a, "preset", None) in PRESETS:
+            model = PRESETS[a.preset].model  # a MoE preset's own backends (a dense one's: every dense backend)
         a.backend = default_backends(sizes if isinstance(sizes, list) else [sizes], model)
         if not a.backend:
             raise InputError(
@@ -269,10 +278,15 @@ def progress_level(a: argparse.Namespace) -> str:
 
 def default_backends(world_sizes: list[int], model: str | None = None) -> list[str]:
     """Every single-device backend, or, when a world size above 1 is asked for, every tensor-parallel one: those of
-    a module file (model ``module``, a ``--module`` run's) or those of the built-in models, not both."""
+    a module file (model ``module``, a ``--module`` run's), those of a mixture-of-experts model (``MOE_MODELS``: the
+    backends that implement it) or those of the built-in dense models, not two of them."""
     parallel, module = max(world_sizes) > 1, model == MODULE_MODEL
+    if model is not None and is_moe(model):
+        return [name for name, s in BACKENDS.items() if bool(s.runtime) == parallel and model in s.models]
     return [
-        name for name, s in BACKENDS.items() if bool(s.runtime) == parallel and (MODULE_MODEL in s.models) == module
+        name
+        for name, s in BACKENDS.items()
+        if bool(s.runtime) == parallel and (MODULE_MODEL in s.models) == module and not any(is_moe(m) for m in s.models)
     ]
 
 

@@ -40,6 +40,7 @@ from compare.problem.cases import (
     MODELS,
     MODES,
     MODULE_MODEL,
+    MOE_MODELS,
     PRESETS,
     InputError,
     check_finite,
@@ -59,7 +60,7 @@ from compare.timing.significance import ALPHA, NOISE_K, THRESHOLD
 
 def cmd_list(_: argparse.Namespace) -> int:
     print("models:")
-    for m in MODELS:
+    for m in MODELS + MOE_MODELS:
         print(f"  {m:12s} {MODEL_ABOUT[m]}")
     print(f"  {MODULE_MODEL:12s} your own MLP: run --module FILE.py (torch_module and jax_function; see README)")
     print("presets:")

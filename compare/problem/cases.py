@@ -14,6 +14,11 @@ Shapes:
 - ``module`` (:data:`MODULE_MODEL`, not one of :data:`MODELS`): a user's own MLP from a Python file
   (:class:`ModuleFile`, ``python -m compare run --module FILE.py``): ``x [batch, seq, dim] -> y [batch, seq,
   out_dim]``, its parameters the ``state_dict`` of the file's ``torch_module(dim, hidden)``.
+- ``moe-qwen3``, ``moe-mixtral``, ``moe-gpt-oss`` (:data:`MOE_MODELS`, not in :data:`MODELS` either): a
+  mixture-of-experts block (``compare.problem.moe``: a router over ``E`` experts, the top ``k`` per token, gated
+  experts ``dim -> hidden -> dim``), ``x [batch, seq, dim] -> y [batch, seq, dim]``; its parameters
+  ``MoeSpec.weight_shapes`` (``router [E, dim]``, ``gate_up [E, 2 hidden, dim]``, ``down [E, dim, hidden]`` and
+  gpt-oss's biases).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from compare.formats.codec import INLINE, LATER
+from compare.problem.moe import MOE_ABOUT, MOE_PRESETS, MOE_SPECS
 
 MODELS: tuple[str, ...] = ("linear", "geglu", "swiglu", "gelu-mlp")
 #: The gated (GLU) feed-forward families: ``down(act(gate(x)) * up(x))``; the hand-written kernels serve these.
@@ -45,10 +51,15 @@ MODEL_ABOUT: dict[str, str] = {
     "geglu": "y = down(gelu_tanh(gate(x)) * up(x)), bias-free (Gemma)",
     "swiglu": "y = down(silu(gate(x)) * up(x)), bias-free (Llama, Mistral, Qwen)",
     "gelu-mlp": "y = fc2(gelu_tanh(fc1(x) + b1)) + b2 (GPT-2, BERT)",
+    **MOE_ABOUT,
 }
 #: The model of a case whose MLP is a user's own file (``Case.module``); kept out of :data:`MODELS`, which lists the
 #: built-in models every enumeration (presets, committed golden files, checkpoint names) walks.
 MODULE_MODEL = "module"
+#: The mixture-of-experts models (``compare.problem.moe.MOE_SPECS``): kept out of :data:`MODELS` as
+#: :data:`MODULE_MODEL` is, where the dense code (committed golden files, checkpoint names, the dense backends and
+#: the cost model) does not know them.
+MOE_MODELS: tuple[str, ...] = tuple(MOE_SPECS)
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 DISTRIBUTIONS: tuple[str, ...] = ("normal", "student_t")
 MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
@@ -224,7 +235,7 @@ class Case:
             if self.module is None or self.model != MODULE_MODEL:
                 raise InputError(f"model {MODULE_MODEL!r} goes with a module file, and a module file with it")
         else:
-            check_name("model", self.model, MODELS)
+            check_name("model", self.model, MODELS + MOE_MODELS)
         check_name("dtype", self.dtype, DTYPES)
         check_name("distribution", self.dist, DISTRIBUTIONS)
 
@@ -257,6 +268,8 @@ class Case:
         s = self.shape
         if self.module is not None:
             return dict(self.module.params)
+        if self.model in MOE_SPECS:
+            return MOE_SPECS[self.model].weight_shapes(s.dim, s.hidden)
         if self.model == "linear":
             return {"weight": (s.hidden, s.dim), "bias": (s.hidden,)}
         if self.model == "gelu-mlp":
@@ -293,6 +306,17 @@ class Case:
         output and gradients."""
         n_in, n_out, n_w = self.elements()
         return 4 * (n_in + n_out + n_w) + 8 * (n_out + n_in + n_w)
+
+
+def is_moe(model: str) -> bool:
+    """Whether ``model`` is a mixture-of-experts block (:data:`MOE_MODELS`)."""
+    return model in MOE_SPECS
+
+
+def moe_model(preset_name: str) -> str:
+    """The MoE model of ``compare.problem.moe.MOE_PRESETS[preset_name]``: the one whose spec is the preset's."""
+    spec = MOE_PRESETS[preset_name].spec
+    return next(m for m, s in MOE_SPECS.items() if s == spec)
 
 
 @dataclass(frozen=True)
@@ -334,6 +358,12 @@ PRESETS: dict[str, Preset] = {
         # openai-community/gpt2 config.json: n_embd 768, n_inner null (= 4 * n_embd = 3072), activation_function
         # "gelu_new" (the tanh form)
         Preset("gpt2", "gelu-mlp", Shape(1, 16, 768, 3072), "normal", "GPT-2 small MLP (768 -> 3072, GELU tanh)"),
+        # The MoE blocks of compare.problem.moe.MOE_PRESETS (sources beside them): the full-size ones and the CPU-sized
+        # ones with the real expert count and top-k (dim 64, hidden 32, 24 tokens)
+        *(
+            Preset(p.name, moe_model(p.name), Shape(1, p.tokens, p.dim, p.hidden), "normal", p.about)
+            for p in MOE_PRESETS.values()
+        ),
     )
 }
 

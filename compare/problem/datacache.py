@@ -48,6 +48,7 @@ SINCE_ENV = "FUSION_COMPARE_CACHE_SINCE"
 SOURCES: tuple[str, ...] = (
     "problem/fixedbits.py",
     "problem/reference.py",
+    "problem/moe.py",
     "problem/golden.py",
     "problem/checkpoint.py",
     "run/cell.py",

@@ -14,6 +14,12 @@ the same bit-fixed arithmetic (``torch_impl.plain`` under ``Arith.exact()``), th
 problem layer loads no framework, so ``compare.backends.registry`` (which loads them lazily) installs its loader.
 :func:`exact_reference`, :func:`plain_run_of` and :func:`compute_of` are each computation of a case, built-in or
 module.
+
+A mixture-of-experts case (``Case.model`` one of ``cases.MOE_MODELS``) draws its parameters by the same rule
+(:func:`fan_in`: the router and ``gate_up`` at ``dim``, ``down`` at ``hidden``, each bias at its layer's) and computes
+through ``compare.problem.moe.compute_case`` in each arithmetic: the golden with ``Arith.exact()``, the plain
+computation with ``Arith.plain(dtype)``, every one routed to the golden's experts unless given others (``chosen``: the
+experts a backend chose on near-ties, ``compare.gate.routing``).
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from compare.formats.codec import to_json
-from compare.problem import checkpoint, datacache
-from compare.problem.cases import Case, committed_cases
+from compare.problem import checkpoint, datacache, moe
+from compare.problem.cases import Case, committed_cases, is_moe
 from compare.problem.reference import GELU_MODELS, Arith, compute, plain_run, round_to_dtype
 
 #: Bump when the generation recipe changes (then regenerate and commit the files).
@@ -105,7 +111,9 @@ def draw_input(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> n
 
 #: Parameters of the layers that read ``x [.., dim]`` (fan-in ``dim``); the others (``down``, ``fc2``, ``b2``) belong to
 #: layers that read the hidden activation (fan-in ``hidden``). A bias is drawn at its layer's fan-in too.
-_READS_X: tuple[str, ...] = ("gate", "up", "weight", "bias", "fc1", "b1")
+_READS_X: tuple[str, ...] = (
+    "gate", "up", "weight", "bias", "fc1", "b1", "router", "router_bias", "gate_up", "gate_up_bias"
+)  # fmt: skip
 
 
 def fan_in(case: Case, name: str) -> int:
@@ -141,7 +149,10 @@ def exact_reference(
     case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None
 ) -> dict[str, np.ndarray]:
     """The float64 reference of ``case`` on ``x`` (and its gradients given ``dy``): ``reference.compute`` of a
-    built-in model, the module's own computation in ``Arith.exact()`` for a module case."""
+    built-in model (``moe.compute_case`` of a MoE one), the module's own computation in ``Arith.exact()`` for a module
+    case."""
+    if is_moe(case.model):
+        return moe.compute_case(case.model, x, params, dy, Arith.exact())
     if case.module is None:
         return compute(case.model, x, params, dy, Arith.exact())
     return dict(_module_file(case).reference(case, x, params, dy))
@@ -155,10 +166,16 @@ def compute_of(
     ar: Arith,
     weights: bool = True,
     other_gelu: bool = False,
+    chosen: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """``reference.compute`` of ``case`` in ``ar`` (its activations in ``ar.act_dtype``), a module case's module;
     ``weights=False``: without the weight gradients; ``other_gelu``: its GELU in the other form (a built-in model's
-    tanh GELU as erf, a module's each way round; the gate's resolution, ``compare.gate.resolution``)."""
+    tanh GELU as erf, a module's each way round; the gate's resolution, ``compare.gate.resolution``). A MoE case's
+    ``moe.compute_case`` (no GELU: ``other_gelu`` changes nothing), routed to ``chosen [T, k]`` where given."""
+    if is_moe(case.model):
+        return moe.compute_case(case.model, x, params, dy, ar, weights, chosen)
+    if chosen is not None:
+        raise ValueError(f"case {case.name}: chosen experts are for a mixture-of-experts case")
     if case.module is None:
         return compute(case.model, x, params, dy, ar, gelu="erf" if other_gelu else "tanh", weights=weights)
     return dict(_module_file(case).compute(case, x, params, dy, ar, weights, other_gelu))
@@ -181,10 +198,22 @@ def spot_reference_of(
 
 
 def plain_run_of(
-    case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None
+    case: Case,
+    x: np.ndarray,
+    params: dict[str, np.ndarray],
+    dy: np.ndarray | None,
+    chosen: np.ndarray | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None, dict[str, np.ndarray] | None]:
     """``reference.plain_run`` of ``case`` (the gate's yardstick and its twins): a built-in model's formulas, a
-    module case's module (``torch_impl.plain.plain_run_module``)."""
+    module case's module (``torch_impl.plain.plain_run_module``). A MoE case's is ``moe.compute_case`` in
+    ``Arith.plain(dtype, final=False)``, routed to ``chosen`` (default: the golden's experts), without twins: its
+    activations are not replaceable yet, so it has no envelope twin or transcendental signature (as ``linear``)."""
+    if is_moe(case.model):
+        with np.errstate(over="ignore", invalid="ignore"):
+            plain = moe.compute_case(case.model, x, params, dy, Arith.plain(case.dtype, final=False), chosen=chosen)
+        return plain, None, None
+    if chosen is not None:
+        raise ValueError(f"case {case.name}: chosen experts are for a mixture-of-experts case")
     if case.module is None:
         return plain_run(case.model, case.dtype, case.seed, x, params, dy)
     unrounded, envelope, signature = _module_file(case).plain_run(case, x, params, dy)

@@ -128,6 +128,25 @@ MOE_PRESETS: dict[str, MoePreset] = {
 }
 
 
+#: The mixture-of-experts models of a case (``compare.problem.cases``), each a published block's :class:`MoeSpec`
+#: (its expert count, top-k, router and experts: :data:`MOE_PRESETS`' full-size blocks'); ``dim`` and ``hidden``
+#: (each expert's width) come from the case's shape. Kept out of ``cases.MODELS``, the dense families every dense
+#: enumeration walks (committed golden files, checkpoint names, the dense backends' default models).
+MOE_SPECS: dict[str, MoeSpec] = {
+    "moe-qwen3": MoeSpec(128, 8),
+    "moe-mixtral": MoeSpec(8, 2),
+    "moe-gpt-oss": gpt_oss(32, 4),
+}
+#: What each MoE model computes, one line each (``python -m compare list``).
+MOE_ABOUT: dict[str, str] = {
+    "moe-qwen3": "Qwen3-MoE block: softmax over 128 experts, top-8 renormalised, SwiGLU experts (gate_up concat)",
+    "moe-mixtral": "Mixtral block: softmax over 8 experts, top-2 renormalised, SwiGLU experts (gate_up concat)",
+    "moe-gpt-oss": (
+        "gpt-oss block: top-4 of 32 logits then a softmax over the 4, clamped SwiGLU (gate_up interleaved), biases"
+    ),
+}
+
+
 @dataclass(frozen=True)
 class Routing:
     """A router's decision on ``T`` tokens: ``experts [T, k]`` (each row's experts, largest score first) and their
@@ -315,3 +334,54 @@ def moe_fwd_bwd(
             grads["router_bias"] = ar.colsum(dl)
         res |= {f"d{k}": v for k, v in grads.items()}
     return res
+
+
+# --- a case's computation (``compare.problem.golden``) -----------------------------------------------------------
+
+
+def golden_routing(x: np.ndarray, params: dict[str, np.ndarray], spec: MoeSpec) -> tuple[np.ndarray, np.ndarray]:
+    """``(experts [T, k], logits [T, E])`` of ``x [T, dim]``: the float64 golden's routing (``Arith.exact()``: the
+    logits through the error-free GEMM, the same bits as :func:`moe_fwd_bwd`'s), a few milliseconds where the whole
+    golden takes a second."""
+    ar = Arith.exact()
+    wr = params["router"]
+    logits = ar.addmm(x, wr, params["router_bias"]) if spec.biases else ar.mm(x, wr.T)
+    return route(logits, spec, ar).experts, _f64(logits)
+
+
+def compute_case(
+    model: str,
+    x: np.ndarray,
+    params: dict[str, np.ndarray],
+    dy: np.ndarray | None,
+    ar: Arith,
+    weights: bool = True,
+    chosen: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """A case of MoE ``model`` (:data:`MOE_SPECS`) on 3-D ``x [batch, seq, dim]`` (``dy`` alike) in ``ar``: its
+    ``y`` and ``dx`` 3-D, and with ``weights`` every parameter's gradient; the tensors the gate judges, without the
+    ``routing`` and ``logits`` :func:`moe_fwd_bwd` adds. Every arithmetic routes each token to ``chosen [T, k]``
+    (over the flattened tokens), by default the float64 golden's experts (:func:`golden_routing`): a plain
+    computation in a 16-bit dtype, whose own rounded logits would take the other expert of a near-tie, is the
+    yardstick of the same routing as the golden it is measured against."""
+    spec = MOE_SPECS[model]
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    dy2 = None if dy is None else dy.reshape(-1, dy.shape[-1])
+    if chosen is None:
+        chosen = golden_routing(x2, params, spec)[0]
+    out = moe_fwd_bwd(x2, params, dy2, ar, spec, weights, chosen=np.asarray(chosen))
+    del out["routing"], out["logits"]
+    out["y"] = out["y"].reshape(*lead, -1)
+    if "dx" in out:
+        out["dx"] = out["dx"].reshape(*lead, -1)
+    return out
+
+
+def gemm_flops(spec: MoeSpec, tokens: int, dim: int, hidden: int, mode: str) -> int:
+    """The GEMM FLOPs one step of the routed block must do in ``mode`` (``fwd``, ``bwd``: the gradients given the
+    forward, ``fwd+bwd``): the router ``2 T dim E`` and each token's ``k`` experts, ``gate_up`` ``2 T k dim 2 hidden``
+    and ``down`` ``2 T k hidden dim``; the backward twice each (the input's gradient and the weight's). What a
+    backend that runs every token through every expert (a one-hot dense form) does beyond it is its own choice."""
+    fwd = 2 * tokens * dim * spec.experts + 6 * tokens * spec.top_k * dim * hidden
+    return {"fwd": fwd, "bwd": 2 * fwd, "fwd+bwd": 3 * fwd}[mode]

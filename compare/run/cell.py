@@ -16,8 +16,8 @@ from compare.cost.model import cost, roofline
 from compare.cost.records import Ceilings, Cost
 from compare.formats.codec import to_json
 from compare.gate.parity import Parity, Plain, check_all, check_plain
-from compare.problem import datacache
-from compare.problem.cases import Case
+from compare.problem import datacache, moe
+from compare.problem.cases import Case, is_moe
 from compare.problem.golden import golden_for, module_code, plain_run_of, prefetch_reference
 from compare.problem.reference import held, round_to_dtype
 from compare.results.document import Result
@@ -102,7 +102,11 @@ def min_flops(case: Case, mode: str) -> int | None:
     module case's, which no cost model knows, are its torch module's eager step's as ``torch.utils.flop_counter``
     counts them (the ``module-file`` probe's ``matmul_flops``: on shapes alone, milliseconds), a property of the
     case: counted once and held to every backend of it (a JAX port is held to the FLOPs of the torch module it
-    ports). None where a module's cannot be counted: its timing is then not checked against the ceilings."""
+    ports). None where a module's cannot be counted: its timing is then not checked against the ceilings. A MoE
+    case's are its routed block's (``compare.problem.moe.gemm_flops``)."""
+    if is_moe(case.model):  # no cost-model plan knows a MoE block: its routed GEMMs (``moe.gemm_flops``)
+        s = case.shape
+        return moe.gemm_flops(moe.MOE_SPECS[case.model], s.tokens, s.dim, s.hidden, mode)
     return cost(case, DEFAULT_BASELINE, mode).flops if case.module is None else module_file().matmul_flops(case, mode)
 
 

@@ -42,7 +42,7 @@ from compare.gate.parity import UnusableCase
 from compare.gate.resolution import ResolutionRow
 from compare.kernels.summary import Kernels
 from compare.problem import datacache
-from compare.problem.cases import Case, FileChanged, check_name
+from compare.problem.cases import Case, FileChanged, check_name, is_moe
 from compare.problem.golden import compute_of, golden_for, has_gelu, module_code, prefetch_reference
 from compare.results import environment
 from compare.results.document import Config, Result, Results
@@ -764,7 +764,8 @@ def case_resolution(case: Case, plain: dict[str, np.ndarray], modes: Iterable[st
             return [from_json(ResolutionRow, r) for r in cached]
         except (FieldError, TypeError, ValueError):  # an entry of another layout: a miss, computed again below
             pass
-    compute_in = None if case.module is None else functools.partial(compute_of, case)
+    # a module's and a MoE block's computation are compute_of's (the built-in dense models': reference.compute)
+    compute_in = None if case.module is None and not is_moe(case.model) else functools.partial(compute_of, case)
     rows = resolution.resolution_rows(
         case.name, case.model, label, case.dtype, (g.x, g.params, g.dy), g.ref, plain, wanted, compute_in,
         has_gelu(case),

@@ -24,7 +24,7 @@ from compare.cost.model import ITEMSIZE
 from compare.formats.atomic import write_bytes_new
 from compare.formats.markdown import si
 from compare.problem import checkpoint, golden
-from compare.problem.cases import Case, InputError
+from compare.problem.cases import Case, InputError, is_moe
 from compare.results import environment
 
 LOCK_FILE = ".lock"
@@ -184,7 +184,8 @@ def peak_plan(case: Case, timed: int, backward: bool, flush: int = 0, frameworks
     n_in, n_out, n_w = case.elements()
     d, g = ITEMSIZE[case.dtype], int(backward)
     e = n_out + g * (n_in + n_w)  # the judged tensors' elements
-    twins = case.dtype == "float32" and case.model != "linear"  # envelope and signatures (``reference.plain_run``)
+    # envelope and signatures (``reference.plain_run``; a MoE case's plain computation has none)
+    twins = case.dtype == "float32" and case.model != "linear" and not is_moe(case.model)
     golden = 4 * (n_w + n_in + n_out)
     plain = (d + 4 + (4 + 16) * twins) * e
     largest = max(math.prod(s) for s in case.weight_shapes().values())
