@@ -4,13 +4,17 @@ presets, the golden and the plain computation through the same paths as a dense 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from compare.cli.main import main
 from compare.problem import moe
 from compare.problem.cases import MODELS, MOE_MODELS, PRESETS, Case, Shape
 from compare.problem.golden import compute_of, golden_for, plain_run_of, reference_names
 from compare.problem.reference import Arith
+from compare.results.document import Result, read_json
 from compare.run.cell import plain_reference
 
 pytestmark = pytest.mark.standard
@@ -72,3 +76,25 @@ def test_a_dense_case_takes_no_chosen_experts() -> None:
     g = golden_for(case)
     with pytest.raises(ValueError, match="mixture-of-experts"):
         compute_of(case, g.x, g.params, g.dy, Arith.exact(), chosen=np.zeros((4, 2), dtype=np.int64))
+
+
+FAST = ["--budget", "0.05", "--no-ceilings", "--no-plots", "--quiet"]
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[int, list[Result]]:
+    """``python -m compare run ARGS`` through ``main``: its exit status and its results."""
+    out = tmp_path / "out"
+    status = main(["run", *args, *FAST, "--out", str(out)])
+    return status, list(read_json(out / "results.json").results)
+
+
+def test_a_moe_preset_runs_its_backend_end_to_end_and_a_dense_backend_skips_it(tmp_path: Path) -> None:
+    """``--preset mixtral-cpu`` through the command line: the MoE backend passes in float32 forward and backward; a
+    dense backend named beside it skips the case, saying why."""
+    status, results = _run(
+        tmp_path, "--preset", "mixtral-cpu", "--mode", "fwd+bwd", "--backend", "torch-moe-loop", "torch-eager"
+    )
+    by = {r.backend: r for r in results}
+    assert status == 0 and by["torch-moe-loop"].status == "ok", by["torch-moe-loop"].reason
+    assert by["torch-eager"].status == "skipped"
+    assert by["torch-eager"].reason == "implements linear, geglu, swiglu, gelu-mlp only, not moe-mixtral"

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compare.problem.cases import MODULE_MODEL
+from compare.problem.cases import MODULE_MODEL, is_moe
 from compare.problem.golden import Problem
 from compare.problem.weights import linear_weight
 
@@ -116,7 +116,7 @@ def build_module(
 
 def canonical_params(module: nn.Module, model: str) -> dict[str, nn.Parameter]:
     """The module's parameters under canonical names (torch layout is already canonical); a user's module
-    (``MODULE_MODEL``) under its ``state_dict`` names, in its order."""
-    if model == MODULE_MODEL:
+    (``MODULE_MODEL``) and a MoE block under their ``state_dict`` names, in their order."""
+    if model == MODULE_MODEL or is_moe(model):  # a MoE block's names are the canonical ones (torch_impl.moe_ops)
         return {name: module.get_parameter(name) for name in module.state_dict()}
     return {name: module.get_parameter(path) for name, path in PARAM_PATHS[model].items()}

@@ -44,12 +44,16 @@ no grouped GEMM.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from compare.problem.moe import MoeSpec
+from compare.problem.golden import Problem
+from compare.problem.moe import MOE_SPECS, MoeSpec
 
-__all__ = ["grouped_mm_applies", "moe_grouped", "moe_loop", "route"]
+__all__ = ["MoeBlock", "build", "grouped_mm_applies", "moe_grouped", "moe_loop", "route"]
 
 #: The dtypes ``grouped_mm`` accepts (torch's ``_grouped_mm_validate_inputs``; float64 is refused on CPU).
 GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -162,3 +166,39 @@ def moe_grouped(x: torch.Tensor, params: dict[str, torch.Tensor], spec: MoeSpec)
     w = weights.reshape(-1)[order]  # [T*k]: the combine weight of each sorted assignment
     y = torch.zeros_like(x).index_add_(0, rows, (out * w[:, None]).to(x.dtype))
     return y, experts
+
+
+#: A MoE block's forward: ``(x [T, D], params, spec) -> (y [T, D], experts [T, k])`` (:func:`moe_loop`,
+#: :func:`moe_grouped`).
+MoeForward = Callable[[torch.Tensor, dict[str, torch.Tensor], MoeSpec], tuple[torch.Tensor, torch.Tensor]]
+
+
+class MoeBlock(nn.Module):
+    """A MoE case's block as an ``nn.Module`` for the shared runner (``torch_impl.runner``): its parameters under
+    their canonical names (``compare.problem.moe``: ``router``, ``gate_up``, ``down`` and the biases, in
+    ``MoeSpec.weight_shapes``' order, so the ``state_dict`` names are the canonical ones), ``forward(x [..., D])``
+    the block through ``impl`` over the flattened tokens: ``(y [..., D], experts [T, k])``. The experts are the
+    step's routing, which the gate reads beside the tensors it judges (``compare.gate.routing``)."""
+
+    def __init__(self, spec: MoeSpec, params: dict[str, torch.Tensor], impl: MoeForward) -> None:
+        super().__init__()
+        self.spec, self.impl = spec, impl
+        for name, value in params.items():
+            self.register_parameter(name, nn.Parameter(value))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        params: dict[str, torch.Tensor] = dict(self.named_parameters())
+        y, experts = self.impl(x.reshape(-1, x.shape[-1]), params, self.spec)
+        return y.reshape(x.shape), experts
+
+
+def build(problem: Problem, device: torch.device, dtype: torch.dtype, impl: MoeForward) -> MoeBlock:
+    """The case's :class:`MoeBlock` on ``device`` in ``dtype`` (its spec: ``MOE_SPECS`` of the case's model), every
+    parameter a copy of the problem's, in ``MoeSpec.weight_shapes``' order."""
+    s = problem.case.shape
+    spec = MOE_SPECS[problem.case.model]
+    params = {
+        name: torch.from_numpy(problem.params[name]).to(device=device, dtype=dtype)
+        for name in spec.weight_shapes(s.dim, s.hidden)
+    }
+    return MoeBlock(spec, params, impl)

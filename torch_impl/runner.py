@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from compare.backends.registry import Prepared
+from compare.problem.cases import is_moe
 from compare.problem.golden import Problem
 from torch_impl import device as dev
 from torch_impl import memory as mem
@@ -35,40 +36,68 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.to(torch.float64).numpy()
 
 
+def _routing(experts: torch.Tensor) -> dict[str, np.ndarray]:
+    """A routed step's experts ``[T, k]`` as its output's ``routing`` (integers, in host memory)."""
+    return {"routing": experts.detach().to("cpu", torch.int64).numpy().copy()}
+
+
 def steps(
-    mode: str, forward: Forward, params: dict[str, nn.Parameter], x: torch.Tensor, dy: torch.Tensor
+    mode: str,
+    forward: Forward,
+    params: dict[str, nn.Parameter],
+    x: torch.Tensor,
+    dy: torch.Tensor,
+    routed: bool = False,
 ) -> tuple[Callable[[], Any], Callable[[Any], dict[str, np.ndarray]]]:
     """The step of ``mode`` (:func:`prepare`'s) over the inputs ``x [batch, seq, dim]`` and ``dy [batch, seq, out]``,
     gradients with respect to ``x`` and ``params`` (canonical names: ``dx``, ``d<name>``), and how to read its
-    output as float64 arrays. For ``bwd`` the forward runs here, once: the step is the backward alone."""
+    output as float64 arrays. For ``bwd`` the forward runs here, once: the step is the backward alone.
+
+    ``routed`` (a mixture-of-experts case): ``forward`` returns ``(y, experts [T, k])``, the experts its router
+    chose; every step's output carries them (``bwd``'s: its forward's) and reads them as ``routing``, which the gate
+    takes apart from the tensors it judges (``compare.gate.routing``)."""
     names = ["dx", *(f"d{n}" for n in params)]
 
     def grads_np(grads: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
         return {n: _np(g) for n, g in zip(names, grads, strict=True)}
 
+    def run(xx: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``(y, extra)``: the forward's output and, when ``routed``, ``(experts,)``."""
+        out = forward(xx)
+        return (out[0], (out[1],)) if routed else (out, ())
+
+    def read(extra: tuple[Any, ...]) -> dict[str, np.ndarray]:
+        return _routing(extra[0]) if routed else {}
+
     wrt = [x, *params.values()]
     if mode == "fwd":
 
-        def fwd() -> torch.Tensor:
+        def fwd() -> Any:
             with torch.no_grad():
-                return forward(x)
+                y, extra = run(x)
+            return (y, *extra) if routed else y
 
+        if routed:
+            return fwd, lambda out: {"y": _np(out[0]), **read(out[1:])}
         return fwd, lambda out: {"y": _np(out)}
     if mode == "fwd+bwd":
         x.requires_grad_(True)
 
-        def fwd_bwd() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-            y = forward(x)
-            return y.detach(), torch.autograd.grad(y, wrt, dy)
+        def fwd_bwd() -> tuple[Any, ...]:
+            y, extra = run(x)
+            return (y.detach(), torch.autograd.grad(y, wrt, dy), *extra)
 
-        return fwd_bwd, lambda out: {"y": _np(out[0]), **grads_np(out[1])}
+        return fwd_bwd, lambda out: {"y": _np(out[0]), **grads_np(out[1]), **read(out[2:])}
     if mode == "bwd":
         x.requires_grad_(True)
-        y_graph = forward(x)
+        y_graph, extra_graph = run(x)
 
-        def bwd() -> tuple[torch.Tensor, ...]:
-            return torch.autograd.grad(y_graph, wrt, dy, retain_graph=True)
+        def bwd() -> Any:
+            grads = torch.autograd.grad(y_graph, wrt, dy, retain_graph=True)
+            return (grads, *extra_graph) if routed else grads
 
+        if routed:
+            return bwd, lambda out: {**grads_np(out[0]), **read(out[1:])}
         return bwd, grads_np
     raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
 
@@ -97,6 +126,7 @@ def prepare(
     x = torch.from_numpy(problem.x).to(device=device, dtype=dtype)
     dy = torch.from_numpy(problem.dy).to(device=device, dtype=dtype)
     params = canonical_params(module, problem.case.model)
+    routed = is_moe(problem.case.model)  # its forward returns (y, experts): :func:`steps`
     # no closure below holds ``problem``: its weights are the backend's own float32 copy, 4 bytes an element (0.7 GB
     # for a Llama 3 8B layer), which the module holds again in its dtype
     user_module = problem.case.module is not None
@@ -106,7 +136,7 @@ def prepare(
     ) -> tuple[Callable[[], Any], Callable[[Any], dict[str, np.ndarray]]]:
         """The step of ``mode`` over the inputs ``x``, ``dy`` (on the device), and how to read its output; ``forward``
         the backend's unless given (the FLOP count's eager module)."""
-        return steps(mode, forward, params, x, dy)
+        return steps(mode, forward, params, x, dy, routed)
 
     step, to_numpy = steps_on(x, dy)
     slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -137,7 +167,7 @@ def prepare(
     def memory() -> dict[str, Any]:
         """``Prepared.memory`` (``torch_impl.memory``): one forward under the saved-tensor hooks, one step's peak."""
         kept = [x, *module.parameters(), *module.buffers()]
-        return mem.record(mode, str(device), step, lambda: forward(x), kept)
+        return mem.record(mode, str(device), step, lambda: forward(x)[0] if routed else forward(x), kept)
 
     return Prepared(
         step=step,

@@ -23,7 +23,16 @@ import numpy as np
 
 from compare.backends.tp import Group, TPParts
 from compare.problem import golden
-from compare.problem.cases import GLU_MODELS, MODELS, MODES, MODULE_MODEL, REMAT_MODELS, TP_MODELS, check_name
+from compare.problem.cases import (
+    GLU_MODELS,
+    MODELS,
+    MODES,
+    MODULE_MODEL,
+    MOE_MODELS,
+    REMAT_MODELS,
+    TP_MODELS,
+    check_name,
+)
 
 if TYPE_CHECKING:
     from compare.problem.golden import Problem
@@ -366,6 +375,15 @@ BACKENDS: dict[str, BackendSpec] = {
             models=(MODULE_MODEL,),
         ),
         BackendSpec(
+            name="torch-moe-loop",
+            target="torch_impl.backends.moe_loop",
+            about=(
+                "a MoE block eager, transformers' form: a Python loop over the experts with tokens (gather, gate_up "
+                "and down mm, index_add_); routing in float32 for 16-bit dtypes"
+            ),
+            models=MOE_MODELS,
+        ),
+        BackendSpec(
             name="torch-tp",
             target="torch_impl.backends.tp_dtensor",
             about="DTensor tensor parallelism: ColwiseParallel gate/up (fc1), RowwiseParallel down (fc2), eager",
@@ -436,22 +454,30 @@ DEFAULT_BASELINE = "torch-eager"
 #: What a module case's (``--module``) speedups are measured against: its own torch module, eager (``torch-eager``,
 #: a built-in model's baseline, skips a module case).
 MODULE_BASELINE = "torch-module"
+#: What a mixture-of-experts case's speedups are measured against: its block eager, transformers' loop over the
+#: experts (``torch-eager``, a dense model's baseline, skips a MoE case).
+MOE_BASELINE = "torch-moe-loop"
 
 
 def baseline_of(model: str) -> str:
     """The backend a case of ``model`` is timed against: :data:`DEFAULT_BASELINE`, a module case's
-    :data:`MODULE_BASELINE`."""
+    :data:`MODULE_BASELINE`, a MoE case's :data:`MOE_BASELINE`."""
+    if model in MOE_MODELS:
+        return MOE_BASELINE
     return MODULE_BASELINE if model == MODULE_MODEL else DEFAULT_BASELINE
 
 
 def baselines_said(models: Iterable[str]) -> str:
     """The baseline of a report's speedups in words, for the cases of ``models`` (:func:`baseline_of`):
-    ``torch-eager``, ``torch-module``, or ``torch-eager (torch-module for a case of your own MLP file)``."""
+    ``torch-eager``, ``torch-module``, or ``torch-eager (torch-module for a case of your own MLP file)``; a MoE
+    case's (``torch-moe-loop``) likewise."""
     found = set(models)
-    own, built_in = MODULE_MODEL in found, bool(found - {MODULE_MODEL})
-    if own and built_in:
-        return f"{DEFAULT_BASELINE} ({MODULE_BASELINE} for a case of your own MLP file)"
-    return MODULE_BASELINE if own else DEFAULT_BASELINE
+    own, moe = MODULE_MODEL in found, bool(found & set(MOE_MODELS))
+    built_in = bool(found - {MODULE_MODEL} - set(MOE_MODELS))
+    first = DEFAULT_BASELINE if built_in else MODULE_BASELINE if own else MOE_BASELINE if moe else DEFAULT_BASELINE
+    others = [f"{MODULE_BASELINE} for a case of your own MLP file"] * (own and first != MODULE_BASELINE)
+    others += [f"{MOE_BASELINE} for a mixture-of-experts case"] * (moe and first != MOE_BASELINE)
+    return f"{first} ({'; '.join(others)})" if others else first
 
 
 #: The statuses whose row gets no speedup: a step that does not compute its answer (or did not run) has no speed
@@ -469,11 +495,19 @@ def framework_baseline(framework: str) -> str | None:
 MODULE_FRAMEWORK_BASELINES: dict[str, str] = {"torch": "torch-module", "jax": "jax-module-unfused"}
 
 
+#: A MoE case's unfused baseline per framework: its block eager in torch (JAX has none yet: its two MoE backends are
+#: jitted).
+MOE_FRAMEWORK_BASELINES: dict[str, str] = {"torch": MOE_BASELINE}
+
+
 def unfused_baseline(framework: str, model: str) -> str | None:
     """The unfused baseline of ``framework`` on a case of ``model``: a module case's
-    (:data:`MODULE_FRAMEWORK_BASELINES`), else :func:`framework_baseline`; None if it has none."""
+    (:data:`MODULE_FRAMEWORK_BASELINES`), a MoE case's (:data:`MOE_FRAMEWORK_BASELINES`), else
+    :func:`framework_baseline`; None if it has none."""
     if model == MODULE_MODEL:
         return MODULE_FRAMEWORK_BASELINES.get(framework)
+    if model in MOE_MODELS:
+        return MOE_FRAMEWORK_BASELINES.get(framework)
     return framework_baseline(framework)
 
 

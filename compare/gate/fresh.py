@@ -42,7 +42,7 @@ import numpy as np
 from compare.formats.codec import LATER
 from compare.gate.parity import DTYPE_MAX, Parity, Plain, UnusableCase, check_plain
 from compare.problem import datacache
-from compare.problem.cases import Case
+from compare.problem.cases import Case, is_moe
 from compare.problem.golden import compute_of, draw_input, plain_run_of, spot_reference_of
 from compare.problem.reference import Arith, activations_in, compute, held, round_to_dtype
 
@@ -78,11 +78,11 @@ def _in_range(case: Case, params: dict[str, np.ndarray], x: np.ndarray, dy: np.n
     """Whether ``case`` on ``(x, dy)`` stays finite in its dtype, every materialised tensor rounded to it, and every
     output and gradient within :data:`RANGE_SHARE` of its largest value (numpy's float32 GEMMs and numpy's own tanh
     and exp: a screen, not a reference, a few ulp from the gate's arithmetic where the share leaves a factor of two;
-    its values are dropped before any step sees the draw; a module case's module runs with the fixed arithmetic's
-    activations, ``compare.problem.golden.compute_of``)."""
+    its values are dropped before any step sees the draw; a module case's module and a MoE block run with the fixed
+    arithmetic's activations, ``compare.problem.golden.compute_of``)."""
     ar = Arith(case.dtype, final=False, gemm=_blas32)
     with np.errstate(over="ignore", invalid="ignore"):
-        if case.module is None:
+        if case.module is None and not is_moe(case.model):
             acts = activations_in(case.model, "tanh", "float32", tanh=np.tanh, exp=np.exp)
             out = compute(case.model, x, params, dy, ar, acts=acts)
         else:

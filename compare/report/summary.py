@@ -39,7 +39,7 @@ from compare.backends.registry import BACKENDS, NO_SPEEDUP, baseline_of, baselin
 from compare.formats.markdown import case_label, fmt_s, si, table
 from compare.gate.resolution import NOT_MEASURED, ResolutionRow
 from compare.problem import checkpoint
-from compare.problem.cases import ModuleFile, Weights
+from compare.problem.cases import MOE_MODELS, ModuleFile, Weights
 from compare.report.cells import mib, signed_s
 from compare.report.cost import MEASURED, UNMEASURED, ceilings_for, fusion_benefit, kernel_time_split, measured_saved
 from compare.report.machines import machine_of, machines_line, same_machine, several, timed_machine_types
@@ -346,10 +346,12 @@ def _framework_headroom(rows: list[Result], fusion: list[dict[str, Any]], baseli
 def _headroom(rows: list[Result], fusion: list[dict[str, Any]]) -> str:
     """Per framework present in the group (one case, dtype and mode), its own unfused baseline's headroom and what
     its fused backends saved over it (:func:`_framework_headroom`); frameworks named when there are several.
-    Nothing here compares frameworks: that is the timing table's. A module case (``--module``) has no cost-model
-    plan, so nothing says what fusion removes from it: not modelled."""
+    Nothing here compares frameworks: that is the timing table's. A module case (``--module``) and a MoE case have
+    no cost-model plan, so nothing says what fusion removes from them: not modelled."""
     if rows[0].module is not None:
         return "not modelled (your own MLP has no cost-model plan)"
+    if rows[0].model in MOE_MODELS:
+        return "not modelled (a mixture-of-experts block has no cost-model plan yet)"
     frameworks = list(dict.fromkeys(s.framework for r in rows if (s := BACKENDS.get(r.backend)) is not None))
     parts = []
     for fw in frameworks:

@@ -36,7 +36,7 @@ import numpy as np
 
 from compare.backends.registry import BackendSpec, OutputReader, Prepared, output_reader
 from compare.formats.codec import from_json
-from compare.gate import fresh
+from compare.gate import fresh, routing
 from compare.gate.fresh import FreshCheck, FreshReference
 from compare.gate.parity import DTYPE_MAX, Parity, UnusableCase, worst_tier
 from compare.gate.parity_record import CopyVerdict, ParityRecord
@@ -121,7 +121,9 @@ def judge_read(
 ) -> Judged:
     """The gate's verdict (``compare.run.cell.judge``) on copies already read; a copy holding other tensors than
     ``ref`` is an error naming ``name`` (and its device when ``by_device``)."""
-    return [(d, judge(t, ref, plain, dtype, f"{name} on {d}" if by_device else name)) for d, t in copies]
+    return [
+        (d, judge(routing.split(t)[0], ref, plain, dtype, f"{name} on {d}" if by_device else name)) for d, t in copies
+    ]
 
 
 def digest(copies: Copies) -> str:
@@ -425,7 +427,7 @@ def _in_draw_order(tensors: dict[str, np.ndarray], order: np.ndarray) -> dict[st
     float64)."""
     out = {}
     for k, v in tensors.items():
-        if k in ("y", "dx"):
+        if k in ("y", "dx", routing.ROUTING):
             back = np.empty_like(v.reshape(len(order), -1))
             back[order] = v.reshape(len(order), -1)
             v = back.reshape(v.shape)
