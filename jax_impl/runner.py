@@ -11,6 +11,7 @@ from flax import nnx
 
 from compare.backends.registry import Prepared
 from compare.problem.golden import Problem
+from compare.problem.moe import MOE_SPECS, MoeSpec
 from compare.problem.weights import linear_weight
 from jax_impl import device as dev
 from jax_impl import dispatch_profile, memory, profiling
@@ -57,12 +58,13 @@ def prepare_params(
     problem: Problem,
     mode: str,
     state: Any,
-    apply: Callable[[Any, jax.Array], jax.Array],
+    apply: Callable[[Any, jax.Array], Any],
     grads_np: Callable[[Any], dict[str, np.ndarray]],
     *,
     timed: bool = True,
     note: str = "",
     outer_jit: bool = True,
+    routed: bool = False,
 ) -> Prepared:
     """Build the jitted step of ``mode`` for ``apply(state, x)``: ``state`` (a pytree of the parameters, on the
     device) and the inputs are arguments of the jitted function (never closed-over constants), the inputs placed on
@@ -77,6 +79,10 @@ def prepare_params(
     Python, dispatching whatever computations ``apply`` jits itself (or each op, for plain jnp) one after another
     (an op-by-op backend), and the profile reads every computation the step dispatches
     (``jax_impl.dispatch_profile``).
+
+    ``routed`` (a mixture-of-experts case): ``apply`` returns ``(y, experts [T, k])``, the experts its router chose
+    (``jax.vjp``'s ``has_aux``: they have no gradient); every step's output carries them (``bwd``'s: its forward's)
+    and reads them as ``routing``, which the gate takes apart from the tensors it judges (``compare.gate.routing``).
     """
     precision = dev.pin_precision()
     dtype = dev.JAX_DTYPES[problem.case.dtype]
@@ -86,6 +92,18 @@ def prepare_params(
 
     def grads_of(dstate: Any, dx: jax.Array) -> dict[str, np.ndarray]:
         return {"dx": host(dx), **grads_np(dstate)}
+
+    def read(aux: tuple[Any, ...]) -> dict[str, np.ndarray]:
+        """A routed step's experts as its output's ``routing`` (integers); nothing for any other step."""
+        return {"routing": np.asarray(jax.device_get(aux[0])).astype(np.int64)} if routed else {}
+
+    def vjp_of(f: Callable[[Any, jax.Array], Any], st: Any, xx: jax.Array) -> tuple[Any, Any, tuple[Any, ...]]:
+        """``(y, vjp, aux)``: ``jax.vjp`` of ``f``, its experts as ``aux`` (``(experts,)``, ``()`` unrouted)."""
+        if routed:
+            y, vjp, experts = jax.vjp(f, st, xx, has_aux=True)
+            return y, vjp, (experts,)
+        y, vjp = jax.vjp(f, st, xx)
+        return y, vjp, ()
 
     step: Callable[[], Any]
     to_numpy: Callable[[Any], dict[str, np.ndarray]]
@@ -113,14 +131,14 @@ def prepare_params(
         def on(xx: jax.Array, _g: jax.Array) -> Callable[[], Any]:
             return lambda: fwd(state, xx)
 
-        def to_numpy(out: jax.Array) -> dict[str, np.ndarray]:
-            return {"y": host(out)}
+        def to_numpy(out: Any) -> dict[str, np.ndarray]:
+            return {"y": host(out[0]), **read(out[1:])} if routed else {"y": host(out)}
     elif mode == "fwd+bwd":
 
         @jit
-        def fwd_bwd(st: Any, xx: jax.Array, g: jax.Array) -> tuple[jax.Array, tuple[Any, jax.Array]]:
-            y, vjp = jax.vjp(apply, st, xx)
-            return y, vjp(g)
+        def fwd_bwd(st: Any, xx: jax.Array, g: jax.Array) -> tuple[Any, ...]:
+            y, vjp, aux = vjp_of(apply, st, xx)
+            return (y, vjp(g), *aux)
 
         jitted, args = fwd_bwd, (state, x, dy)
 
@@ -131,29 +149,30 @@ def prepare_params(
             return lambda: fwd_bwd(state, xx, g)
 
         def to_numpy(out: Any) -> dict[str, np.ndarray]:
-            y, (dstate, dx) = out
-            return {"y": host(y), **grads_of(dstate, dx)}
+            y, (dstate, dx) = out[:2]
+            return {"y": host(y), **grads_of(dstate, dx), **read(out[2:])}
     elif mode == "bwd":
         fwd = jit(apply)
-        _, vjp_fn = jax.vjp(fwd, state, x)
+        _, vjp_fn, aux = vjp_of(fwd, state, x)
         bwd = jit(lambda f, g: f(g))
         jitted, args = bwd, (vjp_fn, dy)
 
         def step() -> Any:
-            return bwd(vjp_fn, dy)
+            return (bwd(vjp_fn, dy), *aux) if routed else bwd(vjp_fn, dy)
 
         def on(xx: jax.Array, g: jax.Array) -> Callable[[], Any]:  # a new forward's vjp closure, built here
-            f = jax.vjp(fwd, state, xx)[1]
-            return lambda: bwd(f, g)
+            _, f, extra = vjp_of(fwd, state, xx)
+            return (lambda: (bwd(f, g), *extra)) if routed else (lambda: bwd(f, g))
 
         def to_numpy(out: Any) -> dict[str, np.ndarray]:
-            return grads_of(*out)
+            return {**grads_of(*out[0]), **read(out[1:])} if routed else grads_of(*out)
     else:
         raise ValueError(f"unknown mode {mode!r}; known: fwd, bwd, fwd+bwd")
 
     def memory_record() -> dict[str, Any]:
         """``Prepared.memory`` (``jax_impl.memory``): the forward's ``vjp`` residuals, the compiled step's peak."""
-        return memory.record(mode, apply, state, x, step, dev.sync, jitted, args, outer_jit)
+        forward = (lambda st, xx: apply(st, xx)[0]) if routed else apply  # the output y alone
+        return memory.record(mode, forward, state, x, step, dev.sync, jitted, args, outer_jit)
 
     return Prepared(
         step=step,
@@ -172,3 +191,29 @@ def prepare_params(
         bind=bind,
         memory=memory_record,
     )
+
+
+def prepare_moe(
+    problem: Problem,
+    mode: str,
+    block: Callable[[Any, jax.Array, MoeSpec], tuple[jax.Array, jax.Array]],
+    *,
+    note: str = "",
+) -> Prepared:
+    """The jitted step of ``mode`` (:func:`prepare_params`, routed) of a mixture-of-experts case's ``block(params,
+    x [T, D], spec) -> (y [T, D], experts [T, k])`` (``jax_impl.moe_ops``): the parameters by their canonical names
+    in torch's layout (as the block takes them), on the device in the case dtype, the spec static, the block over
+    the flattened tokens."""
+    dtype = dev.JAX_DTYPES[problem.case.dtype]
+    spec = MOE_SPECS[problem.case.model]
+    params = {k: jax.device_put(np.asarray(v)).astype(dtype) for k, v in problem.params.items()}
+    names = list(problem.params)
+
+    def apply(st: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        y, experts = block(st, x.reshape(-1, x.shape[-1]), spec)
+        return y.reshape(x.shape), experts
+
+    def grads_np(dparams: Any) -> dict[str, np.ndarray]:
+        return {f"d{k}": host(dparams[k]) for k in names}
+
+    return prepare_params(problem, mode, params, apply, grads_np, note=note, routed=True)

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compare.backends.registry import BACKENDS
+from compare.cli.args import default_backends
 from compare.cli.main import main
 from compare.problem import moe
 from compare.problem.cases import MODELS, MOE_MODELS, PRESETS, Case, Shape
@@ -16,6 +18,7 @@ from compare.problem.golden import compute_of, golden_for, plain_run_of, referen
 from compare.problem.reference import Arith
 from compare.results.document import Result, read_json
 from compare.run.cell import plain_reference
+from compare.run.pipeline import skipped
 
 pytestmark = pytest.mark.standard
 
@@ -88,13 +91,19 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, list[Result]]:
     return status, list(read_json(out / "results.json").results)
 
 
-def test_a_moe_preset_runs_its_backend_end_to_end_and_a_dense_backend_skips_it(tmp_path: Path) -> None:
-    """``--preset mixtral-cpu`` through the command line: the MoE backend passes in float32 forward and backward; a
-    dense backend named beside it skips the case, saying why."""
-    status, results = _run(
-        tmp_path, "--preset", "mixtral-cpu", "--mode", "fwd+bwd", "--backend", "torch-moe-loop", "torch-eager"
-    )
-    by = {r.backend: r for r in results}
-    assert status == 0 and by["torch-moe-loop"].status == "ok", by["torch-moe-loop"].reason
-    assert by["torch-eager"].status == "skipped"
-    assert by["torch-eager"].reason == "implements linear, geglu, swiglu, gelu-mlp only, not moe-mixtral"
+#: The MoE backends: a MoE case's default backend list.
+MOE_BACKENDS = ("torch-moe-loop", "torch-moe-grouped", "jax-moe-dense", "jax-moe-ragged")
+
+
+def test_a_moe_case_runs_its_four_backends_and_every_other_backend_skips_it(tmp_path: Path) -> None:
+    """``--preset mixtral-cpu`` through the command line, no ``--backend``: the four MoE backends run and pass in
+    float32 forward and backward; every other registered backend skips a MoE case, saying why."""
+    case = PRESETS["mixtral-cpu"].case("float32")
+    assert default_backends([1], case.model) == list(MOE_BACKENDS)
+    for name, s in BACKENDS.items():
+        if name not in MOE_BACKENDS:
+            r = skipped(s, case, "fwd+bwd")
+            assert r is not None and r.status == "skipped" and r.reason.endswith("only, not moe-mixtral"), name
+    status, results = _run(tmp_path, "--preset", "mixtral-cpu", "--mode", "fwd+bwd")
+    assert status == 0 and [r.backend for r in results] == list(MOE_BACKENDS)
+    assert all(r.status == "ok" for r in results), [(r.backend, r.reason) for r in results]

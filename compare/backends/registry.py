@@ -384,6 +384,33 @@ BACKENDS: dict[str, BackendSpec] = {
             models=MOE_MODELS,
         ),
         BackendSpec(
+            name="torch-moe-grouped",
+            target="torch_impl.backends.moe_grouped",
+            about=(
+                "a MoE block with the token-expert assignments sorted by expert and each expert GEMM one grouped_mm "
+                "over all experts (on CPU torch runs it as a loop of mm); routing in float32 for 16-bit dtypes"
+            ),
+            models=MOE_MODELS,
+        ),
+        BackendSpec(
+            name="jax-moe-dense",
+            target="jax_impl.backends.moe_dense",
+            about=(
+                "a MoE block under jax.jit as the one-hot dense baseline: every token through every expert (E / k "
+                "times the routed FLOPs), combined with weights zero off each token's top k"
+            ),
+            models=MOE_MODELS,
+        ),
+        BackendSpec(
+            name="jax-moe-ragged",
+            target="jax_impl.backends.moe_ragged",
+            about=(
+                "a MoE block under jax.jit, routed: assignments sorted by expert, jax.lax.ragged_dot over the "
+                "experts' row groups (on CPU a masked dense dot), a scatter-add back to the tokens"
+            ),
+            models=MOE_MODELS,
+        ),
+        BackendSpec(
             name="torch-tp",
             target="torch_impl.backends.tp_dtensor",
             about="DTensor tensor parallelism: ColwiseParallel gate/up (fc1), RowwiseParallel down (fc2), eager",
