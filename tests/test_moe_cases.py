@@ -4,14 +4,19 @@ presets, the golden and the plain computation through the same paths as a dense 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
-from compare.backends.registry import BACKENDS
+from compare.backends.registry import BACKENDS, register, unregister
 from compare.cli.args import default_backends
 from compare.cli.main import main
+from compare.gate import routing
+from compare.gate.parity import Parity, check_all
 from compare.problem import moe
 from compare.problem.cases import MODELS, MOE_MODELS, PRESETS, Case, Shape
 from compare.problem.golden import compute_of, golden_for, plain_run_of, reference_names
@@ -19,6 +24,8 @@ from compare.problem.reference import Arith
 from compare.results.document import Result, read_json
 from compare.run.cell import plain_reference
 from compare.run.pipeline import skipped
+from tests import moe_variant_backend
+from torch_impl import moe_ops
 
 pytestmark = pytest.mark.standard
 
@@ -107,3 +114,157 @@ def test_a_moe_case_runs_its_four_backends_and_every_other_backend_skips_it(tmp_
     status, results = _run(tmp_path, "--preset", "mixtral-cpu", "--mode", "fwd+bwd")
     assert status == 0 and [r.backend for r in results] == list(MOE_BACKENDS)
     assert all(r.status == "ok" for r in results), [(r.backend, r.reason) for r in results]
+
+
+#: (preset, seed) of the full runs: every MoE CPU preset, each on seeds of its own
+RUNS = [("qwen3-moe-cpu", 0), ("mixtral-cpu", 1), ("gpt-oss-20b-cpu", 2), ("qwen3-moe-cpu", 3), ("mixtral-cpu", 4),
+        ("gpt-oss-20b-cpu", 5)]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """torch on one intra-op thread while the test runs (restored after): on a busy 2-core machine the MoE loop's
+    many small ``index_add_`` calls wait for a second OpenMP thread (34 ms a call measured, 0.1 ms on one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("preset", "seed"), RUNS, ids=[f"{p}-s{s}" for p, s in RUNS])
+def test_every_moe_backend_passes_or_deviates_on_every_preset(tmp_path: Path, preset: str, seed: int) -> None:
+    """``run --preset P --dtype float32 bfloat16 --mode fwd+bwd --budget 0.05 --no-ceilings --no-plots --seed S``
+    (warm timings only, to keep the test short): each of the four MoE backends passes or deviates in both dtypes,
+    its routing judged (near-ties counted, no wrong router) on the golden inputs and on fresh ones."""
+    status, results = _run(
+        tmp_path, "--preset", preset, "--dtype", "float32", "bfloat16", "--mode", "fwd+bwd", "--seed", str(seed),
+        "--cache", "warm",
+    )  # fmt: skip
+    assert sorted((r.backend, r.dtype) for r in results) == sorted(
+        (b, d) for b in MOE_BACKENDS for d in ("float32", "bfloat16")
+    )
+    for r in results:
+        assert r.status in ("ok", "deviates"), (r.backend, r.dtype, r.reason)
+        assert r.parity is not None and r.parity.routing is not None and not r.parity.routing.wrong_tokens
+        assert r.parity.fresh is not None and r.parity.fresh.routing is not None
+    assert status == 0
+
+
+# --- routing: near-ties judged against the golden of the backend's own choice, a wrong router failed --------------
+
+
+def _swapped_near_tie(draw: routing.Draw) -> tuple[int, np.ndarray]:
+    """The token of ``draw`` whose k-th and (k+1)-th logits are closest, and the golden's experts with those two
+    swapped there (a choice within the tolerance: a near-tie taken the other way)."""
+    k = draw.k
+    order = np.argsort(-draw.logits, axis=1, kind="stable")
+    gaps = draw.logits[np.arange(len(order)), order[:, k - 1]] - draw.logits[np.arange(len(order)), order[:, k]]
+    t = int(np.argmin(gaps))
+    chosen = draw.experts.copy()
+    chosen[t, chosen[t] == order[t, k - 1]] = order[t, k]
+    assert gaps[t] <= 2 * draw.tol[t]  # a near-tie: routable
+    return t, chosen
+
+
+def test_the_routing_rule_judges_a_near_tie_against_its_own_golden_and_fails_a_wrong_router() -> None:
+    """The gate's rule on the golden draw of qwen3-moe-cpu in bfloat16 (``routing.Draw``), on outputs made of the
+    plain computation: the golden's experts are judged as today; a near-tie taken the other way is routable and
+    judged against the golden and the plain computation of that choice (a pass, one token rerouted), where against
+    the golden's own routing the same outputs fail; a token routed to its last-ranked expert is a wrong router,
+    named."""
+    case = PRESETS["qwen3-moe-cpu"].case("bfloat16")
+    g = golden_for(case)
+    names = tuple(g.ref)
+    draw = routing.golden_draw(case, names)
+    assert draw is not None and routing.golden_draw(PRESETS["tiny"].case("bfloat16"), ("y",)) is None
+    ref, plain = {k: g.ref[k] for k in names}, plain_reference(case)
+
+    def check(got: dict[str, np.ndarray], r: Any, p: Any) -> Parity:
+        return check_all(got, r, p, "bfloat16")
+
+    same = draw.judge(dict(plain), draw.experts, ref, plain, check, "test")
+    assert same.tier == "pass" and same.routing is not None and same.routing.rerouted == 0
+    assert same.routing.near_ties >= 1 and same.routing.tol > 0
+    t, chosen = _swapped_near_tie(draw)
+    theirs = dict(draw.of(chosen)[1])  # what an honest backend that took the near-tie the other way computes
+    routed = draw.judge(theirs, chosen, ref, plain, check, "test")
+    assert routed.tier == "pass" and routed.routing is not None and routed.routing.rerouted == 1
+    assert check(theirs, ref, plain).tier == "fail"  # against the golden's own routing: a whole expert off
+    wrong = draw.experts.copy()
+    last = int(np.argmin(draw.logits[t]))
+    wrong[t, -1] = last
+    bad = draw.judge(dict(plain), wrong, ref, plain, check, "test")
+    assert bad.tier == "fail" and bad.routing is not None and bad.routing.wrong_tokens == 1
+    assert bad.failures()[0].startswith(f"routing: routes token {t} to experts {sorted(wrong[t].tolist())}; no logits")
+    assert "(a wrong router)" in bad.failures()[0]
+    with pytest.raises(RuntimeError, match="returned no routing"):
+        draw.judge(dict(plain), None, ref, plain, check, "test")
+
+
+def _nudge(monkeypatch: pytest.MonkeyPatch, units: float, wrong: bool = False) -> None:
+    """torch-moe-loop's router logits perturbed on every call (``moe_ops._logits``): with ``units``, on every token
+    the k-th and (k+1)-th logits moved towards each other by ``units`` unit roundoffs of bfloat16 times the row's
+    largest |logit| each (so a near-tie closer than twice that is taken the other way; the gate's tolerance is at
+    least 2 such units: ``routing.ROUND_UNITS``); with ``wrong``, the largest and the smallest logit of every token
+    swapped (each moved by the row's whole range: far beyond any tolerance)."""
+    real = moe_ops._logits
+
+    def nudged(x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        lg = real(x, params).float()  # float32: the router takes it as it is (bfloat16 would round it again)
+        rows = torch.arange(lg.shape[0])
+        order = torch.argsort(lg.detach(), dim=1, descending=True, stable=True)
+        if wrong:  # a permutation of each row's logits: its largest and smallest trade places
+            idx = torch.arange(lg.shape[1]).repeat(lg.shape[0], 1)
+            idx[rows, order[:, 0]], idx[rows, order[:, -1]] = order[:, -1], order[:, 0]
+            return lg.gather(1, idx)
+        k = moe_ops.MOE_SPECS["moe-qwen3"].top_k
+        delta = units * 2.0**-8 * lg.detach().abs().amax(dim=1)
+        bump = torch.zeros_like(lg.detach())
+        bump[rows, order[:, k - 1]], bump[rows, order[:, k]] = -delta, delta
+        return lg + bump
+
+    monkeypatch.setattr(moe_ops, "_logits", nudged)
+
+
+def test_a_backend_that_takes_near_ties_the_other_way_passes_and_a_wrong_router_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch-moe-loop with its logits nudged by half a unit roundoff of bfloat16 (x the row's largest |logit|), a
+    quarter of the gate's tolerance: it takes some near-ties the other way on the golden draw and on the fresh one,
+    and passes, its tensors judged against the golden of its own routing, the tokens it rerouted counted. Negative
+    control: the same backend with each token's largest and smallest logit swapped fails as a wrong router, on the
+    golden inputs and on fresh ones."""
+    args = ("--preset", "qwen3-moe-cpu", "--dtype", "bfloat16", "--mode", "fwd+bwd", "--backend", "torch-moe-loop")
+    _nudge(monkeypatch, 0.5)
+    status, (r,) = _run(tmp_path / "near", *args, "--cache", "warm")
+    assert status == 0 and r.status in ("ok", "deviates"), r.reason
+    assert r.parity is not None and r.parity.routing is not None and r.parity.routing.rerouted >= 1
+    assert r.parity.fresh is not None and r.parity.fresh.routing is not None
+    assert r.parity.routing.rerouted <= r.parity.routing.near_ties
+    _nudge(monkeypatch, 0.0, wrong=True)
+    status, (r,) = _run(tmp_path / "wrong", *args, "--cache", "warm")
+    assert status == 1 and r.status == "parity-fail"
+    assert r.parity is not None and r.parity.routing is not None and r.parity.routing.wrong_tokens == 24
+    assert r.reason.startswith("routing: routes token 0 to experts ["), r.reason
+    assert "(a wrong router)" in r.reason and "fresh inputs" in r.reason
+
+
+def test_a_wrong_variant_fails_parity(tmp_path: Path) -> None:
+    """A backend computing gpt-oss's block with gate and up concatenated instead of interleaved (registered by the
+    test: tests/moe_variant_backend.py) fails parity, its routing the golden's. What the gate cannot see here: the
+    clamp (limit 7) never binds on the CPU preset's draw, so a backend without it would pass (MOE_NOTES.md)."""
+    register(moe_variant_backend.SPEC)
+    try:
+        status, (r,) = _run(
+            tmp_path, "--preset", "gpt-oss-20b-cpu", "--mode", "fwd", "--backend", moe_variant_backend.NAME
+        )
+    finally:
+        unregister(moe_variant_backend.NAME)
+    assert status == 1 and r.status == "parity-fail" and r.reason.startswith("y: "), r.reason
+    assert r.parity is not None and r.parity.routing is not None and r.parity.routing.rerouted == 0
+    g = golden_for(PRESETS["gpt-oss-20b-cpu"].case("float32"))
+    spec = moe.MOE_SPECS["moe-gpt-oss"]
+    x = g.x.reshape(24, 64)
+    experts, _ = moe.golden_routing(x, g.params, spec)
+    gu = np.einsum("td,tkhd->tkh", x, g.params["gate_up"][experts]) + g.params["gate_up_bias"][experts]
+    assert np.max(gu) < spec.limit / 1.5  # the clamp is far from binding

@@ -40,7 +40,8 @@ import ml_dtypes
 import numpy as np
 
 from compare.formats.codec import LATER
-from compare.gate.parity import DTYPE_MAX, Parity, Plain, UnusableCase, check_plain
+from compare.gate import routing
+from compare.gate.parity import DTYPE_MAX, Parity, Plain, RoutingCheck, UnusableCase, check_plain
 from compare.problem import datacache
 from compare.problem.cases import Case, is_moe
 from compare.problem.golden import compute_of, draw_input, plain_run_of, spot_reference_of
@@ -127,16 +128,21 @@ class FreshReference:
     plain: Plain
     rows: np.ndarray | None = None
     rows_seed: int | None = None
+    #: a mixture-of-experts case's draw as the routing rule judges it (``compare.gate.routing.Draw``); None otherwise
+    draw: routing.Draw | None = None
 
     def take(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``outputs`` of the whole draw (``y [batch, seq, out]``) restricted to :attr:`rows` (``y [1, rows,
-        out]``, as :attr:`ref` holds it); unchanged when every token is judged."""
+        """``outputs`` of the whole draw (``y [batch, seq, out]``, a MoE step's ``routing [T, k]``) restricted to
+        :attr:`rows` (``y [1, rows, out]``, as :attr:`ref` holds it); unchanged when every token is judged."""
         if self.rows is None:
             return outputs
-        if set(outputs) - {"y"}:  # rows are drawn for a forward-only check: no gradient sums over the tokens
+        if set(outputs) - {"y", routing.ROUTING}:  # rows are drawn for a forward-only check: no gradient sums
             raise ValueError(f"a reference of {len(self.rows)} rows judges y alone, got {sorted(outputs)}")
         y = outputs["y"]
-        return {"y": y.reshape(-1, y.shape[-1])[self.rows][None]}
+        out = {"y": y.reshape(-1, y.shape[-1])[self.rows][None]}
+        if routing.ROUTING in outputs:
+            out[routing.ROUTING] = np.asarray(outputs[routing.ROUTING])[self.rows]
+        return out
 
 
 def reference(
@@ -168,12 +174,18 @@ def reference(
     plain = {k: held(round_to_dtype(v, case.dtype), case.dtype) for k, v in unrounded.items()}
     del unrounded
     check_plain(f"{case.name} (fresh inputs)", case.dtype, ref, plain)
+    # a MoE case's draw as its routing rule judges it, in this function's float64 arithmetic
+    draw = routing.Draw(case, x, params, dy, Arith(None, gemm=_blas64), tuple(ref)) if is_moe(case.model) else None
     # without the unrounded tensors: only the golden's resolution rows read them
-    return FreshReference(ref, Plain(plain, envelope, None, signature), picked, rows_seed)
+    return FreshReference(ref, Plain(plain, envelope, None, signature), picked, rows_seed, draw)
 
 
 def token_reference(
-    case: Case, params: dict[str, np.ndarray], x: np.ndarray, dy: np.ndarray | None
+    case: Case,
+    params: dict[str, np.ndarray],
+    x: np.ndarray,
+    dy: np.ndarray | None,
+    chosen: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The ``y`` (and ``dx`` given ``dy``) of a few tokens ``x [1, K, dim]`` (``dy [1, K, out]``): the every-call
     check's yardstick (``compare.run.pipeline.judge_spots``), against which an error of an eighth of a row's scale
@@ -181,10 +193,11 @@ def token_reference(
     cost ``K`` rows of the layer's GEMMs, and no weight gradient is made. A built-in model's: float64 through the
     machine's BLAS (``Arith``'s ``gemm``); a module case's: its module in float32 through torch's own kernels
     (``compare.problem.golden.spot_reference_of``), where the float64 module the plain computation's dispatch runs
-    took seconds a batch to build on a real layer."""
+    took seconds a batch to build on a real layer. A MoE case's is routed to ``chosen [K, k]`` where given (the
+    experts the step chose, where ``compare.gate.routing`` found them routable)."""
     if case.module is not None:
         return spot_reference_of(case, x, params, dy)
-    out = compute_of(case, x, params, dy, Arith(None, gemm=_blas64), weights=False)
+    out = compute_of(case, x, params, dy, Arith(None, gemm=_blas64), weights=False, chosen=chosen)
     return {k: out[k] for k in ("y", "dx") if k in out}
 
 
@@ -230,6 +243,8 @@ class FreshCheck:
     #: calls whose output was read at return and checked on a few tokens (``compare.run.pipeline.judge_spots``; None:
     #: not checked, a tensor-parallel step or an older document)
     spot_calls: int | None = field(default=None, metadata=LATER)
+    #: a mixture-of-experts step's routing on the draw (``compare.gate.routing``); None for any other step
+    routing: RoutingCheck | None = field(default=None, metadata=LATER)
 
     @staticmethod
     def of(
@@ -246,7 +261,7 @@ class FreshCheck:
         seed_rows = None if ref is None else ref.rows_seed
         found, dev = (*parity.failures(), *spot[1]), tuple(parity.deviations())
         tier = "fail" if spot[1] else parity.tier
-        return FreshCheck(seed, tier, found, dev, rows, seed_rows, judged, made, spot[0] or None)
+        return FreshCheck(seed, tier, found, dev, rows, seed_rows, judged, made, spot[0] or None, parity.routing)
 
     @property
     def reasons(self) -> list[str]:

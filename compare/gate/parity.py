@@ -862,14 +862,36 @@ def worst_tier(tiers: Iterable[str]) -> str:
 
 
 @dataclass(frozen=True)
+class RoutingCheck:
+    """The verdict on a mixture-of-experts step's routing (``compare.gate.routing``): of its ``tokens``, how many
+    have a ``near_tie`` (another choice of experts is a top-k choice of logits within ``tol`` of the golden's:
+    ``compare.problem.moe.routable``), how many the step ``rerouted`` (other experts than the golden's, every one
+    within the tolerance: its tensors judged against the golden of its own routing), the largest per-token
+    tolerance ``tol`` (``compare.gate.routing.tolerance``), and where it routed a token to experts no logits within
+    the tolerance choose, the count of such tokens (``wrong_tokens``) and the reason naming the first ones
+    (``wrong``): a wrong router, which fails the step."""
+
+    tokens: int
+    near_ties: int
+    rerouted: int
+    tol: float
+    wrong_tokens: int = 0
+    wrong: str = ""
+
+
+@dataclass(frozen=True)
 class Parity:
-    """Parity of every tensor a backend produced in one mode (``y`` and/or gradients)."""
+    """Parity of every tensor a backend produced in one mode (``y`` and/or gradients); for a mixture-of-experts step
+    also the verdict on its ``routing`` (:class:`RoutingCheck`; None for any other), a wrong router failing it."""
 
     tensors: tuple[TensorParity, ...]
+    routing: RoutingCheck | None = None
 
     @property
     def tier(self) -> str:
-        """The worst tensor's tier (``fail`` when there is no tensor at all)."""
+        """The worst tensor's tier (``fail`` when there is no tensor at all, or the routing is a wrong router's)."""
+        if self.routing is not None and self.routing.wrong_tokens:
+            return "fail"
         return worst_tier(t.tier for t in self.tensors) if self.tensors else "fail"
 
     @property
@@ -882,8 +904,9 @@ class Parity:
         return max(self.tensors, key=lambda t: t.worst_ratio if np.isfinite(t.worst_ratio) else np.inf)
 
     def failures(self) -> list[str]:
-        """The tensors in the fail tier, with why."""
-        return [f"{t.tensor}: {t.why}" for t in self.tensors if t.tier == "fail"]
+        """The tensors in the fail tier, with why; a wrong router's routing first."""
+        wrong = [f"routing: {self.routing.wrong}"] if self.routing is not None and self.routing.wrong_tokens else []
+        return wrong + [f"{t.tensor}: {t.why}" for t in self.tensors if t.tier == "fail"]
 
     def deviations(self) -> list[str]:
         """The tensors in the deviates tier, with why and the cause (:func:`cause`)."""

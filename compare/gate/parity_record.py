@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from compare.formats.codec import LATER
 from compare.gate.fresh import FreshCheck
-from compare.gate.parity import Parity, TensorParity
+from compare.gate.parity import Parity, RoutingCheck, TensorParity
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,8 @@ class ParityRecord:
     last_timed: LastTimed | None = field(default=None, metadata=LATER)
     processes: tuple[ProcessVerdict, ...] = field(default=(), metadata=LATER)
     fresh: FreshCheck | None = field(default=None, metadata=LATER)
+    #: a mixture-of-experts step's routing on the first call (``compare.gate.routing``); None for any other step
+    routing: RoutingCheck | None = field(default=None, metadata=LATER)
 
     @staticmethod
     def of(parity: Parity, last_timed: Parity | None = None, fresh: FreshCheck | None = None) -> ParityRecord:
@@ -94,4 +96,5 @@ class ParityRecord:
             checked=tuple(checked),
             last_timed=again,
             fresh=fresh,
+            routing=parity.routing,
         )

@@ -388,14 +388,19 @@ def _busy_note(doc: Results) -> str:
 
 def parity_cell(r: Result) -> str:
     """The row's tier with its worst statistic: the tensor closest to (or furthest past) its pass line, the checks it
-    failed or deviated on, and how far along its pass line it came (value / pass line, over every check)."""
+    failed or deviated on, and how far along its pass line it came (value / pass line, over every check); a MoE
+    step's wrong router instead, or the near-tie tokens it routed the other way beside it."""
     p = r.parity
     if p is None or not p.tensors:
         return r.status
+    if p.routing is not None and p.routing.wrong_tokens:  # a MoE step's wrong router (compare.gate.routing)
+        return f"**FAIL**: routing (a wrong router on {p.routing.wrong_tokens} of {p.routing.tokens} tokens)"
     t = max(p.tensors, key=lambda x: x.worst_ratio)
     tier = {"fail": "**FAIL**"}.get(t.tier, t.tier)
     checks = ", ".join(t.failed or t.deviated)
     what = f"{t.tensor}{' ' + checks if checks else ''} at {t.worst_ratio:.2g} x pass line"
+    if p.routing is not None and p.routing.rerouted:  # judged against the golden of its own routing
+        what += f" (routed {p.routing.rerouted} near-tie token(s) the other way)"
     return f"{tier}: {what}" + (f"; status {r.status}" if r.status not in ("ok", "deviates", "parity-fail") else "")
 
 

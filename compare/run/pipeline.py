@@ -23,6 +23,7 @@ only the tensors the mode checks (``compare.run.cell.MODE_TENSORS``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -41,8 +42,8 @@ from compare.gate.fresh import FreshCheck, FreshReference
 from compare.gate.parity import DTYPE_MAX, Parity, UnusableCase, worst_tier
 from compare.gate.parity_record import CopyVerdict, ParityRecord
 from compare.kernels.summary import Kernels
-from compare.problem import datacache
-from compare.problem.cases import Case
+from compare.problem import datacache, moe
+from compare.problem.cases import Case, is_moe
 from compare.problem.golden import draw_input, golden_for
 from compare.problem.reference import round_to_dtype
 from compare.results.document import Result
@@ -116,14 +117,33 @@ def read_copies(prepared: Prepared, output: Any, name: str) -> Copies:
     return [(c.device, c.tensors) for c in copies]
 
 
+def _judge_as(got: dict[str, np.ndarray], ref: Any, plain: Any, *, dtype: str, who: str) -> Parity:
+    return judge(got, ref, plain, dtype, who)
+
+
 def judge_read(
-    copies: Copies, ref: dict[str, np.ndarray], plain: dict[str, np.ndarray], dtype: str, name: str, by_device: bool
+    copies: Copies,
+    ref: dict[str, np.ndarray],
+    plain: dict[str, np.ndarray],
+    dtype: str,
+    name: str,
+    by_device: bool,
+    draw: routing.Draw | None = None,
 ) -> Judged:
     """The gate's verdict (``compare.run.cell.judge``) on copies already read; a copy holding other tensors than
-    ``ref`` is an error naming ``name`` (and its device when ``by_device``)."""
-    return [
-        (d, judge(routing.split(t)[0], ref, plain, dtype, f"{name} on {d}" if by_device else name)) for d, t in copies
-    ]
+    ``ref`` is an error naming ``name`` (and its device when ``by_device``). A mixture-of-experts case's ``draw``
+    (``compare.gate.routing.Draw``): each copy's ``routing`` taken apart and judged by its rule (the tensors against
+    the golden of the step's own routing where it is routable; a wrong router fails)."""
+    out: Judged = []
+    for d, t in copies:
+        who_ = f"{name} on {d}" if by_device else name
+        if draw is None:
+            out.append((d, judge(t, ref, plain, dtype, who_)))
+            continue
+        got, experts = routing.split(t)
+        check = functools.partial(_judge_as, dtype=dtype, who=who_)
+        out.append((d, draw.judge(got, experts, ref, plain, check, who_)))
+    return out
 
 
 def digest(copies: Copies) -> str:
@@ -151,10 +171,11 @@ def first_calls(
     ``deterministic``: the two calls gave the same bits (:func:`digest`), as far as two show; the :class:`Feed` of
     ``draw`` has its orders from ``seed``."""
     name, ref = who(spec, mode), checked(mode, golden_for(case).ref)
+    routed = routing.golden_draw(case, tuple(ref))
     first_s, out = timer.first_call(prepared.step, sync)
     copies = read_copies(prepared, out, name)
     del out
-    judged, bits = judge_read(copies, ref, plain, case.dtype, name, named(prepared)), digest(copies)
+    judged, bits = judge_read(copies, ref, plain, case.dtype, name, named(prepared), routed), digest(copies)
     del copies
     repeat_s, out = timer.first_call(prepared.step, sync)
     again = digest(read_copies(prepared, out, name))
@@ -195,6 +216,9 @@ class Spot:
     dy: np.ndarray
     got: dict[str, list[np.ndarray]]
     error: str = ""
+    #: a mixture-of-experts step's experts of those tokens (``[K, k]``: the rows of the returned array of the
+    #: routing's shape ``[T, k]``; None where none was returned, or the case is not a MoE block)
+    routing: np.ndarray | None = None
 
 
 class Feed:
@@ -241,6 +265,7 @@ class Feed:
             raise RuntimeError(f"{name}: its Prepared has no bind (refused before its first call)")
         self._prepared, self._bind, self._name, self._reader = prepared, prepared.bind, name, reader
         self._case, self._mode = case, mode
+        self._top_k = moe.MOE_SPECS[case.model].top_k if is_moe(case.model) else 0
         self._x, self._dy = draw["x"], draw["dy"]
         self._tokens = int(np.prod(self._x.shape[:-1]))
         self._rng = np.random.default_rng(secrets.randbits(64) if seed is None else seed)
@@ -288,7 +313,11 @@ class Feed:
             ]
             for k, n in widths.items()
         }
-        return Spot(self.calls, rows, x, dy, got)
+        experts = None
+        if self._top_k:  # a MoE step's routing: its [T, k] array
+            shape = (self._tokens, self._top_k)
+            experts = next((self._reader.rows(a, rows) for a in arrays if tuple(a.shape) == shape), None)
+        return Spot(self.calls, rows, x, dy, got, routing=experts)
 
     def done(self, outputs: list[Any]) -> None:
         for (inputs, order), out in zip(self._block, outputs, strict=True):
@@ -351,22 +380,47 @@ SPOT_NAMED = 3
 SPOT_BATCH = 512
 
 
+def _spot_routing(
+    spots: Sequence[Spot], case: Case, params: dict[str, np.ndarray]
+) -> tuple[np.ndarray | None, list[str]]:
+    """A MoE case's spots' experts, all rows in one ``[K, k]`` (``compare.gate.routing``'s rule: the rows of a spot
+    whose routing is missing or a wrong router's take the golden's, and that spot fails with the reason), and per
+    spot the reason or ``""``. ``(None, ["", ...])`` for any other case."""
+    if not is_moe(case.model):
+        return None, [""] * len(spots)
+    spec = moe.MOE_SPECS[case.model]
+    rows, why = [], []
+    for s in spots:
+        gold = moe.golden_routing(np.asarray(s.x, dtype=np.float64), params, spec)[0]
+        if s.routing is None:
+            rows.append(gold)
+            why.append(f"no array of the routing's shape [T, {spec.top_k}] among its outputs")
+            continue
+        bad = routing.check_rows(case, params, s.x, s.routing)
+        rows.append(gold if bad else np.rint(s.routing).astype(np.int64))
+        why.append(f"tokens {s.rows.tolist()}: {bad[0]}" if bad else "")
+    return np.concatenate(rows), why
+
+
 def spot_failures(spots: Sequence[Spot], case: Case, mode: str) -> list[str]:
     """Per failing call of ``spots``, why: each spot against the float64 reference of its rows
-    (``compare.gate.fresh.token_reference``, all spots in one computation). A tensor the mode checks (``y``, ``dx``)
-    fails a call when no returned array of its shape is within :data:`SPOT_RTOL` of the reference on every spot row
-    whose reference the dtype can hold; an output that could not be read fails it too."""
+    (``compare.gate.fresh.token_reference``, all spots in one computation; a MoE step's of the experts it chose
+    where they are routable, ``compare.gate.routing``, else the call fails as a wrong router's). A tensor the mode
+    checks (``y``, ``dx``) fails a call when no returned array of its shape is within :data:`SPOT_RTOL` of the
+    reference on every spot row whose reference the dtype can hold; an output that could not be read fails it too."""
     if not spots:
         return []
     want = [k for k in ("y", "dx") if MODE_TENSORS[mode](k)]
     x = np.concatenate([s.x for s in spots])[None]
     dy = np.concatenate([s.dy for s in spots])[None] if "dx" in want else None
-    ref = fresh.token_reference(case, golden_for(case).params, x, dy)
+    params = golden_for(case).params
+    chosen, wrong = _spot_routing(spots, case, params)
+    ref = fresh.token_reference(case, params, x, dy, chosen)
     failed: list[str] = []
     start = 0
-    for s in spots:
+    for s, bad in zip(spots, wrong, strict=True):
         k = len(s.rows)
-        why = s.error
+        why = s.error or bad
         for name in want if not why else ():
             r = ref[name].reshape(-1, ref[name].shape[-1])[start : start + k]
             scale = np.max(np.abs(r), axis=1)
@@ -456,7 +510,9 @@ def judge_calls(
     per_copy: list[list[FreshCheck]] = []
     for call in calls:
         got = [(d, reference.take(_in_draw_order(t, call.order))) for d, t in call.copies]
-        judged = judge_read(got, want, reference.plain, dtype, f"{name} on the harness's inputs", by_device)
+        judged = judge_read(
+            got, want, reference.plain, dtype, f"{name} on the harness's inputs", by_device, reference.draw
+        )
         checks = [FreshCheck.of(seed, p, reference, judged=len(calls), made=made, spot=spot) for _, p in judged]
         per_copy = [[c] for c in checks] if not per_copy else [[*w, c] for w, c in zip(per_copy, checks, strict=True)]
     return [worst_fresh(w) for w in per_copy]
