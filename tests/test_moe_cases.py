@@ -18,10 +18,11 @@ from compare.cli.main import main
 from compare.gate import routing
 from compare.gate.parity import Parity, check_all
 from compare.problem import moe
-from compare.problem.cases import MODELS, MOE_MODELS, PRESETS, Case, Shape
+from compare.problem.cases import MODELS, MOE_MODELS, PRESETS, Case, InputError, Shape
 from compare.problem.golden import compute_of, golden_for, plain_run_of, reference_names
 from compare.problem.reference import Arith
 from compare.results.document import Result, read_json
+from compare.run import preflight
 from compare.run.cell import plain_reference
 from compare.run.pipeline import skipped
 from tests import moe_variant_backend
@@ -268,3 +269,15 @@ def test_a_wrong_variant_fails_parity(tmp_path: Path) -> None:
     experts, _ = moe.golden_routing(x, g.params, spec)
     gu = np.einsum("td,tkhd->tkh", x, g.params["gate_up"][experts]) + g.params["gate_up_bias"][experts]
     assert np.max(gu) < spec.limit / 1.5  # the clamp is far from binding
+
+
+def test_the_full_size_presets_are_refused_by_the_memory_preflight_alone() -> None:
+    """The full-size MoE presets are cases like the CPU ones; only the memory preflight refuses them where memory is
+    short (here told 16 GB are available), naming what it would need; the CPU presets fit in 2 GB."""
+    specs = [BACKENDS[b] for b in MOE_BACKENDS]
+    for name in ("qwen3-moe", "mixtral", "gpt-oss-20b"):
+        case = PRESETS[name].case("float32")
+        with pytest.raises(InputError, match=rf"case {case.name} needs about .* of memory at its peak"):
+            preflight.check_memory([case], specs, backward=True, available=(16_000_000_000, "a test"))
+    for name in CPU_PRESETS:
+        preflight.check_memory([PRESETS[name].case("float32")], specs, backward=True, available=(2_000_000_000, "test"))
