@@ -15,7 +15,7 @@ import torch
 from compare.backends.registry import BACKENDS, register, unregister
 from compare.cli.args import default_backends
 from compare.cli.main import main
-from compare.gate import routing
+from compare.gate import fresh, routing
 from compare.gate.parity import Parity, check_all
 from compare.problem import moe
 from compare.problem.cases import MODELS, MOE_MODELS, PRESETS, Case, InputError, Shape
@@ -24,7 +24,7 @@ from compare.problem.reference import Arith
 from compare.results.document import Result, read_json
 from compare.run import preflight
 from compare.run.cell import plain_reference
-from compare.run.pipeline import skipped
+from compare.run.pipeline import Spot, skipped, spot_failures
 from tests import moe_variant_backend
 from torch_impl import moe_ops
 
@@ -125,7 +125,8 @@ RUNS = [("qwen3-moe-cpu", 0), ("mixtral-cpu", 1), ("gpt-oss-20b-cpu", 2), ("qwen
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """torch on one intra-op thread while the test runs (restored after): on a busy 2-core machine the MoE loop's
-    many small ``index_add_`` calls wait for a second OpenMP thread (34 ms a call measured, 0.1 ms on one)."""
+    many small ``index_add_`` calls wait for a second OpenMP thread (34 ms a call profiled in float32; a preset's run
+    took 54 s so, 22.5 s on one thread: MOE_NOTES.md)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -281,3 +282,31 @@ def test_the_full_size_presets_are_refused_by_the_memory_preflight_alone() -> No
             preflight.check_memory([case], specs, backward=True, available=(16_000_000_000, "a test"))
     for name in CPU_PRESETS:
         preflight.check_memory([PRESETS[name].case("float32")], specs, backward=True, available=(2_000_000_000, "test"))
+
+
+def test_the_every_call_check_follows_the_routing_rule() -> None:
+    """The spot check of every call (``pipeline.spot_failures``) on a MoE case: a call whose outputs are the golden
+    of its own routing passes where that routing is the golden's or a near-tie taken the other way; a call routed to
+    a token's last-ranked expert fails as a wrong router, and one without a routing fails too."""
+    case = PRESETS["qwen3-moe-cpu"].case("bfloat16")
+    g = golden_for(case)
+    draw = routing.golden_draw(case, tuple(g.ref))
+    assert draw is not None
+    t, near = _swapped_near_tie(draw)
+    rows = np.array([t, (t + 1) % 24])
+    x, dy = g.x.reshape(24, 64)[rows], g.dy.reshape(24, 64)[rows]
+    wrong = draw.experts[rows].copy()
+    wrong[0, -1] = int(np.argmin(draw.logits[t]))
+
+    def spot(experts: np.ndarray | None, call: int) -> Spot:
+        chosen = draw.experts[rows] if experts is None else experts
+        out = fresh.token_reference(case, g.params, x[None], dy[None], chosen)
+        got = {k: [np.asarray(out[k]).reshape(2, -1)] for k in ("y", "dx")}
+        return Spot(call, rows, x, dy, got, routing=None if experts is None else experts.astype(np.float64))
+
+    spots = [spot(draw.experts[rows], 0), spot(near[rows], 1), spot(wrong, 2), spot(None, 3)]
+    failed = spot_failures(spots, case, "fwd+bwd")
+    assert len(failed) == 2, failed
+    assert failed[0].startswith(f"call 3: tokens {rows.tolist()}: routes a token to experts ")
+    assert "(the golden's: " in failed[0] and "a wrong router" in failed[0]
+    assert failed[1] == f"call 4: tokens {rows.tolist()}: no array of the routing's shape [T, 8] among its outputs"

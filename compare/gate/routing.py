@@ -177,16 +177,21 @@ def golden_draw(case: Case, mode_names: tuple[str, ...]) -> Draw | None:
     return Draw(case, g.x, g.params, dy, Arith.exact(), mode_names)
 
 
-def check_rows(case: Case, params: dict[str, np.ndarray], x: np.ndarray, routing: np.ndarray) -> list[str]:
-    """Per token of ``x [K, D]`` whose experts ``routing [K, k]`` no logits within the tolerance choose, why (the
-    every-call check's rule: ``compare.run.pipeline.spot_failures``); empty when every one is routable."""
+def check_rows(
+    case: Case, params: dict[str, np.ndarray], x: np.ndarray, routing: np.ndarray | None
+) -> tuple[np.ndarray, list[str]]:
+    """The every-call check's rule (``compare.run.pipeline.spot_failures``) on a few tokens ``x [K, D]``: the
+    golden's experts of them (``[K, k]``), and per token whose experts ``routing [K, k]`` no logits within the
+    tolerance choose, why (empty when every one is routable; ``routing`` None: nothing is checked)."""
     spec = moe.MOE_SPECS[case.model]
     x2 = np.asarray(x, dtype=np.float64).reshape(-1, x.shape[-1])
     gold, logits = moe.golden_routing(x2, params, spec)
+    if routing is None:
+        return gold, []
     tol = tolerance(x2, params, logits, case.dtype)
     chosen = np.rint(np.asarray(routing, dtype=np.float64)).astype(np.int64)
     bad = ~moe.routable(chosen, logits, tol)
-    return [
+    return gold, [
         f"routes a token to experts {sorted(chosen[t].tolist())}; no logits within {tol[t]:.3g} of the golden's "
         f"choose them (the golden's: {sorted(gold[t].tolist())}; a wrong router)"
         for t in np.flatnonzero(bad)

@@ -391,13 +391,10 @@ def _spot_routing(
     spec = moe.MOE_SPECS[case.model]
     rows, why = [], []
     for s in spots:
-        gold = moe.golden_routing(np.asarray(s.x, dtype=np.float64), params, spec)[0]
+        gold, bad = routing.check_rows(case, params, s.x, s.routing)
         if s.routing is None:
-            rows.append(gold)
-            why.append(f"no array of the routing's shape [T, {spec.top_k}] among its outputs")
-            continue
-        bad = routing.check_rows(case, params, s.x, s.routing)
-        rows.append(gold if bad else np.rint(s.routing).astype(np.int64))
+            bad = [f"no array of the routing's shape [T, {spec.top_k}] among its outputs"]
+        rows.append(gold if bad or s.routing is None else np.rint(s.routing).astype(np.int64))
         why.append(f"tokens {s.rows.tolist()}: {bad[0]}" if bad else "")
     return np.concatenate(rows), why
 
