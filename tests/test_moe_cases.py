@@ -310,3 +310,11 @@ def test_the_every_call_check_follows_the_routing_rule() -> None:
     assert failed[0].startswith(f"call 3: tokens {rows.tolist()}: routes a token to experts ")
     assert "(the golden's: " in failed[0] and "a wrong router" in failed[0]
     assert failed[1] == f"call 4: tokens {rows.tolist()}: no array of the routing's shape [T, 8] among its outputs"
+
+
+def test_sweep_and_weights_refuse_a_moe_case_by_name(tmp_path: Path) -> None:
+    """Not done yet for a MoE case, and said so (exit 2): ``sweep``, and ``--weights``."""
+    assert main(["sweep", "--preset", "mixtral-cpu", "--tokens", "8", "16", "--out", str(tmp_path / "s")]) == 2
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"")
+    assert main(["run", "--preset", "mixtral-cpu", "--weights", str(weights), *FAST, "--out", str(tmp_path / "r")]) == 2

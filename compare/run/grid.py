@@ -18,6 +18,7 @@ from compare.problem.cases import (
     Weights,
     check_name,
     check_seed,
+    is_moe,
 )
 
 DEFAULT_TOKENS: tuple[int, ...] = (1, 16, 128, 1024)
@@ -71,6 +72,8 @@ def grid_config(
     checkpoint every case reads its parameters from, and ``module``, the user's MLP file every case computes (model
     ``module``), are keys only where given (a sweep without them has the grid it always had). ``weights`` as a list
     (``--layers``: one per layer) is the key ``layers``, and every token count, dtype and mode runs on each."""
+    if is_moe(model):
+        raise InputError(f"sweep: a mixture-of-experts model ({model}) has no sweep yet; run it with `run`")
     if module is None or model != MODULE_MODEL:
         check_name("model", model, MODELS)
     check_seed(seed)
