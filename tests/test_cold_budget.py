@@ -261,14 +261,14 @@ def test_an_error_is_not_cached(interpreted: BackendSpec, monkeypatch: pytest.Mo
 
 
 @pytest.mark.standard
-def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts() -> None:
-    from tests.numpy_backend import SPEC as NUMPY
-
-    register(NUMPY)
-    try:
-        doc = _run(NUMPY, cache_mode="both", budget=Budget(8.0))
-    finally:
-        unregister(NUMPY.name)
+def test_a_budgeted_run_times_warm_and_cold_and_states_its_cuts(
+    monkeypatch: pytest.MonkeyPatch, fake_clock: _FakeClock
+) -> None:
+    """A step of 1 ms and a flush of 20 ms under an 8 s budget, on the fake clock: warm and cold samples both fit, and
+    the record says where the time went. (With the real step and flush, whether the cold samples fit depended on
+    the machine's speed and its cache: a 2-core VM's flush writes 1.5 GB per cold sample.)"""
+    monkeypatch.setattr(harness, "cold_flush", lambda _: (llc.cpu_last_level(), _NoFlush(0.02)))
+    doc = _run(_ticking("numpy-1ms", 0.001), cache_mode="both", budget=Budget(8.0))
     (r,) = doc.results
     assert r.status == "ok" and r.timing is not None and r.cold is not None
     assert r.timing.design == timer.INTERLEAVED and r.cold.design == timer.COLD and r.cold.n >= 5
@@ -667,12 +667,16 @@ def test_a_step_slow_once_after_its_compile_is_read_again_and_timed(
 
 
 class _NoFlush:
-    """A flush that takes no time (its eviction is not what this test is about)."""
+    """A flush that evicts nothing (its eviction is not what these tests are about) and takes ``seconds`` on the fake
+    clock (:func:`fake_clock`)."""
 
     bytes, about = llc.MIN_FLUSH_BYTES, "a test's no-op flush"
 
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds
+
     def __call__(self) -> None:
-        pass
+        _CLOCK.t += self.seconds
 
 
 @pytest.mark.standard
@@ -696,19 +700,14 @@ def test_the_cold_part_pays_the_cheapest_steps_first_rather_than_none(
 
 
 @pytest.mark.standard
-def test_the_fresh_input_check_is_counted_as_parity_not_as_the_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fresh_input_check_is_counted_as_parity_not_as_the_profiles(fake_clock: _FakeClock) -> None:
     """The step on fresh inputs (the anti-cheat check, never cut) runs after the profile and memory record; its time
     is the rest's, not the ``profile`` phase's: a 0.3 s step with neither profile nor memory asked for leaves that
-    phase near 0 and the rest at least its first call and its fresh-input call (0.6 s). (Counted in the phase, an
-    interpreted step's fresh check made "profiles and memory" 45 s of a 127 s run.)"""
-    from tests import numpy_backend
-
-    monkeypatch.setenv(numpy_backend.STEP_ENV, "0.3")
-    register(numpy_backend.SPEC)
-    try:
-        doc = _run(numpy_backend.SPEC, budget=Budget(60.0))
-    finally:
-        unregister(numpy_backend.SPEC.name)
+    phase at 0 and the rest at least its first call and its fresh-input call (0.6 s). (Counted in the phase, an
+    interpreted step's fresh check made "profiles and memory" 45 s of a 127 s run.) On the fake clock: with a real
+    0.3 s sleep the phase's bookkeeping was timed too, and its bar (0.1 s) was this machine's speed."""
+    doc = _run(_ticking("numpy-300ms", 0.3), budget=Budget(60.0))
     assert doc.results[0].status == "ok" and doc.results[0].timing is not None and doc.budget is not None
     spent = dict(doc.budget.phases)
-    assert spent["profile"] < 0.1 and doc.budget.rest_s >= 0.6, (spent, doc.budget.rest_s)
+    # the rest: the record's seconds are rounded to the millisecond
+    assert spent["profile"] == 0.0 and doc.budget.rest_s >= 0.6 - 1e-3, (spent, doc.budget.rest_s)

@@ -33,11 +33,20 @@ from compare.timing.significance import (
     signed_rank_greater,
 )
 from compare.timing.timer import INTERLEAVED, Entrant, Timing, TimingConfig, measure_interleaved, quartiles
-from tests import cheat_backends
+from tests import cheat_backends, fake_clock
+from tests.fake_clock import FakeClock
 
 pytestmark = pytest.mark.quick
 
 TINY = PRESETS["tiny"].case("float32")
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """The timer's clock, advanced only by the simulated steps (``tests.fake_clock``): the tests that take it decide on
+    the timer's arithmetic, never on this machine's speed or load (a real spin of 0.1 ms failed on a busy CI
+    machine)."""
+    return fake_clock.install(monkeypatch)
 
 
 # --- the paired test ------------------------------------------------------------------------------------------
@@ -141,13 +150,16 @@ def test_the_paired_rule_still_sees_a_real_difference_under_the_same_load() -> N
     assert found >= 150, found  # 30% slower, 20 rounds, through 40x bursts: seen in most trials
 
 
-def test_measure_interleaved_varies_the_order_and_records_rounds() -> None:
+def test_measure_interleaved_varies_the_order_and_records_rounds(clock: FakeClock) -> None:
+    """Two steps of 0.2 ms on the fake clock, twice the 0.1 ms block, 12 rounds: the whole sequence of calls (warm-up,
+    sizing, rounds), which this test reads by position, is the same on any machine (with a real 0.1 ms sleep, a
+    warm-up call delayed by a busy core lengthened the sizing blocks, which shifted it)."""
     calls: list[str] = []
 
     def step(name: str):
         def fn() -> str:
             calls.append(name)
-            time.sleep(1e-4)
+            clock.spin(2e-4)
             return name
 
         return fn
@@ -376,7 +388,12 @@ def test_a_row_value_cache_never_hits_on_a_timed_call_and_is_never_fastest(ceili
     """A cache keyed on each row's values (bare, and padded with throwaway work) answers only rows it has seen: every
     call on the harness's inputs brings rows no call saw, so it never answers a timed call from memory (it counts
     its hits: the golden inputs' second call is its only one) and computes every row, honest and slower than
-    torch-eager; it is never named fastest. Control: its hit counter does count, on the golden inputs."""
+    torch-eager; it is never found faster than torch-eager. Control: its hit counter does count, on the golden inputs.
+
+    "Never found faster" is the paired test's verdict, not the medians' order: a cache that computes every row runs
+    torch-eager's step and more, yet beside heavy load (6 to 8 on 2 cores) its median once came out the quickest,
+    and the summary names the quickest median fastest, with its verdict against torch-eager. The verdict keeps its
+    false-alarm rate under any load (the A/A controls above)."""
     names = ["cheat-row-cache", "cheat-row-cache-padded"]
     for n in names:
         cheat_backends.ADVERSARIAL[n].hits = 0
@@ -392,8 +409,14 @@ def test_a_row_value_cache_never_hits_on_a_timed_call_and_is_never_fastest(ceili
         assert r.status in ("ok", "parity-fail", "error"), (n, r.status, r.reason)
         assert r.parity is not None and r.parity.fresh is not None and r.parity.fresh.made >= MIN_CALLS
         assert cheat_backends.ADVERSARIAL[n].hits == 1, (n, cheat_backends.ADVERSARIAL[n].hits)
+    eager = by["torch-eager"].timing
+    assert by["torch-eager"].status == "ok" and eager is not None, by["torch-eager"].reason
+    for n in names:
+        if by[n].timing is not None:
+            v = compare_timing(eager, by[n].timing)
+            assert v.design == PAIRED and v.verdict != FASTER, (n, v)
     fastest = [x for x in summary_section(doc).splitlines() if x[:4] == "- **"]
-    assert fastest and all("Fastest: cheat" not in x for x in fastest), fastest
+    assert fastest and all("Fastest: cheat" not in x or f"{WITHIN_NOISE} of torch-eager" in x for x in fastest), fastest
 
 
 def test_a_backend_that_cannot_run_on_new_inputs_is_an_error(cheats: list) -> None:
@@ -497,19 +520,26 @@ def _run_with_native_bf16_slowed(monkeypatch: pytest.MonkeyPatch):  # type: igno
     from torch_impl import ceilings
 
     monkeypatch.setattr(conductor, "CEILING_PROBES", ("ceilings",))  # torch's routes alone (XLA's probe: below)
-    monkeypatch.setattr(ceilings, "native_matmul", _slow(1 / 0.5))  # 0.5 GFLOP/s
+    # 0.05 GFLOP/s: called emulated against a float32 route of 0.2 GFLOP/s and more (EMULATED_BELOW), which a load
+    # of 6 to 8 on 2 cores brought the real one down to 0.93 (at 0.5 GFLOP/s, as this was, it was then not emulated)
+    monkeypatch.setattr(ceilings, "native_matmul", _slow(1 / 0.05))
     case = TINY.__class__(TINY.model, TINY.shape, "bfloat16", TINY.dist, TINY.seed)
     cfg = TimingConfig(warmup=1, min_samples=10, budget_s=0.05)
     return case, cfg, run([case], [spec(n) for n in BF16_TIMED], ["fwd"], RunOptions(cfg, ceilings=True))
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_a_slow_native_bf16_route_makes_the_ceiling_the_float32_route_and_the_control_flags_every_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The native bf16 route made 50x slower than float32 (an emulating CPU): the ceiling takes the float32 route
-    and the summary says matmul is emulated. The control: with the float32 route slowed as well, every timed bf16
-    backend is implausible against the ceiling (so the check can see them)."""
+    """The native bf16 route made 0.05 GFLOP/s, far slower than float32 (an emulating CPU): the ceiling takes the
+    float32 route and the summary says matmul is emulated. The control: with the float32 route slowed as well (to
+    5 MFLOP/s), every timed bf16 backend is implausible against the ceiling (so the check can see them).
+
+    Real time on purpose: the float32 route and the backends' steps are this machine's, measured (a fake clock
+    would time them at nothing). ``quiet``: what it decides rests on their speed; the margins hold beside heavy load
+    (the float32 route must read over 0.2 GFLOP/s, and a tiny bf16 step under 0.35 s)."""
     from torch_impl import ceilings
 
     case, cfg, doc = _run_with_native_bf16_slowed(monkeypatch)
@@ -529,11 +559,12 @@ def test_a_slow_native_bf16_route_makes_the_ceiling_the_float32_route_and_the_co
     "CPU cannot be simulated here (its float32 GEMMs can be slower than its native bf16 ones, e.g. under "
     "MKL_CBWR=COMPATIBLE, and then a real step rightly beats a float32-route ceiling)",
 )
+@pytest.mark.quiet  # real steps against a ceiling measured in the same run: a load that comes and goes moves both
 def test_no_real_bf16_backend_is_implausible_where_native_16_bit_matmul_is_slow(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On a CPU without native bf16 matmul (its real bf16 steps emulate too), with the probe's native route slowed
-    50x: no real bf16 backend is implausible against the float32-route ceiling."""
+    (0.05 GFLOP/s): no real bf16 backend is implausible against the float32-route ceiling."""
     _case, _cfg, doc = _run_with_native_bf16_slowed(monkeypatch)
     assert [(r.backend, r.status) for r in doc.results if r.status != "ok"] == [
         (r.backend, r.status) for r in doc.results if r.status == "deviates"
@@ -596,28 +627,7 @@ def test_steps_of_about_the_same_speed_share_a_block_size() -> None:
     assert timer.shared_block_sizes([]) == []
 
 
-class _VirtualClock:
-    """The timer's clock, advanced only by the simulated steps: these tests decide on the timer's arithmetic, never on
-    this machine's speed or load (a real spin of 0.1 ms failed on a busy CI machine)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def spin(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> _VirtualClock:
-    c = _VirtualClock()
-    monkeypatch.setattr(timer, "CLOCK", c)
-    return c
-
-
-def test_a_step_that_stalls_on_every_wake_up_gets_the_block_size_of_its_twin(clock: _VirtualClock) -> None:
+def test_a_step_that_stalls_on_every_wake_up_gets_the_block_size_of_its_twin(clock: FakeClock) -> None:
     """Two steps of 0.1 ms; the second pays a 2.5 ms stall whenever the other ran just before it (a thread's wake-up
     under a busy core). Sized from single calls, its blocks would be 1 call long against its twin's 20, and the pair
     would not be exchangeable; sized by growing blocks, both get the same size."""
@@ -647,7 +657,7 @@ def test_a_step_that_stalls_on_every_wake_up_gets_the_block_size_of_its_twin(clo
     assert ta.calls_per_sample == tb.calls_per_sample >= 15, (ta.calls_per_sample, tb.calls_per_sample)
 
 
-def test_twins_with_jittery_calls_get_one_block_size(clock: _VirtualClock) -> None:
+def test_twins_with_jittery_calls_get_one_block_size(clock: FakeClock) -> None:
     """Two copies of one step whose calls take 0.1 ms times a seeded jitter of up to 1.5x: sized each on its own,
     their blocks came out of different lengths (the fastest of a few calls differs between them); shared, they do
     not."""

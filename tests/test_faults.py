@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from compare.results.document import read_json
-from tests import faults
+from tests import faults, numpy_backend
 
 pytestmark = [pytest.mark.standard, pytest.mark.skipif(sys.platform != "linux", reason="signals and /proc")]
 
@@ -198,15 +198,29 @@ def test_an_interrupted_tp_run_keeps_the_tp_cells_it_finished(tmp_path: Path) ->
     assert "saved 1 finished cells" in err.read_text()
 
 
+def _first_prepare(p: subprocess.Popen[bytes], marks: Path, err: Path, other_than: int | None = None) -> None:
+    """Wait until a process other than ``other_than`` has prepared a ``numpy-plain`` step (the mark it leaves in
+    ``marks``: ``tests.numpy_backend``): the moment is the run's own, not a time guessed from this machine's speed."""
+    deadline = time.monotonic() + faults.RUN_S
+    while not [m for m in marks.iterdir() if m.suffix != f".{other_than}"]:
+        assert p.poll() is None and time.monotonic() < deadline, err.read_text(errors="replace")[-3000:]
+        time.sleep(0.02)
+
+
 def test_an_interrupted_run_never_reduces_an_earlier_runs_results(tmp_path: Path) -> None:
-    """A complete run, then the same run interrupted before its first cell ends: the earlier results.json and
-    REPORT.md stay as they were; the interrupted run's document goes to results.interrupted.json."""
+    """A complete run, then the same run interrupted inside its first cell (the signal once the cell's step is
+    prepared; its first call sleeps 2 s): the earlier results.json and REPORT.md stay as they were; the interrupted
+    run's document goes to results.interrupted.json. (A fixed second after the start landed before any cell here,
+    and before the tool's handlers on a slow enough machine.)"""
     argv, cells = faults.COMMANDS["run"]
-    out, err = tmp_path / "o", tmp_path / "o.err"
+    out, err, marks = tmp_path / "o", tmp_path / "o.err", tmp_path / "marks"
+    marks.mkdir()
     assert faults.start(argv, out, uuid.uuid4().hex).wait(timeout=faults.RUN_S) == 0
     before = (out / "results.json").read_bytes(), (out / "REPORT.md").read_bytes()
-    p = faults.start(argv, out, uuid.uuid4().hex, {"FUSION_COMPARE_TEST_STEP_S": "2"})
-    time.sleep(1.0)  # the tool has loaded; the first cell's step sleeps 2 s
+    p = faults.start(
+        argv, out, uuid.uuid4().hex, {"FUSION_COMPARE_TEST_STEP_S": "2", numpy_backend.MARK_ENV: str(marks)}
+    )
+    _first_prepare(p, marks, err)
     p.send_signal(signal.SIGINT)
     assert p.wait(timeout=faults.END_S) == 130, err.read_text()
     assert ((out / "results.json").read_bytes(), (out / "REPORT.md").read_bytes()) == before
@@ -247,14 +261,13 @@ def test_sigkill_of_an_isolated_sweep_takes_its_worker_with_it(tmp_path: Path) -
     """SIGKILL of the ``sweep --isolate`` parent (which can end nothing itself): its worker, in a cell that would
     run for a minute, dies with it (Linux's parent-death signal) instead of running on with parent pid 1."""
     argv, _ = faults.COMMANDS["sweep"]
-    out, err = tmp_path / "o", tmp_path / "o.err"
+    out, err, marks = tmp_path / "o", tmp_path / "o.err", tmp_path / "marks"
+    marks.mkdir()
     token = uuid.uuid4().hex
-    p = faults.start(argv, out, token, {"FUSION_COMPARE_TEST_STEP_S": "60"})
-    deadline = time.monotonic() + faults.RUN_S
-    while len(faults.survivors(token)) < 2:  # the sweep and its worker
-        assert p.poll() is None and time.monotonic() < deadline, err.read_text()
-        time.sleep(0.05)
-    time.sleep(0.5)  # the worker has asked for its parent-death signal
+    p = faults.start(argv, out, token, {"FUSION_COMPARE_TEST_STEP_S": "60", numpy_backend.MARK_ENV: str(marks)})
+    # the worker has prepared its cell's step, so it has asked for its parent-death signal (its first act:
+    # compare.run.cell_worker), whatever this machine's speed (a fixed half second was the guess before)
+    _first_prepare(p, marks, err, other_than=p.pid)
     p.kill()
     p.wait()
     assert faults.wait_gone(token, timeout_s=5) == []

@@ -2,27 +2,30 @@
 CUDA-graph capture of a step (``torch_impl.cuda_graphs``).
 
 The watch is driven as the shared timer drives it (``start``, ``block`` after each timed block, ``stop`` in a
-``finally``) over a scripted device whose clocks, throttle bits and power change at set ``perf_counter`` times:
-blocks are reported with their bounds after the fact, so which samples fall in which block is set by the script,
-not by how long a call takes. The calls through pynvml are checked against fakes of its functions (no NVIDIA driver
-here), and ``open_device`` on this machine must answer :class:`Unavailable`, not raise. The ``gpu`` tests run the
-real NVML and a real capture on a CUDA machine (``scripts/gpu_check.sh``).
+``finally``) over a scripted device whose clocks, throttle bits and power change at set times of a fake clock that
+the watch's sampling thread moves in lockstep with the test (:class:`_Lockstep`): blocks are reported with their
+bounds after the fact and every sample is taken when it is due, so which samples fall in which block is set by the
+script, not by how long a call takes or how busy the machine is. The calls through pynvml are checked against fakes
+of its functions (no NVIDIA driver here), and ``open_device`` on this machine must answer :class:`Unavailable`, not
+raise. The ``gpu`` tests run the real NVML and a real capture on a CUDA machine (``scripts/gpu_check.sh``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from compare.formats.codec import FieldError, from_json, to_json
-from compare.timing import timer
+from compare.timing import nvml, timer
 from compare.timing.nvml import (
     NVML_LIBRARY,
     THREAD_NAME,
@@ -45,18 +48,80 @@ HOT = Phase(
 )
 
 
-def _until(t_s: float) -> None:
-    """Sleep until ``time.perf_counter()`` has passed ``t_s``."""
-    while (left := t_s - time.perf_counter()) > 0:
-        time.sleep(min(left, 0.005))
+class _Lockstep:
+    """Fake time for a watch's sampling thread, the clock of the watch and of its scripted device: the thread's waits
+    between samples take no real time and move this clock by what they wait, but never past the horizon the test has
+    run it to (:meth:`run_until`). So every sample falls exactly when it is due, and which samples lie in which block
+    is the script's on any machine (with the real clock a busy machine delays the thread's samples: a block's
+    count of samples, its energy's error and a planted fault's read all depended on it). The watch's events are
+    :attr:`Event`: waited on in the sampling thread they wait on this clock; elsewhere (``start`` waiting for the
+    first sample) they are real events."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._horizon = 0.0
+        self._parked_at: float | None = None  # the horizon the sampling thread waits beyond, None while it samples
+        self._cv = threading.Condition()
+        lockstep = self
+
+        class Event(threading.Event):
+            def wait(self, timeout: float | None = None) -> bool:
+                if threading.current_thread().name != THREAD_NAME:
+                    return super().wait(timeout)
+                return lockstep._wait(self, timeout)
+
+            def set(self) -> None:
+                super().set()
+                with lockstep._cv:
+                    lockstep._cv.notify_all()
+
+        self.Event = Event
+
+    def __call__(self) -> float:
+        return self.now
+
+    def _wait(self, event: threading.Event, timeout: float | None) -> bool:
+        """The sampling thread's wait: at once to ``now + timeout`` where the horizon allows it, else (parked) until
+        the test moves the horizon or ``event`` is set; True if it was set."""
+        with self._cv:
+            due = math.inf if timeout is None else self.now + timeout
+            while not event.is_set() and due > self._horizon:
+                self._parked_at = self._horizon
+                self._cv.notify_all()
+                self._cv.wait()
+            self._parked_at = None
+            if event.is_set():
+                return True
+            self.now = due
+            return False
+
+    def run_until(self, t_s: float, timeout_s: float = 30.0) -> None:
+        """Let the sampling thread take every sample due by ``t_s``; return once it waits beyond it (or has ended)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            self._horizon = t_s
+            self._cv.notify_all()
+            while self._parked_at != t_s and _watch_threads():
+                assert time.monotonic() < deadline, f"the sampling thread did not reach {t_s} s of fake time"
+                self._cv.wait(0.01)
 
 
-def _started(device: FakeNvml, entrants: int, **settings: Any) -> tuple[NvmlWatch, float]:
-    """A watch over ``device``, started, and the script's origin ``t0`` moved to just after the start: the blocks
-    a test reports at ``t0 + x`` then lie after the watch's first sample, as the timer's blocks do."""
-    watch = NvmlWatch(device, **settings)
+@pytest.fixture
+def lockstep(monkeypatch: pytest.MonkeyPatch) -> _Lockstep:
+    """A :class:`_Lockstep` clock, its events the ones the watch makes (``compare.timing.nvml``'s ``threading``)."""
+    clock = _Lockstep()
+    monkeypatch.setattr(
+        nvml, "threading", SimpleNamespace(Event=clock.Event, Thread=threading.Thread, Lock=threading.Lock)
+    )
+    return clock
+
+
+def _started(device: FakeNvml, entrants: int, clock: _Lockstep, **settings: Any) -> tuple[NvmlWatch, float]:
+    """A watch over ``device`` (made with ``clock=clock``) on the lockstep ``clock``, started (its first sample is
+    taken at the script's origin ``t0``): the blocks a test reports at ``t0 + x`` lie after that first sample, as
+    the timer's blocks do, and ``clock.run_until(t0 + x)`` takes the samples due until then."""
+    watch = NvmlWatch(device, clock=clock, **settings)
     watch.start(entrants)
-    device.origin_s = time.perf_counter()
     return watch, device.origin_s
 
 
@@ -68,14 +133,16 @@ def _watch_threads() -> list[threading.Thread]:
 
 
 @pytest.mark.standard
-def test_samples_are_attributed_to_the_entrant_whose_block_holds_them_and_the_slowdown_is_named() -> None:
+def test_samples_are_attributed_to_the_entrant_whose_block_holds_them_and_the_slowdown_is_named(
+    lockstep: _Lockstep,
+) -> None:
     """Entrant 0's block lies in the cool phase, entrant 1's in the hot one: each sees only its own phase's clocks,
     power and reasons (a negative control in one: no bit, not throttled); entrant 2 has no block (None). Energy
     per call is the scripted power x block time / calls within 2% (a continuous counter: the linear interpolation
     between samples is exact up to the counter's 1 mJ step and a read's few microseconds)."""
-    watch, t0 = _started(FakeNvml([COOL, HOT]), 3, period_s=0.002)
+    watch, t0 = _started(FakeNvml([COOL, HOT], clock=lockstep), 3, lockstep, period_s=0.002)
     try:
-        _until(t0 + 0.185)
+        lockstep.run_until(t0 + 0.185)
         watch.block(0, t0 + 0.011, t0 + 0.081, calls=7)
         watch.block(1, t0 + 0.103, t0 + 0.173, calls=9)
     finally:
@@ -83,7 +150,8 @@ def test_samples_are_attributed_to_the_entrant_whose_block_holds_them_and_the_sl
     cool, hot, none = records
     assert none is None
     assert cool is not None and hot is not None
-    assert cool["samples"] >= 5 and hot["samples"] >= 5, (cool["samples"], hot["samples"])
+    # 70 ms blocks sampled every 2 ms, on the lockstep clock: 35 samples each, exactly
+    assert cool["samples"] == hot["samples"] == 35, (cool["samples"], hot["samples"])
     assert cool["sm_clock_mhz"] == {"min": 1977, "median": 1977, "max": 1977}
     assert hot["sm_clock_mhz"] == {"min": 1417, "median": 1417, "max": 1417}
     assert cool["power_w"]["median"] == pytest.approx(311.7) and hot["temperature_c"]["max"] == 83
@@ -102,13 +170,13 @@ def test_samples_are_attributed_to_the_entrant_whose_block_holds_them_and_the_sl
 
 
 @pytest.mark.standard
-def test_idle_and_application_clock_bits_are_notes_not_throttling() -> None:
+def test_idle_and_application_clock_bits_are_notes_not_throttling(lockstep: _Lockstep) -> None:
     """Negative control: a device that reports only GpuIdle and ApplicationsClocksSetting all along is not
     throttled; the bits are listed as clock notes."""
     calm = Phase(0.0, 1593, 2619, 97.3, 41, throttle_reasons=0x1 | 0x2)
-    watch, t0 = _started(FakeNvml([calm]), 1, period_s=0.002)
+    watch, t0 = _started(FakeNvml([calm], clock=lockstep), 1, lockstep, period_s=0.002)
     try:
-        _until(t0 + 0.047)
+        lockstep.run_until(t0 + 0.047)
         watch.block(0, t0 + 0.003, t0 + 0.043, calls=3)
     finally:
         (rec,) = watch.stop()
@@ -118,13 +186,15 @@ def test_idle_and_application_clock_bits_are_notes_not_throttling() -> None:
 
 
 @pytest.mark.standard
-def test_energy_is_unreliable_for_a_window_under_ten_periods_and_for_a_counter_that_never_moves() -> None:
+def test_energy_is_unreliable_for_a_window_under_ten_periods_and_for_a_counter_that_never_moves(
+    lockstep: _Lockstep,
+) -> None:
     """Three entrants: a block of 5 periods (unreliable, said why), one of 25 (reliable: the control), and on a
     second device whose counter updates every 97 s (so never, here) a long block: one distinct value, unreliable,
     and 0 J per call."""
-    watch, t0 = _started(FakeNvml([COOL]), 2, period_s=0.004)
+    watch, t0 = _started(FakeNvml([COOL], clock=lockstep), 2, lockstep, period_s=0.004)
     try:
-        _until(t0 + 0.137)
+        lockstep.run_until(t0 + 0.137)
         watch.block(0, t0 + 0.007, t0 + 0.027, calls=3)
         watch.block(1, t0 + 0.031, t0 + 0.131, calls=11)
     finally:
@@ -134,9 +204,9 @@ def test_energy_is_unreliable_for_a_window_under_ten_periods_and_for_a_counter_t
     assert long_["energy_reliable"], long_["energy_note"]
     assert short["energy_per_call_j"] == pytest.approx(311.7 * 0.020 / 3, rel=0.05)
 
-    frozen, t1 = _started(FakeNvml([COOL], energy_update_s=97.0), 1, period_s=0.002)
+    frozen, t1 = _started(FakeNvml([COOL], energy_update_s=97.0, clock=lockstep), 1, lockstep, period_s=0.002)
     try:
-        _until(t1 + 0.053)
+        lockstep.run_until(t1 + 0.053)
         frozen.block(0, t1 + 0.003, t1 + 0.049, calls=5)
     finally:
         (still,) = frozen.stop()
@@ -146,14 +216,14 @@ def test_energy_is_unreliable_for_a_window_under_ten_periods_and_for_a_counter_t
 
 
 @pytest.mark.standard
-def test_a_counter_held_between_updates_is_off_by_at_most_its_update_and_sampling_periods() -> None:
+def test_a_counter_held_between_updates_is_off_by_at_most_its_update_and_sampling_periods(lockstep: _Lockstep) -> None:
     """The counter's resolution caveat, measured: with updates every 7 ms and samples every 3 ms, each end of a
     block reads a value stale by at most update + sampling period, so the error of a block's energy is bounded by
     the power times that."""
     update, period, span = 0.007, 0.003, 0.131
-    watch, t0 = _started(FakeNvml([COOL], energy_update_s=update), 1, period_s=period)
+    watch, t0 = _started(FakeNvml([COOL], energy_update_s=update, clock=lockstep), 1, lockstep, period_s=period)
     try:
-        _until(t0 + 0.145)
+        lockstep.run_until(t0 + 0.145)
         watch.block(0, t0 + 0.009, t0 + 0.009 + span, calls=13)
     finally:
         (rec,) = watch.stop()
@@ -163,10 +233,10 @@ def test_a_counter_held_between_updates_is_off_by_at_most_its_update_and_samplin
 
 
 @pytest.mark.standard
-def test_no_energy_counter_leaves_energy_absent_with_the_reason() -> None:
-    watch, t0 = _started(FakeNvml([COOL], energy=False), 1, period_s=0.002)
+def test_no_energy_counter_leaves_energy_absent_with_the_reason(lockstep: _Lockstep) -> None:
+    watch, t0 = _started(FakeNvml([COOL], energy=False, clock=lockstep), 1, lockstep, period_s=0.002)
     try:
-        _until(t0 + 0.031)
+        lockstep.run_until(t0 + 0.031)
         watch.block(0, t0 + 0.003, t0 + 0.029, calls=3)
     finally:
         (rec,) = watch.stop()
@@ -176,11 +246,11 @@ def test_no_energy_counter_leaves_energy_absent_with_the_reason() -> None:
 
 
 @pytest.mark.standard
-def test_a_refused_read_is_recorded_and_the_other_quantities_go_on() -> None:
-    device = FakeNvml([COOL], failing={"temperature_c": 15})
-    watch, t0 = _started(device, 1, period_s=0.002)
+def test_a_refused_read_is_recorded_and_the_other_quantities_go_on(lockstep: _Lockstep) -> None:
+    device = FakeNvml([COOL], failing={"temperature_c": 15}, clock=lockstep)
+    watch, t0 = _started(device, 1, lockstep, period_s=0.002)
     try:
-        _until(t0 + 0.031)
+        lockstep.run_until(t0 + 0.031)
         watch.block(0, t0 + 0.003, t0 + 0.029, calls=3)
     finally:
         (rec,) = watch.stop()
@@ -192,7 +262,7 @@ def test_a_refused_read_is_recorded_and_the_other_quantities_go_on() -> None:
 
 
 @pytest.mark.standard
-def test_the_thread_stops_in_stop_also_when_block_raised_or_the_sampler_failed() -> None:
+def test_the_thread_stops_in_stop_also_when_block_raised_or_the_sampler_failed(lockstep: _Lockstep) -> None:
     """After ``stop()`` no sampling thread is alive: after a refused ``block`` (the timer's ``finally``), and after
     a reader's plain exception in the thread (it ends the sampling, and the records say so)."""
     watch = NvmlWatch(FakeNvml([COOL]), period_s=0.002)
@@ -204,9 +274,9 @@ def test_the_thread_stops_in_stop_also_when_block_raised_or_the_sampler_failed()
             watch.stop()
     assert _watch_threads() == []
 
-    broken, t0 = _started(FakeNvml([COOL], explode_on=("power_mw", 3)), 1, period_s=0.002)
+    broken, t0 = _started(FakeNvml([COOL], explode_on=("power_mw", 3), clock=lockstep), 1, lockstep, period_s=0.002)
     try:
-        _until(t0 + 0.023)
+        lockstep.run_until(t0 + 0.023)
         broken.block(0, t0, t0 + 0.021, calls=3)
     finally:
         (rec,) = broken.stop()
@@ -348,12 +418,12 @@ def test_telemetry_round_trips_through_json_and_reads_a_minimal_record() -> None
 
 
 @pytest.mark.standard
-def test_a_watch_record_round_trips() -> None:
-    device = FakeNvml([COOL, HOT])
-    watch, t0 = _started(device, 1, period_s=0.002)
+def test_a_watch_record_round_trips(lockstep: _Lockstep) -> None:
+    device = FakeNvml([COOL, HOT], clock=lockstep)
+    watch, t0 = _started(device, 1, lockstep, period_s=0.002)
     device.origin_s = t0 - 0.087  # the blocks straddle the change of phase
     try:
-        _until(t0 + 0.021)
+        lockstep.run_until(t0 + 0.021)
         watch.block(0, t0 + 0.001, t0 + 0.019, calls=3)
     finally:
         (rec,) = watch.stop()
