@@ -9,7 +9,7 @@ REPORT_DIR ?= out/report
 # The second, torch-free environment with the GPU machine's Triton (test-triton36 below).
 T36 := .venv-t36
 
-.PHONY: bench-layer bench-checkpoint setup env data compilers check check-tests test test-main test-slow test-every test-isa test-quiet ci other-torch lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check gpu-wheels
+.PHONY: moe-report bench-layer bench-checkpoint setup env data compilers check check-tests test test-main test-slow test-every test-isa test-quiet ci other-torch lint report report-cpu report-tp golden clean gpu-build test-triton36 wheel-check gpu-wheels
 
 # Both environments, the default report's data, and Inductor's one-time set-up: what `make report` needs before it
 # measures. Side by side where they can be: the two environments' installs, then the data and Inductor's set-up.
@@ -187,6 +187,17 @@ CPU_REPORT := $(PY) -m compare run --preset cpu-mlp --dtype float32 bfloat16 --p
 report: $(VENV)/.installed
 	$(PREPARED)
 	$(CPU_REPORT) --out $(REPORT_DIR); rc=$$?; [ $$rc -le 1 ] || exit $$rc
+
+# The mixture-of-experts blocks (docs/moe.md): each MoE backend on the three CPU-sized presets (the published blocks'
+# expert count and top-k, 24 tokens), float32 and bfloat16, fwd+bwd, with kernels per step, each preset's report in
+# its own folder under $(REPORT_DIR)/moe (one run per preset: a run takes one preset), each within the default
+# report's time budget.
+MOE_PRESETS := qwen3-moe-cpu mixtral-cpu gpt-oss-20b-cpu
+moe-report: $(VENV)/.installed
+	for p in $(MOE_PRESETS); do \
+		$(PY) -m compare run --preset $$p --dtype float32 bfloat16 --mode fwd+bwd --profile \
+			--time-budget $(REPORT_BUDGET) --out $(REPORT_DIR)/moe/$$p; rc=$$?; [ $$rc -le 1 ] || exit $$rc; \
+	done
 
 # What judging a real layer costs (scripts/real_layer.py): the README's module command on Llama 3 8B's, Llama 3.2
 # 1B's and Qwen2.5 0.5B's MLP shapes (random bfloat16 weights), from nothing and with the golden cached: wall time,

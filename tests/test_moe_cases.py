@@ -4,6 +4,7 @@ presets, the golden and the plain computation through the same paths as a dense 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 from compare.backends.registry import BACKENDS, register, unregister
 from compare.cli.args import default_backends
 from compare.cli.main import main
+from compare.formats.codec import to_json
 from compare.gate import fresh, routing
 from compare.gate.parity import Parity, check_all
 from compare.problem import moe
@@ -318,3 +320,71 @@ def test_sweep_and_weights_refuse_a_moe_case_by_name(tmp_path: Path) -> None:
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"")
     assert main(["run", "--preset", "mixtral-cpu", "--weights", str(weights), *FAST, "--out", str(tmp_path / "r")]) == 2
+
+
+# --- routing distributions: a case axis ---------------------------------------------------------------------------
+
+
+def _expert_counts(case: Case) -> np.ndarray:
+    """Tokens per expert ``[E]`` of ``case``'s golden routing on its golden inputs."""
+    g = golden_for(case)
+    spec = moe.MOE_SPECS[case.model]
+    experts, _ = moe.golden_routing(g.x.reshape(-1, g.x.shape[-1]), g.params, spec)
+    return np.bincount(experts.ravel(), minlength=spec.experts)
+
+
+@pytest.mark.parametrize("name", list(CPU_PRESETS))
+def test_each_routing_distribution_routes_as_its_name_says_on_ten_seeds(name: str) -> None:
+    """On seeds 0 to 9 of each CPU preset (24 tokens): ``hot`` sends every token to expert 0, ``empty`` no token to
+    an expert ``e % 4 == 3``, ``zipf`` at least 85% of the tokens to expert 0 and at least twice a uniform share of
+    the assignments to experts 0 to k - 1; the uniform draws (the control) do none of these."""
+    for seed in range(10):
+        base = dataclasses.replace(PRESETS[name].case("bfloat16"), seed=seed)
+        uniform, zipf, hot, empty = (
+            _expert_counts(dataclasses.replace(base, routing=r)) for r in (None, "zipf", "hot", "empty")
+        )
+        tokens = base.shape.tokens
+        assert hot[0] == tokens and uniform[0] < tokens, (seed, hot[0], uniform[0])
+        assert empty[3::4].sum() == 0 and uniform[3::4].sum() > 0, (seed, empty[3::4], uniform[3::4])
+        k, experts = moe.MOE_SPECS[base.model].top_k, len(uniform)
+        for counts, skewed in ((zipf, True), (uniform, False)):  # the first k experts' share, expert 0's tokens
+            share = counts[:k].sum() / counts.sum()
+            assert (share >= 2 * k / experts and counts[0] >= 0.85 * tokens) == skewed, (seed, skewed, counts)
+
+
+def test_a_routing_distribution_is_a_case_axis_of_a_moe_case_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--routing`` makes one case per distribution (``uniform`` is the default case, named as it always was; a
+    steered one's name ends ``-r<routing>``); a dense case, or an unknown distribution, is refused with exit 2."""
+    hot = dataclasses.replace(PRESETS["mixtral-cpu"].case("float32"), routing="hot")
+    assert hot.name.endswith("-s0-rhot") and to_json(hot)["routing"] == "hot"
+    assert "routing" not in to_json(PRESETS["mixtral-cpu"].case("float32"))  # a uniform case's cache keys as before
+    with pytest.raises(InputError, match="has no router"):
+        dataclasses.replace(PRESETS["tiny"].case("float32"), routing="hot")
+    with pytest.raises(InputError, match="give routing None"):
+        dataclasses.replace(hot, routing="uniform")
+    for args, says in (
+        (["--preset", "tiny", "--routing", "hot"], "a geglu case has no router"),
+        (["--preset", "mixtral-cpu", "--routing", "lumpy"], "unknown routing 'lumpy'"),
+        (["--preset", "mixtral-cpu", "--routing", "hot", "hot"], "a routing repeats"),
+    ):
+        assert main(["run", *args, *FAST, "--out", str(tmp_path / "o")]) == 2, args
+        assert says in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("preset", list(CPU_PRESETS))
+def test_every_moe_backend_passes_on_every_routing_distribution(tmp_path: Path, preset: str) -> None:
+    """``run --preset P --routing uniform zipf hot empty --dtype bfloat16 --mode fwd+bwd`` (seed 6): each MoE
+    backend passes or deviates on every distribution, its routing judged (no wrong router), on the golden inputs and
+    on fresh ones drawn from the same steered distribution; the cases are named by their routing."""
+    status, results = _run(
+        tmp_path, "--preset", preset, "--routing", "uniform", "zipf", "hot", "empty", "--dtype", "bfloat16",
+        "--mode", "fwd+bwd", "--seed", "6", "--cache", "warm",
+    )  # fmt: skip
+    suffixes = sorted({r.case.rsplit("-s6", 1)[1] for r in results})
+    assert suffixes == ["", "-rempty", "-rhot", "-rzipf"] and len(results) == 4 * len(MOE_BACKENDS)
+    for r in results:
+        assert r.status in ("ok", "deviates"), (r.backend, r.case, r.reason)
+        assert r.parity is not None and r.parity.routing is not None and not r.parity.routing.wrong_tokens
+    assert status == 0

@@ -19,6 +19,7 @@ from compare.problem.cases import (
     MODULE_MODEL,
     MOE_MODELS,
     PRESETS,
+    ROUTINGS,
     Case,
     InputError,
     ModuleFile,
@@ -52,6 +53,13 @@ def add_case_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--model", help=f"one of: {', '.join(MODELS + MOE_MODELS)} (default: the preset's)")
     for dim in ("batch", "seq", "dim", "hidden"):
         r.add_argument(f"--{dim}", type=int, help=f"override the preset's {dim}")
+    r.add_argument(
+        "--routing",
+        nargs="+",
+        metavar="ROUTING",
+        help=f"a mixture-of-experts case's routing distribution, one case each: {', '.join(ROUTINGS)} (default: "
+        "uniform; docs/moe.md)",
+    )
     add_module_args(r)
     add_weights_args(r)
 
@@ -174,7 +182,17 @@ def cases_from_args(a: argparse.Namespace) -> list[Case]:
     module = module_from_args(a, shape)
     seed = check_seed(a.seed)
     layers: list[Weights | None] = [*weights_from_args(a, model, module)] or [None]
-    return [Case(model, shape, d, dist, seed, w, module) for w in layers for d in dtypes]
+    routings = routings_from_args(a, model)
+    return [Case(model, shape, d, dist, seed, w, module, r) for w in layers for r in routings for d in dtypes]
+
+
+def routings_from_args(a: argparse.Namespace, model: str) -> list[str | None]:
+    """The ``--routing`` distributions of a case of ``model`` as ``Case.routing`` values (``uniform`` is None),
+    each once; a steered one refused for a model without a router."""
+    names = check_unique("routing", [check_name("routing", r, ROUTINGS) for r in getattr(a, "routing", None) or []])
+    if set(names) - {ROUTINGS[0]} and not is_moe(model):
+        raise InputError(f"--routing {' '.join(names)}: a {model} case has no router (a mixture-of-experts case's)")
+    return [None if r == ROUTINGS[0] else r for r in names] or [None]
 
 
 def check_cases(a: argparse.Namespace, cases: list[Case]) -> None:

@@ -44,7 +44,7 @@ from compare.gate import routing
 from compare.gate.parity import DTYPE_MAX, Parity, Plain, RoutingCheck, UnusableCase, check_plain
 from compare.problem import datacache
 from compare.problem.cases import Case, is_moe
-from compare.problem.golden import compute_of, draw_input, plain_run_of, spot_reference_of
+from compare.problem.golden import case_input, compute_of, plain_run_of, spot_reference_of
 from compare.problem.reference import Arith, activations_in, compute, held, round_to_dtype
 
 
@@ -108,7 +108,7 @@ def draw(case: Case, seed: int, params: dict[str, np.ndarray], backward: bool = 
     for attempt in range(MAX_DRAWS):
         entropy = [seed, tag] if attempt == 0 else [seed, tag, attempt]
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
-        x = round_to_dtype(draw_input(rng, case.input_shape(), case.dist), case.dtype)
+        x = round_to_dtype(case_input(rng, case), case.dtype)
         dy = round_to_dtype(rng.standard_normal(case.output_shape()), case.dtype)
         if _in_range(case, params, x, dy if backward else None):
             return {"x": x, "dy": dy}

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from compare.formats.codec import INLINE, LATER
-from compare.problem.moe import MOE_ABOUT, MOE_PRESETS, MOE_SPECS
+from compare.problem.moe import MOE_ABOUT, MOE_PRESETS, MOE_SPECS, ROUTINGS, STEERED
 
 MODELS: tuple[str, ...] = ("linear", "geglu", "swiglu", "gelu-mlp")
 #: The gated (GLU) feed-forward families: ``down(act(gate(x)) * up(x))``; the hand-written kernels serve these.
@@ -229,6 +229,9 @@ class Case:
     weights: Weights | None = dataclasses.field(default=None, metadata=LATER)
     #: left out of the JSON while None, as ``weights``
     module: ModuleFile | None = dataclasses.field(default=None, metadata=LATER)
+    #: a MoE case's routing distribution (``compare.problem.moe.STEERED``: the router and every draw of ``x`` steered
+    #: so that the experts' shares follow it); None is ``uniform``, and is left out of the JSON
+    routing: str | None = dataclasses.field(default=None, metadata=LATER)
 
     def __post_init__(self) -> None:
         if self.module is not None or self.model == MODULE_MODEL:
@@ -238,14 +241,21 @@ class Case:
             check_name("model", self.model, MODELS + MOE_MODELS)
         check_name("dtype", self.dtype, DTYPES)
         check_name("distribution", self.dist, DISTRIBUTIONS)
+        if self.routing is not None:
+            if self.routing == ROUTINGS[0]:
+                raise InputError(f"routing {ROUTINGS[0]!r} is a case's default: give routing None")
+            check_name("routing", self.routing, STEERED)
+            if self.model not in MOE_SPECS:
+                raise InputError(f"a routing distribution is a mixture-of-experts case's; {self.model} has no router")
 
     @property
     def name(self) -> str:
         """A stable file-name-safe identifier, e.g. ``geglu-3x37x96-328-float32-normal-s0``; with weights read from a
         file, :attr:`Weights.tag` after it (``...-s0-w0123456789ab``); a module case's :attr:`ModuleFile.tag` before
-        that (``module-...-s0-m0123456789ab``)."""
+        that (``module-...-s0-m0123456789ab``); a steered MoE case's routing after the seed (``...-s0-rhot``)."""
         s = self.shape
         name = f"{self.model}-{s.batch}x{s.seq}x{s.dim}-{s.hidden}-{self.dtype}-{self.dist}-s{self.seed}"
+        name += f"-r{self.routing}" if self.routing is not None else ""
         name += f"-{self.module.tag}" if self.module is not None else ""
         return name + (f"-{self.weights.tag}" if self.weights is not None else "")
 

@@ -109,6 +109,13 @@ def draw_input(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> n
     return rng.standard_t(3.0, shape)  # heavy-tailed: finite variance (3), frequent large values
 
 
+def case_input(rng: np.random.Generator, case: Case) -> np.ndarray:
+    """One draw of ``case``'s input ``x [batch, seq, dim]`` (float64, not yet rounded to the dtype): from its
+    distribution, and a steered MoE case's moved along its routing direction (``moe.steer_input``). Every draw of a
+    case, golden, fresh and every call's, is this one."""
+    return moe.steer_input(case.routing, draw_input(rng, case.input_shape(), case.dist), case.seed)
+
+
 #: Parameters of the layers that read ``x [.., dim]`` (fan-in ``dim``); the others (``down``, ``fc2``, ``b2``) belong to
 #: layers that read the hidden activation (fan-in ``hidden``). A bias is drawn at its layer's fan-in too.
 _READS_X: tuple[str, ...] = (
@@ -226,12 +233,15 @@ def make_problem(case: Case) -> Problem:
     ``case.weights`` the parameters are the file's (``checkpoint.load_params``: its sha256, names, shapes and dtypes
     checked); their draws are made all the same, so that ``x`` and ``dy`` are those of the case without weights."""
     rng = _rng(case)
-    x = round_to_dtype(draw_input(rng, case.input_shape(), case.dist), case.dtype)
+    x = round_to_dtype(case_input(rng, case), case.dtype)
     params = {}
     for name, shape in case.weight_shapes().items():
         drawn = rng.standard_normal(shape)
         if case.weights is None:
-            params[name] = round_to_dtype(drawn / np.sqrt(fan_in(case, name)), case.dtype)
+            drawn /= np.sqrt(fan_in(case, name))
+            if name == "router":  # a steered MoE case's router (moe.steer_router; unchanged otherwise)
+                drawn = moe.steer_router(case.routing, drawn, case.seed)
+            params[name] = round_to_dtype(drawn, case.dtype)
     dy = round_to_dtype(rng.standard_normal(case.output_shape()), case.dtype)
     if case.weights is not None:
         params = checkpoint.load_params(case)

@@ -37,6 +37,7 @@ Not here yet: shared experts (DeepSeek-V3, Qwen2-MoE), and a router's auxiliary 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,6 +146,59 @@ MOE_ABOUT: dict[str, str] = {
         "gpt-oss block: top-4 of 32 logits then a softmax over the 4, clamped SwiGLU (gate_up interleaved), biases"
     ),
 }
+
+
+# --- routing distributions: a case axis (``Case.routing``) -------------------------------------------------------
+
+#: The routing distributions a MoE case can be drawn with: ``uniform`` (the default: every expert's logits zero-mean
+#: alike, as the router and the inputs are drawn), ``zipf`` (expert ``e``'s logits centred at ``STEER_SHIFT / (e +
+#: 1)``: a few experts take most tokens, as a trained router's often do), ``hot`` (expert 0 centred at
+#: ``STEER_SHIFT``: nearly every token takes it) and ``empty`` (every fourth expert, ``e % 4 == 3``, centred at
+#: ``-1.5 STEER_SHIFT``: those experts receive no token, and a grouped kernel meets empty groups).
+ROUTINGS: tuple[str, ...] = ("uniform", "zipf", "hot", "empty")
+#: The routings that change a case's draws (:data:`ROUTINGS` but ``uniform``, which is ``Case.routing = None``).
+STEERED: tuple[str, ...] = ROUTINGS[1:]
+#: How far a steered case's inputs move along its routing direction ``u``, in units of an input's standard deviation
+#: (each element of ``x`` is drawn with variance 1): a logit's own spread is about 1 (a router row's norm), so the
+#: offsets ``STEER_SHIFT * c_e`` below decide the routing.
+STEER_SHIFT = 6.0
+
+
+def steer_direction(seed: int, dim: int) -> np.ndarray:
+    """The unit vector ``u [dim]`` a steered case of ``seed`` moves its inputs along (float64; the same bits on
+    every machine: a PCG64 draw, its norm by ``math.fsum`` and ``math.sqrt``, both correctly rounded)."""
+    g = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0x57EE4]))).standard_normal(dim)
+    return g / math.sqrt(math.fsum((g * g).tolist()))
+
+
+def steer_offsets(routing: str, experts: int) -> np.ndarray:
+    """``c [E]``: each expert's router row gains ``c_e u``, so its logits on a steered input centre at
+    ``STEER_SHIFT * c_e`` (:data:`ROUTINGS`)."""
+    e = np.arange(experts)
+    if routing == "zipf":
+        return 1.0 / (e + 1.0)
+    if routing == "hot":
+        return (e == 0).astype(np.float64)
+    if routing == "empty":
+        return np.where(e % 4 == 3, -1.5, 0.0)
+    raise ValueError(f"no routing offsets for {routing!r}; steered routings: {', '.join(STEERED)}")
+
+
+def steer_input(routing: str | None, x: np.ndarray, seed: int) -> np.ndarray:
+    """``x [..., dim]`` of a case with ``routing`` (None: uniform, unchanged) moved by ``STEER_SHIFT u``: every
+    draw of the case, golden and fresh alike (elementwise IEEE arithmetic: the same bits everywhere)."""
+    if routing is None:
+        return x
+    return x + STEER_SHIFT * steer_direction(seed, x.shape[-1])
+
+
+def steer_router(routing: str | None, router: np.ndarray, seed: int) -> np.ndarray:
+    """``router [E, dim]`` of a case with ``routing`` (None: unchanged) plus ``c_e u`` on each row
+    (:func:`steer_offsets`), before it is rounded to the case's dtype."""
+    if routing is None:
+        return router
+    u = steer_direction(seed, router.shape[1])
+    return router + steer_offsets(routing, router.shape[0])[:, None] * u[None, :]
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from compare.gate.parity_record import CopyVerdict, ParityRecord
 from compare.kernels.summary import Kernels
 from compare.problem import datacache, moe
 from compare.problem.cases import Case, is_moe
-from compare.problem.golden import draw_input, golden_for
+from compare.problem.golden import case_input, golden_for
 from compare.problem.reference import round_to_dtype
 from compare.results.document import Result
 from compare.results.memory import NO_HOOK, Memory
@@ -226,7 +226,7 @@ class Feed:
     of every call at its return.
 
     **Values never seen before.** Every call on the feed gets inputs no earlier call of the step saw: new values of
-    ``x`` and ``dy`` drawn from the case's distribution (``compare.problem.golden.draw_input``, rounded to the dtype)
+    ``x`` and ``dy`` drawn from the case's distribution (``compare.problem.golden.case_input``, rounded to the dtype)
     for each call, from ``seed`` (the operating system's entropy unless given: a group of processes passes one it
     shares), except one call, placed in secret among the first :data:`DRAW_CALL_WITHIN`, which gets the case's fresh
     draw (``compare.gate.fresh.draw``, screened to stay in range) with its tokens in an order of its own: that call's
@@ -289,7 +289,7 @@ class Feed:
             return {
                 k: a.reshape(self._tokens, -1)[order].reshape(a.shape) for k, a in (("x", self._x), ("dy", self._dy))
             }, order
-        x = round_to_dtype(draw_input(self._rng, c.input_shape(), c.dist), c.dtype)
+        x = round_to_dtype(case_input(self._rng, c), c.dtype)
         return {"x": x, "dy": round_to_dtype(self._rng.standard_normal(c.output_shape()), c.dtype)}, None
 
     def take(self, calls: int) -> list[Callable[[], Any]]:
