@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from compare.backends.registry import BACKENDS, module_file, spec
@@ -19,7 +20,6 @@ from compare.problem.cases import (
     MODULE_MODEL,
     MOE_MODELS,
     PRESETS,
-    ROUTINGS,
     Case,
     InputError,
     ModuleFile,
@@ -33,6 +33,7 @@ from compare.problem.cases import (
     preset,
     resolve_shape,
 )
+from compare.problem.moe import ROUTINGS
 from compare.run import exitcodes, preflight
 from compare.run.cell import MODE_TENSORS
 from compare.run.tp_hosts import check_addr, check_port
@@ -100,6 +101,8 @@ def add_weights_args(r: argparse.ArgumentParser) -> None:
     """``--weights FILE``, ``--prefix P`` and ``--layers L``: the case's parameters from a safetensors checkpoint, one
     case per layer with ``--layers``."""
     names = "; ".join(f"{m}: {', '.join(checkpoint.expected_names(m))}" for m in MODELS)
+    names += "; a MoE block's router and experts.{e}.gate_proj/up_proj/down_proj (Mixtral: w1/w3/w2) per expert, or "
+    names += "transformers' fused experts.gate_up_proj and experts.down_proj (docs/moe.md)"
     r.add_argument(
         "--weights",
         metavar="FILE",
@@ -129,8 +132,6 @@ def weights_from_args(a: argparse.Namespace, model: str, module: ModuleFile | No
     ``--layers`` alone is refused, and so is a template (``{i}``) without ``--layers`` or ``--layers`` without one."""
     path, prefix = getattr(a, "weights", None), getattr(a, "prefix", "") or ""
     layers = getattr(a, "layers", None)
-    if path is not None and is_moe(model):
-        raise InputError(f"--weights: a {model} case reads no checkpoint yet (its parameters are drawn from the seed)")
     if path is None:
         if prefix:
             raise InputError(f"--prefix {prefix!r} needs --weights (the checkpoint its names are looked up in)")
@@ -139,7 +140,11 @@ def weights_from_args(a: argparse.Namespace, model: str, module: ModuleFile | No
         return []
     if not path.strip():
         raise InputError("--weights must name a safetensors file, got an empty path")
-    names = checkpoint.bare_names(model, module)
+    present: list[str] = []
+    if is_moe(model):  # which of its block's layouts the checkpoint holds (checkpoint.pick)
+        with checkpoint.Checkpoint(str(Path(path).expanduser().resolve())) as ck:
+            present = ck.names()
+    names = checkpoint.bare_names(model, module, present)
     if layers is None:
         if checkpoint.LAYER in prefix:
             raise InputError(

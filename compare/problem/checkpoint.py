@@ -59,6 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from compare.problem.cases import Case, FileChanged, InputError, ModuleFile, Weights
+from compare.problem.moe import MOE_SPECS
 from compare.problem.reference import round_to_dtype
 
 
@@ -70,10 +71,21 @@ class WeightsChanged(FileChanged):
 @dataclass(frozen=True)
 class Source:
     """Where a canonical parameter is in a checkpoint: its name (before the prefix) and whether it is stored
-    transposed, ``(in, out)`` (GPT-2's ``Conv1D``)."""
+    transposed, its last two axes swapped (``(in, out)``: GPT-2's ``Conv1D``, gpt-oss's fused experts). A MoE
+    parameter stored one tensor per expert (a Hugging Face hub checkpoint's ``experts.{e}.gate_proj.weight``) has
+    ``experts`` E: ``name`` and then each of ``then`` (``{e}`` the expert's index) are that expert's rows in order
+    (gate, then up), and the parameter is the experts' rows stacked, ``[E, rows, cols]``."""
 
     name: str
     transposed: bool = False
+    then: tuple[str, ...] = ()
+    experts: int = 0
+
+    def stored(self) -> list[str]:
+        """The names of the tensors this parameter is read from (before the prefix), in reading order."""
+        if not self.experts:
+            return [self.name]
+        return [n.replace("{e}", str(e)) for e in range(self.experts) for n in (self.name, *self.then)]
 
 
 _GLU = {"gate": Source("gate_proj.weight"), "up": Source("up_proj.weight"), "down": Source("down_proj.weight")}
@@ -89,6 +101,61 @@ NAMES: dict[str, dict[str, Source]] = {
         "b2": Source("c_proj.bias"),
     },
 }
+
+
+def _moe_names(router: str, experts: int, gate: str, up: str, down: str) -> tuple[dict[str, Source], ...]:
+    """A Qwen3-MoE or Mixtral block's two layouts: a hub checkpoint's, one tensor per expert and projection
+    (``experts.{e}.<gate>``, ``<up>``, ``<down>``, each ``(out, in)``), and transformers' fused experts (its
+    modules' ``state_dict``: ``experts.gate_up_proj [E, 2 hidden, dim]``, gate rows first, and ``experts.down_proj
+    [E, dim, hidden]``, both canonical already)."""
+    per_expert = {
+        "router": Source(router),
+        "gate_up": Source(f"experts.{{e}}.{gate}", then=(f"experts.{{e}}.{up}",), experts=experts),
+        "down": Source(f"experts.{{e}}.{down}", experts=experts),
+    }
+    fused = {"router": Source(router), "gate_up": Source("experts.gate_up_proj"), "down": Source("experts.down_proj")}
+    return per_expert, fused
+
+
+#: Per mixture-of-experts model, the layouts a checkpoint of its block may have (the first one whose names the
+#: checkpoint holds is read: :func:`pick`). gpt-oss: transformers' fused experts, each weight stored ``(in, out)``
+#: (``gate_up_proj [E, dim, 2 hidden]``, gate and up interleaved as the model computes them); its hub checkpoint's
+#: MXFP4 blocks and scales are not read.
+MOE_NAMES: dict[str, tuple[dict[str, Source], ...]] = {
+    "moe-qwen3": _moe_names(
+        "gate.weight", MOE_SPECS["moe-qwen3"].experts, *(f"{p}_proj.weight" for p in ("gate", "up", "down"))
+    ),
+    "moe-mixtral": _moe_names("gate.weight", MOE_SPECS["moe-mixtral"].experts, "w1.weight", "w3.weight", "w2.weight"),
+    "moe-gpt-oss": (
+        {
+            "router": Source("router.weight"),
+            "router_bias": Source("router.bias"),
+            "gate_up": Source("experts.gate_up_proj", transposed=True),
+            "gate_up_bias": Source("experts.gate_up_proj_bias"),
+            "down": Source("experts.down_proj", transposed=True),
+            "down_bias": Source("experts.down_proj_bias"),
+        },
+    ),
+}
+
+
+def layouts(model: str) -> tuple[dict[str, Source], ...]:
+    """The layouts a checkpoint of ``model`` may have: :data:`NAMES`' one, or a MoE model's :data:`MOE_NAMES`."""
+    return MOE_NAMES[model] if model in MOE_NAMES else (NAMES[model],)
+
+
+def pick(model: str, present: Iterable[str] = ()) -> dict[str, Source]:
+    """The layout of ``model`` a checkpoint holding tensors ``present`` is read by: the first of :func:`layouts`
+    whose every first name ends some name there (whatever the prefix); the first layout if none does (its names are
+    then the ones a refusal lists)."""
+    options = layouts(model)
+    names = tuple(present)
+    for option in options:
+        if all(any(n.endswith(s.stored()[0]) for n in names) for s in option.values()):
+            return option
+    return options[0]
+
+
 #: The safetensors dtype of each case dtype.
 FILE_DTYPES: dict[str, str] = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 _ITEMSIZE: dict[str, int] = {"F32": 4, "BF16": 2, "F16": 2}
@@ -113,18 +180,23 @@ def expected_names(model: str, prefix: str = "") -> list[str]:
     return [prefix + s.name for s in NAMES[model].values()]
 
 
-def sources(case: Case) -> dict[str, Source]:
-    """Per canonical parameter of ``case``, where it is in a checkpoint: :data:`NAMES` of a built-in model; a module
-    case's ``state_dict`` names as they are."""
+def sources(case: Case, present: Iterable[str] = ()) -> dict[str, Source]:
+    """Per canonical parameter of ``case``, where it is in a checkpoint holding tensors ``present``: :data:`NAMES`
+    of a built-in model (a MoE model's layout that ``present`` holds: :func:`pick`); a module case's
+    ``state_dict`` names as they are."""
     if case.module is not None:
         return {name: Source(name) for name in case.weight_shapes()}
-    return NAMES[case.model]
+    return pick(case.model, present)
 
 
-def file_shape(case: Case, param: str) -> tuple[int, ...]:
-    """The shape the checkpoint stores canonical parameter ``param`` of ``case`` in (transposed where due)."""
+def file_shape(case: Case, source: Source, param: str) -> tuple[int, ...]:
+    """The shape the checkpoint stores each tensor of canonical parameter ``param`` of ``case`` in, read from
+    ``source``: transposed where due (the last two axes swapped), one expert's part of the rows where stored per
+    expert."""
     shape = case.weight_shapes()[param]
-    return shape[::-1] if sources(case)[param].transposed else shape
+    if source.experts:
+        shape = (shape[1] // (1 + len(source.then)), *shape[2:])
+    return (*shape[:-2], shape[-1], shape[-2]) if source.transposed else shape
 
 
 def _not_safetensors(path: str, why: str) -> InputError:
@@ -332,12 +404,13 @@ def _dtypes(ck: Checkpoint, names: list[str]) -> tuple[str, ...]:
     return tuple(sorted({f[2].dtype for f in found if f is not None}))
 
 
-def bare_names(model: str, module: ModuleFile | None = None) -> list[str]:
-    """The names (before the prefix) a case of ``model`` reads: :data:`NAMES`' for a built-in model, the
-    ``state_dict`` names of a module case's file."""
+def bare_names(model: str, module: ModuleFile | None = None, present: Iterable[str] = ()) -> list[str]:
+    """The names (before the prefix) a case of ``model`` reads from a checkpoint holding tensors ``present``:
+    :data:`NAMES`' for a built-in model (a MoE model's layout there: :func:`pick`), the ``state_dict`` names of a
+    module case's file."""
     if module is not None:
         return [name for name, _ in module.params]
-    return [s.name for s in NAMES[model].values()]
+    return [n for s in pick(model, present).values() for n in s.stored()]
 
 
 def weights(path: str, prefix: str = "", names: Iterable[str] | None = None, layer: int | None = None) -> Weights:
@@ -496,8 +569,8 @@ def _sizes(case: Case) -> str:
 def _missing(case: Case, w: Weights, name: str, found: Iterable[str]) -> InputError:
     """A name not in the file: every name the case looks up and the file's names closest to the missing one."""
     found = sorted(found)
-    bare = sources(case)
-    ends = [f for f in found if any(f.endswith(s.name) for s in bare.values())]
+    bare = [n for s in sources(case, found).values() for n in s.stored()]
+    ends = [f for f in found if any(f.endswith(n) for n in bare)]
     close = ends or difflib.get_close_matches(name, found, n=5, cutoff=0.5)
     shown = ", ".join(close[:8]) + (f", ... ({len(close)} in all)" if len(close) > 8 else "")
     hint = f"names there like them: {shown}" if close else f"none like them among its {len(found)} names"
@@ -505,8 +578,13 @@ def _missing(case: Case, w: Weights, name: str, found: Iterable[str]) -> InputEr
         hint += f" ({', '.join(found[:5])}{', ...' if len(found) > 5 else ''})"
     return InputError(
         f"{name} is not in {w.path}; the case ({case.model}, --prefix {w.prefix!r}) needs "
-        f"{', '.join(w.prefix + s.name for s in bare.values())}; {hint}"
+        f"{_listed([w.prefix + n for n in bare])}; {hint}"
     )
+
+
+def _listed(names: list[str]) -> str:
+    """Names for a message: all of them, or the first six and a count (a MoE layer reads hundreds)."""
+    return ", ".join(names) if len(names) <= 8 else f"{', '.join(names[:6])}, ... ({len(names)} in all)"
 
 
 def _decode(mm: mmap.mmap, e: Entry) -> np.ndarray:
@@ -555,7 +633,7 @@ def _changed(case: Case, w: Weights, ck: Checkpoint) -> WeightsChanged | None:
             f"weights file {w.path} changed since the run started: its sha256 is now {digest}, the case "
             f"{case.name} was made from {w.sha256}"
         )
-    names = [w.prefix + s.name for s in sources(case).values()]
+    names = [w.prefix + n for s in sources(case, ck.names()).values() for n in s.stored()]
     missing = [n for n in names if ck.where(n) is None]
     if missing:
         return WeightsChanged(
@@ -589,43 +667,54 @@ def load_params(case: Case, verify: bool = True) -> dict[str, np.ndarray]:
         if verify and (changed := _changed(case, w, ck)) is not None:
             raise changed
         params: dict[str, np.ndarray] = {}
-        for param, source in sources(case).items():
-            name = w.prefix + source.name
-            found = ck.entry(name)
-            if found is None:
-                raise _missing(case, w, name, ck.names())
-            file, mm, e = found
-            want = file_shape(case, param)
-            if e.shape != want:
-                canonical = f"{param} {list(case.weight_shapes()[param])} transposed, as GPT-2's Conv1D stores it"
-                raise InputError(
-                    f"{name} is {list(e.shape)} in {file}; {_sizes(case)} needs {list(want)}"
-                    + (f" ({canonical})" if source.transposed else f" (canonical {param})")
-                )
-            wanted = FILE_DTYPES[case.dtype]
-            exact = (
-                f"{wanted}, or F32 holding only {case.dtype} values"
-                if case.dtype != "float32"
-                else f"{wanted}, or BF16 or F16 (widened exactly)"
-            )
-            if e.dtype not in TAKES[case.dtype]:
-                raise InputError(f"{name} is {e.dtype} in {file}; the case ({case.model}, {case.dtype}) needs {exact}")
-            if e.end - e.begin != math.prod(e.shape) * _ITEMSIZE[e.dtype]:
-                raise _not_safetensors(
-                    file, f"tensor {name!r} holds {e.end - e.begin} bytes, not the {e.dtype} {list(e.shape)}'s"
-                )
-            values = _decode(mm, e)
-            if not np.isfinite(values).all():
-                i = tuple(int(k) for k in np.argwhere(~np.isfinite(values))[0])
-                raise InputError(f"{name} in {file} holds {values[i]} at {list(i)}: weights must be finite")
-            rounded = round_to_dtype(values, case.dtype)
-            if not np.array_equal(values, rounded):
-                raise InputError(
-                    f"{name} is {e.dtype} in {file} with values {case.dtype} cannot hold exactly (e.g. "
-                    f"{_first_off(values, rounded)}); the case ({case.model}, {case.dtype}) needs {exact}"
-                )
-            params[param] = np.ascontiguousarray(values.T if source.transposed else values)
+        for param, source in sources(case, ck.names()).items():
+            parts = [_read(case, w, ck, w.prefix + n, param, source) for n in source.stored()]
+            if source.experts:  # each expert's parts (gate, then up) along its rows, the experts stacked
+                per = len(parts) // source.experts
+                parts = [np.stack([np.concatenate(parts[e * per : (e + 1) * per]) for e in range(source.experts)])]
+            params[param] = parts[0]
         return params
+
+
+def _read(case: Case, w: Weights, ck: Checkpoint, name: str, param: str, source: Source) -> np.ndarray:
+    """Tensor ``name`` of ``ck`` as (a part of) ``case``'s canonical parameter ``param`` read from ``source``
+    (a float32 array, ``(out, in)``), its shape, dtype, size and values checked against the case."""
+    found = ck.entry(name)
+    if found is None:
+        raise _missing(case, w, name, ck.names())
+    file, mm, e = found
+    want = file_shape(case, source, param)
+    if e.shape != want:
+        canonical = f"{param} {list(case.weight_shapes()[param])}"
+        how = " transposed, as the checkpoint stores it" if source.transposed else ""
+        how += f", one of {source.experts} experts' parts" if source.experts else ""
+        raise InputError(
+            f"{name} is {list(e.shape)} in {file}; {_sizes(case)} needs {list(want)} "
+            + (f"({canonical}{how})" if how else f"(canonical {param})")
+        )
+    wanted = FILE_DTYPES[case.dtype]
+    exact = (
+        f"{wanted}, or F32 holding only {case.dtype} values"
+        if case.dtype != "float32"
+        else f"{wanted}, or BF16 or F16 (widened exactly)"
+    )
+    if e.dtype not in TAKES[case.dtype]:
+        raise InputError(f"{name} is {e.dtype} in {file}; the case ({case.model}, {case.dtype}) needs {exact}")
+    if e.end - e.begin != math.prod(e.shape) * _ITEMSIZE[e.dtype]:
+        raise _not_safetensors(
+            file, f"tensor {name!r} holds {e.end - e.begin} bytes, not the {e.dtype} {list(e.shape)}'s"
+        )
+    values = _decode(mm, e)
+    if not np.isfinite(values).all():
+        i = tuple(int(k) for k in np.argwhere(~np.isfinite(values))[0])
+        raise InputError(f"{name} in {file} holds {values[i]} at {list(i)}: weights must be finite")
+    rounded = round_to_dtype(values, case.dtype)
+    if not np.array_equal(values, rounded):
+        raise InputError(
+            f"{name} is {e.dtype} in {file} with values {case.dtype} cannot hold exactly (e.g. "
+            f"{_first_off(values, rounded)}); the case ({case.model}, {case.dtype}) needs {exact}"
+        )
+    return np.ascontiguousarray(np.swapaxes(values, -1, -2) if source.transposed else values)
 
 
 def check(cases: Iterable[Case]) -> None:
