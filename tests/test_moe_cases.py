@@ -117,6 +117,10 @@ def test_a_moe_case_runs_its_four_backends_and_every_other_backend_skips_it(tmp_
     status, results = _run(tmp_path, "--preset", "mixtral-cpu", "--mode", "fwd+bwd")
     assert status == 0 and [r.backend for r in results] == list(MOE_BACKENDS)
     assert all(r.status == "ok" for r in results), [(r.backend, r.reason) for r in results]
+    # the fusion headroom is torch's MoE baseline's (measured with --profile), JAX has none; no plan says more
+    md = (tmp_path / "out" / "REPORT.md").read_text()
+    assert "Fusion headroom: torch: not measured (torch-moe-loop not profiled with kernel times" in md
+    assert "jax: no unfused baseline registered (a mixture-of-experts block has no cost-model plan" in md
 
 
 #: (preset, seed) of the full runs: every MoE CPU preset, each on seeds of its own

@@ -35,7 +35,14 @@ from collections.abc import Callable, Sequence
 from pathlib import PurePath
 from typing import Any
 
-from compare.backends.registry import BACKENDS, NO_SPEEDUP, baseline_of, baselines_said, framework_baseline
+from compare.backends.registry import (
+    BACKENDS,
+    NO_SPEEDUP,
+    baseline_of,
+    baselines_said,
+    framework_baseline,
+    unfused_baseline,
+)
 from compare.formats.markdown import case_label, fmt_s, si, table
 from compare.gate.resolution import NOT_MEASURED, ResolutionRow
 from compare.problem import checkpoint
@@ -346,19 +353,20 @@ def _framework_headroom(rows: list[Result], fusion: list[dict[str, Any]], baseli
 def _headroom(rows: list[Result], fusion: list[dict[str, Any]]) -> str:
     """Per framework present in the group (one case, dtype and mode), its own unfused baseline's headroom and what
     its fused backends saved over it (:func:`_framework_headroom`); frameworks named when there are several.
-    Nothing here compares frameworks: that is the timing table's. A module case (``--module``) and a MoE case have
-    no cost-model plan, so nothing says what fusion removes from them: not modelled."""
+    Nothing here compares frameworks: that is the timing table's. A module case (``--module``) has no cost-model
+    plan, so nothing says what fusion removes from it: not modelled. Nor has a MoE case, but its headroom is measured
+    off its own unfused baseline's profile (``registry.unfused_baseline``: ``torch-moe-loop``; JAX has none)."""
     if rows[0].module is not None:
         return "not modelled (your own MLP has no cost-model plan)"
-    if rows[0].model in MOE_MODELS:
-        return "not modelled (a mixture-of-experts block has no cost-model plan yet)"
+    moe = rows[0].model in MOE_MODELS  # measured off its baseline's profile; what fusion removes is not modelled
     frameworks = list(dict.fromkeys(s.framework for r in rows if (s := BACKENDS.get(r.backend)) is not None))
     parts = []
     for fw in frameworks:
-        baseline = framework_baseline(fw)
+        baseline = unfused_baseline(fw, rows[0].model) if moe else framework_baseline(fw)
         text = "no unfused baseline registered" if baseline is None else _framework_headroom(rows, fusion, baseline)
         parts.append(text if len(frameworks) == 1 else f"{fw}: {text}")
-    return "; ".join(parts) or "not measured (no registered backend)"
+    text = "; ".join(parts) or "not measured (no registered backend)"
+    return text + (" (a mixture-of-experts block has no cost-model plan: what fusion removes is not modelled)" * moe)
 
 
 def _ceiling_notes(doc: Results) -> str:
