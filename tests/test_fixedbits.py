@@ -354,3 +354,36 @@ def test_bfloat16_rounding_is_round_to_nearest_even_on_the_bit_pattern() -> None
     want = ((wide + 0x7FFF + ((wide >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
     want = np.where(np.isnan(a), a, want)
     assert np.array_equal(round_to_dtype(a, "bfloat16").view(np.uint32), want.view(np.uint32))
+
+
+#: A mixture-of-experts golden's bytes (``compare.problem.moe``, no committed files: CPU-sized MoE cases are
+#: computed when asked): x, every parameter and every reference tensor of each CPU preset in float32 (uniform
+#: routing) and bfloat16 (``hot``, the steered draws), hashed in name order.
+_MOE_SCRIPT = """
+import dataclasses, hashlib
+from compare.problem.cases import PRESETS
+from compare.problem.golden import make_golden
+h = hashlib.sha256()
+for preset in ("qwen3-moe-cpu", "mixtral-cpu", "gpt-oss-20b-cpu"):
+    for dtype, routing in (("float32", None), ("bfloat16", "hot")):
+        g = make_golden(dataclasses.replace(PRESETS[preset].case(dtype), routing=routing))
+        for name, a in sorted({"x": g.x, **g.params, **{"ref." + k: v for k, v in g.ref.items()}}.items()):
+            h.update(name.encode()); h.update(a.tobytes())
+print(h.hexdigest())
+"""
+#: What :data:`_MOE_SCRIPT` prints on every machine (computed on an AVX-512 Xeon with OpenBLAS's own kernel; a
+#: change of the generation recipe or of ``compare.problem.moe`` changes it, and then this line with it).
+MOE_GOLDEN_SHA256 = "635be1c42aebb6c4b270148c1fbee81d3fc4d696799c7d8d52a01977da96ef05"
+
+
+@pytest.mark.isa
+@pytest.mark.slow
+def test_the_moe_golden_is_the_same_bytes_under_every_blas_kernel() -> None:
+    """The MoE goldens (three CPU presets, a steered routing among them) have the bytes recorded here under each
+    OpenBLAS kernel and whatever instruction sets the process started with (CI reruns it with them capped): the
+    error-free GEMMs and correctly rounded steering keep the MoE golden portable, as the dense one."""
+    for core in CORETYPES:
+        env = {**os.environ, "OPENBLAS_CORETYPE": core, "PYTHONPATH": str(ROOT), "FUSION_COMPARE_CACHE": "off"}
+        run = subprocess.run([sys.executable, "-c", _MOE_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.strip() == MOE_GOLDEN_SHA256, core
