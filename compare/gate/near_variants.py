@@ -8,10 +8,11 @@ the GELU form, parameters dropped or swapped, or a ``compare.problem.moe.MoeSpec
 which of them explains a step's output.
 
 Only where the gate's verdict on the first call (the golden inputs) is ``fail`` or ``deviates`` (:func:`explained`:
-a passing step costs nothing): per variant, its float64 golden ``y`` and its plain same-dtype computation of ``y``
-on the golden inputs (a MoE block routed to the experts the step chose, when its routing is not a wrong router's),
-then the gate's own rule (``compare.gate.parity.check_all``) on the step's ``y`` against them. A variant whose golden
-the step's ``y`` passes against *explains* it; the row says ``computes <its words>``, and otherwise ``unexplained``.
+a passing step costs nothing): per variant, its float64 golden ``y`` (:data:`VARIANT_GOLDEN`) and its plain
+same-dtype computation of ``y`` on the golden inputs (a MoE block routed to the experts the step chose, when its
+routing is not a wrong router's; a dense model's kept in the data cache), then the gate's own rule
+(``compare.gate.parity.check_all``) on the step's ``y`` against them. A variant whose golden the step's ``y`` passes
+against *explains* it; the row says ``computes <its words>``, and otherwise ``unexplained``.
 The verdict stays what it was: a backend that computes the wrong function is still wrong.
 
 What it compares: ``y`` alone (forward), on the golden inputs alone. So it says nothing of a step whose ``y`` passes
@@ -32,9 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from compare.formats.codec import to_json
 from compare.gate import routing
+from compare.gate.fresh import _blas64
 from compare.gate.parity import Parity, Plain, VariantCheck, check_all
-from compare.problem import moe
+from compare.problem import datacache, moe
 from compare.problem.cases import Case, is_moe
 from compare.problem.golden import golden_for
 from compare.problem.reference import Arith, compute, held, plain_run, round_to_dtype
@@ -136,19 +139,36 @@ def variant_y(
     return compute(case.model, x, p, None, ar, gelu=v.gelu, weights=False)["y"]
 
 
+#: The variant's golden: float64 through the machine's BLAS (as the fresh draw's reference, ``compare.gate.fresh``),
+#: not the golden's error-free products: its error (about ``k 2**-53`` of a row's scale) is far below any dtype's
+#: rounding, and on ``cpu-mlp`` it takes 0.8 s where the error-free forward took 17 s.
+VARIANT_GOLDEN = Arith(None, gemm=_blas64)
+
+
 def _golden(case: Case, v: Variant, chosen: np.ndarray | None) -> tuple[dict[str, np.ndarray], Plain]:
-    """The variant's float64 golden ``y`` and its plain computation (with the dense models' twins) on the golden
-    inputs, as the gate judges with."""
+    """The variant's float64 golden ``y`` (:data:`VARIANT_GOLDEN`) and its plain computation on the golden inputs,
+    as the gate judges with: a dense model's with its twins (``reference.plain_run``), kept in the data cache (the
+    plain ``cpu-mlp`` with its twins takes about 16 s in float32); a MoE block's routed to ``chosen``."""
     g = golden_for(case)
-    ref = {"y": variant_y(case, v, g.x, g.params, Arith.exact(), chosen)}
     if is_moe(case.model):
+        ref = {"y": variant_y(case, v, g.x, g.params, VARIANT_GOLDEN, chosen)}
         unrounded = {"y": variant_y(case, v, g.x, g.params, Arith.plain(case.dtype, final=False), chosen)}
-        envelope = signature = None
-    else:
+        return ref, Plain({"y": held(round_to_dtype(unrounded["y"], case.dtype), case.dtype)}, None, unrounded)
+    name = datacache.key("variant", {"case": to_json(case), "variant": repr(v)})
+    parts = datacache.load(name)
+    if parts is None:
         p = _params(case.model, v, g.params)
         unrounded, envelope, signature = plain_run(case.model, case.dtype, case.seed, g.x, p, None, gelu=v.gelu)
-    plain = {"y": held(round_to_dtype(unrounded["y"], case.dtype), case.dtype)}
-    return ref, Plain(plain, envelope, unrounded, signature)
+        ref = {"y": variant_y(case, v, g.x, g.params, VARIANT_GOLDEN, None)}
+        twins = {"ref": ref, "unrounded": unrounded, "envelope": envelope or {}, "signature": signature or {}}
+        parts = {f"{part}.y": d["y"] for part, d in twins.items() if "y" in d}
+        datacache.save(name, parts)
+    got = {part: {"y": parts[f"{part}.y"]} if f"{part}.y" in parts else None for part in _PARTS}
+    plain = {"y": held(round_to_dtype(parts["unrounded.y"], case.dtype), case.dtype)}
+    return {"y": parts["ref.y"]}, Plain(plain, got["envelope"], got["unrounded"], got["signature"])
+
+
+_PARTS = ("unrounded", "envelope", "signature")
 
 
 def check(
