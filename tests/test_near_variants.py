@@ -195,3 +195,38 @@ def test_a_passing_row_stores_no_variant_check(
     (r,) = read_json(out / "results.json").results
     assert r.parity is not None and r.parity.variants is None
     assert np.isfinite(r.parity.worst_ratio)
+
+
+#: (variant, MoeSpec changes, dist, seed) of gpt-oss's block run through the torch ops' own options
+TORCH = [
+    ("concatenated", {"layout": "concat"}, "normal", 0),
+    ("plus-one-dropped", {"offset": 0.0}, "normal", 0),
+    ("softmax-before-top-k", {"order": "softmax-topk", "renormalize": False}, "normal", 0),
+    ("clamp-dropped", {"limit": float("inf")}, "student_t", 14),
+    ("clamp-at-10", {"limit": 10.0}, "student_t", 14),
+]
+
+
+@pytest.mark.parametrize(("variant", "change", "dist", "seed"), TORCH, ids=[t[0] for t in TORCH])
+def test_the_torch_ops_computing_a_variant_are_named(
+    variant: str, change: dict[str, object], dist: str, seed: int
+) -> None:
+    """``torch_impl.moe_ops.moe_loop`` in bfloat16 with gpt-oss's spec changed by its own options (the layout, the
+    ``+ 1``, the router order, the clamp) on the case's golden inputs: named as that variant."""
+    import torch
+
+    from torch_impl import moe_ops
+
+    case = case_of("moe-gpt-oss", "bfloat16", dist, seed)
+    g = golden_for(case)
+    spec = dataclasses.replace(moe_ops.MOE_SPECS[case.model], **change)  # type: ignore[arg-type]
+    params = {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in g.params.items()}
+    with torch.no_grad():
+        y, experts = moe_ops.moe_loop(torch.from_numpy(g.x.reshape(24, 64)).to(torch.bfloat16), params, spec)
+    out = {"y": y.double().numpy().reshape(g.x.shape), "routing": experts.numpy().astype(np.float64)}
+    ref, plain = {"y": g.ref["y"]}, plain_reference(case, backward=False)
+    draw = routing.golden_draw(case, ("y",))
+    first = pipeline.judge_read([("cpu", out)], ref, plain, case.dtype, "test", False, draw)
+    ((_, p),) = near_variants.explained(first, [("cpu", out)], case, ref, plain, draw)
+    (v,) = [v for v in near_variants.VARIANTS[case.model] if v.name == variant]
+    assert p.tier in ("fail", "deviates") and p.variants is not None and p.variants.computes == (v.words,), p
