@@ -89,7 +89,7 @@ def glu(gate: jax.Array, up: jax.Array, spec: MoeSpec) -> jax.Array:
     lim = spec.limit
     g = jnp.where(gate > lim, lim, gate)
     u = jnp.where(up > lim, lim, jnp.where(up < -lim, -lim, up))
-    return (u + 1) * (g * jax.nn.sigmoid(spec.alpha * g))
+    return (u + spec.offset) * (g * jax.nn.sigmoid(spec.alpha * g))
 
 
 def moe_dense(params: Params, x: jax.Array, spec: MoeSpec) -> tuple[jax.Array, jax.Array]:

@@ -259,8 +259,9 @@ def test_a_backend_that_takes_near_ties_the_other_way_passes_and_a_wrong_router_
 
 def test_a_wrong_variant_fails_parity(tmp_path: Path) -> None:
     """A backend computing gpt-oss's block with gate and up concatenated instead of interleaved (registered by the
-    test: tests/moe_variant_backend.py) fails parity, its routing the golden's. What the gate cannot see here: the
-    clamp (limit 7) never binds on the CPU preset's draw, so a backend without it would pass (MOE_NOTES.md)."""
+    test: tests/moe_variant_backend.py) fails parity, its routing the golden's, and its row names that variant
+    (``compare.gate.near_variants``). What the gate cannot see here: the clamp (limit 7) never binds on the CPU
+    preset's draw, so a backend without it would pass (MOE_NOTES.md)."""
     register(moe_variant_backend.SPEC)
     try:
         status, (r,) = _run(
@@ -270,6 +271,8 @@ def test_a_wrong_variant_fails_parity(tmp_path: Path) -> None:
         unregister(moe_variant_backend.NAME)
     assert status == 1 and r.status == "parity-fail" and r.reason.startswith("y: "), r.reason
     assert r.parity is not None and r.parity.routing is not None and r.parity.routing.rerouted == 0
+    named = "computes gpt-oss's block with gate_up concatenated instead of interleaved"
+    assert r.parity.variants is not None and r.parity.variants.short == named and f"; {named}" in r.reason
     g = golden_for(PRESETS["gpt-oss-20b-cpu"].case("float32"))
     spec = moe.MOE_SPECS["moe-gpt-oss"]
     x = g.x.reshape(24, 64)

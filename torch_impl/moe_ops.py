@@ -91,7 +91,7 @@ def _glu(gu: torch.Tensor, spec: MoeSpec) -> torch.Tensor:
     # gpt-oss's clamped SwiGLU: gate clamped above, up to [-limit, limit]; (up + 1) * gate * sigmoid(alpha * gate)
     gate = gate.clamp(max=spec.limit)
     up = up.clamp(min=-spec.limit, max=spec.limit)
-    return (up + 1) * (gate * torch.sigmoid(gate * spec.alpha))
+    return (up + spec.offset) * (gate * torch.sigmoid(gate * spec.alpha))
 
 
 def _logits(x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:

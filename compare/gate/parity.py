@@ -880,12 +880,45 @@ class RoutingCheck:
 
 
 @dataclass(frozen=True)
+class VariantCheck:
+    """What a failing or deviating step computes instead (``compare.gate.near_variants``): the words of each near
+    variant of its model whose golden its ``y`` passes against (``computes``: the first is named, the others were not
+    told apart from it on these inputs; none: unexplained), the names of the variants ``tried`` and of those
+    ``unseen`` (not told apart from the model itself on these inputs, so never named), and a ``note`` where none was
+    judged."""
+
+    computes: tuple[str, ...]
+    tried: tuple[str, ...]
+    unseen: tuple[str, ...] = ()
+    #: why none was checked against (its ``y`` passes: the variants are told apart on ``y`` alone)
+    note: str = ""
+
+    @property
+    def short(self) -> str:
+        """``computes <variant>`` (the first), else ``unexplained``: a report cell's."""
+        return f"computes {self.computes[0]}" if self.computes else "unexplained"
+
+    @property
+    def words(self) -> str:
+        """The finding a row's reason adds: ``computes <variant>`` (``or`` the others), else ``unexplained`` and
+        why."""
+        if not self.computes:
+            unseen = f"; not told apart from the model on these inputs: {', '.join(self.unseen)}" if self.unseen else ""
+            why = self.note or f"none of its {len(self.tried)} near variants explains it{unseen}"
+            return f"unexplained ({why})"
+        first, *more = self.computes
+        return f"computes {first}" + (f" (or {' or '.join(more)}: not told apart here)" if more else "")
+
+
+@dataclass(frozen=True)
 class Parity:
     """Parity of every tensor a backend produced in one mode (``y`` and/or gradients); for a mixture-of-experts step
-    also the verdict on its ``routing`` (:class:`RoutingCheck`; None for any other), a wrong router failing it."""
+    also the verdict on its ``routing`` (:class:`RoutingCheck`; None for any other), a wrong router failing it; for a
+    failing or deviating step what it computes instead (:class:`VariantCheck`; None where not checked)."""
 
     tensors: tuple[TensorParity, ...]
     routing: RoutingCheck | None = None
+    variants: VariantCheck | None = None
 
     @property
     def tier(self) -> str:
@@ -906,11 +939,13 @@ class Parity:
     def failures(self) -> list[str]:
         """The tensors in the fail tier, with why; a wrong router's routing first."""
         wrong = [f"routing: {self.routing.wrong}"] if self.routing is not None and self.routing.wrong_tokens else []
-        return wrong + [f"{t.tensor}: {t.why}" for t in self.tensors if t.tier == "fail"]
+        named = [self.variants.words] if self.variants is not None and self.tier == "fail" else []
+        return wrong + [f"{t.tensor}: {t.why}" for t in self.tensors if t.tier == "fail"] + named
 
     def deviations(self) -> list[str]:
         """The tensors in the deviates tier, with why and the cause (:func:`cause`)."""
-        return [f"{t.tensor}: {t.why} ({t.cause})" for t in self.tensors if t.tier == "deviates"]
+        named = [self.variants.words] if self.variants is not None and self.tier == "deviates" else []
+        return [f"{t.tensor}: {t.why} ({t.cause})" for t in self.tensors if t.tier == "deviates"] + named
 
 
 def check_all(

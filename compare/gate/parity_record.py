@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from compare.formats.codec import LATER
 from compare.gate.fresh import FreshCheck
-from compare.gate.parity import Parity, RoutingCheck, TensorParity
+from compare.gate.parity import Parity, RoutingCheck, TensorParity, VariantCheck
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,9 @@ class ParityRecord:
     fresh: FreshCheck | None = field(default=None, metadata=LATER)
     #: a mixture-of-experts step's routing on the first call (``compare.gate.routing``); None for any other step
     routing: RoutingCheck | None = field(default=None, metadata=LATER)
+    #: what a failing or deviating step computes instead, its near variants checked (``compare.gate.near_variants``);
+    #: None where the step passed or its model has none
+    variants: VariantCheck | None = field(default=None, metadata=LATER)
 
     @staticmethod
     def of(parity: Parity, last_timed: Parity | None = None, fresh: FreshCheck | None = None) -> ParityRecord:
@@ -97,4 +100,5 @@ class ParityRecord:
             last_timed=again,
             fresh=fresh,
             routing=parity.routing,
+            variants=parity.variants,
         )

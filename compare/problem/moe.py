@@ -54,7 +54,8 @@ LAYOUTS = ("concat", "interleaved")
 class MoeSpec:
     """What a mixture-of-experts block computes (module docstring): ``experts`` (``E``) and ``top_k`` (``k``), the
     router's ``order`` and whether the ``k`` weights are ``renormalize``-d, the experts' ``glu`` and ``layout``, and
-    whether every linear has a bias; ``alpha`` and ``limit`` are the clamped SwiGLU's (gpt-oss: 1.702 and 7)."""
+    whether every linear has a bias; ``alpha``, ``limit`` and the ``offset`` added to ``up`` are the clamped SwiGLU's
+    (gpt-oss: 1.702, 7 and 1; another limit or offset is a near variant, ``compare.gate.near_variants``)."""
 
     experts: int
     top_k: int
@@ -65,6 +66,7 @@ class MoeSpec:
     biases: bool = False
     alpha: float = 1.702
     limit: float = 7.0
+    offset: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.experts:
@@ -313,7 +315,7 @@ def _glu(gate: np.ndarray, up: np.ndarray, spec: MoeSpec, ar: Arith) -> np.ndarr
         return ar.rnd(ar.rnd(silu(g)) * u)
     gc, uc = np.minimum(g, spec.limit), np.clip(u, -spec.limit, spec.limit)
     glu = ar.rnd(gc * _sigmoid_pair(spec.alpha * gc)[0])
-    return ar.rnd((uc + 1.0) * glu)
+    return ar.rnd((uc + spec.offset) * glu)
 
 
 def _glu_backward(dh: np.ndarray, gate: np.ndarray, up: np.ndarray, spec: MoeSpec, ar: Arith) -> np.ndarray:
@@ -326,7 +328,7 @@ def _glu_backward(dh: np.ndarray, gate: np.ndarray, up: np.ndarray, spec: MoeSpe
     sig, sig_neg = _sigmoid_pair(spec.alpha * gc)
     glu = _f64(ar.rnd(gc * sig))
     dglu = sig * (1.0 + spec.alpha * gc * sig_neg)  # d/dg of g sigmoid(alpha g)
-    dg = ar.rnd(d * (uc + 1.0) * dglu * (g <= spec.limit))
+    dg = ar.rnd(d * (uc + spec.offset) * dglu * (g <= spec.limit))
     du = ar.rnd(d * glu * (np.abs(u) <= spec.limit))
     return _fused(dg, du, spec)
 
@@ -411,14 +413,16 @@ def compute_case(
     ar: Arith,
     weights: bool = True,
     chosen: np.ndarray | None = None,
+    spec: MoeSpec | None = None,
 ) -> dict[str, np.ndarray]:
     """A case of MoE ``model`` (:data:`MOE_SPECS`) on 3-D ``x [batch, seq, dim]`` (``dy`` alike) in ``ar``: its
     ``y`` and ``dx`` 3-D, and with ``weights`` every parameter's gradient; the tensors the gate judges, without the
     ``routing`` and ``logits`` :func:`moe_fwd_bwd` adds. Every arithmetic routes each token to ``chosen [T, k]``
     (over the flattened tokens), by default the float64 golden's experts (:func:`golden_routing`): a plain
     computation in a 16-bit dtype, whose own rounded logits would take the other expert of a near-tie, is the
-    yardstick of the same routing as the golden it is measured against."""
-    spec = MOE_SPECS[model]
+    yardstick of the same routing as the golden it is measured against. ``spec``: another block's in place of the
+    model's (a near variant, ``compare.gate.near_variants``)."""
+    spec = spec or MOE_SPECS[model]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     dy2 = None if dy is None else dy.reshape(-1, dy.shape[-1])

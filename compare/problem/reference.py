@@ -483,21 +483,28 @@ def compute(
 
 
 def plain_run(
-    model: str, dtype: str, seed: int, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None
+    model: str,
+    dtype: str,
+    seed: int,
+    x: np.ndarray,
+    params: dict[str, np.ndarray],
+    dy: np.ndarray | None,
+    gelu: str = "tanh",
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None, dict[str, np.ndarray] | None]:
     """The gate's yardstick on ``(x, params, dy)``: the plain ``dtype`` computation with its outputs unrounded
     (``Arith.plain(dtype, final=False)``) and, in float32 for a model with an activation, its envelope twin
     (:func:`envelope_activations` drawn from the case's ``seed``) and the signatures of a transcendental biased all
     one way (``[2, *shape]`` per tensor: down and up by :data:`TRANSCENDENTAL_ERROR_ULPS`, each a float64 twin through
     the machine's BLAS less the unbiased one, :func:`signature_activations`; both None otherwise). A run past the
-    dtype's range gives inf/NaN without a warning: ``compare.gate.parity.check_plain`` refuses it by name."""
+    dtype's range gives inf/NaN without a warning: ``compare.gate.parity.check_plain`` refuses it by name. ``gelu``:
+    the GELU form of a model with one (the erf form: a near variant, ``compare.gate.near_variants``)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        unrounded = compute(model, x, params, dy, Arith.plain(dtype, final=False))
+        unrounded = compute(model, x, params, dy, Arith.plain(dtype, final=False), gelu=gelu)
         envelope = signature = None
         if dtype == "float32" and model != "linear":
-            envelope = compute(model, x, params, dy, Arith.plain(dtype), acts=envelope_activations(model, seed))
+            envelope = compute(model, x, params, dy, Arith.plain(dtype), acts=envelope_activations(model, seed, gelu))
             signature = signatures(
-                lambda ar, ulps: compute(model, x, params, dy, ar, acts=signature_activations(model, ulps))
+                lambda ar, ulps: compute(model, x, params, dy, ar, acts=signature_activations(model, ulps, gelu))
             )
     return unrounded, envelope, signature
 

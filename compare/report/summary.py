@@ -397,7 +397,8 @@ def _busy_note(doc: Results) -> str:
 def parity_cell(r: Result) -> str:
     """The row's tier with its worst statistic: the tensor closest to (or furthest past) its pass line, the checks it
     failed or deviated on, and how far along its pass line it came (value / pass line, over every check); a MoE
-    step's wrong router instead, or the near-tie tokens it routed the other way beside it."""
+    step's wrong router instead, or the near-tie tokens it routed the other way beside it; what a failing or
+    deviating step computes instead (its near variant, else "unexplained": ``compare.gate.near_variants``)."""
     p = r.parity
     if p is None or not p.tensors:
         return r.status
@@ -409,6 +410,8 @@ def parity_cell(r: Result) -> str:
     what = f"{t.tensor}{' ' + checks if checks else ''} at {t.worst_ratio:.2g} x pass line"
     if p.routing is not None and p.routing.rerouted:  # judged against the golden of its own routing
         what += f" (routed {p.routing.rerouted} near-tie token(s) the other way)"
+    if p.variants is not None:  # what it computes instead (compare.gate.near_variants)
+        what += f"; {p.variants.short}"
     return f"{tier}: {what}" + (f"; status {r.status}" if r.status not in ("ok", "deviates", "parity-fail") else "")
 
 

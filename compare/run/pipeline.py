@@ -6,7 +6,8 @@ what a group gathers). In order:
 1. :func:`skipped`: a backend that does not implement the case's model or the mode, or is not available here;
 2. :func:`no_fresh`: a prepared step that cannot be bound to new inputs is an ``error``, judged on nothing;
 3. :func:`first_calls`: the first call on the golden inputs, timed alone (compile + run), judged on every device
-   copy of its output (:func:`judge_read`), one call more whose bits say whether the step is ``deterministic``, and
+   copy of its output (:func:`judge_read`; a copy that fails or deviates is checked against its model's near
+   variants, ``compare.gate.near_variants``), one call more whose bits say whether the step is ``deterministic``, and
    the step's :class:`Feed`;
 4. the runner times the step through its :class:`Feed`: every later call runs on inputs the harness made, no two
    alike, and the feed keeps :data:`JUDGED` of their outputs, chosen after the fact (an untimed step makes one call);
@@ -37,7 +38,7 @@ import numpy as np
 
 from compare.backends.registry import BackendSpec, OutputReader, Prepared, output_reader
 from compare.formats.codec import from_json
-from compare.gate import fresh, routing
+from compare.gate import fresh, near_variants, routing
 from compare.gate.fresh import FreshCheck, FreshReference
 from compare.gate.parity import DTYPE_MAX, Parity, UnusableCase, worst_tier
 from compare.gate.parity_record import CopyVerdict, ParityRecord
@@ -176,6 +177,7 @@ def first_calls(
     copies = read_copies(prepared, out, name)
     del out
     judged, bits = judge_read(copies, ref, plain, case.dtype, name, named(prepared), routed), digest(copies)
+    judged = near_variants.explained(judged, copies, case, ref, plain, routed)
     del copies
     repeat_s, out = timer.first_call(prepared.step, sync)
     again = digest(read_copies(prepared, out, name))
