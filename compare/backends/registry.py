@@ -393,6 +393,18 @@ BACKENDS: dict[str, BackendSpec] = {
             models=MOE_MODELS,
         ),
         BackendSpec(
+            name="torch-moe-loop-compile",
+            target="torch_impl.backends.moe_loop_compile",
+            about="torch-moe-loop under torch.compile (Inductor; graph breaks at the loop over the experts hit)",
+            models=MOE_MODELS,
+        ),
+        BackendSpec(
+            name="torch-moe-grouped-compile",
+            target="torch_impl.backends.moe_grouped_compile",
+            about="torch-moe-grouped under torch.compile (Inductor, fullgraph: the grouped form has fixed shapes)",
+            models=MOE_MODELS,
+        ),
+        BackendSpec(
             name="jax-moe-dense",
             target="jax_impl.backends.moe_dense",
             about=(

@@ -20,13 +20,24 @@ from torch_impl.models import Build, build_module
 
 
 class CompileBackend:
-    """``torch.compile(module, mode=mode, dynamic=False, fullgraph=True)``; ``mode`` None is Inductor's default;
-    ``build`` makes the module (default: the case's built-in model, ``torch_impl.models.build_module``)."""
+    """``torch.compile(module, mode=mode, dynamic=False, fullgraph=fullgraph)``; ``mode`` None is Inductor's default;
+    ``build`` makes the module (default: the case's built-in model, ``torch_impl.models.build_module``);
+    ``fullgraph=False`` lets Dynamo split the forward at data-dependent Python (a MoE loop over the experts hit);
+    ``dynamic`` is ``torch.compile``'s (None: a frame met at a second shape is recompiled once with dynamic sizes)."""
 
-    def __init__(self, name: str = "torch-compile", mode: str | None = None, build: Build = build_module) -> None:
+    def __init__(
+        self,
+        name: str = "torch-compile",
+        mode: str | None = None,
+        build: Build = build_module,
+        fullgraph: bool = True,
+        dynamic: bool | None = False,
+    ) -> None:
         self.name = name
         self.mode = mode
         self.build = build
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
 
     def availability(self) -> Availability:
         return Availability(True, device=str(dev.device()))
@@ -39,8 +50,12 @@ class CompileBackend:
         # Inductor's C++ kernels appear in torch.profiler only with this set before compiling (cheap check per call)
         profiling.enable_inductor_kernel_profile()
         cache = dev.key_inductor_cache()  # before the first compile: another ISA's cached code is wrong here
-        compiled = torch.compile(module, mode=self.mode, dynamic=False, fullgraph=True)
+        compiled = torch.compile(module, mode=self.mode, dynamic=self.dynamic, fullgraph=self.fullgraph)
         note = "first call includes Inductor compile (its on-disk FX graph cache may be warm)"
+        if not self.fullgraph:
+            note += "; graph breaks allowed"
+        if self.dynamic is not False:
+            note += f"; dynamic={self.dynamic}"
         if self.mode is not None:
             note += f"; mode={self.mode}"
         if mode != "bwd":
