@@ -104,8 +104,8 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, list[Result]]:
 MOE_BACKENDS = ("torch-moe-loop", "torch-moe-grouped", "jax-moe-dense", "jax-moe-ragged")
 #: A MoE case's default backend list: every backend that implements the MoE models, in the registry's order.
 DEFAULT_MOE_BACKENDS = (
-    "torch-moe-loop", "torch-moe-grouped", "torch-moe-loop-compile", "torch-moe-grouped-compile", "jax-moe-dense",
-    "jax-moe-ragged",
+    "torch-moe-loop", "torch-moe-grouped", "torch-moe-loop-compile", "torch-moe-grouped-compile", "torch-moe-triton",
+    "jax-moe-dense", "jax-moe-ragged",
 )  # fmt: skip
 
 

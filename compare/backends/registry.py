@@ -405,6 +405,16 @@ BACKENDS: dict[str, BackendSpec] = {
             models=MOE_MODELS,
         ),
         BackendSpec(
+            name="torch-moe-triton",
+            target="torch_impl.backends.moe_triton",
+            kernels=("triton_impl.moe_kernels",),
+            about=(
+                "a MoE block with hand-written Triton grouped GEMMs for the experts: gate_up with the gated "
+                "activation in its epilogue (gate, up never stored), then down; router, sort and combine in torch"
+            ),
+            models=MOE_MODELS,
+        ),
+        BackendSpec(
             name="jax-moe-dense",
             target="jax_impl.backends.moe_dense",
             about=(
