@@ -105,7 +105,7 @@ MOE_BACKENDS = ("torch-moe-loop", "torch-moe-grouped", "jax-moe-dense", "jax-moe
 #: A MoE case's default backend list: every backend that implements the MoE models, in the registry's order.
 DEFAULT_MOE_BACKENDS = (
     "torch-moe-loop", "torch-moe-grouped", "torch-moe-loop-compile", "torch-moe-grouped-compile", "torch-moe-triton",
-    "jax-moe-dense", "jax-moe-ragged",
+    "jax-moe-dense", "jax-moe-ragged", "jax-moe-pallas",
 )  # fmt: skip
 
 

@@ -87,7 +87,7 @@ def test_the_new_families_are_committed_and_paired_with_every_backend_that_imple
     assert set(RUN_HERE) - built_in == {
         "torch-module", "torch-module-compile", "torch-module-compile-max-autotune", "jax-module", "jax-module-unfused",
         "torch-moe-loop", "torch-moe-grouped", "jax-moe-dense", "jax-moe-ragged", "torch-moe-loop-compile",
-        "torch-moe-grouped-compile", "torch-moe-triton",
+        "torch-moe-grouped-compile", "torch-moe-triton", "jax-moe-pallas",
     }  # fmt: skip
     for model, want in (("swiglu", built_in), ("gelu-mlp", gelu_mlp)):
         cases = [c for c in CASES if c.model == model]

@@ -433,6 +433,16 @@ BACKENDS: dict[str, BackendSpec] = {
             models=MOE_MODELS,
         ),
         BackendSpec(
+            name="jax-moe-pallas",
+            target="jax_impl.backends.moe_pallas",
+            about=(
+                "a MoE block under jax.jit with Pallas grouped GEMMs for the experts (gate_up with the gated "
+                "activation in its epilogue, then down; interpret=True without a GPU); backward by jax.vjp of a "
+                "ragged_dot reference"
+            ),
+            models=MOE_MODELS,
+        ),
+        BackendSpec(
             name="torch-tp",
             target="torch_impl.backends.tp_dtensor",
             about="DTensor tensor parallelism: ColwiseParallel gate/up (fc1), RowwiseParallel down (fc2), eager",
