@@ -60,6 +60,9 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, list[Result]]:
     return status, list(read_json(out / "results.json").results)
 
 
+# Dynamo, tracing torch-moe-loop-compile's loop across its graph breaks, reads .grad of the per-expert weight views
+# (unbind's outputs, not leaves), which warns; pytest's filterwarnings=error would make that an error of the run.
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf Tensor:UserWarning")
 @pytest.mark.parametrize("preset", PRESETS)
 def test_each_new_backend_passes_the_gate_on_each_preset(tmp_path: Path, preset: str) -> None:
     """``run --preset P --mode fwd+bwd --dtype float32`` (mixtral-cpu also bfloat16) with the four new backends: each
