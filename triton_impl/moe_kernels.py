@@ -52,6 +52,7 @@ import triton.language as tl  # noqa: E402
 
 from .env import FP_FUSION  # noqa: E402
 from .glu_kernels import EXACT_BF16_CAST, _sigmoid_pair, activation_and_grad, cast_out  # noqa: E402
+from .glu_matmul_kernels import dot_loop, dual_dot  # noqa: E402
 from .gpu_build.entry import BuildEntry, K, N  # noqa: E402
 
 __all__ = ["CONFIG", "GLUS", "GPU_BUILD", "INTERPRETED", "glu_kernel", "matmul_kernel"]
@@ -112,22 +113,9 @@ def _gate_up_tile(
     w_e = w_ptr + e * stride_we
     wg_ptrs = w_e + offs_k[:, None] * stride_wk + g_rows[None, :] * stride_wn  # [BK, BN] of Wg[e]^T
     wu_ptrs = w_e + offs_k[:, None] * stride_wk + u_rows[None, :] * stride_wn
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K  # masked K tail: zero padding adds nothing
-        x = tl.load(x_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
-        wg = tl.load(wg_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
-        wu = tl.load(wu_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
-        if UPCAST:  # interpreter only: bf16/fp16 tl.dot is broken there (triton issue 11584)
-            x = x.to(tl.float32)
-            wg = wg.to(tl.float32)
-            wu = wu.to(tl.float32)
-        acc_g = tl.dot(x, wg, acc_g, input_precision="ieee")
-        acc_u = tl.dot(x, wu, acc_u, input_precision="ieee")
-        x_ptrs += BLOCK_K * stride_xk
-        wg_ptrs += BLOCK_K * stride_wk
-        wu_ptrs += BLOCK_K * stride_wk
+    acc_g, acc_u = dual_dot(
+        x_ptrs, wg_ptrs, wu_ptrs, mask_m, mask_n, K, stride_xk, stride_wk, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST
+    )
     if HAS_BIAS:
         b_e = b_ptr + e * stride_be
         acc_g += tl.load(b_e + g_rows, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -193,17 +181,7 @@ def _moe_matmul_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + e * stride_be + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    acc = dot_loop(a_ptrs, b_ptrs, mask_m, mask_n, K, stride_ak, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + e * stride_biase + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
