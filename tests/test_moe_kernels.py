@@ -78,6 +78,19 @@ def test_each_new_backend_passes_the_gate_on_each_preset(tmp_path: Path, preset:
     assert status == 0
 
 
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf Tensor:UserWarning")
+def test_each_new_backend_passes_the_gate_in_fwd_and_bwd(tmp_path: Path) -> None:
+    """``--mode fwd bwd`` on gpt-oss-20b-cpu in float32: each new backend passes in both (``bwd`` replays one graph
+    with ``retain_graph=True``: the compiled MoE blocks erred there until their steps ran with donated buffers off)."""
+    status, results = _run(
+        tmp_path, "--preset", "gpt-oss-20b-cpu", "--mode", "fwd", "bwd", "--dtype", "float32", "--backend",
+        *NEW_BACKENDS,
+    )  # fmt: skip
+    assert sorted((r.backend, r.mode) for r in results) == sorted((b, m) for b in NEW_BACKENDS for m in ("fwd", "bwd"))
+    assert all(r.status == "ok" for r in results), [(r.backend, r.mode, r.reason) for r in results]
+    assert status == 0
+
+
 # --- each kernel against the golden, and its negative controls ------------------------------------------------------
 
 

@@ -9,4 +9,6 @@ import functools
 from torch_impl import moe_ops
 from torch_impl.backends.compiled import CompileBackend
 
-BACKEND = CompileBackend("torch-moe-grouped-compile", build=functools.partial(moe_ops.build, impl=moe_ops.moe_grouped))
+BACKEND = CompileBackend(
+    "torch-moe-grouped-compile", build=functools.partial(moe_ops.build, impl=moe_ops.moe_grouped), lazy_backward=True
+)

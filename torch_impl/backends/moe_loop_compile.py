@@ -18,4 +18,5 @@ BACKEND = CompileBackend(
     build=functools.partial(moe_ops.build, impl=moe_ops.moe_loop),
     fullgraph=False,
     dynamic=None,
+    lazy_backward=True,
 )
