@@ -198,12 +198,13 @@ def prepare_moe(
     mode: str,
     block: Callable[[Any, jax.Array, MoeSpec], tuple[jax.Array, jax.Array]],
     *,
+    timed: bool = True,
     note: str = "",
 ) -> Prepared:
     """The jitted step of ``mode`` (:func:`prepare_params`, routed) of a mixture-of-experts case's ``block(params,
     x [T, D], spec) -> (y [T, D], experts [T, k])`` (``jax_impl.moe_ops``): the parameters by their canonical names
     in torch's layout (as the block takes them), on the device in the case dtype, the spec static, the block over
-    the flattened tokens."""
+    the flattened tokens. ``timed=False``: parity only (an interpreted kernel)."""
     dtype = dev.JAX_DTYPES[problem.case.dtype]
     spec = MOE_SPECS[problem.case.model]
     params = {k: jax.device_put(np.asarray(v)).astype(dtype) for k, v in problem.params.items()}
@@ -216,4 +217,4 @@ def prepare_moe(
     def grads_np(dparams: Any) -> dict[str, np.ndarray]:
         return {f"d{k}": host(dparams[k]) for k in names}
 
-    return prepare_params(problem, mode, params, apply, grads_np, note=note, routed=True)
+    return prepare_params(problem, mode, params, apply, grads_np, timed=timed, note=note, routed=True)

@@ -435,8 +435,11 @@ assert glu_kernels.INTERPRETED is glu_matmul_kernels.INTERPRETED is interpret
 kinds = {{type(k).__name__ for k in (glu_kernels._glu_fwd_kernel, glu_kernels._glu_bwd_kernel,
                                      glu_matmul_kernels._glu_matmul_kernel, glu_matmul_kernels._matmul_kernel)}}
 assert kinds == {{'InterpretedFunction' if interpret else 'JITFunction'}}, kinds
+import importlib
+kernel_modules = [importlib.import_module(m) for m in {modules!r}]  # every module the registry names
+assert {{m.INTERPRETED for m in kernel_modules}} == {{interpret}}
 if not interpret:
-    declared = [e.id for m in {modules!r} for e in sys.modules[m].GPU_BUILD]
+    declared = [e.id for m in kernel_modules for e in m.GPU_BUILD]
     assert list(catalogue.describe({modules!r})['kernels']) == declared, declared
 assert not [m for m in sys.modules if m.split('.')[0] == 'compare'], 'triton_impl imported compare'
 print(interpret, sorted({{m.split('.')[0] for m in sys.modules}} & set({FRAMEWORKS!r})))

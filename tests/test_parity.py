@@ -86,7 +86,8 @@ def test_the_new_families_are_committed_and_paired_with_every_backend_that_imple
     built_in = {b for b in RUN_HERE if BACKENDS[b].models not in ((MODULE_MODEL,), MOE_MODELS)}
     assert set(RUN_HERE) - built_in == {
         "torch-module", "torch-module-compile", "torch-module-compile-max-autotune", "jax-module", "jax-module-unfused",
-        "torch-moe-loop", "torch-moe-grouped", "jax-moe-dense", "jax-moe-ragged",
+        "torch-moe-loop", "torch-moe-grouped", "jax-moe-dense", "jax-moe-ragged", "torch-moe-loop-compile",
+        "torch-moe-grouped-compile", "torch-moe-triton", "jax-moe-pallas",
     }  # fmt: skip
     for model, want in (("swiglu", built_in), ("gelu-mlp", gelu_mlp)):
         cases = [c for c in CASES if c.model == model]

@@ -45,6 +45,7 @@ no grouped GEMM.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -138,10 +139,55 @@ def grouped_mm_applies(a: torch.Tensor, w: torch.Tensor) -> bool:
     return a.dtype == w.dtype and a.dtype in GROUPED_DTYPES and _aligned(a) and _aligned(w.mT)
 
 
+@torch.library.custom_op("fusion_compare::grouped_linear", mutates_args=())
+def _opaque_grouped_linear(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``grouped_mm(a [M, K], w.mT, offs) -> [M, N]`` as a custom op ``torch.compile`` does not trace into: torch's
+    fake (meta) ``grouped_mm`` accepts bfloat16 only ("Expected inputs of BF16 type", torch 2.13), where the CPU
+    kernel takes float32 and float16 too, so a compiled float32 ``grouped_mm`` fails to trace. Same bits as eager."""
+    return F.grouped_mm(a, w.mT, offs=offs)
+
+
+@_opaque_grouped_linear.register_fake
+def _(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return a.new_empty((a.shape[0], w.shape[1]))
+
+
+@torch.library.custom_op("fusion_compare::grouped_linear_backward", mutates_args=())
+def _opaque_grouped_linear_backward(
+    dout: torch.Tensor, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(da [M, K], dw [E, N, K])`` of :func:`_opaque_grouped_linear` for ``dout [M, N]``, opaque to ``torch.compile``
+    as the forward is: the two ``grouped_mm`` eager autograd runs (``da = dout_g @ w[g]``; ``dw[g] = dout_g.T @ a_g``,
+    the offsets on the token dimension), the same bits as its autograd (measured)."""
+    return F.grouped_mm(dout, w, offs=offs), F.grouped_mm(dout.T, a, offs=offs)
+
+
+@_opaque_grouped_linear_backward.register_fake
+def _(dout: torch.Tensor, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return a.new_empty(a.shape), w.new_empty(w.shape)
+
+
+def _opaque_setup(ctx: Any, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _opaque_backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    a, w, offs = ctx.saved_tensors
+    da, dw = _opaque_grouped_linear_backward(dout.contiguous(), a, w, offs)
+    return da, dw, None
+
+
+_opaque_grouped_linear.register_autograd(_opaque_backward, setup_context=_opaque_setup)
+
+
 def _grouped_linear(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """``[M, N]``: rows ``offs[g-1]:offs[g]`` of ``a [M, K]`` times ``w[g].T`` (``w [E, N, K]``), every group in one
-    ``grouped_mm`` where it applies, else a loop of ``mm`` over the groups (module docstring)."""
+    ``grouped_mm`` where it applies, else a loop of ``mm`` over the groups (module docstring). Under
+    ``torch.compile`` a non-bfloat16 ``grouped_mm`` is the opaque custom op :func:`_opaque_grouped_linear` (torch's
+    fake ``grouped_mm`` refuses it); bfloat16 is traced as it is."""
     if grouped_mm_applies(a, w):
+        if torch.compiler.is_compiling() and a.dtype != torch.bfloat16:
+            return _opaque_grouped_linear(a, w, offs)
         return F.grouped_mm(a, w.mT, offs=offs)
     ends = offs.tolist()
     starts = [0, *ends[:-1]]

@@ -12,6 +12,9 @@ here with torch and jax blocked).
   activation math, with their launch constants.
 * :mod:`triton_impl.glu_matmul_kernels`: the GEMM with the activation in its epilogue, the plain GEMM, their
   autotune lists (each entry with its GPU build numbers) and interpreter tiles.
+* :mod:`triton_impl.moe_kernels`: a mixture-of-experts block's experts as grouped GEMMs over the assignments sorted
+  by expert: ``gate_up`` with the gated activation (SwiGLU, gpt-oss's clamped form) in its epilogue, forward and
+  backward, and a plain grouped GEMM; one launch config.
 * :mod:`triton_impl.gpu_build`: the triton side of the GPU build (``python -m compare gpu-build``): the catalogue
   of the kernel modules it is given, source hashes, one compile for sm_90/sm_80 without a GPU and its ``ptxas`` /
   ``cuobjdump`` numbers, and the worker process the compare side starts; runs where only triton is installed.

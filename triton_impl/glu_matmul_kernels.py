@@ -59,6 +59,8 @@ __all__ = [
     "INTERP_LARGE_MNK",
     "INTERP_NUM_WARPS",
     "MATMUL_CONFIGS",
+    "dot_loop",
+    "dual_dot",
     "glu_matmul_launch",
     "interp_config",
     "matmul_launch",
@@ -179,30 +181,14 @@ def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.co
 
 
 @triton.jit
-def _glu_matmul_kernel(
-    x_ptr, wg_ptr, wu_ptr, h_ptr,
-    M, N, K,
-    stride_xm, stride_xk,
-    stride_wgn, stride_wgk,
-    stride_wun, stride_wuk,
-    stride_hm, stride_hn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr, EXACT_BF16: tl.constexpr, ACT: tl.constexpr,
+def dual_dot(
+    x_ptrs, wg_ptrs, wu_ptrs, mask_m, mask_n, K, stride_xk, stride_wgk, stride_wuk,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    # One program = one [BLOCK_M, BLOCK_N] tile of h. Per K-step it loads one x tile
-    # [BM, BK] and feeds it to BOTH dots (x is read once per N-tile, not twice), plus one
-    # [BK, BN] tile of each weight. FLOPs per program: 2 * 2 * BM * BN * K.
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    """``(x @ wg, x @ wu)``: two fp32 ``[BLOCK_M, BLOCK_N]`` accumulators over ``K``, one ``[BM, BK]`` tile of ``x``
+    per K-step feeding BOTH dots (``x`` read once per N-tile, not twice), plus one ``[BK, BN]`` tile of each weight;
+    the pointer blocks address the first K-step, rows and columns masked by ``mask_m``, ``mask_n``."""
     offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    # Weights are (N, K); address them as a [BK, BN] tile of W^T so tl.dot computes x @ W^T.
-    wg_ptrs = wg_ptr + offs_k[:, None] * stride_wgk + offs_n[None, :] * stride_wgn
-    wu_ptrs = wu_ptr + offs_k[:, None] * stride_wuk + offs_n[None, :] * stride_wun
-
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -220,6 +206,59 @@ def _glu_matmul_kernel(
         x_ptrs += BLOCK_K * stride_xk
         wg_ptrs += BLOCK_K * stride_wgk
         wu_ptrs += BLOCK_K * stride_wuk
+    return acc_g, acc_u
+
+
+@triton.jit
+def dot_loop(
+    a_ptrs, b_ptrs, mask_m, mask_n, K, stride_ak, stride_bk,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """``a @ b``: one fp32 ``[BLOCK_M, BLOCK_N]`` accumulator over ``K`` from ``[BM, BK]`` tiles of ``a`` and
+    ``[BK, BN]`` tiles of ``b`` (pointer blocks at the first K-step, masked as :func:`dual_dot`'s)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _glu_matmul_kernel(
+    x_ptr, wg_ptr, wu_ptr, h_ptr,
+    M, N, K,
+    stride_xm, stride_xk,
+    stride_wgn, stride_wgk,
+    stride_wun, stride_wuk,
+    stride_hm, stride_hn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    UPCAST: tl.constexpr, EXACT_BF16: tl.constexpr, ACT: tl.constexpr,
+):  # fmt: skip
+    # One program = one [BLOCK_M, BLOCK_N] tile of h (both dots over K: dual_dot). FLOPs per program:
+    # 2 * 2 * BM * BN * K.
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    # Weights are (N, K); address them as a [BK, BN] tile of W^T so tl.dot computes x @ W^T.
+    wg_ptrs = wg_ptr + offs_k[:, None] * stride_wgk + offs_n[None, :] * stride_wgn
+    wu_ptrs = wu_ptr + offs_k[:, None] * stride_wuk + offs_n[None, :] * stride_wun
+
+    acc_g, acc_u = dual_dot(
+        x_ptrs, wg_ptrs, wu_ptrs, mask_m, mask_n, K, stride_xk, stride_wgk, stride_wuk,
+        BLOCK_M, BLOCK_N, BLOCK_K, UPCAST,
+    )  # fmt: skip
 
     # Epilogue on the fp32 accumulators: h = act(g) * u (ACT: gelu_tanh or silu); only h is stored.
     h = activation(acc_g, ACT) * acc_u
@@ -248,17 +287,7 @@ def _matmul_kernel(
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn  # [BK, BN] of b^T
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    acc = dot_loop(a_ptrs, b_ptrs, mask_m, mask_n, K, stride_ak, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)
 
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     c = cast_out(acc, c_ptr.dtype.element_ty, EXACT_BF16)

@@ -393,6 +393,28 @@ BACKENDS: dict[str, BackendSpec] = {
             models=MOE_MODELS,
         ),
         BackendSpec(
+            name="torch-moe-loop-compile",
+            target="torch_impl.backends.moe_loop_compile",
+            about="torch-moe-loop under torch.compile (Inductor; graph breaks at the loop over the experts hit)",
+            models=MOE_MODELS,
+        ),
+        BackendSpec(
+            name="torch-moe-grouped-compile",
+            target="torch_impl.backends.moe_grouped_compile",
+            about="torch-moe-grouped under torch.compile (Inductor, fullgraph: the grouped form has fixed shapes)",
+            models=MOE_MODELS,
+        ),
+        BackendSpec(
+            name="torch-moe-triton",
+            target="torch_impl.backends.moe_triton",
+            kernels=("triton_impl.moe_kernels",),
+            about=(
+                "a MoE block with hand-written Triton grouped GEMMs for the experts: gate_up with the gated "
+                "activation in its epilogue (gate, up never stored), then down; router, sort and combine in torch"
+            ),
+            models=MOE_MODELS,
+        ),
+        BackendSpec(
             name="jax-moe-dense",
             target="jax_impl.backends.moe_dense",
             about=(
@@ -407,6 +429,16 @@ BACKENDS: dict[str, BackendSpec] = {
             about=(
                 "a MoE block under jax.jit, routed: assignments sorted by expert, jax.lax.ragged_dot over the "
                 "experts' row groups (on CPU a masked dense dot), a scatter-add back to the tokens"
+            ),
+            models=MOE_MODELS,
+        ),
+        BackendSpec(
+            name="jax-moe-pallas",
+            target="jax_impl.backends.moe_pallas",
+            about=(
+                "a MoE block under jax.jit with Pallas grouped GEMMs for the experts (gate_up with the gated "
+                "activation in its epilogue, then down; interpret=True without a GPU); backward by jax.vjp of a "
+                "ragged_dot reference"
             ),
             models=MOE_MODELS,
         ),

@@ -6,7 +6,7 @@ backend with ``max-autotune-no-cudagraphs``."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -19,14 +19,50 @@ from torch_impl import profiling, runner
 from torch_impl.models import Build, build_module
 
 
-class CompileBackend:
-    """``torch.compile(module, mode=mode, dynamic=False, fullgraph=True)``; ``mode`` None is Inductor's default;
-    ``build`` makes the module (default: the case's built-in model, ``torch_impl.models.build_module``)."""
+def _without_donation(prepared: Prepared) -> Prepared:
+    """``prepared`` (a ``bwd`` step) with its step, and every step ``bind`` builds (and the forward it runs), under the
+    donated-buffer patch too. A MoE block's compiled backward is compiled at its first replay, outside ``prepare``,
+    and there AOTAutograd refused the replay's ``retain_graph=True`` ("compiled with non-empty donated buffers") with
+    the patch around ``prepare`` alone; with it around every call it ran as with the option off for the process."""
 
-    def __init__(self, name: str = "torch-compile", mode: str | None = None, build: Build = build_module) -> None:
+    def off(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            with torch._functorch.config.patch(donated_buffer=False):
+                return fn(*args)
+
+        return call
+
+    bind = prepared.bind
+    return dataclasses.replace(
+        prepared,
+        step=off(prepared.step),
+        bind=None if bind is None else off(lambda inputs, slot: off(bind(inputs, slot))),
+    )
+
+
+class CompileBackend:
+    """``torch.compile(module, mode=mode, dynamic=False, fullgraph=fullgraph)``; ``mode`` None is Inductor's default;
+    ``build`` makes the module (default: the case's built-in model, ``torch_impl.models.build_module``);
+    ``fullgraph=False`` lets Dynamo split the forward at data-dependent Python (a MoE loop over the experts hit);
+    ``dynamic`` is ``torch.compile``'s (None: a frame met at a second shape is recompiled once with dynamic sizes);
+    ``lazy_backward``: a ``bwd`` step runs with donated buffers off at every call, not only in ``prepare``
+    (:func:`_without_donation`; the MoE blocks need it, the dense ones' timed steps are left as they were)."""
+
+    def __init__(
+        self,
+        name: str = "torch-compile",
+        mode: str | None = None,
+        build: Build = build_module,
+        fullgraph: bool = True,
+        dynamic: bool | None = False,
+        lazy_backward: bool = False,
+    ) -> None:
         self.name = name
         self.mode = mode
         self.build = build
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.lazy_backward = lazy_backward
 
     def availability(self) -> Availability:
         return Availability(True, device=str(dev.device()))
@@ -39,8 +75,12 @@ class CompileBackend:
         # Inductor's C++ kernels appear in torch.profiler only with this set before compiling (cheap check per call)
         profiling.enable_inductor_kernel_profile()
         cache = dev.key_inductor_cache()  # before the first compile: another ISA's cached code is wrong here
-        compiled = torch.compile(module, mode=self.mode, dynamic=False, fullgraph=True)
+        compiled = torch.compile(module, mode=self.mode, dynamic=self.dynamic, fullgraph=self.fullgraph)
         note = "first call includes Inductor compile (its on-disk FX graph cache may be warm)"
+        if not self.fullgraph:
+            note += "; graph breaks allowed"
+        if self.dynamic is not False:
+            note += f"; dynamic={self.dynamic}"
         if self.mode is not None:
             note += f"; mode={self.mode}"
         if mode != "bwd":
@@ -51,6 +91,8 @@ class CompileBackend:
             with torch._functorch.config.patch(donated_buffer=False):
                 note += "; donated buffers off (bwd replay)"
                 prepared = runner.prepare(problem, mode, module, compiled, note=note)
+            if self.lazy_backward:
+                prepared = _without_donation(prepared)
         return dataclasses.replace(prepared, precision={**prepared.precision, **cache})
 
     def shape_sweep(

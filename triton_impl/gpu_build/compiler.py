@@ -75,7 +75,8 @@ def specialize(
     """(signature, constexprs, attrs) for ``triton.compiler.ASTSource``, as Triton's launcher would build them.
 
     ``ints`` are the launch's runtime integer arguments; constexprs come from ``config``, then ``fixed``; every other
-    parameter must be a pointer (``*_ptr``), of element type ``dtype``, 16-byte aligned (torch's allocations are).
+    parameter must be a pointer (``*_ptr``), of element type ``dtype`` (``*_idx_ptr``: int32 indices), 16-byte aligned
+    (torch's allocations are).
 
     Raises:
         KeyError: a parameter that neither the launch, the config nor ``fixed`` gives a value.
@@ -103,6 +104,9 @@ def specialize(
             signature[p.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
             if value % 16 == 0:
                 attrs[(i,)] = divisible
+        elif p.name.endswith("_idx_ptr"):  # an index table (row and tile indices): int32, whatever the dtype
+            signature[p.name] = "*i32"
+            attrs[(i,)] = divisible
         elif p.name.endswith("_ptr"):
             signature[p.name] = "*" + DTYPES[dtype]
             attrs[(i,)] = divisible
