@@ -387,12 +387,13 @@ def test_a_routing_distribution_is_a_case_axis_of_a_moe_case_only(
 
 @pytest.mark.parametrize("preset", list(CPU_PRESETS))
 def test_every_moe_backend_passes_on_every_routing_distribution(tmp_path: Path, preset: str) -> None:
-    """``run --preset P --routing uniform zipf hot empty --dtype bfloat16 --mode fwd+bwd`` (seed 6): each MoE
-    backend passes or deviates on every distribution, its routing judged (no wrong router), on the golden inputs and
+    """``run --preset P --routing uniform zipf hot empty --dtype bfloat16 --mode fwd+bwd`` (seed 6) of the four
+    eager and jitted MoE backends (the compiled and interpreted ones: tests/test_moe_kernels.py): each passes or
+    deviates on every distribution, its routing judged (no wrong router), on the golden inputs and
     on fresh ones drawn from the same steered distribution; the cases are named by their routing."""
     status, results = _run(
         tmp_path, "--preset", preset, "--routing", "uniform", "zipf", "hot", "empty", "--dtype", "bfloat16",
-        "--mode", "fwd+bwd", "--seed", "6", "--cache", "warm",
+        "--mode", "fwd+bwd", "--seed", "6", "--cache", "warm", "--backend", *MOE_BACKENDS,
     )  # fmt: skip
     suffixes = sorted({r.case.rsplit("-s6", 1)[1] for r in results})
     assert suffixes == ["", "-rempty", "-rhot", "-rzipf"] and len(results) == 4 * len(MOE_BACKENDS)
