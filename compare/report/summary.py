@@ -355,7 +355,7 @@ def _headroom(rows: list[Result], fusion: list[dict[str, Any]]) -> str:
     its fused backends saved over it (:func:`_framework_headroom`); frameworks named when there are several.
     Nothing here compares frameworks: that is the timing table's. A module case (``--module``) has no cost-model
     plan, so nothing says what fusion removes from it: not modelled. Nor has a MoE case, but its headroom is measured
-    off its own unfused baseline's profile (``registry.unfused_baseline``: ``torch-moe-loop``; JAX has none)."""
+    off its own unfused baseline's profile (``registry.unfused_baseline``: torch's MoE baseline; JAX has none)."""
     if rows[0].module is not None:
         return "not modelled (your own MLP has no cost-model plan)"
     moe = rows[0].model in MOE_MODELS  # measured off its baseline's profile; what fusion removes is not modelled
