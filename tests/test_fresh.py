@@ -328,3 +328,23 @@ def test_the_fresh_reference_is_float64_for_float32_data() -> None:
     exact = exact_reference(case, inputs["x"], params, inputs["dy"])
     for k, v in exact.items():
         assert np.max(np.abs(np.asarray(got[k]) - v)) <= 1e-12 * np.max(np.abs(v)), k
+
+
+@pytest.mark.standard
+def test_a_module_case_s_fresh_reference_and_screen_run_its_module_in_torch_s_kernels() -> None:
+    """A module case's fresh reference is its module in torch's float64 kernels (``user_module.kernels_run``), held
+    to the golden's error-free products within float64's rounding, every gradient named as the golden names it; its
+    range screen runs the module in float32, within float32's rounding of the same."""
+    import compare
+    from compare.problem.golden import exact_reference, kernels_run_of
+
+    case = compare.module_case("examples/llama_mlp.py", 64, 96, "bfloat16", batch=1, seq=16)
+    params = golden_for(case).params
+    inputs = fresh.draw(case, 11, params)
+    got = fresh.reference(case, params, inputs).ref
+    exact = exact_reference(case, inputs["x"], params, inputs["dy"])
+    screen = kernels_run_of(case, inputs["x"], params, inputs["dy"], "float32")
+    assert set(got) == set(exact) == set(screen)
+    for k, v in exact.items():
+        assert np.max(np.abs(np.asarray(got[k]) - v)) <= 1e-12 * np.max(np.abs(v)), k
+        assert screen[k].dtype == np.float32 and np.max(np.abs(screen[k] - v)) <= 1e-5 * np.max(np.abs(v)), k
