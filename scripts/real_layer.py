@@ -10,7 +10,8 @@ as a checkpoint's shard holds them), then ``python -m compare run --module examp
 --mode fwd+bwd`` (the README's five module backends, 1 x 16 tokens) twice in a fresh data cache: the first computes
 the golden data, the second finds it cached. Each run is a child process (this script with ``--child``: the CLI
 in-process, the functions of :data:`PARTS` wrapped by a clock), and ``os.wait4`` gives its own peak resident
-memory. Its time is parted into judging (the gate on a judged output, the every-call check), the golden data (the
+memory. Its time is parted into judging (the gate on a judged output, the every-call check, the gate's statistics of
+the plain computation against the golden), the golden data (the
 float64 reference, the plain computation, the resolution rows, the fresh draw and its reference), the timed samples
 alone (every backend's median call times its samples' calls, from ``results.json``), the first calls (compiles
 included) and the rest. No profiler: ``cProfile``'s cost per Python call made the gate's many small numpy calls
@@ -43,11 +44,16 @@ LAYERS: dict[str, tuple[int, int]] = {
 #: The Hugging Face names' prefix of layer ``i``'s MLP.
 TEMPLATE = "model.layers.{i}.mlp."
 #: The functions whose seconds make each part of a run (module, name: each called through its module's namespace,
-#: where the wrapper replaces it): judging (the gate on a judged output, the every-call check) and the golden data
+#: where the wrapper replaces it): judging (the gate on a judged output, the every-call check, the gate's statistics
+#: of the plain computation against the golden) and the golden data
 #: (the float64 reference, the plain computation, the resolution rows, the fresh draw and its reference). A call
 #: inside another of its part counts once.
 PARTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "judging": (("compare.run.pipeline", "judge_read"), ("compare.run.pipeline", "spot_failures")),
+    "judging": (
+        ("compare.run.pipeline", "judge_read"),
+        ("compare.run.pipeline", "spot_failures"),
+        ("compare.run.harness", "golden_stats"),
+    ),
     "golden": (
         ("compare.run.harness", "_golden"),
         ("compare.run.harness", "plain_reference"),
