@@ -117,7 +117,8 @@ def predicted_peak(dim: int, hidden: int) -> int:
 
 def run_once(dim: int, hidden: int, weights: Path, cache: Path, out: Path, layers: bool = False) -> dict[str, Any]:
     """One run of the README's command (``layers``: on every layer of a sharded checkpoint, ``--layers all``): wall
-    seconds, peak resident bytes, seconds judging and on the golden data, the timed samples' and first calls'
+    seconds, its CPU seconds (user and system, from ``os.wait4``: what a busy machine's other work moves less than
+    the wall time), peak resident bytes, seconds judging and on the golden data, the timed samples' and first calls'
     seconds, and the seconds from each progress line to the next (the CLI prints a stage's line only now and then
     where its output is not a terminal: a guide, not a breakdown)."""
     args = ["run", "--module", str(ROOT / "examples" / "llama_mlp.py"), "--dim", str(dim), "--hidden", str(hidden)]
@@ -143,7 +144,8 @@ def run_once(dim: int, hidden: int, weights: Path, cache: Path, out: Path, layer
         label = text.split("  (elapsed")[0].removeprefix("... ").removeprefix("fwd+bwd: ")
         label = "judging and the end" if label.startswith(("[", "judging ", "data cache", "wrote ")) else label
         stages[label] = stages.get(label, 0.0) + t_next - t
-    got = {"wall_s": wall, "peak_bytes": usage.ru_maxrss * 1024, **_samples_s(out / "results.json")}
+    cpu = usage.ru_utime + usage.ru_stime  # the child's own CPU seconds: a figure a busy machine moves less
+    got = {"wall_s": wall, "cpu_s": cpu, "peak_bytes": usage.ru_maxrss * 1024, **_samples_s(out / "results.json")}
     return {**got, **json.loads(spent.read_text()), "stages": stages}
 
 
@@ -237,7 +239,8 @@ def main() -> None:
                 rows.append({"layer": name, "dim": dim, "hidden": hidden, "run": label, **got, "predicted": predicted})
                 r = rows[-1]
                 print(
-                    f"{name:13} {label:12} {r['wall_s']:6.1f} s  peak {r['peak_bytes'] / 1e9:5.2f} GB "
+                    f"{name:13} {label:12} {r['wall_s']:6.1f} s (CPU {r['cpu_s']:6.1f} s)  "
+                    f"peak {r['peak_bytes'] / 1e9:5.2f} GB "
                     f"(predicted {predicted / 1e9:5.2f} GB, {predicted / r['peak_bytes'] - 1:+.0%})  "
                     f"golden {r['golden_s']:5.1f} s  judging {r['judging_s']:5.1f} s "
                     f"({r['judging_s'] / r['wall_s']:.0%})  timed samples {r['samples_s']:5.1f} s  "
