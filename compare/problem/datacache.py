@@ -118,8 +118,9 @@ _DTYPES: dict[str, np.dtype[Any]] = {
 
 
 #: Bytes of a :class:`Stored` tensor read through the memory map before its pages are handed back (``madvise``):
-#: what a pass over it adds to the process's resident memory at most, however large the tensor.
-RELEASE_BYTES = 1 << 26
+#: what a pass over it adds to the process's resident memory at most, however large the tensor (one ``madvise`` per
+#: 8 MB read: nothing next to the pass).
+RELEASE_BYTES = 1 << 23
 
 
 class Stored:
@@ -127,7 +128,8 @@ class Stored:
     descriptor held while the object lives: an entry replaced or removed meanwhile is still read as it was). The gate
     reads it a block of rows at a time (``read_rows``, ``compare.gate.stream``) through the file's memory map, without
     a copy, and never holds it whole: the pages a pass has read are handed back every :data:`RELEASE_BYTES` (the page
-    cache keeps them for the next pass); ``numpy`` reads it whole (``np.asarray``)."""
+    cache keeps them for the next pass), and a new pass hands back the last one's; ``numpy`` reads it whole
+    (``np.asarray``)."""
 
     def __init__(self, file: _File, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> None:
         self._file, self.offset, self.dtype, self.shape = file, offset, dtype, shape
@@ -154,7 +156,8 @@ class Stored:
         if not count:
             return np.empty((0, cols), dtype=self.dtype)
         rows = np.frombuffer(self._file.map(), dtype=self.dtype, count=count, offset=at).reshape(i1 - i0, cols)
-        if at < self._held_from:  # a new pass from an earlier row
+        if at < self._held_from:  # a new pass from an earlier row: the last one's pages go
+            self._file.release(self._held_from, self.offset + self.nbytes)
             self._held_from = at
         elif at - self._held_from >= RELEASE_BYTES:
             self._held_from = self._file.release(self._held_from, at)
