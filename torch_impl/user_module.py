@@ -419,15 +419,18 @@ def kernels_run(
 ) -> dict[str, np.ndarray]:
     """The module on ``x [..., dim]`` (its values exact in ``dtype``) through torch's own CPU kernels in ``dtype``
     (``float32`` or ``float64``, :data:`KERNEL_DTYPES`): ``y`` and, given ``dy``, ``dx`` and with ``weights`` every
-    ``d<name>`` (``state_dict`` names, as :func:`compute`'s), as arrays of ``dtype``. Not the fixed arithmetic: the
-    machine's BLAS and libm, whose last bits may differ between machines. What needs no more: the fresh draw's range
-    screen in float32 and its float64 reference (``compare.gate.fresh``), the every-call check's yardstick. A GEMM
-    and an activation here cost what the framework's do, where the plain computation's dispatch
-    (``plain.PlainMode``) copies and converts every operand it reads (a Llama 3.2 1B layer's fwd+bwd: seconds)."""
+    ``d<name>`` of each parameter that requires one (``state_dict`` names, as :func:`compute`'s), as arrays of
+    ``dtype``. Not the fixed arithmetic: the machine's BLAS and libm, whose last bits may differ between machines. What
+    needs no more: the fresh draw's range screen in float32 and its float64 reference (``compare.gate.fresh``), the
+    every-call check's yardstick. A GEMM and an activation here cost what the framework's do, where the plain
+    computation's dispatch (``plain.PlainMode``) copies and converts every operand it reads (a Llama 3.2 1B layer's
+    fwd+bwd: seconds)."""
     t = KERNEL_DTYPES[dtype]
     module = build(case, params, torch.device("cpu"), t)
     names = dict(module.named_parameters(remove_duplicate=False))
-    wrt = [k for k in module.state_dict() if k in names] if weights and dy is not None else []
+    # the parameters that require a gradient, as the golden's (``plain.compute_under``) takes them
+    wanted = weights and dy is not None
+    wrt = [k for k in module.state_dict() if wanted and k in names and names[k].requires_grad]
     module.requires_grad_(False)
     for k in wrt:
         names[k].requires_grad_(True)
