@@ -10,7 +10,8 @@ as a checkpoint's shard holds them), then ``python -m compare run --module examp
 --mode fwd+bwd`` (the README's five module backends, 1 x 16 tokens) twice in a fresh data cache: the first computes
 the golden data, the second finds it cached. Each run is a child process (this script with ``--child``: the CLI
 in-process, the functions of :data:`PARTS` wrapped by a clock), and ``os.wait4`` gives its own peak resident
-memory. Its time is parted into judging (the gate on a judged output, the every-call check), the golden data (the
+memory. Its time is parted into judging (the gate on a judged output, the every-call check, the gate's statistics of
+the plain computation against the golden), the golden data (the
 float64 reference, the plain computation, the resolution rows, the fresh draw and its reference), the timed samples
 alone (every backend's median call times its samples' calls, from ``results.json``), the first calls (compiles
 included) and the rest. No profiler: ``cProfile``'s cost per Python call made the gate's many small numpy calls
@@ -43,11 +44,16 @@ LAYERS: dict[str, tuple[int, int]] = {
 #: The Hugging Face names' prefix of layer ``i``'s MLP.
 TEMPLATE = "model.layers.{i}.mlp."
 #: The functions whose seconds make each part of a run (module, name: each called through its module's namespace,
-#: where the wrapper replaces it): judging (the gate on a judged output, the every-call check) and the golden data
+#: where the wrapper replaces it): judging (the gate on a judged output, the every-call check, the gate's statistics
+#: of the plain computation against the golden) and the golden data
 #: (the float64 reference, the plain computation, the resolution rows, the fresh draw and its reference). A call
 #: inside another of its part counts once.
 PARTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "judging": (("compare.run.pipeline", "judge_read"), ("compare.run.pipeline", "spot_failures")),
+    "judging": (
+        ("compare.run.pipeline", "judge_read"),
+        ("compare.run.pipeline", "spot_failures"),
+        ("compare.run.harness", "golden_stats"),
+    ),
     "golden": (
         ("compare.run.harness", "_golden"),
         ("compare.run.harness", "plain_reference"),
@@ -111,7 +117,8 @@ def predicted_peak(dim: int, hidden: int) -> int:
 
 def run_once(dim: int, hidden: int, weights: Path, cache: Path, out: Path, layers: bool = False) -> dict[str, Any]:
     """One run of the README's command (``layers``: on every layer of a sharded checkpoint, ``--layers all``): wall
-    seconds, peak resident bytes, seconds judging and on the golden data, the timed samples' and first calls'
+    seconds, its CPU seconds (user and system, from ``os.wait4``: what a busy machine's other work moves less than
+    the wall time), peak resident bytes, seconds judging and on the golden data, the timed samples' and first calls'
     seconds, and the seconds from each progress line to the next (the CLI prints a stage's line only now and then
     where its output is not a terminal: a guide, not a breakdown)."""
     args = ["run", "--module", str(ROOT / "examples" / "llama_mlp.py"), "--dim", str(dim), "--hidden", str(hidden)]
@@ -137,7 +144,8 @@ def run_once(dim: int, hidden: int, weights: Path, cache: Path, out: Path, layer
         label = text.split("  (elapsed")[0].removeprefix("... ").removeprefix("fwd+bwd: ")
         label = "judging and the end" if label.startswith(("[", "judging ", "data cache", "wrote ")) else label
         stages[label] = stages.get(label, 0.0) + t_next - t
-    got = {"wall_s": wall, "peak_bytes": usage.ru_maxrss * 1024, **_samples_s(out / "results.json")}
+    cpu = usage.ru_utime + usage.ru_stime  # the child's own CPU seconds: a figure a busy machine moves less
+    got = {"wall_s": wall, "cpu_s": cpu, "peak_bytes": usage.ru_maxrss * 1024, **_samples_s(out / "results.json")}
     return {**got, **json.loads(spent.read_text()), "stages": stages}
 
 
@@ -231,7 +239,8 @@ def main() -> None:
                 rows.append({"layer": name, "dim": dim, "hidden": hidden, "run": label, **got, "predicted": predicted})
                 r = rows[-1]
                 print(
-                    f"{name:13} {label:12} {r['wall_s']:6.1f} s  peak {r['peak_bytes'] / 1e9:5.2f} GB "
+                    f"{name:13} {label:12} {r['wall_s']:6.1f} s (CPU {r['cpu_s']:6.1f} s)  "
+                    f"peak {r['peak_bytes'] / 1e9:5.2f} GB "
                     f"(predicted {predicted / 1e9:5.2f} GB, {predicted / r['peak_bytes'] - 1:+.0%})  "
                     f"golden {r['golden_s']:5.1f} s  judging {r['judging_s']:5.1f} s "
                     f"({r['judging_s'] / r['wall_s']:.0%})  timed samples {r['samples_s']:5.1f} s  "

@@ -3,6 +3,8 @@ dtype's range is passed over (before any step sees it), so no seed of the run tu
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -328,3 +330,52 @@ def test_the_fresh_reference_is_float64_for_float32_data() -> None:
     exact = exact_reference(case, inputs["x"], params, inputs["dy"])
     for k, v in exact.items():
         assert np.max(np.abs(np.asarray(got[k]) - v)) <= 1e-12 * np.max(np.abs(v)), k
+
+
+@pytest.mark.standard
+def test_a_module_case_s_fresh_reference_and_screen_run_its_module_in_torch_s_kernels() -> None:
+    """A module case's fresh reference is its module in torch's float64 kernels (``user_module.kernels_run``), held
+    to the golden's error-free products within float64's rounding, every gradient named as the golden names it; its
+    range screen runs the module in float32, within float32's rounding of the same."""
+    import compare
+    from compare.problem.golden import exact_reference, kernels_run_of
+
+    case = compare.module_case("examples/llama_mlp.py", 64, 96, "bfloat16", batch=1, seq=16)
+    params = golden_for(case).params
+    inputs = fresh.draw(case, 11, params)
+    got = fresh.reference(case, params, inputs).ref
+    exact = exact_reference(case, inputs["x"], params, inputs["dy"])
+    screen = kernels_run_of(case, inputs["x"], params, inputs["dy"], "float32")
+    assert set(got) == set(exact) == set(screen)
+    for k, v in exact.items():
+        assert np.max(np.abs(np.asarray(got[k]) - v)) <= 1e-12 * np.max(np.abs(v)), k
+        assert screen[k].dtype == np.float32 and np.max(np.abs(screen[k] - v)) <= 1e-5 * np.max(np.abs(v)), k
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_golden_s_plain_statistics_from_the_data_cache_judge_as_computed_ones(
+    dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cell.golden_stats`` computes the gate's statistics of the plain computation against the golden once, then
+    reads them from the data cache: every figure the same bits (a float32 case's fit on the transcendental's
+    signature too), and an output judged with either the same verdict and numbers."""
+    from compare.gate.parity import check_tensor
+    from compare.run.cell import golden_stats, plain_reference
+
+    monkeypatch.setenv("FUSION_COMPARE_CACHE", str(tmp_path))
+    case = PRESETS["tiny"].case(dtype)
+    base, ref = plain_reference(case), golden_for(case).ref
+    made, read = (Plain(dict(base), base.envelope, None, base.signature) for _ in range(2))
+    golden_stats(case, made, list(made))
+    assert [p.name.split("-")[:2] for p in tmp_path.glob("plain-stats-*.json")] == [["plain", "stats"]]
+    golden_stats(case, read, list(read))
+    rng = np.random.default_rng(3)
+    for k in base:
+        (r1, a), (r2, b) = made.stats[k], read.stats[k]
+        assert r1 is r2 is ref[k] and a == b and a.small == b.small
+        for da, db in ((a.ref_design, b.ref_design), (a.paired_design, b.paired_design)):
+            assert da is not None and db is not None
+            assert np.array_equal(da.m, db.m) and np.array_equal(da.rows, db.rows)
+        y = round_to_dtype(np.asarray(ref[k]) * (1 + 2.0**-9 * rng.standard_normal(ref[k].shape)), dtype)
+        got = [check_tensor(k, y, ref[k], base[k], dtype, s) for s in (a, b)]
+        assert to_json(got[0]) == to_json(got[1]), k

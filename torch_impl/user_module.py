@@ -404,16 +404,45 @@ def spot_reference(
 ) -> dict[str, np.ndarray]:
     """``y`` (and ``dx`` given ``dy``) of the few tokens ``x [1, K, dim]`` (``dy [1, K, out]``) through the module in
     float32, torch's own kernels, no weight gradient (``compare.gate.fresh.token_reference``: errors of an eighth
-    of a row's scale are what it looks for; float32's are 2**-20 of that). A Llama 3 8B layer's module is built in
-    float32 (0.7 GB, released on return) where the plain computation's dispatch needed float64."""
-    module = build(case, params, torch.device("cpu"), torch.float32)
+    of a row's scale are what it looks for; float32's are 2**-20 of that), as float64 arrays. A Llama 3 8B layer's
+    module is built in float32 (0.7 GB, released on return) where the plain computation's dispatch needed float64."""
+    out = kernels_run(case, x, params, dy, "float32", weights=False)
+    return {k: v.astype(np.float64) for k, v in out.items()}
+
+
+#: The dtypes :func:`kernels_run` runs a module in.
+KERNEL_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
+
+
+def kernels_run(
+    case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, dtype: str, weights: bool = True
+) -> dict[str, np.ndarray]:
+    """The module on ``x [..., dim]`` (its values exact in ``dtype``) through torch's own CPU kernels in ``dtype``
+    (``float32`` or ``float64``, :data:`KERNEL_DTYPES`): ``y`` and, given ``dy``, ``dx`` and with ``weights`` every
+    ``d<name>`` of each parameter that requires one (``state_dict`` names, as :func:`compute`'s), as arrays of
+    ``dtype``. Not the fixed arithmetic: the machine's BLAS and libm, whose last bits may differ between machines. What
+    needs no more: the fresh draw's range screen in float32 and its float64 reference (``compare.gate.fresh``), the
+    every-call check's yardstick. A GEMM and an activation here cost what the framework's do, where the plain
+    computation's dispatch (``plain.PlainMode``) copies and converts every operand it reads (a Llama 3.2 1B layer's
+    fwd+bwd: seconds)."""
+    t = KERNEL_DTYPES[dtype]
+    module = build(case, params, torch.device("cpu"), t)
+    names = dict(module.named_parameters(remove_duplicate=False))
+    # the parameters that require a gradient, as the golden's (``plain.compute_under``) takes them
+    wanted = weights and dy is not None
+    wrt = [k for k in module.state_dict() if wanted and k in names and names[k].requires_grad]
     module.requires_grad_(False)
-    xt = torch.from_numpy(np.asarray(x, dtype=np.float32)).requires_grad_(dy is not None)
-    y = module(xt)
-    out = {"y": y.detach().to(torch.float64).numpy()}
+    for k in wrt:
+        names[k].requires_grad_(True)
+    xt = torch.from_numpy(np.asarray(x, dtype=dtype)).requires_grad_(dy is not None)
+    with torch.set_grad_enabled(dy is not None):
+        y = module(xt)
+    out = {"y": y.detach().numpy()}
     if dy is not None:
-        (dx,) = torch.autograd.grad(y, xt, torch.from_numpy(np.asarray(dy, dtype=np.float32)))
-        out["dx"] = dx.to(torch.float64).numpy()
+        g = torch.from_numpy(np.asarray(dy, dtype=dtype))
+        grads = torch.autograd.grad(y, [xt, *(names[k] for k in wrt)], g, allow_unused=True, materialize_grads=True)
+        out["dx"] = grads[0].numpy()
+        out.update({f"d{k}": v.numpy() for k, v in zip(wrt, grads[1:], strict=True)})
     return out
 
 

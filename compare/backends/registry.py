@@ -597,9 +597,11 @@ def unregister(name: str) -> None:
 #: ModuleFile``, ``reference(case, x, params, dy)`` (its float64 golden), ``plain_run(case, x, params, dy)`` (the
 #: gate's yardstick, ``reference.plain_run``'s three parts), ``compute(case, x, params, dy, ar)`` (another
 #: ``Arith``), ``spot_reference(case, x, params, dy)`` (a few tokens' ``y`` and ``dx`` in float32: the every-call
-#: check's), ``check_module(case)`` (its values: a real forward, tokens apart), ``check_plain(case, backward)`` (a
-#: rule for every op), ``check_reference(case)`` (the file's own numpy ``reference`` against the golden) and
-#: ``matmul_flops(case, mode)`` (the GEMM FLOPs of one step of its torch module, or None).
+#: check's), ``kernels_run(case, x, params, dy, dtype)`` (its ``y`` and gradients through torch's own float32 or
+#: float64 kernels: the fresh draw's range screen and reference), ``check_module(case)`` (its values: a real
+#: forward, tokens apart), ``check_plain(case, backward)`` (a rule for every op), ``check_reference(case)``
+#: (the file's own numpy ``reference`` against the golden) and ``matmul_flops(case, mode)`` (the GEMM FLOPs of
+#: one step of its torch module, or None).
 PROBES: dict[str, str] = {
     "ceilings": "torch_impl.ceilings",
     "ceilings-xla": "jax_impl.ceilings",

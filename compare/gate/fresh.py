@@ -44,7 +44,7 @@ from compare.gate import routing
 from compare.gate.parity import DTYPE_MAX, Parity, Plain, RoutingCheck, UnusableCase, check_plain
 from compare.problem import datacache
 from compare.problem.cases import Case, is_moe
-from compare.problem.golden import case_input, compute_of, plain_run_of, spot_reference_of
+from compare.problem.golden import case_input, compute_of, kernels_run_of, plain_run_of, spot_reference_of
 from compare.problem.reference import Arith, activations_in, compute, held, round_to_dtype
 
 
@@ -75,15 +75,25 @@ def _blas64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float64) @ np.asarray(b, dtype=np.float64)
 
 
+#: The dtypes whose module cases' draws are screened through torch's float32 kernels (:func:`_in_range`): those
+#: whose range is float32's. A float16 tensor overflows where its float32 value does not: screened as rounded.
+KERNEL_SCREENED: tuple[str, ...] = ("bfloat16", "float32")
+
+
 def _in_range(case: Case, params: dict[str, np.ndarray], x: np.ndarray, dy: np.ndarray | None) -> bool:
     """Whether ``case`` on ``(x, dy)`` stays finite in its dtype, every materialised tensor rounded to it, and every
     output and gradient within :data:`RANGE_SHARE` of its largest value (numpy's float32 GEMMs and numpy's own tanh
     and exp: a screen, not a reference, a few ulp from the gate's arithmetic where the share leaves a factor of two;
     its values are dropped before any step sees the draw; a module case's module and a MoE block run with the fixed
-    arithmetic's activations, ``compare.problem.golden.compute_of``)."""
+    arithmetic's activations, ``compare.problem.golden.compute_of``). A bfloat16 or float32 module case's runs
+    through torch's own float32 kernels instead (``compare.problem.golden.kernels_run_of``), its tensors unrounded:
+    float32's range is those dtypes' (bfloat16's largest value is float32's but for its last 16 bits), so no
+    tensor finite there overflows them, and the plain computation's dispatch cost seconds on a real layer."""
     ar = Arith(case.dtype, final=False, gemm=_blas32)
     with np.errstate(over="ignore", invalid="ignore"):
-        if case.module is None and not is_moe(case.model):
+        if case.module is not None and case.dtype in KERNEL_SCREENED:
+            out = kernels_run_of(case, x, params, dy, "float32")
+        elif case.module is None and not is_moe(case.model):
             acts = activations_in(case.model, "tanh", "float32", tanh=np.tanh, exp=np.exp)
             out = compute(case.model, x, params, dy, ar, acts=acts)
         else:
@@ -169,7 +179,15 @@ def reference(
     # float64 through the machine's BLAS, not the golden's error-free products: the draw is new every run, so its
     # bits need not be the same on every machine, and its error (about k * 2**-53 of a row's scale) is 2**29 below
     # float32's rounding. A Llama 3 8B layer's fwd+bwd: seconds, where the golden's products took 25 s or more.
-    ref = datacache.spill(compute_of(case, x, params, dy, Arith(None, gemm=_blas64)))  # read a block at a time
+    # A module case's through torch's own float64 kernels (``compare.problem.golden.kernels_run_of``): the same
+    # float64 computation but for the last bits of its BLAS and libm, without the plain computation's dispatch, which
+    # converted every operand it read (a Llama 3.2 1B layer's fwd+bwd: 3.9 s of CPU on a busy 2-core VM).
+    if case.module is not None:
+        exact = kernels_run_of(case, x, params, dy, "float64")
+    else:
+        exact = compute_of(case, x, params, dy, Arith(None, gemm=_blas64))
+    ref = datacache.spill(exact)  # read a block at a time
+    del exact
     unrounded, envelope, signature = plain_run_of(case, x, params, dy)
     plain = {k: held(round_to_dtype(v, case.dtype), case.dtype) for k, v in unrounded.items()}
     del unrounded

@@ -82,7 +82,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import ml_dtypes
@@ -973,6 +973,39 @@ def tensor_stats(ref: Mapping[str, np.ndarray], plain: dict[str, np.ndarray], k:
     if isinstance(plain, Plain):
         plain.stats[k] = (r, stats)
     return stats
+
+
+#: :class:`PlainStats`' fields a :func:`stats_record` holds as they are (floats).
+_RECORD_SKIPS = ("directions", "ref_design", "paired_design", "small")
+
+
+def stats_record(s: PlainStats) -> dict[str, Any]:
+    """``s`` as a JSON record (:func:`stats_of_record` reads it back, every float exact: JSON writes a float's
+    shortest repr), less its ``directions`` (the plain computation's signature, handed back on reading)."""
+    out: dict[str, Any] = {f.name: getattr(s, f.name) for f in fields(PlainStats) if f.name not in _RECORD_SKIPS}
+    for name in ("ref_design", "paired_design"):
+        d = getattr(s, name)
+        out[name] = None if d is None else {"m": d.m.tolist(), "rows": d.rows.tolist()}
+    out["small"] = list(s.small)
+    return out
+
+
+def stats_of_record(r: dict[str, Any], directions: np.ndarray | None) -> PlainStats:
+    """The :class:`PlainStats` of a :func:`stats_record` with its ``directions``; a record of another layout raises
+    ``KeyError``, ``TypeError`` or ``ValueError``."""
+    ref_design, paired_design = (
+        None if r[name] is None else Design(np.array(r[name]["m"], dtype=np.float64), np.array(r[name]["rows"]))
+        for name in ("ref_design", "paired_design")
+    )
+    t, below, k = r["small"]
+    scalars = {f.name: float(r[f.name]) for f in fields(PlainStats) if f.name not in _RECORD_SKIPS}
+    return PlainStats(
+        **scalars,
+        directions=directions,
+        ref_design=ref_design,
+        paired_design=paired_design,
+        small=(float(t), int(below), int(k)),
+    )
 
 
 def check_plain(case_name: str, dtype: str, ref: Mapping[str, Any], plain: dict[str, Any]) -> None:

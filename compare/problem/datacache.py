@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import mmap
 import os
 import re
 import sys
@@ -116,16 +117,25 @@ _DTYPES: dict[str, np.dtype[Any]] = {
 }
 
 
+#: Bytes of a :class:`Stored` tensor read through the memory map before its pages are handed back (``madvise``):
+#: what a pass over it adds to the process's resident memory at most, however large the tensor (one ``madvise`` per
+#: 8 MB read: nothing next to the pass).
+RELEASE_BYTES = 1 << 23
+
+
 class Stored:
     """One tensor of a cache entry, on disk: ``shape``, ``dtype`` and its bytes at ``offset`` of an open file (a
     descriptor held while the object lives: an entry replaced or removed meanwhile is still read as it was). The gate
-    reads it a block of rows at a time (``read_rows``, ``compare.gate.stream``) and never holds it whole; ``numpy``
-    reads it whole (``np.asarray``)."""
+    reads it a block of rows at a time (``read_rows``, ``compare.gate.stream``) through the file's memory map, without
+    a copy, and never holds it whole: the pages a pass has read are handed back every :data:`RELEASE_BYTES` (the page
+    cache keeps them for the next pass), and a new pass hands back the last one's; ``numpy`` reads it whole
+    (``np.asarray``)."""
 
     def __init__(self, file: _File, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> None:
         self._file, self.offset, self.dtype, self.shape = file, offset, dtype, shape
         self.ndim, self.size = len(shape), int(np.prod(shape))
         self.nbytes = self.size * dtype.itemsize
+        self._held_from = offset  # where the pages this object's reads may have made resident begin
 
     def _read(self, start: int, count: int) -> np.ndarray:
         out = np.empty(count, dtype=self.dtype)
@@ -139,9 +149,19 @@ class Stored:
         return out
 
     def read_rows(self, i0: int, i1: int) -> np.ndarray:
-        """Rows ``[i0, i1)`` of the tensor seen as ``[-1, last dim]`` (a vector: one column)."""
+        """Rows ``[i0, i1)`` of the tensor seen as ``[-1, last dim]`` (a vector: one column): a read-only view of the
+        file's memory map."""
         cols = self.shape[-1] if self.ndim > 1 else 1
-        return self._read(i0 * cols, (i1 - i0) * cols).reshape(i1 - i0, cols)
+        count, at = (i1 - i0) * cols, self.offset + i0 * cols * self.dtype.itemsize
+        if not count:
+            return np.empty((0, cols), dtype=self.dtype)
+        rows = np.frombuffer(self._file.map(), dtype=self.dtype, count=count, offset=at).reshape(i1 - i0, cols)
+        if at < self._held_from:  # a new pass from an earlier row: the last one's pages go
+            self._file.release(self._held_from, self.offset + self.nbytes)
+            self._held_from = at
+        elif at - self._held_from >= RELEASE_BYTES:
+            self._held_from = self._file.release(self._held_from, at)
+        return rows
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self._read(0, self.size).reshape(self.shape)
@@ -149,10 +169,26 @@ class Stored:
 
 
 class _File:
-    """An open file, closed when the last :class:`Stored` of it goes."""
+    """An open file and its read-only memory map (made at the first :meth:`Stored.read_rows`), closed when the last
+    :class:`Stored` of it goes and the last view of the map is gone (an array read from it holds the map)."""
 
     def __init__(self, path: Path) -> None:
         self.fd = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self.fd).st_size
+        self._map: mmap.mmap | None = None
+
+    def map(self) -> mmap.mmap:
+        if self._map is None:
+            self._map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
+        return self._map
+
+    def release(self, start: int, end: int) -> int:
+        """The whole pages of ``[start, end)`` handed back (``MADV_DONTNEED``: read again, they come back from the
+        page cache, unchanged); where the pages not handed back begin."""
+        lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+        if self._map is not None and hi > lo and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        return max(hi, start)
 
     def __del__(self) -> None:
         os.close(self.fd)
@@ -162,7 +198,7 @@ def _stored(path: Path, lazy_bytes: int | None) -> dict[str, Any]:
     """Every tensor of the safetensors file ``path``: a :class:`Stored` where it has ``lazy_bytes`` or more (None:
     none: every one read), else read. The format is the one ``safetensors`` writes (``compare.problem.checkpoint``
     reads it by hand too: ``safetensors.numpy`` has no bfloat16); a tensor whose bytes lie past the file's end
-    raises ``OSError`` when read."""
+    raises ``OSError`` here (its memory map could not read them)."""
     file = _File(path)
     n = int.from_bytes(os.pread(file.fd, 8, 0), "little")
     if not 0 < n <= min(os.fstat(file.fd).st_size - 8, 100 << 20):
@@ -172,6 +208,8 @@ def _stored(path: Path, lazy_bytes: int | None) -> dict[str, Any]:
     for k, e in header.items():
         if k != "__metadata__":
             t = Stored(file, 8 + n + int(e["data_offsets"][0]), _DTYPES[e["dtype"]], tuple(e["shape"]))
+            if t.offset + t.nbytes > file.size:  # its map would end before its bytes do
+                raise OSError(f"{path}: tensor {k} ends past the file's end")
             out[k] = t if lazy_bytes is not None and t.nbytes >= lazy_bytes else np.asarray(t)
     return out
 

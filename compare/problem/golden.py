@@ -204,6 +204,16 @@ def spot_reference_of(
     return dict(_module_file(case).spot_reference(case, x, params, dy))
 
 
+def kernels_run_of(
+    case: Case, x: np.ndarray, params: dict[str, np.ndarray], dy: np.ndarray | None, dtype: str
+) -> dict[str, np.ndarray]:
+    """A module case's ``y`` and, given ``dy``, every gradient, through its framework's own CPU kernels in ``dtype``
+    (``float32`` or ``float64``; ``torch_impl.user_module.kernels_run``), as arrays of that type: the fresh draw's
+    range screen and reference (``compare.gate.fresh``), which need neither the fixed arithmetic's bits nor its
+    cost."""
+    return dict(_module_file(case).kernels_run(case, x, params, dy, dtype))
+
+
 def plain_run_of(
     case: Case,
     x: np.ndarray,

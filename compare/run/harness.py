@@ -49,7 +49,7 @@ from compare.results.document import Config, Result, Results
 from compare.results.memory import Memory
 from compare.run import budget, parity_cache, pipeline, stop
 from compare.run.budget import Budget, budget_phase
-from compare.run.cell import MODE_TENSORS, plain_reference
+from compare.run.cell import MODE_TENSORS, golden_stats, plain_reference
 from compare.run.conductor import Conductor, Executor, Finished
 from compare.run.grid import Cell as GridCell
 from compare.run.options import RunOptions
@@ -566,6 +566,7 @@ class Groups:
                 if progress:
                     progress.stage("plain", case.name)
                 plain = plain_reference(case, backward=backward)
+                golden_stats(case, plain, [k for k in plain if any(MODE_TENSORS[m](k) for m in modes)])
                 if progress:
                     progress.stage("resolution", case.name)
                 rows = case_resolution(case, plain, modes)

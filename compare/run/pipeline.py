@@ -148,12 +148,15 @@ def judge_read(
 
 
 def digest(copies: Copies) -> str:
-    """The bits of every tensor of every copy, as one hash (the order of the copies and tensors is the step's)."""
+    """The bits of every tensor of every copy, as one hash (the order of the copies and tensors is the step's). Each
+    tensor is hashed from its own memory (no ``tobytes`` copy, no concatenation with its name: 0.2 GB of copies per
+    output of a Llama 3.2 1B layer's fwd+bwd in bfloat16); the same hash as of the concatenated bytes."""
     h = hashlib.sha256()
     for d, tensors in copies:
         h.update(d.encode())
         for k, v in tensors.items():
-            h.update(k.encode() + np.ascontiguousarray(v).tobytes())
+            h.update(k.encode())
+            h.update(np.ascontiguousarray(v).reshape(-1).view(np.uint8).data)
     return h.hexdigest()
 
 
