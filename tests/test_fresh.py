@@ -12,7 +12,7 @@ from compare.backends.registry import spec
 from compare.formats.codec import from_json, to_json
 from compare.gate import fresh
 from compare.gate.parity import Plain, UnusableCase, tensor_stats
-from compare.problem.cases import PRESETS
+from compare.problem.cases import PRESETS, Case
 from compare.problem.golden import golden_for
 from compare.problem.reference import round_to_dtype
 from compare.run.harness import run
@@ -43,16 +43,16 @@ def blows_up_first(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first sub-draw of every seed holds one huge input (``x`` scaled by 1e4 in its first element): swiglu's
     float16 outputs overflow on it."""
     calls = {"n": 0}
-    real = fresh.draw_input
+    real = fresh.case_input
 
-    def draw_input(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> np.ndarray:
+    def case_input(rng: np.random.Generator, case: Case) -> np.ndarray:
         calls["n"] += 1
-        x = real(rng, shape, dist)
+        x = real(rng, case)
         if calls["n"] == 1:
             x.reshape(-1)[0] = 6e4
         return x
 
-    monkeypatch.setattr(fresh, "draw_input", draw_input)
+    monkeypatch.setattr(fresh, "case_input", case_input)
 
 
 @pytest.mark.usefixtures("blows_up_first")
